@@ -1,0 +1,504 @@
+"""The public API for plugin authors: records, contracts and errors.
+
+Plugins import from this module and nowhere else in ``llmp``. It follows
+semantic versioning through ``API_VERSION``: while the major version is 0,
+a minor bump may change a contract, and the changelog in ``docs/plugins.md``
+says how.
+
+Three kinds of things live here:
+
+* **Records** (``*Spec``): frozen dataclasses a registration hook hands back.
+  Each names its implementation lazily as ``"package.module:attribute"``, so
+  registering costs an import of nothing heavier than this module; the
+  implementation is imported only when the component is selected.
+* **Contracts** (``Protocol`` classes): what the object behind a record must
+  look like. They are structural; a plugin does not need to subclass them.
+* **Errors**: typed exceptions the kernel raises about plugins.
+
+Nothing here imports torch, transformers or triton; tensor types appear only
+as ``Any`` so this module stays cheap to import.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
+
+API_VERSION = "0.1"
+
+Tensor = Any  # torch.Tensor, kept as Any so importing the API never imports torch
+
+
+# --------------------------------------------------------------------------
+# Errors
+# --------------------------------------------------------------------------
+
+
+class LLMPError(Exception):
+    """Base class of every error llmp raises on purpose."""
+
+
+class PluginLoadError(LLMPError):
+    """A plugin failed to import, register or report its components.
+
+    Raised only in strict mode (``LLMP_STRICT_PLUGINS=1``); otherwise the
+    failure is recorded and shown by ``llmp plugins list``.
+    """
+
+
+class UnknownComponentError(LLMPError, LookupError):
+    """No plugin registers a component of this kind under this name."""
+
+    def __init__(self, kind: str, name: str, available: Mapping[str, str]) -> None:
+        self.kind, self.name, self.available = kind, name, dict(available)
+        if available:
+            choices = ", ".join(f"{n} (from {dist})" for n, dist in sorted(available.items()))
+        else:
+            choices = "none are installed"
+        super().__init__(f"unknown {kind} {name!r}; valid names: {choices}")
+
+
+class DuplicateComponentError(LLMPError):
+    """Two plugins register a component of the same kind under the same name."""
+
+    def __init__(self, kind: str, name: str, first: str, second: str, plugins: tuple[str, ...] = ()) -> None:
+        self.kind, self.name, self.first, self.second = kind, name, first, second
+        self.plugins = plugins
+        super().__init__(
+            f"{kind} {name!r} is registered by both {first} and {second}; "
+            f"uninstall one, or pass replace=True in the record of the one that should win"
+        )
+
+
+class ComponentImportError(LLMPError, ImportError):
+    """A selected component's ``impl`` reference could not be imported."""
+
+
+# --------------------------------------------------------------------------
+# Records handed back by registration hooks
+# --------------------------------------------------------------------------
+
+
+def resolve_reference(reference: str) -> Any:
+    """Import ``"package.module:attribute"`` (attribute may be dotted) and return it."""
+    module_name, sep, attribute = reference.partition(":")
+    if not sep or not module_name or not attribute:
+        raise ComponentImportError(f"{reference!r} is not of the form 'package.module:attribute'")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in attribute.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as exc:
+        raise ComponentImportError(f"cannot import {reference!r}: {exc}") from exc
+    return obj
+
+
+@dataclass(frozen=True, kw_only=True)
+class ComponentSpec:
+    """Common fields of every registration record.
+
+    Plugins fill ``name``, ``impl`` and optionally ``description`` and
+    ``replace``; the kernel stamps ``plugin``, ``distribution`` and
+    ``version`` when it collects the record.
+    """
+
+    kind: ClassVar[str] = "component"
+
+    name: str
+    impl: str
+    description: str = ""
+    replace: bool = False
+    plugin: str = ""
+    distribution: str = ""
+    version: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.name or not isinstance(self.name, str):
+            raise ValueError(f"{type(self).__name__}.name must be a non-empty string")
+        if ":" not in self.impl:
+            raise ValueError(
+                f"{type(self).__name__}({self.name!r}).impl must be 'package.module:attribute', "
+                f"got {self.impl!r}"
+            )
+
+    def load(self) -> Any:
+        """Import and return the implementation (class, factory or object)."""
+        return resolve_reference(self.impl)
+
+    def stamped(self, plugin: str, distribution: str, version: str) -> ComponentSpec:
+        return dataclasses.replace(self, plugin=plugin, distribution=distribution, version=version)
+
+
+ModelTask = Literal["generate", "embed"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec(ComponentSpec):
+    """A model implementation, named by the Hugging Face architecture it serves.
+
+    ``name`` is the ``architectures`` entry of ``config.json``, e.g.
+    ``"LlamaForCausalLM"``. ``model_impl`` is ``"native"`` for models on the
+    paged KV cache and ``"transformers"`` for the fallback; a spec named
+    ``"*"`` serves any architecture no other spec claims.
+    """
+
+    kind: ClassVar[str] = "model"
+    tasks: tuple[ModelTask, ...] = ("generate",)
+    model_impl: Literal["native", "transformers"] = "native"
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttentionBackendSpec(ComponentSpec):
+    """An attention backend; ``devices`` lists device types it runs on."""
+
+    kind: ClassVar[str] = "attention_backend"
+    devices: tuple[str, ...] = ("cpu",)
+    priority: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class KernelSetSpec(ComponentSpec):
+    """A set of tensor kernels (see :class:`KernelSet`).
+
+    When no set is named, the kernel with the highest ``priority`` among
+    those whose ``devices`` include the engine's device is chosen.
+    """
+
+    kind: ClassVar[str] = "kernels"
+    devices: tuple[str, ...] = ("cpu",)
+    priority: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExecutorSpec(ComponentSpec):
+    """An executor: how model workers are started and driven."""
+
+    kind: ClassVar[str] = "executor"
+    distributed: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class FrontendSpec(ComponentSpec):
+    """A protocol front-end served over the engine (see :class:`Frontend`)."""
+
+    kind: ClassVar[str] = "frontend"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolParserSpec(ComponentSpec):
+    """A tool-call parser, selected with ``--tool-call-parser NAME``."""
+
+    kind: ClassVar[str] = "tool_parser"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReasoningParserSpec(ComponentSpec):
+    """A reasoning parser, selected with ``--reasoning-parser NAME``."""
+
+    kind: ClassVar[str] = "reasoning_parser"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SchedulerSpec(ComponentSpec):
+    """A request scheduler (see :class:`Scheduler`)."""
+
+    kind: ClassVar[str] = "scheduler"
+
+
+@dataclass(frozen=True, kw_only=True)
+class KVManagerSpec(ComponentSpec):
+    """A KV-cache manager (see :class:`KVCacheManager`)."""
+
+    kind: ClassVar[str] = "kv_manager"
+
+
+@dataclass(frozen=True, kw_only=True)
+class StatLoggerSpec(ComponentSpec):
+    """A stat logger the engine feeds with step and request figures."""
+
+    kind: ClassVar[str] = "stat_logger"
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommandSpec(ComponentSpec):
+    """A ``llmp`` sub-command.
+
+    ``impl`` resolves to a ``typer.Typer`` (a command group) or a plain
+    function (one command, its parameters declared the typer way). The
+    module named by ``impl`` is imported when the command is listed or run,
+    so keep its top level light and import heavy libraries inside functions.
+    """
+
+    kind: ClassVar[str] = "command"
+    help: str = ""
+
+
+SPEC_TYPES: dict[str, type[ComponentSpec]] = {
+    cls.kind: cls
+    for cls in (
+        ModelSpec,
+        AttentionBackendSpec,
+        KernelSetSpec,
+        ExecutorSpec,
+        FrontendSpec,
+        ToolParserSpec,
+        ReasoningParserSpec,
+        SchedulerSpec,
+        KVManagerSpec,
+        StatLoggerSpec,
+        CommandSpec,
+    )
+}
+"""Every component kind, keyed by the name used in ``--kind`` and error messages."""
+
+KINDS: tuple[str, ...] = tuple(SPEC_TYPES)
+
+
+# --------------------------------------------------------------------------
+# Observer payloads
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class EngineInfo:
+    """What an engine was started with, passed to life-cycle hooks."""
+
+    model: str
+    executor: str
+    kernels: str
+    scheduler: str
+    kv_manager: str
+    device: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedRequestStats:
+    """Figures of one finished request, handed to stat loggers."""
+
+    request_id: str
+    finish_reason: str | None
+    num_prompt_tokens: int
+    num_generation_tokens: int
+    num_cached_tokens: int
+    queued_seconds: float
+    time_to_first_token_seconds: float | None
+    end_to_end_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerStats:
+    """Figures of one engine step, handed to stat loggers."""
+
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    num_preemptions: int
+
+
+# --------------------------------------------------------------------------
+# Contracts of the components behind the records
+# --------------------------------------------------------------------------
+
+
+@runtime_checkable
+class KernelSet(Protocol):
+    """Tensor kernels a model calls; the ``torch`` set is the reference.
+
+    Shapes: ``T`` tokens in the flattened batch, ``H`` query heads, ``Hkv``
+    KV heads, ``D`` head size, ``N`` hidden size, ``B`` blocks, ``S`` block size.
+    """
+
+    name: str
+
+    def rms_norm(
+        self, x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """RMSNorm of ``x`` [T, N]; with ``residual``, normalise ``x + residual``
+        and return ``(normed, x + residual)``."""
+        ...
+
+    def rotary(self, positions: Tensor, q: Tensor, k: Tensor, cos_sin: Tensor) -> tuple[Tensor, Tensor]:
+        """Apply rotary embeddings (neox layout) to q [T, H, D] and k [T, Hkv, D]
+        using ``cos_sin`` [max_pos, D] (cos half, sin half) rows at ``positions`` [T]."""
+        ...
+
+    def silu_and_mul(self, x: Tensor) -> Tensor:
+        """``silu(x[..., :d]) * x[..., d:]`` for x [T, 2d]."""
+        ...
+
+    def write_kv(self, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:
+        """Store k, v [T, Hkv, D] into caches [B, S, Hkv, D] at flat slots [T] (-1 = skip)."""
+        ...
+
+    def paged_attention(
+        self, q: Tensor, k_cache: Tensor, v_cache: Tensor, metadata: Any, scale: float
+    ) -> Tensor:
+        """Causal attention of q [T, H, D] over the paged cache for a mixed
+        prefill/decode batch described by ``metadata``; returns [T, H, D]."""
+        ...
+
+
+class Model(Protocol):
+    """A causal LM or pooling model the model runner drives."""
+
+    def __init__(self, config: Any, kernels: KernelSet) -> None: ...
+
+    def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
+        """Consume ``(hf_name, tensor)`` pairs from the checkpoint."""
+        ...
+
+    def forward(self, input_ids: Tensor, positions: Tensor, attn_metadata: Any) -> Tensor:
+        """Hidden states [T, N] for the flattened batch."""
+        ...
+
+    def compute_logits(self, hidden_states: Tensor) -> Tensor:
+        """Logits [R, V] for the rows the sampler needs."""
+        ...
+
+
+class Scheduler(Protocol):
+    """Decides which requests run in each engine step, within a token budget."""
+
+    def add_request(self, request: Any) -> None: ...
+
+    def abort_requests(self, request_ids: Iterable[str]) -> None: ...
+
+    def schedule(self) -> Any:
+        """The work of one step (prefill chunks and decodes)."""
+        ...
+
+    def update_from_output(self, scheduled: Any, output: Any) -> list[Any]:
+        """Apply sampled tokens; return the requests that finished."""
+        ...
+
+    def has_unfinished_requests(self) -> bool: ...
+
+
+class KVCacheManager(Protocol):
+    """Owns KV blocks: allocation, freeing and prefix caching."""
+
+    def get_computed_blocks(self, request: Any) -> tuple[list[int], int]:
+        """Cached blocks matching the request's prefix and how many tokens they hold."""
+        ...
+
+    def allocate_slots(self, request: Any, num_new_tokens: int) -> list[int] | None:
+        """Blocks for ``num_new_tokens`` more tokens, or ``None`` when out of blocks."""
+        ...
+
+    def free(self, request: Any) -> None: ...
+
+    @property
+    def usage(self) -> float:
+        """Fraction of blocks in use, 0..1."""
+        ...
+
+
+class Executor(Protocol):
+    """Starts model workers and runs steps on them."""
+
+    def __init__(self, config: Any) -> None: ...
+
+    def execute_model(self, scheduled: Any) -> Any:
+        """Run one scheduled step on every worker; return rank 0's output."""
+        ...
+
+    def check_health(self) -> None:
+        """Raise if any worker is dead."""
+        ...
+
+    def shutdown(self) -> None:
+        """Stop every worker; idempotent."""
+        ...
+
+
+class EngineClient(Protocol):
+    """What a front-end sees of the engine (``AsyncLLM`` satisfies it)."""
+
+    def generate(self, prompt: Any, params: Any, request_id: str) -> AsyncIterator[Any]: ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+
+class Frontend(Protocol):
+    """A protocol front-end over one engine.
+
+    HTTP front-ends return routes from ``http_router`` and share one server
+    with the other HTTP front-ends; others (gRPC) run their own server in
+    ``serve`` until cancelled.
+    """
+
+    def __init__(self, engine: EngineClient, options: Mapping[str, Any]) -> None: ...
+
+    def http_router(self) -> Any | None: ...
+
+    async def serve(self) -> None: ...
+
+
+@dataclass(slots=True)
+class ToolCall:
+    """One function call parsed out of model text (OpenAI ``tool_calls`` item)."""
+
+    name: str
+    arguments: str  # JSON text
+    id: str = ""
+
+
+@dataclass(slots=True)
+class ExtractedToolCalls:
+    """Result of parsing a whole completion for tool calls."""
+
+    tools_called: bool
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    content: str | None = None
+
+
+@dataclass(slots=True)
+class DeltaMessage:
+    """Streaming increment of a chat message."""
+
+    content: str | None = None
+    reasoning: str | None = None
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+
+
+class ToolParser(Protocol):
+    """Turns model text into tool calls, whole or streamed."""
+
+    def __init__(self, tokenizer: Any) -> None: ...
+
+    def extract_tool_calls(self, text: str, request: Any) -> ExtractedToolCalls: ...
+
+    def extract_tool_calls_streaming(
+        self, previous_text: str, current_text: str, delta_text: str, request: Any
+    ) -> DeltaMessage | None: ...
+
+
+class ReasoningParser(Protocol):
+    """Separates reasoning from the answer, whole or streamed."""
+
+    def __init__(self, tokenizer: Any) -> None: ...
+
+    def extract_reasoning(self, text: str) -> tuple[str | None, str | None]:
+        """``(reasoning, content)`` of a whole completion."""
+        ...
+
+    def extract_reasoning_streaming(
+        self, previous_text: str, current_text: str, delta_text: str
+    ) -> DeltaMessage | None: ...
+
+    def is_reasoning_end(self, token_ids: Sequence[int]) -> bool: ...
+
+
+class StatLogger(Protocol):
+    """Receives figures from the engine; called directly, never through pluggy."""
+
+    def record_step(self, stats: SchedulerStats) -> None: ...
+
+    def record_finished(self, stats: FinishedRequestStats) -> None: ...
+

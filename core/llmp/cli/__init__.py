@@ -1,0 +1,105 @@
+"""The ``llmp`` command line: a typer app whose sub-commands come from plugins.
+
+Every sub-command, the built-in ones included, is a ``CommandSpec`` from the
+``llmp_register_commands`` hook. Only the command being run is imported, so
+``llmp plugins list`` never pays for ``llmp serve``'s imports.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import typer
+from typer.core import TyperGroup
+
+from llmp import __version__, plugins, registry
+from llmp.api import API_VERSION, CommandSpec, LLMPError
+
+ConfigOption: Any = typer.Option(
+    None,
+    "--config",
+    envvar="LLMP_CONFIG",
+    help="YAML file of option: value pairs (command line and LLMP_* variables win).",
+    dir_okay=False,
+)
+
+
+class PluginCommandGroup(TyperGroup):
+    """A click group that lists and builds sub-commands from the command registry."""
+
+    def list_commands(self, ctx: typer.Context) -> list[str]:
+        return sorted(registry.components("command"))
+
+    def get_command(self, ctx: typer.Context, cmd_name: str) -> Any:
+        spec = registry.components("command").get(cmd_name)
+        if spec is None:
+            return None
+        try:
+            return _build_command(spec)
+        except Exception as exc:  # a broken command must not break the others
+            plugins.record_failure(spec.plugin, exc, f"building command {cmd_name!r}")
+            return _broken_command(spec, exc)
+
+
+def _build_command(spec: CommandSpec) -> Any:
+    obj = spec.load()
+    if isinstance(obj, typer.Typer):
+        command = typer.main.get_group(obj)
+    elif callable(obj):
+        command = _command_from_function(obj, spec.name, spec.help)
+    else:
+        raise TypeError(f"{spec.impl} is {type(obj).__name__}, not a typer.Typer or a function")
+    command.name = spec.name
+    if spec.help and not command.help:
+        command.help = spec.help
+    return command
+
+
+def _command_from_function(function: Any, name: str, help_text: str) -> Any:
+    holder = typer.Typer()
+    holder.command(name=name, help=help_text or None)(function)
+    return typer.main.get_command(holder)
+
+
+def _broken_command(spec: CommandSpec, exc: Exception) -> Any:
+    def broken() -> None:
+        print(f"llmp: command {spec.name!r} from {spec.distribution} is broken: {exc}", file=sys.stderr)
+        raise typer.Exit(1)
+
+    return _command_from_function(broken, spec.name, f"(broken) {spec.help}")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"llmp {__version__} (plugin API {API_VERSION})")
+        raise typer.Exit()
+
+
+app = typer.Typer(
+    cls=PluginCommandGroup,
+    name="llmp",
+    help="llmp: serve and run LLMs; every part is a plugin.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """llmp: serve and run LLMs; every part is a plugin."""
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of ``llmp`` and ``python -m llmp``."""
+    try:
+        plugins.load_plugins()
+        app(args=argv, prog_name="llmp")
+    except LLMPError as exc:
+        print(f"llmp: error: {exc}", file=sys.stderr)
+        sys.exit(2)

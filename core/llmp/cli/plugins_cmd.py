@@ -1,0 +1,137 @@
+"""``llmp plugins list`` and ``llmp plugins show``.
+
+Reads records only: no component is imported, so torch, transformers and
+triton stay out of the process.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from llmp import plugins, registry
+from llmp.api import KINDS
+from llmp.cli import ConfigOption
+from llmp.config import CommandSettings, load_settings
+
+app = typer.Typer(help="List and inspect plugins.", no_args_is_help=True)
+
+
+class PluginsListSettings(CommandSettings):
+    json_output: bool = False
+    kind: str | None = None
+
+
+class PluginsShowSettings(CommandSettings):
+    json_output: bool = False
+
+
+def describe_plugins() -> list[dict[str, Any]]:
+    """One dict per plugin: identity, status, hooks and the components it provides."""
+    pm = plugins.load_plugins()
+    provided: dict[str, list[dict[str, str]]] = {}
+    for kind, specs in registry.all_components().items():
+        for spec in specs.values():
+            provided.setdefault(spec.plugin, []).append(
+                {"kind": kind, "name": spec.name, "impl": spec.impl, "description": spec.description}
+            )
+    for kind in KINDS:
+        for name, error in registry.conflicts(kind).items():
+            for plugin_name in error.plugins:
+                record = plugins.get_record(plugin_name)
+                if record is not None and str(error) not in record.errors:
+                    record.errors.append(str(error))
+    described = []
+    for record in plugins.plugin_records():
+        plugin = pm.get_plugin(record.name)
+        hooks = sorted(hc.name for hc in pm.get_hookcallers(plugin) or []) if plugin is not None else []
+        components = provided.get(record.name, [])
+        described.append(
+            {
+                "name": record.name,
+                "distribution": record.distribution,
+                "version": record.version,
+                "module": record.module,
+                "path": getattr(plugin, "__file__", None),
+                "builtin": record.builtin,
+                "status": record.status,
+                "kinds": sorted({c["kind"] for c in components}),
+                "components": components,
+                "hooks": hooks,
+                "errors": list(record.errors),
+                "tracebacks": list(record.tracebacks),
+            }
+        )
+    return described
+
+
+@app.command("list")
+def list_plugins(
+    ctx: typer.Context,
+    json_output: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    kind: str | None = typer.Option(None, "--kind", help=f"Only plugins providing this kind: {', '.join(KINDS)}."),
+    config: Path | None = ConfigOption,
+) -> None:
+    """List every plugin, its kinds, components, distribution, version and status."""
+    settings = load_settings(PluginsListSettings, ctx)
+    if settings.kind is not None and settings.kind not in KINDS:
+        raise typer.BadParameter(f"unknown kind {settings.kind!r}; kinds are: {', '.join(KINDS)}", param_hint="--kind")
+    rows = describe_plugins()
+    if settings.kind:
+        rows = [r for r in rows if settings.kind in r["kinds"]]
+    if settings.json_output:
+        typer.echo(json.dumps([{k: v for k, v in r.items() if k != "tracebacks"} for r in rows], indent=2))
+        return
+    _print_table(rows)
+
+
+def _print_table(rows: list[dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="llmp plugins")
+    for column in ("plugin", "kind(s)", "components", "distribution", "version", "status"):
+        table.add_column(column)
+    for r in rows:
+        components = ", ".join(f"{c['kind']}:{c['name']}" for c in r["components"])
+        status = "[green]ok[/]" if r["status"] == "ok" else "[red]broken[/]"
+        table.add_row(r["name"], ", ".join(r["kinds"]), components, r["distribution"], r["version"], status)
+    Console().print(table)
+
+
+@app.command("show")
+def show_plugin(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="Plugin name, as in `llmp plugins list`."),
+    json_output: bool = typer.Option(False, "--json", help="Print JSON."),
+    config: Path | None = ConfigOption,
+) -> None:
+    """Show one plugin: hooks, components, module path and, if broken, its error and traceback."""
+    settings = load_settings(PluginsShowSettings, ctx)
+    rows = {r["name"]: r for r in describe_plugins()}
+    if name not in rows:
+        known = ", ".join(sorted(rows)) or "none"
+        raise typer.BadParameter(f"no plugin named {name!r}; plugins: {known}", param_hint="NAME")
+    row = rows[name]
+    if settings.json_output:
+        typer.echo(json.dumps(row, indent=2))
+        return
+    from rich.console import Console
+
+    console = Console()
+    status = "[green]ok[/]" if row["status"] == "ok" else "[red]broken[/]"
+    console.print(f"[bold]{row['name']}[/] {status}")
+    console.print(f"distribution: {row['distribution']} {row['version']}")
+    console.print(f"module: {row['module']}  ({row['path'] or 'no file'})")
+    console.print(f"hooks: {', '.join(row['hooks']) or 'none'}")
+    console.print("components:")
+    for c in row["components"]:
+        console.print(f"  {c['kind']}: {c['name']} -> {c['impl']}")
+    for error, tb in zip(row["errors"], row["tracebacks"] + [""] * len(row["errors"]), strict=False):
+        console.print("[red]error:[/]", end=" ")
+        console.print(error, markup=False, highlight=False)
+        if tb:
+            console.print(tb, markup=False, highlight=False)

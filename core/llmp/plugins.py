@@ -1,0 +1,244 @@
+"""Discover, load and register plugins: one loader for every process.
+
+Installed plugins are the entry points of group ``llmp``. stevedore loads
+them, its load-failure callback isolates a plugin that fails to import, and
+every module that loads is registered into one pluggy ``PluginManager``,
+which dispatches the hooks of ``llmp.hookspecs``. The kernel's own defaults
+are entry points of the ``llmp`` distribution and load the same way.
+
+Environment switches:
+
+* ``LLMP_LOAD_PLUGINS``: unset = every installed plugin; empty = none but
+  the kernel's own; otherwise a comma list of distribution names to load.
+* ``LLMP_STRICT_PLUGINS=1``: a plugin that fails to load raises
+  :class:`llmp.api.PluginLoadError` instead of being reported and skipped.
+* ``LLMP_TRACE_PLUGINS=1``: print every hook call to stderr.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import itertools
+import logging
+import os
+import sys
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+import pluggy
+
+from llmp import hookspecs
+from llmp.api import PluginLoadError
+
+log = logging.getLogger("llmp.plugins")
+
+ENTRY_POINT_GROUP = "llmp"
+KERNEL_DISTRIBUTION = "llmp"
+IN_PROCESS = "(in-process)"
+
+
+@dataclass
+class PluginRecord:
+    """What the kernel knows about one plugin, loaded or not."""
+
+    name: str
+    distribution: str
+    version: str
+    module: str
+    builtin: bool = False
+    errors: list[str] = field(default_factory=list)
+    tracebacks: list[str] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        return "broken" if self.errors else "ok"
+
+
+@dataclass
+class _State:
+    pm: pluggy.PluginManager | None = None
+    pid: int | None = None
+    records: dict[str, PluginRecord] = field(default_factory=dict)
+    generation: int = 0  # bumped on every (un)registration; registries cache by it
+
+
+_state = _State()
+_generations = itertools.count(1)  # process-wide, so a fresh _State never reuses a number
+
+
+def _bump() -> None:
+    _state.generation = next(_generations)
+
+
+def is_strict() -> bool:
+    return os.environ.get("LLMP_STRICT_PLUGINS", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _normalize(distribution: str) -> str:
+    return distribution.lower().replace("_", "-").replace(".", "-")
+
+
+def _allowed_distributions() -> set[str] | None:
+    raw = os.environ.get("LLMP_LOAD_PLUGINS")
+    if raw is None:
+        return None
+    return {_normalize(d) for d in raw.split(",") if d.strip()} | {KERNEL_DISTRIBUTION}
+
+
+def record_failure(name: str, exc: BaseException, during: str) -> None:
+    """Mark plugin ``name`` broken; in strict mode raise ``PluginLoadError``."""
+    record = _state.records.setdefault(name, PluginRecord(name, "?", "", "?"))
+    message = f"{during}: {type(exc).__name__}: {exc}"
+    record.errors.append(message)
+    record.tracebacks.append("".join(traceback.format_exception(exc)))
+    _bump()
+    if is_strict():
+        raise PluginLoadError(f"plugin {name!r} ({record.distribution}) failed while {message}") from exc
+    log.warning("plugin %r (%s) is broken, %s; see `llmp plugins show %s`", name, record.distribution, message, name)
+
+
+def get_plugin_manager() -> pluggy.PluginManager:
+    """The process's plugin manager, loading plugins first if needed."""
+    return load_plugins()
+
+
+def load_plugins() -> pluggy.PluginManager:
+    """Load every allowed plugin once per process; later calls return the same manager.
+
+    Every process entry point calls this (CLI, server, engine process, each
+    worker). After a ``fork`` the child starts afresh, because the parent's
+    in-process registrations are not the child's to assume.
+    """
+    if _state.pm is not None and _state.pid == os.getpid():
+        return _state.pm
+    pm = pluggy.PluginManager(hookspecs.PROJECT)
+    pm.add_hookspecs(hookspecs)
+    if os.environ.get("LLMP_TRACE_PLUGINS"):
+        pm.trace.root.setwriter(sys.stderr.write)
+        pm.enable_tracing()
+    _state.pm, _state.pid, _state.records = pm, os.getpid(), {}
+    _bump()
+    _load_entry_points(pm)
+    return pm
+
+
+def _load_entry_points(pm: pluggy.PluginManager) -> None:
+    allowed = _allowed_distributions()
+    candidates: dict[str, list[importlib.metadata.EntryPoint]] = {}
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        candidates.setdefault(ep.name, []).append(ep)
+
+    wanted: list[str] = []
+    for name, eps in candidates.items():
+        dists = [_distribution_of(ep) for ep in eps]
+        if allowed is not None and not any(_normalize(d) in allowed for d, _ in dists):
+            continue
+        dist, version = dists[0]
+        _state.records[name] = PluginRecord(
+            name, dist, version, eps[0].value, builtin=_normalize(dist) == KERNEL_DISTRIBUTION
+        )
+        if len({d for d, _ in dists}) > 1:
+            both = " and ".join(sorted({d for d, _ in dists}))
+            record_failure(name, LookupError(f"plugin name {name!r} is provided by {both}"), "discovering")
+            continue
+        wanted.append(name)
+    if not wanted:
+        return
+
+    from stevedore import NamedExtensionManager  # imported here: only needed when something loads
+
+    def on_failure(_manager: Any, ep: importlib.metadata.EntryPoint, exc: BaseException) -> None:
+        record_failure(ep.name, exc, "importing")
+
+    manager = NamedExtensionManager(
+        ENTRY_POINT_GROUP,
+        names=wanted,
+        on_load_failure_callback=on_failure,
+        on_missing_entrypoints_callback=None,
+    )
+    loaded = {ext.name: ext.plugin for ext in manager}
+    # Kernel defaults first, then the rest by name: a stable order for hooks and conflicts.
+    for name in sorted(loaded, key=lambda n: (not _state.records[n].builtin, n)):
+        _register(pm, loaded[name], name)
+
+
+def _distribution_of(ep: importlib.metadata.EntryPoint) -> tuple[str, str]:
+    dist = getattr(ep, "dist", None)
+    if dist is None:
+        return "?", ""
+    return dist.metadata["Name"] or dist.name, dist.version
+
+
+def _register(pm: pluggy.PluginManager, plugin: object, name: str) -> bool:
+    try:
+        pm.register(plugin, name=name)
+    except Exception as exc:
+        record_failure(name, exc, "registering")
+        return False
+    unknown = [hc.name for hc in pm.get_hookcallers(plugin) or [] if not hc.has_spec()]
+    if unknown:
+        pm.unregister(plugin)
+        record_failure(name, LookupError(f"implements unknown hooks {unknown} (misspelt?)"), "registering")
+        return False
+    _bump()
+    return True
+
+
+def register(
+    plugin: object,
+    name: str | None = None,
+    *,
+    distribution: str = IN_PROCESS,
+    version: str = "",
+) -> str:
+    """Register a plugin object or module in this process, without packaging it.
+
+    It then behaves exactly like an installed plugin: its components are
+    selectable by name and it appears in ``llmp plugins list``. Returns the
+    plugin name (the object's ``__name__`` by default). Raises
+    :class:`PluginLoadError` if the object does not validate against the hook
+    specifications.
+    """
+    pm = load_plugins()
+    name = name or getattr(plugin, "__name__", None) or type(plugin).__name__
+    if pm.has_plugin(name) or name in _state.records:
+        raise PluginLoadError(f"a plugin named {name!r} is already registered")
+    module = getattr(plugin, "__module__", None) or getattr(plugin, "__name__", "") or type(plugin).__module__
+    _state.records[name] = PluginRecord(name, distribution, version, module)
+    try:
+        pm.register(plugin, name=name)
+    except Exception as exc:
+        del _state.records[name]
+        raise PluginLoadError(f"cannot register {name!r}: {exc}") from exc
+    unknown = [hc.name for hc in pm.get_hookcallers(plugin) or [] if not hc.has_spec()]
+    if unknown:
+        pm.unregister(plugin)
+        del _state.records[name]
+        raise PluginLoadError(f"{name!r} implements unknown hooks {unknown} (misspelt?)")
+    _bump()
+    return name
+
+
+def unregister(name: str) -> None:
+    """Remove a plugin registered in this process (tests use this in fixtures)."""
+    pm = load_plugins()
+    if pm.get_plugin(name) is not None:
+        pm.unregister(name=name)
+    _state.records.pop(name, None)
+    _bump()
+
+
+def plugin_records() -> list[PluginRecord]:
+    """Every plugin seen in this process, loaded or broken, in registration order."""
+    load_plugins()
+    return list(_state.records.values())
+
+
+def get_record(name: str) -> PluginRecord | None:
+    load_plugins()
+    return _state.records.get(name)
+
+
+def generation() -> int:
+    return _state.generation

@@ -1,0 +1,147 @@
+"""Component registries: collect records from registration hooks, select by name.
+
+A registry is built once per kind (and rebuilt only when a plugin is
+registered or removed), so selecting a component is a dict lookup. Nothing
+here is on the engine's per-step path: the engine resolves its components at
+start-up and keeps plain objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from llmp import plugins
+from llmp.api import (
+    KINDS,
+    SPEC_TYPES,
+    ComponentSpec,
+    DuplicateComponentError,
+    PluginLoadError,
+    UnknownComponentError,
+)
+
+HOOK_FOR_KIND: dict[str, str] = {
+    "model": "llmp_register_models",
+    "attention_backend": "llmp_register_attention_backends",
+    "kernels": "llmp_register_kernels",
+    "executor": "llmp_register_executors",
+    "frontend": "llmp_register_frontends",
+    "tool_parser": "llmp_register_tool_parsers",
+    "reasoning_parser": "llmp_register_reasoning_parsers",
+    "scheduler": "llmp_register_schedulers",
+    "kv_manager": "llmp_register_kv_managers",
+    "stat_logger": "llmp_register_stat_loggers",
+    "command": "llmp_register_commands",
+}
+assert set(HOOK_FOR_KIND) == set(KINDS)
+
+
+@dataclass
+class _KindRegistry:
+    specs: dict[str, ComponentSpec] = field(default_factory=dict)
+    conflicts: dict[str, DuplicateComponentError] = field(default_factory=dict)
+
+
+_cache: dict[str, _KindRegistry] = {}
+_cache_generation = -1
+
+
+def _check_kind(kind: str) -> None:
+    if kind not in HOOK_FOR_KIND:
+        raise ValueError(f"unknown component kind {kind!r}; kinds are: {', '.join(KINDS)}")
+
+
+def _collect(kind: str) -> _KindRegistry:
+    pm = plugins.load_plugins()
+    expected = SPEC_TYPES[kind]
+    registry = _KindRegistry()
+    hook = getattr(pm.hook, HOOK_FOR_KIND[kind])
+    # Each implementation is called on its own so every record can be stamped
+    # with the plugin that gave it; hookimpls come in registration order.
+    for impl in hook.get_hookimpls():
+        record = plugins.get_record(impl.plugin_name)
+        dist = record.distribution if record else "?"
+        version = record.version if record else ""
+        try:
+            specs = list(impl.function() or ())
+            bad = [s for s in specs if type(s) is not expected and not isinstance(s, expected)]
+            if bad:
+                raise TypeError(f"{HOOK_FOR_KIND[kind]} returned {bad[0]!r}; expected {expected.__name__} records")
+        except PluginLoadError:
+            raise
+        except Exception as exc:
+            plugins.record_failure(impl.plugin_name, exc, f"running {HOOK_FOR_KIND[kind]}")
+            continue
+        for spec in specs:
+            _add(registry, kind, spec.stamped(impl.plugin_name, dist, version))
+    return registry
+
+
+def _add(registry: _KindRegistry, kind: str, spec: ComponentSpec) -> None:
+    existing = registry.specs.get(spec.name)
+    if existing is None or spec.replace:
+        registry.specs[spec.name] = spec
+        registry.conflicts.pop(spec.name, None)
+        return
+    error = DuplicateComponentError(
+        kind,
+        spec.name,
+        f"{existing.distribution} (plugin {existing.plugin})",
+        f"{spec.distribution} (plugin {spec.plugin})",
+        plugins=(existing.plugin, spec.plugin),
+    )
+    if plugins.is_strict():
+        raise PluginLoadError(str(error)) from error
+    registry.conflicts[spec.name] = error
+
+
+def _registry(kind: str) -> _KindRegistry:
+    global _cache_generation
+    _check_kind(kind)
+    plugins.load_plugins()
+    if _cache_generation != plugins.generation():
+        _cache.clear()
+        _cache_generation = plugins.generation()
+    if kind not in _cache:
+        registry = _collect(kind)
+        # collecting may itself mark plugins broken; that must not discard this result
+        _cache_generation = plugins.generation()
+        _cache[kind] = registry
+    return _cache[kind]
+
+
+def components(kind: str) -> dict[str, ComponentSpec]:
+    """Every registered component of ``kind``, by name."""
+    return dict(_registry(kind).specs)
+
+
+def conflicts(kind: str) -> dict[str, DuplicateComponentError]:
+    """Names of ``kind`` claimed by two plugins with neither replacing the other."""
+    return dict(_registry(kind).conflicts)
+
+
+def get_component(kind: str, name: str) -> ComponentSpec:
+    """The record of component ``name`` of ``kind``.
+
+    Raises :class:`UnknownComponentError` (listing the valid names and their
+    distributions) or :class:`DuplicateComponentError`.
+    """
+    registry = _registry(kind)
+    if name in registry.conflicts:
+        raise registry.conflicts[name]
+    try:
+        return registry.specs[name]
+    except KeyError:
+        available = {n: s.distribution for n, s in registry.specs.items()}
+        raise UnknownComponentError(kind, name, available) from None
+
+
+def load_component(kind: str, name: str) -> Any:
+    """Import and return the implementation of component ``name`` of ``kind``."""
+    return get_component(kind, name).load()
+
+
+def all_components() -> dict[str, dict[str, ComponentSpec]]:
+    """Every registered component of every kind."""
+    return {kind: components(kind) for kind in KINDS}

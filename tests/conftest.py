@@ -1,0 +1,34 @@
+"""Shared fixtures: pip-installed fixture plugins, a clean in-process plugin state."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from llmp.testing import pip_install_target
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "tests" / "fixtures"
+
+
+@pytest.fixture(scope="session")
+def third_party_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory holding the pip-installed out-of-tree example plugin and the broken fixture."""
+    target = tmp_path_factory.mktemp("site")
+    pip_install_target(target, REPO / "examples" / "llmp-hello", FIXTURES / "llmp-example-broken")
+    return target
+
+
+@pytest.fixture
+def clean_plugin_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Run in-process tests with a fresh plugin state and no LLMP_* switches."""
+    from llmp import plugins
+
+    for key in list(os.environ):
+        if key.startswith("LLMP_"):
+            monkeypatch.delenv(key)
+    monkeypatch.setattr(plugins, "_state", plugins._State())
+    yield
