@@ -306,6 +306,25 @@ class SchedulerStats:
 # --------------------------------------------------------------------------
 
 
+@dataclass(slots=True)
+class AttentionMetadata:
+    """How a flattened batch of ``R`` requests maps onto the paged KV cache.
+
+    The new tokens of request ``r`` are rows ``query_start_loc[r]:query_start_loc[r+1]``
+    of the batch; they are the *last* tokens of its sequence, which holds
+    ``seq_lens[r]`` tokens once they are written (cached prefix + new tokens).
+    A prefill chunk and a decode step differ only in their query length.
+    """
+
+    query_start_loc: Tensor  # [R + 1] int32, cumulative query lengths
+    seq_lens: Tensor  # [R] int32, tokens in context after this step
+    block_tables: Tensor  # [R, max_blocks] int32, physical block ids in order
+    slot_mapping: Tensor  # [T] int64, flat cache slot of each new token (-1 = don't write)
+    max_query_len: int
+    max_seq_len: int
+    sliding_window: int | None = None  # attend only to the last N positions when set
+
+
 @runtime_checkable
 class KernelSet(Protocol):
     """Tensor kernels a model calls; the ``torch`` set is the reference.
@@ -337,7 +356,7 @@ class KernelSet(Protocol):
         ...
 
     def paged_attention(
-        self, q: Tensor, k_cache: Tensor, v_cache: Tensor, metadata: Any, scale: float
+        self, q: Tensor, k_cache: Tensor, v_cache: Tensor, metadata: AttentionMetadata, scale: float
     ) -> Tensor:
         """Causal attention of q [T, H, D] over the paged cache for a mixed
         prefill/decode batch described by ``metadata``; returns [T, H, D]."""
