@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Each plugin distribution must install, import and pass its own tests with only
+# the kernel beside it: a fresh venv per plugin, non-editable installs (wheels).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+status=0
+for project in plugins/*/*/; do
+    project=${project%/}
+    [[ -f $project/pyproject.toml ]] || continue
+    venv=$(mktemp -d)/venv
+    echo "== $project: fresh venv"
+    "$PYTHON" -m venv "$venv"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -c constraints.txt ".[test]" "./$project[test]"
+    names=$("$venv/bin/python" - "$project/pyproject.toml" <<'PY'
+import sys, tomllib
+project = tomllib.load(open(sys.argv[1], "rb"))["project"]
+for name, ref in project["entry-points"]["llmp"].items():
+    print(name, ref.split(":")[0])
+PY
+)
+    while read -r entry module; do
+        "$venv/bin/python" -c "import $module" || { echo "FAIL: $project: import $module"; status=1; }
+        LLMP_STRICT_PLUGINS=1 "$venv/bin/llmp" plugins list --json \
+            | "$venv/bin/python" -c "import json,sys; rows={r['name']: r for r in json.load(sys.stdin)}; r=rows['$entry']; assert r['status']=='ok' and r['components'], r" \
+            || { echo "FAIL: $project: $entry not listed as ok"; status=1; }
+    done <<< "$names"
+    if [[ -d $project/tests ]]; then
+        LLMP_STRICT_PLUGINS=1 "$venv/bin/python" -m pytest -q -p no:cacheprovider "$project/tests" \
+            || { echo "FAIL: $project: its tests fail in isolation"; status=1; }
+    fi
+    rm -rf "$(dirname "$venv")"
+done
+exit $status
