@@ -116,3 +116,9 @@ def test_bad_config_sources_are_clear_errors(tmp_path):
 def test_unknown_command_is_a_usage_error():
     result = run_llmp("frobnicate", check=False)
     assert result.returncode == 2 and "frobnicate" in result.stderr
+
+
+def test_trace_switch_prints_hook_calls():
+    result = run_llmp("plugins", "list", "--json", env={"LLMP_TRACE_PLUGINS": "1"})
+    assert "llmp_register_commands" in result.stderr and "llmp_register_kernels" in result.stderr
+    assert json.loads(result.stdout)

@@ -56,22 +56,25 @@ def _collect(kind: str) -> _KindRegistry:
     pm = plugins.load_plugins()
     expected = SPEC_TYPES[kind]
     registry = _KindRegistry()
-    hook = getattr(pm.hook, HOOK_FOR_KIND[kind])
-    # Each implementation is called on its own so every record can be stamped
-    # with the plugin that gave it; hookimpls come in registration order.
-    for impl in hook.get_hookimpls():
+    hook_name = HOOK_FOR_KIND[kind]
+    # Each plugin's implementation is called on its own (through pluggy, so
+    # tracing still sees it) to stamp every record with the plugin that gave
+    # it; hookimpls come in registration order, so later plugins may replace.
+    for impl in getattr(pm.hook, hook_name).get_hookimpls():
         record = plugins.get_record(impl.plugin_name)
         dist = record.distribution if record else "?"
         version = record.version if record else ""
+        others = [p for name, p in pm.list_name_plugin() if name != impl.plugin_name and p is not None]
         try:
-            specs = list(impl.function() or ())
+            results = pm.subset_hook_caller(hook_name, remove_plugins=others)()
+            specs = [spec for result in results for spec in (result or ())]
             bad = [s for s in specs if type(s) is not expected and not isinstance(s, expected)]
             if bad:
-                raise TypeError(f"{HOOK_FOR_KIND[kind]} returned {bad[0]!r}; expected {expected.__name__} records")
+                raise TypeError(f"{hook_name} returned {bad[0]!r}; expected {expected.__name__} records")
         except PluginLoadError:
             raise
         except Exception as exc:
-            plugins.record_failure(impl.plugin_name, exc, f"running {HOOK_FOR_KIND[kind]}")
+            plugins.record_failure(impl.plugin_name, exc, f"running {hook_name}")
             continue
         for spec in specs:
             _add(registry, kind, spec.stamped(impl.plugin_name, dist, version))
