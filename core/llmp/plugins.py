@@ -176,13 +176,18 @@ def _register(pm: pluggy.PluginManager, plugin: object, name: str) -> bool:
     except Exception as exc:
         record_failure(name, exc, "registering")
         return False
-    unknown = [hc.name for hc in pm.get_hookcallers(plugin) or [] if not hc.has_spec()]
+    unknown = _unknown_hooks(pm, plugin)
     if unknown:
         pm.unregister(plugin)
         record_failure(name, LookupError(f"implements unknown hooks {unknown} (misspelt?)"), "registering")
         return False
     _bump()
     return True
+
+
+def _unknown_hooks(pm: pluggy.PluginManager, plugin: object) -> list[str]:
+    """Hooks a plugin implements that no spec declares: almost always a typo."""
+    return [hc.name for hc in pm.get_hookcallers(plugin) or [] if not hc.has_spec()]
 
 
 def register(
@@ -211,7 +216,7 @@ def register(
     except Exception as exc:
         del _state.records[name]
         raise PluginLoadError(f"cannot register {name!r}: {exc}") from exc
-    unknown = [hc.name for hc in pm.get_hookcallers(plugin) or [] if not hc.has_spec()]
+    unknown = _unknown_hooks(pm, plugin)
     if unknown:
         pm.unregister(plugin)
         del _state.records[name]
