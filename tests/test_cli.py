@@ -100,6 +100,9 @@ def test_option_sources_command_line_then_env_then_yaml(tmp_path):
     assert any(r["name"] == "llmp-commands" for r in json.loads(from_cli))
     # every option is settable from the environment
     assert json.loads(run_llmp("collect-env", env={"LLMP_JSON_OUTPUT": "1"}).stdout)["llmp"] == "0.1.0"
+    # and a boolean set there can be turned off again on the command line
+    table = run_llmp("plugins", "list", "--no-json", env={"LLMP_JSON_OUTPUT": "1"}).stdout
+    assert "distribution" in table and not table.lstrip().startswith("[")
 
 
 def test_bad_config_sources_are_clear_errors(tmp_path):

@@ -81,6 +81,12 @@ def test_duplicate_names_are_an_error_naming_both_unless_replaced():
 
     plugins.register(Replacer(), name="third", distribution="dist-three")
     assert registry.get_component("executor", "toy").distribution == "dist-three"
+    # a later plain record does not undo a replacement; a second replacer conflicts
+    plugins.register(ExecutorPlugin(), name="fourth", distribution="dist-four")
+    assert registry.get_component("executor", "toy").distribution == "dist-three"
+    plugins.register(Replacer(), name="fifth", distribution="dist-five")
+    with pytest.raises(DuplicateComponentError, match="dist-five"):
+        registry.get_component("executor", "toy")
 
 
 def test_duplicate_in_strict_mode_raises_at_collection(monkeypatch):

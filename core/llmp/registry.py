@@ -83,9 +83,12 @@ def _collect(kind: str) -> _KindRegistry:
 
 def _add(registry: _KindRegistry, kind: str, spec: ComponentSpec) -> None:
     existing = registry.specs.get(spec.name)
-    if existing is None or spec.replace:
+    # replace=True wins whatever the registration order; two replacers still conflict
+    if existing is None or (spec.replace and not existing.replace):
         registry.specs[spec.name] = spec
         registry.conflicts.pop(spec.name, None)
+        return
+    if existing.replace and not spec.replace:
         return
     error = DuplicateComponentError(
         kind,

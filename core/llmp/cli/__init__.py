@@ -57,7 +57,7 @@ def _build_command(spec: CommandSpec) -> Any:
 
 
 def _command_from_function(function: Any, name: str, help_text: str) -> Any:
-    holder = typer.Typer()
+    holder = typer.Typer(add_completion=False)
     holder.command(name=name, help=help_text or None)(function)
     return typer.main.get_command(holder)
 

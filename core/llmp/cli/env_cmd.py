@@ -87,7 +87,7 @@ def environment_report() -> dict[str, Any]:
 
 def collect_env(
     ctx: typer.Context,
-    json_output: bool = typer.Option(False, "--json", help="Print JSON."),
+    json_output: bool = typer.Option(False, "--json/--no-json", help="Print JSON."),
     config: Path | None = ConfigOption,
 ) -> None:
     """Report llmp, Python and library versions, CPU/GPU, memory and installed plugins."""

@@ -71,7 +71,7 @@ def describe_plugins() -> list[dict[str, Any]]:
 @app.command("list")
 def list_plugins(
     ctx: typer.Context,
-    json_output: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    json_output: bool = typer.Option(False, "--json/--no-json", help="Print JSON instead of a table."),
     kind: str | None = typer.Option(None, "--kind", help=f"Only plugins providing this kind: {', '.join(KINDS)}."),
     config: Path | None = ConfigOption,
 ) -> None:
@@ -106,7 +106,7 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
 def show_plugin(
     ctx: typer.Context,
     name: str = typer.Argument(..., help="Plugin name, as in `llmp plugins list`."),
-    json_output: bool = typer.Option(False, "--json", help="Print JSON."),
+    json_output: bool = typer.Option(False, "--json/--no-json", help="Print JSON."),
     config: Path | None = ConfigOption,
 ) -> None:
     """Show one plugin: hooks, components, module path and, if broken, its error and traceback."""
