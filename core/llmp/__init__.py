@@ -4,8 +4,25 @@ Importing this package is cheap: it imports no torch, transformers or triton.
 Plugin authors import from :mod:`llmp.api` and use :data:`hookimpl`.
 """
 
+from typing import Any
+
 from llmp.hookspecs import hookimpl
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "hookimpl"]
+__all__ = ["CompletionOutput", "RequestOutput", "SamplingParams", "__version__", "hookimpl"]
+
+_LAZY = {
+    "SamplingParams": "llmp.sampling_params",
+    "RequestOutput": "llmp.outputs",
+    "CompletionOutput": "llmp.outputs",
+}
+
+
+def __getattr__(name: str) -> Any:
+    # The user-facing API loads on first use, so `import llmp` stays cheap for the CLI.
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'llmp' has no attribute {name!r}")

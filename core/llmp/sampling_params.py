@@ -1,0 +1,109 @@
+"""Sampling parameters of one request, with vLLM's names, defaults and ranges.
+
+Every invalid value raises ``ValueError`` naming the field and its allowed
+range, before any work is queued.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1 = no top-k
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    max_tokens: int | None = 16  # None = the rest of the context
+    min_tokens: int = 0
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    stop_strings: list[str] = field(init=False, default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.stop_strings = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.top_k == -1:
+            self.top_k = 0
+        self._validate()
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def _validate(self) -> None:
+        _at_least("n", self.n, 1)
+        _at_least("temperature", self.temperature, 0.0)
+        _between("top_p", self.top_p, 0.0, 1.0, low_open=True)
+        _at_least("top_k", self.top_k, 0, note=" (0 or -1 disables it)")
+        _between("min_p", self.min_p, 0.0, 1.0)
+        _between("presence_penalty", self.presence_penalty, -2.0, 2.0)
+        _between("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
+        _greater("repetition_penalty", self.repetition_penalty, 0.0)
+        if self.seed is not None:
+            _integer("seed", self.seed)
+        if self.max_tokens is not None:
+            _at_least("max_tokens", self.max_tokens, 1)
+        _at_least("min_tokens", self.min_tokens, 0)
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}")
+        if any(not isinstance(s, str) or not s for s in self.stop_strings):
+            raise ValueError(f"stop must be a non-empty string or a list of them, got {self.stop!r}")
+        for token in self.stop_token_ids:
+            _at_least("stop_token_ids[]", token, 0)
+        if self.logprobs is not None:
+            _at_least("logprobs", self.logprobs, 0)
+        if self.prompt_logprobs is not None:
+            _at_least("prompt_logprobs", self.prompt_logprobs, 0)
+        for token, bias in (self.logit_bias or {}).items():
+            _at_least("logit_bias key", token, 0)
+            _between(f"logit_bias[{token}]", bias, -100.0, 100.0)
+        if self.allowed_token_ids is not None:
+            if not self.allowed_token_ids:
+                raise ValueError("allowed_token_ids must not be empty when given")
+            for token in self.allowed_token_ids:
+                _at_least("allowed_token_ids[]", token, 0)
+
+
+def _number(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    return float(value)
+
+
+def _integer(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    return value
+
+
+def _at_least(name: str, value: object, low: float, note: str = "") -> None:
+    number = _integer(name, value) if isinstance(low, int) else _number(name, value)
+    if number < low:
+        raise ValueError(f"{name} must be >= {low}{note}, got {value!r}")
+
+
+def _greater(name: str, value: object, low: float) -> None:
+    if _number(name, value) <= low:
+        raise ValueError(f"{name} must be > {low}, got {value!r}")
+
+
+def _between(name: str, value: object, low: float, high: float, low_open: bool = False) -> None:
+    number = _number(name, value)
+    if number > high or number < low or (low_open and number == low):
+        bracket = "(" if low_open else "["
+        raise ValueError(f"{name} must be in {bracket}{low}, {high}], got {value!r}")
