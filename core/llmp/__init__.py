@@ -10,9 +10,10 @@ from llmp.hookspecs import hookimpl
 
 __version__ = "0.1.0"
 
-__all__ = ["CompletionOutput", "RequestOutput", "SamplingParams", "__version__", "hookimpl"]
+__all__ = ["LLM", "CompletionOutput", "RequestOutput", "SamplingParams", "__version__", "hookimpl"]
 
 _LAZY = {
+    "LLM": "llmp.llm",
     "SamplingParams": "llmp.sampling_params",
     "RequestOutput": "llmp.outputs",
     "CompletionOutput": "llmp.outputs",

@@ -151,3 +151,36 @@ def load_component(kind: str, name: str) -> Any:
 def all_components() -> dict[str, dict[str, ComponentSpec]]:
     """Every registered component of every kind."""
     return {kind: components(kind) for kind in KINDS}
+
+
+def select_model(architectures: list[str], model_impl: str = "auto") -> ComponentSpec:
+    """The model record serving the first of ``architectures`` that one claims.
+
+    ``model_impl`` ``"native"`` or ``"transformers"`` restricts the choice;
+    ``"auto"`` prefers native and falls back to a record named ``"*"``.
+    """
+    if model_impl not in ("auto", "native", "transformers"):
+        raise ValueError(f"model_impl must be auto, native or transformers, got {model_impl!r}")
+    specs = components("model")
+    allowed = [s for s in specs.values() if model_impl == "auto" or getattr(s, "model_impl", "native") == model_impl]
+    for arch in architectures:
+        for spec in allowed:
+            if spec.name == arch:
+                return spec
+    for spec in allowed:
+        if spec.name == "*":
+            return spec
+    supported = {s.name: s.distribution for s in allowed if s.name != "*"}
+    wanted = ", ".join(architectures) or "(config.json names no architectures)"
+    raise UnknownComponentError("model", wanted, supported)
+
+
+def select_kernels(name: str | None, device: str) -> ComponentSpec:
+    """The kernel set named ``name``, or the highest-priority one that runs on ``device``."""
+    if name:
+        return get_component("kernels", name)
+    candidates = [s for s in components("kernels").values() if device in getattr(s, "devices", ())]
+    if not candidates:
+        raise UnknownComponentError("kernels", f"(any for device {device!r})", {
+            n: s.distribution for n, s in components("kernels").items()})
+    return max(candidates, key=lambda s: getattr(s, "priority", 0))

@@ -10,7 +10,7 @@ import torch
 from llmp import registry
 from llmp.api import AttentionMetadata, KernelSet
 from llmp_kernels_torch.kernels import TorchKernels
-from llmp_kernels_torch.rope import cos_sin_table, inverse_frequencies
+from llmp.modeling.rope import cos_sin_table, inverse_frequencies
 
 K = TorchKernels()
 

@@ -11,14 +11,15 @@ import torch
 
 def inverse_frequencies(rotary_dim: int, base: float, scaling: Mapping[str, Any] | None = None) -> torch.Tensor:
     """Per-pair inverse frequencies [rotary_dim / 2], with ``rope_scaling`` applied."""
-    inv_freq = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim))
+    # float32 throughout, as Hugging Face computes it, so positions rotate by the same angles
+    inv_freq = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim))
     kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
     if kind in (None, "default"):
-        return inv_freq.float()
+        return inv_freq
     if kind == "linear":
-        return (inv_freq / scaling["factor"]).float()
+        return inv_freq / scaling["factor"]
     if kind == "llama3":
-        return _llama3(inv_freq, scaling).float()
+        return _llama3(inv_freq, scaling)
     raise ValueError(f"rope_scaling type {kind!r} is not supported; supported: default, linear, llama3")
 
 

@@ -1,0 +1,28 @@
+"""Built-in engine components: the default scheduler and KV-cache manager.
+
+They are registered through the same hooks a third-party replacement uses.
+"""
+
+from collections.abc import Iterator
+
+from llmp import hookimpl
+from llmp.api import KVManagerSpec, SchedulerSpec
+
+
+@hookimpl
+def llmp_register_schedulers() -> Iterator[SchedulerSpec]:
+    yield SchedulerSpec(
+        name="default",
+        impl="llmp.engine.scheduler:Scheduler",
+        description="One token budget per step: chunked prefill, mixed prefill and decode, "
+        "preemption by recompute; FCFS or priority policy.",
+    )
+
+
+@hookimpl
+def llmp_register_kv_managers() -> Iterator[KVManagerSpec]:
+    yield KVManagerSpec(
+        name="default",
+        impl="llmp.engine.kv_cache:BlockKVCacheManager",
+        description="Fixed-size KV blocks with automatic prefix caching (chained block hashes, LRU eviction).",
+    )

@@ -1,0 +1,59 @@
+"""Incremental detokenization and stop strings.
+
+Text is produced the way a full decode would produce it: each new token is
+decoded together with a few tokens before it, and only the text past what
+those tokens already gave is emitted. A token that ends inside a multi-byte
+character ("\\ufffd") emits nothing until the character completes. So the
+pieces concatenate to ``decode(prompt + output)`` minus ``decode(prompt)``,
+for byte-level BPE and SentencePiece tokenizers alike.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+CONTEXT_TOKENS = 5  # prompt tokens decoded with the first output token
+
+
+class IncrementalDetokenizer:
+    def __init__(
+        self, tokenizer: Any, prompt_token_ids: list[int], skip_special_tokens: bool = True
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        self.special_ids = set(tokenizer.all_special_ids) if skip_special_tokens else set()
+        context = [t for t in prompt_token_ids[-(CONTEXT_TOKENS + 2) :] if t not in self.special_ids]
+        self.tokens: list[str] = tokenizer.convert_ids_to_tokens(context)
+        self.prefix_offset = max(len(self.tokens) - CONTEXT_TOKENS, 0)
+        self.read_offset = len(self.tokens)
+        self.text = ""
+
+    def add_token(self, token_id: int) -> str:
+        """Decode one more token; return the text it completes (possibly empty)."""
+        if token_id in self.special_ids:
+            return ""
+        token = self.tokenizer.convert_ids_to_tokens([token_id])
+        if not token or token[0] is None:  # an id past the tokenizer's vocabulary (padded embedding rows)
+            return ""
+        self.tokens.extend(token)
+        prefix_text = self._to_string(self.tokens[self.prefix_offset : self.read_offset])
+        new_text = self._to_string(self.tokens[self.prefix_offset :])
+        if len(new_text) <= len(prefix_text) or new_text.endswith("\ufffd"):
+            return ""
+        delta = new_text[len(prefix_text) :]
+        self.prefix_offset, self.read_offset = self.read_offset, len(self.tokens)
+        self.text += delta
+        return delta
+
+    def _to_string(self, tokens: list[str]) -> str:
+        return self.tokenizer.convert_tokens_to_string(tokens)
+
+
+def find_stop_string(text: str, new_chars: int, stops: list[str], include: bool) -> tuple[str, int] | None:
+    """The first stop string that ``text``'s last ``new_chars`` characters complete,
+    and the length to cut ``text`` to (past the stop string when ``include``)."""
+    for stop in stops:
+        index = text.find(stop, max(len(text) - new_chars - len(stop) + 1, 0))
+        if index != -1:
+            return stop, index + len(stop) if include else index
+    return None

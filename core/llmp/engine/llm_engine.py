@@ -1,0 +1,245 @@
+"""The synchronous engine: add requests, call ``step()``, collect outputs.
+
+``step()`` is schedule -> execute -> update -> process outputs. Everything
+the step touches is resolved at construction: no plugin lookups per step.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from llmp import plugins, registry
+from llmp.api import EngineInfo, FinishedRequestStats, SchedulerStats
+from llmp.engine.config import EngineConfig
+from llmp.engine.output_processor import OutputProcessor, RequestState
+from llmp.engine.request import Request, RequestStatus
+from llmp.engine.scheduler import SchedulerConfig
+from llmp.outputs import RequestOutput
+from llmp.sampling_params import SamplingParams
+
+PromptType = str | Mapping[str, Any]  # text, or {"prompt_token_ids": [...]} (optionally with "prompt")
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, stat_loggers: Sequence[Any] = ()) -> None:
+        import torch
+        from transformers import AutoConfig, AutoTokenizer
+
+        from llmp.engine.model_runner import ModelRunner
+        from llmp.modeling.files import resolve_model
+
+        self.config = config
+        started = time.perf_counter()
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        self.pm = plugins.load_plugins()
+        model_dir = resolve_model(config.model)
+        self.model_dir = model_dir
+        self.hf_config = AutoConfig.from_pretrained(model_dir)
+        self.tokenizer = AutoTokenizer.from_pretrained(config.tokenizer or model_dir)
+        self.runner = ModelRunner(config, model_dir, self.hf_config)
+        num_blocks = self._num_kv_blocks()
+        self.max_model_len = self._max_model_len(num_blocks)
+        self.runner.allocate_kv_cache(num_blocks)
+        self.kv_manager = registry.load_component("kv_manager", config.kv_manager)(
+            num_blocks, config.block_size, config.enable_prefix_caching
+        )
+        scheduler_config = SchedulerConfig(
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=max(config.max_num_batched_tokens, 1),
+            max_model_len=self.max_model_len,
+            enable_chunked_prefill=config.enable_chunked_prefill,
+            policy=config.scheduling_policy,
+        )
+        if not config.enable_chunked_prefill and config.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(
+                f"without chunked prefill, max_num_batched_tokens ({config.max_num_batched_tokens}) "
+                f"must be >= max_model_len ({self.max_model_len})"
+            )
+        self.scheduler = registry.load_component("scheduler", config.scheduler)(scheduler_config, self.kv_manager)
+        self.eos_token_ids = self._eos_token_ids()
+        self.vocab_size = self.hf_config.vocab_size
+        self.outputs = OutputProcessor(self.tokenizer)
+        self.stat_loggers = list(stat_loggers)
+        self.num_steps = 0
+        self.startup_seconds = time.perf_counter() - started
+        self.info = EngineInfo(
+            model=str(config.model or model_dir), executor="uniproc", kernels=self.runner.kernels_spec.name,
+            scheduler=config.scheduler, kv_manager=config.kv_manager, device=config.device,
+            options={"max_model_len": self.max_model_len, "num_kv_blocks": num_blocks, "dtype": str(self.runner.dtype)},
+        )
+        self.pm.hook.llmp_engine_started(info=self.info)
+        self._stopped = False
+
+    # -- set-up ------------------------------------------------------------
+
+    def _num_kv_blocks(self) -> int:
+        if self.config.num_kv_blocks is not None:
+            return self.config.num_kv_blocks
+        blocks = self.config.kv_cache_memory_bytes // self.runner.bytes_per_block()
+        context = self.config.max_model_len or getattr(self.hf_config, "max_position_embeddings", 4096)
+        enough = -(-context * self.config.max_num_seqs // self.config.block_size)  # every sequence at full length
+        return int(max(min(blocks, enough), 1))
+
+    def _max_model_len(self, num_blocks: int) -> int:
+        model_len = getattr(self.hf_config, "max_position_embeddings", None) or 4096
+        pool = num_blocks * self.config.block_size
+        if self.config.max_model_len is not None:
+            if self.config.max_model_len > pool:
+                raise ValueError(
+                    f"max_model_len {self.config.max_model_len} does not fit the KV cache ({num_blocks} blocks of "
+                    f"{self.config.block_size} = {pool} tokens); raise the KV cache size or lower max_model_len"
+                )
+            return self.config.max_model_len
+        return min(model_len, pool)
+
+    def _eos_token_ids(self) -> frozenset[int]:
+        # the union of the config's, the tokenizer's and generation_config.json's end tokens
+        from transformers import GenerationConfig
+
+        sources = [getattr(self.hf_config, "eos_token_id", None), getattr(self.tokenizer, "eos_token_id", None)]
+        try:
+            sources.append(GenerationConfig.from_pretrained(self.model_dir).eos_token_id)
+        except OSError:  # no generation_config.json
+            pass
+        ids: set[int] = set()
+        for value in sources:
+            ids.update([value] if isinstance(value, int) else [v for v in value or () if isinstance(v, int)])
+        return frozenset(ids)
+
+    # -- requests ----------------------------------------------------------
+
+    def tokenize_prompt(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer.encode(prompt)
+        if isinstance(prompt, Mapping) and "prompt_token_ids" in prompt:
+            return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+        if isinstance(prompt, Mapping) and "prompt" in prompt:
+            return prompt["prompt"], self.tokenizer.encode(prompt["prompt"])
+        raise TypeError(f"a prompt is a string or a dict with 'prompt' or 'prompt_token_ids', got {type(prompt).__name__}")
+
+    def add_request(
+        self, request_id: str, prompt: PromptType, params: SamplingParams | None = None, priority: int = 0
+    ) -> None:
+        params = params or SamplingParams()
+        if request_id in self.outputs.states:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        text, token_ids = self.tokenize_prompt(prompt)
+        self._validate_prompt(token_ids, params)
+        max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len - len(token_ids)
+        state = RequestState(request_id, text, token_ids, params)
+        requests = []
+        for index in range(params.n):
+            child_params = params
+            if params.n > 1 and params.seed is not None:
+                child_params = copy.copy(params)
+                child_params.seed = params.seed + index
+            engine_id = request_id if params.n == 1 else f"{index}_{request_id}"
+            requests.append(Request(
+                engine_id, token_ids, child_params, eos_token_ids=self.eos_token_ids, priority=priority,
+                max_tokens=max_tokens,
+            ))
+        self.outputs.add_request(state, requests)
+        for request in requests:
+            self.scheduler.add_request(request)
+
+    def _validate_prompt(self, token_ids: list[int], params: SamplingParams) -> None:
+        if not token_ids:
+            raise ValueError("the prompt is empty: it must hold at least one token")
+        if len(token_ids) >= self.max_model_len:
+            raise ValueError(
+                f"the prompt is {len(token_ids)} tokens long, but max_model_len is {self.max_model_len}: "
+                "it must be shorter, to leave room for at least one generated token"
+            )
+        bad = next((t for t in token_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise ValueError(f"prompt token id {bad!r} is out of range [0, {self.vocab_size})")
+        for name, ids in (("logit_bias", params.logit_bias or {}), ("allowed_token_ids", params.allowed_token_ids or [])):
+            bad = next((t for t in ids if t >= self.vocab_size), None)
+            if bad is not None:
+                raise ValueError(f"{name} token id {bad} is out of range [0, {self.vocab_size})")
+
+    def abort_request(self, request_ids: str | Sequence[str]) -> list[RequestOutput]:
+        """Abort requests (by the id given to :meth:`add_request`); returns their final outputs."""
+        finished = []
+        for request_id in [request_ids] if isinstance(request_ids, str) else request_ids:
+            state = self.outputs.state_of(request_id)
+            if state is None:
+                continue
+            for seq in state.sequences:
+                self.scheduler.abort_requests([seq.request.request_id])
+                self.outputs.finish(seq, RequestStatus.FINISHED_ABORTED.value)
+            finished.append(self.outputs.make_output(state))
+        return finished
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    # -- one step ----------------------------------------------------------
+
+    def step(self, delta: bool = False) -> list[RequestOutput]:
+        """Run one step; return an output for every request that changed."""
+        scheduled = self.scheduler.schedule()
+        if scheduled.is_empty:
+            return []
+        result = self.runner.execute_model(scheduled)
+        self.num_steps += 1
+        updated = self.scheduler.update_from_output(scheduled, result.sampled)
+        changed: dict[str, RequestState] = {}
+        now = time.monotonic()
+        for request_id, entries in result.prompt_logprobs.items():
+            self.outputs.add_prompt_logprobs(request_id, entries)
+        for item, token, logprobs in zip(scheduled.scheduled, result.sampled, result.logprobs, strict=True):
+            if token is None:
+                continue
+            request = item.request
+            seq = self.outputs.sequence_of(request.request_id)
+            if seq is None:
+                continue
+            state = seq.parent
+            state.first_token_time = state.first_token_time or now
+            stop = self.outputs.append(seq, token, logprobs)
+            if stop is not None and not request.is_finished:
+                self.scheduler.finish(request, RequestStatus.FINISHED_STOPPED, stop_reason=stop[0])
+            if request.is_finished:
+                self.outputs.finish(seq, request.status.value, request.stop_reason)
+            changed[state.request_id] = state
+        outputs = [self.outputs.make_output(state, delta) for state in changed.values()]
+        if self.stat_loggers:
+            self._log_stats(outputs, changed)
+        return outputs
+
+    def _log_stats(self, outputs: list[RequestOutput], states: dict[str, RequestState]) -> None:
+        stats = SchedulerStats(
+            num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
+            kv_cache_usage=self.kv_manager.usage, prefix_cache_queries=self.kv_manager.prefix_cache_queries,
+            prefix_cache_hits=self.kv_manager.prefix_cache_hits, num_preemptions=self.scheduler.num_preemptions,
+        )
+        now = time.monotonic()
+        for logger in self.stat_loggers:
+            logger.record_step(stats)
+        for output in outputs:
+            if not output.finished:
+                continue
+            state = states[output.request_id]
+            first = state.sequences[0].request
+            record = FinishedRequestStats(
+                request_id=output.request_id, finish_reason=output.outputs[0].finish_reason,
+                num_prompt_tokens=len(output.prompt_token_ids),
+                num_generation_tokens=sum(len(o.token_ids) for o in output.outputs),
+                num_cached_tokens=output.num_cached_tokens,
+                queued_seconds=(first.first_scheduled_time or now) - state.arrival_time,
+                time_to_first_token_seconds=(state.first_token_time - state.arrival_time)
+                if state.first_token_time else None,
+                end_to_end_seconds=now - state.arrival_time,
+            )
+            for logger in self.stat_loggers:
+                logger.record_finished(record)
+
+    def shutdown(self) -> None:
+        if not self._stopped:
+            self._stopped = True
+            self.pm.hook.llmp_engine_stopped(info=self.info)

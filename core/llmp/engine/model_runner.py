@@ -1,0 +1,145 @@
+"""Loads the model, owns the KV cache and runs one scheduled step.
+
+A step is one forward pass over the flattened new tokens of every scheduled
+request (prefill chunks and decodes alike), followed by one sampler call over
+the rows whose sequence is complete.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from llmp import registry
+from llmp.api import AttentionMetadata
+from llmp.engine.config import EngineConfig
+from llmp.engine.sampler import Sampler, TokenLogprobs, gather_logprobs
+from llmp.engine.scheduler import SchedulerOutput
+from llmp.modeling.files import iter_weights
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+@dataclass(slots=True)
+class ModelRunnerOutput:
+    sampled: list[int | None]  # per scheduled request; None for a partial prefill chunk
+    logprobs: list[TokenLogprobs | None]
+    prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)  # request id -> new positions
+
+
+def resolve_dtype(requested: str, hf_config: Any) -> torch.dtype:
+    if requested != "auto":
+        return _DTYPES[requested]
+    configured = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+    configured = str(configured).removeprefix("torch.") if configured is not None else None
+    return _DTYPES.get(configured, torch.float32 if configured == "float32" else torch.bfloat16)
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, model_dir: Path, hf_config: Any) -> None:
+        self.config = config
+        self.device = torch.device(config.device)
+        self.dtype = resolve_dtype(config.dtype, hf_config)
+        started = time.perf_counter()
+        self.kernels_spec = registry.select_kernels(config.kernels, self.device.type)
+        self.kernels = self.kernels_spec.load()()
+        self.model_spec = registry.select_model(list(getattr(hf_config, "architectures", None) or []), config.model_impl)
+        self.model = self._load_model(self.model_spec.load(), model_dir, hf_config)
+        self.load_seconds = time.perf_counter() - started
+        self.sampler = Sampler()
+        self.block_size = config.block_size
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def _load_model(self, model_cls: Any, model_dir: Path, hf_config: Any) -> Any:
+        with torch.device("meta"):
+            model = model_cls(hf_config, self.kernels)
+        model = model.to(dtype=self.dtype).to_empty(device=self.device)
+        model.load_weights(iter_weights(model_dir))
+        return model.eval()
+
+    # -- KV cache --------------------------------------------------------
+
+    def bytes_per_block(self) -> int:
+        layers = self.model.attention_layers()
+        per_token = sum(2 * layer.num_kv_heads * layer.head_dim for layer in layers)
+        return per_token * self.block_size * self.dtype.itemsize
+
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        """One (k, v) pair of ``[num_blocks, block_size, kv_heads, head_dim]`` per attention layer, allocated once."""
+        self.kv_caches = []
+        for layer in self.model.attention_layers():
+            shape = (num_blocks, self.block_size, layer.num_kv_heads, layer.head_dim)
+            # torch.empty: untouched pages cost nothing; kernels read only slots they wrote
+            k_cache = torch.empty(shape, dtype=self.dtype, device=self.device)
+            v_cache = torch.empty(shape, dtype=self.dtype, device=self.device)
+            layer.kv_cache = (k_cache, v_cache)
+            self.kv_caches.append(layer.kv_cache)
+
+    # -- one step --------------------------------------------------------
+
+    @torch.inference_mode()
+    def execute_model(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        input_ids, positions, metadata, logit_rows, prompt_rows = self._prepare(out)
+        hidden = self.model(input_ids, positions, metadata)
+        sample_index = [i for i, s in enumerate(out.scheduled) if s.completes_sequence]
+        sampled: list[int | None] = [None] * len(out.scheduled)
+        logprobs: list[TokenLogprobs | None] = [None] * len(out.scheduled)
+        if sample_index:
+            logits = self.model.compute_logits(hidden[torch.tensor(logit_rows, device=hidden.device)])
+            result = self.sampler(logits.float().cpu(), [out.scheduled[i].request for i in sample_index])
+            for row, i in enumerate(sample_index):
+                sampled[i], logprobs[i] = result.token_ids[row], result.logprobs[row]
+        prompt_logprobs = {rid: self._prompt_logprobs(hidden, *rows) for rid, rows in prompt_rows.items()}
+        return ModelRunnerOutput(sampled, logprobs, prompt_logprobs)
+
+    def _prepare(self, out: SchedulerOutput) -> tuple:
+        bs = self.block_size
+        tokens: list[int] = []
+        positions: list[np.ndarray] = []
+        slots: list[np.ndarray] = []
+        query_start = [0]
+        seq_lens: list[int] = []
+        logit_rows: list[int] = []
+        prompt_rows: dict[str, tuple[int, list[int], int]] = {}
+        max_blocks = max(len(s.request.block_ids) for s in out.scheduled)
+        block_tables = np.zeros((len(out.scheduled), max_blocks), dtype=np.int32)
+        for i, item in enumerate(out.scheduled):
+            request, start, end = item.request, item.start, item.start + item.num_tokens
+            tokens.extend(request.all_token_ids[start:end])
+            pos = np.arange(start, end)
+            blocks = np.asarray(request.block_ids, dtype=np.int64)
+            block_tables[i, : len(blocks)] = blocks
+            positions.append(pos)
+            slots.append(blocks[pos // bs] * bs + pos % bs)
+            row0 = query_start[-1]
+            query_start.append(row0 + item.num_tokens)
+            seq_lens.append(end)
+            if item.completes_sequence:
+                logit_rows.append(query_start[-1] - 1)
+            k = request.params.prompt_logprobs
+            if k is not None and start < request.num_prompt_tokens - 1:
+                last = min(end, request.num_prompt_tokens - 1)  # position whose next token is the last prompt token
+                targets = request.prompt_token_ids[start + 1 : last + 1]
+                prompt_rows[request.request_id] = (row0, targets, k)
+        device = self.device
+        metadata = AttentionMetadata(
+            query_start_loc=torch.tensor(query_start, dtype=torch.int32, device=device),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+            block_tables=torch.from_numpy(block_tables).to(device),
+            slot_mapping=torch.from_numpy(np.concatenate(slots)).to(device),
+            max_query_len=max(s.num_tokens for s in out.scheduled),
+            max_seq_len=max(seq_lens),
+        )
+        input_ids = torch.tensor(tokens, dtype=torch.long, device=device)
+        return input_ids, torch.from_numpy(np.concatenate(positions)).to(device), metadata, logit_rows, prompt_rows
+
+    def _prompt_logprobs(self, hidden: torch.Tensor, row0: int, targets: list[int], k: int) -> list[TokenLogprobs]:
+        logits = self.model.compute_logits(hidden[row0 : row0 + len(targets)]).float().cpu()
+        rows = logits.log_softmax(-1)
+        return [gather_logprobs(rows[i], token, k) for i, token in enumerate(targets)]
+

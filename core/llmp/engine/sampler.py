@@ -1,0 +1,152 @@
+"""Turns logits into tokens, applying every sampling parameter in one batched pass.
+
+Order, as in vLLM: allowed tokens, logit bias and the ``min_tokens`` ban;
+then repetition, frequency and presence penalties (greedy rows included);
+then temperature, min-p, top-k and top-p; then a draw. Logprobs are those of
+the raw model distribution. Only rows that use a feature pay for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from llmp.engine.request import Request
+
+
+@dataclass(slots=True)
+class TokenLogprobs:
+    """The sampled (or prompt) token first, then the top-k: ids, logprobs and ranks (1 = most likely)."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    ranks: list[int]
+
+
+@dataclass(slots=True)
+class SamplerOutput:
+    token_ids: list[int]
+    logprobs: list[TokenLogprobs | None]
+
+
+class Sampler:
+    def __call__(self, logits: torch.Tensor, requests: list[Request]) -> SamplerOutput:
+        logits = logits.float()
+        wants_logprobs = [r.params.logprobs is not None for r in requests]
+        raw_logprobs = logits.log_softmax(-1) if any(wants_logprobs) else None
+        logits = _apply_masks_and_bias(logits.clone(), requests)
+        logits = _apply_penalties(logits, requests)
+        tokens = logits.argmax(-1)
+        random_rows = [i for i, r in enumerate(requests) if not r.params.is_greedy]
+        if random_rows:
+            rows = torch.tensor(random_rows)
+            tokens[rows] = _sample(logits[rows], [requests[i] for i in random_rows])
+        token_list = tokens.tolist()
+        logprobs: list[TokenLogprobs | None] = [None] * len(requests)
+        if raw_logprobs is not None:
+            for i, request in enumerate(requests):
+                if wants_logprobs[i]:
+                    logprobs[i] = gather_logprobs(raw_logprobs[i], token_list[i], request.params.logprobs)
+        return SamplerOutput(token_list, logprobs)
+
+
+def gather_logprobs(row: torch.Tensor, token_id: int, k: int) -> TokenLogprobs:
+    """Logprob and rank of ``token_id`` in ``row`` (a log-softmax), then the top ``k``."""
+    chosen = row[token_id]
+    rank = int((row > chosen).sum()) + 1
+    ids, values, ranks = [token_id], [float(chosen)], [rank]
+    if k > 0:
+        top = row.topk(k)
+        ids += top.indices.tolist()
+        values += top.values.tolist()
+        ranks += list(range(1, k + 1))
+    return TokenLogprobs(ids, values, ranks)
+
+
+def _apply_masks_and_bias(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+    vocab = logits.shape[-1]
+    for i, request in enumerate(requests):
+        params = request.params
+        if params.allowed_token_ids is not None:
+            allowed = torch.tensor([t for t in params.allowed_token_ids if t < vocab], dtype=torch.long)
+            keep = logits[i, allowed]
+            logits[i] = float("-inf")
+            logits[i, allowed] = keep
+        if params.logit_bias:
+            ids = torch.tensor([t for t in params.logit_bias if t < vocab], dtype=torch.long)
+            logits[i, ids] += torch.tensor([params.logit_bias[t] for t in ids.tolist()])
+        if request.num_output_tokens < params.min_tokens:
+            banned = list(params.stop_token_ids)
+            if not params.ignore_eos:
+                banned.extend(request.eos_token_ids)
+            banned = [t for t in banned if t < vocab]
+            if banned:
+                logits[i, banned] = float("-inf")
+    return logits
+
+
+def _token_counts(sequences: list[list[int]], vocab: int) -> torch.Tensor:
+    # [R, V] counts via one scatter over a padded matrix (pad id = vocab, dropped)
+    width = max((len(s) for s in sequences), default=0)
+    padded = torch.full((len(sequences), width + 1), vocab, dtype=torch.long)
+    for i, s in enumerate(sequences):
+        if s:
+            padded[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+    counts = torch.zeros(len(sequences), vocab + 1)
+    counts.scatter_add_(1, padded, torch.ones_like(padded, dtype=counts.dtype))
+    return counts[:, :vocab]
+
+
+def _apply_penalties(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+    rows = [
+        i
+        for i, r in enumerate(requests)
+        if r.params.repetition_penalty != 1.0 or r.params.frequency_penalty or r.params.presence_penalty
+    ]
+    if not rows:
+        return logits
+    vocab = logits.shape[-1]
+    index = torch.tensor(rows)
+    sub = logits[index]
+    chosen = [requests[i] for i in rows]
+    output_counts = _token_counts([r.output_token_ids for r in chosen], vocab)
+    seen = (_token_counts([r.prompt_token_ids for r in chosen], vocab) > 0) | (output_counts > 0)
+    repetition = torch.tensor([r.params.repetition_penalty for r in chosen]).unsqueeze(1)
+    penalised = torch.where(sub > 0, sub / repetition, sub * repetition)
+    sub = torch.where(seen, penalised, sub)
+    frequency = torch.tensor([r.params.frequency_penalty for r in chosen]).unsqueeze(1)
+    presence = torch.tensor([r.params.presence_penalty for r in chosen]).unsqueeze(1)
+    sub = sub - frequency * output_counts - presence * (output_counts > 0).float()
+    logits[index] = sub
+    return logits
+
+
+def _sample(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+    params = [r.params for r in requests]
+    logits = logits / torch.tensor([p.temperature for p in params]).unsqueeze(1)
+    top_k = [p.top_k for p in params]
+    if any(top_k):
+        vocab = logits.shape[-1]
+        k = torch.tensor([t if t > 0 else vocab for t in top_k]).clamp(max=vocab)
+        kth = logits.topk(int(k.max()), dim=-1).values.gather(1, (k - 1).unsqueeze(1))
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = logits.softmax(-1)
+    min_p = torch.tensor([p.min_p for p in params])
+    if bool((min_p > 0).any()):
+        threshold = min_p.unsqueeze(1) * probs.max(-1, keepdim=True).values
+        probs = probs.masked_fill(probs < threshold, 0.0)
+    top_p = torch.tensor([p.top_p for p in params])
+    if bool((top_p < 1).any()):
+        sorted_probs, order = probs.sort(-1, descending=True)
+        before = sorted_probs.cumsum(-1) - sorted_probs  # mass strictly above each token
+        drop_sorted = before > top_p.unsqueeze(1) * sorted_probs.sum(-1, keepdim=True)
+        probs = probs.masked_fill(drop_sorted.scatter(1, order, drop_sorted), 0.0)
+    # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p; seeded rows use their own generator.
+    noise = torch.empty_like(probs).exponential_()
+    for i, request in enumerate(requests):
+        if request.params.seed is not None:
+            if request.generator is None:
+                request.generator = torch.Generator().manual_seed(request.params.seed)
+            noise[i].exponential_(generator=request.generator)
+    return (probs / noise).argmax(-1)

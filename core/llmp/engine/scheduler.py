@@ -1,0 +1,215 @@
+"""The default scheduler: one token budget per step.
+
+There are no prefill and decode phases. Every request has a target (its prompt
+plus the tokens generated so far) and ``num_computed_tokens`` already in the KV
+cache; each step hands out up to ``max_num_batched_tokens`` tokens, running
+requests first, so decodes, prefill chunks and prefix-cache hits follow one
+rule. When the KV cache runs out, the lowest-ranked running request is
+preempted: its blocks are freed and it is recomputed later.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from llmp.engine.kv_cache import BlockKVCacheManager
+from llmp.engine.request import Request, RequestStatus
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 4096
+    enable_chunked_prefill: bool = True
+    policy: str = "fcfs"  # or "priority": lower value first, then arrival
+
+    def __post_init__(self) -> None:
+        if self.policy not in ("fcfs", "priority"):
+            raise ValueError(f"scheduling policy must be 'fcfs' or 'priority', got {self.policy!r}")
+        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
+
+
+@dataclass(slots=True)
+class ScheduledRequest:
+    request: Request
+    start: int  # tokens already in the KV cache before this step
+    num_tokens: int  # tokens computed in this step
+
+    @property
+    def completes_sequence(self) -> bool:
+        """True when this step reaches the end of the known tokens, so its sample counts."""
+        return self.start + self.num_tokens == self.request.num_tokens
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, kv_manager: BlockKVCacheManager) -> None:
+        self.config = config
+        self.kv = kv_manager
+        self.waiting: list[Request] = []  # kept in admission order (see _rank)
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.num_preemptions = 0
+        self.num_prefill_chunks = 0  # steps that computed part of a prompt but not its end
+
+    # -- requests --------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already in use")
+        self.requests[request.request_id] = request
+        self._enqueue(request)
+
+    def abort_requests(self, request_ids: Iterable[str]) -> list[Request]:
+        aborted = []
+        for request_id in request_ids:
+            request = self.requests.get(request_id)
+            if request is not None:
+                self.finish(request, RequestStatus.FINISHED_ABORTED)
+                aborted.append(request)
+        return aborted
+
+    def finish(self, request: Request, status: RequestStatus, stop_reason: int | str | None = None) -> None:
+        """End a request (e.g. on a stop string found by the output processor) and free its blocks."""
+        if request.is_finished:
+            return
+        if request.status == RequestStatus.RUNNING:
+            self.running.remove(request)
+        else:
+            self.waiting.remove(request)
+        request.status = status
+        request.stop_reason = stop_reason
+        self.kv.free(request)
+        del self.requests[request.request_id]
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    # -- one step --------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        for request in list(self.running):
+            if budget == 0:
+                break
+            if request.status != RequestStatus.RUNNING:  # preempted earlier in this loop
+                continue
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            while self.kv.allocate_slots(request, num_new) is None:
+                victim = self._pick_victim()
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is request:
+                    break
+            else:
+                budget -= num_new
+                out.scheduled.append(self._advance(request, num_new))
+        if not out.preempted:
+            budget = self._admit_waiting(out, budget)
+        return out
+
+    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> int:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting[0]
+            blocks, num_cached = self.kv.get_computed_blocks(request)
+            num_new = request.num_tokens - num_cached
+            if num_new > budget:
+                if not self.config.enable_chunked_prefill:
+                    break
+                num_new = budget
+            if self.kv.allocate_slots(request, num_new, blocks) is None:
+                break
+            self.waiting.pop(0)
+            self.running.append(request)
+            request.status = RequestStatus.RUNNING
+            request.num_computed_tokens = num_cached
+            if request.num_cached_tokens < 0:
+                request.num_cached_tokens = num_cached
+                request.first_scheduled_time = time.monotonic()
+            budget -= num_new
+            out.scheduled.append(self._advance(request, num_new))
+        return budget
+
+    def _advance(self, request: Request, num_new: int) -> ScheduledRequest:
+        scheduled = ScheduledRequest(request, request.num_computed_tokens, num_new)
+        request.num_computed_tokens += num_new
+        if not scheduled.completes_sequence:
+            self.num_prefill_chunks += 1
+        return scheduled
+
+    def update_from_output(self, out: SchedulerOutput, sampled: list[int | None]) -> list[Request]:
+        """Append each request's sampled token (None for a partial prefill chunk) and
+        finish the requests that hit EOS, a stop token, ``max_tokens`` or the context limit.
+        Returns the requests that got a new token."""
+        updated = []
+        for item, token in zip(out.scheduled, sampled, strict=True):
+            request = item.request
+            if token is None or request.is_finished:
+                continue
+            request.append_token(token)
+            updated.append(request)
+            status = self._check_stop(request, token)
+            if status is not None:
+                self.finish(request, status, stop_reason=token if status == RequestStatus.FINISHED_STOPPED else None)
+        return updated
+
+    def _check_stop(self, request: Request, token: int) -> RequestStatus | None:
+        params = request.params
+        if request.num_output_tokens >= request.max_tokens or request.num_tokens >= self.config.max_model_len:
+            return RequestStatus.FINISHED_LENGTH
+        if request.num_output_tokens < params.min_tokens:
+            return None
+        if (token in request.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids:
+            return RequestStatus.FINISHED_STOPPED
+        return None
+
+    # -- queueing and preemption -----------------------------------------
+
+    def _rank(self, request: Request) -> tuple:
+        if self.config.policy == "priority":
+            return (request.priority, request.arrival_time)
+        return (request.arrival_time,)
+
+    def _enqueue(self, request: Request) -> None:
+        bisect.insort(self.waiting, request, key=self._rank)
+
+    def _pick_victim(self) -> Request:
+        if self.config.policy == "priority":
+            return max(self.running, key=self._rank)
+        return self.running[-1]
+
+    def _preempt(self, request: Request) -> None:
+        self.running.remove(request)
+        self.kv.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self._enqueue(request)

@@ -1,0 +1,158 @@
+"""The offline Python API: ``LLM(model).generate(prompts, params)`` and ``.chat(messages)``."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from llmp.engine.config import EngineConfig
+from llmp.engine.llm_engine import LLMEngine, PromptType
+from llmp.outputs import RequestOutput
+from llmp.sampling_params import SamplingParams
+
+Conversation = Sequence[Mapping[str, Any]]
+
+
+class LLM:
+    """An engine in this process, for batches of prompts.
+
+    ``LLM()`` serves the default model (SmolLM2-135M-Instruct). Any keyword of
+    :class:`llmp.engine.config.EngineConfig` is accepted, e.g. ``dtype``,
+    ``max_model_len``, ``enable_prefix_caching``, ``max_num_seqs``, ``kernels``.
+    """
+
+    def __init__(self, model: str | None = None, **engine_options: Any) -> None:
+        self.engine = LLMEngine(EngineConfig(model=model, **engine_options))
+        self._ids = itertools.count()
+
+    def get_tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool = True,
+        priority: Sequence[int] | None = None,
+    ) -> list[RequestOutput]:
+        """Generate for every prompt (text or ``{"prompt_token_ids": [...]}``); outputs in input order."""
+        if isinstance(prompts, str | Mapping):
+            prompts = [prompts]
+        prompts = list(prompts)
+        params = self._params_per_prompt(sampling_params, len(prompts))
+        if priority is not None and len(priority) != len(prompts):
+            raise ValueError(f"priority has {len(priority)} entries for {len(prompts)} prompts")
+        ids = []
+        try:
+            for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
+                request_id = str(next(self._ids))
+                self.engine.add_request(request_id, prompt, p, priority=priority[i] if priority else 0)
+                ids.append(request_id)
+        except Exception:
+            self.engine.abort_request(ids)
+            raise
+        return self._run(ids, use_tqdm)
+
+    def chat(
+        self,
+        messages: Conversation | Sequence[Conversation],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool = True,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> list[RequestOutput]:
+        """Render each conversation with the model's chat template, then generate."""
+        conversations = [messages] if messages and isinstance(messages[0], Mapping) else list(messages)
+        prompts = [
+            {"prompt": text, "prompt_token_ids": self.engine.tokenizer.encode(text, add_special_tokens=False)}
+            for text in (
+                self.render_chat(c, chat_template, add_generation_prompt, continue_final_message, tools,
+                                 chat_template_kwargs)
+                for c in conversations
+            )
+        ]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def render_chat(
+        self,
+        conversation: Conversation,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> str:
+        """The prompt text of a conversation (transformers' renderer: a sandboxed Jinja environment)."""
+        tokenizer = self.engine.tokenizer
+        if chat_template is None and not getattr(tokenizer, "chat_template", None):
+            raise ValueError(f"the model {self.engine.info.model} has no chat template; pass chat_template=...")
+        return tokenizer.apply_chat_template(
+            list(conversation), chat_template=chat_template, tools=tools, tokenize=False,
+            add_generation_prompt=add_generation_prompt and not continue_final_message,
+            continue_final_message=continue_final_message, **(chat_template_kwargs or {}),
+        )
+
+    def _params_per_prompt(self, params: Any, count: int) -> list[SamplingParams]:
+        if params is None:
+            return [SamplingParams()] * count
+        if isinstance(params, SamplingParams):
+            return [params] * count
+        params = list(params)
+        if len(params) != count:
+            raise ValueError(f"got {len(params)} sampling params for {count} prompts")
+        return params
+
+    def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        finished: dict[str, RequestOutput] = {}
+        progress = _Progress(len(request_ids)) if use_tqdm and len(request_ids) > 1 else None
+        try:
+            while len(finished) < len(request_ids) and self.engine.has_unfinished_requests():
+                for output in self.engine.step():
+                    if output.finished:
+                        finished[output.request_id] = output
+                        if progress:
+                            progress.advance(sum(len(o.token_ids) for o in output.outputs))
+        except BaseException:
+            self.engine.abort_request([r for r in request_ids if r not in finished])
+            raise
+        finally:
+            if progress:
+                progress.close()
+        return [finished[r] for r in request_ids]
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+
+    def __del__(self) -> None:
+        engine = self.__dict__.get("engine")
+        if engine is not None:
+            engine.shutdown()
+
+
+class _Progress:
+    """A rich progress bar: prompts done and output tokens per second."""
+
+    def __init__(self, total: int) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(
+            TextColumn("Processed prompts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TextColumn("{task.fields[rate]}"), transient=False,
+        )
+        self.task = self.progress.add_task("generate", total=total, rate="")
+        self.tokens = 0
+        self.progress.start()
+
+    def advance(self, tokens: int) -> None:
+        self.tokens += tokens
+        elapsed = self.progress.tasks[0].elapsed or 1e-9
+        self.progress.update(self.task, advance=1, rate=f"output {self.tokens / elapsed:.1f} tok/s")
+
+    def close(self) -> None:
+        self.progress.stop()

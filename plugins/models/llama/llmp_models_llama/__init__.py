@@ -1,0 +1,18 @@
+"""llmp plugin: the native Llama model on the paged KV cache.
+
+This module only registers; ``model.py`` (which imports torch) loads on selection.
+"""
+
+from collections.abc import Iterator
+
+from llmp import hookimpl
+from llmp.api import ModelSpec
+
+
+@hookimpl
+def llmp_register_models() -> Iterator[ModelSpec]:
+    yield ModelSpec(
+        name="LlamaForCausalLM",
+        impl="llmp_models_llama.model:LlamaForCausalLM",
+        description="Llama 1/2/3, SmolLM, TinyLlama and other Llama-architecture causal LMs.",
+    )
