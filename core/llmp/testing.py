@@ -8,6 +8,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 
 def run_llmp(
@@ -46,3 +47,74 @@ def registered(plugin: object, name: str | None = None) -> Iterator[str]:
         yield registered_name
     finally:
         plugins.unregister(registered_name)
+
+
+# -- tiny models ------------------------------------------------------------
+
+TINY_CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Paged attention keeps the KV cache in fixed-size blocks.",
+    "Continuous batching serves many requests at once, step by step.",
+    "Café, naïve, Zürich; 東京 and 北京; emoji 🙂🚀 — all in UTF-8.",
+    "def add(a, b):\n    return a + b\n",
+]
+
+
+def tiny_tokenizer(vocab_size: int = 400) -> Any:
+    """A byte-level BPE tokenizer trained offline on a small corpus (ids 0-2: <s>, </s>, <unk>)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=["<s>", "</s>", "<unk>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator(TINY_CORPUS * 20, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    fast.chat_template = (
+        "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}"
+        "{% if add_generation_prompt %}<s>assistant: {% endif %}"
+    )
+    return fast
+
+
+def save_tiny_llama(path: Path, *, seed: int = 0, logit_scale: float = 8.0, max_shard_size: str | None = None,
+                    **config: Any) -> Any:
+    """Save a random-weight ``LlamaForCausalLM`` and a tiny tokenizer as a Hugging Face directory.
+
+    The LM head is scaled by ``logit_scale`` so greedy argmax margins are wide
+    enough for token-for-token comparisons. Returns the transformers model.
+    """
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    settings = dict(
+        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, bos_token_id=0, eos_token_id=1,
+        tie_word_embeddings=False,
+    )
+    settings.update(config)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(LlamaConfig(**settings)).float().eval()
+    with torch.no_grad():
+        head = model.get_output_embeddings().weight
+        head.mul_(logit_scale)
+    kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    model.save_pretrained(path, **kwargs)
+    tiny_tokenizer().save_pretrained(path)
+    return model
+
+
+def hf_greedy(model: Any, prompt_token_ids: list[int], max_new_tokens: int) -> list[int]:
+    """Transformers' greedy continuation of one prompt, ignoring EOS."""
+    import torch
+
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([prompt_token_ids]), max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
+            do_sample=False, eos_token_id=None, pad_token_id=0,
+        )
+    return out[0, len(prompt_token_ids):].tolist()

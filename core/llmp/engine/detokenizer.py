@@ -23,7 +23,8 @@ class IncrementalDetokenizer:
         self.skip_special_tokens = skip_special_tokens
         self.special_ids = set(tokenizer.all_special_ids) if skip_special_tokens else set()
         context = [t for t in prompt_token_ids[-(CONTEXT_TOKENS + 2) :] if t not in self.special_ids]
-        self.tokens: list[str] = tokenizer.convert_ids_to_tokens(context)
+        # ids past the tokenizer's vocabulary (padded embedding rows) have no token: skip them
+        self.tokens: list[str] = [t for t in tokenizer.convert_ids_to_tokens(context) if t is not None]
         self.prefix_offset = max(len(self.tokens) - CONTEXT_TOKENS, 0)
         self.read_offset = len(self.tokens)
         self.text = ""

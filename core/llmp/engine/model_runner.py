@@ -40,6 +40,17 @@ def resolve_dtype(requested: str, hf_config: Any) -> torch.dtype:
     return _DTYPES.get(configured, torch.float32 if configured == "float32" else torch.bfloat16)
 
 
+def architectures(hf_config: Any) -> list[str]:
+    """The config's architectures, or the causal LM class transformers maps its model_type to."""
+    names = list(getattr(hf_config, "architectures", None) or [])
+    if not names:
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+        fallback = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(getattr(hf_config, "model_type", ""))
+        names = [fallback] if isinstance(fallback, str) else []
+    return names
+
+
 class ModelRunner:
     def __init__(self, config: EngineConfig, model_dir: Path, hf_config: Any) -> None:
         self.config = config
@@ -48,7 +59,7 @@ class ModelRunner:
         started = time.perf_counter()
         self.kernels_spec = registry.select_kernels(config.kernels, self.device.type)
         self.kernels = self.kernels_spec.load()()
-        self.model_spec = registry.select_model(list(getattr(hf_config, "architectures", None) or []), config.model_impl)
+        self.model_spec = registry.select_model(architectures(hf_config), config.model_impl)
         self.model = self._load_model(self.model_spec.load(), model_dir, hf_config)
         self.load_seconds = time.perf_counter() - started
         self.sampler = Sampler()
@@ -59,6 +70,8 @@ class ModelRunner:
         with torch.device("meta"):
             model = model_cls(hf_config, self.kernels)
         model = model.to(dtype=self.dtype).to_empty(device=self.device)
+        if hasattr(model, "tie_weights"):
+            model.tie_weights()
         model.load_weights(iter_weights(model_dir))
         return model.eval()
 

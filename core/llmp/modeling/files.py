@@ -136,12 +136,16 @@ _GGUF_LAYER_NAMES = {
 }
 
 
+_CONVERSION_VERSION = 2  # bump when the converted layout changes, so old caches are not reused
+
+
 def convert_gguf(path: Path) -> Path:
     """Convert a GGUF file to a cached Hugging Face directory (once) and return it."""
     if not path.is_file():
         raise ModelLoadError(f"GGUF file {path} does not exist")
     stat = path.stat()
-    key = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    source = f"{_CONVERSION_VERSION}:{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+    key = hashlib.sha256(source.encode()).hexdigest()[:16]
     target = cache_dir() / "gguf" / f"{path.stem}-{key}"
     if (target / ".complete").is_file():
         return target
@@ -178,6 +182,7 @@ def _write_hf_dir(path: Path, out: Path) -> None:
     for attr in ("quantization_config", "_model_name_or_path"):
         if hasattr(config, attr):
             delattr(config, attr)
+    config.architectures = ["LlamaForCausalLM"]
     config.dtype = "bfloat16"  # the precision such models are trained in; the file holds float32
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     tensors = {}

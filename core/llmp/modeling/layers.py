@@ -130,6 +130,12 @@ class CausalLM(nn.Module):
         ".up_proj.": (".gate_up_proj.", "up"),
     }
     ignored_weights: tuple[str, ...] = ("rotary_emb.inv_freq",)
+    tie_word_embeddings: bool = False
+
+    def tie_weights(self) -> None:
+        """Share the input embedding with the LM head (again, after ``to_empty`` split them)."""
+        if self.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
 
     def attention_layers(self) -> list[PagedAttention]:
         """The layers that need a KV cache, in order."""

