@@ -46,6 +46,16 @@ class IncrementalDetokenizer:
         self.text += delta
         return delta
 
+    def flush(self) -> str:
+        """At the end of the sequence: the text still held back (an incomplete
+        character decodes to U+FFFD, as a full decode gives it)."""
+        prefix_text = self._to_string(self.tokens[self.prefix_offset : self.read_offset])
+        new_text = self._to_string(self.tokens[self.prefix_offset :])
+        delta = new_text[len(prefix_text) :] if len(new_text) > len(prefix_text) else ""
+        self.prefix_offset = self.read_offset = len(self.tokens)
+        self.text += delta
+        return delta
+
     def _to_string(self, tokens: list[str]) -> str:
         return self.tokenizer.convert_tokens_to_string(tokens)
 

@@ -112,6 +112,8 @@ class OutputProcessor:
     def finish(self, seq: SequenceState, reason: str, stop_reason: int | str | None = None) -> None:
         if seq.finish_reason is None:
             seq.finish_reason, seq.stop_reason = reason, stop_reason
+            if not isinstance(stop_reason, str):  # a stop string already cut the text
+                seq.text += seq.detokenizer.flush()
 
     def make_output(self, state: RequestState, delta: bool = False) -> RequestOutput:
         outputs = [self._completion(seq, delta) for seq in state.sequences]

@@ -1,0 +1,184 @@
+"""The offline API on a tiny random Llama: prompts, sampling, stops, logprobs, n, errors, hooks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from llmp import LLM, SamplingParams, hookimpl
+from llmp.testing import hf_greedy, registered, save_tiny_llama
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Module]:
+    path = tmp_path_factory.mktemp("tiny-llama-400")
+    # vocabulary = the tokenizer's, so every sampled id has text
+    return path, save_tiny_llama(path, vocab_size=400, logit_scale=4.0)
+
+
+@pytest.fixture(scope="module")
+def llm(tiny) -> LLM:
+    return LLM(str(tiny[0]), dtype="float32", block_size=4, max_model_len=256)
+
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+
+
+def test_outputs_follow_input_order_for_text_and_token_prompts(llm, tiny):
+    tokenizer = llm.get_tokenizer()
+    prompts = ["The quick brown fox", {"prompt_token_ids": [5, 6, 7]}, "Paged attention", {"prompt": "Café"}]
+    outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert [o.prompt for o in outputs] == ["The quick brown fox", None, "Paged attention", "Café"]
+    assert outputs[1].prompt_token_ids == [5, 6, 7]
+    assert outputs[0].prompt_token_ids == tokenizer.encode("The quick brown fox")
+    for output in outputs:
+        completion = output.outputs[0]
+        assert completion.token_ids == hf_greedy(tiny[1], output.prompt_token_ids, 20)
+        full = tokenizer.decode(output.prompt_token_ids + completion.token_ids)
+        assert completion.text == full[len(tokenizer.decode(output.prompt_token_ids)):]
+        assert completion.finish_reason == "length" and output.finished
+
+
+def test_seeded_sampling_reproduces_whatever_the_batch(llm):
+    params = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=16, seed=1234, ignore_eos=True)
+    alone = llm.generate("The quick", params, use_tqdm=False)[0].outputs[0].token_ids
+    others = SamplingParams(temperature=1.0, max_tokens=8, ignore_eos=True)
+    batch = llm.generate(["Paged", "The quick", "Café"], [others, params, others], use_tqdm=False)
+    assert batch[1].outputs[0].token_ids == alone
+    other_seed = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=16, seed=99, ignore_eos=True)
+    assert llm.generate("The quick", other_seed, use_tqdm=False)[0].outputs[0].token_ids != alone
+
+
+def test_top_k_1_equals_greedy(llm):
+    greedy = llm.generate("The quick", GREEDY, use_tqdm=False)[0].outputs[0].token_ids
+    top1 = SamplingParams(temperature=0.8, top_k=1, max_tokens=20, ignore_eos=True)
+    assert llm.generate("The quick", top1, use_tqdm=False)[0].outputs[0].token_ids == greedy
+
+
+def test_n_sequences_share_the_prompt(llm):
+    params = SamplingParams(n=3, temperature=1.0, max_tokens=12, seed=7, ignore_eos=True)
+    [output] = llm.generate("The quick", params, use_tqdm=False)
+    assert [c.index for c in output.outputs] == [0, 1, 2]
+    assert all(len(c.token_ids) == 12 for c in output.outputs)
+    assert len({tuple(c.token_ids) for c in output.outputs}) > 1  # seeds seed+0, seed+1, seed+2
+    [again] = llm.generate("The quick", params, use_tqdm=False)
+    assert [c.token_ids for c in again.outputs] == [c.token_ids for c in output.outputs]
+
+
+def test_stop_string_spanning_tokens_is_cut_from_the_text(llm):
+    reference = llm.generate("The quick", GREEDY, use_tqdm=False)[0].outputs[0]
+    text = reference.text
+    stop = text[5:9]
+    assert len(stop) == 4 and text.find(stop) == 5
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True, stop=[stop])
+    completion = llm.generate("The quick", params, use_tqdm=False)[0].outputs[0]
+    assert completion.text == text[:5]
+    assert completion.finish_reason == "stop" and completion.stop_reason == stop
+    assert len(completion.token_ids) < 20
+    included = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True, stop=stop,
+                              include_stop_str_in_output=True)
+    assert llm.generate("The quick", included, use_tqdm=False)[0].outputs[0].text == text[:9]
+
+
+def test_stop_token_ids_and_min_tokens(llm):
+    tokens = llm.generate("The quick", GREEDY, use_tqdm=False)[0].outputs[0].token_ids
+    stop_id = tokens[4]
+    first = tokens.index(stop_id)
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True, stop_token_ids=[stop_id])
+    completion = llm.generate("The quick", params, use_tqdm=False)[0].outputs[0]
+    assert completion.token_ids == tokens[: first + 1]
+    assert completion.finish_reason == "stop" and completion.stop_reason == stop_id
+    # min_tokens bans the stop token until it is reached, so the output is at least that long
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True, stop_token_ids=[stop_id],
+                            min_tokens=first + 3)
+    assert len(llm.generate("The quick", params, use_tqdm=False)[0].outputs[0].token_ids) >= first + 3
+
+
+def test_logprobs_are_the_log_softmax_of_the_reference_logits(llm, tiny):
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=3, prompt_logprobs=2)
+    [output] = llm.generate({"prompt_token_ids": [5, 6, 7, 8]}, params, use_tqdm=False)
+    completion = output.outputs[0]
+    ids = output.prompt_token_ids + completion.token_ids
+    with torch.no_grad():
+        reference = tiny[1](torch.tensor([ids])).logits[0].float().log_softmax(-1)
+    for step, entry in enumerate(completion.logprobs):
+        row = reference[len(output.prompt_token_ids) - 1 + step]
+        token = completion.token_ids[step]
+        assert entry[token].rank == 1
+        top = row.topk(3)
+        assert set(entry) == set(top.indices.tolist()) | {token}
+        for token_id, logprob in entry.items():
+            assert logprob.logprob == pytest.approx(float(row[token_id]), abs=1e-4)
+    assert completion.cumulative_logprob == pytest.approx(
+        sum(completion.logprobs[i][t].logprob for i, t in enumerate(completion.token_ids)), abs=1e-5)
+    assert output.prompt_logprobs[0] is None and len(output.prompt_logprobs) == 4
+    for position, entry in enumerate(output.prompt_logprobs[1:], start=1):
+        token = ids[position]
+        assert entry[token].logprob == pytest.approx(float(reference[position - 1, token]), abs=1e-4)
+        assert entry[token].rank == int((reference[position - 1] > reference[position - 1, token]).sum()) + 1
+
+
+def test_max_tokens_none_runs_to_the_context_limit(tiny):
+    llm = LLM(str(tiny[0]), dtype="float32", block_size=4, max_model_len=40)
+    params = SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True)
+    [output] = llm.generate({"prompt_token_ids": [5, 6, 7, 8, 9]}, params, use_tqdm=False)
+    assert len(output.outputs[0].token_ids) == 35
+    assert output.outputs[0].finish_reason == "length"
+
+
+def test_bad_prompts_raise_clear_errors_and_leave_the_engine_working(llm):
+    with pytest.raises(ValueError, match="max_model_len is 256"):
+        llm.generate({"prompt_token_ids": [5] * 300}, GREEDY, use_tqdm=False)
+    with pytest.raises(ValueError, match="empty"):
+        llm.generate({"prompt_token_ids": []}, GREEDY, use_tqdm=False)
+    with pytest.raises(ValueError, match=r"token id 400 is out of range \[0, 400\)"):
+        llm.generate({"prompt_token_ids": [5, 400]}, GREEDY, use_tqdm=False)
+    with pytest.raises(ValueError, match="logit_bias token id 999"):
+        llm.generate("x", SamplingParams(logit_bias={999: 1.0}), use_tqdm=False)
+    with pytest.raises(TypeError, match="prompt"):
+        llm.generate([3.5], GREEDY, use_tqdm=False)
+    # a failure part-way through a batch queues nothing
+    with pytest.raises(ValueError):
+        llm.generate(["fine", {"prompt_token_ids": []}], GREEDY, use_tqdm=False)
+    assert not llm.engine.has_unfinished_requests()
+    assert llm.generate("The quick", GREEDY, use_tqdm=False)[0].outputs[0].finish_reason == "length"
+
+
+def test_abort_ends_a_request_with_finish_reason_abort(llm):
+    engine = llm.engine
+    engine.add_request("to-abort", "The quick", SamplingParams(max_tokens=50, ignore_eos=True))
+    engine.step()
+    [final] = engine.abort_request("to-abort")
+    assert final.finished and final.outputs[0].finish_reason == "abort"
+    assert not engine.has_unfinished_requests()
+    assert engine.kv_manager.usage == 0.0
+
+
+def test_chat_renders_the_template(llm):
+    conversation = [{"role": "user", "content": "hello"}]
+    assert llm.render_chat(conversation) == "<s>user: hello</s><s>assistant: "
+    [output] = llm.chat(conversation, GREEDY, use_tqdm=False)
+    assert output.prompt == "<s>user: hello</s><s>assistant: "
+    assert output.prompt_token_ids == llm.get_tokenizer().encode(output.prompt, add_special_tokens=False)
+
+
+def test_engine_life_cycle_hooks_see_the_chosen_components(tiny):
+    seen = []
+
+    class Observer:
+        @hookimpl
+        def llmp_engine_started(self, info):
+            seen.append(("started", info))
+
+        @hookimpl
+        def llmp_engine_stopped(self, info):
+            seen.append(("stopped", info))
+
+    with registered(Observer(), "observer"):
+        llm = LLM(str(tiny[0]), dtype="float32", max_model_len=64)
+        llm.shutdown()
+    assert [event for event, _ in seen] == ["started", "stopped"]
+    info = seen[0][1]
+    assert (info.kernels, info.scheduler, info.kv_manager, info.device) == ("torch", "default", "default", "cpu")
