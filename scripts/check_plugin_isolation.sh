@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Each plugin distribution must install, import and pass its own tests with only
 # the kernel beside it: a fresh venv per plugin, non-editable installs (wheels).
+# Models need a kernel set to run, so the reference set (kernels/torch) is
+# installed beside every plugin; nothing else is.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -11,7 +13,10 @@ for project in plugins/*/*/; do
     venv=$(mktemp -d)/venv
     echo "== $project: fresh venv"
     "$PYTHON" -m venv "$venv"
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -c constraints.txt ".[test]" "./$project[test]"
+    reference=()
+    [[ $project == plugins/kernels/torch ]] || reference=(./plugins/kernels/torch)
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -c constraints.txt \
+        ".[test]" "${reference[@]}" "./$project[test]"
     names=$("$venv/bin/python" - "$project/pyproject.toml" <<'PY'
 import sys, tomllib
 project = tomllib.load(open(sys.argv[1], "rb"))["project"]

@@ -364,15 +364,26 @@ class KernelSet(Protocol):
 
 
 class Model(Protocol):
-    """A causal LM or pooling model the model runner drives."""
+    """A causal LM the model runner drives (``llmp.modeling.layers.CausalLM`` implements
+    everything but ``__init__`` and ``forward``).
+
+    The runner builds it under ``torch.device("meta")``, moves it to the device
+    with ``to_empty``, calls ``tie_weights()`` if present, then ``load_weights``.
+    """
 
     def __init__(self, config: Any, kernels: KernelSet) -> None: ...
 
     def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
-        """Consume ``(hf_name, tensor)`` pairs from the checkpoint."""
+        """Consume ``(hf_name, tensor)`` pairs from the checkpoint; raise
+        ``llmp.modeling.files.ModelLoadError`` naming a missing or misshapen weight."""
         ...
 
-    def forward(self, input_ids: Tensor, positions: Tensor, attn_metadata: Any) -> Tensor:
+    def attention_layers(self) -> Sequence[Any]:
+        """Layers needing a KV cache, in order; each has ``num_kv_heads``, ``head_dim``
+        and a ``kv_cache`` attribute the runner sets to ``(k_cache, v_cache)``."""
+        ...
+
+    def forward(self, input_ids: Tensor, positions: Tensor, attn_metadata: AttentionMetadata) -> Tensor:
         """Hidden states [T, N] for the flattened batch."""
         ...
 
@@ -382,32 +393,58 @@ class Model(Protocol):
 
 
 class Scheduler(Protocol):
-    """Decides which requests run in each engine step, within a token budget."""
+    """Decides which requests run in each engine step, within a token budget.
+
+    Built as ``Scheduler(config, kv_manager)`` with a
+    ``llmp.engine.scheduler.SchedulerConfig``; requests are
+    ``llmp.engine.request.Request`` objects.
+    """
+
+    num_preemptions: int
 
     def add_request(self, request: Any) -> None: ...
 
-    def abort_requests(self, request_ids: Iterable[str]) -> None: ...
+    def abort_requests(self, request_ids: Iterable[str]) -> list[Any]: ...
 
-    def schedule(self) -> Any:
-        """The work of one step (prefill chunks and decodes)."""
+    def finish(self, request: Any, status: Any, stop_reason: int | str | None = None) -> None:
+        """End a request early (a stop string found by the output processor) and free its blocks."""
         ...
 
-    def update_from_output(self, scheduled: Any, output: Any) -> list[Any]:
-        """Apply sampled tokens; return the requests that finished."""
+    def schedule(self) -> Any:
+        """The work of one step: a ``SchedulerOutput`` of (request, start, num_tokens) items."""
+        ...
+
+    def update_from_output(self, scheduled: Any, sampled: list[int | None]) -> list[Any]:
+        """Append sampled tokens (None for a partial prefill chunk), finish requests
+        on EOS, stop tokens, ``max_tokens`` or the context limit; return the updated requests."""
         ...
 
     def has_unfinished_requests(self) -> bool: ...
 
+    @property
+    def num_running(self) -> int: ...
+
+    @property
+    def num_waiting(self) -> int: ...
+
 
 class KVCacheManager(Protocol):
-    """Owns KV blocks: allocation, freeing and prefix caching."""
+    """Owns KV blocks: allocation, freeing and prefix caching.
+
+    Built as ``KVCacheManager(num_blocks, block_size, enable_prefix_caching)``.
+    """
+
+    prefix_cache_queries: int  # prompt tokens looked up, cumulative
+    prefix_cache_hits: int  # of which found in the cache
 
     def get_computed_blocks(self, request: Any) -> tuple[list[int], int]:
-        """Cached blocks matching the request's prefix and how many tokens they hold."""
+        """Cached blocks matching the request's prefix and how many tokens they hold
+        (always leaving at least one token to compute)."""
         ...
 
-    def allocate_slots(self, request: Any, num_new_tokens: int) -> list[int] | None:
-        """Blocks for ``num_new_tokens`` more tokens, or ``None`` when out of blocks."""
+    def allocate_slots(self, request: Any, num_new_tokens: int, computed_blocks: Sequence[int] = ()) -> list[int] | None:
+        """Take ``computed_blocks`` and room for ``num_new_tokens`` more tokens; return the
+        new blocks, or ``None`` (changing nothing) when out of blocks."""
         ...
 
     def free(self, request: Any) -> None: ...

@@ -131,8 +131,11 @@ class LLM:
 
     def __del__(self) -> None:
         engine = self.__dict__.get("engine")
-        if engine is not None:
-            engine.shutdown()
+        try:
+            if engine is not None:
+                engine.shutdown()
+        except Exception:  # interpreter teardown: hook modules may already be gone
+            pass
 
 
 class _Progress:
