@@ -1,0 +1,105 @@
+"""Finding and reading model files: every broken input names the file at fault."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from llmp import LLM
+from llmp.modeling.files import ModelLoadError, resolve_model, weight_files
+from llmp.testing import save_tiny_llama
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("sharded")
+    save_tiny_llama(path, max_shard_size="100KB")
+    return path
+
+
+def copy_of(source: Path, target: Path) -> Path:
+    shutil.copytree(source, target)
+    return target
+
+
+def test_sharded_index_lists_every_shard(sharded):
+    files = weight_files(sharded)
+    index = json.loads((sharded / "model.safetensors.index.json").read_text())
+    assert {f.name for f in files} == set(index["weight_map"].values())
+
+
+def test_missing_shard_is_named(sharded, tmp_path):
+    model = copy_of(sharded, tmp_path / "m")
+    victim = sorted(model.glob("*.safetensors"))[1]
+    victim.unlink()
+    with pytest.raises(ModelLoadError, match=victim.name):
+        LLM(str(model), dtype="float32")
+
+
+def test_corrupt_weight_file_is_named(sharded, tmp_path):
+    model = copy_of(sharded, tmp_path / "m")
+    victim = sorted(model.glob("*.safetensors"))[0]
+    victim.write_bytes(b"\x00" * 64)
+    with pytest.raises(ModelLoadError, match=victim.name):
+        LLM(str(model), dtype="float32")
+
+
+def test_missing_weight_is_named(tmp_path):
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    save_tiny_llama(tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+    del weights["model.layers.1.mlp.up_proj.weight"]
+    weights["model.layers.0.input_layernorm.weight"] = torch.ones(3)
+    save_file(weights, tmp_path / "model.safetensors")
+    with pytest.raises(ModelLoadError, match=r"model.layers.0.input_layernorm.weight has shape \(3,\)"):
+        LLM(str(tmp_path), dtype="float32")
+    weights["model.layers.0.input_layernorm.weight"] = torch.ones(64)
+    save_file(weights, tmp_path / "model.safetensors")
+    with pytest.raises(ModelLoadError, match="model.layers.1.mlp.gate_up_proj.weight:up"):
+        LLM(str(tmp_path), dtype="float32")
+
+
+def test_unknown_paths_and_names_say_what_was_tried(tmp_path):
+    with pytest.raises(ModelLoadError, match="not a directory with config.json"):
+        resolve_model(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelLoadError, match="holds no config.json"):
+        resolve_model(tmp_path / "empty")
+    with pytest.raises(ModelLoadError, match="not a .gguf file"):
+        resolve_model("some-org/some-model-that-is-not-cached")
+
+
+def test_corrupt_gguf_is_named(tmp_path, monkeypatch):
+    monkeypatch.setenv("LLMP_CACHE_DIR", str(tmp_path / "cache"))
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + b"\x00" * 60)
+    with pytest.raises(ModelLoadError, match="broken.gguf"):
+        resolve_model(bad)
+    assert not list((tmp_path / "cache").rglob("*.safetensors"))  # nothing half-written is kept
+
+
+def test_unsupported_architecture_lists_the_supported_ones(tmp_path):
+    from llmp.api import UnknownComponentError
+
+    save_tiny_llama(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["architectures"] = ["FancyNewForCausalLM"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnknownComponentError, match="FancyNewForCausalLM.*LlamaForCausalLM"):
+        LLM(str(tmp_path), dtype="float32")
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_dtype_is_applied_to_weights_and_cache(tmp_path, dtype):
+    save_tiny_llama(tmp_path)
+    llm = LLM(str(tmp_path), dtype=dtype, max_model_len=64)
+    runner = llm.engine.runner
+    assert {str(p.dtype) for p in runner.model.parameters()} == {f"torch.{dtype}"}
+    assert all(str(k.dtype) == f"torch.{dtype}" for k, _ in runner.kv_caches)
+    with pytest.raises(ValueError, match="dtype must be"):
+        LLM(str(tmp_path), dtype="int8")
