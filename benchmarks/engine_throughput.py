@@ -66,6 +66,11 @@ def memory_bandwidth() -> float:
     return data.numel() * 4 / best / 1e9
 
 
+def report(results: dict[str, float], *keys: str) -> None:
+    for key in keys:
+        print(f"{key:32s} {results[key]:10.3f}", flush=True)
+
+
 def random_prompts(rng: random.Random, lengths: list[int]) -> list[list[int]]:
     return [[rng.randrange(1000, 100000) for _ in range(n)] for n in lengths]
 
@@ -156,6 +161,7 @@ def main() -> None:
     if hf is not None:
         results["offline_hf_tok_s"] = total_out / hf_generate(hf, prompts, output_lengths, 16)
         results["offline_ratio"] = results["offline_llmp_tok_s"] / results["offline_hf_tok_s"]
+    report(results, *[k for k in results if k.startswith("offline")])
 
     # decode at fixed batch sizes
     new = 256 // scale
@@ -169,6 +175,7 @@ def main() -> None:
             full = hf_generate(hf, prompts, [new] * batch, batch)
             results[f"decode_b{batch}_hf_tok_s"] = batch * (new - 1) / (full - one)
             results[f"decode_b{batch}_ratio"] = results[f"decode_b{batch}_llmp_tok_s"] / results[f"decode_b{batch}_hf_tok_s"]
+        report(results, *[k for k in results if k.startswith(f"decode_b{batch}")])
     weight_bytes = sum(p.numel() for p in llm.engine.runner.model.parameters()) * 2
     results["weights_gb_per_token"] = weight_bytes / 1e9
     results["roofline_b1_tok_s"] = results["bandwidth_gb_s"] / results["weights_gb_per_token"]
@@ -185,8 +192,8 @@ def main() -> None:
         del engine_llm
     results["prefix_ttft_speedup"] = results["prefix_ttft_cache_off_s"] / results["prefix_ttft_cache_on_s"]
 
-    for key, value in results.items():
-        print(f"{key:32s} {value:10.3f}")
+    print("-- all figures", flush=True)
+    report(results, *results)
     print(json.dumps({k: round(v, 4) for k, v in results.items()}))
 
 

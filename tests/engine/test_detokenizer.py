@@ -50,11 +50,13 @@ def _byte_level_bpe() -> PreTrainedTokenizerFast:
         show_progress=False,
     )
     tok.train_from_iterator(CORPUS, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|eos|>", unk_token="<|unk|>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|eos|>", unk_token="<|unk|>"
+    )
 
 
 def _sentencepiece_bpe() -> PreTrainedTokenizerFast:
-    """Llama's tokenizer.json layout: BPE with byte_fallback, ▁ for spaces, Replace/ByteFallback/Fuse/Strip decoder."""
+    """Llama's tokenizer.json layout: byte_fallback BPE, ▁ for spaces, Replace/ByteFallback/Fuse/Strip decoder."""
     normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
     base = Tokenizer(models.BPE(unk_token="<unk>"))
     base.normalizer = normalizer
@@ -161,7 +163,8 @@ def test_whole_text_as_output_after_bos(tokenizer):
 def test_special_tokens_dropped_when_skipping(tokenizer):
     bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
     prompt = [bos] + tokenizer.encode("Hi", add_special_tokens=False) + [eos, bos]
-    output = tokenizer.encode(" there 😀", add_special_tokens=False) + [eos, bos] + tokenizer.encode(" ok", add_special_tokens=False)
+    there, ok = (tokenizer.encode(t, add_special_tokens=False) for t in (" there 😀", " ok"))
+    output = there + [eos, bos] + ok
     detok = IncrementalDetokenizer(tokenizer, prompt, skip_special_tokens=True)
     deltas = [detok.add_token(t) for t in output]
     text = "".join(deltas)
@@ -177,7 +180,8 @@ def test_special_tokens_dropped_when_skipping(tokenizer):
 def test_special_tokens_kept_when_not_skipping(tokenizer):
     bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
     prompt = [bos] + tokenizer.encode("Hi", add_special_tokens=False)
-    output = tokenizer.encode(" there 😀", add_special_tokens=False) + [eos] + tokenizer.encode(" ok", add_special_tokens=False) + [eos]
+    there, ok = (tokenizer.encode(t, add_special_tokens=False) for t in (" there 😀", " ok"))
+    output = there + [eos] + ok + [eos]
     deltas = _run(tokenizer, prompt, output, skip=False)
     text = "".join(deltas)
     assert text == _expected(tokenizer, prompt, output, skip=False)
@@ -197,6 +201,46 @@ def test_ids_past_the_vocabulary_emit_nothing(tokenizer):
     deltas += [detok.add_token(t) for t in output[1:]]
     assert deltas[1] == ""
     assert "".join(deltas) == _expected(tokenizer, prompt, output, skip=True)
+
+
+def test_prompt_ids_past_the_vocabulary_are_skipped(tokenizer):
+    oov = len(tokenizer) + 3
+    text_ids = tokenizer.encode("Hello 日本", add_special_tokens=False)
+    output = tokenizer.encode("語 😀 ok", add_special_tokens=False)
+    deltas = _run(tokenizer, [tokenizer.bos_token_id] + text_ids + [oov], output, skip=True)
+    assert "".join(deltas) == _expected(tokenizer, [tokenizer.bos_token_id] + text_ids, output, skip=True)
+
+
+def test_flush_emits_the_held_back_tail_like_a_full_decode(tokenizer):
+    """A sequence that ends inside a character: flush gives what a full decode gives (with U+FFFD)."""
+    flushed_something = 0
+    for text in TEXTS:
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        prompt = [tokenizer.bos_token_id] + ids[:2]
+        for end in range(3, len(ids) + 1):
+            output = ids[2:end]
+            expected = _expected(tokenizer, prompt, output, skip=True)
+            if expected is None:  # the prompt ends inside a character
+                break
+            detok = IncrementalDetokenizer(tokenizer, prompt)
+            deltas = [detok.add_token(t) for t in output]
+            tail = detok.flush()
+            assert "".join(deltas) + tail == expected, (text, end)
+            assert detok.text == "".join(deltas) + tail
+            flushed_something += tail != ""
+            assert detok.flush() == ""  # nothing left the second time
+    assert flushed_something >= 3
+
+
+def test_flush_with_nothing_held_back_is_empty(tokenizer):
+    prompt = [tokenizer.bos_token_id] + tokenizer.encode("Hi", add_special_tokens=False)
+    detok = IncrementalDetokenizer(tokenizer, prompt)
+    deltas = [detok.add_token(t) for t in tokenizer.encode(" 😀 done", add_special_tokens=False)]
+    assert detok.flush() == ""
+    assert detok.text == "".join(deltas)
+    # decoding continues normally after a flush
+    more = [detok.add_token(t) for t in tokenizer.encode(" ünï", add_special_tokens=False)]
+    assert "".join(more).strip() == "ünï"
 
 
 # ---------------------------------------------------------------- find_stop_string
@@ -248,10 +292,6 @@ def test_earliest_stop_when_first_listed_is_earliest():
     assert find_stop_string("say hello world", 15, ["hello", "world"], False) == ("hello", 4)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="find_stop_string returns the first stop in list order, not the earliest in the text",
-)
 def test_earliest_stop_among_several_in_one_delta():
     # One delta completes both stops; the text must be cut at the earlier one, else the
     # emitted text "say hello " would contain the stop string "hello".

@@ -343,8 +343,10 @@ def test_preemption_by_recompute_when_kv_blocks_run_out() -> None:
     assert s.kv.num_free_blocks == 1  # b's block went back
 
     snapshots = []
-    while s.has_unfinished_requests():
-        out, snapshot, _ = step_items(s)
+    for _ in range(50):
+        if not s.has_unfinished_requests():
+            break
+        _, snapshot, _ = step_items(s)
         snapshots.append(snapshot)
     assert a.status == RequestStatus.FINISHED_LENGTH and b.status == RequestStatus.FINISHED_LENGTH
     assert a.output_token_ids == [100, 101, 102, 103]
@@ -359,18 +361,23 @@ def test_preemption_by_recompute_when_kv_blocks_run_out() -> None:
 
 
 def test_no_admission_in_a_step_that_preempted() -> None:
-    s = make_scheduler(num_blocks=2)
-    a = make("a", 4, max_tokens=3)
-    b = make("b", 4, max_tokens=3)
+    s = make_scheduler(num_blocks=3, policy="priority")
+    a = make("a", 4, max_tokens=3, priority=0)
+    b = make("b", 8, max_tokens=3, priority=5)  # 2 blocks
     s.add_request(a)
     s.add_request(b)
     step(s)
-    c = make("c", 1, max_tokens=1)
+    assert s.kv.num_free_blocks == 0
+    c = make("c", 3, max_tokens=1, priority=1)  # ahead of b in the queue, fits in one block
     s.add_request(c)
-    out, _ = step(s)
+    out, _ = step(s)  # a needs a 2nd block: b is preempted, a takes one of its two blocks
     assert out.preempted == [b]
+    assert s.kv.num_free_blocks == 1
+    assert ids(out) == ["a"]
     assert c.status == RequestStatus.WAITING
-    assert all(item.request is not c for item in out.scheduled)
+    assert s.waiting == [c, b]
+    out, _ = step(s)
+    assert ids(out) == ["a", "c"]
 
 
 def test_preempted_request_resumes_without_prefix_caching() -> None:

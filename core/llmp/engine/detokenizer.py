@@ -61,10 +61,13 @@ class IncrementalDetokenizer:
 
 
 def find_stop_string(text: str, new_chars: int, stops: list[str], include: bool) -> tuple[str, int] | None:
-    """The first stop string that ``text``'s last ``new_chars`` characters complete,
+    """The stop string that ``text``'s last ``new_chars`` characters complete earliest,
     and the length to cut ``text`` to (past the stop string when ``include``)."""
+    best: tuple[str, int] | None = None
     for stop in stops:
         index = text.find(stop, max(len(text) - new_chars - len(stop) + 1, 0))
-        if index != -1:
-            return stop, index + len(stop) if include else index
-    return None
+        if index != -1 and (best is None or index < best[1]):
+            best = (stop, index)
+    if best is None:
+        return None
+    return best[0], best[1] + len(best[0]) if include else best[1]

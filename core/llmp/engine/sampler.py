@@ -56,6 +56,7 @@ def gather_logprobs(row: torch.Tensor, token_id: int, k: int) -> TokenLogprobs:
     chosen = row[token_id]
     rank = int((row > chosen).sum()) + 1
     ids, values, ranks = [token_id], [float(chosen)], [rank]
+    k = min(k, row.shape[-1])
     if k > 0:
         top = row.topk(k)
         ids += top.indices.tolist()
@@ -140,7 +141,7 @@ def _sample(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
     if bool((top_p < 1).any()):
         sorted_probs, order = probs.sort(-1, descending=True)
         before = sorted_probs.cumsum(-1) - sorted_probs  # mass strictly above each token
-        drop_sorted = before > top_p.unsqueeze(1) * sorted_probs.sum(-1, keepdim=True)
+        drop_sorted = before >= top_p.unsqueeze(1) * sorted_probs.sum(-1, keepdim=True)  # smallest set reaching p
         probs = probs.masked_fill(drop_sorted.scatter(1, order, drop_sorted), 0.0)
     # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p; seeded rows use their own generator.
     noise = torch.empty_like(probs).exponential_()
@@ -149,4 +150,5 @@ def _sample(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
             if request.generator is None:
                 request.generator = torch.Generator().manual_seed(request.params.seed)
             noise[i].exponential_(generator=request.generator)
-    return (probs / noise).argmax(-1)
+    # a zero draw would turn a removed token's 0 / 0 into NaN, which argmax picks
+    return (probs / noise.clamp_min_(torch.finfo(noise.dtype).tiny)).argmax(-1)

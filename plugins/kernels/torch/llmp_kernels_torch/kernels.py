@@ -61,22 +61,56 @@ class TorchKernels:
         metadata: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
-        # q: [T, H, D] -> [T, H, D]; one request at a time, gathering its blocks
+        # q: [T, H, D] -> [T, H, D]. Decodes (one query row) go through one batched
+        # SDPA call; prefill chunks run one request at a time.
         out = torch.empty_like(q)
-        block_size = k_cache.shape[1]
         starts = metadata.query_start_loc.tolist()
         seq_lens = metadata.seq_lens.tolist()
-        for r, seq_len in enumerate(seq_lens):
+        decodes = [r for r in range(len(seq_lens)) if starts[r + 1] - starts[r] == 1]
+        if decodes:
+            rows = torch.tensor([starts[r] for r in decodes], device=q.device)
+            out[rows] = _decode(q[rows], k_cache, v_cache, metadata, decodes, seq_lens, scale)
+        for r in range(len(seq_lens)) if len(decodes) < len(seq_lens) else ():
             q_start, q_end = starts[r], starts[r + 1]
-            if q_end == q_start:
+            if q_end - q_start <= 1:
                 continue
-            num_blocks = -(-seq_len // block_size)
-            blocks = metadata.block_tables[r, :num_blocks].long()
-            keys = k_cache[blocks].flatten(0, 1)[:seq_len]  # [L, Hkv, D]
-            values = v_cache[blocks].flatten(0, 1)[:seq_len]
-            mask = _causal_mask(q_end - q_start, seq_len, metadata.sliding_window, q.device)
-            out[q_start:q_end] = _attend(q[q_start:q_end], keys, values, mask, scale)
+            keys, values = _gather(k_cache, v_cache, metadata.block_tables[r], seq_lens[r])
+            out[q_start:q_end] = _attend(q[q_start:q_end], keys, values, seq_lens[r], metadata.sliding_window, scale)
         return out
+
+
+def _gather(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor, seq_len: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    # one request's keys and values in order: [L, Hkv, D]
+    blocks = block_table[: -(-seq_len // k_cache.shape[1])].long()
+    return k_cache[blocks].flatten(0, 1)[:seq_len], v_cache[blocks].flatten(0, 1)[:seq_len]
+
+
+def _decode(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, metadata: AttentionMetadata,
+    requests: list[int], seq_lens: list[int], scale: float,
+) -> torch.Tensor:
+    # q: [B, H, D], one row per request; keys padded to the longest sequence
+    block_size = k_cache.shape[1]
+    lengths = torch.tensor([seq_lens[r] for r in requests], device=q.device)
+    longest = int(lengths.max())
+    tables = metadata.block_tables[requests, : -(-longest // block_size)].long()
+    keys = k_cache[tables].flatten(1, 2).transpose(1, 2)  # [B, Hkv, Lpad, D]
+    values = v_cache[tables].flatten(1, 2).transpose(1, 2)
+    positions = torch.arange(keys.shape[2], device=q.device)
+    valid = positions < lengths[:, None]  # [B, Lpad]
+    if metadata.sliding_window is not None:
+        valid &= positions > (lengths[:, None] - 1 - metadata.sliding_window)
+    # Slots past a sequence's end were never written (they may hold NaN): zero them.
+    keep = valid[:, None, :, None]
+    keys = keys.masked_fill(~keep, 0).to(q.dtype)
+    values = values.masked_fill(~keep, 0).to(q.dtype)
+    out = F.scaled_dot_product_attention(
+        q.unsqueeze(2), keys, values, attn_mask=valid[:, None, None, :], scale=scale,
+        enable_gqa=q.shape[1] != keys.shape[1],
+    )
+    return out.squeeze(2)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -88,6 +122,21 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return torch.cat((rotated, x_pass), dim=-1) if x_pass.numel() else rotated
 
 
+def _attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_len: int, window: int | None, scale: float
+) -> torch.Tensor:
+    # q: [Q, H, D] are the last Q positions of the sequence; k, v: [L, Hkv, D]
+    q_len = q.shape[0]
+    q_, k_, v_ = q.transpose(0, 1), k.transpose(0, 1).to(q.dtype), v.transpose(0, 1).to(q.dtype)
+    gqa = q.shape[1] != k.shape[1]
+    if q_len == seq_len and window is None:  # no cached prefix: the fused causal path
+        out = F.scaled_dot_product_attention(q_, k_, v_, is_causal=True, scale=scale, enable_gqa=gqa)
+    else:
+        mask = _causal_mask(q_len, seq_len, window, q.device)
+        out = F.scaled_dot_product_attention(q_, k_, v_, attn_mask=mask, scale=scale, enable_gqa=gqa)
+    return out.transpose(0, 1)
+
+
 def _causal_mask(q_len: int, seq_len: int, window: int | None, device: torch.device) -> torch.Tensor:
     # query i sits at position seq_len - q_len + i and sees keys at positions <= its own
     q_pos = torch.arange(seq_len - q_len, seq_len, device=device).unsqueeze(1)
@@ -96,15 +145,3 @@ def _causal_mask(q_len: int, seq_len: int, window: int | None, device: torch.dev
     if window is not None:
         mask &= k_pos > q_pos - window
     return mask  # [q_len, seq_len]
-
-
-def _attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
-) -> torch.Tensor:
-    # q: [Q, H, D]; k, v: [L, Hkv, D]; grouped-query heads share KV heads
-    group = q.shape[1] // k.shape[1]
-    q_ = q.transpose(0, 1)  # [H, Q, D]
-    k_ = k.transpose(0, 1).repeat_interleave(group, dim=0).to(q.dtype)
-    v_ = v.transpose(0, 1).repeat_interleave(group, dim=0).to(q.dtype)
-    out = F.scaled_dot_product_attention(q_, k_, v_, attn_mask=mask, scale=scale)
-    return out.transpose(0, 1)
