@@ -121,6 +121,26 @@ def test_allocate_with_cached_blocks_does_not_count_them_as_free_room() -> None:
     assert kv.num_free_blocks == 0
 
 
+def test_allocation_never_evicts_the_cached_blocks_it_reuses() -> None:
+    kv = BlockKVCacheManager(3, BS)
+    a = req([1, 2, 3, 4, 5, 6, 7, 8])  # 2 cached blocks
+    x = req([31, 32, 33, 34])  # 1 cached block
+    prefill(kv, a)
+    prefill(kv, x)
+    a0, a1 = a.block_ids
+    (x0,) = x.block_ids
+    kv.free(a)
+    kv.free(x)
+    assert free_order(kv) == [a1, a0, x0]  # a's blocks are at the head, first to be evicted
+    d = req([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11])
+    blocks, num_cached = kv.get_computed_blocks(d)
+    assert blocks == [a0, a1] and num_cached == 8
+    assert kv.allocate_slots(d, 3, blocks) == [x0]
+    assert d.block_ids == [a0, a1, x0]
+    assert kv.cached.get(a.block_hashes[0]) == a0 and kv.cached.get(a.block_hashes[1]) == a1
+    assert x.block_hashes[0] not in kv.cached
+
+
 def test_usage_counts_blocks_in_use() -> None:
     kv = BlockKVCacheManager(10, BS)
     a = req(list(range(1, 11)))  # 3 blocks
@@ -415,11 +435,6 @@ def test_chunk_ending_on_a_block_boundary_caches_only_written_blocks() -> None:
     assert len(kv.cached) == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="allocate_slots registers every block covered by request.block_hashes, which get_computed_blocks "
-    "filled for the whole prompt, so a block only partly written by a prefill chunk enters the prefix cache",
-)
 def test_chunk_ending_inside_a_block_does_not_cache_that_block() -> None:
     kv = BlockKVCacheManager(10, BS)
     a = req(list(range(1, 11)))  # 10 tokens, 2 full blocks

@@ -67,7 +67,9 @@ def items(out: SchedulerOutput) -> list[tuple[str, int, int, bool]]:
     return [(i.request.request_id, i.start, i.num_tokens, i.completes_sequence) for i in out.scheduled]
 
 
-def step_items(s: Scheduler, token: Callable[[Request], int] = default_token):
+def step_items(
+    s: Scheduler, token: Callable[[Request], int] = default_token
+) -> tuple[SchedulerOutput, list[tuple[str, int, int, bool]], list[Request]]:
     out = s.schedule()
     snapshot = items(out)
     return out, snapshot, s.update_from_output(out, sample(out, token))
@@ -297,11 +299,6 @@ def test_priority_preemption_picks_the_lowest_priority_running_request() -> None
     assert len(a.block_ids) == 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="with policy='priority' the victim can be a request already scheduled earlier in the same step; "
-    "it stays in out.scheduled (with freed blocks) and still receives a sampled token",
-)
 def test_priority_preemption_never_leaves_the_victim_scheduled() -> None:
     s = make_scheduler(num_blocks=2, policy="priority")
     low = make("low", 1, priority=9)
@@ -409,6 +406,24 @@ def test_stop_on_eos() -> None:
     assert a.is_finished
     assert a.block_ids == [] and s.kv.num_free_blocks == s.kv.num_blocks
     assert s.running == [] and "a" not in s.requests
+
+
+def test_eos_leaves_stop_reason_none() -> None:
+    s = make_scheduler()
+    a = make("a", 5, max_tokens=10)
+    s.add_request(a)
+    run(s, scripted([EOS]))
+    assert a.status == RequestStatus.FINISHED_STOPPED
+    assert a.stop_reason is None
+
+
+def test_max_tokens_wins_over_eos_on_the_last_token() -> None:
+    s = make_scheduler()
+    a = make("a", 5, max_tokens=2)
+    s.add_request(a)
+    run(s, scripted([7, EOS]))
+    assert a.output_token_ids == [7, EOS]
+    assert a.status == RequestStatus.FINISHED_LENGTH  # as vLLM's check_stop: the length cap is checked first
 
 
 def test_stop_on_stop_token_ids_sets_stop_reason() -> None:
@@ -555,11 +570,6 @@ def test_abort_between_schedule_and_update_drops_the_token() -> None:
 # -- prefix cache and chunking together --------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a prefill chunk ending inside a full prompt block registers that block in the prefix cache "
-    "(BlockKVCacheManager._cache_full_blocks), so a later request is told uncomputed tokens are cached",
-)
 def test_partly_computed_block_is_not_a_prefix_hit() -> None:
     s = make_scheduler(max_num_batched_tokens=5)
     prompt = list(range(1, 11))  # 10 tokens: blocks [1..4], [5..8], tail [9, 10]

@@ -134,13 +134,14 @@ class BlockKVCacheManager:
 
     def _cache_full_blocks(self, request: Request, num_tokens: int) -> None:
         # Register blocks that are full once this step's tokens are written.
-        self._hash_full_blocks(request, min(num_tokens, request.num_tokens))
-        for i in range(request.num_registered_blocks, min(len(request.block_hashes), len(request.block_ids))):
+        written = min(num_tokens, request.num_tokens) // self.block_size  # full once this step is done
+        self._hash_full_blocks(request, written * self.block_size)
+        for i in range(request.num_registered_blocks, min(written, len(request.block_ids))):
             block = request.block_ids[i]
             request.num_registered_blocks = i + 1
-            if self.block_hash[block] is not None:
-                continue
             block_hash = request.block_hashes[i]
+            if self.block_hash[block] is not None or block_hash in self.cached:
+                continue  # already cached, or a duplicate of a cached block (left unhashed: evicted first)
             self.block_hash[block] = block_hash
             self.block_tokens[block] = self._tokens_of(request, i)
-            self.cached.setdefault(block_hash, block)
+            self.cached[block_hash] = block

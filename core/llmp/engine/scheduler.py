@@ -124,6 +124,7 @@ class Scheduler:
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
             while self.kv.allocate_slots(request, num_new) is None:
                 victim = self._pick_victim()
+                budget += self._unschedule(out, victim)
                 self._preempt(victim)
                 out.preempted.append(victim)
                 if victim is request:
@@ -177,7 +178,9 @@ class Scheduler:
             updated.append(request)
             status = self._check_stop(request, token)
             if status is not None:
-                self.finish(request, status, stop_reason=token if status == RequestStatus.FINISHED_STOPPED else None)
+                # as in vLLM, stop_reason names a stop token id, but stays None for EOS
+                stop_reason = token if token in request.params.stop_token_ids else None
+                self.finish(request, status, stop_reason=stop_reason if status == RequestStatus.FINISHED_STOPPED else None)
         return updated
 
     def _check_stop(self, request: Request, token: int) -> RequestStatus | None:
@@ -204,6 +207,14 @@ class Scheduler:
         if self.config.policy == "priority":
             return max(self.running, key=self._rank)
         return self.running[-1]
+
+    def _unschedule(self, out: SchedulerOutput, request: Request) -> int:
+        # under the priority policy the victim may already be in this step: take it out
+        for i, item in enumerate(out.scheduled):
+            if item.request is request:
+                del out.scheduled[i]
+                return item.num_tokens
+        return 0
 
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)
