@@ -44,9 +44,9 @@ def test_strict_mode_turns_a_broken_plugin_into_an_error(third_party_site):
 
 
 def test_llmp_load_plugins_selects_distributions(third_party_site):
-    assert set(plugin_rows(third_party_site, LLMP_LOAD_PLUGINS="")) == {"llmp-commands"}
+    assert set(plugin_rows(third_party_site, LLMP_LOAD_PLUGINS="")) == {"llmp-commands", "llmp-engine"}
     only_hello = plugin_rows(third_party_site, LLMP_LOAD_PLUGINS="llmp-hello")
-    assert set(only_hello) == {"llmp-commands", "hello"}
+    assert set(only_hello) == {"llmp-commands", "llmp-engine", "hello"}
     # the kernel's own plugins always load, so the CLI keeps working
     assert run_llmp("collect-env", "--json", pythonpath=third_party_site, env={"LLMP_LOAD_PLUGINS": ""}).returncode == 0
 

@@ -93,12 +93,13 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
     from rich.table import Table
 
     table = Table(title="llmp plugins")
-    for column in ("plugin", "kind(s)", "components", "distribution", "version", "status"):
-        table.add_column(column)
+    # names are never cut (they are what users type); the component list wraps instead
+    for column in ("plugin", "components", "distribution", "version", "status"):
+        table.add_column(column, no_wrap=column != "components", overflow="fold")
     for r in rows:
-        components = ", ".join(f"{c['kind']}:{c['name']}" for c in r["components"])
+        components = "\n".join(f"{c['kind']} {c['name']}" for c in r["components"]) or "-"
         status = "[green]ok[/]" if r["status"] == "ok" else "[red]broken[/]"
-        table.add_row(r["name"], ", ".join(r["kinds"]), components, r["distribution"], r["version"], status)
+        table.add_row(r["name"], components, r["distribution"], r["version"], status)
     Console().print(table)
 
 
