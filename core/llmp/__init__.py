@@ -10,10 +10,11 @@ from llmp.hookspecs import hookimpl
 
 __version__ = "0.1.0"
 
-__all__ = ["LLM", "CompletionOutput", "RequestOutput", "SamplingParams", "__version__", "hookimpl"]
+__all__ = ["LLM", "AsyncLLM", "CompletionOutput", "RequestOutput", "SamplingParams", "__version__", "hookimpl"]
 
 _LAZY = {
     "LLM": "llmp.llm",
+    "AsyncLLM": "llmp.async_llm",
     "SamplingParams": "llmp.sampling_params",
     "RequestOutput": "llmp.outputs",
     "CompletionOutput": "llmp.outputs",

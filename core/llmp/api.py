@@ -73,6 +73,10 @@ class DuplicateComponentError(LLMPError):
         )
 
 
+class EngineDeadError(LLMPError):
+    """The engine (or one of its workers) has died; no request can complete."""
+
+
 class ComponentImportError(LLMPError, ImportError):
     """A selected component's ``impl`` reference could not be imported."""
 

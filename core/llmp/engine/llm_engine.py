@@ -122,15 +122,17 @@ class LLMEngine:
         raise TypeError(f"a prompt is a string or a dict with 'prompt' or 'prompt_token_ids', got {type(prompt).__name__}")
 
     def add_request(
-        self, request_id: str, prompt: PromptType, params: SamplingParams | None = None, priority: int = 0
+        self, request_id: str, prompt: PromptType, params: SamplingParams | None = None, priority: int = 0,
+        delta: bool = False,
     ) -> None:
+        """Queue a request. ``delta=True``: its outputs carry only what is new since the last one."""
         params = params or SamplingParams()
         if request_id in self.outputs.states:
             raise ValueError(f"request id {request_id!r} is already in use")
         text, token_ids = self.tokenize_prompt(prompt)
         self._validate_prompt(token_ids, params)
         max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len - len(token_ids)
-        state = RequestState(request_id, text, token_ids, params)
+        state = RequestState(request_id, text, token_ids, params, delta=delta)
         requests = []
         for index in range(params.n):
             child_params = params
@@ -172,7 +174,7 @@ class LLMEngine:
             for seq in state.sequences:
                 self.scheduler.abort_requests([seq.request.request_id])
                 self.outputs.finish(seq, RequestStatus.FINISHED_ABORTED.value)
-            finished.append(self.outputs.make_output(state))
+            finished.append(self.outputs.make_output(state, state.delta))
         return finished
 
     def has_unfinished_requests(self) -> bool:
@@ -180,7 +182,7 @@ class LLMEngine:
 
     # -- one step ----------------------------------------------------------
 
-    def step(self, delta: bool = False) -> list[RequestOutput]:
+    def step(self) -> list[RequestOutput]:
         """Run one step; return an output for every request that changed."""
         scheduled = self.scheduler.schedule()
         if scheduled.is_empty:
@@ -207,7 +209,7 @@ class LLMEngine:
             if request.is_finished:
                 self.outputs.finish(seq, request.status.value, request.stop_reason)
             changed[state.request_id] = state
-        outputs = [self.outputs.make_output(state, delta) for state in changed.values()]
+        outputs = [self.outputs.make_output(state, state.delta) for state in changed.values()]
         if self.stat_loggers:
             self._log_stats(outputs, changed)
         return outputs

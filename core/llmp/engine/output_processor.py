@@ -42,6 +42,7 @@ class RequestState:
     prompt: str | None
     prompt_token_ids: list[int]
     params: SamplingParams
+    delta: bool = False  # outputs carry only what is new
     sequences: list[SequenceState] = field(default_factory=list)
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     arrival_time: float = field(default_factory=time.monotonic)

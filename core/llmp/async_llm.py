@@ -1,0 +1,348 @@
+"""``AsyncLLM``: the asynchronous engine client front-ends are built on.
+
+The engine core runs in a child process (or, with ``engine_mode="thread"``,
+a thread of this one) behind two ZMQ sockets. A reader thread turns the
+engine's messages into items on per-request asyncio queues, so any number of
+coroutines can stream at once and the event loop never waits on model work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import itertools
+import os
+import tempfile
+import threading
+import uuid
+import weakref
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from llmp.api import EngineDeadError, LLMPError
+from llmp.engine import protocol as msg
+from llmp.engine.config import EngineConfig
+from llmp.engine.llm_engine import PromptType
+from llmp.outputs import RequestOutput
+from llmp.sampling_params import SamplingParams
+
+_ERROR_TYPES: dict[str, type[Exception]] = {"ValueError": ValueError, "TypeError": TypeError, "LLMPError": LLMPError}
+HEALTH_TIMEOUT_S = 10.0
+WATCH_INTERVAL_MS = 200
+
+
+@dataclass(eq=False)
+class _Stream:
+    """Where the reader thread hands one request's outputs to the coroutine consuming them."""
+
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+
+    def put(self, item: RequestOutput | BaseException) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the consumer's loop is closed: nobody is listening any more
+            pass
+
+
+class AsyncLLM:
+    """Streams outputs of many concurrent requests from one engine.
+
+    ``AsyncLLM(model, **engine_options)`` starts the engine and returns once it
+    is ready (model loaded); the options are those of ``LLM``.
+    """
+
+    def __init__(self, model: str | None = None, *, engine_mode: str = "process",
+                 ready_timeout: float = 900.0, **engine_options: Any) -> None:
+        if engine_mode not in ("process", "thread"):
+            raise ValueError(f"engine_mode must be 'process' or 'thread', got {engine_mode!r}")
+        self.config = EngineConfig(model=model, **engine_options)
+        self.engine_mode = engine_mode
+        self.errored: EngineDeadError | None = None
+        self._streams: dict[str, _Stream] = {}
+        self._calls: dict[int, concurrent.futures.Future] = {}
+        self._call_ids = itertools.count()
+        self._send_lock = threading.Lock()
+        self._closed = False
+        self._tokenizer: Any = None
+        self._context = zmq.Context()
+        in_address, out_address = self._addresses()
+        self._input = self._context.socket(zmq.PUSH)
+        self._input.bind(in_address)
+        self._output = self._context.socket(zmq.PULL)
+        self._output.bind(out_address)
+        self._process: EngineProcess | None = None
+        self._thread: threading.Thread | None = None
+        self._start_engine(in_address, out_address)
+        self.info = self._wait_ready(ready_timeout)
+        self._reader = threading.Thread(target=self._read_outputs, name="llmp-output-reader", daemon=True)
+        self._reader.start()
+        self._finalizer = weakref.finalize(self, _stop_process, self._process)
+        atexit.register(self._finalizer)
+
+    # -- start-up -----------------------------------------------------------
+
+    def _addresses(self) -> tuple[str, str]:
+        name = f"llmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        if self.engine_mode == "thread":
+            return f"inproc://{name}-in", f"inproc://{name}-out"
+        base = os.path.join(tempfile.gettempdir(), name)
+        return f"ipc://{base}-in", f"ipc://{base}-out"
+
+    def _start_engine(self, in_address: str, out_address: str) -> None:
+        from llmp.engine.core_proc import EngineCoreLoop
+
+        if self.engine_mode == "process":
+            self._process = EngineProcess((self.config, in_address, out_address, os.getpid()))
+        else:
+            def run() -> None:
+                loop = EngineCoreLoop(self.config, in_address, out_address, self._context)
+                try:
+                    loop.run()
+                except Exception:  # reported to the client as EngineFailed
+                    pass
+                finally:
+                    loop.close()
+
+            self._thread = threading.Thread(target=run, name="llmp-engine", daemon=True)
+            self._thread.start()
+
+    def _wait_ready(self, timeout: float) -> dict[str, Any]:
+        deadline = timeout * 1000
+        waited = 0
+        while waited < deadline:
+            if self._output.poll(WATCH_INTERVAL_MS):
+                message = msg.from_engine_decoder.decode(self._output.recv())
+                if isinstance(message, msg.Ready):
+                    return message.info
+                if isinstance(message, msg.EngineFailed):
+                    self._shutdown_now()
+                    raise EngineDeadError(message.message)
+            waited += WATCH_INTERVAL_MS
+            if not self._engine_alive():
+                self._shutdown_now()
+                raise EngineDeadError(f"the engine process exited during start-up ({self._exit_description()})")
+        self._shutdown_now()
+        raise EngineDeadError(f"the engine was not ready within {timeout:.0f} s")
+
+    # -- the reader thread ----------------------------------------------------
+
+    def _read_outputs(self) -> None:
+        while not self._closed:
+            try:
+                ready = self._output.poll(WATCH_INTERVAL_MS)
+            except zmq.ZMQError:  # socket closed by shutdown
+                return
+            if ready:
+                self._dispatch(msg.from_engine_decoder.decode(self._output.recv()))
+            elif not self._engine_alive() and not self._closed:
+                self._fail_all(f"the engine process died ({self._exit_description()})")
+                return
+
+    def _dispatch(self, message: Any) -> None:
+        if isinstance(message, msg.Outputs):
+            for output in message.outputs:
+                stream = self._streams.get(output.request_id)
+                if stream is not None:
+                    stream.put(output)
+        elif isinstance(message, msg.RequestFailed):
+            stream = self._streams.get(message.request_id)
+            if stream is not None:
+                stream.put(_ERROR_TYPES.get(message.error_type, LLMPError)(message.message))
+        elif isinstance(message, msg.UtilityResult):
+            future = self._calls.pop(message.call_id, None)
+            if future is not None and not future.done():
+                if message.error:
+                    future.set_exception(LLMPError(message.error))
+                else:
+                    future.set_result(message.result)
+        elif isinstance(message, msg.EngineFailed):
+            self._fail_all(message.message)
+
+    def _fail_all(self, reason: str) -> None:
+        self.errored = EngineDeadError(reason)
+        for stream in list(self._streams.values()):
+            stream.put(self.errored)
+        for future in list(self._calls.values()):
+            if not future.done():
+                future.set_exception(self.errored)
+        self._calls.clear()
+
+    def _engine_alive(self) -> bool:
+        if self._process is not None:
+            return self._process.is_alive()
+        return self._thread is not None and self._thread.is_alive()
+
+    def _exit_description(self) -> str:
+        if self._process is not None and self._process.exitcode is not None:
+            code = self._process.exitcode
+            return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+        return "engine thread stopped"
+
+    # -- requests -------------------------------------------------------------
+
+    def _send(self, message: Any) -> None:
+        if self._closed:
+            raise EngineDeadError("the engine has been shut down")
+        with self._send_lock:
+            self._input.send(msg.encoder.encode(message), copy=False)
+
+    async def generate(
+        self, prompt: PromptType, params: SamplingParams | None = None, request_id: str | None = None,
+        *, priority: int = 0, delta: bool = False,
+    ) -> AsyncIterator[RequestOutput]:
+        """Outputs of one request as they come: each the whole text so far, or with
+        ``delta=True`` only what is new. Ends after the finished output. Leaving the
+        loop early (break, cancellation) aborts the request in the engine."""
+        if self.errored is not None:
+            raise self.errored
+        request_id = request_id or uuid.uuid4().hex
+        if request_id in self._streams:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        text, token_ids = _split_prompt(prompt)
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        self._streams[request_id] = stream
+        finished = False
+        try:
+            self._send(msg.AddRequest(request_id, text, token_ids, params or SamplingParams(), priority, delta))
+            while True:
+                item = await stream.queue.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished and self.errored is None and not self._closed:
+                self._send(msg.AbortRequests([request_id]))
+
+    async def abort(self, request_id: str) -> None:
+        """Stop a request; its stream ends with ``finish_reason="abort"``."""
+        if self.errored is None and not self._closed:
+            self._send(msg.AbortRequests([request_id]))
+
+    async def _call(self, method: str, *args: Any, timeout: float = HEALTH_TIMEOUT_S) -> Any:
+        if self.errored is not None:
+            raise self.errored
+        call_id = next(self._call_ids)
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._calls[call_id] = future
+        self._send(msg.Utility(call_id, method, list(args)))
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(future), timeout)
+        except TimeoutError:
+            raise EngineDeadError(f"the engine did not answer {method!r} within {timeout:.0f} s") from None
+        finally:
+            self._calls.pop(call_id, None)
+
+    async def check_health(self) -> None:
+        """Raise ``EngineDeadError`` unless the engine answers a ping within a bounded time."""
+        await self._call("ping")
+
+    async def stats(self) -> dict[str, Any]:
+        """Scheduler and KV-cache figures: running, waiting, usage, prefix-cache hits, preemptions."""
+        return await self._call("stats")
+
+    @property
+    def is_running(self) -> bool:
+        return self.errored is None and not self._closed and self._engine_alive()
+
+    def get_tokenizer(self) -> Any:
+        """The model's tokenizer, loaded in this process on first use."""
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self.config.tokenizer or self.info["model_dir"])
+        return self._tokenizer
+
+    # -- shutdown -------------------------------------------------------------
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop the engine (and with it every worker); idempotent."""
+        if self._closed:
+            return
+        try:
+            if self._engine_alive():
+                self._send(msg.Utility(-1, "shutdown"))
+        except zmq.ZMQError:
+            pass
+        if self._process is not None:
+            self._process.join(timeout)
+        elif self._thread is not None:
+            self._thread.join(timeout)
+        self._shutdown_now()
+
+    def _shutdown_now(self) -> None:
+        self._closed = True
+        if self.errored is None:
+            self._fail_all("the engine has been shut down")
+        _stop_process(self._process)
+        self._input.close(linger=0)
+        self._output.close(linger=0)
+        if self.engine_mode == "process":
+            self._context.term()
+
+    async def __aenter__(self) -> AsyncLLM:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await asyncio.to_thread(self.shutdown)
+
+
+def _split_prompt(prompt: PromptType) -> tuple[str | None, list[int] | None]:
+    if isinstance(prompt, str):
+        return prompt, None
+    if isinstance(prompt, dict) and ("prompt_token_ids" in prompt or "prompt" in prompt):
+        ids = prompt.get("prompt_token_ids")
+        return prompt.get("prompt"), list(ids) if ids is not None else None
+    raise TypeError(f"a prompt is a string or a dict with 'prompt' or 'prompt_token_ids', got {type(prompt).__name__}")
+
+
+class EngineProcess:
+    """The engine's child process: ``python -m llmp.engine.core_proc``, arguments pickled on stdin."""
+
+    def __init__(self, args: tuple) -> None:
+        import pickle
+        import subprocess
+        import sys
+
+        self.popen = subprocess.Popen([sys.executable, "-m", "llmp.engine.core_proc"], stdin=subprocess.PIPE)
+        self.pid = self.popen.pid
+        self.popen.stdin.write(pickle.dumps(args))
+        self.popen.stdin.close()
+
+    def is_alive(self) -> bool:
+        return self.popen.poll() is None
+
+    @property
+    def exitcode(self) -> int | None:
+        return self.popen.poll()
+
+    def join(self, timeout: float | None = None) -> None:
+        try:
+            self.popen.wait(timeout)
+        except Exception:  # subprocess.TimeoutExpired: the caller checks is_alive()
+            pass
+
+    def terminate(self) -> None:
+        self.popen.terminate()
+
+    def kill(self) -> None:
+        self.popen.kill()
+
+
+def _stop_process(process: EngineProcess | None) -> None:
+    if process is None or not process.is_alive():
+        return
+    process.terminate()
+    process.join(5)
+    if process.is_alive():
+        process.kill()
+        process.join(5)

@@ -1,0 +1,165 @@
+"""The engine core loop, run in its own process (or a thread) behind two ZMQ sockets.
+
+The loop drains incoming messages, runs one engine step whenever there is
+work, and pushes the step's outputs back. It blocks on the input socket only
+when idle, so a busy engine never waits for the front-end.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+import traceback
+from typing import Any
+
+import zmq
+
+from llmp.api import LLMPError
+from llmp.engine import protocol as msg
+from llmp.engine.config import EngineConfig
+
+log = logging.getLogger("llmp.engine")
+IDLE_POLL_MS = 500
+
+
+class EngineCoreLoop:
+    def __init__(self, config: EngineConfig, input_address: str, output_address: str,
+                 context: zmq.Context | None = None) -> None:
+        self.config = config
+        self.context = context or zmq.Context()
+        self.input = self.context.socket(zmq.PULL)
+        self.input.connect(input_address)
+        self.output = self.context.socket(zmq.PUSH)
+        self.output.connect(output_address)
+        self.engine: Any = None
+        self.running = True
+
+    def send(self, message: Any) -> None:
+        self.output.send(msg.encoder.encode(message), copy=False)
+
+    def run(self) -> None:
+        from llmp.engine.llm_engine import LLMEngine
+
+        try:
+            self.engine = LLMEngine(self.config)
+        except Exception as exc:
+            self.send(msg.EngineFailed(f"the engine failed to start: {type(exc).__name__}: {exc}"))
+            raise
+        self.send(msg.Ready({**self.engine.info.options, "model": self.engine.info.model,
+                             "model_dir": str(self.engine.model_dir), "kernels": self.engine.info.kernels}))
+        try:
+            while self.running:
+                busy = self.engine.has_unfinished_requests()
+                if self.input.poll(0 if busy else IDLE_POLL_MS):
+                    self._drain()
+                if self.running and self.engine.has_unfinished_requests():
+                    outputs = self.engine.step()
+                    if outputs:
+                        self.send(msg.Outputs(outputs))
+        except Exception as exc:
+            self.send(msg.EngineFailed(f"the engine failed: {type(exc).__name__}: {exc}"))
+            log.error("engine core failed:\n%s", traceback.format_exc())
+            raise
+        finally:
+            self.engine.shutdown()
+
+    def _drain(self) -> None:
+        while self.running:
+            try:
+                frame = self.input.recv(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            self._handle(msg.to_engine_decoder.decode(frame.buffer))
+
+    def _handle(self, message: Any) -> None:
+        if isinstance(message, msg.AddRequest):
+            prompt = ({"prompt_token_ids": message.prompt_token_ids, "prompt": message.prompt}
+                      if message.prompt_token_ids is not None else message.prompt)
+            try:
+                self.engine.add_request(message.request_id, prompt, message.params, message.priority, message.delta)
+            except (ValueError, TypeError, LLMPError) as exc:
+                self.send(msg.RequestFailed(message.request_id, _error_type(exc), str(exc)))
+        elif isinstance(message, msg.AbortRequests):
+            finals = self.engine.abort_request(message.request_ids)
+            if finals:
+                self.send(msg.Outputs(finals))
+        elif isinstance(message, msg.Utility):
+            self._utility(message)
+
+    def _utility(self, call: msg.Utility) -> None:
+        try:
+            if call.method == "ping":
+                result: Any = "pong"
+            elif call.method == "stats":
+                result = engine_stats(self.engine)
+            elif call.method == "shutdown":
+                self.running, result = False, None
+            else:
+                raise ValueError(f"unknown utility method {call.method!r}")
+            self.send(msg.UtilityResult(call.call_id, result))
+        except Exception as exc:
+            self.send(msg.UtilityResult(call.call_id, error=f"{type(exc).__name__}: {exc}"))
+
+    def close(self) -> None:
+        self.input.close(linger=0)
+        self.output.close(linger=1000)
+
+
+def engine_stats(engine: Any) -> dict[str, Any]:
+    return {
+        "num_running": engine.scheduler.num_running,
+        "num_waiting": engine.scheduler.num_waiting,
+        "kv_cache_usage": engine.kv_manager.usage,
+        "num_free_blocks": engine.kv_manager.num_free_blocks,
+        "prefix_cache_queries": engine.kv_manager.prefix_cache_queries,
+        "prefix_cache_hits": engine.kv_manager.prefix_cache_hits,
+        "num_preemptions": engine.scheduler.num_preemptions,
+        "num_steps": engine.num_steps,
+    }
+
+
+def _error_type(exc: BaseException) -> str:
+    for kind in (ValueError, TypeError):
+        if isinstance(exc, kind):
+            return kind.__name__
+    return "LLMPError"
+
+
+def engine_process_main(config: EngineConfig, input_address: str, output_address: str, parent_pid: int) -> None:
+    """Entry point of the engine process."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the front-end, which shuts us down
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True).start()
+    from llmp import plugins
+
+    plugins.load_plugins()
+    loop = EngineCoreLoop(config, input_address, output_address)
+    try:
+        loop.run()
+    finally:
+        loop.close()
+
+
+def _main() -> None:
+    # `python -m llmp.engine.core_proc`: the arguments arrive pickled on stdin from the
+    # parent (a trusted pipe). Spawning this way never re-imports the caller's __main__.
+    import pickle
+    import sys
+
+    config, input_address, output_address, parent_pid = pickle.load(sys.stdin.buffer)
+    engine_process_main(config, input_address, output_address, parent_pid)
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    # An orphaned engine must not linger (the front-end may have been SIGKILLed).
+    while True:
+        time.sleep(1.0)
+        if os.getppid() != parent_pid:
+            os._exit(1)
+
+
+if __name__ == "__main__":
+    _main()

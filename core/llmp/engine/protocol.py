@@ -1,0 +1,69 @@
+"""Messages between AsyncLLM (front-end) and the engine core, msgpack-encoded with msgspec.
+
+Front-end -> engine: AddRequest, AbortRequests, Utility.
+Engine -> front-end: Ready, Outputs, RequestFailed, UtilityResult, EngineFailed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from llmp.outputs import RequestOutput
+from llmp.sampling_params import SamplingParams
+
+
+class AddRequest(msgspec.Struct, tag=True):
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int] | None
+    params: SamplingParams
+    priority: int = 0
+    delta: bool = True
+
+
+class AbortRequests(msgspec.Struct, tag=True):
+    request_ids: list[str]
+
+
+class Utility(msgspec.Struct, tag=True):
+    """Call an engine method by name (``ping``, ``stats``) and answer with UtilityResult."""
+
+    call_id: int
+    method: str
+    args: list[Any] = []
+
+
+class Ready(msgspec.Struct, tag=True):
+    info: dict[str, Any]
+
+
+class Outputs(msgspec.Struct, tag=True):
+    outputs: list[RequestOutput]
+
+
+class RequestFailed(msgspec.Struct, tag=True):
+    request_id: str
+    error_type: str  # ValueError, TypeError or LLMPError: re-raised as that type in the caller
+    message: str
+
+
+class UtilityResult(msgspec.Struct, tag=True):
+    call_id: int
+    result: Any = None
+    error: str | None = None
+
+
+class EngineFailed(msgspec.Struct, tag=True):
+    """The engine hit an error it cannot recover from; it exits after sending this."""
+
+    message: str
+
+
+ToEngine = AddRequest | AbortRequests | Utility
+FromEngine = Ready | Outputs | RequestFailed | UtilityResult | EngineFailed
+
+encoder = msgspec.msgpack.Encoder()
+to_engine_decoder = msgspec.msgpack.Decoder(ToEngine)
+from_engine_decoder = msgspec.msgpack.Decoder(FromEngine)
