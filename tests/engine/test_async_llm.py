@@ -1,0 +1,219 @@
+"""AsyncLLM over a real engine process: streaming, concurrency, abort, cancellation, engine death."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from llmp import LLM, AsyncLLM, SamplingParams
+from llmp.api import EngineDeadError
+from llmp.testing import save_tiny_llama
+
+OPTIONS = dict(dtype="float32", block_size=4, max_model_len=256)
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+PROMPTS = [f"The quick brown fox {i}" for i in range(32)]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("tiny-llama-async")
+    save_tiny_llama(path, vocab_size=400, logit_scale=4.0)
+    return path
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir):
+    engine = AsyncLLM(str(model_dir), **OPTIONS)
+    yield engine
+    engine.shutdown()
+    assert not engine._process.is_alive()
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie still answers kill(0); it has exited
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split(")")[-1].split()[0] != "Z"
+
+
+async def collect(engine: AsyncLLM, prompt, params=GREEDY, delta=True, **kwargs) -> tuple[str, list[int], str]:
+    text, tokens, reason = "", [], None
+    async for output in engine.generate(prompt, params, delta=delta, **kwargs):
+        completion = output.outputs[0]
+        if delta:
+            text += completion.text
+            tokens += completion.token_ids
+        else:
+            text, tokens = completion.text, completion.token_ids
+        reason = completion.finish_reason
+    return text, tokens, reason
+
+
+def test_32_concurrent_streams_match_llm_generate(engine, model_dir):
+    async def run():
+        return await asyncio.gather(*[collect(engine, p) for p in PROMPTS])
+
+    streamed = asyncio.run(run())
+    reference = LLM(str(model_dir), **OPTIONS).generate(PROMPTS, GREEDY, use_tqdm=False)
+    for (text, tokens, reason), expected in zip(streamed, reference, strict=True):
+        assert tokens == expected.outputs[0].token_ids
+        assert text == expected.outputs[0].text
+        assert reason == "length"
+
+
+def test_cumulative_outputs_grow_and_end_with_the_whole_text(engine):
+    async def run():
+        seen = []
+        async for output in engine.generate(PROMPTS[0], GREEDY, delta=False):
+            seen.append(list(output.outputs[0].token_ids))
+        return seen
+
+    seen = asyncio.run(run())
+    assert len(seen[-1]) == 24
+    assert all(a == b[: len(a)] for a, b in zip(seen, seen[1:]))
+
+
+def test_bad_requests_raise_into_the_caller_and_the_engine_keeps_going(engine):
+    async def run():
+        with pytest.raises(ValueError, match="empty"):
+            await collect(engine, {"prompt_token_ids": []})
+        with pytest.raises(ValueError, match="out of range"):
+            await collect(engine, {"prompt_token_ids": [5, 10_000]})
+        with pytest.raises(TypeError):
+            await collect(engine, 42)
+        return await collect(engine, PROMPTS[1])
+
+    assert asyncio.run(run())[2] == "length"
+
+
+def test_abort_mid_stream_frees_the_requests_blocks(engine):
+    async def run():
+        before = await engine.stats()
+        long = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
+        outputs = []
+        async for output in engine.generate(PROMPTS[2], long, request_id="to-abort", delta=True):
+            outputs.append(output)
+            if len(outputs) == 3:
+                busy = await engine.stats()
+                await engine.abort("to-abort")
+        after = await engine.stats()
+        return before, busy, outputs, after
+
+    before, busy, outputs, after = asyncio.run(run())
+    assert busy["num_free_blocks"] < before["num_free_blocks"]
+    assert outputs[-1].finished and outputs[-1].outputs[0].finish_reason == "abort"
+    assert sum(len(o.outputs[0].token_ids) for o in outputs) < 200
+    assert after["num_free_blocks"] == before["num_free_blocks"] and after["num_running"] == 0
+
+
+def test_cancelling_the_consumer_aborts_the_request(engine):
+    async def run():
+        long = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
+        started = asyncio.Event()
+
+        async def consume():
+            async for _ in engine.generate(PROMPTS[3], long):
+                started.set()
+
+        task = asyncio.create_task(consume())
+        await started.wait()
+        busy = await engine.stats()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(50):  # the abort is a message: give the engine a moment
+            stats = await engine.stats()
+            if stats["num_running"] == 0:
+                return busy, stats
+            await asyncio.sleep(0.05)
+        return busy, stats
+
+    busy, after = asyncio.run(run())
+    assert busy["num_running"] == 1
+    assert after["num_running"] == 0 and after["kv_cache_usage"] == 0.0
+
+
+def test_duplicate_request_ids_are_refused(engine):
+    async def run():
+        first = engine.generate(PROMPTS[4], GREEDY, request_id="same")
+        await first.__anext__()
+        with pytest.raises(ValueError, match="already in use"):
+            await engine.generate(PROMPTS[5], GREEDY, request_id="same").__anext__()
+        await first.aclose()
+
+    asyncio.run(run())
+
+
+def test_thread_mode_runs_the_same_engine_in_process(model_dir):
+    engine = AsyncLLM(str(model_dir), engine_mode="thread", **OPTIONS)
+    try:
+        text, tokens, reason = asyncio.run(collect(engine, PROMPTS[0]))
+        assert len(tokens) == 24 and reason == "length"
+        asyncio.run(engine.check_health())
+    finally:
+        engine.shutdown()
+
+
+def test_killed_engine_fails_pending_requests_fast_and_leaves_no_process(model_dir):
+    engine = AsyncLLM(str(model_dir), **OPTIONS)
+    pid = engine._process.pid
+
+    async def run():
+        long = SamplingParams(temperature=0.0, max_tokens=250, ignore_eos=True)
+        tasks = [asyncio.create_task(collect(engine, p, long)) for p in PROMPTS[:4]]
+        await asyncio.sleep(0.5)
+        killed_at = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        return results, time.monotonic() - killed_at
+
+    results, elapsed = asyncio.run(run())
+    assert all(isinstance(r, EngineDeadError) for r in results), results
+    assert "killed by signal 9" in str(results[0])
+    assert elapsed < 10
+    assert not engine.is_running
+    with pytest.raises(EngineDeadError):
+        asyncio.run(engine.check_health())
+    with pytest.raises(EngineDeadError):
+        asyncio.run(collect(engine, PROMPTS[0]))
+    engine.shutdown()
+    assert not pid_alive(pid)
+
+
+def test_engine_exits_when_its_front_end_is_killed(model_dir, tmp_path):
+    script = tmp_path / "front_end.py"
+    script.write_text(
+        "import sys, time\n"
+        "from llmp import AsyncLLM\n"
+        f"engine = AsyncLLM({str(model_dir)!r}, dtype='float32', max_model_len=64)\n"
+        "print(engine._process.pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    front = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        engine_pid = int(front.stdout.readline())
+        assert pid_alive(engine_pid)
+        front.kill()
+        front.wait()
+        deadline = time.monotonic() + 10
+        while pid_alive(engine_pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not pid_alive(engine_pid)
+    finally:
+        front.kill()
+
+
+def test_a_model_that_fails_to_load_raises_at_start(tmp_path):
+    (tmp_path / "config.json").write_text('{"architectures": ["LlamaForCausalLM"], "model_type": "llama"}')
+    with pytest.raises(EngineDeadError, match="failed to start"):
+        AsyncLLM(str(tmp_path), **OPTIONS)
