@@ -176,7 +176,7 @@ def main() -> None:
             results[f"decode_b{batch}_hf_tok_s"] = batch * (new - 1) / (full - one)
             results[f"decode_b{batch}_ratio"] = results[f"decode_b{batch}_llmp_tok_s"] / results[f"decode_b{batch}_hf_tok_s"]
         report(results, *[k for k in results if k.startswith(f"decode_b{batch}")])
-    weight_bytes = sum(p.numel() for p in llm.engine.runner.model.parameters()) * 2
+    weight_bytes = sum(p.numel() for p in llm.engine.executor.runner.model.parameters()) * 2
     results["weights_gb_per_token"] = weight_bytes / 1e9
     results["roofline_b1_tok_s"] = results["bandwidth_gb_s"] / results["weights_gb_per_token"]
     results["decode_b1_roofline_fraction"] = results["decode_b1_llmp_tok_s"] / results["roofline_b1_tok_s"]

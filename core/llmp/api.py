@@ -460,16 +460,30 @@ class KVCacheManager(Protocol):
 
 
 class Executor(Protocol):
-    """Starts model workers and runs steps on them."""
+    """Starts model workers and runs forward passes on them.
 
-    def __init__(self, config: Any) -> None: ...
+    Built as ``Executor(config, model_dir, hf_config)`` (an
+    ``llmp.engine.config.EngineConfig``, the model's directory and its
+    transformers config). The engine prepares each step's inputs and samples
+    from the returned logits, so an executor only runs the model.
+    """
 
-    def execute_model(self, scheduled: Any) -> Any:
-        """Run one scheduled step on every worker; return rank 0's output."""
+    kernels_name: str  # the kernel set the workers selected
+    dtype: Any  # torch.dtype of weights and KV cache
+
+    def bytes_per_block(self) -> int:
+        """KV-cache bytes one block takes on one worker."""
+        ...
+
+    def allocate_kv_cache(self, num_blocks: int) -> None: ...
+
+    def execute_model(self, inputs: Any) -> Any:
+        """Run one step (``llmp.engine.model_runner.StepInputs``) on every worker;
+        return rank 0's ``StepLogits``."""
         ...
 
     def check_health(self) -> None:
-        """Raise if any worker is dead."""
+        """Raise ``EngineDeadError`` if any worker is dead."""
         ...
 
     def shutdown(self) -> None:

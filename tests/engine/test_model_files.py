@@ -98,7 +98,7 @@ def test_unsupported_architecture_lists_the_supported_ones(tmp_path):
 def test_dtype_is_applied_to_weights_and_cache(tmp_path, dtype):
     save_tiny_llama(tmp_path)
     llm = LLM(str(tmp_path), dtype=dtype, max_model_len=64)
-    runner = llm.engine.runner
+    runner = llm.engine.executor.runner
     assert {str(p.dtype) for p in runner.model.parameters()} == {f"torch.{dtype}"}
     assert all(str(k.dtype) == f"torch.{dtype}" for k, _ in runner.kv_caches)
     with pytest.raises(ValueError, match="dtype must be"):

@@ -58,6 +58,6 @@ def test_default_model_is_smollm2_and_loads_from_the_conversion_cache():
     llm = LLM()
     assert llm.engine.hf_config.architectures == ["LlamaForCausalLM"]
     assert llm.engine.hf_config.num_hidden_layers == 30
-    assert llm.engine.runner.dtype.__str__() == "torch.bfloat16"
+    assert llm.engine.executor.runner.dtype.__str__() == "torch.bfloat16"
     assert llm.engine.model_dir == converted
     assert llm.engine.startup_seconds < 10  # a cached conversion is plain safetensors: no GGUF parsing

@@ -1,4 +1,4 @@
-"""Built-in engine components: the default scheduler and KV-cache manager.
+"""Built-in engine components: the default scheduler and KV-cache manager, the uniproc executor.
 
 They are registered through the same hooks a third-party replacement uses.
 """
@@ -6,7 +6,7 @@ They are registered through the same hooks a third-party replacement uses.
 from collections.abc import Iterator
 
 from llmp import hookimpl
-from llmp.api import KVManagerSpec, SchedulerSpec
+from llmp.api import ExecutorSpec, KVManagerSpec, SchedulerSpec
 
 
 @hookimpl
@@ -25,4 +25,13 @@ def llmp_register_kv_managers() -> Iterator[KVManagerSpec]:
         name="default",
         impl="llmp.engine.kv_cache:BlockKVCacheManager",
         description="Fixed-size KV blocks with automatic prefix caching (chained block hashes, LRU eviction).",
+    )
+
+
+@hookimpl
+def llmp_register_executors() -> Iterator[ExecutorSpec]:
+    yield ExecutorSpec(
+        name="uniproc",
+        impl="llmp.engine.executor:UniprocExecutor",
+        description="The model runs in the engine process (no tensor parallelism).",
     )

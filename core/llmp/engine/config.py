@@ -25,6 +25,8 @@ class EngineConfig:
     kernels: str | None = None  # a kernel-set name; None = best for the device
     scheduler: str = "default"
     kv_manager: str = "default"
+    executor: str = "uniproc"  # uniproc | mp | ray (plugins)
+    tensor_parallel_size: int = 1
     model_impl: str = "auto"  # auto | native | transformers
     num_threads: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -34,5 +36,7 @@ class EngineConfig:
             raise ValueError(f"dtype must be auto, bfloat16, float16 or float32, got {self.dtype!r}")
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")

@@ -14,8 +14,10 @@ from typing import Any
 from llmp import plugins, registry
 from llmp.api import EngineInfo, FinishedRequestStats, SchedulerStats
 from llmp.engine.config import EngineConfig
+from llmp.engine.model_runner import prepare_inputs, sample_step
 from llmp.engine.output_processor import OutputProcessor, RequestState
 from llmp.engine.request import Request, RequestStatus
+from llmp.engine.sampler import Sampler
 from llmp.engine.scheduler import SchedulerConfig
 from llmp.outputs import RequestOutput
 from llmp.sampling_params import SamplingParams
@@ -28,7 +30,6 @@ class LLMEngine:
         import torch
         from transformers import AutoConfig, AutoTokenizer
 
-        from llmp.engine.model_runner import ModelRunner
         from llmp.modeling.files import resolve_model
 
         self.config = config
@@ -40,10 +41,12 @@ class LLMEngine:
         self.model_dir = model_dir
         self.hf_config = AutoConfig.from_pretrained(model_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(config.tokenizer or model_dir)
-        self.runner = ModelRunner(config, model_dir, self.hf_config)
+        executor_cls = registry.load_component("executor", config.executor)
+        self.executor = executor_cls(config, model_dir, self.hf_config)
         num_blocks = self._num_kv_blocks()
         self.max_model_len = self._max_model_len(num_blocks)
-        self.runner.allocate_kv_cache(num_blocks)
+        self.executor.allocate_kv_cache(num_blocks)
+        self.sampler = Sampler()
         self.kv_manager = registry.load_component("kv_manager", config.kv_manager)(
             num_blocks, config.block_size, config.enable_prefix_caching
         )
@@ -67,9 +70,10 @@ class LLMEngine:
         self.num_steps = 0
         self.startup_seconds = time.perf_counter() - started
         self.info = EngineInfo(
-            model=str(config.model or model_dir), executor="uniproc", kernels=self.runner.kernels_spec.name,
+            model=str(config.model or model_dir), executor=config.executor, kernels=self.executor.kernels_name,
             scheduler=config.scheduler, kv_manager=config.kv_manager, device=config.device,
-            options={"max_model_len": self.max_model_len, "num_kv_blocks": num_blocks, "dtype": str(self.runner.dtype)},
+            options={"max_model_len": self.max_model_len, "num_kv_blocks": num_blocks, "dtype": str(self.executor.dtype),
+                     "tensor_parallel_size": config.tensor_parallel_size},
         )
         self.pm.hook.llmp_engine_started(info=self.info)
         self._stopped = False
@@ -79,7 +83,7 @@ class LLMEngine:
     def _num_kv_blocks(self) -> int:
         if self.config.num_kv_blocks is not None:
             return self.config.num_kv_blocks
-        blocks = self.config.kv_cache_memory_bytes // self.runner.bytes_per_block()
+        blocks = self.config.kv_cache_memory_bytes // self.executor.bytes_per_block()
         context = self.config.max_model_len or getattr(self.hf_config, "max_position_embeddings", 4096)
         enough = -(-context * self.config.max_num_seqs // self.config.block_size)  # every sequence at full length
         return int(max(min(blocks, enough), 1))
@@ -187,7 +191,8 @@ class LLMEngine:
         scheduled = self.scheduler.schedule()
         if scheduled.is_empty:
             return []
-        result = self.runner.execute_model(scheduled)
+        inputs, prompt_targets = prepare_inputs(scheduled, self.config.block_size)
+        result = sample_step(self.sampler, scheduled, self.executor.execute_model(inputs), prompt_targets)
         self.num_steps += 1
         updated = self.scheduler.update_from_output(scheduled, result.sampled)
         changed: dict[str, RequestState] = {}
@@ -244,4 +249,5 @@ class LLMEngine:
     def shutdown(self) -> None:
         if not self._stopped:
             self._stopped = True
+            self.executor.shutdown()
             self.pm.hook.llmp_engine_stopped(info=self.info)

@@ -62,7 +62,6 @@ class ModelRunner:
         self.model_spec = registry.select_model(architectures(hf_config), config.model_impl)
         self.model = self._load_model(self.model_spec.load(), model_dir, hf_config)
         self.load_seconds = time.perf_counter() - started
-        self.sampler = Sampler()
         self.block_size = config.block_size
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
 
@@ -96,63 +95,103 @@ class ModelRunner:
     # -- one step --------------------------------------------------------
 
     @torch.inference_mode()
-    def execute_model(self, out: SchedulerOutput) -> ModelRunnerOutput:
-        input_ids, positions, metadata, logit_rows, prompt_rows = self._prepare(out)
-        hidden = self.model(input_ids, positions, metadata)
-        sample_index = [i for i, s in enumerate(out.scheduled) if s.completes_sequence]
-        sampled: list[int | None] = [None] * len(out.scheduled)
-        logprobs: list[TokenLogprobs | None] = [None] * len(out.scheduled)
-        if sample_index:
-            logits = self.model.compute_logits(hidden[torch.tensor(logit_rows, device=hidden.device)])
-            result = self.sampler(logits.float().cpu(), [out.scheduled[i].request for i in sample_index])
-            for row, i in enumerate(sample_index):
-                sampled[i], logprobs[i] = result.token_ids[row], result.logprobs[row]
-        prompt_logprobs = {rid: self._prompt_logprobs(hidden, *rows) for rid, rows in prompt_rows.items()}
-        return ModelRunnerOutput(sampled, logprobs, prompt_logprobs)
-
-    def _prepare(self, out: SchedulerOutput) -> tuple:
-        bs = self.block_size
-        tokens: list[int] = []
-        positions: list[np.ndarray] = []
-        slots: list[np.ndarray] = []
-        query_start = [0]
-        seq_lens: list[int] = []
-        logit_rows: list[int] = []
-        prompt_rows: dict[str, tuple[int, list[int], int]] = {}
-        max_blocks = max(len(s.request.block_ids) for s in out.scheduled)
-        block_tables = np.zeros((len(out.scheduled), max_blocks), dtype=np.int32)
-        for i, item in enumerate(out.scheduled):
-            request, start, end = item.request, item.start, item.start + item.num_tokens
-            tokens.extend(request.all_token_ids[start:end])
-            pos = np.arange(start, end)
-            blocks = np.asarray(request.block_ids, dtype=np.int64)
-            block_tables[i, : len(blocks)] = blocks
-            positions.append(pos)
-            slots.append(blocks[pos // bs] * bs + pos % bs)
-            row0 = query_start[-1]
-            query_start.append(row0 + item.num_tokens)
-            seq_lens.append(end)
-            if item.completes_sequence:
-                logit_rows.append(query_start[-1] - 1)
-            k = request.params.prompt_logprobs
-            if k is not None and start < request.num_prompt_tokens - 1:
-                last = min(end, request.num_prompt_tokens - 1)  # position whose next token is the last prompt token
-                targets = request.prompt_token_ids[start + 1 : last + 1]
-                prompt_rows[request.request_id] = (row0, targets, k)
+    def forward(self, inputs: StepInputs) -> StepLogits:
+        """Run the model over a step's flattened tokens; logits of the rows that need them."""
         device = self.device
-        metadata = AttentionMetadata(
-            query_start_loc=torch.tensor(query_start, dtype=torch.int32, device=device),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
-            block_tables=torch.from_numpy(block_tables).to(device),
-            slot_mapping=torch.from_numpy(np.concatenate(slots)).to(device),
-            max_query_len=max(s.num_tokens for s in out.scheduled),
-            max_seq_len=max(seq_lens),
-        )
-        input_ids = torch.tensor(tokens, dtype=torch.long, device=device)
-        return input_ids, torch.from_numpy(np.concatenate(positions)).to(device), metadata, logit_rows, prompt_rows
+        metadata = inputs.metadata
+        if device.type != "cpu":
+            metadata = AttentionMetadata(*(getattr(metadata, f).to(device) for f in _TENSOR_FIELDS),
+                                         metadata.max_query_len, metadata.max_seq_len, metadata.sliding_window)
+        hidden = self.model(inputs.input_ids.to(device), inputs.positions.to(device), metadata)
+        logits = None
+        if inputs.logit_rows:
+            rows = torch.tensor(inputs.logit_rows, device=device)
+            logits = self.model.compute_logits(hidden[rows]).float().cpu()
+        prompt_logits = [self.model.compute_logits(hidden[start : start + count]).float().cpu()
+                         for start, count in inputs.prompt_rows]
+        return StepLogits(logits, prompt_logits)
 
-    def _prompt_logprobs(self, hidden: torch.Tensor, row0: int, targets: list[int], k: int) -> list[TokenLogprobs]:
-        logits = self.model.compute_logits(hidden[row0 : row0 + len(targets)]).float().cpu()
-        rows = logits.log_softmax(-1)
-        return [gather_logprobs(rows[i], token, k) for i, token in enumerate(targets)]
+
+_TENSOR_FIELDS = ("query_start_loc", "seq_lens", "block_tables", "slot_mapping")
+
+
+@dataclass(slots=True)
+class StepInputs:
+    """Everything a worker needs for one forward pass (CPU tensors; picklable)."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    metadata: AttentionMetadata
+    logit_rows: list[int]  # last row of each request whose sequence this step completes
+    prompt_rows: list[tuple[int, int]]  # (first row, count) of each request wanting prompt logprobs
+
+
+@dataclass(slots=True)
+class StepLogits:
+    logits: torch.Tensor | None  # [len(logit_rows), V] float32
+    prompt_logits: list[torch.Tensor]
+
+
+PromptTargets = dict[str, tuple[list[int], int]]  # request id -> (prompt tokens its rows predict, top-k)
+
+
+def prepare_inputs(out: SchedulerOutput, block_size: int) -> tuple[StepInputs, PromptTargets]:
+    """Flatten a scheduled step; also returns what prompt logprobs each request wants."""
+    tokens: list[int] = []
+    positions: list[np.ndarray] = []
+    slots: list[np.ndarray] = []
+    query_start = [0]
+    seq_lens: list[int] = []
+    logit_rows: list[int] = []
+    prompt_rows: list[tuple[int, int]] = []
+    prompt_targets: PromptTargets = {}
+    max_blocks = max(len(s.request.block_ids) for s in out.scheduled)
+    block_tables = np.zeros((len(out.scheduled), max_blocks), dtype=np.int32)
+    for i, item in enumerate(out.scheduled):
+        request, start, end = item.request, item.start, item.start + item.num_tokens
+        tokens.extend(request.all_token_ids[start:end])
+        pos = np.arange(start, end)
+        blocks = np.asarray(request.block_ids, dtype=np.int64)
+        block_tables[i, : len(blocks)] = blocks
+        positions.append(pos)
+        slots.append(blocks[pos // block_size] * block_size + pos % block_size)
+        row0 = query_start[-1]
+        query_start.append(row0 + item.num_tokens)
+        seq_lens.append(end)
+        if item.completes_sequence:
+            logit_rows.append(query_start[-1] - 1)
+        if request.params.prompt_logprobs is not None and start < request.num_prompt_tokens - 1:
+            last = min(end, request.num_prompt_tokens - 1)  # position whose next token is the last prompt token
+            targets = request.prompt_token_ids[start + 1 : last + 1]
+            prompt_rows.append((row0, len(targets)))
+            prompt_targets[request.request_id] = (targets, request.params.prompt_logprobs)
+    metadata = AttentionMetadata(
+        query_start_loc=torch.tensor(query_start, dtype=torch.int32),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        block_tables=torch.from_numpy(block_tables),
+        slot_mapping=torch.from_numpy(np.concatenate(slots)),
+        max_query_len=max(s.num_tokens for s in out.scheduled),
+        max_seq_len=max(seq_lens),
+    )
+    inputs = StepInputs(torch.tensor(tokens, dtype=torch.long), torch.from_numpy(np.concatenate(positions)),
+                        metadata, logit_rows, prompt_rows)
+    return inputs, prompt_targets
+
+
+def sample_step(
+    sampler: Sampler, out: SchedulerOutput, logits: StepLogits, prompt_targets: PromptTargets
+) -> ModelRunnerOutput:
+    """Sample the requests whose sequence the step completed; gather prompt logprobs."""
+    sample_index = [i for i, s in enumerate(out.scheduled) if s.completes_sequence]
+    sampled: list[int | None] = [None] * len(out.scheduled)
+    logprobs: list[TokenLogprobs | None] = [None] * len(out.scheduled)
+    if sample_index:
+        result = sampler(logits.logits, [out.scheduled[i].request for i in sample_index])
+        for row, i in enumerate(sample_index):
+            sampled[i], logprobs[i] = result.token_ids[row], result.logprobs[row]
+    prompt_logprobs = {}
+    for (request_id, (targets, k)), rows in zip(prompt_targets.items(), logits.prompt_logits, strict=True):
+        table = rows.log_softmax(-1)
+        prompt_logprobs[request_id] = [gather_logprobs(table[j], t, k) for j, t in enumerate(targets)]
+    return ModelRunnerOutput(sampled, logprobs, prompt_logprobs)
 

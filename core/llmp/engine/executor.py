@@ -1,0 +1,37 @@
+"""The ``uniproc`` executor: the model runs in the engine's own process.
+
+An executor owns the model workers. The engine prepares each step's inputs
+(``prepare_inputs``) and samples from the logits it gets back, so an executor
+only loads the model, holds the KV cache and runs forward passes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from llmp.engine.config import EngineConfig
+from llmp.engine.model_runner import ModelRunner, StepInputs, StepLogits
+
+
+class UniprocExecutor:
+    def __init__(self, config: EngineConfig, model_dir: Path, hf_config: Any) -> None:
+        self.runner = ModelRunner(config, model_dir, hf_config)
+        self.kernels_name = self.runner.kernels_spec.name
+        self.dtype = self.runner.dtype
+        self.load_seconds = self.runner.load_seconds
+
+    def bytes_per_block(self) -> int:
+        return self.runner.bytes_per_block()
+
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        self.runner.allocate_kv_cache(num_blocks)
+
+    def execute_model(self, inputs: StepInputs) -> StepLogits:
+        return self.runner.forward(inputs)
+
+    def check_health(self) -> None:
+        """In-process: if the engine runs, the model does."""
+
+    def shutdown(self) -> None:
+        """Nothing to stop."""
