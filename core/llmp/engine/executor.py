@@ -16,6 +16,11 @@ from llmp.engine.model_runner import ModelRunner, StepInputs, StepLogits
 
 class UniprocExecutor:
     def __init__(self, config: EngineConfig, model_dir: Path, hf_config: Any) -> None:
+        if config.tensor_parallel_size != 1:
+            raise ValueError(
+                f"the uniproc executor runs one rank, not {config.tensor_parallel_size}; "
+                "use the mp or ray executor for tensor parallelism"
+            )
         self.runner = ModelRunner(config, model_dir, hf_config)
         self.kernels_name = self.runner.kernels_spec.name
         self.dtype = self.runner.dtype

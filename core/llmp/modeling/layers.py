@@ -11,10 +11,12 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from llmp.api import AttentionMetadata, KernelSet
 from llmp.modeling.files import ModelLoadError
+from llmp.modeling.parallel import all_gather, all_reduce, divide, tp_rank, tp_size
 from llmp.modeling.rope import cos_sin_table
 
 
@@ -85,21 +87,118 @@ def _with_window(metadata: AttentionMetadata, window: int | None) -> AttentionMe
     )
 
 
-class MergedLinear(nn.Linear):
-    """One matmul for several checkpoint matrices stacked along the output dim (q|k|v, gate|up)."""
+# -- tensor-parallel linear layers --------------------------------------------
+# With one rank they are plain matmuls; with several, each rank holds a slice of
+# the weight and loads only that slice from the checkpoint.
 
-    def __init__(self, in_features: int, shard_sizes: Mapping[str, int], bias: bool) -> None:
-        super().__init__(in_features, sum(shard_sizes.values()), bias=bias)
-        self.shard_offsets: dict[str, tuple[int, int]] = {}
+Slice = tuple[int, int, int]  # (rows of the full checkpoint matrix, first row kept, rows kept)
+
+
+def column_slice(rows: int) -> Slice:
+    """This rank's equal share of ``rows`` output rows."""
+    local = divide(rows, tp_size(), "output size")
+    return rows, tp_rank() * local, local
+
+
+def kv_head_slice(num_kv_heads: int, head_dim: int) -> Slice:
+    """This rank's KV heads: an equal share, or one replicated head when there are fewer heads than ranks."""
+    size, rank = tp_size(), tp_rank()
+    if num_kv_heads >= size:
+        local = divide(num_kv_heads, size, "number of KV heads")
+        return num_kv_heads * head_dim, rank * local * head_dim, local * head_dim
+    if size % num_kv_heads:
+        raise ValueError(f"tensor-parallel size {size} must divide or be a multiple of the KV heads ({num_kv_heads})")
+    return num_kv_heads * head_dim, (rank * num_kv_heads // size) * head_dim, head_dim
+
+
+class MergedLinear(nn.Module):
+    """One matmul for several checkpoint matrices stacked along the output dim (q|k|v, gate|up),
+    each split over ranks by its :data:`Slice`."""
+
+    def __init__(self, in_features: int, shards: Mapping[str, Slice], bias: bool) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.shard_offsets: dict[str, tuple[int, Slice]] = {}
         offset = 0
-        for shard, size in shard_sizes.items():
-            self.shard_offsets[shard] = (offset, size)
-            offset += size
+        for shard, piece in shards.items():
+            self.shard_offsets[shard] = (offset, piece)
+            offset += piece[2]
+        self.weight = nn.Parameter(torch.empty(offset, in_features))
+        self.bias = nn.Parameter(torch.empty(offset)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
 
     def load_shard(self, shard: str, param_name: str, tensor: torch.Tensor) -> None:
-        offset, size = self.shard_offsets[shard]
-        target = getattr(self, param_name).data.narrow(0, offset, size)
-        _copy_checked(target, tensor, f"{shard} shard of {param_name}")
+        offset, (rows, start, length) = self.shard_offsets[shard]
+        expected = (rows, self.in_features) if param_name == "weight" else (rows,)
+        _check_shape(tensor, expected, f"{shard} shard of {param_name}")
+        getattr(self, param_name).data.narrow(0, offset, length).copy_(tensor.narrow(0, start, length))
+
+
+class ColumnParallelLinear(MergedLinear):
+    """Output rows split over ranks; each rank keeps its slice of the output."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
+        super().__init__(in_features, {"": column_slice(out_features)}, bias)
+
+    def load_weight(self, param_name: str, tensor: torch.Tensor) -> None:
+        self.load_shard("", param_name, tensor)
+
+
+class RowParallelLinear(nn.Module):
+    """Input columns split over ranks; partial outputs are summed over ranks."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.in_local = divide(in_features, tp_size(), "input size")
+        self.weight = nn.Parameter(torch.empty(out_features, self.in_local))
+        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = all_reduce(F.linear(x, self.weight))
+        return out + self.bias if self.bias is not None else out
+
+    def load_weight(self, param_name: str, tensor: torch.Tensor) -> None:
+        if param_name == "bias":
+            _copy_checked(self.bias.data, tensor, "bias")
+            return
+        _check_shape(tensor, (self.out_features, self.in_features), param_name)
+        self.weight.data.copy_(tensor.narrow(1, tp_rank() * self.in_local, self.in_local))
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Embedding rows split over ranks (the vocabulary padded to a multiple of the rank count)."""
+
+    def __init__(self, vocab_size: int, hidden_size: int) -> None:
+        super().__init__()
+        self.vocab_size, self.hidden_size = vocab_size, hidden_size
+        self.rows = -(-vocab_size // tp_size())
+        self.start = tp_rank() * self.rows
+        self.weight = nn.Parameter(torch.empty(self.rows, hidden_size))
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if tp_size() == 1:
+            return F.embedding(input_ids, self.weight)
+        local = input_ids - self.start
+        outside = (local < 0) | (local >= self.rows)
+        out = F.embedding(local.masked_fill(outside, 0), self.weight)
+        return all_reduce(out.masked_fill(outside.unsqueeze(-1), 0))
+
+    def load_weight(self, param_name: str, tensor: torch.Tensor) -> None:
+        _check_shape(tensor, (self.vocab_size, self.hidden_size), param_name)
+        kept = tensor[self.start : self.start + self.rows]
+        self.weight.data.zero_()
+        self.weight.data[: kept.shape[0]].copy_(kept)
+
+
+class ParallelLMHead(VocabParallelEmbedding):
+    """Logits over the vocabulary, computed per rank on its rows and gathered."""
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = F.linear(hidden, self.weight)
+        return all_gather(logits, dim=-1)[..., : self.vocab_size] if tp_size() > 1 else logits
 
 
 class GatedMLP(nn.Module):
@@ -107,8 +206,9 @@ class GatedMLP(nn.Module):
 
     def __init__(self, hidden: int, intermediate: int, bias: bool, kernels: KernelSet) -> None:
         super().__init__()
-        self.gate_up_proj = MergedLinear(hidden, {"gate": intermediate, "up": intermediate}, bias=bias)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
+        shards = {"gate": column_slice(intermediate), "up": column_slice(intermediate)}
+        self.gate_up_proj = MergedLinear(hidden, shards, bias=bias)
+        self.down_proj = RowParallelLinear(intermediate, hidden, bias=bias)
         self.kernels = kernels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -161,7 +261,12 @@ class CausalLM(nn.Module):
             else:
                 if name not in params:
                     raise ModelLoadError(f"checkpoint weight {name!r} has no place in {type(self).__name__}")
-                _copy_checked(params[name].data, tensor, name)
+                module_name, param_name = name.rsplit(".", 1)
+                module = self.get_submodule(module_name)
+                if hasattr(module, "load_weight"):  # a parallel layer keeps only its rank's slice
+                    module.load_weight(param_name, tensor)
+                else:
+                    _copy_checked(params[name].data, tensor, name)
                 loaded.add(name)
         expected = set()
         for name, param in params.items():
@@ -175,7 +280,11 @@ class CausalLM(nn.Module):
             raise ModelLoadError(f"checkpoint lacks weights of {type(self).__name__}: {shown}")
 
 
+def _check_shape(tensor: torch.Tensor, expected: tuple[int, ...], name: str) -> None:
+    if tuple(tensor.shape) != tuple(expected):
+        raise ModelLoadError(f"weight {name} has shape {tuple(tensor.shape)}, the model expects {tuple(expected)}")
+
+
 def _copy_checked(target: torch.Tensor, tensor: torch.Tensor, name: str) -> None:
-    if target.shape != tensor.shape:
-        raise ModelLoadError(f"weight {name} has shape {tuple(tensor.shape)}, the model expects {tuple(target.shape)}")
+    _check_shape(tensor, tuple(target.shape), name)
     target.copy_(tensor)

@@ -8,7 +8,19 @@ import torch
 from torch import nn
 
 from llmp.api import AttentionMetadata, KernelSet
-from llmp.modeling.layers import CausalLM, GatedMLP, MergedLinear, PagedAttention, RMSNorm, RotaryEmbedding
+from llmp.modeling.layers import (
+    CausalLM,
+    GatedMLP,
+    MergedLinear,
+    PagedAttention,
+    ParallelLMHead,
+    RMSNorm,
+    RotaryEmbedding,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    column_slice,
+    kv_head_slice,
+)
 
 
 def rope_settings(config: Any) -> tuple[float, dict[str, Any] | None]:
@@ -22,18 +34,21 @@ def rope_settings(config: Any) -> tuple[float, dict[str, Any] | None]:
 class LlamaAttention(nn.Module):
     def __init__(self, config: Any, kernels: KernelSet) -> None:
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        total_heads = config.num_attention_heads
+        total_kv_heads = getattr(config, "num_key_value_heads", None) or total_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // total_heads
         bias = getattr(config, "attention_bias", False)
-        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.qkv_proj = MergedLinear(config.hidden_size, {"q": q_size, "k": kv_size, "v": kv_size}, bias=bias)
-        self.o_proj = nn.Linear(q_size, config.hidden_size, bias=bias)
+        q = column_slice(total_heads * self.head_dim)
+        kv = kv_head_slice(total_kv_heads, self.head_dim)
+        self.num_heads = q[2] // self.head_dim  # this rank's heads
+        self.num_kv_heads = kv[2] // self.head_dim
+        self.qkv_proj = MergedLinear(config.hidden_size, {"q": q, "k": kv, "v": kv}, bias=bias)
+        self.o_proj = RowParallelLinear(total_heads * self.head_dim, config.hidden_size, bias=bias)
         theta, scaling = rope_settings(config)
         rotary_dim = int(self.head_dim * getattr(config, "partial_rotary_factor", 1.0))
         self.rotary_emb = RotaryEmbedding(rotary_dim, config.max_position_embeddings, theta, scaling, kernels)
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5, kernels)
-        self.split = (q_size, kv_size, kv_size)
+        self.split = (q[2], kv[2], kv[2])
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
         tokens = hidden.shape[0]
@@ -68,7 +83,7 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     def __init__(self, config: Any, kernels: KernelSet) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, kernels) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, kernels)
 
@@ -85,7 +100,7 @@ class LlamaForCausalLM(CausalLM):
         super().__init__()
         self.config = config
         self.model = LlamaModel(config, kernels)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         self.tie_weights()
 

@@ -1,0 +1,136 @@
+"""The ``mp`` executor: ``tensor_parallel_size`` worker processes on this machine.
+
+Each worker gets its commands on its own ZMQ socket and answers on a shared
+one. Every wait is bounded and watches the workers, so a crash or a hang
+becomes an ``EngineDeadError``, never a stuck engine.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from llmp.api import EngineDeadError
+from llmp.engine.config import EngineConfig
+
+POLL_MS = 100
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class MultiprocExecutor:
+    def __init__(self, config: EngineConfig, model_dir: Path, hf_config: Any) -> None:
+        self.world_size = config.tensor_parallel_size
+        self.timeout = config.worker_timeout_s
+        self.context = zmq.Context()
+        base = os.path.join(tempfile.gettempdir(), f"llmp-mp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        self.results = self.context.socket(zmq.PULL)
+        self.results.bind(f"ipc://{base}-results")
+        init_method = f"tcp://127.0.0.1:{free_port()}"
+        self.commands: list[zmq.Socket] = []
+        self.processes: list[subprocess.Popen] = []
+        self._closed = False
+        for rank in range(self.world_size):
+            commands = self.context.socket(zmq.PUSH)
+            commands.bind(f"ipc://{base}-rank{rank}")
+            self.commands.append(commands)
+            process = subprocess.Popen([sys.executable, "-m", "llmp_executors_mp.worker"], stdin=subprocess.PIPE)
+            args = (config, str(model_dir), rank, self.world_size, init_method,
+                    f"ipc://{base}-rank{rank}", f"ipc://{base}-results", os.getpid())
+            process.stdin.write(pickle.dumps(args))
+            process.stdin.close()
+            self.processes.append(process)
+        try:
+            described = self._wait(range(self.world_size), timeout=max(self.timeout, 600))
+        except EngineDeadError:
+            self.shutdown()
+            raise
+        first = described[0]
+        self.kernels_name = first["kernels_name"]
+        import torch
+
+        self.dtype = getattr(torch, first["dtype"])
+        self.load_seconds = max(d["load_seconds"] for d in described.values())
+        self._bytes_per_block = first["bytes_per_block"]
+        self.worker_pids = [described[r]["pid"] for r in range(self.world_size)]
+
+    # -- messaging -----------------------------------------------------------
+
+    def _broadcast(self, method: str, *args: Any) -> None:
+        if self._closed:
+            raise EngineDeadError("the mp executor has been shut down")
+        payload = pickle.dumps((method, args), protocol=pickle.HIGHEST_PROTOCOL)
+        for commands in self.commands:
+            commands.send(payload, copy=False)
+
+    def _wait(self, ranks: Any, timeout: float | None = None) -> dict[int, Any]:
+        """Replies of ``ranks``; raises EngineDeadError on a worker error, death or timeout."""
+        pending, replies = set(ranks), {}
+        deadline = time.monotonic() + (timeout or self.timeout)
+        while pending:
+            if self.results.poll(POLL_MS):
+                rank, ok, payload = pickle.loads(self.results.recv())
+                if not ok:
+                    raise EngineDeadError(f"worker {rank} failed: {payload}")
+                replies[rank] = payload
+                pending.discard(rank)
+                continue
+            self.check_health()
+            if time.monotonic() > deadline:
+                raise EngineDeadError(f"workers {sorted(pending)} did not answer within {timeout or self.timeout:.0f} s")
+        return replies
+
+    # -- the executor contract -------------------------------------------------
+
+    def bytes_per_block(self) -> int:
+        return self._bytes_per_block
+
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        self._broadcast("allocate_kv_cache", num_blocks)
+        self._wait(range(self.world_size))
+
+    def execute_model(self, inputs: Any) -> Any:
+        self._broadcast("execute_model", inputs)
+        return self._wait([0])[0]
+
+    def check_health(self) -> None:
+        for rank, process in enumerate(self.processes):
+            code = process.poll()
+            if code is not None:
+                how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+                raise EngineDeadError(f"worker {rank} (pid {process.pid}) died ({how})")
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        payload = pickle.dumps(("shutdown", ()))
+        for commands in self.commands:
+            try:
+                commands.send(payload, zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+        deadline = time.monotonic() + 5
+        for process in self.processes:
+            try:
+                process.wait(max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(5)
+        for sock in (*self.commands, self.results):
+            sock.close(linger=0)
+        self.context.term()

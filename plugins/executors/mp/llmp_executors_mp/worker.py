@@ -1,0 +1,65 @@
+"""A worker process of the ``mp`` executor: ``python -m llmp_executors_mp.worker``.
+
+Its arguments arrive pickled on stdin from the engine (a trusted pipe). It
+answers every command except a successful ``execute_model`` on ranks above 0
+(rank 0's answer carries the logits), and reports any error before exiting.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+import traceback
+
+import zmq
+
+
+def main() -> None:
+    config, model_dir, rank, world_size, init_method, commands_address, results_address, parent_pid = pickle.load(
+        sys.stdin.buffer
+    )
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the engine decides when workers stop
+    threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True).start()
+    context = zmq.Context()
+    commands = context.socket(zmq.PULL)
+    commands.connect(commands_address)
+    results = context.socket(zmq.PUSH)
+    results.connect(results_address)
+
+    def reply(ok: bool, payload: object) -> None:
+        results.send(pickle.dumps((rank, ok, payload), protocol=pickle.HIGHEST_PROTOCOL))
+
+    try:
+        from llmp.engine.worker import Worker
+
+        worker = Worker(config, model_dir, rank, world_size, init_method)
+        reply(True, worker.describe())
+        while True:
+            method, args = pickle.loads(commands.recv())
+            if method == "shutdown":
+                break
+            result = getattr(worker, method)(*args)
+            if method != "execute_model" or rank == 0:
+                reply(True, result)
+    except Exception as exc:
+        reply(False, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+        time.sleep(0.5)  # let the message leave before the process does
+        os._exit(1)
+    finally:
+        results.close(linger=1000)
+        commands.close(linger=0)
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    while True:
+        time.sleep(1.0)
+        if os.getppid() != parent_pid:
+            os._exit(1)
+
+
+if __name__ == "__main__":
+    main()
