@@ -1,0 +1,119 @@
+"""The mp executor: real worker processes, tensor parallelism over gloo, faults."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from llmp import LLM, AsyncLLM, SamplingParams
+from llmp.api import EngineDeadError
+from llmp.testing import save_tiny_llama
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+PROMPTS = [{"prompt_token_ids": [5 + i, 17, 42 + 3 * i, 99, 7 * i + 3]} for i in range(8)]
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split(")")[-1].split()[0] != "Z"
+
+
+def greedy_tokens(llm: LLM) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
+
+
+@pytest.fixture(scope="module")
+def gqa_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("tiny-gqa")
+    save_tiny_llama(path, num_attention_heads=4, num_key_value_heads=2, vocab_size=400)
+    return path
+
+
+@pytest.fixture(scope="module")
+def reference(gqa_model) -> list[list[int]]:
+    return greedy_tokens(LLM(str(gqa_model), dtype="float32", max_model_len=128))
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_tensor_parallel_greedy_equals_uniproc(gqa_model, reference, tp):
+    llm = LLM(str(gqa_model), dtype="float32", max_model_len=128, executor="mp", tensor_parallel_size=tp)
+    pids = llm.engine.executor.worker_pids
+    assert len(pids) == tp and all(pid_alive(p) for p in pids)
+    assert greedy_tokens(llm) == reference
+    llm.shutdown()
+    assert not any(pid_alive(p) for p in pids)
+
+
+def test_fewer_kv_heads_than_ranks_are_replicated(tmp_path):
+    save_tiny_llama(tmp_path, num_attention_heads=4, num_key_value_heads=1, vocab_size=400, tie_word_embeddings=True)
+    expected = greedy_tokens(LLM(str(tmp_path), dtype="float32", max_model_len=128))
+    llm = LLM(str(tmp_path), dtype="float32", max_model_len=128, executor="mp", tensor_parallel_size=2)
+    assert greedy_tokens(llm) == expected
+    llm.shutdown()
+
+
+def test_heads_not_divisible_by_ranks_is_a_clear_error(tmp_path):
+    save_tiny_llama(tmp_path, hidden_size=48, num_attention_heads=3, num_key_value_heads=3, vocab_size=400)
+    with pytest.raises(EngineDeadError, match=r"not divisible by the tensor-parallel size \(2\)"):
+        LLM(str(tmp_path), dtype="float32", max_model_len=128, executor="mp", tensor_parallel_size=2)
+
+
+def test_uniproc_refuses_tensor_parallelism(gqa_model):
+    with pytest.raises(ValueError, match="use the mp or ray executor"):
+        LLM(str(gqa_model), max_model_len=128, tensor_parallel_size=2)
+
+
+def test_killed_worker_fails_pending_requests_and_leaves_no_process(gqa_model):
+    engine = AsyncLLM(str(gqa_model), dtype="float32", max_model_len=256, executor="mp", tensor_parallel_size=2)
+    engine_pid = engine._process.pid
+    worker_pids = [int(p) for p in open(f"/proc/{engine_pid}/task/{engine_pid}/children").read().split()]
+    assert len(worker_pids) == 2
+
+    async def run():
+        long = SamplingParams(temperature=0.0, max_tokens=240, ignore_eos=True)
+
+        async def consume(prompt):
+            async for _ in engine.generate(prompt, long):
+                pass
+
+        tasks = [asyncio.create_task(consume(p)) for p in PROMPTS[:4]]
+        await asyncio.sleep(1.0)
+        killed_at = time.monotonic()
+        os.kill(worker_pids[1], signal.SIGKILL)
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        return results, time.monotonic() - killed_at
+
+    results, elapsed = asyncio.run(run())
+    assert all(isinstance(r, EngineDeadError) for r in results), results
+    assert "worker 1" in str(results[0])
+    assert elapsed < 10
+    engine.shutdown()
+    deadline = time.monotonic() + 10
+    while any(pid_alive(p) for p in [engine_pid, *worker_pids]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(pid_alive(p) for p in [engine_pid, *worker_pids])
+
+
+def test_hung_worker_becomes_an_engine_error(gqa_model):
+    llm = LLM(str(gqa_model), dtype="float32", max_model_len=128, executor="mp", tensor_parallel_size=2,
+              worker_timeout_s=3)
+    pids = llm.engine.executor.worker_pids
+    os.kill(pids[1], signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        with pytest.raises(EngineDeadError, match="did not answer within 3 s"):
+            llm.generate(PROMPTS[:2], GREEDY, use_tqdm=False)
+        assert time.monotonic() - started < 15
+    finally:
+        os.kill(pids[1], signal.SIGCONT)
+        llm.shutdown()
+    assert not any(pid_alive(p) for p in pids)
