@@ -27,6 +27,7 @@ class EngineConfig:
     kv_manager: str = "default"
     executor: str = "uniproc"  # uniproc | mp | ray (plugins)
     tensor_parallel_size: int = 1
+    ray_address: str | None = None  # the ray executor's cluster; None = RAY_ADDRESS, else a local one
     worker_timeout_s: float = 300.0  # a worker silent this long in a step is taken for dead
     model_impl: str = "auto"  # auto | native | transformers
     num_threads: int | None = None

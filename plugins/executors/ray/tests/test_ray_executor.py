@@ -1,0 +1,94 @@
+"""The ray executor on a real local Ray cluster (started on loopback): TP parity and faults."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from llmp import LLM, SamplingParams
+from llmp.api import EngineDeadError
+from llmp.testing import save_tiny_llama
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+PROMPTS = [{"prompt_token_ids": [5 + i, 17, 42 + 3 * i, 99, 7 * i + 3]} for i in range(8)]
+
+
+def ray_cli() -> str:
+    return shutil.which("ray", path=os.path.dirname(sys.executable)) or "ray"
+
+
+@pytest.fixture(scope="module")
+def cluster() -> str:
+    """A head node on 127.0.0.1 with 4 CPUs; torn down after the module."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # a throwaway cluster on loopback: no token authentication, for it or for this driver
+    saved = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    subprocess.run([ray_cli(), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=4",
+                    "--include-dashboard=false", "--disable-usage-stats"], check=True, capture_output=True, env=env,
+                   timeout=120)
+    yield f"127.0.0.1:{port}"
+    subprocess.run([ray_cli(), "stop", "--force"], capture_output=True, timeout=120, env=env)
+    if saved is None:
+        os.environ.pop("RAY_AUTH_MODE", None)
+    else:
+        os.environ["RAY_AUTH_MODE"] = saved
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split(")")[-1].split()[0] != "Z"
+
+
+def greedy_tokens(llm: LLM, prompts=PROMPTS) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("tiny-ray")
+    save_tiny_llama(path, num_attention_heads=4, num_key_value_heads=2, vocab_size=400)
+    return path
+
+
+def test_tensor_parallel_2_on_a_ray_cluster_equals_uniproc(cluster, model_dir):
+    expected = greedy_tokens(LLM(str(model_dir), dtype="float32", max_model_len=128))
+    llm = LLM(str(model_dir), dtype="float32", max_model_len=128, executor="ray", tensor_parallel_size=2,
+              ray_address=cluster)
+    pids = llm.engine.executor.worker_pids
+    assert len(set(pids)) == 2 and os.getpid() not in pids
+    assert greedy_tokens(llm) == expected
+    llm.shutdown()
+    deadline = time.monotonic() + 10
+    while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(pid_alive(p) for p in pids)
+
+
+def test_a_killed_actor_is_an_engine_error(cluster, model_dir):
+    llm = LLM(str(model_dir), dtype="float32", max_model_len=128, executor="ray", tensor_parallel_size=2,
+              ray_address=cluster)
+    try:
+        assert greedy_tokens(llm, PROMPTS[:1])
+        os.kill(llm.engine.executor.worker_pids[1], signal.SIGKILL)
+        started = time.monotonic()
+        with pytest.raises(EngineDeadError, match="Ray worker failed"):
+            greedy_tokens(llm)
+        assert time.monotonic() - started < 10
+    finally:
+        llm.shutdown()
