@@ -61,3 +61,23 @@ def test_default_model_is_smollm2_and_loads_from_the_conversion_cache():
     assert llm.engine.executor.runner.dtype.__str__() == "torch.bfloat16"
     assert llm.engine.model_dir == converted
     assert llm.engine.startup_seconds < 10  # a cached conversion is plain safetensors: no GGUF parsing
+
+
+def test_mp_tensor_parallel_3_equals_uniproc(llm):
+    # SmolLM2-135M has 9 query and 3 KV heads: 3 ranks divide both (2 would not)
+    prompts = ["The capital of France is", "def fibonacci(n):"]
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    expected = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    parallel = LLM(dtype="float32", max_model_len=256, executor="mp", tensor_parallel_size=3)
+    assert [o.outputs[0].token_ids for o in parallel.generate(prompts, params, use_tqdm=False)] == expected
+    parallel.shutdown()
+
+
+def test_ray_tensor_parallel_3_equals_uniproc(llm):
+    prompts = ["The capital of France is"]
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    expected = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    # no ray_address and no RAY_ADDRESS: the executor starts a local Ray instance and stops it at shutdown
+    parallel = LLM(dtype="float32", max_model_len=256, executor="ray", tensor_parallel_size=3)
+    assert [o.outputs[0].token_ids for o in parallel.generate(prompts, params, use_tqdm=False)] == expected
+    parallel.shutdown()

@@ -131,7 +131,7 @@ def _error_type(exc: BaseException) -> str:
 def engine_process_main(config: EngineConfig, input_address: str, output_address: str, parent_pid: int) -> None:
     """Entry point of the engine process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the front-end, which shuts us down
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    signal.signal(signal.SIGTERM, _exit_cleanly)  # unwinds through engine.shutdown(), which stops the workers
     threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True).start()
     from llmp import plugins
 
@@ -141,6 +141,10 @@ def engine_process_main(config: EngineConfig, input_address: str, output_address
         loop.run()
     finally:
         loop.close()
+
+
+def _exit_cleanly(*_: object) -> None:
+    raise SystemExit(0)
 
 
 def _main() -> None:

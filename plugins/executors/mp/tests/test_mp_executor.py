@@ -117,3 +117,18 @@ def test_hung_worker_becomes_an_engine_error(gqa_model):
         os.kill(pids[1], signal.SIGCONT)
         llm.shutdown()
     assert not any(pid_alive(p) for p in pids)
+
+
+def test_sigterm_to_the_engine_process_stops_its_workers(gqa_model):
+    engine = AsyncLLM(str(gqa_model), dtype="float32", max_model_len=128, executor="mp", tensor_parallel_size=2)
+    engine_pid = engine._process.pid
+    worker_pids = [int(p) for p in open(f"/proc/{engine_pid}/task/{engine_pid}/children").read().split()]
+    os.kill(engine_pid, signal.SIGTERM)
+    engine._process.join(10)
+    assert engine._process.exitcode == 0  # a clean exit, through the executor's shutdown
+    deadline = time.monotonic() + 10
+    while any(pid_alive(p) for p in worker_pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(pid_alive(p) for p in worker_pids)
+    engine.shutdown()
+
