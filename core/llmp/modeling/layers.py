@@ -245,39 +245,56 @@ class CausalLM(nn.Module):
         return self.lm_head(hidden_states)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        params = dict(self.named_parameters())
-        loaded: set[str] = set()
         tied = self.lm_head.weight is self.model.embed_tokens.weight
-        for name, tensor in weights:
-            if any(part in name for part in self.ignored_weights) or (tied and name == "lm_head.weight"):
-                continue
-            for part, (fused, shard) in self.stacked_params.items():
-                if part in name:
-                    target = name.replace(part, fused)
-                    module_name, param_name = target.rsplit(".", 1)
-                    self.get_submodule(module_name).load_shard(shard, param_name, tensor)
-                    loaded.add(f"{target}:{shard}")
-                    break
-            else:
-                if name not in params:
-                    raise ModelLoadError(f"checkpoint weight {name!r} has no place in {type(self).__name__}")
-                module_name, param_name = name.rsplit(".", 1)
-                module = self.get_submodule(module_name)
-                if hasattr(module, "load_weight"):  # a parallel layer keeps only its rank's slice
-                    module.load_weight(param_name, tensor)
-                else:
-                    _copy_checked(params[name].data, tensor, name)
-                loaded.add(name)
-        expected = set()
-        for name, param in params.items():
+        ignored = (*self.ignored_weights, *(("lm_head.weight",) if tied else ()))
+        load_weights(self, weights, self.stacked_params, ignored)
+
+
+def load_weights(
+    model: nn.Module,
+    weights: Iterable[tuple[str, torch.Tensor]],
+    stacked_params: Mapping[str, tuple[str, str]] = {},
+    ignored: tuple[str, ...] = (),
+) -> None:
+    """Copy checkpoint tensors into ``model`` by Hugging Face name.
+
+    ``stacked_params`` maps a checkpoint name part to a fused module and shard
+    (``".q_proj." -> (".qkv_proj.", "q")``); names containing a part of
+    ``ignored`` are skipped. Layers with ``load_weight``/``load_shard`` keep only
+    their rank's slice. Raises ``ModelLoadError`` for an unknown, misshapen or
+    missing weight.
+    """
+    params = dict(model.named_parameters())
+    loaded: set[str] = set()
+    for name, tensor in weights:
+        if any(part in name for part in ignored):
+            continue
+        for part, (fused, shard) in stacked_params.items():
+            if part in name:
+                target = name.replace(part, fused)
+                module_name, param_name = target.rsplit(".", 1)
+                model.get_submodule(module_name).load_shard(shard, param_name, tensor)
+                loaded.add(f"{target}:{shard}")
+                break
+        else:
+            if name not in params:
+                raise ModelLoadError(f"checkpoint weight {name!r} has no place in {type(model).__name__}")
             module_name, param_name = name.rsplit(".", 1)
-            module = self.get_submodule(module_name)
-            shards = getattr(module, "shard_offsets", None)
-            expected |= {f"{name}:{s}" for s in shards} if shards else {name}
-        missing = sorted(expected - loaded)
-        if missing:
-            shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-            raise ModelLoadError(f"checkpoint lacks weights of {type(self).__name__}: {shown}")
+            module = model.get_submodule(module_name)
+            if hasattr(module, "load_weight"):  # a parallel layer keeps only its rank's slice
+                module.load_weight(param_name, tensor)
+            else:
+                _copy_checked(params[name].data, tensor, name)
+            loaded.add(name)
+    expected = set()
+    for name in params:
+        module_name, _ = name.rsplit(".", 1)
+        shards = getattr(model.get_submodule(module_name), "shard_offsets", None)
+        expected |= {f"{name}:{s}" for s in shards} if shards else {name}
+    missing = sorted(expected - loaded)
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise ModelLoadError(f"checkpoint lacks weights of {type(model).__name__}: {shown}")
 
 
 def _check_shape(tensor: torch.Tensor, expected: tuple[int, ...], name: str) -> None:

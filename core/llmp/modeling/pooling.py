@@ -1,0 +1,64 @@
+"""Pooling hidden states into one embedding per sequence, configured the sentence-transformers way."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+POOLING_TYPES = ("mean", "cls", "last")
+
+
+@dataclass(frozen=True)
+class Pooler:
+    pooling_type: str = "cls"
+    normalize: bool = False
+
+    @classmethod
+    def from_model_dir(cls, model_dir: Path, default: str) -> Pooler:
+        """Read ``modules.json`` and the pooling module's config when present; else ``default``."""
+        modules_file = model_dir / "modules.json"
+        if not modules_file.is_file():
+            return cls(default, normalize=False)
+        modules = json.loads(modules_file.read_text())
+        pooling_type, normalize = default, False
+        for module in modules:
+            kind = module.get("type", "")
+            if kind.endswith("Pooling"):
+                settings = json.loads((model_dir / module["path"] / "config.json").read_text())
+                if settings.get("pooling_mode_mean_tokens"):
+                    pooling_type = "mean"
+                elif settings.get("pooling_mode_cls_token"):
+                    pooling_type = "cls"
+                elif settings.get("pooling_mode_lasttoken"):
+                    pooling_type = "last"
+            elif kind.endswith("Normalize"):
+                normalize = True
+        return cls(pooling_type, normalize)
+
+    def __call__(self, hidden: torch.Tensor, query_start_loc: list[int]) -> list[torch.Tensor]:
+        """One float32 vector per sequence of the flattened ``hidden`` [T, N]."""
+        pooled = []
+        for start, end in zip(query_start_loc, query_start_loc[1:]):
+            rows = hidden[start:end].float()
+            if self.pooling_type == "mean":
+                vector = rows.mean(0)
+            elif self.pooling_type == "cls":
+                vector = rows[0]
+            else:
+                vector = rows[-1]
+            pooled.append(vector)
+        return pooled
+
+
+def finish_embedding(vector: torch.Tensor, normalize: bool, dimensions: int | None) -> list[float]:
+    if dimensions is not None:
+        if dimensions > vector.shape[-1]:
+            raise ValueError(f"dimensions {dimensions} exceeds the model's embedding size {vector.shape[-1]}")
+        vector = vector[:dimensions]
+    if normalize:
+        vector = F.normalize(vector, dim=-1)
+    return vector.tolist()
