@@ -10,7 +10,17 @@ from llmp.hookspecs import hookimpl
 
 __version__ = "0.1.0"
 
-__all__ = ["LLM", "AsyncLLM", "CompletionOutput", "RequestOutput", "SamplingParams", "__version__", "hookimpl"]
+__all__ = [
+    "LLM",
+    "AsyncLLM",
+    "CompletionOutput",
+    "PoolingParams",
+    "PoolingRequestOutput",
+    "RequestOutput",
+    "SamplingParams",
+    "__version__",
+    "hookimpl",
+]
 
 _LAZY = {
     "LLM": "llmp.llm",
@@ -18,6 +28,8 @@ _LAZY = {
     "SamplingParams": "llmp.sampling_params",
     "RequestOutput": "llmp.outputs",
     "CompletionOutput": "llmp.outputs",
+    "PoolingParams": "llmp.pooling_params",
+    "PoolingRequestOutput": "llmp.outputs",
 }
 
 

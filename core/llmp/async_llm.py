@@ -27,7 +27,8 @@ from llmp.api import EngineDeadError, LLMPError
 from llmp.engine import protocol as msg
 from llmp.engine.config import EngineConfig
 from llmp.engine.llm_engine import PromptType
-from llmp.outputs import RequestOutput
+from llmp.outputs import PoolingRequestOutput, RequestOutput
+from llmp.pooling_params import PoolingParams
 from llmp.sampling_params import SamplingParams
 
 _ERROR_TYPES: dict[str, type[Exception]] = {"ValueError": ValueError, "TypeError": TypeError, "LLMPError": LLMPError}
@@ -41,8 +42,9 @@ class _Stream:
 
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue
+    pooling: bool = False
 
-    def put(self, item: RequestOutput | BaseException) -> None:
+    def put(self, item: RequestOutput | PoolingRequestOutput | BaseException | None) -> None:
         try:
             self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
         except RuntimeError:  # the consumer's loop is closed: nobody is listening any more
@@ -145,7 +147,7 @@ class AsyncLLM:
 
     def _dispatch(self, message: Any) -> None:
         if isinstance(message, msg.Outputs):
-            for output in message.outputs:
+            for output in (*message.outputs, *message.pooled):
                 stream = self._streams.get(output.request_id)
                 if stream is not None:
                     stream.put(output)
@@ -223,8 +225,40 @@ class AsyncLLM:
             if not finished and self.errored is None and not self._closed:
                 self._send(msg.AbortRequests([request_id]))
 
+    async def encode(
+        self, prompt: PromptType, pooling_params: PoolingParams | None = None, request_id: str | None = None,
+        *, priority: int = 0,
+    ) -> AsyncIterator[PoolingRequestOutput]:
+        """The embedding of ``prompt`` (embedding models only): one finished output,
+        or none if the request is aborted."""
+        if self.errored is not None:
+            raise self.errored
+        request_id = request_id or uuid.uuid4().hex
+        if request_id in self._streams:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        text, token_ids = _split_prompt(prompt)
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), pooling=True)
+        self._streams[request_id] = stream
+        done = False
+        try:
+            self._send(msg.AddRequest(request_id, text, token_ids, SamplingParams(), priority,
+                                      pooling=pooling_params or PoolingParams()))
+            item = await stream.queue.get()
+            done = True
+            if isinstance(item, BaseException):
+                raise item
+            if item is not None:  # None: aborted
+                yield item
+        finally:
+            self._streams.pop(request_id, None)
+            if not done and self.errored is None and not self._closed:
+                self._send(msg.AbortRequests([request_id]))
+
     async def abort(self, request_id: str) -> None:
-        """Stop a request; its stream ends with ``finish_reason="abort"``."""
+        """Stop a request; its stream ends with ``finish_reason="abort"`` (an embedding's, with nothing)."""
+        stream = self._streams.get(request_id)
+        if stream is not None and stream.pooling:
+            stream.put(None)
         if self.errored is None and not self._closed:
             self._send(msg.AbortRequests([request_id]))
 

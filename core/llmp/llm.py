@@ -8,7 +8,8 @@ from typing import Any
 
 from llmp.engine.config import EngineConfig
 from llmp.engine.llm_engine import LLMEngine, PromptType
-from llmp.outputs import RequestOutput
+from llmp.outputs import PoolingRequestOutput, RequestOutput
+from llmp.pooling_params import PoolingParams
 from llmp.sampling_params import SamplingParams
 
 Conversation = Sequence[Mapping[str, Any]]
@@ -54,6 +55,30 @@ class LLM:
             self.engine.abort_request(ids)
             raise
         return self._run(ids, use_tqdm)
+
+    def embed(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        pooling_params: PoolingParams | None = None,
+        *,
+        use_tqdm: bool = True,
+    ) -> list[PoolingRequestOutput]:
+        """One embedding per prompt (embedding models only), in input order:
+        ``outputs.embedding`` is a list of floats."""
+        if isinstance(prompts, str | Mapping):
+            prompts = [prompts]
+        ids = []
+        try:
+            for prompt in prompts:
+                request_id = str(next(self._ids))
+                self.engine.add_request(request_id, prompt, pooling_params=pooling_params or PoolingParams())
+                ids.append(request_id)
+        except Exception:
+            self.engine.abort_request(ids)
+            raise
+        return self._run(ids, use_tqdm)
+
+    encode = embed  # vLLM's name for the general pooling call
 
     def chat(
         self,
@@ -117,7 +142,8 @@ class LLM:
                     if output.finished:
                         finished[output.request_id] = output
                         if progress:
-                            progress.advance(sum(len(o.token_ids) for o in output.outputs))
+                            generated = output.outputs if isinstance(output, RequestOutput) else ()
+                            progress.advance(sum(len(o.token_ids) for o in generated))
         except BaseException:
             self.engine.abort_request([r for r in request_ids if r not in finished])
             raise

@@ -20,6 +20,7 @@ import zmq
 from llmp.api import LLMPError
 from llmp.engine import protocol as msg
 from llmp.engine.config import EngineConfig
+from llmp.outputs import RequestOutput
 
 log = logging.getLogger("llmp.engine")
 IDLE_POLL_MS = 500
@@ -58,7 +59,7 @@ class EngineCoreLoop:
                 if self.running and self.engine.has_unfinished_requests():
                     outputs = self.engine.step()
                     if outputs:
-                        self.send(msg.Outputs(outputs))
+                        self.send(_outputs_message(outputs))
         except Exception as exc:
             self.send(msg.EngineFailed(f"the engine failed: {type(exc).__name__}: {exc}"))
             log.error("engine core failed:\n%s", traceback.format_exc())
@@ -79,7 +80,12 @@ class EngineCoreLoop:
             prompt = ({"prompt_token_ids": message.prompt_token_ids, "prompt": message.prompt}
                       if message.prompt_token_ids is not None else message.prompt)
             try:
-                self.engine.add_request(message.request_id, prompt, message.params, message.priority, message.delta)
+                if message.pooling is not None:
+                    self.engine.add_request(message.request_id, prompt, None, message.priority,
+                                            pooling_params=message.pooling)
+                else:
+                    self.engine.add_request(message.request_id, prompt, message.params, message.priority,
+                                            message.delta)
             except (ValueError, TypeError, LLMPError) as exc:
                 self.send(msg.RequestFailed(message.request_id, _error_type(exc), str(exc)))
         elif isinstance(message, msg.AbortRequests):
@@ -106,6 +112,11 @@ class EngineCoreLoop:
     def close(self) -> None:
         self.input.close(linger=0)
         self.output.close(linger=1000)
+
+
+def _outputs_message(outputs: list[Any]) -> msg.Outputs:
+    generated = [o for o in outputs if isinstance(o, RequestOutput)]
+    return msg.Outputs(generated, [o for o in outputs if not isinstance(o, RequestOutput)])
 
 
 def engine_stats(engine: Any) -> dict[str, Any]:

