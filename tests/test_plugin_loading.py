@@ -135,8 +135,10 @@ def test_records_of_the_wrong_kind_are_rejected():
         def llmp_register_executors(self):
             yield ModelSpec(name="LlamaForCausalLM", impl="x:y")
 
+    before = registry.components("executor")
     plugins.register(Confused(), name="confused")
-    assert registry.components("executor") == {}
+    assert registry.components("executor") == before  # the bad record is dropped, the others stay
+    assert "LlamaForCausalLM" not in registry.components("executor")
     assert "expected ExecutorSpec" in plugins.get_record("confused").errors[0]
 
 

@@ -72,6 +72,7 @@ class AsyncLLM:
         self._closed = False
         self._tokenizer: Any = None
         self._context = zmq.Context()
+        self._context.setsockopt(zmq.LINGER, 0)  # never block on unsent messages to a dead engine
         in_address, out_address = self._addresses()
         self._input = self._context.socket(zmq.PUSH)
         self._input.bind(in_address)

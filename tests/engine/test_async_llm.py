@@ -165,28 +165,36 @@ def test_thread_mode_runs_the_same_engine_in_process(model_dir):
 
 
 def test_killed_engine_fails_pending_requests_fast_and_leaves_no_process(model_dir):
-    engine = AsyncLLM(str(model_dir), **OPTIONS)
+    engine = AsyncLLM(str(model_dir), dtype="float32", block_size=4, max_model_len=512)
     pid = engine._process.pid
 
     async def run():
-        long = SamplingParams(temperature=0.0, max_tokens=250, ignore_eos=True)
-        tasks = [asyncio.create_task(collect(engine, p, long)) for p in PROMPTS[:4]]
-        await asyncio.sleep(0.5)
+        long = SamplingParams(temperature=0.0, max_tokens=500, ignore_eos=True)  # runs on well past the kill
+        first = asyncio.Event()
+
+        async def consume(prompt):
+            async for _ in engine.generate(prompt, long):
+                first.set()
+
+        tasks = [asyncio.create_task(consume(p)) for p in PROMPTS[:4]]
+        await first.wait()
         killed_at = time.monotonic()
         os.kill(pid, signal.SIGKILL)
         results = await asyncio.gather(*tasks, return_exceptions=True)
         return results, time.monotonic() - killed_at
 
-    results, elapsed = asyncio.run(run())
-    assert all(isinstance(r, EngineDeadError) for r in results), results
-    assert "killed by signal 9" in str(results[0])
-    assert elapsed < 10
-    assert not engine.is_running
-    with pytest.raises(EngineDeadError):
-        asyncio.run(engine.check_health())
-    with pytest.raises(EngineDeadError):
-        asyncio.run(collect(engine, PROMPTS[0]))
-    engine.shutdown()
+    try:
+        results, elapsed = asyncio.run(run())
+        assert all(isinstance(r, EngineDeadError) for r in results), results
+        assert "killed by signal 9" in str(results[0])
+        assert elapsed < 10
+        assert not engine.is_running
+        with pytest.raises(EngineDeadError):
+            asyncio.run(engine.check_health())
+        with pytest.raises(EngineDeadError):
+            asyncio.run(collect(engine, PROMPTS[0]))
+    finally:
+        engine.shutdown()
     assert not pid_alive(pid)
 
 

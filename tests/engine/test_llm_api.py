@@ -182,3 +182,8 @@ def test_engine_life_cycle_hooks_see_the_chosen_components(tiny):
     assert [event for event, _ in seen] == ["started", "stopped"]
     info = seen[0][1]
     assert (info.kernels, info.scheduler, info.kv_manager, info.device) == ("torch", "default", "default", "cpu")
+
+
+def test_max_model_len_beyond_the_models_context_is_refused(tiny):
+    with pytest.raises(ValueError, match=r"exceeds the model's context \(max_position_embeddings = 512\)"):
+        LLM(str(tiny[0]), max_model_len=1000)

@@ -108,6 +108,11 @@ class LLMEngine:
         model_len = getattr(self.hf_config, "max_position_embeddings", None) or 4096
         pool = num_blocks * self.config.block_size
         if self.config.max_model_len is not None:
+            if self.config.max_model_len > model_len:
+                raise ValueError(
+                    f"max_model_len {self.config.max_model_len} exceeds the model's context "
+                    f"(max_position_embeddings = {model_len})"
+                )
             if self.config.max_model_len > pool:
                 raise ValueError(
                     f"max_model_len {self.config.max_model_len} does not fit the KV cache ({num_blocks} blocks of "

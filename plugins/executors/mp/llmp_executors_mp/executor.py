@@ -37,6 +37,7 @@ class MultiprocExecutor:
         self.world_size = config.tensor_parallel_size
         self.timeout = config.worker_timeout_s
         self.context = zmq.Context()
+        self.context.setsockopt(zmq.LINGER, 0)  # never block on unsent messages to a dead worker
         base = os.path.join(tempfile.gettempdir(), f"llmp-mp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
         self.results = self.context.socket(zmq.PULL)
         self.results.bind(f"ipc://{base}-results")
@@ -85,6 +86,10 @@ class MultiprocExecutor:
             if self.results.poll(POLL_MS):
                 rank, ok, payload = pickle.loads(self.results.recv())
                 if not ok:
+                    # A peer's death often surfaces first as a collective error on another
+                    # rank: give the dead one a moment to be seen, and report it as the cause.
+                    time.sleep(0.5)
+                    self.check_health()
                     raise EngineDeadError(f"worker {rank} failed: {payload}")
                 replies[rank] = payload
                 pending.discard(rank)

@@ -46,7 +46,8 @@ def main() -> None:
             if method != "execute_model" or rank == 0:
                 reply(True, result)
     except Exception as exc:
-        reply(False, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+        traceback.print_exc()  # the whole story to the worker's stderr; the engine gets the gist
+        reply(False, f"{type(exc).__name__}: {exc}")
         time.sleep(0.5)  # let the message leave before the process does
         os._exit(1)
     finally:

@@ -73,30 +73,33 @@ def test_uniproc_refuses_tensor_parallelism(gqa_model):
 
 
 def test_killed_worker_fails_pending_requests_and_leaves_no_process(gqa_model):
-    engine = AsyncLLM(str(gqa_model), dtype="float32", max_model_len=256, executor="mp", tensor_parallel_size=2)
+    engine = AsyncLLM(str(gqa_model), dtype="float32", max_model_len=512, executor="mp", tensor_parallel_size=2)
     engine_pid = engine._process.pid
     worker_pids = [int(p) for p in open(f"/proc/{engine_pid}/task/{engine_pid}/children").read().split()]
     assert len(worker_pids) == 2
 
     async def run():
-        long = SamplingParams(temperature=0.0, max_tokens=240, ignore_eos=True)
+        long = SamplingParams(temperature=0.0, max_tokens=500, ignore_eos=True)  # runs on well past the kill
+        first = asyncio.Event()
 
         async def consume(prompt):
             async for _ in engine.generate(prompt, long):
-                pass
+                first.set()
 
         tasks = [asyncio.create_task(consume(p)) for p in PROMPTS[:4]]
-        await asyncio.sleep(1.0)
+        await first.wait()
         killed_at = time.monotonic()
         os.kill(worker_pids[1], signal.SIGKILL)
         results = await asyncio.gather(*tasks, return_exceptions=True)
         return results, time.monotonic() - killed_at
 
-    results, elapsed = asyncio.run(run())
-    assert all(isinstance(r, EngineDeadError) for r in results), results
-    assert "worker 1" in str(results[0])
-    assert elapsed < 10
-    engine.shutdown()
+    try:
+        results, elapsed = asyncio.run(run())
+        assert all(isinstance(r, EngineDeadError) for r in results), results
+        assert "worker 1" in str(results[0])
+        assert elapsed < 10
+    finally:
+        engine.shutdown()
     deadline = time.monotonic() + 10
     while any(pid_alive(p) for p in [engine_pid, *worker_pids]) and time.monotonic() < deadline:
         time.sleep(0.1)
