@@ -32,3 +32,9 @@ def clean_plugin_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
             monkeypatch.delenv(key)
     monkeypatch.setattr(plugins, "_state", plugins._State())
     yield
+
+
+# Ray clusters in these tests live on loopback for a few seconds: no token
+# authentication, decided before any test starts Ray in this process (a driver
+# keeps the auth mode of its first connection).
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
