@@ -29,6 +29,17 @@ class PluginsShowSettings(CommandSettings):
     json_output: bool = False
 
 
+def _details(spec: Any) -> dict[str, Any]:
+    """The kind-specific fields of a record (a model's tasks, a kernel set's devices ...)."""
+    import dataclasses
+
+    from llmp.api import ComponentSpec
+
+    common = {f.name for f in dataclasses.fields(ComponentSpec)}
+    values = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec) if f.name not in common}
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
+
+
 def describe_plugins() -> list[dict[str, Any]]:
     """One dict per plugin: identity, status, hooks and the components it provides."""
     pm = plugins.load_plugins()
@@ -36,7 +47,8 @@ def describe_plugins() -> list[dict[str, Any]]:
     for kind, specs in registry.all_components().items():
         for spec in specs.values():
             provided.setdefault(spec.plugin, []).append(
-                {"kind": kind, "name": spec.name, "impl": spec.impl, "description": spec.description}
+                {"kind": kind, "name": spec.name, "impl": spec.impl, "description": spec.description,
+                 "details": _details(spec)}
             )
     for kind in KINDS:
         for name, error in registry.conflicts(kind).items():
@@ -130,7 +142,10 @@ def show_plugin(
     console.print(f"hooks: {', '.join(row['hooks']) or 'none'}")
     console.print("components:")
     for c in row["components"]:
-        console.print(f"  {c['kind']}: {c['name']} -> {c['impl']}")
+        details = ", ".join(f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}"
+                            for k, v in c.get("details", {}).items())
+        console.print(f"  {c['kind']}: {c['name']} -> {c['impl']}" + (f" ({details})" if details else ""),
+                      markup=False, highlight=False)
     for error, tb in zip(row["errors"], row["tracebacks"] + [""] * len(row["errors"]), strict=False):
         console.print("[red]error:[/]", end=" ")
         console.print(error, markup=False, highlight=False)
