@@ -225,7 +225,13 @@ def test_flush_emits_the_held_back_tail_like_a_full_decode(tokenizer):
             detok = IncrementalDetokenizer(tokenizer, prompt)
             deltas = [detok.add_token(t) for t in output]
             tail = detok.flush()
-            assert "".join(deltas) + tail == expected, (text, end)
+            got = "".join(deltas) + tail
+            if got != expected:
+                # A byte-fallback decoder turns a whole run of byte tokens into U+FFFD when the
+                # run ends mid-character, complete characters in it included; the incremental
+                # text keeps those it already emitted. Only that difference is allowed.
+                assert got.endswith("\ufffd") and expected.endswith("\ufffd"), (text, end)
+                assert got.rstrip("\ufffd").startswith(expected.rstrip("\ufffd")), (text, end)
             assert detok.text == "".join(deltas) + tail
             flushed_something += tail != ""
             assert detok.flush() == ""  # nothing left the second time
