@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Each plugin distribution must install, import and pass its own tests with only
 # the kernel beside it: a fresh venv per plugin, non-editable installs (wheels).
-# Models need a kernel set to run, so the reference set (kernels/torch) is
-# installed beside every plugin; nothing else is.
+# A plugin is exercised on the reference stack: models need a kernel set and
+# executors need a model, so kernels/torch and models/llama are installed
+# beside every plugin; nothing else is.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -14,7 +15,9 @@ for project in plugins/*/*/; do
     echo "== $project: fresh venv"
     "$PYTHON" -m venv "$venv"
     reference=()
-    [[ $project == plugins/kernels/torch ]] || reference=(./plugins/kernels/torch)
+    for base in plugins/kernels/torch plugins/models/llama; do
+        [[ $project == "$base" ]] || reference+=("./$base")
+    done
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -c constraints.txt \
         ".[test]" "${reference[@]}" "./$project[test]"
     names=$("$venv/bin/python" - "$project/pyproject.toml" <<'PY'
