@@ -194,6 +194,19 @@ class AsyncLLM:
         with self._send_lock:
             self._input.send(msg.encoder.encode(message), copy=False)
 
+    def _open_stream(
+        self, prompt: PromptType, request_id: str | None, pooling: bool
+    ) -> tuple[str, str | None, list[int] | None, _Stream]:
+        if self.errored is not None:
+            raise self.errored
+        request_id = request_id or uuid.uuid4().hex
+        if request_id in self._streams:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        text, token_ids = _split_prompt(prompt)
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), pooling=pooling)
+        self._streams[request_id] = stream
+        return request_id, text, token_ids, stream
+
     async def generate(
         self, prompt: PromptType, params: SamplingParams | None = None, request_id: str | None = None,
         *, priority: int = 0, delta: bool = False,
@@ -201,14 +214,7 @@ class AsyncLLM:
         """Outputs of one request as they come: each the whole text so far, or with
         ``delta=True`` only what is new. Ends after the finished output. Leaving the
         loop early (break, cancellation) aborts the request in the engine."""
-        if self.errored is not None:
-            raise self.errored
-        request_id = request_id or uuid.uuid4().hex
-        if request_id in self._streams:
-            raise ValueError(f"request id {request_id!r} is already in use")
-        text, token_ids = _split_prompt(prompt)
-        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
-        self._streams[request_id] = stream
+        request_id, text, token_ids, stream = self._open_stream(prompt, request_id, pooling=False)
         finished = False
         try:
             self._send(msg.AddRequest(request_id, text, token_ids, params or SamplingParams(), priority, delta))
@@ -232,14 +238,7 @@ class AsyncLLM:
     ) -> AsyncIterator[PoolingRequestOutput]:
         """The embedding of ``prompt`` (embedding models only): one finished output,
         or none if the request is aborted."""
-        if self.errored is not None:
-            raise self.errored
-        request_id = request_id or uuid.uuid4().hex
-        if request_id in self._streams:
-            raise ValueError(f"request id {request_id!r} is already in use")
-        text, token_ids = _split_prompt(prompt)
-        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), pooling=True)
-        self._streams[request_id] = stream
+        request_id, text, token_ids, stream = self._open_stream(prompt, request_id, pooling=True)
         done = False
         try:
             self._send(msg.AddRequest(request_id, text, token_ids, SamplingParams(), priority,

@@ -118,3 +118,16 @@ def hf_greedy(model: Any, prompt_token_ids: list[int], max_new_tokens: int) -> l
             do_sample=False, eos_token_id=None, pad_token_id=0,
         )
     return out[0, len(prompt_token_ids):].tolist()
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` is running (a zombie, which has exited, counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -14,7 +14,7 @@ import pytest
 
 from llmp import LLM, AsyncLLM, SamplingParams
 from llmp.api import EngineDeadError
-from llmp.testing import save_tiny_llama
+from llmp.testing import pid_alive, save_tiny_llama
 
 OPTIONS = dict(dtype="float32", block_size=4, max_model_len=256)
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
@@ -35,15 +35,6 @@ def engine(model_dir):
     engine.shutdown()
     assert not engine._process.is_alive()
 
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie still answers kill(0); it has exited
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().split(")")[-1].split()[0] != "Z"
 
 
 async def collect(engine: AsyncLLM, prompt, params=GREEDY, delta=True, **kwargs) -> tuple[str, list[int], str]:

@@ -143,7 +143,7 @@ def engine_process_main(config: EngineConfig, input_address: str, output_address
     """Entry point of the engine process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the front-end, which shuts us down
     signal.signal(signal.SIGTERM, _exit_cleanly)  # unwinds through engine.shutdown(), which stops the workers
-    threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True).start()
+    threading.Thread(target=exit_with_parent, args=(parent_pid,), daemon=True).start()
     from llmp import plugins
 
     plugins.load_plugins()
@@ -168,8 +168,8 @@ def _main() -> None:
     engine_process_main(config, input_address, output_address, parent_pid)
 
 
-def _exit_with_parent(parent_pid: int) -> None:
-    # An orphaned engine must not linger (the front-end may have been SIGKILLed).
+def exit_with_parent(parent_pid: int) -> None:
+    """Exit this process once its parent is gone (it may have been SIGKILLed): no orphans."""
     while True:
         time.sleep(1.0)
         if os.getppid() != parent_pid:

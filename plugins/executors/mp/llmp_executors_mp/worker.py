@@ -17,13 +17,15 @@ import traceback
 
 import zmq
 
+from llmp.engine.core_proc import exit_with_parent
+
 
 def main() -> None:
     config, model_dir, rank, world_size, init_method, commands_address, results_address, parent_pid = pickle.load(
         sys.stdin.buffer
     )
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the engine decides when workers stop
-    threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True).start()
+    threading.Thread(target=exit_with_parent, args=(parent_pid,), daemon=True).start()
     context = zmq.Context()
     commands = context.socket(zmq.PULL)
     commands.connect(commands_address)
@@ -53,13 +55,6 @@ def main() -> None:
     finally:
         results.close(linger=1000)
         commands.close(linger=0)
-
-
-def _exit_with_parent(parent_pid: int) -> None:
-    while True:
-        time.sleep(1.0)
-        if os.getppid() != parent_pid:
-            os._exit(1)
 
 
 if __name__ == "__main__":

@@ -12,19 +12,11 @@ import pytest
 
 from llmp import LLM, AsyncLLM, SamplingParams
 from llmp.api import EngineDeadError
-from llmp.testing import save_tiny_llama
+from llmp.testing import pid_alive, save_tiny_llama
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
 PROMPTS = [{"prompt_token_ids": [5 + i, 17, 42 + 3 * i, 99, 7 * i + 3]} for i in range(8)]
 
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().split(")")[-1].split()[0] != "Z"
 
 
 def greedy_tokens(llm: LLM) -> list[list[int]]:

@@ -15,7 +15,7 @@ import pytest
 
 from llmp import LLM, SamplingParams
 from llmp.api import EngineDeadError
-from llmp.testing import save_tiny_llama
+from llmp.testing import pid_alive, save_tiny_llama
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
 PROMPTS = [{"prompt_token_ids": [5 + i, 17, 42 + 3 * i, 99, 7 * i + 3]} for i in range(8)]
@@ -45,14 +45,6 @@ def cluster() -> str:
     else:
         os.environ["RAY_AUTH_MODE"] = saved
 
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().split(")")[-1].split()[0] != "Z"
 
 
 def greedy_tokens(llm: LLM, prompts=PROMPTS) -> list[list[int]]:
