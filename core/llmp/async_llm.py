@@ -26,7 +26,7 @@ import zmq
 from llmp.api import EngineDeadError, LLMPError
 from llmp.engine import protocol as msg
 from llmp.engine.config import EngineConfig
-from llmp.engine.llm_engine import PromptType
+from llmp.inputs import PromptType
 from llmp.outputs import PoolingRequestOutput, RequestOutput
 from llmp.pooling_params import PoolingParams
 from llmp.sampling_params import SamplingParams
@@ -295,6 +295,10 @@ class AsyncLLM:
 
             self._tokenizer = AutoTokenizer.from_pretrained(self.config.tokenizer or self.info["model_dir"])
         return self._tokenizer
+
+    def set_tokenizer(self, tokenizer: Any) -> None:
+        """Use an already loaded tokenizer (one the caller loaded while the engine started)."""
+        self._tokenizer = tokenizer
 
     # -- shutdown -------------------------------------------------------------
 

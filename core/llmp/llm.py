@@ -114,13 +114,12 @@ class LLM:
         chat_template_kwargs: dict[str, Any] | None = None,
     ) -> str:
         """The prompt text of a conversation (transformers' renderer: a sandboxed Jinja environment)."""
-        tokenizer = self.engine.tokenizer
-        if chat_template is None and not getattr(tokenizer, "chat_template", None):
-            raise ValueError(f"the model {self.engine.info.model} has no chat template; pass chat_template=...")
-        return tokenizer.apply_chat_template(
-            list(conversation), chat_template=chat_template, tools=tools, tokenize=False,
-            add_generation_prompt=add_generation_prompt and not continue_final_message,
-            continue_final_message=continue_final_message, **(chat_template_kwargs or {}),
+        from llmp.chat_template import render_chat
+
+        return render_chat(
+            self.engine.tokenizer, conversation, chat_template=chat_template,
+            add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message,
+            tools=tools, chat_template_kwargs=chat_template_kwargs, model_name=f"the model {self.engine.info.model}",
         )
 
     def _params_per_prompt(self, params: Any, count: int) -> list[SamplingParams]:

@@ -131,3 +131,88 @@ def pid_alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+# -- a live server ------------------------------------------------------------
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class LiveServer:
+    """A ``llmp serve`` process on loopback (see :func:`serving`)."""
+
+    def __init__(self, process: subprocess.Popen, port: int, log_path: Path) -> None:
+        self.process = process
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.log_path = log_path
+
+    @property
+    def api_url(self) -> str:
+        """The OpenAI base URL, ``http://127.0.0.1:PORT/v1``."""
+        return f"{self.url}/v1"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float) -> None:
+        import time
+        import urllib.error
+        import urllib.request
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError(f"llmp serve exited with {self.process.returncode}:\n{self.log()}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"llmp serve was not ready within {timeout:.0f} s:\n{self.log()}")
+
+    def stop(self, timeout: float = 30) -> int:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        return self.process.returncode
+
+
+@contextmanager
+def serving(
+    model: str | Path | None, *args: str, env: dict[str, str] | None = None, ready_timeout: float = 180,
+    log_dir: Path | None = None,
+) -> Iterator[LiveServer]:
+    """Run ``llmp serve MODEL ARGS`` on a free loopback port until the block ends.
+
+    Waits for ``/health`` to answer 200; output goes to a log file
+    (``server.log()``). No ``LLMP_*`` variables are inherited; ``env`` adds some.
+    """
+    import tempfile
+
+    port = free_port()
+    child_env = {k: v for k, v in os.environ.items() if not k.startswith("LLMP_")}
+    child_env.update(env or {})
+    log_path = Path(tempfile.mkstemp(prefix="llmp-serve-", suffix=".log", dir=log_dir)[1])
+    command = [sys.executable, "-m", "llmp", "serve", *([str(model)] if model else []),
+               "--host", "127.0.0.1", "--port", str(port), *args]
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=child_env)
+    server = LiveServer(process, port, log_path)
+    try:
+        server.wait_ready(ready_timeout)
+        yield server
+    finally:
+        server.stop()

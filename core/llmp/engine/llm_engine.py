@@ -20,11 +20,10 @@ from llmp.engine.output_processor import OutputProcessor, RequestState
 from llmp.engine.request import Request, RequestStatus
 from llmp.engine.sampler import Sampler
 from llmp.engine.scheduler import SchedulerConfig
+from llmp.inputs import PromptType  # noqa: F401  (re-exported)
 from llmp.outputs import EmbeddingOutput, PoolingRequestOutput, RequestOutput
 from llmp.pooling_params import PoolingParams
 from llmp.sampling_params import SamplingParams
-
-PromptType = str | Mapping[str, Any]  # text, or {"prompt_token_ids": [...]} (optionally with "prompt")
 
 
 class LLMEngine:
@@ -86,7 +85,8 @@ class LLMEngine:
             model=str(config.model or model_dir), executor=config.executor, kernels=self.executor.kernels_name,
             scheduler=config.scheduler, kv_manager=config.kv_manager, device=config.device,
             options={"max_model_len": self.max_model_len, "num_kv_blocks": num_blocks, "dtype": str(self.executor.dtype),
-                     "tensor_parallel_size": config.tensor_parallel_size},
+                     "tensor_parallel_size": config.tensor_parallel_size, "task": self.task,
+                     "vocab_size": self.vocab_size},
         )
         self.pm.hook.llmp_engine_started(info=self.info)
         self._stopped = False

@@ -1,0 +1,42 @@
+"""Rendering a conversation with a chat template: shared by ``LLM.chat`` and the front-ends."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+Conversation = Sequence[Mapping[str, Any]]
+
+# keys transformers' apply_chat_template takes itself: a request's template kwargs must not override them
+RESERVED_TEMPLATE_KWARGS = frozenset({
+    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors",
+    "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
+})
+
+
+def render_chat(
+    tokenizer: Any,
+    conversation: Conversation,
+    *,
+    chat_template: str | None = None,
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+    tools: list[dict[str, Any]] | None = None,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
+    model_name: str = "the model",
+) -> str:
+    """The prompt text of a conversation.
+
+    Transformers renders the template in a sandboxed Jinja environment; the
+    keyword arguments it reserves for itself cannot be overridden through
+    ``chat_template_kwargs`` (``tokenize=True`` would return ids, not text).
+    """
+    if chat_template is None and not getattr(tokenizer, "chat_template", None):
+        raise ValueError(f"{model_name} has no chat template; pass a chat template")
+    extra = {k: v for k, v in (chat_template_kwargs or {}).items() if k not in RESERVED_TEMPLATE_KWARGS}
+    return tokenizer.apply_chat_template(
+        [dict(m) for m in conversation], chat_template=chat_template, tools=tools, tokenize=False,
+        add_generation_prompt=add_generation_prompt and not continue_final_message,
+        continue_final_message=continue_final_message, **extra,
+    )

@@ -1,0 +1,322 @@
+"""``llmp bench``: benchmarks. ``llmp bench serve`` load-tests any OpenAI-compatible server.
+
+Requests stream; each one's TTFT, inter-token gaps and end-to-end latency are
+timed on arrival of its chunks, and token counts come from the server's usage
+chunk. Failed requests are counted, never fatal. httpx, asyncio and rich are
+imported inside functions: this module is imported whenever the CLI lists
+commands.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import typer
+from pydantic import Field
+
+from llmp.cli import ConfigOption
+from llmp.config import CommandSettings, load_settings
+
+app = typer.Typer(help="Benchmarks: `llmp bench serve` load-tests an OpenAI-compatible server.", no_args_is_help=True)
+
+# Common English words: most are one token in real tokenizers, so N words are about N tokens.
+WORDS = tuple(
+    "the of and to in is you that it he was for on are as with his they at be this have from or one had by "
+    "word but not what all were we when your can said there use an each which she do how their if will up "
+    "other about out many then them these so some her would make like him into time has look two more write "
+    "go see number no way could people my than first water been call who oil its now find long down day did "
+    "get come made may part over new sound take only little work know place year live me back give most very "
+    "after thing our just name good sentence man think say great where help through much before line right "
+    "too mean old any same tell boy follow came want show also around form three small set put end does "
+    "another well large must big even such because turn here why ask went men read need land different home "
+    "us move try kind hand picture again change off play spell air away animal house point page letter mother "
+    "answer found study still learn should world high every near add food between own below country plant".split()
+)
+
+
+class BenchServeSettings(CommandSettings):
+    base_url: str = "http://127.0.0.1:8000"
+    endpoint: str = "/v1/completions"
+    model: str | None = None
+    api_key: str | None = None
+    dataset: Literal["random", "prefix"] = "random"
+    num_prompts: int = Field(100, ge=1)
+    input_len: int = Field(128, ge=1)
+    output_len: int = Field(64, ge=1)
+    prefix_len: int = Field(128, ge=0)
+    request_rate: float = Field(math.inf, gt=0)
+    max_concurrency: int | None = Field(None, ge=1)
+    seed: int = 0
+    json_output: bool = False
+    save_result: Path | None = None
+
+
+@app.command("serve")
+def serve(
+    ctx: typer.Context,
+    base_url: str = typer.Option("http://127.0.0.1:8000", "--base-url", help="The server, without /v1."),
+    endpoint: str = typer.Option(
+        "/v1/completions", "--endpoint", help="/v1/completions or /v1/chat/completions (any path ending so)."
+    ),
+    model: str | None = typer.Option(None, "--model", help="Model to ask (default: the first of GET /v1/models)."),
+    api_key: str | None = typer.Option(
+        None, "--api-key", help="Sent as 'Authorization: Bearer KEY' (default: $OPENAI_API_KEY)."
+    ),
+    dataset: str = typer.Option("random", "--dataset", help="random: random words; prefix: a shared prefix, then random words."),
+    num_prompts: int = typer.Option(100, "--num-prompts", help="Requests to send."),
+    input_len: int = typer.Option(128, "--input-len", help="Random words per prompt (about as many tokens)."),
+    output_len: int = typer.Option(64, "--output-len", help="max_tokens of each request (EOS is ignored)."),
+    prefix_len: int = typer.Option(128, "--prefix-len", help="prefix dataset: words in the prefix every prompt shares."),
+    request_rate: float = typer.Option(
+        math.inf, "--request-rate", help="Requests per second, Poisson arrivals; inf sends all at once."
+    ),
+    max_concurrency: int | None = typer.Option(None, "--max-concurrency", help="Most requests in flight at once."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the prompts and the arrival times."),
+    json_output: bool = typer.Option(False, "--json/--no-json", help="Print the result as JSON, not a table."),
+    save_result: Path | None = typer.Option(None, "--save-result", help="Also write the result as JSON to this file."),
+    config: Path | None = ConfigOption,
+) -> None:
+    """Load-test an OpenAI-compatible server (llmp, vLLM, ...) and report throughput and latencies."""
+    import asyncio
+
+    from llmp.cli.sse import ServerError
+
+    settings = load_settings(BenchServeSettings, ctx)
+    try:
+        report = asyncio.run(run_benchmark(settings))
+        if settings.save_result is not None:
+            settings.save_result.write_text(json.dumps(report, indent=2) + "\n")
+    except (ServerError, OSError) as exc:
+        print(f"llmp: error: {exc}", file=sys.stderr)
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        print("llmp: interrupted", file=sys.stderr)
+        raise typer.Exit(130) from None
+    if settings.json_output:
+        typer.echo(json.dumps(report, indent=2))
+    else:
+        print_table(report)
+    if report["failed"]:
+        raise typer.Exit(1)  # a load test with failures must not pass for a clean one in scripts
+
+
+# -- the requests -----------------------------------------------------------------
+
+
+@dataclass
+class RequestResult:
+    """What one streamed request measured; times in seconds."""
+
+    ok: bool = False
+    error: str = ""
+    input_tokens: int = 0
+    output_tokens: int = 0
+    ttft: float = 0.0
+    latency: float = 0.0
+    itl: list[float] = field(default_factory=list)
+
+
+def make_prompts(settings: BenchServeSettings) -> list[str]:
+    """Seeded random-word prompts; with the prefix dataset all share one prefix of ``prefix_len`` words."""
+    import random
+
+    rng = random.Random(settings.seed)
+
+    def words(n: int) -> str:
+        return " ".join(rng.choices(WORDS, k=n))
+
+    prefix = words(settings.prefix_len) + " " if settings.dataset == "prefix" and settings.prefix_len else ""
+    return [prefix + words(settings.input_len) for _ in range(settings.num_prompts)]
+
+
+def is_chat(endpoint: str) -> bool:
+    return endpoint.rstrip("/").endswith("/chat/completions")
+
+
+def models_path(endpoint: str) -> str:
+    """``/v1/completions`` -> ``/v1/models``: the model list lives beside the endpoint."""
+    path = endpoint.rstrip("/")
+    for suffix in ("/chat/completions", "/completions"):
+        if path.endswith(suffix):
+            return path[: -len(suffix)] + "/models"
+    return "/v1/models"
+
+
+def request_payload(settings: BenchServeSettings, model: str, prompt: str) -> dict[str, Any]:
+    body: dict[str, Any] = (
+        {"messages": [{"role": "user", "content": prompt}]} if is_chat(settings.endpoint) else {"prompt": prompt}
+    )
+    return {
+        "model": model, **body, "max_tokens": settings.output_len, "temperature": 0.0, "ignore_eos": True,
+        "stream": True, "stream_options": {"include_usage": True},
+    }
+
+
+async def timed_request(client: Any, url: str, payload: dict[str, Any], api_key: str | None) -> RequestResult:
+    """Send one streaming request, timing the first content chunk and the gaps between later ones."""
+    import time
+
+    from llmp.cli.sse import ServerError, chunk_text, stream_chunks
+
+    result = RequestResult()
+    start = last = time.perf_counter()
+    chunks = 0
+    usage: dict[str, Any] = {}
+    try:
+        async for chunk in stream_chunks(client, url, payload, api_key):
+            now = time.perf_counter()
+            usage = chunk.get("usage") or usage  # the include_usage chunk comes last, with no choices
+            if not chunk_text(chunk):
+                continue
+            if chunks == 0:
+                result.ttft = now - start
+            else:
+                result.itl.append(now - last)
+            last, chunks = now, chunks + 1
+    except ServerError as exc:
+        result.error = str(exc)
+        return result
+    result.latency = time.perf_counter() - start
+    if chunks == 0:
+        result.error = f"{url} streamed no text"
+        return result
+    result.ok = True
+    result.input_tokens = int(usage.get("prompt_tokens") or 0)
+    result.output_tokens = int(usage.get("completion_tokens") or chunks)  # without usage, a chunk per token
+    return result
+
+
+async def run_benchmark(settings: BenchServeSettings) -> dict[str, Any]:
+    """Send every request on its arrival schedule, at most ``max_concurrency`` at once, and summarize."""
+    import asyncio
+    import os
+    import random
+    import time
+
+    import httpx
+
+    from llmp.cli.sse import first_model
+
+    api_key = settings.api_key or os.environ.get("OPENAI_API_KEY") or None
+    base = settings.base_url.rstrip("/")
+    url = base + "/" + settings.endpoint.lstrip("/")
+    in_flight = settings.max_concurrency or settings.num_prompts
+    # Enough pooled connections for every request allowed in flight; a slow chunk may take minutes, none forever.
+    limits = httpx.Limits(max_connections=in_flight, max_keepalive_connections=in_flight)
+    async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(600.0, connect=30.0, pool=None)) as client:
+        model = settings.model or await first_model(client, base + models_path(settings.endpoint), api_key)
+        prompts = make_prompts(settings)
+        print(f"llmp bench serve: {len(prompts)} requests to {url} (model {model}, request rate "
+              f"{settings.request_rate:g}/s, max concurrency {settings.max_concurrency or 'none'})", file=sys.stderr)
+        semaphore = asyncio.Semaphore(in_flight)
+        arrivals = random.Random(settings.seed + 1)  # its own stream: the rate does not change the prompts
+
+        async def limited(prompt: str) -> RequestResult:
+            async with semaphore:  # TTFT counts from sending, not from waiting for a free slot
+                return await timed_request(client, url, request_payload(settings, model, prompt), api_key)
+
+        start = time.perf_counter()
+        tasks = []
+        for i, prompt in enumerate(prompts):
+            if i and math.isfinite(settings.request_rate):
+                await asyncio.sleep(arrivals.expovariate(settings.request_rate))
+            tasks.append(asyncio.create_task(limited(prompt)))
+        results = await asyncio.gather(*tasks)
+        duration = time.perf_counter() - start
+    return summarize(settings, model, prompts, list(results), duration)
+
+
+# -- the report -------------------------------------------------------------------
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile with linear interpolation between ranks (numpy's default)."""
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q / 100
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def latency_stats(name: str, seconds: list[float]) -> dict[str, float | None]:
+    """Mean, median and p99 in ms; null when no request measured this."""
+    import statistics
+
+    if not seconds:
+        return {f"mean_{name}_ms": None, f"median_{name}_ms": None, f"p99_{name}_ms": None}
+    return {
+        f"mean_{name}_ms": statistics.fmean(seconds) * 1000,
+        f"median_{name}_ms": statistics.median(seconds) * 1000,
+        f"p99_{name}_ms": percentile(seconds, 99) * 1000,
+    }
+
+
+def summarize(settings: BenchServeSettings, model: str, prompts: list[str], results: list[RequestResult],
+              duration: float) -> dict[str, Any]:
+    ok = [r for r in results if r.ok]
+    errors = [r.error for r in results if not r.ok]
+    # Servers that send no usage chunk: count the prompt's words as its tokens.
+    input_tokens = sum(r.input_tokens or len(p.split()) for r, p in zip(results, prompts) if r.ok)
+    output_tokens = sum(r.output_tokens for r in ok)
+    report: dict[str, Any] = {
+        "model": model,
+        "endpoint": settings.endpoint,
+        "dataset": settings.dataset,
+        "num_prompts": settings.num_prompts,
+        "request_rate": settings.request_rate if math.isfinite(settings.request_rate) else "inf",
+        "max_concurrency": settings.max_concurrency,
+        "successful": len(ok),
+        "failed": len(errors),
+        "first_error": errors[0] if errors else None,
+        "duration_s": duration,
+        "total_input_tokens": input_tokens,
+        "total_output_tokens": output_tokens,
+        "request_throughput": len(ok) / duration,
+        "output_throughput": output_tokens / duration,
+        "total_token_throughput": (input_tokens + output_tokens) / duration,
+    }
+    report.update(latency_stats("ttft", [r.ttft for r in ok]))
+    report.update(latency_stats("tpot", [(r.latency - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]))
+    report.update(latency_stats("itl", [gap for r in ok for gap in r.itl]))
+    report.update(latency_stats("e2el", [r.latency for r in ok]))
+    return report
+
+
+LABELS = {
+    "successful": "Successful requests", "failed": "Failed requests", "duration_s": "Benchmark duration (s)",
+    "total_input_tokens": "Total input tokens", "total_output_tokens": "Total output tokens",
+    "request_throughput": "Request throughput (req/s)", "output_throughput": "Output token throughput (tok/s)",
+    "total_token_throughput": "Total token throughput (tok/s)",
+}
+METRICS = {"ttft": "Time to first token", "tpot": "Time per output token (excl. 1st)",
+           "itl": "Inter-token latency", "e2el": "End-to-end latency"}
+
+
+def print_table(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"llmp bench serve: {report['model']} {report['endpoint']}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key, label in LABELS.items():
+        table.add_row(label, _format(report[key]))
+    for name, label in METRICS.items():
+        table.add_section()
+        for stat in ("mean", "median", "p99"):
+            table.add_row(f"{label}, {stat} (ms)", _format(report[f"{stat}_{name}_ms"]))
+    console = Console()
+    console.print(table)
+    if report["first_error"]:
+        console.print(f"first error: {report['first_error']}", markup=False, highlight=False, soft_wrap=True)
+
+
+def _format(value: Any) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.2f}" if isinstance(value, float) else str(value)

@@ -1,0 +1,139 @@
+"""Talking to OpenAI-compatible servers: shared by ``llmp chat``, ``llmp complete`` and ``llmp bench serve``.
+
+Every failure (connection refused, an HTTP error status, a stream cut short)
+becomes a :class:`ServerError` whose message is one line fit for a terminal,
+so the commands never show a traceback. httpx is imported inside functions:
+this module is imported whenever the CLI lists its commands.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+
+class ServerError(Exception):
+    """A request to the server failed; ``str(error)`` is one line saying why."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(" ".join(message.split()))  # one line, whatever the server sent
+        self.status = status
+
+
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def _error_detail(body: bytes) -> str:
+    """The message of an OpenAI error body ``{"error": {"message": ...}}``, or of FastAPI's ``{"detail": ...}``."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return body.decode(errors="replace").strip()[:300] or "(empty body)"
+    if isinstance(data, dict):
+        error = data.get("error", data.get("detail"))
+        if isinstance(error, dict):
+            return str(error.get("message") or error)
+        if error is not None:
+            return str(error)
+    return json.dumps(data)[:300]
+
+
+def _transport_error(url: str, exc: Exception) -> ServerError:
+    import httpx
+
+    if isinstance(exc, httpx.ConnectError):
+        return ServerError(f"cannot connect to {url}: {_root_cause(exc)}")
+    if isinstance(exc, httpx.TimeoutException):
+        return ServerError(f"timed out waiting for {url} ({type(exc).__name__})")
+    return ServerError(f"request to {url} failed: {type(exc).__name__}: {exc}")
+
+
+def _root_cause(exc: BaseException) -> str:
+    """"Connection refused" rather than asyncio's "All connection attempts failed": the OS error beneath."""
+    import os
+
+    reason = str(exc) or type(exc).__name__
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, OSError) and cause.errno:
+            reason = os.strerror(cause.errno) if cause.errno > 0 else str(cause.strerror or cause)
+        cause = cause.__cause__ or cause.__context__
+    return reason
+
+
+async def get_json(client: Any, url: str, api_key: str | None) -> Any:
+    """GET ``url`` and decode its JSON body, raising :class:`ServerError` on any failure."""
+    import httpx
+
+    try:
+        response = await client.get(url, headers=auth_headers(api_key))
+    except httpx.HTTPError as exc:
+        raise _transport_error(url, exc) from None
+    if response.status_code != 200:
+        raise ServerError(f"HTTP {response.status_code} from {url}: {_error_detail(response.content)}",
+                          response.status_code)
+    try:
+        return response.json()
+    except ValueError:
+        raise ServerError(f"{url} did not answer with JSON") from None
+
+
+async def first_model(client: Any, models_url: str, api_key: str | None) -> str:
+    """The first model id the server lists at ``GET /v1/models``: the default when none is named."""
+    data = await get_json(client, models_url, api_key)
+    models = data.get("data") if isinstance(data, dict) else None
+    if not models or not isinstance(models[0], dict) or "id" not in models[0]:
+        raise ServerError(f"{models_url} lists no models")
+    return str(models[0]["id"])
+
+
+async def stream_chunks(client: Any, url: str, payload: dict[str, Any], api_key: str | None
+                        ) -> AsyncIterator[dict[str, Any]]:
+    """POST ``payload`` with ``stream: true`` and yield each ``data: {...}`` event until ``data: [DONE]``.
+
+    An error status, an error event, or a stream that ends without ``[DONE]``
+    raises :class:`ServerError`.
+    """
+    import httpx
+
+    try:
+        async with client.stream("POST", url, json=payload, headers=auth_headers(api_key)) as response:
+            if response.status_code != 200:
+                detail = _error_detail(await response.aread())
+                raise ServerError(f"HTTP {response.status_code} from {url}: {detail}", response.status_code)
+            async for line in response.aiter_lines():
+                if not line.startswith("data:"):
+                    continue  # blank separators, ": keep-alive" comments, "event:" fields
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    return
+                chunk = _decode_event(url, data)
+                if "error" in chunk:  # servers report failures met mid-stream as an error event
+                    raise ServerError(f"error from {url}: {_error_detail(data.encode())}")
+                yield chunk
+    except httpx.HTTPError as exc:
+        raise _transport_error(url, exc) from None
+    raise ServerError(f"the stream from {url} ended before data: [DONE]")
+
+
+def _decode_event(url: str, data: str) -> dict[str, Any]:
+    try:
+        chunk = json.loads(data)
+    except ValueError:
+        raise ServerError(f"{url} sent an event that is not JSON: {data[:100]}") from None
+    if not isinstance(chunk, dict):
+        raise ServerError(f"{url} sent an event that is not a JSON object: {data[:100]}")
+    return chunk
+
+
+def chunk_text(chunk: dict[str, Any]) -> str:
+    """The text a streamed chunk adds: ``choices[0].delta.content`` (chat) or ``choices[0].text`` (completions)."""
+    choices = chunk.get("choices") or []
+    if not choices:
+        return ""  # e.g. the final usage chunk of stream_options.include_usage
+    choice = choices[0]
+    delta = choice.get("delta")
+    text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+    return text or ""

@@ -1,0 +1,265 @@
+"""The ASGI app: shared middleware and routes, then the front-ends' routes once the engine is ready."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from llmp import __version__
+from llmp.api import EngineDeadError
+from llmp.server.errors import APIError, error_body, validation_message
+
+log = logging.getLogger("llmp.server")
+T = TypeVar("T")
+
+PROBE_PATHS = frozenset({"/health", "/live", "/ping", "/version", "/metrics"})
+OPEN_PATHS = PROBE_PATHS | {"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"}
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+
+class ServerState:
+    """What the middleware and the probes read: the phase, and the engine once it is up."""
+
+    def __init__(self) -> None:
+        self.phase = "starting"  # starting -> loading -> ready -> draining | dead
+        self.engine: Any = None
+        self.started = time.monotonic()
+        self.error: str | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.phase == "ready"
+
+
+def route_path(scope: Mapping[str, Any]) -> str:
+    """The path the routes see: behind ``--root-path`` both ``/llm/v1/...`` and ``/v1/...`` work."""
+    path, root = scope.get("path", ""), scope.get("root_path", "")
+    return path[len(root):] or "/" if root and path.startswith(root) else path
+
+
+async def send_json(send: Callable, status: int, body: Any, headers: Mapping[str, str] | None = None) -> None:
+    payload = json.dumps(body).encode()
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+    raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": payload})
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+class GateMiddleware:
+    """Checks made before any route runs, cheapest first: readiness, API key, content type, body size.
+
+    A pure ASGI middleware, so streamed responses pass through untouched.
+    """
+
+    def __init__(self, app: Any, state: ServerState, api_keys: list[str], max_body_bytes: int) -> None:
+        self.app = app
+        self.state = state
+        self.key_digests = [hashlib.sha256(k.encode()).digest() for k in api_keys]
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path, method = route_path(scope), scope["method"]
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        if path not in PROBE_PATHS and not self.state.ready and method != "OPTIONS":
+            message = {"loading": "the model is still loading", "starting": "the server is starting",
+                       "draining": "the server is shutting down"}.get(self.state.phase, "the engine is not running")
+            return await send_json(send, 503, error_body(message, "service_unavailable_error", code=503),
+                                   {"Retry-After": "1"})
+        if self.key_digests and path not in OPEN_PATHS and method != "OPTIONS" and not self._authorized(headers):
+            return await send_json(
+                send, 401, error_body("invalid or missing API key: send 'Authorization: Bearer <key>'",
+                                      "authentication_error", code="invalid_api_key"),
+                {"WWW-Authenticate": "Bearer"},
+            )
+        if method in BODY_METHODS:
+            content_type = headers.get("content-type", "application/json").split(";")[0].strip().lower()
+            if content_type != "application/json":
+                return await send_json(send, 400, error_body(
+                    f"Unsupported Media Type: {content_type!r}; only 'application/json' is allowed",
+                    "invalid_request_error", code=400))
+            length = headers.get("content-length")
+            if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
+                return await send_json(send, 413, self._too_large())
+            receive = self._limited(receive)
+        try:
+            await self.app(scope, receive, send)
+        except BodyTooLarge:  # a chunked body that grew past the limit; nothing was sent yet
+            await send_json(send, 413, self._too_large())
+
+    def _authorized(self, headers: Mapping[str, str]) -> bool:
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer":
+            return False
+        digest = hashlib.sha256(token.strip().encode()).digest()
+        # compare against every key, so the time taken does not tell which one nearly matched
+        return sum(hmac.compare_digest(digest, key) for key in self.key_digests) > 0
+
+    def _too_large(self) -> dict[str, Any]:
+        return error_body(f"the request body exceeds the limit of {self.max_body_bytes} bytes "
+                          "(--max-request-body-bytes)", "invalid_request_error", code=413)
+
+    def _limited(self, receive: Callable) -> Callable:
+        received = 0
+
+        async def limited_receive() -> dict:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_body_bytes:
+                    raise BodyTooLarge
+            return message
+
+        return limited_receive
+
+
+class RequestIdMiddleware:
+    """Every response carries ``X-Request-Id``: the client's, or a new 32-hex id."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        given = next((v.decode("latin-1") for k, v in scope["headers"] if k.lower() == b"x-request-id"), "")
+        request_id = given[:128] if given.isprintable() and given.strip() else uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = request_id
+
+        async def send_with_id(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                message.setdefault("headers", [])
+                message["headers"] = [*message["headers"], (b"x-request-id", request_id.encode("latin-1"))]
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
+
+
+def request_id_of(request: Request) -> str:
+    return request.scope.get("state", {}).get("request_id") or uuid.uuid4().hex
+
+
+async def until_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Await ``work``, cancelling it if the client goes away (which aborts its engine requests)."""
+    task = asyncio.ensure_future(work)
+
+    async def watch() -> None:
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                return
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        raise asyncio.CancelledError("the client disconnected")
+    return task.result()
+
+
+def build_app(state: ServerState, *, api_keys: list[str], allowed_origins: list[str], allow_credentials: bool,
+              max_body_bytes: int, root_path: str, docs: bool, metrics: Any) -> FastAPI:
+    app = FastAPI(
+        title="llmp", version=__version__, root_path=root_path,
+        docs_url="/docs" if docs else None, redoc_url="/redoc" if docs else None,
+        openapi_url="/openapi.json" if docs else None,
+    )
+    app.state.llmp = state
+    _add_exception_handlers(app)
+    _add_probe_routes(app, state, metrics)
+    app.add_middleware(GateMiddleware, state=state, api_keys=api_keys, max_body_bytes=max_body_bytes)
+    if allowed_origins:
+        from starlette.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=allowed_origins, allow_methods=["*"], allow_headers=["*"],
+                           allow_credentials=allow_credentials and "*" not in allowed_origins,
+                           expose_headers=["X-Request-Id"])
+    app.add_middleware(RequestIdMiddleware)
+    return app
+
+
+def _add_exception_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def api_error(_: Request, exc: APIError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_body(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = validation_message(list(exc.errors()))
+        return JSONResponse(error_body(message, "invalid_request_error", param, 400), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        type_ = {404: "not_found_error", 405: "invalid_request_error"}.get(exc.status_code, "invalid_request_error")
+        return JSONResponse(error_body(str(exc.detail), type_, code=exc.status_code), status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(ValueError)
+    @app.exception_handler(TypeError)
+    async def engine_rejected(_: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse(error_body(str(exc), "invalid_request_error", code=400), status_code=400)
+
+    @app.exception_handler(EngineDeadError)
+    async def engine_dead(_: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse(error_body(f"the engine is not running: {exc}", "service_unavailable_error", code=503),
+                            status_code=503)
+
+    @app.exception_handler(Exception)
+    async def internal_error(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error in a request handler")
+        return JSONResponse(error_body("Internal server error", "internal_server_error", code=500), status_code=500)
+
+
+def _add_probe_routes(app: FastAPI, state: ServerState, metrics: Any) -> None:
+    @app.get("/health", summary="200 once the model is loaded and the engine answers; 503 otherwise")
+    async def health() -> Response:
+        if not state.ready:
+            body = error_body(f"not ready: {state.phase}" + (f" ({state.error})" if state.error else ""),
+                              "service_unavailable_error", code=503)
+            return JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
+        try:
+            await state.engine.check_health()
+        except Exception as exc:
+            return JSONResponse(error_body(f"the engine is not healthy: {exc}", "service_unavailable_error",
+                                           code=503), status_code=503)
+        return Response(status_code=200)
+
+    @app.get("/live", summary="200 while the HTTP server runs (no engine call)")
+    @app.get("/ping", include_in_schema=False)
+    async def live() -> Response:
+        return Response(status_code=200)
+
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        return {"version": __version__}
+
+    @app.get("/metrics", summary="Prometheus metrics")
+    async def prometheus() -> Response:
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        body = await metrics.render(state.engine)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,59 @@
+"""Errors as HTTP responses, in the OpenAI shape ``{"error": {"message", "type", "param", "code"}}``."""
+
+from __future__ import annotations
+
+import re
+from http import HTTPStatus
+from typing import Any
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "internal_server_error",
+    501: "not_implemented_error",
+    503: "service_unavailable_error",
+}
+
+
+class APIError(Exception):
+    """A failure to report to the client: front-end handlers raise it, the server renders it."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, type: str | None = None,
+                 code: str | int | None = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.type = type or ERROR_TYPES.get(status, HTTPStatus(status).phrase)
+        self.code = code if code is not None else status
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def bad_request(message: str, param: str | None = None) -> APIError:
+    return APIError(400, message, param=param)
+
+
+def error_body(message: str, type: str, param: str | None = None, code: str | int | None = None) -> dict[str, Any]:
+    """The OpenAI error object; memory addresses in messages are not the client's business."""
+    return {"error": {"message": _ADDRESS.sub("", message), "type": type, "param": param, "code": code}}
+
+
+def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
+    """One line from pydantic's errors, and the first offending field as ``param``."""
+    parts, param = [], None
+    for err in errors:
+        loc = [str(p) for p in err.get("loc", ()) if p != "body"]
+        where = ".".join(loc) or "body"
+        param = param or (where if loc else None)
+        parts.append(f"{where}: {err.get('msg', 'invalid')}" + (f" ({err['type']})" if err.get("type") else ""))
+    return "; ".join(parts) or "invalid request", param

@@ -1,0 +1,264 @@
+"""Running ``llmp serve``: bind, answer probes at once, load the engine, mount the front-ends, serve."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import signal
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from llmp.api import LLMPError
+from llmp.modeling.files import DEFAULT_MODEL, resolve_model
+from llmp.server.app import ServerState, build_app
+from llmp.server.metrics import MeteredEngine, ServerMetrics
+
+log = logging.getLogger("llmp.server")
+ENGINE_WATCH_S = 0.5
+
+
+def run(settings: Any) -> int:
+    """Serve until interrupted; the exit status (0 after a clean shutdown)."""
+    started = time.monotonic()
+    logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    try:
+        frontends = _frontend_specs(settings.frontend)
+        chat_template = _chat_template(settings.chat_template)
+        model_dir = resolve_model(settings.model)
+        sock = _bind(settings.host, settings.port)
+    except LLMPError as exc:
+        print(f"llmp serve: {exc}", file=sys.stderr)
+        return 2
+    # Start-up time is mostly imports: the engine process starts first, and this process imports
+    # the web stack and loads the tokenizer while the engine loads the model.
+    starter = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="llmp-start")
+    engine = starter.submit(_start_engine, settings, model_dir)
+    tokenizer = starter.submit(_load_tokenizer, model_dir)
+    starter.shutdown(wait=False)
+    classes = [(name, spec.load()) for name, spec in frontends]
+    return asyncio.run(_serve(settings, classes, chat_template, sock, engine, tokenizer, started))
+
+
+def _start_engine(settings: Any, model_dir: Path) -> Any:
+    from llmp.async_llm import AsyncLLM
+
+    return AsyncLLM(str(model_dir), engine_mode="process", **engine_options(settings))
+
+
+def _load_tokenizer(model_dir: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+def _frontend_specs(names: list[str]) -> list[tuple[str, Any]]:
+    from llmp import plugins, registry
+
+    plugins.load_plugins()
+    return [(name, registry.get_component("frontend", name)) for name in dict.fromkeys(names)]
+
+
+def _chat_template(value: str | None) -> str | None:
+    if value is None:
+        return None
+    path = Path(value)
+    if len(value) < 4096 and ("{" not in value) and path.is_file():
+        return path.read_text()
+    if "{" not in value:
+        raise LLMPError(f"--chat-template {value!r} is neither a readable file nor template text")
+    return value
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise LLMPError(f"cannot listen on {host}:{port}: {exc.strerror} (choose another --port or --host)") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def engine_options(settings: Any) -> dict[str, Any]:
+    return dict(
+        executor=settings.executor, tensor_parallel_size=settings.tensor_parallel_size,
+        ray_address=settings.ray_address, dtype=settings.dtype, max_model_len=settings.max_model_len,
+        max_num_seqs=settings.max_num_seqs, max_num_batched_tokens=settings.max_num_batched_tokens,
+        enable_prefix_caching=settings.enable_prefix_caching, enable_chunked_prefill=settings.enable_chunked_prefill,
+        kv_cache_memory_bytes=int(settings.kv_cache_memory_gib * (1 << 30)), block_size=settings.block_size,
+        kernels=settings.kernels, model_impl=settings.model_impl, num_threads=settings.num_threads, seed=settings.seed,
+    )
+
+
+def frontend_options(settings: Any, served_names: list[str], chat_template: str | None, info: dict) -> dict:
+    return {
+        "served_model_names": served_names,
+        "model_root": info.get("model_dir", ""),
+        "max_model_len": info["max_model_len"],
+        "task": info.get("task", "generate"),
+        "chat_template": chat_template,
+        "trust_request_chat_template": settings.trust_request_chat_template,
+        "response_role": settings.response_role,
+        "max_logprobs": settings.max_logprobs,
+        "max_n": settings.max_n,
+        "return_tokens_as_token_ids": settings.return_tokens_as_token_ids,
+        "enable_force_include_usage": settings.enable_force_include_usage,
+        "enable_store": settings.enable_store,
+    }
+
+
+async def _serve(settings: Any, frontends: list[tuple[str, type]], chat_template: str | None,
+                 sock: socket.socket, starting: concurrent.futures.Future,
+                 tokenizer: concurrent.futures.Future, started: float) -> int:
+    import uvicorn
+
+    state = ServerState()
+    state.started = started
+    served_names = settings.served_model_name or [settings.model or DEFAULT_MODEL]
+    metrics = ServerMetrics(served_names[0])
+    app = build_app(
+        state, api_keys=settings.api_key, allowed_origins=settings.allowed_origins,
+        allow_credentials=settings.allow_credentials, max_body_bytes=settings.max_request_body_bytes,
+        root_path=settings.root_path, docs=not settings.disable_fastapi_docs, metrics=metrics,
+    )
+    config = uvicorn.Config(
+        app, log_level=settings.log_level.lower(), access_log=not settings.disable_access_log,
+        timeout_graceful_shutdown=settings.shutdown_timeout, lifespan="off",
+    )
+    server = _server_class()(config, state)
+    serving = asyncio.create_task(server.serve(sockets=[sock]))
+    engine = None
+    try:
+        state.phase = "loading"
+        loaded = await _load_engine(settings, starting, server, serving)
+        if loaded is not None:
+            loaded.set_tokenizer(await asyncio.wrap_future(tokenizer))
+        if loaded is None:  # interrupted, or the server could not start
+            return await _finish(serving, 1 if state.error else 0)
+        engine = MeteredEngine(loaded, metrics)
+        options = frontend_options(settings, served_names, chat_template, loaded.info)
+        tasks = _mount(app, engine, frontends, options)
+        state.engine, state.phase = engine, "ready"
+        _print_ready(settings, served_names[0], time.monotonic() - state.started, frontends)
+        watcher = asyncio.create_task(_watch_engine(state, server))
+        await serving
+        watcher.cancel()
+        for task in tasks:
+            task.cancel()
+        return 1 if state.phase == "dead" else 0
+    except LLMPError as exc:
+        state.phase, state.error = "dead", str(exc)
+        print(f"llmp serve: {exc}", file=sys.stderr)
+        server.should_exit = True
+        return await _finish(serving, 1)
+    finally:
+        if engine is not None:
+            await asyncio.to_thread(engine.shutdown)
+
+
+async def _finish(serving: asyncio.Task, status: int) -> int:
+    try:
+        await serving
+    except (Exception, SystemExit):
+        status = status or 1
+    return status
+
+
+async def _load_engine(settings: Any, starting: concurrent.futures.Future, server: Any,
+                       serving: asyncio.Task) -> Any:
+    """Wait for the engine while the HTTP server answers probes, with rich progress meanwhile."""
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    name = settings.model or "the default model (SmolLM2-135M-Instruct)"
+    loading = asyncio.wrap_future(starting)
+    started = time.monotonic()
+    with console.status(f"Loading {name} …") as status:
+        while not loading.done():
+            await asyncio.wait({loading, serving}, timeout=0.2, return_when=asyncio.FIRST_COMPLETED)
+            status.update(f"Loading {name} … {time.monotonic() - started:.1f} s")
+            if serving.done() or server.should_exit:
+                break
+    if not loading.done():  # the server stopped first (Ctrl-C): the engine must not outlive it
+        try:
+            engine = await loading
+        except Exception:
+            return None
+        await asyncio.to_thread(engine.shutdown)
+        return None
+    try:
+        engine = loading.result()
+    except (LLMPError, ValueError, TypeError, OSError) as exc:
+        raise LLMPError(f"cannot start the engine: {exc}") from None
+    return engine
+
+
+def _server_class() -> type:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, with signals handled on the loop: a SIGTERM drains and returns
+        (uvicorn would re-raise it after serving, killing the process before the engine stops)."""
+
+        def __init__(self, config: Any, state: ServerState) -> None:
+            super().__init__(config)
+            self.llmp_state = state
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, self.handle_exit, sig, None)
+            try:
+                yield
+            finally:
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    loop.remove_signal_handler(sig)
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if self.llmp_state.phase == "ready":
+                self.llmp_state.phase = "draining"  # probes and new requests get 503 at once
+            super().handle_exit(sig, frame)
+
+    return Server
+
+
+def _mount(app: Any, engine: Any, frontends: list[tuple[str, type]], options: dict) -> list[asyncio.Task]:
+    tasks = []
+    for name, cls in frontends:
+        frontend = cls(engine, dict(options))
+        router = frontend.http_router()
+        if router is not None:
+            app.include_router(router)
+        else:
+            tasks.append(asyncio.create_task(frontend.serve(), name=f"frontend-{name}"))
+    app.openapi_schema = None  # the docs must list the routes mounted just now
+    return tasks
+
+
+async def _watch_engine(state: ServerState, server: Any) -> None:
+    """A dead engine takes the server down with a non-zero status, so a supervisor restarts it."""
+    while True:
+        await asyncio.sleep(ENGINE_WATCH_S)
+        if not state.engine.is_running and state.phase == "ready":
+            state.phase, state.error = "dead", str(state.engine.errored or "the engine stopped")
+            log.error("the engine died (%s); shutting the server down", state.error)
+            server.should_exit = True
+            return
+
+
+def _print_ready(settings: Any, model_name: str, seconds: float, frontends: list[tuple[str, type]]) -> None:
+    host = settings.host if settings.host not in ("0.0.0.0", "::") else "127.0.0.1"
+    url = f"http://{host}:{settings.port}{settings.root_path}"
+    names = ", ".join(name for name, _ in frontends)
+    print(f"llmp: ready in {seconds:.1f} s: serving {model_name} at {url} ({names}; docs at {url}/docs)",
+          file=sys.stderr, flush=True)

@@ -1,0 +1,152 @@
+"""Prometheus metrics of the server (``llmp_`` names), recorded around the engine client.
+
+Request timings (time to first token, inter-token latency, end-to-end) are
+measured where the client sees them, by :class:`MeteredEngine`; queue and
+cache figures come from the engine itself when ``/metrics`` is scraped.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                   20.0, 40.0, 80.0, 160.0, 640.0)
+TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
+
+
+class EngineStatsCollector:
+    """Exposes the engine's own figures, fetched just before each scrape."""
+
+    def __init__(self, model_name: str) -> None:
+        self.labels = {"model_name": model_name}
+        self.stats: dict[str, Any] = {}
+
+    def collect(self) -> Iterator[Any]:
+        s = self.stats
+        for name, doc, key in (
+            ("llmp_num_requests_running", "Requests in the running batch.", "num_running"),
+            ("llmp_num_requests_waiting", "Requests waiting to be scheduled.", "num_waiting"),
+            ("llmp_kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1).", "kv_cache_usage"),
+        ):
+            gauge = GaugeMetricFamily(name, doc, labels=list(self.labels))
+            gauge.add_metric(list(self.labels.values()), float(s.get(key, 0)))
+            yield gauge
+        for name, doc, key in (
+            ("llmp_prefix_cache_queries", "Blocks looked up in the prefix cache.", "prefix_cache_queries"),
+            ("llmp_prefix_cache_hits", "Blocks found in the prefix cache.", "prefix_cache_hits"),
+            ("llmp_num_preemptions", "Requests preempted to free KV-cache blocks.", "num_preemptions"),
+        ):
+            counter = CounterMetricFamily(name, doc, labels=list(self.labels))
+            counter.add_metric(list(self.labels.values()), float(s.get(key, 0)))
+            yield counter
+
+
+class ServerMetrics:
+    """The registry behind ``/metrics``."""
+
+    def __init__(self, model_name: str) -> None:
+        self.registry = CollectorRegistry()
+        labels = ["model_name"]
+        self.label = {"model_name": model_name}
+        self.engine = EngineStatsCollector(model_name)
+        self.registry.register(self.engine)
+
+        def histogram(name: str, doc: str, buckets: tuple) -> Any:
+            return Histogram(name, doc, labels, buckets=buckets, registry=self.registry).labels(**self.label)
+
+        def counter(name: str, doc: str) -> Any:
+            return Counter(name, doc, labels, registry=self.registry).labels(**self.label)
+
+        self.ttft = histogram("llmp_time_to_first_token_seconds", "Time to the first generated token.",
+                              LATENCY_BUCKETS)
+        self.itl = histogram("llmp_inter_token_latency_seconds", "Time between generated tokens.", LATENCY_BUCKETS)
+        self.e2e = histogram("llmp_e2e_request_latency_seconds", "Request latency, arrival to finish.",
+                             LATENCY_BUCKETS)
+        self.request_prompt_tokens = histogram("llmp_request_prompt_tokens", "Prompt tokens per request.",
+                                               TOKEN_BUCKETS)
+        self.request_generation_tokens = histogram("llmp_request_generation_tokens",
+                                                   "Generated tokens per request.", TOKEN_BUCKETS)
+        self.prompt_tokens = counter("llmp_prompt_tokens", "Prompt tokens of finished requests.")
+        self.generation_tokens = counter("llmp_generation_tokens", "Generated tokens.")
+        self.success = Counter("llmp_request_success", "Finished requests by finish reason.",
+                               ["model_name", "finished_reason"], registry=self.registry)
+        self.failures = Counter("llmp_request_failure", "Requests that ended in an error.", labels,
+                                registry=self.registry).labels(**self.label)
+
+    async def render(self, engine: Any) -> bytes:
+        try:
+            self.engine.stats = await engine.stats() if engine is not None else {}
+        except Exception:  # a dead engine still gets its request counters scraped
+            self.engine.stats = {}
+        return generate_latest(self.registry)
+
+
+class MeteredEngine:
+    """The engine client front-ends get: ``AsyncLLM`` with every request measured."""
+
+    def __init__(self, engine: Any, metrics: ServerMetrics) -> None:
+        self._engine = engine
+        self.metrics = metrics
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    async def generate(self, prompt: Any, params: Any = None, request_id: str | None = None,
+                       **kwargs: Any) -> AsyncIterator[Any]:
+        m = self.metrics
+        arrival = last = time.perf_counter()
+        seen: dict[int, int] = {}  # tokens so far per sequence index
+        delta = kwargs.get("delta", False)
+        output = None
+        try:
+            async for output in self._engine.generate(prompt, params, request_id, **kwargs):
+                new = 0
+                for seq in output.outputs:
+                    count = len(seq.token_ids) + (seen.get(seq.index, 0) if delta else 0)
+                    new += count - seen.get(seq.index, 0)
+                    seen[seq.index] = count
+                if new:
+                    now = time.perf_counter()
+                    if last == arrival:
+                        m.ttft.observe(now - arrival)
+                    else:
+                        m.itl.observe(now - last)
+                    last = now
+                yield output
+        except Exception:
+            m.failures.inc()
+            output = None
+            raise
+        finally:
+            generated = sum(seen.values())
+            m.generation_tokens.inc(generated)
+            if output is not None and output.finished:
+                prompt_len = len(output.prompt_token_ids)
+                m.prompt_tokens.inc(prompt_len)
+                m.request_prompt_tokens.observe(prompt_len)
+                m.request_generation_tokens.observe(generated)
+                m.e2e.observe(time.perf_counter() - arrival)
+                reason = output.outputs[0].finish_reason if output.outputs else None
+                m.success.labels(finished_reason=reason or "abort", **m.label).inc()
+            elif output is not None:  # the caller stopped reading: the engine aborts it
+                m.success.labels(finished_reason="abort", **m.label).inc()
+
+    async def encode(self, prompt: Any, pooling_params: Any = None, request_id: str | None = None,
+                     **kwargs: Any) -> AsyncIterator[Any]:
+        m = self.metrics
+        arrival = time.perf_counter()
+        try:
+            async for output in self._engine.encode(prompt, pooling_params, request_id, **kwargs):
+                m.prompt_tokens.inc(len(output.prompt_token_ids))
+                m.request_prompt_tokens.observe(len(output.prompt_token_ids))
+                m.e2e.observe(time.perf_counter() - arrival)
+                m.success.labels(finished_reason="stop", **m.label).inc()
+                yield output
+        except Exception:
+            m.failures.inc()
+            raise

@@ -1,0 +1,15 @@
+"""The OpenAI-compatible front-end: ``llmp serve --frontend openai`` (the default)."""
+
+from collections.abc import Iterator
+
+from llmp import hookimpl
+from llmp.api import FrontendSpec
+
+
+@hookimpl
+def llmp_register_frontends() -> Iterator[FrontendSpec]:
+    yield FrontendSpec(
+        name="openai", impl="llmp_frontend_openai.frontend:OpenAIFrontend",
+        description="OpenAI API: /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses, /v1/models, "
+        "/tokenize, /detokenize",
+    )

@@ -1,0 +1,166 @@
+"""``POST /v1/chat/completions``: a conversation in, one or ``n`` assistant messages out."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter, Request
+
+from llmp.server.errors import bad_request
+from llmp_frontend_openai import protocol as p
+from llmp_frontend_openai.frontend import DONE, engine_request_id, sse, sse_error, usage
+from llmp_frontend_openai.logprobs import chat_logprobs, prompt_logprobs
+
+if TYPE_CHECKING:
+    from llmp_frontend_openai.frontend import OpenAIFrontend
+
+
+def add_routes(router: APIRouter, fe: OpenAIFrontend) -> None:
+    async def create_chat_completion(body: p.ChatCompletionRequest, request: Request) -> Any:
+        return await ChatCompletion(fe, body, request).run()
+
+    router.add_api_route("/v1/chat/completions", create_chat_completion, methods=["POST"],
+                         summary="Create a chat completion (OpenAI API)")
+
+
+class ChatCompletion:
+    """One chat request: validated and tokenized in ``run``, then answered whole or streamed."""
+
+    def __init__(self, fe: OpenAIFrontend, body: p.ChatCompletionRequest, request: Request) -> None:
+        self.fe, self.body, self.request = fe, body, request
+        self.id = fe.new_id(request, "chatcmpl", body)
+        self.created = int(time.time())
+        self.role = fe.options.get("response_role", "assistant")
+        self.as_ids = fe.options.get("return_tokens_as_token_ids", False)
+
+    async def run(self) -> Any:
+        fe, body = self.fe, self.body
+        fe.check_model(body.model)
+        fe.check_unsupported(body)
+        if not body.messages:
+            raise bad_request("messages must hold at least one message", "messages")
+        _check_tools(body)
+        if body.top_logprobs is not None and not body.logprobs:
+            raise bad_request("top_logprobs needs logprobs to be true", "top_logprobs")
+        text = await fe.render_chat(body.messages, body, tools=body.tools)
+        self.prompt_ids = await fe.encode(text, body.add_special_tokens)
+        requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        max_tokens = fe.resolve_max_tokens(requested, len(self.prompt_ids))
+        self.top = (body.top_logprobs or 0) if body.logprobs else None
+        self.params = fe.sampling_params(body, max_tokens, self.top)
+        self.echo = _echo_text(body, self.role)
+        self.outputs = fe.engine.generate({"prompt": text, "prompt_token_ids": self.prompt_ids}, self.params,
+                                          engine_request_id("chatcmpl"), priority=body.priority, delta=bool(body.stream))
+        return await fe.respond(self.request, bool(body.stream), self.stream if body.stream else self.whole)
+
+    # -- whole -------------------------------------------------------------------
+
+    async def whole(self) -> dict[str, Any]:
+        final = None
+        async for final in self.outputs:
+            pass
+        choices = [self._choice(seq) for seq in final.outputs]
+        completion_tokens = sum(len(seq.token_ids) for seq in final.outputs)
+        response = {
+            "id": self.id, "object": "chat.completion", "created": self.created, "model": self.fe.model_name,
+            "choices": choices, "usage": usage(len(self.prompt_ids), completion_tokens),
+            "system_fingerprint": None,
+        }
+        if self.params.prompt_logprobs is not None:
+            response["prompt_logprobs"] = prompt_logprobs(final.prompt_logprobs)
+        if self.body.return_token_ids:
+            response["prompt_token_ids"] = self.prompt_ids
+        return response
+
+    def _choice(self, seq: Any) -> dict[str, Any]:
+        choice = {
+            "index": seq.index,
+            "message": {"role": self.role, "content": self.echo + seq.text, "tool_calls": []},
+            "logprobs": self._logprobs(seq), "finish_reason": seq.finish_reason, "stop_reason": seq.stop_reason,
+        }
+        if self.body.return_token_ids:
+            choice["token_ids"] = seq.token_ids
+        return choice
+
+    def _logprobs(self, seq: Any) -> dict[str, Any] | None:
+        if self.top is None or seq.logprobs is None:
+            return None
+        return chat_logprobs(seq.token_ids, seq.logprobs, self.top, self.as_ids)
+
+    # -- streamed ----------------------------------------------------------------
+
+    async def stream(self) -> AsyncIterator[str]:
+        options = self.body.stream_options
+        force = self.fe.options.get("enable_force_include_usage", False)
+        include_usage = force or bool(options and options.include_usage)
+        continuous = force or bool(options and options.continuous_usage_stats)
+        prompt_len, generated = len(self.prompt_ids), [0] * self.params.n
+        done: set[int] = set()
+        try:
+            for index in range(self.params.n):
+                first: dict[str, Any] = {"index": index, "delta": {"role": self.role, "content": ""},
+                                         "logprobs": None, "finish_reason": None}
+                extra = {"prompt_token_ids": self.prompt_ids} if self.body.return_token_ids else {}
+                yield sse(self._chunk([first], usage(prompt_len, 0) if continuous else None, **extra))
+                if self.echo:
+                    echoed = {"index": index, "delta": {"content": self.echo}, "logprobs": None, "finish_reason": None}
+                    yield sse(self._chunk([echoed], usage(prompt_len, 0) if continuous else None))
+            async for output in self.outputs:
+                for seq in output.outputs:
+                    if seq.index in done:
+                        continue
+                    generated[seq.index] += len(seq.token_ids)
+                    # tokens that end in the middle of a character add no text yet: no chunk, unless
+                    # their logprobs must be sent
+                    if not (seq.text or seq.finish_reason or (self.top is not None and seq.token_ids)):
+                        continue
+                    choice = {"index": seq.index, "delta": {"content": seq.text} if seq.text else {},
+                              "logprobs": self._logprobs(seq), "finish_reason": seq.finish_reason}
+                    if seq.finish_reason:
+                        choice["stop_reason"] = seq.stop_reason
+                        done.add(seq.index)
+                    if self.body.return_token_ids:
+                        choice["token_ids"] = seq.token_ids
+                    yield sse(self._chunk([choice], usage(prompt_len, generated[seq.index]) if continuous else None))
+            if include_usage:
+                yield sse(self._chunk([], usage(prompt_len, sum(generated))))
+        except Exception as exc:  # after the headers: report in-band, then end the stream properly
+            yield sse_error(exc)
+        yield DONE
+
+    def _chunk(self, choices: list[dict], usage: dict | None = None, **extra: Any) -> dict[str, Any]:
+        chunk = {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                 "model": self.fe.model_name, "choices": choices, **extra}
+        if usage is not None:
+            chunk["usage"] = usage
+        return chunk
+
+
+def _echo_text(body: p.ChatCompletionRequest, role: str) -> str:
+    """With ``echo``, the reply starts with the last message when it is the role being continued."""
+    if not body.echo or not body.messages or body.messages[-1].role != role:
+        return ""
+    content = body.messages[-1].content
+    if isinstance(content, list):
+        return "\n".join(str(part.get("text", "")) for part in content)
+    return content or ""
+
+
+def _check_tools(body: p.ChatCompletionRequest) -> None:
+    choice = body.tool_choice
+    if body.tools is not None and not body.tools:
+        raise bad_request("tools must hold at least one tool when given", "tools")
+    if choice in (None, "none"):
+        return
+    if not body.tools:
+        raise bad_request("tool_choice needs tools", "tool_choice")
+    if isinstance(choice, dict):
+        name = (choice.get("function") or {}).get("name")
+        known = {(t.get("function") or {}).get("name") for t in body.tools}
+        if not name or name not in known:
+            raise bad_request(f"tool_choice names the function {name!r}, which is not among the tools",
+                              "tool_choice")
+    raise bad_request(f"tool_choice={choice if isinstance(choice, str) else 'named'} needs a tool-call parser "
+                      "(--tool-call-parser), which this server was not started with", "tool_choice")

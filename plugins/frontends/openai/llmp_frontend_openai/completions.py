@@ -1,0 +1,211 @@
+"""``POST /v1/completions``: prompts in (text or token ids, one or many), ``n`` completions each."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter, Request
+
+from llmp.server.errors import bad_request
+from llmp_frontend_openai import protocol as p
+from llmp_frontend_openai.frontend import DONE, engine_request_id, sse, sse_error, usage
+from llmp_frontend_openai.logprobs import completion_logprobs, prompt_logprobs
+
+if TYPE_CHECKING:
+    from llmp_frontend_openai.frontend import OpenAIFrontend
+
+
+def add_routes(router: APIRouter, fe: OpenAIFrontend) -> None:
+    async def create_completion(body: p.CompletionRequest, request: Request) -> Any:
+        return await Completion(fe, body, request).run()
+
+    router.add_api_route("/v1/completions", create_completion, methods=["POST"],
+                         summary="Create a completion (OpenAI legacy API)")
+
+
+class Completion:
+    def __init__(self, fe: OpenAIFrontend, body: p.CompletionRequest, request: Request) -> None:
+        self.fe, self.body, self.request = fe, body, request
+        self.id = fe.new_id(request, "cmpl", body)
+        self.created = int(time.time())
+        self.as_ids = fe.options.get("return_tokens_as_token_ids", False)
+
+    async def run(self) -> Any:
+        fe, body = self.fe, self.body
+        fe.check_model(body.model)
+        fe.check_unsupported(body)
+        if body.suffix is not None:
+            raise bad_request("suffix is not supported", "suffix")
+        if body.best_of not in (None, 1):
+            raise bad_request("best_of is not supported; use n", "best_of")
+        self.prompts = await self._prompts()
+        # with echo and logprobs, the prompt's own logprobs are part of the answer
+        echo_logprobs = body.echo and body.logprobs is not None
+        self.params = []
+        for _, ids in self.prompts:
+            max_tokens = fe.resolve_max_tokens(body.max_tokens, len(ids))
+            params = fe.sampling_params(body, max_tokens, body.logprobs)
+            if echo_logprobs and params.prompt_logprobs is None:
+                params.prompt_logprobs = body.logprobs
+            self.params.append(params)
+        self.n = self.params[0].n
+        self.streams = [
+            fe.engine.generate({"prompt": text, "prompt_token_ids": ids}, params, engine_request_id("cmpl"),
+                               priority=body.priority, delta=bool(body.stream))
+            for (text, ids), params in zip(self.prompts, self.params, strict=True)
+        ]
+        return await fe.respond(self.request, bool(body.stream), self.stream if body.stream else self.whole)
+
+    async def _prompts(self) -> list[tuple[str | None, list[int]]]:
+        prompt, fe = self.body.prompt, self.fe
+        if isinstance(prompt, str):
+            prompt = [prompt]
+        elif prompt and all(isinstance(t, int) for t in prompt):
+            prompt = [prompt]
+        if not prompt:
+            raise bad_request("prompt must not be empty", "prompt")
+        out = []
+        for item in prompt:
+            if isinstance(item, str):
+                ids = await fe.encode(item, self.body.add_special_tokens)
+                text = item
+            else:
+                fe.check_token_ids(item, "prompt")
+                ids, text = list(item), None
+            if not ids:
+                raise bad_request("prompt must not be empty", "prompt")
+            out.append((text, ids))
+        return out
+
+    # -- whole -------------------------------------------------------------------
+
+    async def whole(self) -> dict[str, Any]:
+        finals = await _gather([_last(s) for s in self.streams])
+        choices, completion_tokens = [], 0
+        for prompt_index, final in enumerate(finals):
+            for seq in final.outputs:
+                completion_tokens += len(seq.token_ids)
+                choices.append(self._choice(prompt_index, final, seq, seq.text, seq.token_ids, seq.logprobs,
+                                            echo=self.body.echo))
+        prompt_tokens = sum(len(ids) for _, ids in self.prompts)
+        response = {"id": self.id, "object": "text_completion", "created": self.created,
+                    "model": self.fe.model_name, "choices": choices,
+                    "usage": usage(prompt_tokens, completion_tokens), "system_fingerprint": None}
+        return response
+
+    def _choice(self, prompt_index: int, final: Any, seq: Any, text: str, token_ids: list[int],
+                logprobs: list | None, echo: bool) -> dict[str, Any]:
+        prompt_text, prompt_ids = self._prompt_text(prompt_index) if echo else ("", [])
+        choice: dict[str, Any] = {"index": prompt_index * self.n + seq.index, "text": prompt_text + text,
+                                  "logprobs": None, "finish_reason": seq.finish_reason,
+                                  "stop_reason": seq.stop_reason}
+        if self.body.logprobs is not None and logprobs is not None:
+            entries = list(final.prompt_logprobs or [None] * len(prompt_ids))[:len(prompt_ids)] if echo else []
+            choice["logprobs"] = completion_logprobs([*prompt_ids, *token_ids], [*entries, *logprobs],
+                                                     self.body.logprobs, self.as_ids)
+        if self.body.return_token_ids:
+            choice["prompt_token_ids"] = self.prompts[prompt_index][1]
+            choice["token_ids"] = token_ids
+        if self.body.prompt_logprobs is not None:
+            choice["prompt_logprobs"] = prompt_logprobs(final.prompt_logprobs)
+        return choice
+
+    def _prompt_text(self, prompt_index: int) -> tuple[str, list[int]]:
+        text, ids = self.prompts[prompt_index]
+        return (text if text is not None else self.fe.tokenizer.decode(ids)), ids
+
+    # -- streamed ----------------------------------------------------------------
+
+    async def stream(self) -> AsyncIterator[str]:
+        options = self.body.stream_options
+        force = self.fe.options.get("enable_force_include_usage", False)
+        include_usage = force or bool(options and options.include_usage)
+        continuous = force or bool(options and options.continuous_usage_stats)
+        prompt_tokens = sum(len(ids) for _, ids in self.prompts)
+        generated = 0
+        echoed: set[tuple[int, int]] = set()
+        done: set[tuple[int, int]] = set()
+        try:
+            async for prompt_index, output in _merge(self.streams):
+                for seq in output.outputs:
+                    key = (prompt_index, seq.index)
+                    if key in done:
+                        continue
+                    generated += len(seq.token_ids)
+                    wants_logprobs = self.body.logprobs is not None and seq.token_ids
+                    echo = self.body.echo and key not in echoed
+                    if not (seq.text or seq.finish_reason or wants_logprobs or echo):
+                        continue
+                    echoed.add(key)
+                    choice = self._choice(prompt_index, output, seq, seq.text, seq.token_ids, seq.logprobs, echo)
+                    if seq.finish_reason:
+                        done.add(key)
+                    else:
+                        choice.pop("stop_reason")
+                    yield sse(self._chunk([choice], usage(prompt_tokens, generated) if continuous else None))
+            if include_usage:
+                yield sse(self._chunk([], usage(prompt_tokens, generated)))
+        except Exception as exc:
+            yield sse_error(exc)
+        yield DONE
+
+    def _chunk(self, choices: list[dict], usage: dict | None) -> dict[str, Any]:
+        chunk = {"id": self.id, "object": "text_completion", "created": self.created, "model": self.fe.model_name,
+                 "choices": choices}
+        if usage is not None:
+            chunk["usage"] = usage
+        return chunk
+
+
+async def _last(stream: AsyncIterator[Any]) -> Any:
+    final = None
+    async for final in stream:
+        pass
+    return final
+
+
+async def _gather(coroutines: list[Any]) -> list[Any]:
+    """``asyncio.gather``, but the first failure cancels the rest (so their engine requests are aborted)."""
+    tasks = [asyncio.ensure_future(c) for c in coroutines]
+    try:
+        return await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+async def _merge(streams: list[AsyncIterator[Any]]) -> AsyncIterator[tuple[int, Any]]:
+    """Items of several streams as they come, tagged with the stream's index."""
+    if len(streams) == 1:
+        async for item in streams[0]:
+            yield 0, item
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+    end = object()
+
+    async def pump(index: int, stream: AsyncIterator[Any]) -> None:
+        try:
+            async for item in stream:
+                await queue.put((index, item))
+        except Exception as exc:
+            await queue.put((index, exc))
+        finally:
+            await queue.put((index, end))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            index, item = await queue.get()
+            if item is end:
+                remaining -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()

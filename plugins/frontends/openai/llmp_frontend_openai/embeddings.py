@@ -1,0 +1,83 @@
+"""``POST /v1/embeddings``: one vector per input (embedding models only)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import struct
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter, Request
+
+from llmp.pooling_params import PoolingParams
+from llmp.server.app import until_disconnected
+from llmp.server.errors import bad_request
+from llmp_frontend_openai import protocol as p
+from llmp_frontend_openai.frontend import engine_request_id
+
+if TYPE_CHECKING:
+    from llmp_frontend_openai.frontend import OpenAIFrontend
+
+
+def add_routes(router: APIRouter, fe: OpenAIFrontend) -> None:
+    async def create_embedding(body: p.EmbeddingRequest, request: Request) -> Any:
+        fe.check_model(body.model)
+        inputs = await _inputs(fe, body)
+        try:
+            params = PoolingParams(normalize=body.normalize, dimensions=body.dimensions)
+        except ValueError as exc:
+            raise bad_request(str(exc), "dimensions") from None
+        vectors = await until_disconnected(request, _embed_all(fe, inputs, params, body.priority))
+        data = [{"object": "embedding", "index": i, "embedding": _encode(v, body.encoding_format)}
+                for i, v in enumerate(vectors)]
+        tokens = sum(len(ids) for ids in inputs)
+        return {"object": "list", "data": data, "model": fe.model_name,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+    router.add_api_route("/v1/embeddings", create_embedding, methods=["POST"], summary="Create embeddings")
+
+
+async def _inputs(fe: OpenAIFrontend, body: p.EmbeddingRequest) -> list[list[int]]:
+    items = body.input
+    if isinstance(items, str) or (items and all(isinstance(t, int) for t in items)):
+        items = [items]
+    if not items:
+        raise bad_request("input must not be empty", "input")
+    out = []
+    for item in items:
+        if isinstance(item, str):
+            ids = await fe.encode(item, True)
+        else:
+            fe.check_token_ids(item, "input")
+            ids = list(item)
+        if not ids:
+            raise bad_request("input must not hold an empty string or list", "input")
+        limit = body.truncate_prompt_tokens
+        if limit is not None and limit > 0 and len(ids) > limit:
+            ids = ids[-limit:]
+        if len(ids) > fe.max_model_len:
+            raise bad_request(f"an input is {len(ids)} tokens long; this model takes at most {fe.max_model_len}",
+                              "input")
+        out.append(ids)
+    return out
+
+
+async def _embed_all(fe: OpenAIFrontend, inputs: list[list[int]], params: PoolingParams, priority: int) -> list:
+    async def one(ids: list[int]) -> list[float]:
+        async for output in fe.engine.encode({"prompt_token_ids": ids}, params, engine_request_id("embd"),
+                                             priority=priority):
+            return output.outputs.embedding
+        raise RuntimeError("the embedding request was aborted")
+
+    tasks = [asyncio.ensure_future(one(ids)) for ids in inputs]
+    try:
+        return await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+def _encode(vector: list[float], encoding_format: str) -> list[float] | str:
+    if encoding_format == "base64":  # little-endian float32, as OpenAI's
+        return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+    return vector

@@ -1,0 +1,237 @@
+"""The OpenAI front-end: routes, and the checks and conversions every route shares."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from llmp.sampling_params import SamplingParams
+from llmp.server.app import request_id_of, until_disconnected
+from llmp.server.errors import APIError, bad_request, error_body
+from llmp_frontend_openai import protocol as p
+
+DONE = "data: [DONE]\n\n"
+
+
+def sse(payload: Mapping[str, Any]) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+def sse_error(exc: BaseException) -> str:
+    status = exc.status if isinstance(exc, APIError) else (400 if isinstance(exc, ValueError | TypeError) else 500)
+    message = str(exc) if status < 500 else f"Internal server error: {exc}"
+    return sse(error_body(message, "invalid_request_error" if status < 500 else "internal_server_error", code=status))
+
+
+class OpenAIFrontend:
+    """Thin translators between the OpenAI API and the engine client (see ``llmp.api.Frontend``)."""
+
+    def __init__(self, engine: Any, options: Mapping[str, Any]) -> None:
+        self.engine = engine
+        self.options = options
+        self.model_names: list[str] = list(options["served_model_names"])
+        self.model_name = self.model_names[0]
+        self.max_model_len: int = options["max_model_len"]
+        self.vocab_size: int | None = engine.info.get("vocab_size")
+        self.task = options.get("task", "generate")
+        self.tokenizer = engine.get_tokenizer()
+        self.created = int(time.time())
+        self.responses: Any = None  # the Responses API store, built with its routes
+
+    # -- routes ----------------------------------------------------------------
+
+    def http_router(self) -> APIRouter:
+        from llmp_frontend_openai import chat, completions, embeddings, responses
+
+        router = APIRouter()
+        router.add_api_route("/v1/models", self.list_models, methods=["GET"], summary="Served models")
+        router.add_api_route("/tokenize", self.tokenize, methods=["POST"], summary="Prompt or chat to token ids")
+        router.add_api_route("/detokenize", self.detokenize, methods=["POST"], summary="Token ids to text")
+        if self.task == "generate":
+            chat.add_routes(router, self)
+            completions.add_routes(router, self)
+            responses.add_routes(router, self)
+        if self.task == "embed":
+            embeddings.add_routes(router, self)
+        return router
+
+    async def serve(self) -> None:  # HTTP only: the shared server runs the routes
+        return None
+
+    async def list_models(self) -> dict[str, Any]:
+        data = [{"id": name, "object": "model", "created": self.created, "owned_by": "llmp",
+                 "root": self.options.get("model_root") or name, "parent": None, "max_model_len": self.max_model_len}
+                for name in self.model_names]
+        return {"object": "list", "data": data}
+
+    async def tokenize(self, body: p.TokenizeRequest) -> dict[str, Any]:
+        self.check_model(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise bad_request("give either 'prompt' or 'messages'", "prompt")
+        if body.messages is not None:
+            text = await self.render_chat(body.messages, body)
+            ids = await asyncio.to_thread(self.tokenizer.encode, text, add_special_tokens=bool(body.add_special_tokens))
+        else:
+            add = True if body.add_special_tokens is None else body.add_special_tokens
+            ids = await asyncio.to_thread(self.tokenizer.encode, body.prompt, add_special_tokens=add)
+        strs = self.tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
+        return {"count": len(ids), "max_model_len": self.max_model_len, "tokens": ids, "token_strs": strs}
+
+    async def detokenize(self, body: p.DetokenizeRequest) -> dict[str, Any]:
+        self.check_model(body.model)
+        self.check_token_ids(body.tokens, "tokens")
+        return {"prompt": await asyncio.to_thread(self.tokenizer.decode, body.tokens)}
+
+    # -- shared checks -----------------------------------------------------------
+
+    def check_model(self, name: str | None) -> None:
+        if name and name not in self.model_names:
+            raise APIError(404, f"The model `{name}` does not exist.", param="model", type="NotFoundError")
+
+    def check_token_ids(self, ids: Sequence[int], param: str) -> None:
+        limit = self.vocab_size
+        bad = next((t for t in ids if t < 0 or (limit is not None and t >= limit)), None)
+        if bad is not None:
+            raise bad_request(f"token id {bad} in {param} is out of vocabulary (size {limit})", param)
+
+    def check_caps(self, n: int, logprobs: int | None, prompt_logprobs: int | None) -> None:
+        cap = self.options.get("max_n", 128)
+        if n > cap:
+            raise bad_request(f"n must be at most {cap} (--max-n), got {n}", "n")
+        limit = self.options.get("max_logprobs", 20)
+        for name, value in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
+            if value is not None and limit >= 0 and value > limit:
+                raise bad_request(f"{name}={value} exceeds the server's limit of {limit} (--max-logprobs)", name)
+
+    def resolve_max_tokens(self, requested: int | None, prompt_len: int) -> int:
+        """``max_tokens`` checked against the context; unset, the rest of it."""
+        limit = self.max_model_len
+        if requested is not None and requested > limit:
+            raise bad_request(f"max_tokens={requested} cannot be greater than max_model_len={limit}", "max_tokens")
+        wanted = requested if requested is not None else 1
+        if prompt_len + wanted > limit:
+            raise bad_request(
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{prompt_len + wanted} tokens ({prompt_len} in the input, {wanted} for the completion). "
+                "Please reduce the length of the input or of max_tokens.", "input_tokens")
+        return requested if requested is not None else limit - prompt_len
+
+    def check_unsupported(self, body: p.SamplingFields) -> None:
+        fmt = (body.response_format or {}).get("type", "text")
+        if fmt != "text" or body.structured_outputs:
+            raise bad_request("structured outputs (response_format, structured_outputs) are not supported by this "
+                              "server yet", "response_format")
+        if body.stream_options is not None and body.stream_options.model_fields_set and not body.stream:
+            raise bad_request("stream_options can only be set when stream is true", "stream_options")
+        if body.stream and body.prompt_logprobs is not None:
+            raise bad_request("prompt_logprobs is not available when streaming", "prompt_logprobs")
+
+    def sampling_params(self, body: p.SamplingFields, max_tokens: int, logprobs: int | None) -> SamplingParams:
+        n = body.n if body.n is not None else 1
+        self.check_caps(n, logprobs, body.prompt_logprobs)
+        try:
+            logit_bias = {int(k): v for k, v in (body.logit_bias or {}).items()}
+        except ValueError:
+            raise bad_request("logit_bias keys must be token ids", "logit_bias") from None
+        self.check_token_ids(list(logit_bias), "logit_bias")
+        self.check_token_ids(body.allowed_token_ids or [], "allowed_token_ids")
+        temperature = body.temperature if body.temperature is not None else 1.0
+        if n > 1 and temperature == 0:
+            raise bad_request("n > 1 needs sampling: with temperature 0 every choice would be the same", "n")
+        try:
+            return SamplingParams(
+                n=n, temperature=temperature, top_p=_or(body.top_p, 1.0), top_k=_or(body.top_k, 0),
+                min_p=_or(body.min_p, 0.0), presence_penalty=_or(body.presence_penalty, 0.0),
+                frequency_penalty=_or(body.frequency_penalty, 0.0),
+                repetition_penalty=_or(body.repetition_penalty, 1.0), seed=body.seed, max_tokens=max_tokens,
+                min_tokens=body.min_tokens, stop=body.stop, stop_token_ids=body.stop_token_ids,
+                ignore_eos=body.ignore_eos, include_stop_str_in_output=body.include_stop_str_in_output,
+                logprobs=logprobs, prompt_logprobs=body.prompt_logprobs, logit_bias=logit_bias or None,
+                allowed_token_ids=body.allowed_token_ids, skip_special_tokens=body.skip_special_tokens,
+                spaces_between_special_tokens=body.spaces_between_special_tokens,
+            )
+        except ValueError as exc:
+            match = re.match(r"[a-z_]+", str(exc))
+            raise bad_request(str(exc), match.group(0) if match else None) from None
+
+    # -- prompts -----------------------------------------------------------------
+
+    async def render_chat(self, messages: Sequence[p.ChatMessage], body: Any, tools: Any = None) -> str:
+        from llmp.chat_template import render_chat
+
+        template = getattr(body, "chat_template", None)
+        if template is not None and not self.options.get("trust_request_chat_template"):
+            raise bad_request("Refused request with untrusted chat template: start the server with "
+                              "--trust-request-chat-template to allow one", "chat_template")
+        if getattr(body, "continue_final_message", False) and getattr(body, "add_generation_prompt", False):
+            raise bad_request("continue_final_message and add_generation_prompt cannot both be true; "
+                              "set add_generation_prompt to false", "continue_final_message")
+        conversation = [_message_dict(m) for m in messages]
+        try:
+            return await asyncio.to_thread(
+                render_chat, self.tokenizer, conversation,
+                chat_template=template or self.options.get("chat_template"),
+                add_generation_prompt=getattr(body, "add_generation_prompt", True),
+                continue_final_message=getattr(body, "continue_final_message", False),
+                tools=tools, chat_template_kwargs=getattr(body, "chat_template_kwargs", None),
+                model_name=f"the model {self.model_name}",
+            )
+        except APIError:
+            raise
+        except Exception as exc:  # template errors (jinja's, sandbox violations) are the request's fault
+            raise bad_request(f"the chat template could not be applied: {type(exc).__name__}: {exc}",
+                              "messages") from None
+
+    async def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        return await asyncio.to_thread(self.tokenizer.encode, text, add_special_tokens=add_special_tokens)
+
+    # -- responses ----------------------------------------------------------------
+
+    def new_id(self, request: Request, prefix: str, body: Any = None) -> str:
+        given = getattr(body, "request_id", None)
+        return f"{prefix}-{given or request_id_of(request)}"
+
+    async def respond(self, request: Request, stream: bool, make: Any) -> Any:
+        """Run a handler's generation: a streamed response, or the JSON body once done (aborted on disconnect)."""
+        if stream:
+            return StreamingResponse(make(), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return JSONResponse(await until_disconnected(request, make()))
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def _or(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
+def _message_dict(message: p.ChatMessage) -> dict[str, Any]:
+    data = message.model_dump(exclude_none=True)
+    content = data.get("content")
+    if isinstance(content, list):
+        data["content"] = "\n".join(_text_part(part) for part in content)
+    elif content is None:
+        data["content"] = ""
+    return data
+
+
+def _text_part(part: Mapping[str, Any]) -> str:
+    kind = part.get("type")
+    if kind in ("text", "input_text", "output_text"):
+        return str(part.get("text", ""))
+    raise bad_request(f"content parts of type {kind!r} are not supported: this model takes text", "messages")
+
+
+def engine_request_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"

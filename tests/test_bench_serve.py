@@ -1,0 +1,174 @@
+"""`llmp bench serve` as a real subprocess against a real `llmp serve` of a tiny model.
+
+A stand-in peer (FastAPI + uvicorn on loopback) covers what the real server
+never does: cutting streams off mid-way, and streaming without a usage chunk.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi import Request  # at module level: FastAPI resolves the string annotations here
+
+from llmp.cli.bench_cmd import BenchServeSettings, make_prompts, percentile
+from llmp.testing import LiveServer, free_port, run_llmp, save_tiny_llama, serving
+
+OUTPUT_LEN = 4
+SMALL = ("--input-len", "8", "--output-len", str(OUTPUT_LEN))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    model_dir = tmp_path_factory.mktemp("tiny-llama")
+    save_tiny_llama(model_dir)
+    with serving(model_dir) as live:
+        yield live
+
+
+def bench(*args: str, check: bool = True) -> tuple[dict[str, Any], Any]:
+    result = run_llmp("bench", "serve", "--json", *args, check=check, env={"OPENAI_API_KEY": ""})
+    assert "Traceback" not in result.stderr
+    return json.loads(result.stdout), result
+
+
+def assert_clean_run(report: dict[str, Any], num_prompts: int) -> None:
+    assert report["successful"] == num_prompts and report["failed"] == 0 and report["first_error"] is None
+    assert report["total_output_tokens"] == num_prompts * OUTPUT_LEN  # ignore_eos: every request runs to max_tokens
+    assert report["total_input_tokens"] > 0 and report["duration_s"] > 0
+    for key in ("request_throughput", "output_throughput", "total_token_throughput"):
+        assert report[key] > 0, key
+    assert report["total_token_throughput"] > report["output_throughput"]
+    for stat in ("mean", "median", "p99"):
+        assert 0 < report[f"{stat}_ttft_ms"] <= report[f"{stat}_e2el_ms"]
+        assert report[f"{stat}_tpot_ms"] > 0 and report[f"{stat}_itl_ms"] > 0
+
+
+def test_completions_with_a_concurrency_cap(server: LiveServer, tmp_path: Path) -> None:
+    saved = tmp_path / "result.json"
+    report, _ = bench("--base-url", server.url, "--num-prompts", "8", "--max-concurrency", "4", *SMALL,
+                      "--save-result", str(saved))
+    assert_clean_run(report, 8)
+    assert report["max_concurrency"] == 4 and report["request_rate"] == "inf"
+    assert report["endpoint"] == "/v1/completions" and report["model"]
+    assert json.loads(saved.read_text()) == report
+
+
+def test_chat_endpoint_with_the_prefix_dataset(server: LiveServer) -> None:
+    report, _ = bench("--base-url", server.url, "--endpoint", "/v1/chat/completions", "--dataset", "prefix",
+                      "--prefix-len", "16", "--num-prompts", "4", *SMALL)
+    assert_clean_run(report, 4)
+    assert report["dataset"] == "prefix"
+
+
+def test_poisson_arrivals_and_the_table(server: LiveServer) -> None:
+    report, _ = bench("--base-url", server.url, "--request-rate", "20", "--num-prompts", "6", *SMALL)
+    assert_clean_run(report, 6)
+    assert report["request_rate"] == 20
+    table = run_llmp("bench", "serve", "--base-url", server.url, "--num-prompts", "2", *SMALL).stdout
+    for label in ("Successful requests", "Output token throughput", "Time to first token", "End-to-end latency"):
+        assert label in table
+
+
+def test_a_dead_server_counts_every_request_as_failed() -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    report, result = bench("--base-url", dead, "--model", "any", "--num-prompts", "5", check=False)
+    assert result.returncode == 1
+    assert report["successful"] == 0 and report["failed"] == 5
+    assert "Connection refused" in report["first_error"] and report["mean_ttft_ms"] is None
+    unnamed = run_llmp("bench", "serve", "--base-url", dead, check=False)  # the model lookup fails first
+    assert unnamed.returncode == 1 and "Traceback" not in unnamed.stderr
+    assert unnamed.stderr.strip().splitlines()[-1].startswith("llmp: error: cannot connect to ")
+
+
+def test_bad_options_are_usage_errors() -> None:
+    result = run_llmp("bench", "serve", "--dataset", "sharegpt", check=False)
+    assert result.returncode == 2 and "dataset" in result.stderr
+
+
+# -- a peer that cuts streams off --------------------------------------------------
+
+
+def flaky_peer_app(words_per_reply: int) -> Any:
+    """An OpenAI-style completions server that cuts every second stream off after two chunks and sends no usage."""
+    from fastapi import FastAPI
+    from fastapi.responses import StreamingResponse
+
+    app = FastAPI()
+    requests = iter(range(10**6))
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": "flaky", "object": "model"}]}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> StreamingResponse:
+        body = await request.json()
+        cut = next(requests) % 2 == 1
+
+        async def events() -> AsyncIterator[str]:
+            for i in range(min(body["max_tokens"], words_per_reply)):
+                if cut and i == 2:
+                    raise ConnectionAbortedError("cut off mid-stream")  # uvicorn drops the connection
+                yield f"data: {json.dumps({'choices': [{'index': 0, 'text': f' w{i}'}]})}\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    return app
+
+
+@contextmanager
+def flaky_peer(words_per_reply: int = 100) -> Iterator[str]:
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(flaky_peer_app(words_per_reply), host="127.0.0.1", port=port,
+                                           log_level="critical"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+def test_streams_cut_off_mid_way_are_counted_as_failures() -> None:
+    with flaky_peer() as url:
+        report, result = bench("--base-url", url, "--num-prompts", "6", "--max-concurrency", "2", *SMALL,
+                               check=False)
+    assert result.returncode == 1
+    assert report["model"] == "flaky" and report["successful"] == 3 and report["failed"] == 3
+    assert "peer closed connection" in report["first_error"]
+    # No usage chunk: a streamed chunk counts as a token, a prompt's words as its input tokens.
+    assert report["total_output_tokens"] == 3 * OUTPUT_LEN and report["total_input_tokens"] == 3 * 8
+
+
+# -- the prompts and the statistics --------------------------------------------------
+
+
+def test_prompts_are_seeded_and_the_prefix_dataset_shares_a_prefix() -> None:
+    settings = BenchServeSettings(num_prompts=5, input_len=12, prefix_len=30, dataset="prefix", seed=3)
+    prompts = make_prompts(settings)
+    assert prompts == make_prompts(settings) and len(set(prompts)) == 5
+    assert len({tuple(p.split()[:30]) for p in prompts}) == 1
+    assert all(len(p.split()) == 42 for p in prompts)
+    random = make_prompts(BenchServeSettings(num_prompts=5, input_len=12, seed=3))
+    assert all(len(p.split()) == 12 for p in random)
+    assert random != make_prompts(BenchServeSettings(num_prompts=5, input_len=12, seed=4))
+
+
+def test_percentile_interpolates_like_numpy() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 50) == 50.5 and percentile(values, 99) == pytest.approx(99.01)
+    assert percentile([7.0], 99) == 7.0
