@@ -119,3 +119,21 @@ class TokenizeRequest(OpenAIModel):
 class DetokenizeRequest(OpenAIModel):
     model: str | None = None
     tokens: list[int]
+
+
+class ResponsesRequest(SamplingFields):
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = True
+    text: dict[str, Any] | None = None
+    reasoning: dict[str, Any] | None = None
+    store: bool = True
+    background: bool = False
+    previous_response_id: str | None = None
+    include: list[str] | None = None
+    top_logprobs: int | None = None
+    metadata: dict[str, str] | None = None
+    truncation: str | None = "disabled"
