@@ -492,19 +492,41 @@ class Executor(Protocol):
 
 
 class EngineClient(Protocol):
-    """What a front-end sees of the engine (``AsyncLLM`` satisfies it)."""
+    """What a front-end sees of the engine: ``AsyncLLM``, with every request measured for ``/metrics``.
 
-    def generate(self, prompt: Any, params: Any, request_id: str) -> AsyncIterator[Any]: ...
+    ``info`` holds what the engine was started with: ``model_dir``,
+    ``max_model_len``, ``vocab_size``, ``task`` (``"generate"`` or ``"embed"``).
+    Leaving a ``generate``/``encode`` loop early aborts the request in the engine.
+    """
+
+    info: Mapping[str, Any]
+
+    def generate(self, prompt: Any, params: Any, request_id: str | None = None, *, priority: int = 0,
+                 delta: bool = False) -> AsyncIterator[Any]: ...
+
+    def encode(self, prompt: Any, pooling_params: Any = None, request_id: str | None = None, *,
+               priority: int = 0) -> AsyncIterator[Any]: ...
 
     async def abort(self, request_id: str) -> None: ...
 
+    async def check_health(self) -> None: ...
+
+    def get_tokenizer(self) -> Any: ...
+
 
 class Frontend(Protocol):
-    """A protocol front-end over one engine.
+    """A protocol front-end over one engine (``llmp serve --frontend NAME``).
 
-    HTTP front-ends return routes from ``http_router`` and share one server
-    with the other HTTP front-ends; others (gRPC) run their own server in
-    ``serve`` until cancelled.
+    Built once the engine is ready, with the engine client and the server's
+    options: ``served_model_names`` (the first is echoed in responses),
+    ``model_root``, ``max_model_len``, ``task``, ``chat_template``,
+    ``trust_request_chat_template``, ``response_role``, ``max_logprobs``,
+    ``max_n``, ``return_tokens_as_token_ids``, ``enable_force_include_usage``
+    and ``enable_store``. HTTP front-ends return a FastAPI ``APIRouter`` from
+    ``http_router``; the shared server mounts it behind its API key, CORS,
+    request-id and body-limit middleware, and renders ``llmp.server.errors.APIError``.
+    Others (gRPC) return ``None`` and run their own server in ``serve`` until
+    cancelled.
     """
 
     def __init__(self, engine: EngineClient, options: Mapping[str, Any]) -> None: ...

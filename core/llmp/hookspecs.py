@@ -134,7 +134,7 @@ def llmp_register_frontends() -> Iterable[FrontendSpec]:
 
         @hookimpl
         def llmp_register_frontends():
-            yield FrontendSpec(name="openai", impl="llmp_frontend_openai.app:OpenAIFrontend")
+            yield FrontendSpec(name="openai", impl="llmp_frontend_openai.frontend:OpenAIFrontend")
     """
 
 
