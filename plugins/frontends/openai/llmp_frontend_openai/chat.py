@@ -44,8 +44,7 @@ class ChatCompletion:
         _check_tools(body)
         if body.top_logprobs is not None and not body.logprobs:
             raise bad_request("top_logprobs needs logprobs to be true", "top_logprobs")
-        text = await fe.render_chat(body.messages, body, tools=body.tools)
-        self.prompt_ids = await fe.encode(text, body.add_special_tokens)
+        text, self.prompt_ids = await fe.chat_prompt(body.messages, body, tools=body.tools)
         requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         max_tokens = fe.resolve_max_tokens(requested, len(self.prompt_ids))
         self.top = (body.top_logprobs or 0) if body.logprobs else None

@@ -43,6 +43,7 @@ class OpenAIFrontend:
         self.vocab_size: int | None = engine.info.get("vocab_size")
         self.task = options.get("task", "generate")
         self.tokenizer = engine.get_tokenizer()
+        self.control_texts = _control_texts(self.tokenizer)
         self.created = int(time.time())
         self.responses: Any = None  # the Responses API store, built with its routes
 
@@ -77,8 +78,7 @@ class OpenAIFrontend:
         if (body.prompt is None) == (body.messages is None):
             raise bad_request("give either 'prompt' or 'messages'", "prompt")
         if body.messages is not None:
-            text = await self.render_chat(body.messages, body)
-            ids = await asyncio.to_thread(self.tokenizer.encode, text, add_special_tokens=bool(body.add_special_tokens))
+            _, ids = await self.chat_prompt(body.messages, body, tools=body.tools)
         else:
             add = True if body.add_special_tokens is None else body.add_special_tokens
             ids = await asyncio.to_thread(self.tokenizer.encode, body.prompt, add_special_tokens=add)
@@ -164,7 +164,40 @@ class OpenAIFrontend:
 
     # -- prompts -----------------------------------------------------------------
 
-    async def render_chat(self, messages: Sequence[p.ChatMessage], body: Any, tools: Any = None) -> str:
+    async def chat_prompt(self, messages: Sequence[p.ChatMessage], body: Any,
+                          tools: Any = None) -> tuple[str, list[int]]:
+        """The rendered conversation and its token ids.
+
+        Text in a message that spells a special token (``<|im_end|>``) stays text: it is
+        tokenized as such, never as the control token, so a user cannot forge turns.
+        """
+        conversation = [_message_dict(m) for m in messages]
+        text = await self._render(conversation, body, tools)
+        add_special = bool(getattr(body, "add_special_tokens", False))
+        literal = {i: m["content"] for i, m in enumerate(conversation) if self._spells_control(m["content"])}
+        if not literal:
+            return text, await self.encode(text, add_special)
+        marked = [{**m, "content": _marker(i)} if i in literal else m for i, m in enumerate(conversation)]
+        rendered = await self._render(marked, body, tools)
+        return text, await asyncio.to_thread(self._encode_literal, rendered, literal, add_special)
+
+    def _spells_control(self, content: str) -> bool:
+        return any(token in content for token in self.control_texts)
+
+    def _encode_literal(self, rendered: str, literal: dict[int, str], add_special: bool) -> list[int]:
+        pieces = _MARKER.split(rendered)  # template text, message index, template text, ...
+        if len(pieces) != 2 * len(literal) + 1:
+            raise bad_request("a message spells a special token, and the chat template transforms message "
+                              "content, so it cannot be kept literal", "messages")
+        ids: list[int] = []
+        for k, piece in enumerate(pieces):
+            if k % 2:
+                ids += self.tokenizer.encode(literal[int(piece)], add_special_tokens=False, split_special_tokens=True)
+            elif piece:
+                ids += self.tokenizer.encode(piece, add_special_tokens=add_special and k == 0)
+        return ids
+
+    async def _render(self, conversation: list[dict[str, Any]], body: Any, tools: Any) -> str:
         from llmp.chat_template import render_chat
 
         template = getattr(body, "chat_template", None)
@@ -174,7 +207,6 @@ class OpenAIFrontend:
         if getattr(body, "continue_final_message", False) and getattr(body, "add_generation_prompt", False):
             raise bad_request("continue_final_message and add_generation_prompt cannot both be true; "
                               "set add_generation_prompt to false", "continue_final_message")
-        conversation = [_message_dict(m) for m in messages]
         try:
             return await asyncio.to_thread(
                 render_chat, self.tokenizer, conversation,
@@ -210,6 +242,20 @@ class OpenAIFrontend:
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}
+
+
+_MARKER = re.compile("\ue000llmp(\\d+)\ue001")
+
+
+def _marker(index: int) -> str:
+    return f"\ue000llmp{index}\ue001"  # private-use characters: no text or template makes them
+
+
+def _control_texts(tokenizer: Any) -> list[str]:
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    texts = {t.content for t in added.values() if getattr(t, "special", False)}
+    texts.update(getattr(tokenizer, "all_special_tokens", []) or [])
+    return sorted(t for t in texts if t)
 
 
 def _or(value: Any, default: Any) -> Any:

@@ -120,8 +120,7 @@ class ResponseRun:
         run = cls(fe, body, store)
         run.messages = _history(store, body.previous_response_id) + _input_messages(body)
         conversation = ([{"role": "system", "content": body.instructions}] if body.instructions else []) + run.messages
-        text = await fe.render_chat([p.ChatMessage(**m) for m in conversation], body, tools=None)
-        run.prompt_ids = await fe.encode(text, False)
+        text, run.prompt_ids = await fe.chat_prompt([p.ChatMessage(**m) for m in conversation], body)
         max_tokens = fe.resolve_max_tokens(body.max_output_tokens, len(run.prompt_ids))
         run.params = fe.sampling_params(body, max_tokens, None)
         if run.params.n != 1:

@@ -1,0 +1,304 @@
+"""``/v1/chat/completions`` on a live server, through the official ``openai`` SDK (httpx where the SDK can't)."""
+
+from __future__ import annotations
+
+import math
+
+import httpx
+import openai
+import pytest
+from openai_frontend_support import GREEDY, MAX_N, TinyLlama, assert_error, extra
+
+from llmp.testing import hf_greedy
+
+MESSAGES = [{"role": "user", "content": "The quick brown fox"}]
+MULTI_TURN = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Paged attention keeps the KV cache"},
+    {"role": "assistant", "content": "in fixed-size blocks."},
+    {"role": "user", "content": "Continuous batching?"},
+]
+
+
+def greedy_chat(client: openai.OpenAI, tiny: TinyLlama, messages: list[dict] = MESSAGES, max_tokens: int = 12,
+                **kwargs) -> openai.types.chat.ChatCompletion:
+    body = {"ignore_eos": True, "return_token_ids": True, **kwargs.pop("extra_body", {})}
+    return client.chat.completions.create(model=tiny.name, messages=messages, max_tokens=max_tokens, temperature=0,
+                                          extra_body=body, **kwargs)
+
+
+# -- greedy parity ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("messages", [MESSAGES, MULTI_TURN], ids=["one-turn", "multi-turn"])
+def test_greedy_chat_equals_transformers(client, http, tiny, messages):
+    response = greedy_chat(client, tiny, messages)
+    prompt_ids = extra(response, "prompt_token_ids")
+    # the prompt is the chat template applied, as transformers applies it
+    assert prompt_ids == tiny.chat_ids(messages)
+    assert prompt_ids == http.post("/tokenize", json={"messages": messages}).json()["tokens"]
+    choice = response.choices[0]
+    assert extra(choice, "token_ids") == hf_greedy(tiny.model, prompt_ids, 12)
+    assert choice.message.content == tiny.tokenizer.decode(extra(choice, "token_ids"), skip_special_tokens=True)
+    assert response.usage.prompt_tokens == len(prompt_ids)
+
+
+# -- non-streamed basics ---------------------------------------------------------------
+
+
+def test_response_shape_and_usage(client, tiny):
+    response = greedy_chat(client, tiny, max_tokens=7)
+    assert response.id.startswith("chatcmpl-")
+    assert response.object == "chat.completion"
+    assert response.model == tiny.name
+    assert isinstance(response.created, int)
+    assert len(response.choices) == 1
+    choice = response.choices[0]
+    assert choice.index == 0
+    assert choice.message.role == "assistant"
+    assert choice.finish_reason == "length"
+    assert choice.logprobs is None  # not requested
+    usage = response.usage
+    assert usage.completion_tokens == 7
+    assert usage.prompt_tokens > 0 and usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+
+
+def test_multi_turn_prompt_holds_every_turn(client, tiny):
+    one = greedy_chat(client, tiny, MESSAGES, max_tokens=1)
+    many = greedy_chat(client, tiny, MULTI_TURN, max_tokens=1)
+    assert many.usage.prompt_tokens > one.usage.prompt_tokens
+    assert tiny.tokenizer.decode(extra(many, "prompt_token_ids")).count("Continuous batching?") == 1
+
+
+def test_empty_model_name_gets_the_served_name(http, tiny):
+    response = http.post("/v1/chat/completions", json={"model": "", "messages": MESSAGES, "max_tokens": 2})
+    assert response.status_code == 200, response.text
+    assert response.json()["model"] == tiny.name
+    no_model = http.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 2})
+    assert no_model.status_code == 200, no_model.text
+    assert no_model.json()["model"] == tiny.name
+
+
+def test_max_completion_tokens_is_honoured(client, tiny):
+    response = client.chat.completions.create(model=tiny.name, messages=MESSAGES, max_completion_tokens=5,
+                                              temperature=0, extra_body={"ignore_eos": True})
+    assert response.usage.completion_tokens == 5
+    assert response.choices[0].finish_reason == "length"
+
+
+# -- streaming ------------------------------------------------------------------
+
+
+def collect(stream) -> list:
+    return list(stream)
+
+
+def test_streamed_text_equals_non_streamed(client, tiny):
+    whole = greedy_chat(client, tiny, max_tokens=16)
+    chunks = collect(client.chat.completions.create(model=tiny.name, messages=MESSAGES, max_tokens=16, stream=True,
+                                                    **GREEDY))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content
+    assert all(c.id == chunks[0].id and c.object == "chat.completion.chunk" and c.model == tiny.name for c in chunks)
+    roles = [c.choices[0].delta.role for c in chunks if c.choices and c.choices[0].delta.role is not None]
+    assert roles and set(roles) == {"assistant"}
+    finishes = [(i, c.choices[0].finish_reason) for i, c in enumerate(chunks) if c.choices and c.choices[0].finish_reason]
+    assert finishes == [(len(chunks) - 1, "length")]  # one finish reason, on the last chunk
+    assert all(c.usage is None for c in chunks)  # usage not asked for
+
+
+def test_stream_include_usage(client, tiny):
+    whole = greedy_chat(client, tiny, max_tokens=10)
+    chunks = collect(client.chat.completions.create(
+        model=tiny.name, messages=MESSAGES, max_tokens=10, stream=True, stream_options={"include_usage": True},
+        **GREEDY))
+    *content, last = chunks
+    assert all(c.usage is None and c.choices for c in content)
+    assert last.choices == []
+    assert last.usage.prompt_tokens == whole.usage.prompt_tokens
+    assert last.usage.completion_tokens == 10
+    assert last.usage.total_tokens == last.usage.prompt_tokens + last.usage.completion_tokens
+
+
+def test_stream_include_usage_false_sends_no_usage(client, tiny):
+    chunks = collect(client.chat.completions.create(
+        model=tiny.name, messages=MESSAGES, max_tokens=6, stream=True, stream_options={"include_usage": False},
+        **GREEDY))
+    assert chunks and all(c.usage is None for c in chunks)
+    assert all(c.choices for c in chunks)
+
+
+def test_stream_continuous_usage_stats(client, tiny):
+    chunks = collect(client.chat.completions.create(
+        model=tiny.name, messages=MESSAGES, max_tokens=8, stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True}, **GREEDY))
+    usages = [c.usage for c in chunks]
+    assert all(u is not None for u in usages), chunks
+    completion = [u.completion_tokens for u in usages]
+    assert completion == sorted(completion) and completion[-1] == 8
+    assert len({u.prompt_tokens for u in usages}) == 1
+    assert all(u.total_tokens == u.prompt_tokens + u.completion_tokens for u in usages)
+
+
+def test_stream_options_without_stream_is_refused(http, tiny):
+    response = http.post("/v1/chat/completions", json={"model": tiny.name, "messages": MESSAGES, "max_tokens": 2,
+                                                       "stream_options": {"include_usage": True}})
+    assert_error(response, 400, param="stream_options")
+    assert http.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 1}).status_code == 200
+
+
+# -- n and seeds ------------------------------------------------------------------------
+
+
+def test_n_choices(client, tiny):
+    response = client.chat.completions.create(model=tiny.name, messages=MESSAGES, max_tokens=6, n=3, temperature=1,
+                                              seed=7)
+    assert [c.index for c in response.choices] == [0, 1, 2]
+    assert all(c.finish_reason in ("length", "stop") for c in response.choices)
+    assert len({c.message.content for c in response.choices}) >= 1
+    counted = client.chat.completions.create(model=tiny.name, messages=MESSAGES, max_tokens=6, n=3, temperature=1,
+                                             extra_body={"ignore_eos": True})
+    assert counted.usage.completion_tokens == 18
+
+
+def test_streamed_n_choices(client, tiny):
+    chunks = collect(client.chat.completions.create(model=tiny.name, messages=MESSAGES, max_tokens=6, n=3,
+                                                    temperature=1, stream=True, extra_body={"ignore_eos": True}))
+    assert all(len(c.choices) == 1 for c in chunks)
+    finishes: dict[int, list[int]] = {}
+    last_chunk_of: dict[int, int] = {}
+    for position, chunk in enumerate(chunks):
+        choice = chunk.choices[0]
+        last_chunk_of[choice.index] = position
+        if choice.finish_reason is not None:
+            finishes.setdefault(choice.index, []).append(position)
+    assert sorted(finishes) == [0, 1, 2]
+    assert all(len(v) == 1 and v[0] == last_chunk_of[i] for i, v in finishes.items()), finishes
+
+
+def test_seed_reproduces_sampling(client, tiny):
+    def sample(seed: int) -> str:
+        return client.chat.completions.create(model=tiny.name, messages=MESSAGES, max_tokens=12, temperature=1,
+                                              seed=seed, extra_body={"ignore_eos": True}).choices[0].message.content
+
+    texts = {seed: sample(seed) for seed in (11, 22, 33, 44, 55)}
+    assert all(sample(seed) == text for seed, text in list(texts.items())[:3])
+    assert len(set(texts.values())) > 1, texts
+
+
+def test_n_above_one_needs_sampling(http, tiny):
+    response = http.post("/v1/chat/completions", json={"messages": MESSAGES, "n": 2, "temperature": 0})
+    assert_error(response, 400, param="n")
+
+
+def test_n_above_max_n_is_refused(http, tiny):
+    response = http.post("/v1/chat/completions", json={"messages": MESSAGES, "n": MAX_N + 1, "temperature": 1})
+    assert_error(response, 400, param="n", contains=str(MAX_N))
+    assert http.post("/v1/chat/completions", json={"messages": MESSAGES, "n": MAX_N, "temperature": 1,
+                                                    "max_tokens": 2}).status_code == 200
+
+
+# -- stop strings ----------------------------------------------------------------------
+
+
+def ascii_stop(text: str) -> str:
+    """Two ASCII letters or digits from inside ``text``, past its start."""
+    for i in range(2, len(text) - 1):
+        piece = text[i:i + 2]
+        if piece.isascii() and piece.isalnum():
+            return piece
+    raise AssertionError(f"no ASCII pair in {text!r}")
+
+
+def test_stop_string_truncates(client, tiny):
+    full = greedy_chat(client, tiny, max_tokens=24).choices[0].message.content
+    stop = ascii_stop(full)
+    expected = full[:full.index(stop)]
+    response = greedy_chat(client, tiny, max_tokens=24, stop=[stop])
+    choice = response.choices[0]
+    assert choice.message.content == expected
+    assert choice.finish_reason == "stop"
+    assert extra(choice, "stop_reason") == stop
+    kept = greedy_chat(client, tiny, max_tokens=24, stop=stop, extra_body={"include_stop_str_in_output": True})
+    assert kept.choices[0].message.content == expected + stop
+    assert kept.choices[0].finish_reason == "stop"
+
+
+def test_streamed_stop_string(client, tiny):
+    full = greedy_chat(client, tiny, max_tokens=24).choices[0].message.content
+    stop = ascii_stop(full)
+    chunks = collect(client.chat.completions.create(model=tiny.name, messages=MESSAGES, max_tokens=24, stop=stop,
+                                                    stream=True, **GREEDY))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == full[:full.index(stop)]
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+# -- logprobs ----------------------------------------------------------------------------
+
+
+def test_logprobs_top_zero(client, tiny):
+    response = greedy_chat(client, tiny, max_tokens=5, logprobs=True, top_logprobs=0)
+    content = response.choices[0].logprobs.content
+    assert len(content) == 5
+    assert all(entry.top_logprobs == [] for entry in content)
+    assert all(entry.logprob <= 0 for entry in content)
+
+
+def test_logprobs_top_five_rank_the_greedy_token_first(client, tiny):
+    response = greedy_chat(client, tiny, max_tokens=6, logprobs=True, top_logprobs=5)
+    content = response.choices[0].logprobs.content
+    assert len(content) == 6
+    text = ""
+    for entry in content:
+        assert len(entry.top_logprobs) == 5
+        values = [t.logprob for t in entry.top_logprobs]
+        assert values == sorted(values, reverse=True)
+        assert math.isclose(entry.logprob, values[0], abs_tol=1e-5)  # greedy picks the most likely token
+        assert entry.token == entry.top_logprobs[0].token
+        assert entry.bytes == list(entry.token.encode())
+        text += entry.token
+    assert len(text) >= 1
+
+
+def test_streamed_logprobs(client, tiny):
+    chunks = collect(client.chat.completions.create(model=tiny.name, messages=MESSAGES, max_tokens=6, stream=True,
+                                                    logprobs=True, top_logprobs=2, **GREEDY))
+    entries = [e for c in chunks if c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert len(entries) == 6 and all(len(e.top_logprobs) == 2 for e in entries)
+
+
+@pytest.mark.parametrize("top", [21, 30])
+def test_too_many_top_logprobs(http, tiny, top):
+    response = http.post("/v1/chat/completions", json={"messages": MESSAGES, "logprobs": True, "top_logprobs": top})
+    assert_error(response, 400)
+    assert http.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 1}).status_code == 200
+
+
+def test_top_logprobs_without_logprobs_is_refused(http):
+    response = http.post("/v1/chat/completions", json={"messages": MESSAGES, "top_logprobs": 2})
+    assert_error(response, 400, param="top_logprobs")
+
+
+def test_prompt_logprobs(client, tiny):
+    response = greedy_chat(client, tiny, max_tokens=2, extra_body={"prompt_logprobs": 1})
+    entries = extra(response, "prompt_logprobs")
+    assert len(entries) == response.usage.prompt_tokens
+    assert entries[0] is None
+    prompt_ids = extra(response, "prompt_token_ids")
+    for token_id, entry in zip(prompt_ids[1:], entries[1:], strict=True):
+        assert str(token_id) in entry  # the actual prompt token, with up to 1 more
+        assert 1 <= len(entry) <= 2
+
+
+def test_prompt_logprobs_with_stream_is_refused(http):
+    response = http.post("/v1/chat/completions", json={"messages": MESSAGES, "stream": True, "prompt_logprobs": 1})
+    assert_error(response, 400, param="prompt_logprobs")
+
+
+# -- the SDK's error mapping --------------------------------------------------------------
+
+
+def test_sdk_sees_unknown_model_as_not_found(client):
+    with pytest.raises(openai.NotFoundError) as info:
+        client.chat.completions.create(model="no-such-model", messages=MESSAGES, max_tokens=1)
+    assert info.value.body["param"] == "model"
+    assert isinstance(info.value.response, httpx.Response)
