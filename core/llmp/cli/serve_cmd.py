@@ -46,6 +46,7 @@ class ServeSettings(CommandSettings):
     chat_template: str | None = None
     trust_request_chat_template: bool = False
     response_role: str = "assistant"
+    generation_config: str = "auto"
     max_logprobs: int = 20
     max_n: int = 128
     return_tokens_as_token_ids: bool = False
@@ -100,6 +101,8 @@ def serve(
     trust_request_chat_template: bool = typer.Option(
         False, "--trust-request-chat-template", help="Allow a request's own chat_template (off: 400)."),
     response_role: str = typer.Option("assistant", help="Role of generated chat messages."),
+    generation_config: str = typer.Option(
+        "auto", help="auto: sampling defaults from the model's generation_config.json; none: llmp's defaults."),
     max_logprobs: int = typer.Option(20, help="Cap on logprobs, top_logprobs and prompt_logprobs."),
     max_n: int = typer.Option(128, help="Cap on n (choices per request)."),
     return_tokens_as_token_ids: bool = typer.Option(

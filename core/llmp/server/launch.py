@@ -113,6 +113,7 @@ def frontend_options(settings: Any, served_names: list[str], chat_template: str 
         "return_tokens_as_token_ids": settings.return_tokens_as_token_ids,
         "enable_force_include_usage": settings.enable_force_include_usage,
         "enable_store": settings.enable_store,
+        "generation_config": settings.generation_config,
     }
 
 

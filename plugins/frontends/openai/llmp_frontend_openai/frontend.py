@@ -44,6 +44,7 @@ class OpenAIFrontend:
         self.task = options.get("task", "generate")
         self.tokenizer = engine.get_tokenizer()
         self.control_texts = _control_texts(self.tokenizer)
+        self.defaults = _generation_defaults(options.get("model_root"), options.get("generation_config", "auto"))
         self.created = int(time.time())
         self.responses: Any = None  # the Responses API store, built with its routes
 
@@ -122,6 +123,9 @@ class OpenAIFrontend:
                 f"This model's maximum context length is {limit} tokens. However, you requested "
                 f"{prompt_len + wanted} tokens ({prompt_len} in the input, {wanted} for the completion). "
                 "Please reduce the length of the input or of max_tokens.", "input_tokens")
+        default = self.defaults.get("max_new_tokens")
+        if requested is None and default is not None:
+            return min(default, limit - prompt_len)
         return requested if requested is not None else limit - prompt_len
 
     def check_unsupported(self, body: p.SamplingFields) -> None:
@@ -143,15 +147,17 @@ class OpenAIFrontend:
             raise bad_request("logit_bias keys must be token ids", "logit_bias") from None
         self.check_token_ids(list(logit_bias), "logit_bias")
         self.check_token_ids(body.allowed_token_ids or [], "allowed_token_ids")
-        temperature = body.temperature if body.temperature is not None else 1.0
+        defaults = self.defaults
+        temperature = _or(body.temperature, defaults.get("temperature", 1.0))
         if n > 1 and temperature == 0:
             raise bad_request("n > 1 needs sampling: with temperature 0 every choice would be the same", "n")
         try:
             return SamplingParams(
-                n=n, temperature=temperature, top_p=_or(body.top_p, 1.0), top_k=_or(body.top_k, 0),
-                min_p=_or(body.min_p, 0.0), presence_penalty=_or(body.presence_penalty, 0.0),
-                frequency_penalty=_or(body.frequency_penalty, 0.0),
-                repetition_penalty=_or(body.repetition_penalty, 1.0), seed=body.seed, max_tokens=max_tokens,
+                n=n, temperature=temperature, top_p=_or(body.top_p, defaults.get("top_p", 1.0)),
+                top_k=_or(body.top_k, defaults.get("top_k", 0)), min_p=_or(body.min_p, defaults.get("min_p", 0.0)),
+                presence_penalty=_or(body.presence_penalty, 0.0), frequency_penalty=_or(body.frequency_penalty, 0.0),
+                repetition_penalty=_or(body.repetition_penalty, defaults.get("repetition_penalty", 1.0)),
+                seed=body.seed, max_tokens=max_tokens,
                 min_tokens=body.min_tokens, stop=body.stop, stop_token_ids=body.stop_token_ids,
                 ignore_eos=body.ignore_eos, include_stop_str_in_output=body.include_stop_str_in_output,
                 logprobs=logprobs, prompt_logprobs=body.prompt_logprobs, logit_bias=logit_bias or None,
@@ -256,6 +262,21 @@ def _control_texts(tokenizer: Any) -> list[str]:
     texts = {t.content for t in added.values() if getattr(t, "special", False)}
     texts.update(getattr(tokenizer, "all_special_tokens", []) or [])
     return sorted(t for t in texts if t)
+
+
+GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_new_tokens")
+
+
+def _generation_defaults(model_dir: str | None, source: str) -> dict[str, Any]:
+    """Sampling defaults from the model's ``generation_config.json`` (``--generation-config auto``)."""
+    if source != "auto" or not model_dir:
+        return {}
+    try:
+        with open(f"{model_dir}/generation_config.json") as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return {k: config[k] for k in GENERATION_DEFAULTS if isinstance(config.get(k), int | float)}
 
 
 def _or(value: Any, default: Any) -> Any:

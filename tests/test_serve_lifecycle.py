@@ -1,0 +1,138 @@
+"""`llmp serve` as a process: start-up probes, bad start-up input, settings sources, shutdown, engine death."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from llmp.testing import free_port, pid_alive, save_tiny_llama, serving
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("tiny-llama")
+    save_tiny_llama(path)
+    return path
+
+
+def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def _serve(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    child_env = {k: v for k, v in os.environ.items() if not k.startswith("LLMP_")}
+    child_env.update(env or {})
+    return subprocess.Popen([sys.executable, "-m", "llmp", "serve", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=child_env)
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except FileNotFoundError:
+        return []
+
+
+def test_probes_answer_503_while_loading_then_200_and_one_ready_line(model_dir: Path) -> None:
+    port = free_port()
+    process = _serve(str(model_dir), "--port", str(port))
+    url = f"http://127.0.0.1:{port}"
+    seen: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                status, body = _get(f"{url}/health")
+            except OSError:
+                time.sleep(0.02)
+                continue
+            seen.append(status)
+            if status == 503:
+                assert "loading" in json.loads(body)["error"]["message"]
+                models_status, models_body = _get(f"{url}/v1/models")
+                if models_status == 503:  # the engine may have become ready in between
+                    assert json.loads(models_body)["error"]["code"] == 503
+                assert _get(f"{url}/live")[0] == 200
+            if status == 200:
+                break
+            time.sleep(0.05)
+        assert seen and seen[0] == 503 and seen[-1] == 200, seen
+        assert _get(f"{url}/v1/models")[0] == 200
+    finally:
+        process.send_signal(signal.SIGTERM)
+        output = process.communicate(timeout=60)[0]
+    assert process.returncode == 0, output
+    assert output.count("llmp: ready in") == 1, output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["/nonexistent/model"], "not found"),
+    (["--frontend", "no-such-frontend"], "no-such-frontend"),
+    (["--chat-template", "/nonexistent/template.jinja"], "--chat-template"),
+])
+def test_bad_start_up_input_exits_2_with_one_clear_line(args: list[str], message: str, model_dir: Path) -> None:
+    if args[0].startswith("--"):
+        args = [str(model_dir), *args]
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "llmp", "serve", *args, "--port", str(free_port())],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr and "Traceback" not in result.stderr
+    assert time.monotonic() - started < 30
+
+
+def test_a_busy_port_exits_2_naming_it(model_dir: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = subprocess.run([sys.executable, "-m", "llmp", "serve", str(model_dir), "--port", str(port)],
+                                capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_settings_from_environment_and_config_file(model_dir: Path, tmp_path: Path) -> None:
+    config = tmp_path / "serve.yaml"
+    config.write_text("served-model-name: from-yaml\nmax_logprobs: 3\n")
+    env = {"LLMP_API_KEY": "k1,k2", "LLMP_CONFIG": str(config)}
+    with serving(model_dir, env=env) as server:
+        status, body = _get(f"{server.url}/v1/models", {"Authorization": "Bearer k2"})
+        assert status == 200 and json.loads(body)["data"][0]["id"] == "from-yaml"
+        assert _get(f"{server.url}/v1/models")[0] == 401
+        assert _get(f"{server.url}/v1/models", {"Authorization": "Bearer k1,k2"})[0] == 401
+
+
+def test_sigterm_stops_the_server_and_its_engine_process(model_dir: Path) -> None:
+    with serving(model_dir) as server:
+        engines = _children(server.process.pid)
+        assert engines, "the engine runs in a child process"
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(timeout=60) == 0, server.log()
+    deadline = time.monotonic() + 10
+    while any(pid_alive(pid) for pid in engines) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(pid_alive(pid) for pid in engines)
+
+
+def test_a_dead_engine_takes_the_server_down_with_status_1(model_dir: Path) -> None:
+    with serving(model_dir) as server:
+        engine = _children(server.process.pid)[0]
+        os.kill(engine, signal.SIGKILL)
+        assert server.process.wait(timeout=30) == 1, server.log()
+        assert "the engine died" in server.log()
