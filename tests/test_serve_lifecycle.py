@@ -136,3 +136,28 @@ def test_a_dead_engine_takes_the_server_down_with_status_1(model_dir: Path) -> N
         os.kill(engine, signal.SIGKILL)
         assert server.process.wait(timeout=30) == 1, server.log()
         assert "the engine died" in server.log()
+
+
+def test_several_frontends_mount_on_one_server_behind_the_same_gate(model_dir: Path, tmp_path: Path) -> None:
+    from llmp.testing import pip_install_target
+
+    site = tmp_path / "site"
+    pip_install_target(site, Path(__file__).parent / "fixtures" / "llmp-frontend-echo")
+    env = {"PYTHONPATH": str(site)}
+    with serving(model_dir, "--frontend", "openai", "--frontend", "echo", "--api-key", "k", env=env) as server:
+        auth = {"Authorization": "Bearer k", "Content-Type": "application/json"}
+
+        def post(path: str, body: dict, headers: dict[str, str]) -> tuple[int, dict]:
+            request = urllib.request.Request(server.url + path, json.dumps(body).encode(), headers, method="POST")
+            try:
+                with urllib.request.urlopen(request, timeout=30) as response:
+                    return response.status, json.loads(response.read())
+            except urllib.error.HTTPError as exc:
+                return exc.code, json.loads(exc.read())
+
+        status, body = post("/echo/v1/generate", {"prompt": "The quick"}, auth)
+        assert status == 200 and body["model"] == str(model_dir) and body["text"]
+        status, body = post("/echo/v1/generate", {}, auth)
+        assert status == 400 and body["error"]["param"] == "prompt"
+        assert post("/echo/v1/generate", {"prompt": "x"}, {"Content-Type": "application/json"})[0] == 401
+        assert post("/v1/completions", {"prompt": "The quick", "max_tokens": 2}, auth)[0] == 200
