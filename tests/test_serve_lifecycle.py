@@ -161,3 +161,20 @@ def test_several_frontends_mount_on_one_server_behind_the_same_gate(model_dir: P
         assert status == 400 and body["error"]["param"] == "prompt"
         assert post("/echo/v1/generate", {"prompt": "x"}, {"Content-Type": "application/json"})[0] == 401
         assert post("/v1/completions", {"prompt": "The quick", "max_tokens": 2}, auth)[0] == 200
+
+
+def test_serve_with_the_mp_executor_and_two_ranks_answers_like_uniproc(model_dir: Path) -> None:
+    body = json.dumps({"prompt": "The quick brown fox", "max_tokens": 12, "temperature": 0,
+                       "ignore_eos": True, "return_token_ids": True}).encode()
+
+    def completion(url: str) -> list[int]:
+        request = urllib.request.Request(f"{url}/v1/completions", body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return json.loads(response.read())["choices"][0]["token_ids"]
+
+    with serving(model_dir) as server:
+        expected = completion(server.url)
+    with serving(model_dir, "--executor", "mp", "--tensor-parallel-size", "2") as server:
+        workers = [c for engine in _children(server.process.pid) for c in _children(engine)]
+        assert len(workers) >= 2, "one worker process per rank"
+        assert completion(server.url) == expected
