@@ -76,12 +76,15 @@ def test_poisson_arrivals_and_the_table(server: LiveServer) -> None:
         assert label in table
 
 
-def test_a_dead_server_counts_every_request_as_failed() -> None:
+def test_a_dead_server_counts_every_request_as_failed(tmp_path: Path) -> None:
     dead = f"http://127.0.0.1:{free_port()}"
-    report, result = bench("--base-url", dead, "--model", "any", "--num-prompts", "5", check=False)
+    unwritable = tmp_path / "no-such-dir" / "result.json"
+    report, result = bench("--base-url", dead, "--model", "any", "--num-prompts", "5", "--save-result",
+                           str(unwritable), check=False)
     assert result.returncode == 1
     assert report["successful"] == 0 and report["failed"] == 5
     assert "Connection refused" in report["first_error"] and report["mean_ttft_ms"] is None
+    assert f"llmp: error: cannot write {unwritable}" in result.stderr  # and the report above still printed
     unnamed = run_llmp("bench", "serve", "--base-url", dead, check=False)  # the model lookup fails first
     assert unnamed.returncode == 1 and "Traceback" not in unnamed.stderr
     assert unnamed.stderr.strip().splitlines()[-1].startswith("llmp: error: cannot connect to ")

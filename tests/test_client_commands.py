@@ -50,7 +50,7 @@ def llmp_with_stdin(*args: str, stdin: str, env: dict[str, str]) -> subprocess.C
     """`python -m llmp ARGS` fed ``stdin``, with no inherited LLMP_* variables (like `run_llmp`)."""
     child_env = {k: v for k, v in os.environ.items() if not k.startswith("LLMP_")} | env
     return subprocess.run([sys.executable, "-m", "llmp", *args], input=stdin, capture_output=True, text=True,
-                          env=child_env, timeout=120)
+                          env=child_env, timeout=120, check=False)
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: str) -> None:
@@ -85,6 +85,7 @@ def test_chat_repl_keeps_the_history_and_stops_at_exit(server: LiveServer) -> No
     second = [*first, {"role": "assistant", "content": reply1}, {"role": "user", "content": "What did I say?"}]
     reply2 = unstreamed(server, "chat/completions", messages=second)
     assert result.stdout == f"{reply1}\n{reply2}\n"
+    assert reply2 != unstreamed(server, "chat/completions", messages=second[-1:])  # the history made a difference
 
 
 def test_complete_repl_completes_each_line_on_its_own(server: LiveServer) -> None:

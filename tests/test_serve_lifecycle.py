@@ -178,3 +178,29 @@ def test_serve_with_the_mp_executor_and_two_ranks_answers_like_uniproc(model_dir
         workers = [c for engine in _children(server.process.pid) for c in _children(engine)]
         assert len(workers) >= 2, "one worker process per rank"
         assert completion(server.url) == expected
+
+
+def test_sigterm_to_the_whole_process_group_still_exits_cleanly(model_dir: Path) -> None:
+    """As `timeout`, systemd and Ctrl-C do: the engine gets the signal too, and may be gone before
+    the server asks it to stop (a send to a vanished engine once blocked for ever)."""
+    port = free_port()
+    child_env = {k: v for k, v in os.environ.items() if not k.startswith("LLMP_")}
+    process = subprocess.Popen([sys.executable, "-m", "llmp", "serve", str(model_dir), "--port", str(port)],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env,
+                               start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if _get(f"http://127.0.0.1:{port}/health")[0] == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.1)
+        assert _get(f"http://127.0.0.1:{port}/v1/models")[0] == 200
+        os.killpg(process.pid, signal.SIGTERM)
+        assert process.wait(timeout=30) == 0, process.communicate()[0]
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()

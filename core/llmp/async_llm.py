@@ -75,6 +75,7 @@ class AsyncLLM:
         self._context.setsockopt(zmq.LINGER, 0)  # never block on unsent messages to a dead engine
         in_address, out_address = self._addresses()
         self._input = self._context.socket(zmq.PUSH)
+        self._input.setsockopt(zmq.SNDHWM, 0)  # no queue limit: a send fails only when no engine is connected
         self._input.bind(in_address)
         self._output = self._context.socket(zmq.PULL)
         self._output.bind(out_address)
@@ -192,7 +193,10 @@ class AsyncLLM:
         if self._closed:
             raise EngineDeadError("the engine has been shut down")
         with self._send_lock:
-            self._input.send(msg.encoder.encode(message), copy=False)
+            try:
+                self._input.send(msg.encoder.encode(message), zmq.NOBLOCK, copy=False)
+            except zmq.Again:  # a PUSH socket without peers would block for ever
+                raise EngineDeadError("the engine is not connected (it has exited)") from None
 
     def _open_stream(
         self, prompt: PromptType, request_id: str | None, pooling: bool
@@ -309,7 +313,7 @@ class AsyncLLM:
         try:
             if self._engine_alive():
                 self._send(msg.Utility(-1, "shutdown"))
-        except zmq.ZMQError:
+        except (zmq.ZMQError, EngineDeadError):  # it is already stopping on its own
             pass
         if self._process is not None:
             self._process.join(timeout)

@@ -67,11 +67,13 @@ def serve(
     api_key: str | None = typer.Option(
         None, "--api-key", help="Sent as 'Authorization: Bearer KEY' (default: $OPENAI_API_KEY)."
     ),
-    dataset: str = typer.Option("random", "--dataset", help="random: random words; prefix: a shared prefix, then random words."),
+    dataset: str = typer.Option(
+        "random", "--dataset", help="random: random words; prefix: one shared prefix, then random words."
+    ),
     num_prompts: int = typer.Option(100, "--num-prompts", help="Requests to send."),
     input_len: int = typer.Option(128, "--input-len", help="Random words per prompt (about as many tokens)."),
     output_len: int = typer.Option(64, "--output-len", help="max_tokens of each request (EOS is ignored)."),
-    prefix_len: int = typer.Option(128, "--prefix-len", help="prefix dataset: words in the prefix every prompt shares."),
+    prefix_len: int = typer.Option(128, "--prefix-len", help="prefix dataset: words of the prefix all prompts share."),
     request_rate: float = typer.Option(
         math.inf, "--request-rate", help="Requests per second, Poisson arrivals; inf sends all at once."
     ),
@@ -89,9 +91,7 @@ def serve(
     settings = load_settings(BenchServeSettings, ctx)
     try:
         report = asyncio.run(run_benchmark(settings))
-        if settings.save_result is not None:
-            settings.save_result.write_text(json.dumps(report, indent=2) + "\n")
-    except (ServerError, OSError) as exc:
+    except ServerError as exc:
         print(f"llmp: error: {exc}", file=sys.stderr)
         raise typer.Exit(1) from None
     except KeyboardInterrupt:
@@ -101,8 +101,18 @@ def serve(
         typer.echo(json.dumps(report, indent=2))
     else:
         print_table(report)
+    if settings.save_result is not None:
+        save_report(report, settings.save_result)
     if report["failed"]:
         raise typer.Exit(1)  # a load test with failures must not pass for a clean one in scripts
+
+
+def save_report(report: dict[str, Any], path: Path) -> None:
+    try:
+        path.write_text(json.dumps(report, indent=2) + "\n")
+    except OSError as exc:  # after the report is printed, so a long run is not lost to a typo in the path
+        print(f"llmp: error: cannot write {path}: {exc.strerror or exc}", file=sys.stderr)
+        raise typer.Exit(1) from None
 
 
 # -- the requests -----------------------------------------------------------------
@@ -192,17 +202,12 @@ async def timed_request(client: Any, url: str, payload: dict[str, Any], api_key:
 
 
 async def run_benchmark(settings: BenchServeSettings) -> dict[str, Any]:
-    """Send every request on its arrival schedule, at most ``max_concurrency`` at once, and summarize."""
-    import asyncio
-    import os
-    import random
-    import time
-
+    """Look up the model unless named, send every request, and summarize what they measured."""
     import httpx
 
-    from llmp.cli.sse import first_model
+    from llmp.cli.sse import api_key_or_env, first_model
 
-    api_key = settings.api_key or os.environ.get("OPENAI_API_KEY") or None
+    api_key = api_key_or_env(settings.api_key)
     base = settings.base_url.rstrip("/")
     url = base + "/" + settings.endpoint.lstrip("/")
     in_flight = settings.max_concurrency or settings.num_prompts
@@ -213,22 +218,33 @@ async def run_benchmark(settings: BenchServeSettings) -> dict[str, Any]:
         prompts = make_prompts(settings)
         print(f"llmp bench serve: {len(prompts)} requests to {url} (model {model}, request rate "
               f"{settings.request_rate:g}/s, max concurrency {settings.max_concurrency or 'none'})", file=sys.stderr)
-        semaphore = asyncio.Semaphore(in_flight)
-        arrivals = random.Random(settings.seed + 1)  # its own stream: the rate does not change the prompts
+        payloads = [request_payload(settings, model, prompt) for prompt in prompts]
+        results, duration = await send_all(client, url, payloads, api_key, settings)
+    return summarize(settings, model, prompts, results, duration)
 
-        async def limited(prompt: str) -> RequestResult:
-            async with semaphore:  # TTFT counts from sending, not from waiting for a free slot
-                return await timed_request(client, url, request_payload(settings, model, prompt), api_key)
 
-        start = time.perf_counter()
-        tasks = []
-        for i, prompt in enumerate(prompts):
-            if i and math.isfinite(settings.request_rate):
-                await asyncio.sleep(arrivals.expovariate(settings.request_rate))
-            tasks.append(asyncio.create_task(limited(prompt)))
-        results = await asyncio.gather(*tasks)
-        duration = time.perf_counter() - start
-    return summarize(settings, model, prompts, list(results), duration)
+async def send_all(client: Any, url: str, payloads: list[dict[str, Any]], api_key: str | None,
+                   settings: BenchServeSettings) -> tuple[list[RequestResult], float]:
+    """Start each request at its Poisson arrival time, at most ``max_concurrency`` in flight; wall time too."""
+    import asyncio
+    import random
+    import time
+
+    semaphore = asyncio.Semaphore(settings.max_concurrency or len(payloads))
+    arrivals = random.Random(settings.seed + 1)  # its own stream: the rate does not change the prompts
+
+    async def limited(payload: dict[str, Any]) -> RequestResult:
+        async with semaphore:  # TTFT counts from sending, not from waiting for a free slot
+            return await timed_request(client, url, payload, api_key)
+
+    start = time.perf_counter()
+    tasks = []
+    for i, payload in enumerate(payloads):
+        if i and math.isfinite(settings.request_rate):
+            await asyncio.sleep(arrivals.expovariate(settings.request_rate))
+        tasks.append(asyncio.create_task(limited(payload)))
+    results = await asyncio.gather(*tasks)
+    return list(results), time.perf_counter() - start
 
 
 # -- the report -------------------------------------------------------------------
@@ -261,7 +277,7 @@ def summarize(settings: BenchServeSettings, model: str, prompts: list[str], resu
     ok = [r for r in results if r.ok]
     errors = [r.error for r in results if not r.ok]
     # Servers that send no usage chunk: count the prompt's words as its tokens.
-    input_tokens = sum(r.input_tokens or len(p.split()) for r, p in zip(results, prompts) if r.ok)
+    input_tokens = sum(r.input_tokens or len(p.split()) for r, p in zip(results, prompts, strict=True) if r.ok)
     output_tokens = sum(r.output_tokens for r in ok)
     report: dict[str, Any] = {
         "model": model,
@@ -281,7 +297,8 @@ def summarize(settings: BenchServeSettings, model: str, prompts: list[str], resu
         "total_token_throughput": (input_tokens + output_tokens) / duration,
     }
     report.update(latency_stats("ttft", [r.ttft for r in ok]))
-    report.update(latency_stats("tpot", [(r.latency - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]))
+    per_token = [(r.latency - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]
+    report.update(latency_stats("tpot", per_token))
     report.update(latency_stats("itl", [gap for r in ok for gap in r.itl]))
     report.update(latency_stats("e2el", [r.latency for r in ok]))
     return report

@@ -7,7 +7,6 @@ inside functions: this module is imported whenever the CLI lists commands.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ import typer
 from pydantic import Field
 
 from llmp.cli import ConfigOption
-from llmp.cli.sse import ServerError, chunk_text, first_model, stream_chunks
+from llmp.cli.sse import ServerError, api_key_or_env, chunk_text, first_model, stream_chunks
 from llmp.config import CommandSettings, load_settings
 
 DEFAULT_URL = "http://127.0.0.1:8000/v1"
@@ -102,27 +101,32 @@ async def _session(settings: ClientSettings, chat: bool) -> None:
     import httpx
 
     url = settings.url.rstrip("/")
-    api_key = settings.api_key or os.environ.get("OPENAI_API_KEY") or None
+    api_key = api_key_or_env(settings.api_key)
     # Replies may take minutes to finish, but each chunk should come within the read timeout.
     async with httpx.AsyncClient(timeout=httpx.Timeout(300.0, connect=10.0)) as client:
         model = settings.model_name or await first_model(client, f"{url}/models", api_key)
-        turn = _Conversation(client, url, model, api_key, settings, chat)
+        conversation = _Conversation(client, url, model, api_key, settings, chat)
         if settings.quick is not None:
-            await turn.send(settings.quick)
-            return
-        if sys.stdin.isatty():
-            import readline  # noqa: F401  (importing it gives input() line editing and history)
-        while (line := _read_line()) is not None:
-            if line.strip() in EXIT_WORDS:
-                break
-            if not line.strip():
-                continue
-            try:
-                await turn.send(line)
-            except ServerError as exc:
-                if exc.status != 400:  # a bad request (say, too long) spoils one turn, not the session
-                    raise
-                print(f"llmp: error: {exc}", file=sys.stderr)
+            await conversation.send(settings.quick)
+        else:
+            await _repl(conversation)
+
+
+async def _repl(conversation: _Conversation) -> None:
+    """One turn per line of stdin until EOF or 'exit'."""
+    if sys.stdin.isatty():
+        import readline  # noqa: F401  (importing it gives input() line editing and history)
+    while (line := _read_line()) is not None:
+        if line.strip() in EXIT_WORDS:
+            break
+        if not line.strip():
+            continue
+        try:
+            await conversation.send(line)
+        except ServerError as exc:
+            if exc.status != 400:  # a bad request (say, too long) spoils one turn, not the session
+                raise
+            print(f"llmp: error: {exc}", file=sys.stderr)
 
 
 def _read_line() -> str | None:

@@ -21,6 +21,13 @@ class ServerError(Exception):
         self.status = status
 
 
+def api_key_or_env(api_key: str | None) -> str | None:
+    """The key from the options (``--api-key``, ``LLMP_API_KEY``, the config file), else ``OPENAI_API_KEY``."""
+    import os
+
+    return api_key or os.environ.get("OPENAI_API_KEY") or None
+
+
 def auth_headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
