@@ -2,8 +2,9 @@
 
 * ``server``: a tiny random Llama (vocab 512) with ``--max-n 4`` and a small
   ``--max-request-body-bytes``; generation, errors and concurrency tests.
-* ``ops_server``: the same model with CORS and ``--root-path /llm``; probes,
-  request ids, metrics and aborts (its counters see only those tests).
+* ``ops_server``: the same model with CORS, ``--root-path /llm`` and
+  ``--return-tokens-as-token-ids``; probes, metrics and aborts (its counters
+  see only those tests).
 * ``auth_server``: the same model behind ``--api-key``, under an alias
   (``--served-model-name``) and with ``--max-model-len 64``.
 * ``embed_server``: all-MiniLM-L6-v2; ``default_server``: SmolLM2 (no MODEL).
@@ -47,7 +48,8 @@ def server(tiny: TinyLlama) -> Iterator[LiveServer]:
 
 @pytest.fixture(scope="session")
 def ops_server(tiny: TinyLlama) -> Iterator[LiveServer]:
-    yield from _serve(tiny.path, "--allowed-origins", OK_ORIGIN, "--root-path", ROOT_PATH)
+    yield from _serve(tiny.path, "--allowed-origins", OK_ORIGIN, "--root-path", ROOT_PATH,
+                      "--return-tokens-as-token-ids")
 
 
 @pytest.fixture(scope="session")
@@ -67,8 +69,9 @@ def default_server() -> Iterator[LiveServer]:
 
 
 @pytest.fixture(scope="session")
-def client(server: LiveServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.api_url, api_key="unused", max_retries=0, timeout=60)
+def client(server: LiveServer) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=server.api_url, api_key="unused", max_retries=0, timeout=60) as sdk:
+        yield sdk
 
 
 @pytest.fixture(scope="session")

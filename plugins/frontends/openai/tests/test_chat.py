@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import math
 
-import httpx
 import openai
 import pytest
-from openai_frontend_support import GREEDY, MAX_N, TinyLlama, assert_error, extra
-
-from llmp.testing import hf_greedy
+from openai_frontend_support import GREEDY, MAX_N, TinyLlama, assert_error, extra, greedy_reference
 
 MESSAGES = [{"role": "user", "content": "The quick brown fox"}]
 MULTI_TURN = [
@@ -38,7 +35,7 @@ def test_greedy_chat_equals_transformers(client, http, tiny, messages):
     assert prompt_ids == tiny.chat_ids(messages)
     assert prompt_ids == http.post("/tokenize", json={"messages": messages}).json()["tokens"]
     choice = response.choices[0]
-    assert extra(choice, "token_ids") == hf_greedy(tiny.model, prompt_ids, 12)
+    assert extra(choice, "token_ids") == greedy_reference(tiny.model, prompt_ids, 12)
     assert choice.message.content == tiny.tokenizer.decode(extra(choice, "token_ids"), skip_special_tokens=True)
     assert response.usage.prompt_tokens == len(prompt_ids)
 
@@ -266,6 +263,34 @@ def test_streamed_logprobs(client, tiny):
     assert len(entries) == 6 and all(len(e.top_logprobs) == 2 for e in entries)
 
 
+def raw_token_bytes(tokenizer, token_id: int) -> bytes:
+    """The bytes a byte-level BPE token stands for (GPT-2's byte-to-unicode table, inverted)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
+                 *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    table = {chr(b): b for b in printable}
+    table.update({chr(256 + i): b for i, b in enumerate(b for b in range(256) if b not in printable)})
+    return bytes(table[c] for c in tokenizer.convert_ids_to_tokens(token_id))
+
+
+def test_raw_token_bytes_helper(tiny):
+    ids = tiny.tokenizer.encode("Café 🙂 ok")
+    assert b"".join(raw_token_bytes(tiny.tokenizer, i) for i in ids) == "Café 🙂 ok".encode()
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: chat logprobs 'bytes' is the UTF-8 of the decoded token text, so a token "
+                   "holding part of a character gets [] or U+FFFD's bytes instead of its own bytes")
+def test_logprob_bytes_are_the_tokens_bytes(client, tiny):
+    response = greedy_chat(client, tiny, max_tokens=12, logprobs=True, top_logprobs=0)
+    token_ids = extra(response.choices[0], "token_ids")
+    content = response.choices[0].logprobs.content
+    # ids 3..399: the tokenizer's own tokens (the model's vocabulary of 512 is larger than the tokenizer's 400)
+    known = [(t, e) for t, e in zip(token_ids, content, strict=True) if 2 < t < len(tiny.tokenizer)]
+    partial = [t for t, _ in known if "\ufffd" in tiny.tokenizer.decode([t])]
+    assert partial, "this greedy run should hold a token that is part of a character"
+    for token_id, entry in known:
+            assert bytes(entry.bytes) == raw_token_bytes(tiny.tokenizer, token_id), (token_id, entry)
+
+
 @pytest.mark.parametrize("top", [21, 30])
 def test_too_many_top_logprobs(http, tiny, top):
     response = http.post("/v1/chat/completions", json={"messages": MESSAGES, "logprobs": True, "top_logprobs": top})
@@ -301,4 +326,4 @@ def test_sdk_sees_unknown_model_as_not_found(client):
     with pytest.raises(openai.NotFoundError) as info:
         client.chat.completions.create(model="no-such-model", messages=MESSAGES, max_tokens=1)
     assert info.value.body["param"] == "model"
-    assert isinstance(info.value.response, httpx.Response)
+    assert info.value.status_code == 404
