@@ -41,7 +41,7 @@ class Completion:
             raise bad_request("suffix is not supported", "suffix")
         if body.best_of not in (None, 1):
             raise bad_request("best_of is not supported; use n", "best_of")
-        self.prompts = await self._prompts()
+        self.prompts = await fe.prompt_inputs(body.prompt, "prompt", body.add_special_tokens)
         # with echo and logprobs, the prompt's own logprobs are part of the answer
         echo_logprobs = body.echo and body.logprobs is not None
         self.params = []
@@ -58,27 +58,6 @@ class Completion:
             for (text, ids), params in zip(self.prompts, self.params, strict=True)
         ]
         return await fe.respond(self.request, bool(body.stream), self.stream if body.stream else self.whole)
-
-    async def _prompts(self) -> list[tuple[str | None, list[int]]]:
-        prompt, fe = self.body.prompt, self.fe
-        if isinstance(prompt, str):
-            prompt = [prompt]
-        elif prompt and all(isinstance(t, int) for t in prompt):
-            prompt = [prompt]
-        if not prompt:
-            raise bad_request("prompt must not be empty", "prompt")
-        out = []
-        for item in prompt:
-            if isinstance(item, str):
-                ids = await fe.encode(item, self.body.add_special_tokens)
-                text = item
-            else:
-                fe.check_token_ids(item, "prompt")
-                ids, text = list(item), None
-            if not ids:
-                raise bad_request("prompt must not be empty", "prompt")
-            out.append((text, ids))
-        return out
 
     # -- whole -------------------------------------------------------------------
 
@@ -105,13 +84,16 @@ class Completion:
         if self.body.logprobs is not None and logprobs is not None:
             entries = list(final.prompt_logprobs or [None] * len(prompt_ids))[:len(prompt_ids)] if echo else []
             choice["logprobs"] = completion_logprobs([*prompt_ids, *token_ids], [*entries, *logprobs],
-                                                     self.body.logprobs, self.as_ids)
+                                                     self.body.logprobs, self.as_ids, self._decode_one)
         if self.body.return_token_ids:
             choice["prompt_token_ids"] = self.prompts[prompt_index][1]
             choice["token_ids"] = token_ids
         if self.body.prompt_logprobs is not None:
             choice["prompt_logprobs"] = prompt_logprobs(final.prompt_logprobs)
         return choice
+
+    def _decode_one(self, token_id: int) -> str:
+        return self.fe.tokenizer.decode([token_id])
 
     def _prompt_text(self, prompt_index: int) -> tuple[str, list[int]]:
         text, ids = self.prompts[prompt_index]

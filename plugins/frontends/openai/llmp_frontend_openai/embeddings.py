@@ -38,20 +38,8 @@ def add_routes(router: APIRouter, fe: OpenAIFrontend) -> None:
 
 
 async def _inputs(fe: OpenAIFrontend, body: p.EmbeddingRequest) -> list[list[int]]:
-    items = body.input
-    if isinstance(items, str) or (items and all(isinstance(t, int) for t in items)):
-        items = [items]
-    if not items:
-        raise bad_request("input must not be empty", "input")
     out = []
-    for item in items:
-        if isinstance(item, str):
-            ids = await fe.encode(item, True)
-        else:
-            fe.check_token_ids(item, "input")
-            ids = list(item)
-        if not ids:
-            raise bad_request("input must not hold an empty string or list", "input")
+    for _, ids in await fe.prompt_inputs(body.input, "input", True):
         limit = body.truncate_prompt_tokens
         if limit is not None and limit > 0 and len(ids) > limit:
             ids = ids[-limit:]

@@ -228,6 +228,24 @@ class OpenAIFrontend:
             raise bad_request(f"the chat template could not be applied: {type(exc).__name__}: {exc}",
                               "messages") from None
 
+    async def prompt_inputs(self, value: Any, param: str, add_special_tokens: bool) -> list[tuple[str | None, list[int]]]:
+        """Text and token ids of each prompt of a ``str | list[str] | list[int] | list[list[int]]`` field."""
+        if isinstance(value, str) or (value and all(isinstance(t, int) for t in value)):
+            value = [value]
+        if not value:
+            raise bad_request(f"{param} must not be empty", param)
+        prompts = []
+        for item in value:
+            if isinstance(item, str):
+                text, ids = item, await self.encode(item, add_special_tokens)
+            else:
+                self.check_token_ids(item, param)
+                text, ids = None, list(item)
+            if not ids or item == "":  # "" is empty even when the tokenizer adds BOS/CLS
+                raise bad_request(f"{param} must not hold an empty string or list", param)
+            prompts.append((text, ids))
+        return prompts
+
     async def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         return await asyncio.to_thread(self.tokenizer.encode, text, add_special_tokens=add_special_tokens)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 FLOOR = -9999.0  # JSON has no -inf
@@ -35,14 +35,14 @@ def chat_logprobs(token_ids: Sequence[int], entries: Sequence[dict], top: int, a
 
 
 def completion_logprobs(token_ids: Sequence[int], entries: Sequence[dict | None], top: int, as_ids: bool,
-                        text_offset: int = 0) -> dict[str, Any]:
+                        decode: Callable[[int], str], text_offset: int = 0) -> dict[str, Any]:
     """``{tokens, token_logprobs, top_logprobs, text_offset}``; an entry of None (the first prompt token
-    when echoing) gives null logprobs."""
+    when echoing) gives null logprobs, and its text from ``decode``."""
     tokens, values, tops, offsets = [], [], [], []
     offset = text_offset
     for token_id, entry in zip(token_ids, entries, strict=False):
         chosen = entry.get(token_id) if entry else None
-        text = _token(token_id, chosen.decoded_token if chosen else None, as_ids)
+        text = _token(token_id, chosen.decoded_token if chosen else decode(token_id), as_ids)
         tokens.append(text)
         offsets.append(offset)
         offset += len(text)
