@@ -42,7 +42,7 @@ def test_defaults_and_normalisation():
         ({"logit_bias": {5: 101.0}}, r"logit_bias\[5\] must be in \[-100.0, 100.0\]"),
         ({"logit_bias": {-1: 1.0}}, "logit_bias key must be >= 0"),
         ({"allowed_token_ids": []}, "allowed_token_ids must not be empty"),
-        ({"temperature": "hot"}, "temperature must be a number"),
+        ({"temperature": "hot"}, "temperature must be a finite number"),
         ({"n": True}, "n must be an integer"),
     ],
 )

@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import zmq
 
 from llmp.api import EngineDeadError, LLMPError
@@ -192,9 +193,13 @@ class AsyncLLM:
     def _send(self, message: Any) -> None:
         if self._closed:
             raise EngineDeadError("the engine has been shut down")
+        try:
+            frame = msg.encoder.encode(message)
+        except (OverflowError, msgspec.EncodeError) as exc:  # e.g. an integer past 64 bits
+            raise ValueError(f"the request cannot be sent to the engine: {exc}") from None
         with self._send_lock:
             try:
-                self._input.send(msg.encoder.encode(message), zmq.NOBLOCK, copy=False)
+                self._input.send(frame, zmq.NOBLOCK, copy=False)
             except zmq.Again:  # a PUSH socket without peers would block for ever
                 raise EngineDeadError("the engine is not connected (it has exited)") from None
 

@@ -6,6 +6,7 @@ range, before any work is queued.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 
@@ -79,15 +80,20 @@ class SamplingParams:
                 _at_least("allowed_token_ids[]", token, 0)
 
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # what the engine's messages and tensors hold
+
+
 def _number(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"{name} must be a number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
     return float(value)
 
 
 def _integer(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{name} must be an integer, got {value!r}")
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise ValueError(f"{name} must fit in 64 bits ({INT64_MIN} to {INT64_MAX}), got {value!r}")
     return value
 
 

@@ -15,6 +15,7 @@ import time
 import traceback
 from typing import Any
 
+import msgspec
 import zmq
 
 from llmp.api import LLMPError
@@ -73,7 +74,12 @@ class EngineCoreLoop:
                 frame = self.input.recv(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            self._handle(msg.to_engine_decoder.decode(frame.buffer))
+            try:
+                message = msg.to_engine_decoder.decode(frame.buffer)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:  # a client bug must not stop the engine
+                log.error("dropped an undecodable message: %s", exc)
+                continue
+            self._handle(message)
 
     def _handle(self, message: Any) -> None:
         if isinstance(message, msg.AddRequest):
@@ -88,6 +94,11 @@ class EngineCoreLoop:
                                             message.delta)
             except (ValueError, TypeError, LLMPError) as exc:
                 self.send(msg.RequestFailed(message.request_id, _error_type(exc), str(exc)))
+            except Exception as exc:  # an input nobody foresaw fails its request, never the engine
+                log.error("request %s was refused:\n%s", message.request_id, traceback.format_exc())
+                self.engine.abort_request([message.request_id])
+                self.send(msg.RequestFailed(message.request_id, "ValueError",
+                                            f"the engine cannot take this request: {type(exc).__name__}: {exc}"))
         elif isinstance(message, msg.AbortRequests):
             finals = self.engine.abort_request(message.request_ids)
             if finals:

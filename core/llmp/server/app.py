@@ -98,11 +98,12 @@ class GateMiddleware:
             length = headers.get("content-length")
             if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
                 return await send_json(send, 413, self._too_large())
-            receive = self._limited(receive)
-        try:
-            await self.app(scope, receive, send)
-        except BodyTooLarge:  # a chunked body that grew past the limit; nothing was sent yet
-            await send_json(send, 413, self._too_large())
+            if length is None:  # chunked: read it here, so going over the limit is a 413, not a parse error
+                try:
+                    receive = await self._buffered(receive)
+                except BodyTooLarge:
+                    return await send_json(send, 413, self._too_large())
+        await self.app(scope, receive, send)
 
     def _authorized(self, headers: Mapping[str, str]) -> bool:
         scheme, _, token = headers.get("authorization", "").partition(" ")
@@ -116,19 +117,28 @@ class GateMiddleware:
         return error_body(f"the request body exceeds the limit of {self.max_body_bytes} bytes "
                           "(--max-request-body-bytes)", "invalid_request_error", code=413)
 
-    def _limited(self, receive: Callable) -> Callable:
-        received = 0
-
-        async def limited_receive() -> dict:
-            nonlocal received
+    async def _buffered(self, receive: Callable) -> Callable:
+        """The whole body, read up to the limit, then replayed as one message."""
+        chunks, size = [], 0
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_body_bytes:
-                    raise BodyTooLarge
-            return message
+            if message["type"] != "http.request":
+                return _replay([message], receive)  # the client left while sending
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_body_bytes:
+                raise BodyTooLarge
+            if not message.get("more_body", False):
+                return _replay([{"type": "http.request", "body": b"".join(chunks), "more_body": False}], receive)
 
-        return limited_receive
+
+def _replay(messages: list[dict], receive: Callable) -> Callable:
+    pending = list(messages)
+
+    async def replay() -> dict:
+        return pending.pop(0) if pending else await receive()
+
+    return replay
 
 
 class RequestIdMiddleware:

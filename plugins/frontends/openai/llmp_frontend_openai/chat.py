@@ -86,7 +86,7 @@ class ChatCompletion:
     def _logprobs(self, seq: Any) -> dict[str, Any] | None:
         if self.top is None or seq.logprobs is None:
             return None
-        return chat_logprobs(seq.token_ids, seq.logprobs, self.top, self.as_ids)
+        return chat_logprobs(seq.token_ids, seq.logprobs, self.top, self.as_ids, self.fe.token_bytes)
 
     # -- streamed ----------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from llmp.sampling_params import SamplingParams
 from llmp.server.app import request_id_of, until_disconnected
 from llmp.server.errors import APIError, bad_request, error_body
 from llmp_frontend_openai import protocol as p
+from llmp_frontend_openai.logprobs import TokenBytes
 
 DONE = "data: [DONE]\n\n"
 
@@ -44,6 +45,7 @@ class OpenAIFrontend:
         self.task = options.get("task", "generate")
         self.tokenizer = engine.get_tokenizer()
         self.control_texts = _control_texts(self.tokenizer)
+        self.token_bytes = TokenBytes(self.tokenizer)
         self.defaults = _generation_defaults(options.get("model_root"), options.get("generation_config", "auto"))
         self.created = int(time.time())
         self.responses: Any = None  # the Responses API store, built with its routes

@@ -52,7 +52,7 @@ class SamplingFields(OpenAIModel):
     allowed_token_ids: list[int] | None = None
     echo: bool = False
     return_token_ids: bool = False
-    priority: int = 0
+    priority: int = Field(0, ge=-INT64, le=INT64 - 1)
     request_id: str | None = None
     response_format: dict[str, Any] | None = None
     structured_outputs: dict[str, Any] | None = None
@@ -100,7 +100,7 @@ class EmbeddingRequest(OpenAIModel):
     user: str | None = None
     normalize: bool | None = None
     truncate_prompt_tokens: int | None = None
-    priority: int = 0
+    priority: int = Field(0, ge=-INT64, le=INT64 - 1)
 
 
 class TokenizeRequest(OpenAIModel):
