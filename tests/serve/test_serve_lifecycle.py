@@ -142,7 +142,7 @@ def test_several_frontends_mount_on_one_server_behind_the_same_gate(model_dir: P
     from llmp.testing import pip_install_target
 
     site = tmp_path / "site"
-    pip_install_target(site, Path(__file__).parent / "fixtures" / "llmp-frontend-echo")
+    pip_install_target(site, Path(__file__).parents[1] / "fixtures" / "llmp-frontend-echo")
     env = {"PYTHONPATH": str(site)}
     with serving(model_dir, "--frontend", "openai", "--frontend", "echo", "--api-key", "k", env=env) as server:
         auth = {"Authorization": "Bearer k", "Content-Type": "application/json"}
