@@ -103,6 +103,7 @@ class MeteredEngine:
         seen: dict[int, int] = {}  # tokens so far per sequence index
         delta = kwargs.get("delta", False)
         output = None
+        failed = False
         try:
             async for output in self._engine.generate(prompt, params, request_id, **kwargs):
                 new = 0
@@ -120,7 +121,7 @@ class MeteredEngine:
                 yield output
         except Exception:
             m.failures.inc()
-            output = None
+            failed = True
             raise
         finally:
             generated = sum(seen.values())
@@ -133,7 +134,7 @@ class MeteredEngine:
                 m.e2e.observe(time.perf_counter() - arrival)
                 reason = output.outputs[0].finish_reason if output.outputs else None
                 m.success.labels(finished_reason=reason or "abort", **m.label).inc()
-            elif output is not None:  # the caller stopped reading: the engine aborts it
+            elif not failed:  # the caller stopped reading (perhaps before any output): the engine aborts it
                 m.success.labels(finished_reason="abort", **m.label).inc()
 
     async def encode(self, prompt: Any, pooling_params: Any = None, request_id: str | None = None,
