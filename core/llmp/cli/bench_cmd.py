@@ -181,7 +181,8 @@ async def timed_request(client: Any, url: str, payload: dict[str, Any], api_key:
         async for chunk in stream_chunks(client, url, payload, api_key):
             now = time.perf_counter()
             usage = chunk.get("usage") or usage  # the include_usage chunk comes last, with no choices
-            if not chunk_text(chunk):
+            # output: text, or the last chunk (its tokens may all have been ones that decode to no text)
+            if not chunk_text(chunk) and not any(c.get("finish_reason") for c in chunk.get("choices") or ()):
                 continue
             if chunks == 0:
                 result.ttft = now - start
@@ -193,7 +194,7 @@ async def timed_request(client: Any, url: str, payload: dict[str, Any], api_key:
         return result
     result.latency = time.perf_counter() - start
     if chunks == 0:
-        result.error = f"{url} streamed no text"
+        result.error = f"{url} streamed no output"
         return result
     result.ok = True
     result.input_tokens = int(usage.get("prompt_tokens") or 0)

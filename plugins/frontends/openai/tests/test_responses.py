@@ -1,0 +1,143 @@
+"""``/v1/responses`` through the official SDK: parity with chat, the streamed event grammar, the store."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+from openai_frontend_support import assert_error
+
+from llmp.testing import LiveServer, serving
+
+GREEDY = {"temperature": 0, "extra_body": {"ignore_eos": True}}
+
+
+@pytest.fixture(scope="module")
+def store_server(tiny) -> Iterator[LiveServer]:
+    with serving(tiny.path, "--enable-store") as live:
+        yield live
+
+
+@pytest.fixture(scope="module")
+def store(store_server) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=store_server.api_url, api_key="x", max_retries=0, timeout=60) as sdk:
+        yield sdk
+
+
+def chat_text(client: openai.OpenAI, tiny, messages: list[dict], max_tokens: int) -> str:
+    response = client.chat.completions.create(model=tiny.name, messages=messages, max_tokens=max_tokens, **GREEDY)
+    return response.choices[0].message.content
+
+
+def test_a_response_equals_the_chat_completion_of_the_same_conversation(client, tiny):
+    response = client.responses.create(model=tiny.name, input="The quick brown fox", max_output_tokens=10, **GREEDY)
+    assert response.id.startswith("resp_") and response.object == "response"
+    assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
+    assert response.output[0].type == "message" and response.output[0].role == "assistant"
+    assert response.output_text == chat_text(client, tiny, [{"role": "user", "content": "The quick brown fox"}], 10)
+    usage = response.usage
+    assert usage.output_tokens == 10 and usage.input_tokens > 0
+    assert usage.total_tokens == usage.input_tokens + usage.output_tokens
+
+
+def test_instructions_and_input_items_render_as_system_and_user_messages(client, tiny):
+    items = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Zürich"}]}]
+    response = client.responses.create(model=tiny.name, instructions="Be brief.", input=items,
+                                       max_output_tokens=8, **GREEDY)
+    expected = chat_text(client, tiny, [{"role": "system", "content": "Be brief."},
+                                        {"role": "user", "content": "Zürich"}], 8)
+    assert response.output_text == expected
+    as_string = client.responses.create(model=tiny.name, instructions="Be brief.", input="Zürich",
+                                        max_output_tokens=8, **GREEDY)
+    assert as_string.output_text == expected
+
+
+def test_a_response_that_ends_by_itself_is_completed(client, tiny):
+    response = client.responses.create(model=tiny.name, input="hi", max_output_tokens=200, temperature=0,
+                                       extra_body={"stop": [" "], "include_stop_str_in_output": False})
+    assert response.status in ("completed", "incomplete")
+    if response.usage.output_tokens < 200:
+        assert response.status == "completed" and response.incomplete_details is None
+
+
+def test_the_streamed_events_follow_the_grammar_and_spell_the_whole_text(client, tiny):
+    whole = client.responses.create(model=tiny.name, input="Paged attention", max_output_tokens=12, **GREEDY)
+    events = list(client.responses.create(model=tiny.name, input="Paged attention", max_output_tokens=12,
+                                          stream=True, **GREEDY))
+    kinds = [e.type for e in events]
+    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]
+    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                          "response.incomplete"]
+    assert set(kinds[4:-4]) == {"response.output_text.delta"}
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == whole.output_text == events[-4].text
+    final = events[-1].response
+    assert final.output_text == text and final.usage.output_tokens == 12
+    assert events[0].response.status == "in_progress" and events[0].response.output == []
+
+
+def test_without_the_store_nothing_is_kept(client, http, tiny):
+    response = client.responses.create(model=tiny.name, input="hi", max_output_tokens=2)
+    assert_error(http.get(f"/v1/responses/{response.id}"), 404, contains=response.id)
+    body = {"model": tiny.name, "input": "again", "previous_response_id": response.id, "max_output_tokens": 2}
+    assert_error(http.post("/v1/responses", json=body), 404, param="response_id")
+    body = {"model": tiny.name, "input": "hi", "background": True, "max_output_tokens": 2}
+    assert_error(http.post("/v1/responses", json=body), 400, param="background", contains="--enable-store")
+
+
+def test_unsupported_requests_are_refused(http, tiny):
+    schema = {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}}
+    assert_error(http.post("/v1/responses", json={"model": tiny.name, "input": "hi", "text": schema}), 400,
+                 param="text")
+    tools = [{"type": "function", "name": "f", "parameters": {"type": "object"}}]
+    body = {"model": tiny.name, "input": "hi", "tools": tools, "tool_choice": "auto"}
+    assert_error(http.post("/v1/responses", json=body), 400, param="tool_choice")
+    assert_error(http.post("/v1/responses", json={"model": tiny.name, "input": []}), 400, param="input")
+    image = [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]
+    assert_error(http.post("/v1/responses", json={"model": tiny.name, "input": image}), 400, param="input")
+    assert_error(http.post("/v1/responses", json={"model": "nope", "input": "hi"}), 404, param="model")
+
+
+def test_stored_responses_are_retrieved_and_continued(store, tiny):
+    first = store.responses.create(model=tiny.name, input="The quick brown fox", max_output_tokens=6, **GREEDY)
+    again = store.responses.retrieve(first.id)
+    assert again.id == first.id and again.output_text == first.output_text
+    follow = store.responses.create(model=tiny.name, input="jumps", previous_response_id=first.id,
+                                    max_output_tokens=6, **GREEDY)
+    history = [{"role": "user", "content": "The quick brown fox"},
+               {"role": "assistant", "content": first.output_text}, {"role": "user", "content": "jumps"}]
+    assert follow.output_text == chat_text(store, tiny, history, 6)
+    assert follow.previous_response_id == first.id
+    # branches from the same response are independent
+    other = store.responses.create(model=tiny.name, input="sleeps", previous_response_id=first.id,
+                                   max_output_tokens=6, **GREEDY)
+    history[-1] = {"role": "user", "content": "sleeps"}
+    assert other.output_text == chat_text(store, tiny, history, 6)
+
+
+def test_store_false_is_not_kept(store, store_server, tiny):
+    response = store.responses.create(model=tiny.name, input="hi", max_output_tokens=2, store=False)
+    assert_error(httpx.get(f"{store_server.url}/v1/responses/{response.id}"), 404)
+
+
+def test_background_responses_run_and_can_be_cancelled(store, store_server, tiny):
+    queued = store.responses.create(model=tiny.name, input="hi", max_output_tokens=4, background=True, **GREEDY)
+    assert queued.status == "queued"
+    deadline = time.monotonic() + 30
+    while store.responses.retrieve(queued.id).status not in ("completed", "incomplete"):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    done = store.responses.retrieve(queued.id)
+    assert done.usage.output_tokens == 4 and done.output_text
+    response = httpx.post(f"{store_server.url}/v1/responses/{queued.id}/cancel")
+    assert_error(response, 400, contains="Cannot cancel")
+
+    long = store.responses.create(model=tiny.name, input="hi", max_output_tokens=400, background=True, **GREEDY)
+    cancelled = store.responses.cancel(long.id)
+    assert cancelled.status == "cancelled"
+    assert store.responses.retrieve(long.id).status == "cancelled"
