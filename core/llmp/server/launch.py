@@ -41,7 +41,11 @@ def run(settings: Any) -> int:
     engine = starter.submit(_start_engine, settings, model_dir)
     tokenizer = starter.submit(_load_tokenizer, model_dir)
     starter.shutdown(wait=False)
-    classes = [(name, spec.load()) for name, spec in frontends]
+    try:
+        classes = [(name, spec.load()) for name, spec in frontends]
+    except LLMPError as exc:  # the engine process, already starting, exits with this one
+        print(f"llmp serve: {exc}", file=sys.stderr)
+        return 2
     return asyncio.run(_serve(settings, classes, chat_template, sock, engine, tokenizer, started))
 
 
@@ -137,14 +141,16 @@ async def _serve(settings: Any, frontends: list[tuple[str, type]], chat_template
     )
     server = _server_class()(config, state)
     serving = asyncio.create_task(server.serve(sockets=[sock]))
-    engine = None
+    loaded = None
     try:
         state.phase = "loading"
         loaded = await _load_engine(settings, starting, server, serving)
-        if loaded is not None:
+        if loaded is None:  # interrupted while loading
+            return await _finish(serving, 0)
+        try:
             loaded.set_tokenizer(await asyncio.wrap_future(tokenizer))
-        if loaded is None:  # interrupted, or the server could not start
-            return await _finish(serving, 1 if state.error else 0)
+        except Exception as exc:
+            raise LLMPError(f"cannot load the tokenizer: {type(exc).__name__}: {exc}") from None
         engine = MeteredEngine(loaded, metrics)
         options = frontend_options(settings, served_names, chat_template, loaded.info)
         tasks = _mount(app, engine, frontends, options)
@@ -162,8 +168,8 @@ async def _serve(settings: Any, frontends: list[tuple[str, type]], chat_template
         server.should_exit = True
         return await _finish(serving, 1)
     finally:
-        if engine is not None:
-            await asyncio.to_thread(engine.shutdown)
+        if loaded is not None:
+            await asyncio.to_thread(loaded.shutdown)
 
 
 async def _finish(serving: asyncio.Task, status: int) -> int:

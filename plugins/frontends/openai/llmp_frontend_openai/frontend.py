@@ -48,7 +48,6 @@ class OpenAIFrontend:
         self.token_bytes = TokenBytes(self.tokenizer)
         self.defaults = _generation_defaults(options.get("model_root"), options.get("generation_config", "auto"))
         self.created = int(time.time())
-        self.responses: Any = None  # the Responses API store, built with its routes
 
     # -- routes ----------------------------------------------------------------
 
