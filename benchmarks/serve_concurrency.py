@@ -75,7 +75,8 @@ def main() -> None:
     print("\n| concurrency | req/s | output tok/s | TTFT median / p99 (ms) | TPOT median (ms) | ITL median / p99 (ms) "
           "| E2E median (ms) |\n|---|---|---|---|---|---|---|")
     for concurrency, r in rows:
-        cells = [f"{r[k]:.1f}" if r[k] is not None else "-" for k in COLUMNS]
+        cells = [("-" if r[k] is None else f"{r[k]:.2f}" if k == "request_throughput" else f"{r[k]:.1f}")
+                 for k in COLUMNS]
         print(f"| {concurrency} | {cells[0]} | {cells[1]} | {cells[2]} / {cells[3]} | {cells[4]} | "
               f"{cells[5]} / {cells[6]} | {cells[7]} |")
 

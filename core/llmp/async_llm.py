@@ -60,7 +60,7 @@ class AsyncLLM:
     """
 
     def __init__(self, model: str | None = None, *, engine_mode: str = "process",
-                 ready_timeout: float = 900.0, **engine_options: Any) -> None:
+                 ready_timeout: float = 900.0, wait: bool = True, **engine_options: Any) -> None:
         if engine_mode not in ("process", "thread"):
             raise ValueError(f"engine_mode must be 'process' or 'thread', got {engine_mode!r}")
         self.config = EngineConfig(model=model, **engine_options)
@@ -83,11 +83,20 @@ class AsyncLLM:
         self._process: EngineProcess | None = None
         self._thread: threading.Thread | None = None
         self._start_engine(in_address, out_address)
-        self.info = self._wait_ready(ready_timeout)
-        self._reader = threading.Thread(target=self._read_outputs, name="llmp-output-reader", daemon=True)
-        self._reader.start()
         self._finalizer = weakref.finalize(self, _stop_process, self._process)
         atexit.register(self._finalizer)
+        self.info: dict[str, Any] = {}
+        if wait:
+            self.wait_ready(ready_timeout)
+
+    def wait_ready(self, timeout: float = 900.0) -> None:
+        """Block until the engine has loaded its model (``AsyncLLM(..., wait=False)`` returns before that,
+        with the engine process already started, so the caller can do other work meanwhile)."""
+        if self.info:
+            return
+        self.info = self._wait_ready(timeout)
+        self._reader = threading.Thread(target=self._read_outputs, name="llmp-output-reader", daemon=True)
+        self._reader.start()
 
     # -- start-up -----------------------------------------------------------
 
@@ -300,9 +309,9 @@ class AsyncLLM:
     def get_tokenizer(self) -> Any:
         """The model's tokenizer, loaded in this process on first use."""
         if self._tokenizer is None:
-            from transformers import AutoTokenizer
+            from llmp.modeling.files import load_tokenizer
 
-            self._tokenizer = AutoTokenizer.from_pretrained(self.config.tokenizer or self.info["model_dir"])
+            self._tokenizer = load_tokenizer(self.config.tokenizer or self.info["model_dir"])
         return self._tokenizer
 
     def set_tokenizer(self, tokenizer: Any) -> None:

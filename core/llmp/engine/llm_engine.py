@@ -29,9 +29,9 @@ from llmp.sampling_params import SamplingParams
 class LLMEngine:
     def __init__(self, config: EngineConfig, stat_loggers: Sequence[Any] = ()) -> None:
         import torch
-        from transformers import AutoConfig, AutoTokenizer
+        from transformers import AutoConfig
 
-        from llmp.modeling.files import resolve_model
+        from llmp.modeling.files import load_tokenizer, resolve_model
 
         self.config = config
         started = time.perf_counter()
@@ -41,7 +41,7 @@ class LLMEngine:
         model_dir = resolve_model(config.model)
         self.model_dir = model_dir
         self.hf_config = AutoConfig.from_pretrained(model_dir)
-        self.tokenizer = AutoTokenizer.from_pretrained(config.tokenizer or model_dir)
+        self.tokenizer = load_tokenizer(config.tokenizer or model_dir)
         from llmp.engine.model_runner import architectures
 
         model_spec = registry.select_model(architectures(self.hf_config), config.model_impl)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from llmp.api import LLMPError
-from llmp.modeling.files import DEFAULT_MODEL, resolve_model
+from llmp.modeling.files import DEFAULT_MODEL, load_tokenizer, resolve_model
 from llmp.server.app import ServerState, build_app
 from llmp.server.metrics import MeteredEngine, ServerMetrics
 
@@ -36,9 +36,17 @@ def run(settings: Any) -> int:
         print(f"llmp serve: {exc}", file=sys.stderr)
         return 2
     # Start-up time is mostly imports: the engine process starts first, and this process imports
-    # the web stack and loads the tokenizer while the engine loads the model.
+    # the web stack and loads the tokenizer while the engine loads the model. The engine process is
+    # spawned before any other thread runs (a vfork beside a running thread can fail with EFAULT).
+    from llmp.async_llm import AsyncLLM
+
+    try:
+        starting = AsyncLLM(str(model_dir), engine_mode="process", wait=False, **engine_options(settings))
+    except (ValueError, TypeError, LLMPError) as exc:
+        print(f"llmp serve: {exc}", file=sys.stderr)
+        return 2
     starter = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="llmp-start")
-    engine = starter.submit(_start_engine, settings, model_dir)
+    engine = starter.submit(_wait_ready, starting)
     tokenizer = starter.submit(_load_tokenizer, model_dir)
     starter.shutdown(wait=False)
     try:
@@ -49,16 +57,16 @@ def run(settings: Any) -> int:
     return asyncio.run(_serve(settings, classes, chat_template, sock, engine, tokenizer, started))
 
 
-def _start_engine(settings: Any, model_dir: Path) -> Any:
-    from llmp.async_llm import AsyncLLM
-
-    return AsyncLLM(str(model_dir), engine_mode="process", **engine_options(settings))
+def _wait_ready(engine: Any) -> Any:
+    engine.wait_ready()
+    return engine
 
 
 def _load_tokenizer(model_dir: Path) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model_dir)
+    started = time.monotonic()
+    tokenizer = load_tokenizer(model_dir)
+    log.debug("tokenizer loaded in %.2f s (in a thread)", time.monotonic() - started)
+    return tokenizer
 
 
 def _frontend_specs(names: list[str]) -> list[tuple[str, Any]]:
@@ -141,16 +149,19 @@ async def _serve(settings: Any, frontends: list[tuple[str, type]], chat_template
     )
     server = _server_class()(config, state)
     serving = asyncio.create_task(server.serve(sockets=[sock]))
+    log.debug("HTTP server starting after %.2f s", time.monotonic() - started)
     loaded = None
     try:
         state.phase = "loading"
         loaded = await _load_engine(settings, starting, server, serving)
         if loaded is None:  # interrupted while loading
             return await _finish(serving, 0)
+        log.debug("engine ready after %.2f s", time.monotonic() - started)
         try:
             loaded.set_tokenizer(await asyncio.wrap_future(tokenizer))
         except Exception as exc:
             raise LLMPError(f"cannot load the tokenizer: {type(exc).__name__}: {exc}") from None
+        log.debug("tokenizer ready after %.2f s", time.monotonic() - started)
         engine = MeteredEngine(loaded, metrics)
         options = frontend_options(settings, served_names, chat_template, loaded.info)
         tasks = _mount(app, engine, frontends, options)
