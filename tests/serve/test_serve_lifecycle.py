@@ -204,3 +204,32 @@ def test_sigterm_to_the_whole_process_group_still_exits_cleanly(model_dir: Path)
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+
+
+def test_sigterm_drains_in_flight_streams_and_refuses_new_connections(model_dir: Path) -> None:
+    import threading
+
+    body = json.dumps({"prompt": "The quick", "max_tokens": 200, "ignore_eos": True, "stream": True}).encode()
+    with serving(model_dir, "--shutdown-timeout", "30") as server:
+        request = urllib.request.Request(f"{server.url}/v1/completions", body, {"Content-Type": "application/json"})
+        lines: list[str] = []
+
+        def read() -> None:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                lines.extend(line.decode() for line in response if line.strip())
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        deadline = time.monotonic() + 30
+        while not lines and time.monotonic() < deadline:
+            time.sleep(0.02)
+        server.process.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        with pytest.raises(OSError):
+            _get(f"{server.url}/v1/models")
+        reader.join(60)
+        assert server.process.wait(timeout=60) == 0, server.log()
+    assert lines[-1] == "data: [DONE]\n"
+    finals = [json.loads(line[6:]) for line in lines[:-1]]
+    assert finals[-1]["choices"][0]["finish_reason"] == "length"
+    assert sum(1 for c in finals if c["choices"]) >= 50  # the stream ran on after the signal
