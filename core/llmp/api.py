@@ -355,15 +355,22 @@ class KernelSet(Protocol):
         """``silu(x[..., :d]) * x[..., d:]`` for x [T, 2d]."""
         ...
 
+    def gelu_tanh_and_mul(self, x: Tensor) -> Tensor:
+        """``gelu_tanh(x[..., :d]) * x[..., d:]`` for x [T, 2d] (Gemma's gated MLP)."""
+        ...
+
     def write_kv(self, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:
         """Store k, v [T, Hkv, D] into caches [B, S, Hkv, D] at flat slots [T] (-1 = skip)."""
         ...
 
     def paged_attention(
-        self, q: Tensor, k_cache: Tensor, v_cache: Tensor, metadata: AttentionMetadata, scale: float
+        self, q: Tensor, k_cache: Tensor, v_cache: Tensor, metadata: AttentionMetadata, scale: float,
+        softcap: float | None = None,
     ) -> Tensor:
         """Causal attention of q [T, H, D] over the paged cache for a mixed
-        prefill/decode batch described by ``metadata``; returns [T, H, D]."""
+        prefill/decode batch described by ``metadata``; returns [T, H, D].
+        With ``softcap`` the scores are capped as ``softcap * tanh(scores / softcap)``
+        before the softmax (Gemma 2)."""
         ...
 
 
@@ -373,6 +380,10 @@ class Model(Protocol):
 
     The runner builds it under ``torch.device("meta")``, moves it to the device
     with ``to_empty``, calls ``tie_weights()`` if present, then ``load_weights``.
+    A class with a ``load_pretrained(model_dir, config, kernels, dtype, device)``
+    classmethod builds and loads itself instead (the transformers fallback).
+    A pooling model sets ``is_pooling_model = True``; the runner pools the
+    hidden states of ``forward`` and never calls ``compute_logits``.
     """
 
     def __init__(self, config: Any, kernels: KernelSet) -> None: ...

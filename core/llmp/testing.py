@@ -81,31 +81,73 @@ def tiny_tokenizer(vocab_size: int = 400) -> Any:
     return fast
 
 
-def save_tiny_llama(path: Path, *, seed: int = 0, logit_scale: float = 8.0, max_shard_size: str | None = None,
-                    **config: Any) -> Any:
-    """Save a random-weight ``LlamaForCausalLM`` and a tiny tokenizer as a Hugging Face directory.
+TINY_DECODER = dict(
+    vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=512, bos_token_id=0, eos_token_id=1, tie_word_embeddings=False,
+)
 
-    The LM head is scaled by ``logit_scale`` so greedy argmax margins are wide
-    enough for token-for-token comparisons. Returns the transformers model.
+
+def save_tiny_model(path: Path, architecture: str, *, seed: int = 0, logit_scale: float = 8.0, qk_scale: float = 1.0,
+                    max_shard_size: str | None = None, **config: Any) -> Any:
+    """Save a random-weight transformers model of ``architecture`` (``"Qwen3ForCausalLM"`` ...)
+    and a tiny tokenizer as a Hugging Face directory; returns the transformers model.
+
+    ``config`` overrides :data:`TINY_DECODER`. The LM head is scaled by
+    ``logit_scale`` so greedy argmax margins are wide enough for token-for-token
+    comparisons; q and k projections are scaled by ``qk_scale`` so attention
+    scores are large enough for masks and soft-capping to matter (random
+    initialisation leaves attention almost uniform).
     """
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    import transformers
 
-    settings = dict(
-        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=512, bos_token_id=0, eos_token_id=1,
-        tie_word_embeddings=False,
-    )
-    settings.update(config)
+    model_cls = getattr(transformers, architecture)
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(LlamaConfig(**settings)).float().eval()
+    model = model_cls(model_cls.config_class(**{**TINY_DECODER, **config})).float().eval()
+    head = model.get_output_embeddings()
     with torch.no_grad():
-        head = model.get_output_embeddings().weight
-        head.mul_(logit_scale)
+        if head is not None:
+            head.weight.mul_(logit_scale)
+        for name, param in model.named_parameters():
+            if ".q_proj." in name or ".k_proj." in name:
+                param.mul_(qk_scale)
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(path, **kwargs)
     tiny_tokenizer().save_pretrained(path)
     return model
+
+
+def save_tiny_llama(path: Path, *, seed: int = 0, logit_scale: float = 8.0, max_shard_size: str | None = None,
+                    **config: Any) -> Any:
+    """:func:`save_tiny_model` of a ``LlamaForCausalLM``."""
+    return save_tiny_model(path, "LlamaForCausalLM", seed=seed, logit_scale=logit_scale,
+                           max_shard_size=max_shard_size, **config)
+
+
+def mixed_prompts(count: int = 8, shared_prefix: int = 0, seed: int = 1, vocab: int = 512) -> list[list[int]]:
+    """``count`` random token prompts of 3 to 60 tokens after an optional shared prefix."""
+    import random
+
+    rng = random.Random(seed)
+    prefix = [rng.randrange(3, vocab) for _ in range(shared_prefix)]
+    return [prefix + [rng.randrange(3, vocab) for _ in range(rng.randint(3, 60))] for _ in range(count)]
+
+
+def engine_greedy(path: Path, prompts: list[list[int]], max_tokens: int = 24, **options: Any) -> tuple[list, Any]:
+    """llmp's greedy continuations of ``prompts`` (float32, blocks of 4 tokens) and the ``LLM``."""
+    from llmp import LLM, SamplingParams
+
+    llm = LLM(str(path), dtype="float32", block_size=4, **options)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return [o.outputs[0].token_ids for o in outputs], llm
+
+
+def assert_greedy_parity(model: Any, prompts: list[list[int]], got: list[list[int]], max_tokens: int = 24) -> None:
+    """Each of llmp's continuations equals transformers' greedy one, token for token."""
+    for prompt, tokens in zip(prompts, got, strict=True):
+        expected = hf_greedy(model, prompt, max_tokens)
+        assert list(tokens) == expected, f"prompt of {len(prompt)} tokens diverged:\n{list(tokens)}\n{expected}"
 
 
 def minilm_dir() -> Path:

@@ -40,6 +40,7 @@ class ServeSettings(CommandSettings):
     block_size: int = 16
     kernels: str | None = None
     model_impl: str = "auto"
+    task: str = "auto"
     num_threads: int | None = None
     seed: int = 0
     # requests
@@ -94,7 +95,12 @@ def serve(
     kv_cache_memory_gib: float = typer.Option(4.0, help="Memory for the KV cache, in GiB."),
     block_size: int = typer.Option(16, help="Tokens per KV-cache block."),
     kernels: str | None = typer.Option(None, help="Kernel set (default: the best for the device)."),
-    model_impl: str = typer.Option("auto", help="auto, native or transformers."),
+    model_impl: str = typer.Option(
+        "auto", help="auto (native when a plugin provides the architecture, else transformers), native or transformers."
+    ),
+    task: str = typer.Option(
+        "auto", help="auto, generate or embed (serve a causal LM's pooled hidden states on /v1/embeddings)."
+    ),
     num_threads: int | None = typer.Option(None, help="Torch threads of the engine (default: all cores)."),
     seed: int = typer.Option(0, help="Engine seed for requests without one."),
     chat_template: str | None = typer.Option(None, help="Chat template: a file path or the template text."),

@@ -30,12 +30,15 @@ class EngineConfig:
     ray_address: str | None = None  # the ray executor's cluster; None = RAY_ADDRESS, else a local one
     worker_timeout_s: float = 300.0  # a worker silent this long in a step is taken for dead
     model_impl: str = "auto"  # auto | native | transformers
+    task: str = "auto"  # auto | generate | embed (a causal LM's hidden states pooled into embeddings)
     num_threads: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "bfloat16", "float16", "float32"):
             raise ValueError(f"dtype must be auto, bfloat16, float16 or float32, got {self.dtype!r}")
+        if self.task not in ("auto", "generate", "embed"):
+            raise ValueError(f"task must be auto, generate or embed, got {self.task!r}")
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if self.tensor_parallel_size < 1:

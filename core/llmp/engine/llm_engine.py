@@ -26,6 +26,22 @@ from llmp.pooling_params import PoolingParams
 from llmp.sampling_params import SamplingParams
 
 
+def resolve_task(requested: str, model_spec: Any, model_dir: Any) -> str:
+    """``generate`` or ``embed``: what the engine does with the model.
+
+    ``auto`` embeds with models that only embed and with causal LMs shipped as
+    sentence-transformers models (Qwen3-Embedding); otherwise it generates.
+    """
+    from llmp.modeling.pooling import has_sentence_transformers_config
+
+    tasks = getattr(model_spec, "tasks", ("generate",))
+    if requested == "auto":
+        return "embed" if "generate" not in tasks or has_sentence_transformers_config(model_dir) else "generate"
+    if requested == "generate" and "generate" not in tasks:
+        raise ValueError(f"the {model_spec.name} model produces embeddings; it cannot generate text (task='generate')")
+    return requested
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig, stat_loggers: Sequence[Any] = ()) -> None:
         import torch
@@ -45,13 +61,17 @@ class LLMEngine:
         from llmp.engine.model_runner import architectures
 
         model_spec = registry.select_model(architectures(self.hf_config), config.model_impl)
-        self.task = "generate" if "generate" in getattr(model_spec, "tasks", ("generate",)) else "embed"
+        self.task = resolve_task(config.task, model_spec, model_dir)
         if self.task == "embed":
-            from llmp.modeling.pooling import Pooler
+            from llmp.modeling.pooling import Pooler, as_pooling_model
 
-            # encoders attend both ways over the whole prompt: no prefix reuse, no chunks
-            self.config = config = dataclasses.replace(config, enable_prefix_caching=False)
-            self.default_normalize = Pooler.from_model_dir(model_dir, "cls").normalize
+            model_cls = as_pooling_model(model_spec.load(), "embed")
+            pooler = Pooler.from_model_dir(model_dir, getattr(model_cls, "default_pooling", "cls"),
+                                           getattr(model_cls, "default_normalize", False))
+            # each embedding is computed whole in one step: no prefix reuse, no chunks
+            config = dataclasses.replace(config, enable_prefix_caching=False, task="embed")
+            self.config = config
+            self.default_normalize = pooler.normalize
         executor_cls = registry.load_component("executor", config.executor)
         self.executor = executor_cls(config, model_dir, self.hf_config)
         num_blocks = self._num_kv_blocks()

@@ -60,17 +60,21 @@ class ModelRunner:
         self.kernels_spec = registry.select_kernels(config.kernels, self.device.type)
         self.kernels = self.kernels_spec.load()()
         self.model_spec = registry.select_model(architectures(hf_config), config.model_impl)
-        self.model = self._load_model(self.model_spec.load(), model_dir, hf_config)
+        from llmp.modeling.pooling import Pooler, as_pooling_model
+
+        model_cls = as_pooling_model(self.model_spec.load(), config.task)
+        self.model = self._load_model(model_cls, model_dir, hf_config)
         self.pooler = None
         if getattr(self.model, "is_pooling_model", False):
-            from llmp.modeling.pooling import Pooler
-
-            self.pooler = Pooler.from_model_dir(model_dir, getattr(self.model, "default_pooling", "last"))
+            self.pooler = Pooler.from_model_dir(model_dir, getattr(self.model, "default_pooling", "last"),
+                                                getattr(self.model, "default_normalize", False))
         self.load_seconds = time.perf_counter() - started
         self.block_size = config.block_size
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def _load_model(self, model_cls: Any, model_dir: Path, hf_config: Any) -> Any:
+        if hasattr(model_cls, "load_pretrained"):  # a model that reads its own files (the transformers fallback)
+            return model_cls.load_pretrained(model_dir, hf_config, self.kernels, self.dtype, self.device).eval()
         with torch.device("meta"):
             model = model_cls(hf_config, self.kernels)
         model = model.to(dtype=self.dtype).to_empty(device=self.device)

@@ -7,6 +7,7 @@ under ``torch.device("meta")`` allocate nothing until the runner moves them.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -59,12 +60,13 @@ class PagedAttention(nn.Module):
 
     def __init__(
         self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, kernels: KernelSet,
-        sliding_window: int | None = None,
+        sliding_window: int | None = None, softcap: float | None = None,
     ) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = scale
         self.sliding_window = sliding_window
+        self.softcap = softcap
         self.kernels = kernels
         self.kv_cache: tuple[torch.Tensor, torch.Tensor] | None = None
 
@@ -76,8 +78,16 @@ class PagedAttention(nn.Module):
         self.kernels.write_kv(k, v, k_cache, v_cache, metadata.slot_mapping)
         if self.sliding_window != metadata.sliding_window:
             metadata = _with_window(metadata, self.sliding_window)
-        out = self.kernels.paged_attention(q, k_cache, v_cache, metadata, self.scale)
+        if self.softcap is None:
+            out = self.kernels.paged_attention(q, k_cache, v_cache, metadata, self.scale)
+        else:
+            out = self.kernels.paged_attention(q, k_cache, v_cache, metadata, self.scale, softcap=self.softcap)
         return out.reshape(q.shape[0], self.num_heads * self.head_dim)
+
+
+def with_window(metadata: AttentionMetadata, window: int | None) -> AttentionMetadata:
+    """``metadata`` for a layer attending to the last ``window`` positions (``None``: all)."""
+    return metadata if metadata.sliding_window == window else _with_window(metadata, window)
 
 
 def _with_window(metadata: AttentionMetadata, window: int | None) -> AttentionMetadata:
@@ -202,17 +212,21 @@ class ParallelLMHead(VocabParallelEmbedding):
 
 
 class GatedMLP(nn.Module):
-    """``down(act(gate(x)) * up(x))`` with gate and up fused into one matmul."""
+    """``down(act(gate(x)) * up(x))`` with gate and up fused into one matmul; ``act`` is SiLU
+    or, with ``activation="gelu_tanh"``, tanh-approximated GELU (Gemma)."""
 
-    def __init__(self, hidden: int, intermediate: int, bias: bool, kernels: KernelSet) -> None:
+    def __init__(self, hidden: int, intermediate: int, bias: bool, kernels: KernelSet, activation: str = "silu") -> None:
         super().__init__()
         shards = {"gate": column_slice(intermediate), "up": column_slice(intermediate)}
         self.gate_up_proj = MergedLinear(hidden, shards, bias=bias)
         self.down_proj = RowParallelLinear(intermediate, hidden, bias=bias)
-        self.kernels = kernels
+        activations = {"silu": kernels.silu_and_mul, "gelu_tanh": kernels.gelu_tanh_and_mul}
+        if activation not in activations:
+            raise ValueError(f"gated MLP activation {activation!r} is not supported; supported: {', '.join(activations)}")
+        self.act_and_mul = activations[activation]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.kernels.silu_and_mul(self.gate_up_proj(x)))
+        return self.down_proj(self.act_and_mul(self.gate_up_proj(x)))
 
 
 class CausalLM(nn.Module):
@@ -269,13 +283,13 @@ def load_weights(
     for name, tensor in weights:
         if any(part in name for part in ignored):
             continue
-        for part, (fused, shard) in stacked_params.items():
-            if part in name:
-                target = name.replace(part, fused)
-                module_name, param_name = target.rsplit(".", 1)
-                model.get_submodule(module_name).load_shard(shard, param_name, tensor)
-                loaded.add(f"{target}:{shard}")
-                break
+        stacked = _expert_target(name) or next(
+            ((name.replace(part, fused), shard) for part, (fused, shard) in stacked_params.items() if part in name), None)
+        if stacked is not None:
+            target, shard = stacked
+            module_name, param_name = target.rsplit(".", 1)
+            model.get_submodule(module_name).load_shard(shard, param_name, tensor)
+            loaded.add(f"{target}:{shard}")
         else:
             if name not in params:
                 raise ModelLoadError(f"checkpoint weight {name!r} has no place in {type(model).__name__}")
@@ -288,13 +302,30 @@ def load_weights(
             loaded.add(name)
     expected = set()
     for name in params:
-        module_name, _ = name.rsplit(".", 1)
-        shards = getattr(model.get_submodule(module_name), "shard_offsets", None)
+        module_name, param_name = name.rsplit(".", 1)
+        module = model.get_submodule(module_name)
+        shards = module.shards_of(param_name) if hasattr(module, "shards_of") else getattr(module, "shard_offsets", None)
         expected |= {f"{name}:{s}" for s in shards} if shards else {name}
     missing = sorted(expected - loaded)
     if missing:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         raise ModelLoadError(f"checkpoint lacks weights of {type(model).__name__}: {shown}")
+
+
+# One expert's matrix of a mixture-of-experts layer: ``...experts.<index>.<proj>.weight``
+# (Mixtral names them w1/w3/w2, Qwen-MoE gate_proj/up_proj/down_proj).
+_EXPERT_WEIGHT = re.compile(r"\.experts\.(\d+)\.(w1|w2|w3|gate_proj|up_proj|down_proj)\.weight$")
+_EXPERT_SHARDS = {"w1": ("w13", "gate"), "gate_proj": ("w13", "gate"), "w3": ("w13", "up"), "up_proj": ("w13", "up"),
+                  "w2": ("w2", "down"), "down_proj": ("w2", "down")}
+
+
+def _expert_target(name: str) -> tuple[str, str] | None:
+    """``(fused parameter name, "<expert>:<shard>")`` for an expert's weight, else None."""
+    match = _EXPERT_WEIGHT.search(name)
+    if match is None:
+        return None
+    param, shard = _EXPERT_SHARDS[match.group(2)]
+    return f"{name[: match.start()]}.experts.{param}", f"{match.group(1)}:{shard}"
 
 
 def _check_shape(tensor: torch.Tensor, expected: tuple[int, ...], name: str) -> None:

@@ -18,11 +18,11 @@ class Pooler:
     normalize: bool = False
 
     @classmethod
-    def from_model_dir(cls, model_dir: Path, default: str) -> Pooler:
-        """Read ``modules.json`` and the pooling module's config when present; else ``default``."""
+    def from_model_dir(cls, model_dir: Path, default: str, default_normalize: bool = False) -> Pooler:
+        """Read ``modules.json`` and the pooling module's config when present; else the defaults."""
         modules_file = model_dir / "modules.json"
         if not modules_file.is_file():
-            return cls(default, normalize=False)
+            return cls(default, normalize=default_normalize)
         modules = json.loads(modules_file.read_text())
         pooling_type, normalize = default, False
         for module in modules:
@@ -52,6 +52,30 @@ class Pooler:
                 vector = rows[-1]
             pooled.append(vector)
         return pooled
+
+
+def has_sentence_transformers_config(model_dir: Path) -> bool:
+    """Whether the directory is a sentence-transformers model (its ``modules.json`` has a pooling module)."""
+    try:
+        modules = json.loads((model_dir / "modules.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return any(str(m.get("type", "")).endswith("Pooling") for m in modules if isinstance(m, dict))
+
+
+def as_pooling_model(model_cls: type, task: str) -> type:
+    """``model_cls`` itself, or for ``task="embed"`` on a causal LM of the shared layers, its
+    embedding variant (hidden states pooled, no LM head)."""
+    if task != "embed" or getattr(model_cls, "is_pooling_model", False):
+        return model_cls
+    from llmp.modeling.layers import CausalLM
+
+    if not (isinstance(model_cls, type) and issubclass(model_cls, CausalLM)):
+        raise ValueError(f"{getattr(model_cls, '__name__', model_cls)} cannot produce embeddings: only native "
+                         "causal LMs and embedding models can (task='embed')")
+    from llmp.modeling.decoder import embedding_variant
+
+    return embedding_variant(model_cls)
 
 
 def finish_embedding(vector: torch.Tensor, normalize: bool, dimensions: int | None) -> list[float]:

@@ -107,7 +107,7 @@ def engine_options(settings: Any) -> dict[str, Any]:
         max_num_seqs=settings.max_num_seqs, max_num_batched_tokens=settings.max_num_batched_tokens,
         enable_prefix_caching=settings.enable_prefix_caching, enable_chunked_prefill=settings.enable_chunked_prefill,
         kv_cache_memory_bytes=int(settings.kv_cache_memory_gib * (1 << 30)), block_size=settings.block_size,
-        kernels=settings.kernels, model_impl=settings.model_impl, num_threads=settings.num_threads, seed=settings.seed,
+        kernels=settings.kernels, model_impl=settings.model_impl, task=settings.task, num_threads=settings.num_threads, seed=settings.seed,
     )
 
 

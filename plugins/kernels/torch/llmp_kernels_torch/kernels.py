@@ -39,6 +39,11 @@ class TorchKernels:
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up
 
+    def gelu_tanh_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [T, 2I] -> [T, I]
+        gate, up = x.chunk(2, dim=-1)
+        return F.gelu(gate, approximate="tanh") * up
+
     def write_kv(
         self,
         k: torch.Tensor,
@@ -60,6 +65,7 @@ class TorchKernels:
         v_cache: torch.Tensor,
         metadata: AttentionMetadata,
         scale: float,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         # q: [T, H, D] -> [T, H, D]. Decodes (one query row) go through one batched
         # SDPA call; prefill chunks run one request at a time.
@@ -69,13 +75,15 @@ class TorchKernels:
         decodes = [r for r in range(len(seq_lens)) if starts[r + 1] - starts[r] == 1]
         if decodes:
             rows = torch.tensor([starts[r] for r in decodes], device=q.device)
-            out[rows] = _decode(q[rows], k_cache, v_cache, metadata, decodes, seq_lens, scale)
+            out[rows] = _decode(q[rows], k_cache, v_cache, metadata, decodes, seq_lens, scale, softcap)
         for r in range(len(seq_lens)) if len(decodes) < len(seq_lens) else ():
             q_start, q_end = starts[r], starts[r + 1]
             if q_end - q_start <= 1:
                 continue
             keys, values = _gather(k_cache, v_cache, metadata.block_tables[r], seq_lens[r])
-            out[q_start:q_end] = _attend(q[q_start:q_end], keys, values, seq_lens[r], metadata.sliding_window, scale)
+            out[q_start:q_end] = _attend(
+                q[q_start:q_end], keys, values, seq_lens[r], metadata.sliding_window, scale, softcap
+            )
         return out
 
 
@@ -89,7 +97,7 @@ def _gather(
 
 def _decode(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, metadata: AttentionMetadata,
-    requests: list[int], seq_lens: list[int], scale: float,
+    requests: list[int], seq_lens: list[int], scale: float, softcap: float | None,
 ) -> torch.Tensor:
     # q: [B, H, D], one row per request; keys padded to the longest sequence
     block_size = k_cache.shape[1]
@@ -106,10 +114,7 @@ def _decode(
     keep = valid[:, None, :, None]
     keys = keys.masked_fill(~keep, 0).to(q.dtype)
     values = values.masked_fill(~keep, 0).to(q.dtype)
-    out = F.scaled_dot_product_attention(
-        q.unsqueeze(2), keys, values, attn_mask=valid[:, None, None, :], scale=scale,
-        enable_gqa=q.shape[1] != keys.shape[1],
-    )
+    out = _sdpa(q.unsqueeze(2), keys, values, valid[:, None, None, :], scale, softcap)
     return out.squeeze(2)
 
 
@@ -123,18 +128,33 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 def _attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_len: int, window: int | None, scale: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_len: int, window: int | None, scale: float,
+    softcap: float | None,
 ) -> torch.Tensor:
     # q: [Q, H, D] are the last Q positions of the sequence; k, v: [L, Hkv, D]
     q_len = q.shape[0]
     q_, k_, v_ = q.transpose(0, 1), k.transpose(0, 1).to(q.dtype), v.transpose(0, 1).to(q.dtype)
     gqa = q.shape[1] != k.shape[1]
-    if q_len == seq_len and window is None:  # no cached prefix: the fused causal path
+    if q_len == seq_len and window is None and softcap is None:  # no cached prefix: the fused causal path
         out = F.scaled_dot_product_attention(q_, k_, v_, is_causal=True, scale=scale, enable_gqa=gqa)
     else:
-        mask = _causal_mask(q_len, seq_len, window, q.device)
-        out = F.scaled_dot_product_attention(q_, k_, v_, attn_mask=mask, scale=scale, enable_gqa=gqa)
+        out = _sdpa(q_, k_, v_, _causal_mask(q_len, seq_len, window, q.device), scale, softcap)
     return out.transpose(0, 1)
+
+
+def _sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float, softcap: float | None
+) -> torch.Tensor:
+    # q: [..., H, Q, D]; k, v: [..., Hkv, L, D]; mask: bool, broadcast to [..., H, Q, L]
+    if softcap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=q.shape[-3] != k.shape[-3])
+    # SDPA cannot cap scores: the explicit softmax, in float32 as Gemma 2 computes it
+    groups = q.shape[-3] // k.shape[-3]
+    k, v = k.repeat_interleave(groups, dim=-3), v.repeat_interleave(groups, dim=-3)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(torch.softmax(scores.float(), dim=-1).to(q.dtype), v)
 
 
 def _causal_mask(q_len: int, seq_len: int, window: int | None, device: torch.device) -> torch.Tensor:

@@ -16,3 +16,9 @@ def llmp_register_models() -> Iterator[ModelSpec]:
         impl="llmp_models_llama.model:LlamaForCausalLM",
         description="Llama 1/2/3, SmolLM, TinyLlama and other Llama-architecture causal LMs.",
     )
+    yield ModelSpec(
+        name="LlamaModel",
+        impl="llmp_models_llama.model:LlamaModel",
+        description="A Llama-architecture base model used for embeddings (last-token pooling).",
+        tasks=("embed",),
+    )

@@ -1,0 +1,213 @@
+"""The pre-norm decoder shared by the Llama-family model plugins.
+
+Llama, Mistral, Qwen2, Qwen3, Mixtral and Qwen3-MoE differ only in options of
+the same blocks (QKV bias, q/k norm, sliding windows, a routed MLP); a model
+plugin subclasses :class:`DecoderForCausalLM` and overrides ``make_attention``
+or ``make_mlp``. Gemma's blocks reuse :class:`DecoderAttention` too.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from llmp.api import AttentionMetadata, KernelSet
+from llmp.modeling.layers import (
+    CausalLM,
+    GatedMLP,
+    MergedLinear,
+    PagedAttention,
+    ParallelLMHead,
+    RMSNorm,
+    RotaryEmbedding,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    column_slice,
+    kv_head_slice,
+    load_weights,
+)
+
+
+def rope_settings(config: Any) -> tuple[float, dict[str, Any] | None]:
+    """``(theta, scaling)`` from a config of any transformers version (rope_parameters or rope_theta/rope_scaling)."""
+    params = dict(getattr(config, "rope_parameters", None) or {})
+    theta = params.pop("rope_theta", None) or getattr(config, "rope_theta", 10000.0)
+    scaling = getattr(config, "rope_scaling", None) or (params if params.get("rope_type", "default") != "default" else None)
+    return float(theta), scaling
+
+
+def layer_windows(config: Any) -> list[int | None]:
+    """Each layer's sliding window (``None`` = full attention).
+
+    ``layer_types`` names each layer's kind where the config has it (Qwen2/3,
+    Gemma 2); otherwise ``sliding_window`` applies to every layer (Mistral).
+    """
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    if types:
+        return [window if kind == "sliding_attention" else None for kind in types]
+    if getattr(config, "use_sliding_window", True) is False:
+        window = None
+    return [window] * config.num_hidden_layers
+
+
+class DecoderAttention(nn.Module):
+    """Self-attention over the paged KV cache: fused QKV, rotary, optional q/k RMSNorm."""
+
+    def __init__(
+        self, config: Any, kernels: KernelSet, *, sliding_window: int | None = None, qkv_bias: bool = False,
+        o_bias: bool = False, qk_norm: bool = False, scale: float | None = None, softcap: float | None = None,
+    ) -> None:
+        super().__init__()
+        total_heads = config.num_attention_heads
+        total_kv_heads = getattr(config, "num_key_value_heads", None) or total_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // total_heads
+        q = column_slice(total_heads * self.head_dim)
+        kv = kv_head_slice(total_kv_heads, self.head_dim)
+        self.num_heads = q[2] // self.head_dim  # this rank's heads
+        self.num_kv_heads = kv[2] // self.head_dim
+        self.qkv_proj = MergedLinear(config.hidden_size, {"q": q, "k": kv, "v": kv}, bias=qkv_bias)
+        self.o_proj = RowParallelLinear(total_heads * self.head_dim, config.hidden_size, bias=o_bias)
+        if qk_norm:  # Qwen3: each head's q and k normalised before the rotation
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, kernels)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, kernels)
+        self.qk_norm = qk_norm
+        theta, scaling = rope_settings(config)
+        rotary_dim = int(self.head_dim * getattr(config, "partial_rotary_factor", 1.0))
+        self.rotary_emb = RotaryEmbedding(rotary_dim, config.max_position_embeddings, theta, scaling, kernels)
+        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim,
+                                   scale if scale is not None else self.head_dim**-0.5, kernels,
+                                   sliding_window=sliding_window, softcap=softcap)
+        self.split = (q[2], kv[2], kv[2])
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
+        tokens = hidden.shape[0]
+        q, k, v = self.qkv_proj(hidden).split(self.split, dim=-1)
+        if self.qk_norm:
+            q = self.q_norm(q.reshape(-1, self.head_dim))
+            k = self.k_norm(k.reshape(-1, self.head_dim))
+        q = q.reshape(tokens, self.num_heads, self.head_dim)
+        k = k.reshape(tokens, self.num_kv_heads, self.head_dim)
+        q, k = self.rotary_emb(positions, q, k)
+        out = self.attn(q, k, v.reshape(tokens, self.num_kv_heads, self.head_dim), metadata)
+        return self.o_proj(out)
+
+
+class DecoderLayer(nn.Module):
+    """``x + attn(norm(x))`` then ``x + mlp(norm(x))``, the residual carried fused into the norms.
+
+    A layer takes and returns ``(hidden, residual)``; the layer's output is their sum.
+    """
+
+    def __init__(self, self_attn: nn.Module, mlp: nn.Module, input_norm: nn.Module, post_attention_norm: nn.Module):
+        super().__init__()
+        self.input_layernorm = input_norm
+        self.self_attn = self_attn
+        self.post_attention_layernorm = post_attention_norm
+        self.mlp = mlp
+
+    def forward(
+        self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None, metadata: AttentionMetadata
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual, hidden = hidden, self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden, metadata)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class DecoderModel(nn.Module):
+    """Embedding (times ``embed_scale`` when set), the layers, and the final norm."""
+
+    def __init__(self, config: Any, kernels: KernelSet, layers: Iterable[nn.Module], norm: nn.Module,
+                 embed_scale: float | None = None) -> None:
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(layers)
+        self.norm = norm
+        self.embed_scale = embed_scale
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)
+        if self.embed_scale is not None:  # Gemma: the scale rounded to the activations' dtype, as trained
+            hidden = hidden * torch.tensor(self.embed_scale, dtype=hidden.dtype)
+        residual = None
+        for layer in self.layers:
+            hidden, residual = layer(positions, hidden, residual, metadata)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+
+class DecoderForCausalLM(CausalLM):
+    """A Llama-shaped causal LM; subclasses change ``make_attention``, ``make_mlp``,
+    ``make_norm``, ``make_layer`` or ``embed_scale``."""
+
+    embed_scale: float | None = None
+
+    def __init__(self, config: Any, kernels: KernelSet) -> None:
+        super().__init__()
+        self.config = config
+        windows = layer_windows(config)
+        layers = (self.make_layer(config, kernels, i, windows[i]) for i in range(config.num_hidden_layers))
+        norm = self.make_norm(config, kernels)
+        self.model = DecoderModel(config, kernels, layers, norm, self.embed_scale)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        self.tie_weights()
+
+    def make_layer(self, config: Any, kernels: KernelSet, index: int, window: int | None) -> nn.Module:
+        return DecoderLayer(self.make_attention(config, kernels, index, window), self.make_mlp(config, kernels, index),
+                            self.make_norm(config, kernels), self.make_norm(config, kernels))
+
+    def make_norm(self, config: Any, kernels: KernelSet) -> nn.Module:
+        return RMSNorm(config.hidden_size, config.rms_norm_eps, kernels)
+
+    def make_attention(self, config: Any, kernels: KernelSet, index: int, window: int | None) -> nn.Module:
+        bias = bool(getattr(config, "attention_bias", False))
+        return DecoderAttention(config, kernels, sliding_window=window, qkv_bias=bias, o_bias=bias)
+
+    def make_mlp(self, config: Any, kernels: KernelSet, index: int) -> nn.Module:
+        return GatedMLP(config.hidden_size, config.intermediate_size, bool(getattr(config, "mlp_bias", False)), kernels)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: AttentionMetadata) -> torch.Tensor:
+        return self.model(input_ids, positions, attn_metadata)
+
+
+_BASE_WEIGHT = re.compile(r"^(embed_tokens|layers|norm)\.")
+
+
+def embedding_variant(causal_lm: type[CausalLM]) -> type[CausalLM]:
+    """The same network used as an embedding model: hidden states pooled, no LM head.
+
+    Reads checkpoints of the bare base model (``LlamaModel``, ``Qwen3Model`` ...:
+    names without the ``model.`` prefix) and of the causal LM (its head ignored).
+    """
+
+    class EmbeddingModel(causal_lm):  # type: ignore[valid-type, misc]
+        is_pooling_model = True
+        default_pooling = "last"  # a decoder's last token has seen the whole text
+        default_normalize = True
+
+        def __init__(self, config: Any, kernels: KernelSet) -> None:
+            config.tie_word_embeddings = False  # no head to tie
+            super().__init__(config, kernels)
+            del self.lm_head
+
+        def tie_weights(self) -> None:
+            pass
+
+        def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+            raise TypeError(f"{type(self).__name__} produces embeddings, not logits")
+
+        def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+            renamed = (("model." + name if _BASE_WEIGHT.match(name) else name, tensor) for name, tensor in weights)
+            load_weights(self, renamed, self.stacked_params, (*self.ignored_weights, "lm_head."))
+
+    EmbeddingModel.__name__ = EmbeddingModel.__qualname__ = causal_lm.__name__.replace("ForCausalLM", "Model")
+    return EmbeddingModel
