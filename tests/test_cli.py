@@ -126,3 +126,24 @@ def test_trace_switch_prints_hook_calls():
     result = run_llmp("plugins", "list", "--json", env={"LLMP_TRACE_PLUGINS": "1"})
     assert "llmp_register_commands" in result.stderr and "llmp_register_kernels" in result.stderr
     assert json.loads(result.stdout)
+
+
+NATIVE_ARCHITECTURES = {
+    "models-llama": {"LlamaForCausalLM", "LlamaModel"},
+    "models-mistral": {"MistralForCausalLM", "MixtralForCausalLM", "MistralModel"},
+    "models-qwen": {"Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen2Model", "Qwen3Model"},
+    "models-gemma": {"GemmaForCausalLM", "Gemma2ForCausalLM"},
+    "models-bert": {"BertModel"},
+}
+
+
+def test_model_plugins_list_their_architectures():
+    rows = {r["name"]: r for r in json.loads(run_llmp("plugins", "list", "--json", "--kind", "model").stdout)}
+    for plugin, architectures in NATIVE_ARCHITECTURES.items():
+        assert {c["name"] for c in rows[plugin]["components"] if c["kind"] == "model"} == architectures
+    fallback = [c for c in rows["models-transformers"]["components"] if c["kind"] == "model"]
+    assert [(c["name"], c["details"]["model_impl"]) for c in fallback] == [("*", "transformers")]
+    shown = run_llmp("plugins", "show", "models-qwen").stdout
+    for architecture in NATIVE_ARCHITECTURES["models-qwen"]:
+        assert f"model: {architecture} -> llmp_models_qwen.model:{architecture}" in shown
+    assert "tasks=embed" in shown and "Qwen3-Embedding" in shown  # embedding variants and their descriptions

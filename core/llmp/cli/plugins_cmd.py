@@ -138,14 +138,16 @@ def show_plugin(
     status = "[green]ok[/]" if row["status"] == "ok" else "[red]broken[/]"
     console.print(f"[bold]{row['name']}[/] {status}")
     console.print(f"distribution: {row['distribution']} {row['version']}")
-    console.print(f"module: {row['module']}  ({row['path'] or 'no file'})")
+    console.print(f"module: {row['module']}  ({row['path'] or 'no file'})", soft_wrap=True)
     console.print(f"hooks: {', '.join(row['hooks']) or 'none'}")
     console.print("components:")
     for c in row["components"]:
         details = ", ".join(f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}"
                             for k, v in c.get("details", {}).items())
         console.print(f"  {c['kind']}: {c['name']} -> {c['impl']}" + (f" ({details})" if details else ""),
-                      markup=False, highlight=False)
+                      markup=False, highlight=False, soft_wrap=True)
+        if c.get("description"):
+            console.print(f"      {c['description']}", markup=False, highlight=False, soft_wrap=True)
     for error, tb in zip(row["errors"], row["tracebacks"] + [""] * len(row["errors"]), strict=False):
         console.print("[red]error:[/]", end=" ")
         console.print(error, markup=False, highlight=False)
