@@ -8,7 +8,8 @@ under ``torch.device("meta")`` allocate nothing until the runner moves them.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -288,7 +289,8 @@ def load_weights(
         if stacked is not None:
             target, shard = stacked
             module_name, param_name = target.rsplit(".", 1)
-            model.get_submodule(module_name).load_shard(shard, param_name, tensor)
+            with _naming(name, model):
+                model.get_submodule(module_name).load_shard(shard, param_name, tensor)
             loaded.add(f"{target}:{shard}")
         else:
             if name not in params:
@@ -296,7 +298,8 @@ def load_weights(
             module_name, param_name = name.rsplit(".", 1)
             module = model.get_submodule(module_name)
             if hasattr(module, "load_weight"):  # a parallel layer keeps only its rank's slice
-                module.load_weight(param_name, tensor)
+                with _naming(name, model):
+                    module.load_weight(param_name, tensor)
             else:
                 _copy_checked(params[name].data, tensor, name)
             loaded.add(name)
@@ -306,10 +309,29 @@ def load_weights(
         module = model.get_submodule(module_name)
         shards = module.shards_of(param_name) if hasattr(module, "shards_of") else getattr(module, "shard_offsets", None)
         expected |= {f"{name}:{s}" for s in shards} if shards else {name}
-    missing = sorted(expected - loaded)
+    missing = sorted(_checkpoint_name(key, stacked_params) for key in expected - loaded)
     if missing:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         raise ModelLoadError(f"checkpoint lacks weights of {type(model).__name__}: {shown}")
+
+
+@contextmanager
+def _naming(name: str, model: nn.Module) -> Iterator[None]:
+    """Prefix a loading error with the checkpoint weight at fault (a layer only knows its own part)."""
+    try:
+        yield
+    except ModelLoadError as exc:
+        raise ModelLoadError(f"checkpoint weight {name!r} does not fit {type(model).__name__} "
+                             f"(does config.json match the weights?): {exc}") from None
+
+
+def _checkpoint_name(key: str, stacked_params: Mapping[str, tuple[str, str]]) -> str:
+    """The checkpoint's name for a missing ``fused:shard`` key (``gate_up_proj.weight:up`` -> ``up_proj.weight``)."""
+    name, _, shard = key.partition(":")
+    for part, (fused, fused_shard) in stacked_params.items():
+        if shard == fused_shard and fused in name:
+            return name.replace(fused, part)
+    return key
 
 
 # One expert's matrix of a mixture-of-experts layer: ``...experts.<index>.<proj>.weight``
@@ -330,7 +352,7 @@ def _expert_target(name: str) -> tuple[str, str] | None:
 
 def _check_shape(tensor: torch.Tensor, expected: tuple[int, ...], name: str) -> None:
     if tuple(tensor.shape) != tuple(expected):
-        raise ModelLoadError(f"weight {name} has shape {tuple(tensor.shape)}, the model expects {tuple(expected)}")
+        raise ModelLoadError(f"{name} has shape {tuple(tensor.shape)}, the model expects {tuple(expected)}")
 
 
 def _copy_checked(target: torch.Tensor, tensor: torch.Tensor, name: str) -> None:
