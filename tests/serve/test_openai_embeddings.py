@@ -143,3 +143,24 @@ def test_models_and_tokenize(embed_http):
     models = embed_http.get("/v1/models").json()["data"]
     assert [m["id"] for m in models] == [MODEL] and models[0]["root"] == MODEL
     assert embed_http.post("/tokenize", json={"prompt": "hello"}).json()["count"] == 3  # [CLS] hello [SEP]
+
+
+def test_causal_lm_served_as_embedding_model_with_task_embed(tmp_path):
+    # `llmp serve DIR --task embed` on a native decoder: last-token, normalised hidden states
+    import torch.nn.functional as F
+
+    from llmp.testing import save_tiny_model, serving
+
+    model = save_tiny_model(tmp_path, "Qwen3ForCausalLM", seed=3, head_dim=16)
+    prompts = [[5, 17, 42, 99], [7, 8, 9, 10, 11, 12, 13]]
+    with torch.no_grad():
+        expected = [F.normalize(model.model(torch.tensor([p])).last_hidden_state[0, -1], dim=-1) for p in prompts]
+    with serving(tmp_path, "--task", "embed", "--dtype", "float32") as server, httpx.Client(
+            base_url=server.url, timeout=60) as http:
+        body = http.post("/v1/embeddings", json={"model": str(tmp_path), "input": prompts}).json()
+        assert [d["index"] for d in body["data"]] == [0, 1]
+        for item, ref in zip(body["data"], expected, strict=True):
+            assert F.cosine_similarity(torch.tensor(item["embedding"]), ref, dim=0) > 0.9999
+        assert body["usage"]["prompt_tokens"] == sum(map(len, prompts))
+        refused = http.post("/v1/completions", json={"model": str(tmp_path), "prompt": "hi", "max_tokens": 2})
+        assert_error(refused, 404)  # an embedding server mounts no generation routes
