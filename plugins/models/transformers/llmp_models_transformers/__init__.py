@@ -1,0 +1,20 @@
+"""llmp plugin: the Transformers fallback model, serving any causal LM no native plugin claims.
+
+This module only registers; ``model.py`` (which imports torch and transformers) loads on selection.
+"""
+
+from collections.abc import Iterator
+
+from llmp import hookimpl
+from llmp.api import ModelSpec
+
+
+@hookimpl
+def llmp_register_models() -> Iterator[ModelSpec]:
+    yield ModelSpec(
+        name="*",
+        impl="llmp_models_transformers.model:TransformersForCausalLM",
+        description="Any Hugging Face AutoModelForCausalLM without a native plugin, run by transformers "
+        "with llmp's paged attention.",
+        model_impl="transformers",
+    )
