@@ -280,6 +280,13 @@ class AsyncLLM:
         if self.errored is None and not self._closed:
             self._send(msg.AbortRequests([request_id]))
 
+    async def abort_all(self) -> int:
+        """Stop every request in flight (a shutdown past its grace period); the number stopped."""
+        ids = list(self._streams)
+        for request_id in ids:
+            await self.abort(request_id)
+        return len(ids)
+
     async def _call(self, method: str, *args: Any, timeout: float = HEALTH_TIMEOUT_S) -> Any:
         if self.errored is not None:
             raise self.errored

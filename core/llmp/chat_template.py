@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 from typing import Any
 
 Conversation = Sequence[Mapping[str, Any]]
@@ -40,3 +41,22 @@ def render_chat(
         add_generation_prompt=add_generation_prompt and not continue_final_message,
         continue_final_message=continue_final_message, **extra,
     )
+
+
+def template_variables(tokenizer: Any, chat_template: str | None = None) -> frozenset[str]:
+    """The variables a chat template reads from its context (``enable_thinking`` ...), less the reserved ones:
+    the ``chat_template_kwargs`` a request may set."""
+    template = chat_template if chat_template is not None else getattr(tokenizer, "chat_template", None)
+    sources = list(template.values()) if isinstance(template, Mapping) else [template] if template else []
+    return frozenset().union(*(_variables(source) for source in sources)) - RESERVED_TEMPLATE_KWARGS
+
+
+@lru_cache(maxsize=32)
+def _variables(source: str) -> frozenset[str]:
+    from jinja2 import meta
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    try:
+        return frozenset(meta.find_undeclared_variables(ImmutableSandboxedEnvironment().parse(source)))
+    except Exception:  # a template jinja cannot parse fails when rendered, with its own message
+        return frozenset()

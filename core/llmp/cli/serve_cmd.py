@@ -50,6 +50,7 @@ class ServeSettings(CommandSettings):
     generation_config: str = "auto"
     max_logprobs: int = 20
     max_n: int = 128
+    max_stop_sequences: int = 64
     return_tokens_as_token_ids: bool = False
     enable_force_include_usage: bool = False
     enable_store: bool = False
@@ -57,17 +58,37 @@ class ServeSettings(CommandSettings):
     allowed_origins: ListOfStr = []
     allow_credentials: bool = False
     root_path: str = ""
-    max_request_body_bytes: int = 16 << 20
+    max_request_body_bytes: int = 2 << 20
+    max_queue_len: int | None = 1024
+    overload_status: int = 503
+    request_timeout: float | None = None
+    health_check_timeout: float = 5.0
+    allowed_hosts: ListOfStr = []
     disable_fastapi_docs: bool = False
     shutdown_timeout: float = 10.0
     log_level: str = "info"
     disable_access_log: bool = False
 
-    @field_validator("frontend", "api_key", "served_model_name", "allowed_origins", mode="before")
+    @field_validator("frontend", "api_key", "served_model_name", "allowed_origins", "allowed_hosts", mode="before")
     @classmethod
     def _split(cls, value: object) -> object:
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("overload_status")
+    @classmethod
+    def _overload_status(cls, value: int) -> int:
+        if value not in (429, 503):
+            raise ValueError("must be 503 (the default) or 429")
+        return value
+
+    @field_validator("request_timeout", "health_check_timeout", "shutdown_timeout", "max_queue_len",
+                     "max_request_body_bytes", "max_stop_sequences")
+    @classmethod
+    def _not_negative(cls, value: float | None) -> float | None:
+        if value is not None and value < 0:
+            raise ValueError("must not be negative")
         return value
 
 
@@ -111,6 +132,7 @@ def serve(
         "auto", help="auto: sampling defaults from the model's generation_config.json; none: llmp's defaults."),
     max_logprobs: int = typer.Option(20, help="Cap on logprobs, top_logprobs and prompt_logprobs."),
     max_n: int = typer.Option(128, help="Cap on n (choices per request)."),
+    max_stop_sequences: int = typer.Option(64, help="Cap on the number of stop strings in a request."),
     return_tokens_as_token_ids: bool = typer.Option(
         False, "--return-tokens-as-token-ids", help="Logprob tokens as 'token_id:N'."),
     enable_force_include_usage: bool = typer.Option(
@@ -121,9 +143,20 @@ def serve(
         None, "--allowed-origins", help="CORS origin allowed to call the API (repeatable; default none)."),
     allow_credentials: bool = typer.Option(False, "--allow-credentials", help="CORS: allow credentials."),
     root_path: str = typer.Option("", help="Path prefix when behind a path-routing proxy."),
-    max_request_body_bytes: int = typer.Option(16 << 20, help="Larger request bodies get 413."),
+    max_request_body_bytes: int = typer.Option(2 << 20, help="Larger request bodies get 413."),
+    max_queue_len: int | None = typer.Option(
+        1024, help="Model requests that may wait beyond --max-num-seqs running ones; more are refused at once."),
+    overload_status: int = typer.Option(503, help="Status of a refusal at capacity: 503 (Retry-After) or 429."),
+    request_timeout: float | None = typer.Option(
+        None, help="Seconds a request may wait and run before it is aborted (408); default: no limit."),
+    health_check_timeout: float = typer.Option(5.0, help="/ready and /health fail if the engine does not "
+                                                         "answer a ping within this many seconds."),
+    allowed_hosts: list[str] | None = typer.Option(
+        None, "--allowed-hosts", help="Host header names accepted (repeatable); default: loopback names when "
+                                      "bound to loopback (against DNS rebinding), else any."),
     disable_fastapi_docs: bool = typer.Option(False, "--disable-fastapi-docs", help="No /docs, /redoc, /openapi.json."),
-    shutdown_timeout: float = typer.Option(10.0, help="Seconds in-flight requests get to finish on shutdown."),
+    shutdown_timeout: float = typer.Option(
+        10.0, help="Seconds in-flight requests get to finish on SIGTERM before they are aborted (0: at once)."),
     log_level: str = typer.Option("info", help="debug, info, warning or error."),
     disable_access_log: bool = typer.Option(False, "--disable-access-log", help="No per-request log lines."),
     config: Path | None = ConfigOption,

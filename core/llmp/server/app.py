@@ -7,9 +7,11 @@ import hashlib
 import hmac
 import json
 import logging
+import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
@@ -19,12 +21,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from llmp import __version__
 from llmp.api import EngineDeadError
-from llmp.server.errors import APIError, error_body, validation_message
+from llmp.server.errors import ERROR_TYPES, APIError, as_api_error, error_body, validation_message
 
 log = logging.getLogger("llmp.server")
 T = TypeVar("T")
 
-PROBE_PATHS = frozenset({"/health", "/live", "/ping", "/version", "/metrics"})
+PROBE_PATHS = frozenset({"/health", "/ready", "/live", "/ping", "/version", "/metrics"})
+LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 OPEN_PATHS = PROBE_PATHS | {"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"}
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
@@ -33,10 +36,22 @@ class ServerState:
     """What the middleware and the probes read: the phase, and the engine once it is up."""
 
     def __init__(self) -> None:
-        self.phase = "starting"  # starting -> loading -> ready -> draining | dead
+        self.phase = "starting"  # starting -> loading -> warming_up -> ready -> draining | dead
         self.engine: Any = None
         self.started = time.monotonic()
         self.error: str | None = None
+        self.in_flight = 0  # model requests admitted and not yet answered
+        self._probe: asyncio.Future | None = None
+
+    async def probe_engine(self, timeout: float) -> None:
+        """Ping the engine within ``timeout``; concurrent probes share one ping, so a hung
+        engine does not collect a queue of them."""
+        if self._probe is None or self._probe.done():
+            self._probe = asyncio.ensure_future(self.engine.check_health())
+        try:
+            await asyncio.wait_for(asyncio.shield(self._probe), timeout)
+        except TimeoutError:
+            raise TimeoutError(f"the engine did not answer a ping within {timeout:g} s") from None
 
     @property
     def ready(self) -> bool:
@@ -61,26 +76,47 @@ class BodyTooLarge(Exception):
     pass
 
 
+@dataclass(frozen=True)
+class Limits:
+    """What the gate refuses before any route runs."""
+
+    max_body_bytes: int = 2 << 20
+    max_json_depth: int = 64
+    max_in_flight: int | None = None  # model requests at once (running + queued); None = no bound
+    overload_status: int = 503  # or 429, for clients that only back off on that
+    allowed_hosts: frozenset[str] | None = None  # Host header names accepted; None = any
+
+
 class GateMiddleware:
-    """Checks made before any route runs, cheapest first: readiness, API key, content type, body size.
+    """Checks made before any route runs, cheapest first: readiness, Host, API key, content
+    type, body size and depth, then admission (a bounded number of model requests in flight).
 
     A pure ASGI middleware, so streamed responses pass through untouched.
     """
 
-    def __init__(self, app: Any, state: ServerState, api_keys: list[str], max_body_bytes: int) -> None:
+    def __init__(self, app: Any, state: ServerState, api_keys: list[str], limits: Limits,
+                 on_rejected: Callable[[str], None] = lambda reason: None) -> None:
         self.app = app
         self.state = state
         self.key_digests = [hashlib.sha256(k.encode()).digest() for k in api_keys]
-        self.max_body_bytes = max_body_bytes
+        self.limits = limits
+        self.max_body_bytes = limits.max_body_bytes
+        self.on_rejected = on_rejected
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path, method = route_path(scope), scope["method"]
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        if self.limits.allowed_hosts is not None and _host_name(headers.get("host", "")) not in self.limits.allowed_hosts:
+            # a page on another site resolving its name to 127.0.0.1 (DNS rebinding) sends its own Host
+            return await send_json(send, 400, error_body(
+                f"Host header {headers.get('host', '')!r} is not accepted by a server bound to loopback",
+                "invalid_request_error", code=400))
         if path not in PROBE_PATHS and not self.state.ready and method != "OPTIONS":
             message = {"loading": "the model is still loading", "starting": "the server is starting",
-                       "draining": "the server is shutting down"}.get(self.state.phase, "the engine is not running")
+                       "warming_up": "the model is warming up", "draining": "the server is shutting down",
+                       }.get(self.state.phase, "the engine is not running")
             return await send_json(send, 503, error_body(message, "service_unavailable_error", code=503),
                                    {"Retry-After": "1"})
         if self.key_digests and path not in OPEN_PATHS and method != "OPTIONS" and not self._authorized(headers):
@@ -98,12 +134,31 @@ class GateMiddleware:
             length = headers.get("content-length")
             if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
                 return await send_json(send, 413, self._too_large())
-            if length is None:  # chunked: read it here, so going over the limit is a 413, not a parse error
-                try:
-                    receive = await self._buffered(receive)
-                except BodyTooLarge:
-                    return await send_json(send, 413, self._too_large())
+            try:  # read here, so going over the limit is a 413 and deep nesting a 400, not a parse error
+                body, receive = await self._buffered(receive)
+            except BodyTooLarge:
+                return await send_json(send, 413, self._too_large())
+            if body is not None and json_depth_exceeds(body, self.limits.max_json_depth):
+                return await send_json(send, 400, error_body(
+                    f"the JSON body is nested deeper than {self.limits.max_json_depth} levels",
+                    "invalid_request_error", code=400))
+        if method == "POST" and path not in OPEN_PATHS and self.limits.max_in_flight is not None:
+            if self.state.in_flight >= self.limits.max_in_flight:
+                return await self._overloaded(send)
+            self.state.in_flight += 1
+            try:
+                return await self.app(scope, receive, send)
+            finally:
+                self.state.in_flight -= 1
         await self.app(scope, receive, send)
+
+    async def _overloaded(self, send: Callable) -> None:
+        self.on_rejected("overloaded")
+        status = self.limits.overload_status
+        message = (f"the server is at capacity ({self.limits.max_in_flight} requests in flight: "
+                   "--max-num-seqs plus --max-queue-len); retry after a moment")
+        await send_json(send, status, error_body(message, ERROR_TYPES.get(status, "service_unavailable_error"),
+                                                 code="overloaded"), {"Retry-After": "1"})
 
     def _authorized(self, headers: Mapping[str, str]) -> bool:
         scheme, _, token = headers.get("authorization", "").partition(" ")
@@ -117,19 +172,46 @@ class GateMiddleware:
         return error_body(f"the request body exceeds the limit of {self.max_body_bytes} bytes "
                           "(--max-request-body-bytes)", "invalid_request_error", code=413)
 
-    async def _buffered(self, receive: Callable) -> Callable:
-        """The whole body, read up to the limit, then replayed as one message."""
+    async def _buffered(self, receive: Callable) -> tuple[bytes | None, Callable]:
+        """The whole body, read up to the limit, and a ``receive`` that replays it as one message."""
         chunks, size = [], 0
         while True:
             message = await receive()
             if message["type"] != "http.request":
-                return _replay([message], receive)  # the client left while sending
+                return None, _replay([message], receive)  # the client left while sending
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
             if size > self.max_body_bytes:
                 raise BodyTooLarge
             if not message.get("more_body", False):
-                return _replay([{"type": "http.request", "body": b"".join(chunks), "more_body": False}], receive)
+                body = b"".join(chunks)
+                return body, _replay([{"type": "http.request", "body": body, "more_body": False}], receive)
+
+
+_JSON_TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def json_depth_exceeds(body: bytes, limit: int) -> bool:
+    """Whether brackets outside strings nest deeper than ``limit`` (the parser would recurse that deep)."""
+    if body.count(b"[") + body.count(b"{") <= limit:  # cannot nest deeper than it has brackets
+        return False
+    depth = 0
+    for match in _JSON_TOKENS.finditer(body):
+        token = match.group()
+        if token in (b"[", b"{"):
+            depth += 1
+            if depth > limit:
+                return True
+        elif token in (b"]", b"}"):
+            depth -= 1
+    return False
+
+
+def _host_name(host: str) -> str:
+    """``Host`` without its port (``[::1]:8000`` -> ``::1``)."""
+    if host.startswith("["):
+        return host[1:].split("]", 1)[0]
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
 
 
 def _replay(messages: list[dict], receive: Callable) -> Callable:
@@ -192,7 +274,7 @@ async def until_disconnected(request: Request, work: Awaitable[T]) -> T:
 
 
 def build_app(state: ServerState, *, api_keys: list[str], allowed_origins: list[str], allow_credentials: bool,
-              max_body_bytes: int, root_path: str, docs: bool, metrics: Any) -> FastAPI:
+              limits: Limits, root_path: str, docs: bool, metrics: Any, health_timeout: float = 5.0) -> FastAPI:
     app = FastAPI(
         title="llmp", version=__version__, root_path=root_path,
         docs_url="/docs" if docs else None, redoc_url="/redoc" if docs else None,
@@ -200,8 +282,9 @@ def build_app(state: ServerState, *, api_keys: list[str], allowed_origins: list[
     )
     app.state.llmp = state
     _add_exception_handlers(app)
-    _add_probe_routes(app, state, metrics)
-    app.add_middleware(GateMiddleware, state=state, api_keys=api_keys, max_body_bytes=max_body_bytes)
+    _add_probe_routes(app, state, metrics, health_timeout)
+    app.add_middleware(GateMiddleware, state=state, api_keys=api_keys, limits=limits,
+                       on_rejected=lambda reason: metrics.rejected.labels(reason=reason, **metrics.label).inc())
     if allowed_origins:
         from starlette.middleware.cors import CORSMiddleware
 
@@ -230,32 +313,28 @@ def _add_exception_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ValueError)
     @app.exception_handler(TypeError)
-    async def engine_rejected(_: Request, exc: Exception) -> JSONResponse:
-        return JSONResponse(error_body(str(exc), "invalid_request_error", code=400), status_code=400)
-
     @app.exception_handler(EngineDeadError)
-    async def engine_dead(_: Request, exc: Exception) -> JSONResponse:
-        return JSONResponse(error_body(f"the engine is not running: {exc}", "service_unavailable_error", code=503),
-                            status_code=503)
-
     @app.exception_handler(Exception)
-    async def internal_error(_: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error in a request handler")
-        return JSONResponse(error_body("Internal server error", "internal_server_error", code=500), status_code=500)
+    async def request_failed(_: Request, exc: Exception) -> JSONResponse:
+        error = as_api_error(exc)
+        if error.status >= 500 and not isinstance(exc, EngineDeadError):
+            log.error("unhandled error in a request handler", exc_info=exc)
+        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
 
-def _add_probe_routes(app: FastAPI, state: ServerState, metrics: Any) -> None:
-    @app.get("/health", summary="200 once the model is loaded and the engine answers; 503 otherwise")
-    async def health() -> Response:
+def _add_probe_routes(app: FastAPI, state: ServerState, metrics: Any, health_timeout: float) -> None:
+    @app.get("/ready", summary="200 once the model is loaded, warmed up and the engine answers a ping; 503 otherwise")
+    @app.get("/health", summary="Same as /ready")
+    async def ready() -> Response:
         if not state.ready:
             body = error_body(f"not ready: {state.phase}" + (f" ({state.error})" if state.error else ""),
                               "service_unavailable_error", code=503)
             return JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
         try:
-            await state.engine.check_health()
+            await state.probe_engine(health_timeout)
         except Exception as exc:
             return JSONResponse(error_body(f"the engine is not healthy: {exc}", "service_unavailable_error",
-                                           code=503), status_code=503)
+                                           code=503), status_code=503, headers={"Retry-After": "1"})
         return Response(status_code=200)
 
     @app.get("/live", summary="200 while the HTTP server runs (no engine call)")

@@ -10,6 +10,7 @@ _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 ERROR_TYPES = {
     400: "invalid_request_error",
+    408: "timeout_error",
     401: "authentication_error",
     403: "permission_error",
     404: "not_found_error",
@@ -41,6 +42,27 @@ class APIError(Exception):
 
 def bad_request(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, param=param)
+
+
+class RequestTimeoutError(APIError):
+    """A request ran or waited longer than ``--request-timeout``; the engine has aborted it."""
+
+    def __init__(self, timeout: float) -> None:
+        super().__init__(408, f"the request took longer than the server's limit of {timeout:g} s "
+                              "(--request-timeout) and was aborted", code="request_timeout")
+
+
+def as_api_error(exc: BaseException) -> APIError:
+    """How any failure of a request is reported: bad input 400, a dead engine 503, else 500."""
+    from llmp.api import EngineDeadError
+
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, ValueError | TypeError):
+        return APIError(400, str(exc))
+    if isinstance(exc, EngineDeadError):
+        return APIError(503, f"the engine is not running: {exc}")
+    return APIError(500, "Internal server error")
 
 
 def error_body(message: str, type: str, param: str | None = None, code: str | int | None = None) -> dict[str, Any]:

@@ -16,11 +16,12 @@ from typing import Any
 
 from llmp.api import LLMPError
 from llmp.modeling.files import DEFAULT_MODEL, load_tokenizer, resolve_model
-from llmp.server.app import ServerState, build_app
+from llmp.server.app import LOOPBACK_HOSTS, Limits, ServerState, build_app
 from llmp.server.metrics import MeteredEngine, ServerMetrics
 
 log = logging.getLogger("llmp.server")
 ENGINE_WATCH_S = 0.5
+SHUTDOWN_GRACE_S = 3.0
 
 
 def run(settings: Any) -> int:
@@ -122,6 +123,7 @@ def frontend_options(settings: Any, served_names: list[str], chat_template: str 
         "response_role": settings.response_role,
         "max_logprobs": settings.max_logprobs,
         "max_n": settings.max_n,
+        "max_stop_sequences": settings.max_stop_sequences,
         "return_tokens_as_token_ids": settings.return_tokens_as_token_ids,
         "enable_force_include_usage": settings.enable_force_include_usage,
         "enable_store": settings.enable_store,
@@ -140,14 +142,16 @@ async def _serve(settings: Any, frontends: list[tuple[str, type]], chat_template
     metrics = ServerMetrics(served_names[0])
     app = build_app(
         state, api_keys=settings.api_key, allowed_origins=settings.allowed_origins,
-        allow_credentials=settings.allow_credentials, max_body_bytes=settings.max_request_body_bytes,
+        allow_credentials=settings.allow_credentials, limits=gate_limits(settings),
         root_path=settings.root_path, docs=not settings.disable_fastapi_docs, metrics=metrics,
+        health_timeout=settings.health_check_timeout,
     )
     config = uvicorn.Config(
         app, log_level=settings.log_level.lower(), access_log=not settings.disable_access_log,
-        timeout_graceful_shutdown=settings.shutdown_timeout, lifespan="off",
+        # in-flight requests are aborted at --shutdown-timeout; the grace lets their last chunks out
+        timeout_graceful_shutdown=settings.shutdown_timeout + SHUTDOWN_GRACE_S, lifespan="off",
     )
-    server = _server_class()(config, state)
+    server = _server_class()(config, state, settings.shutdown_timeout)
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     log.debug("HTTP server starting after %.2f s", time.monotonic() - started)
     loaded = None
@@ -162,10 +166,15 @@ async def _serve(settings: Any, frontends: list[tuple[str, type]], chat_template
         except Exception as exc:
             raise LLMPError(f"cannot load the tokenizer: {type(exc).__name__}: {exc}") from None
         log.debug("tokenizer ready after %.2f s", time.monotonic() - started)
-        engine = MeteredEngine(loaded, metrics)
+        state.phase = "warming_up"
+        await _warm_up(loaded)
+        log.debug("warmed up after %.2f s", time.monotonic() - started)
+        engine = MeteredEngine(loaded, metrics, settings.request_timeout)
         options = frontend_options(settings, served_names, chat_template, loaded.info)
         tasks = _mount(app, engine, frontends, options)
-        state.engine, state.phase = engine, "ready"
+        state.engine = engine
+        if state.phase == "warming_up":  # not interrupted meanwhile
+            state.phase = "ready"
         _print_ready(settings, served_names[0], time.monotonic() - state.started, frontends)
         watcher = asyncio.create_task(_watch_engine(state, server))
         await serving
@@ -220,16 +229,55 @@ async def _load_engine(settings: Any, starting: concurrent.futures.Future, serve
     return engine
 
 
+async def _warm_up(engine: Any) -> None:
+    """One tiny request through the whole path, so the first client does not pay for first-call
+    allocations, and readiness means a request has actually succeeded."""
+    from llmp import SamplingParams
+
+    prompt = {"prompt_token_ids": [0]}
+    try:
+        if engine.info.get("task") == "embed":
+            async for _ in engine.encode(prompt, request_id="llmp-warm-up"):
+                pass
+        else:
+            params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+            async for _ in engine.generate(prompt, params, request_id="llmp-warm-up"):
+                pass
+    except Exception as exc:
+        raise LLMPError(f"the warm-up request failed: {type(exc).__name__}: {exc}") from None
+
+
+def gate_limits(settings: Any) -> Limits:
+    """What the gate refuses, from the serve settings."""
+    in_flight = None if settings.max_queue_len is None else settings.max_num_seqs + settings.max_queue_len
+    hosts = settings.allowed_hosts or (sorted(LOOPBACK_HOSTS) if _is_loopback(settings.host) else None)
+    return Limits(max_body_bytes=settings.max_request_body_bytes, max_in_flight=in_flight,
+                  overload_status=settings.overload_status, allowed_hosts=frozenset(hosts) if hosts else None)
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def _server_class() -> type:
     import uvicorn
 
     class Server(uvicorn.Server):
-        """uvicorn's server, with signals handled on the loop: a SIGTERM drains and returns
-        (uvicorn would re-raise it after serving, killing the process before the engine stops)."""
+        """uvicorn's server, with signals handled on the loop. The first SIGTERM or SIGINT drains:
+        readiness fails, new requests get 503, requests in flight get ``shutdown_timeout`` seconds
+        and are then aborted; the second aborts them at once. Serving then returns (uvicorn would
+        re-raise the signal after serving, killing the process before the engine stops)."""
 
-        def __init__(self, config: Any, state: ServerState) -> None:
+        def __init__(self, config: Any, state: ServerState, shutdown_timeout: float) -> None:
             super().__init__(config)
             self.llmp_state = state
+            self.shutdown_timeout = shutdown_timeout
+            self.abort_timer: asyncio.TimerHandle | None = None
 
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
@@ -243,9 +291,21 @@ def _server_class() -> type:
                     loop.remove_signal_handler(sig)
 
         def handle_exit(self, sig: int, frame: Any) -> None:
-            if self.llmp_state.phase == "ready":
-                self.llmp_state.phase = "draining"  # probes and new requests get 503 at once
+            state = self.llmp_state
+            if state.phase == "draining":  # the second signal: stop what is in flight now
+                self._abort_in_flight()
+            elif state.phase in ("ready", "warming_up"):
+                state.phase = "draining"  # probes and new requests get 503 at once
+                self.abort_timer = asyncio.get_running_loop().call_later(self.shutdown_timeout,
+                                                                         self._abort_in_flight)
             super().handle_exit(sig, frame)
+
+        def _abort_in_flight(self) -> None:
+            if self.abort_timer is not None:
+                self.abort_timer.cancel()
+            engine = self.llmp_state.engine
+            if engine is not None and engine.is_running:
+                asyncio.ensure_future(engine.abort_all())
 
     return Server
 

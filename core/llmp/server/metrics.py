@@ -7,6 +7,7 @@ cache figures come from the engine itself when ``/metrics`` is scraped.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -77,6 +78,9 @@ class ServerMetrics:
                                ["model_name", "finished_reason"], registry=self.registry)
         self.failures = Counter("llmp_request_failure", "Requests that ended in an error.", labels,
                                 registry=self.registry).labels(**self.label)
+        self.rejected = Counter("llmp_requests_rejected", "Requests refused before reaching the engine, by reason.",
+                                ["model_name", "reason"], registry=self.registry)
+        self.timeouts = counter("llmp_request_timeout", "Requests aborted by --request-timeout.")
 
     async def render(self, engine: Any) -> bytes:
         try:
@@ -86,12 +90,39 @@ class ServerMetrics:
         return generate_latest(self.registry)
 
 
-class MeteredEngine:
-    """The engine client front-ends get: ``AsyncLLM`` with every request measured."""
+async def _before_deadline(outputs: AsyncIterator[Any], timeout: float | None, on_timeout: Any) -> AsyncIterator[Any]:
+    """``outputs`` until ``timeout`` seconds have passed; then the request is aborted (closing the
+    engine's stream frees its KV blocks) and ``RequestTimeoutError`` raised."""
+    if timeout is None:
+        async for output in outputs:
+            yield output
+        return
+    from llmp.server.errors import RequestTimeoutError
 
-    def __init__(self, engine: Any, metrics: ServerMetrics) -> None:
+    deadline = time.monotonic() + timeout
+    iterator = outputs.__aiter__()
+    try:
+        while True:
+            try:
+                output = await asyncio.wait_for(iterator.__anext__(), max(deadline - time.monotonic(), 0))
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                on_timeout()
+                raise RequestTimeoutError(timeout) from None
+            yield output
+    finally:
+        await iterator.aclose()
+
+
+class MeteredEngine:
+    """The engine client front-ends get: ``AsyncLLM`` with every request measured and,
+    with ``request_timeout``, bounded in time."""
+
+    def __init__(self, engine: Any, metrics: ServerMetrics, request_timeout: float | None = None) -> None:
         self._engine = engine
         self.metrics = metrics
+        self.request_timeout = request_timeout
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
@@ -105,7 +136,8 @@ class MeteredEngine:
         output = None
         failed = False
         try:
-            async for output in self._engine.generate(prompt, params, request_id, **kwargs):
+            outputs = self._engine.generate(prompt, params, request_id, **kwargs)
+            async for output in _before_deadline(outputs, self.request_timeout, m.timeouts.inc):
                 new = 0
                 for seq in output.outputs:
                     count = len(seq.token_ids) + (seen.get(seq.index, 0) if delta else 0)
@@ -142,7 +174,8 @@ class MeteredEngine:
         m = self.metrics
         arrival = time.perf_counter()
         try:
-            async for output in self._engine.encode(prompt, pooling_params, request_id, **kwargs):
+            outputs = self._engine.encode(prompt, pooling_params, request_id, **kwargs)
+            async for output in _before_deadline(outputs, self.request_timeout, m.timeouts.inc):
                 m.prompt_tokens.inc(len(output.prompt_token_ids))
                 m.request_prompt_tokens.observe(len(output.prompt_token_ids))
                 m.e2e.observe(time.perf_counter() - arrival)

@@ -125,8 +125,9 @@ class ChatCompletion:
                     yield sse(self._chunk([choice], usage(prompt_len, generated[seq.index]) if continuous else None))
             if include_usage:
                 yield sse(self._chunk([], usage(prompt_len, sum(generated))))
-        except Exception as exc:  # after the headers: report in-band, then end the stream properly
+        except Exception as exc:  # after the headers: report in-band and end; [DONE] marks success only
             yield sse_error(exc)
+            return
         yield DONE
 
     def _chunk(self, choices: list[dict], usage: dict | None = None, **extra: Any) -> dict[str, Any]:

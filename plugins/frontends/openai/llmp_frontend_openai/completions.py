@@ -130,8 +130,9 @@ class Completion:
                     yield sse(self._chunk([choice], usage(prompt_tokens, generated) if continuous else None))
             if include_usage:
                 yield sse(self._chunk([], usage(prompt_tokens, generated)))
-        except Exception as exc:
+        except Exception as exc:  # after the headers: report in-band and end; [DONE] marks success only
             yield sse_error(exc)
+            return
         yield DONE
 
     def _chunk(self, choices: list[dict], usage: dict | None) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from llmp.sampling_params import SamplingParams
 from llmp.server.app import request_id_of, until_disconnected
-from llmp.server.errors import APIError, bad_request, error_body
+from llmp.server.errors import APIError, as_api_error, bad_request
 from llmp_frontend_openai import protocol as p
 from llmp_frontend_openai.logprobs import TokenBytes
 
@@ -26,10 +26,12 @@ def sse(payload: Mapping[str, Any]) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
+MAX_STOP_LENGTH = 1024
+
+
 def sse_error(exc: BaseException) -> str:
-    status = exc.status if isinstance(exc, APIError) else (400 if isinstance(exc, ValueError | TypeError) else 500)
-    message = str(exc) if status < 500 else f"Internal server error: {exc}"
-    return sse(error_body(message, "invalid_request_error" if status < 500 else "internal_server_error", code=status))
+    """An in-band error event: after the headers went out, the status can only travel in the stream."""
+    return sse(as_api_error(exc).body())
 
 
 class OpenAIFrontend:
@@ -113,6 +115,19 @@ class OpenAIFrontend:
             if value is not None and limit >= 0 and value > limit:
                 raise bad_request(f"{name}={value} exceeds the server's limit of {limit} (--max-logprobs)", name)
 
+    def check_stop(self, stop: str | list[str] | None) -> None:
+        """Stop strings are searched in every new piece of text: their number and length are bounded."""
+        strings = [stop] if isinstance(stop, str) else list(stop or [])
+        cap = self.options.get("max_stop_sequences", 64)
+        if len(strings) > cap:
+            raise bad_request(f"at most {cap} stop strings are allowed (--max-stop-sequences), got {len(strings)}",
+                              "stop")
+        longest = max(map(len, strings), default=0)
+        if longest > MAX_STOP_LENGTH:
+            raise bad_request(f"a stop string may be at most {MAX_STOP_LENGTH} characters long, got {longest}", "stop")
+        if any(s == "" for s in strings):
+            raise bad_request("stop strings must not be empty", "stop")
+
     def resolve_max_tokens(self, requested: int | None, prompt_len: int) -> int:
         """``max_tokens`` checked against the context; unset, the rest of it."""
         limit = self.max_model_len
@@ -142,6 +157,7 @@ class OpenAIFrontend:
     def sampling_params(self, body: p.SamplingFields, max_tokens: int, logprobs: int | None) -> SamplingParams:
         n = body.n if body.n is not None else 1
         self.check_caps(n, logprobs, body.prompt_logprobs)
+        self.check_stop(body.stop)
         try:
             logit_bias = {int(k): v for k, v in (body.logit_bias or {}).items()}
         except ValueError:
@@ -211,6 +227,9 @@ class OpenAIFrontend:
         if template is not None and not self.options.get("trust_request_chat_template"):
             raise bad_request("Refused request with untrusted chat template: start the server with "
                               "--trust-request-chat-template to allow one", "chat_template")
+        kwargs = getattr(body, "chat_template_kwargs", None)
+        if kwargs and not self.options.get("trust_request_chat_template"):
+            self._check_template_kwargs(kwargs, template)
         if getattr(body, "continue_final_message", False) and getattr(body, "add_generation_prompt", False):
             raise bad_request("continue_final_message and add_generation_prompt cannot both be true; "
                               "set add_generation_prompt to false", "continue_final_message")
@@ -228,6 +247,19 @@ class OpenAIFrontend:
         except Exception as exc:  # template errors (jinja's, sandbox violations) are the request's fault
             raise bad_request(f"the chat template could not be applied: {type(exc).__name__}: {exc}",
                               "messages") from None
+
+    def _check_template_kwargs(self, kwargs: Mapping[str, Any], template: str | None) -> None:
+        """Only variables the chat template reads may be set (``enable_thinking``), so a request
+        cannot reach transformers' own arguments (``tokenize``) or anything else."""
+        from llmp.chat_template import template_variables
+
+        known = template_variables(self.tokenizer, template or self.options.get("chat_template"))
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            allowed = ", ".join(sorted(known)) or "none"
+            raise bad_request(f"chat_template_kwargs {', '.join(map(repr, unknown))} are not variables of the chat "
+                              f"template (it reads: {allowed}); start the server with "
+                              "--trust-request-chat-template to pass others", "chat_template_kwargs")
 
     async def prompt_inputs(self, value: Any, param: str, add_special_tokens: bool) -> list[tuple[str | None, list[int]]]:
         """Text and token ids of each prompt of a ``str | list[str] | list[int] | list[list[int]]`` field."""
