@@ -20,7 +20,7 @@ CASES = {
 @pytest.mark.parametrize("case", CASES)
 def test_tensor_parallel_family_matches_transformers(tmp_path, case):
     architecture, config = CASES[case]
-    model = save_tiny_model(tmp_path, architecture, seed=21, **config)
+    model = save_tiny_model(tmp_path, architecture, seed=21, **{"qk_scale": 4.0, **config})
     prompts = mixed_prompts(4, seed=21)
     got, llm = engine_greedy(tmp_path, prompts, executor="mp", tensor_parallel_size=2, max_model_len=128)
     assert len(llm.engine.executor.worker_pids) == 2

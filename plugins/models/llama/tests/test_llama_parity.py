@@ -3,14 +3,13 @@ through every path of the engine: batching, prefix caching, preemption, chunked 
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import pytest
 import torch
 
 from llmp import LLM, SamplingParams
-from llmp.testing import hf_greedy, save_tiny_llama
+from llmp.testing import assert_greedy_parity, engine_greedy, mixed_prompts, save_tiny_llama
 
 NEW_TOKENS = 24
 
@@ -18,32 +17,20 @@ NEW_TOKENS = 24
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Module]:
     path = tmp_path_factory.mktemp("tiny-llama")
-    return path, save_tiny_llama(path)
+    return path, save_tiny_llama(path, qk_scale=4.0)  # sharp attention: a wrong key or position shows
 
 
-def mixed_prompts(count: int = 8, shared_prefix: int = 0, seed: int = 1) -> list[list[int]]:
-    rng = random.Random(seed)
-    prefix = [rng.randrange(3, 512) for _ in range(shared_prefix)]
-    return [prefix + [rng.randrange(3, 512) for _ in range(rng.randint(3, 60))] for _ in range(count)]
 
 
-def run_engine(path: Path, prompts: list[list[int]], **options) -> tuple[list[list[int]], LLM]:
-    llm = LLM(str(path), dtype="float32", block_size=4, **options)
-    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
-    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    return [o.outputs[0].token_ids for o in outputs], llm
 
 
-def assert_parity(model: torch.nn.Module, prompts: list[list[int]], got: list[list[int]]) -> None:
-    for prompt, tokens in zip(prompts, got, strict=True):
-        assert tokens == hf_greedy(model, prompt, NEW_TOKENS), f"prompt of {len(prompt)} tokens diverged"
 
 
 def test_batch_of_mixed_lengths_matches_transformers(tiny):
     path, model = tiny
     prompts = mixed_prompts()
-    got, llm = run_engine(path, prompts, enable_prefix_caching=False)
-    assert_parity(model, prompts, got)
+    got, llm = engine_greedy(path, prompts, enable_prefix_caching=False)
+    assert_greedy_parity(model, prompts, got)
     assert llm.engine.kv_manager.prefix_cache_hits == 0
     assert llm.engine.scheduler.num_preemptions == 0
 
@@ -59,24 +46,24 @@ def test_prefix_caching_hits_and_matches_transformers(tiny):
     got = [o.outputs[0].token_ids for o in first + rest]
     assert llm.engine.kv_manager.prefix_cache_hits >= 7 * 24
     assert all(o.num_cached_tokens >= 24 for o in rest)
-    assert_parity(model, prompts, got)
+    assert_greedy_parity(model, prompts, got)
 
 
 def test_preemption_recomputes_and_matches_transformers(tiny):
     path, model = tiny
     prompts = mixed_prompts(seed=3)
     # 40 blocks of 4 tokens hold 160 tokens: far less than 8 prompts plus their outputs.
-    got, llm = run_engine(path, prompts, num_kv_blocks=40, max_model_len=128)
+    got, llm = engine_greedy(path, prompts, num_kv_blocks=40, max_model_len=128)
     assert llm.engine.scheduler.num_preemptions > 0
-    assert_parity(model, prompts, got)
+    assert_greedy_parity(model, prompts, got)
 
 
 def test_chunked_prefill_matches_transformers(tiny):
     path, model = tiny
     prompts = mixed_prompts(seed=4)
-    got, llm = run_engine(path, prompts, max_num_batched_tokens=16, enable_prefix_caching=False)
+    got, llm = engine_greedy(path, prompts, max_num_batched_tokens=16, enable_prefix_caching=False)
     assert llm.engine.scheduler.num_prefill_chunks > 0
-    assert_parity(model, prompts, got)
+    assert_greedy_parity(model, prompts, got)
 
 
 def test_tied_embeddings_and_sharded_checkpoint(tmp_path):
@@ -84,8 +71,8 @@ def test_tied_embeddings_and_sharded_checkpoint(tmp_path):
     assert len(list(tmp_path.glob("*.safetensors"))) > 1
     assert (tmp_path / "model.safetensors.index.json").is_file()
     prompts = mixed_prompts(count=3, seed=5)
-    got, _ = run_engine(tmp_path, prompts)
-    assert_parity(model, prompts, got)
+    got, _ = engine_greedy(tmp_path, prompts)
+    assert_greedy_parity(model, prompts, got)
 
 
 def test_grouped_query_attention_and_llama3_rope(tmp_path):
@@ -93,5 +80,5 @@ def test_grouped_query_attention_and_llama3_rope(tmp_path):
                "original_max_position_embeddings": 64}
     model = save_tiny_llama(tmp_path, seed=6, num_attention_heads=8, num_key_value_heads=2, rope_scaling=scaling)
     prompts = mixed_prompts(count=4, seed=6)
-    got, _ = run_engine(tmp_path, prompts)
-    assert_parity(model, prompts, got)
+    got, _ = engine_greedy(tmp_path, prompts)
+    assert_greedy_parity(model, prompts, got)

@@ -20,7 +20,7 @@ MIXTRAL = dict(num_local_experts=4, num_experts_per_tok=2)
     dict(max_num_batched_tokens=16),  # chunked prefill: chunks attend across the window boundary
 ], ids=["batched", "chunked-prefill"])
 def test_mistral_sliding_window_matches_transformers(tmp_path, options):
-    model = save_tiny_model(tmp_path, "MistralForCausalLM", seed=3, sliding_window=WINDOW)
+    model = save_tiny_model(tmp_path, "MistralForCausalLM", seed=3, sliding_window=WINDOW, qk_scale=4.0)
     prompts = mixed_prompts(6, seed=3)
     got, llm = engine_greedy(tmp_path, prompts, **options)
     assert type(llm.engine.executor.runner.model).__name__ == "MistralForCausalLM"
@@ -29,7 +29,7 @@ def test_mistral_sliding_window_matches_transformers(tmp_path, options):
 
 
 def test_mistral_prefix_caching_matches_transformers(tmp_path):
-    model = save_tiny_model(tmp_path, "MistralForCausalLM", seed=4, sliding_window=WINDOW)
+    model = save_tiny_model(tmp_path, "MistralForCausalLM", seed=4, sliding_window=WINDOW, qk_scale=4.0)
     prompts = mixed_prompts(5, shared_prefix=20, seed=4)
     first, rest = prompts[0], prompts[1:]
     got, _ = engine_greedy(tmp_path, [first])  # a separate engine run must not matter
@@ -41,7 +41,7 @@ def test_mistral_prefix_caching_matches_transformers(tmp_path):
 
 @pytest.mark.parametrize("extra", [{}, dict(num_experts_per_tok=1, num_local_experts=3)], ids=["top2-of-4", "top1-of-3"])
 def test_mixtral_matches_transformers(tmp_path, extra):
-    model = save_tiny_model(tmp_path, "MixtralForCausalLM", seed=5, **{**MIXTRAL, **extra})
+    model = save_tiny_model(tmp_path, "MixtralForCausalLM", seed=5, qk_scale=4.0, **{**MIXTRAL, **extra})
     prompts = mixed_prompts(6, seed=5)
     got, llm = engine_greedy(tmp_path, prompts, max_num_batched_tokens=32)
     assert type(llm.engine.executor.runner.model).__name__ == "MixtralForCausalLM"

@@ -28,7 +28,7 @@ CASES = {
 @pytest.mark.parametrize("case", CASES)
 def test_greedy_matches_transformers(tmp_path, case):
     architecture, config = CASES[case]
-    model = save_tiny_model(tmp_path, architecture, seed=len(case), **config)
+    model = save_tiny_model(tmp_path, architecture, seed=len(case), qk_scale=4.0, **config)
     prompts = mixed_prompts(6, seed=len(case))
     got, llm = engine_greedy(tmp_path, prompts, enable_prefix_caching=False)
     assert type(llm.engine.executor.runner.model).__name__ == architecture
@@ -36,7 +36,7 @@ def test_greedy_matches_transformers(tmp_path, case):
 
 
 def test_moe_through_prefix_caching_chunked_prefill_and_preemption(tmp_path):
-    model = save_tiny_model(tmp_path, "Qwen3MoeForCausalLM", seed=7, **MOE)
+    model = save_tiny_model(tmp_path, "Qwen3MoeForCausalLM", seed=7, qk_scale=4.0, **MOE)
     prompts = mixed_prompts(6, shared_prefix=12, seed=7)
     got, llm = engine_greedy(tmp_path, prompts, max_num_batched_tokens=16, num_kv_blocks=48, max_model_len=128)
     assert llm.engine.scheduler.num_prefill_chunks > 0

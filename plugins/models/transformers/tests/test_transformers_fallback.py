@@ -5,7 +5,6 @@ and preemption."""
 from __future__ import annotations
 
 import json
-import random
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import torch
 from llmp import LLM, SamplingParams
 from llmp.api import UnknownComponentError
 from llmp.modeling.files import ModelLoadError
-from llmp.testing import hf_greedy, save_tiny_llama, tiny_tokenizer
+from llmp.testing import assert_greedy_parity, engine_greedy, mixed_prompts, save_tiny_llama, tiny_tokenizer
 
 NEW_TOKENS = 24
 # initializer_range 0.1 (not 0.02) makes attention sharp enough that a wrong key, position or window shows
@@ -76,22 +75,10 @@ def tiny_phi3(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.
     return path, save_tiny(path, phi3, seed=2)
 
 
-def mixed_prompts(count: int = 8, shared_prefix: int = 0, seed: int = 1) -> list[list[int]]:
-    rng = random.Random(seed)
-    prefix = [rng.randrange(3, 512) for _ in range(shared_prefix)]
-    return [prefix + [rng.randrange(3, 512) for _ in range(rng.randint(3, 60))] for _ in range(count)]
 
 
-def run_engine(path: Path, prompts: list[list[int]], **options) -> tuple[list[list[int]], LLM]:
-    llm = LLM(str(path), dtype="float32", block_size=4, **options)
-    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
-    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    return [o.outputs[0].token_ids for o in outputs], llm
 
 
-def assert_parity(model: torch.nn.Module, prompts: list[list[int]], got: list[list[int]]) -> None:
-    for prompt, tokens in zip(prompts, got, strict=True):
-        assert tokens == hf_greedy(model, prompt, NEW_TOKENS), f"prompt of {len(prompt)} tokens diverged"
 
 
 def model_spec(llm: LLM):
@@ -101,11 +88,11 @@ def model_spec(llm: LLM):
 def test_batch_of_mixed_lengths_matches_transformers(tiny):
     path, model = tiny
     prompts = mixed_prompts()
-    got, llm = run_engine(path, prompts, enable_prefix_caching=False)
+    got, llm = engine_greedy(path, prompts, enable_prefix_caching=False)
     spec = model_spec(llm)
     assert (spec.name, spec.model_impl, spec.distribution) == ("*", "transformers", "llmp-models-transformers")
     assert type(llm.engine.executor.runner.model.hf_model) is type(model)
-    assert_parity(model, prompts, got)
+    assert_greedy_parity(model, prompts, got)
 
 
 def test_prefix_caching_hits_and_matches_transformers(tiny_gpt2):
@@ -117,33 +104,33 @@ def test_prefix_caching_hits_and_matches_transformers(tiny_gpt2):
     first = llm.generate({"prompt_token_ids": prompts[0]}, params, use_tqdm=False)
     rest = llm.generate([{"prompt_token_ids": p} for p in prompts[1:]], params, use_tqdm=False)
     assert all(o.num_cached_tokens >= 24 for o in rest)
-    assert_parity(model, prompts, [o.outputs[0].token_ids for o in first + rest])
+    assert_greedy_parity(model, prompts, [o.outputs[0].token_ids for o in first + rest])
 
 
 def test_chunked_prefill_with_sliding_window_matches_transformers(tiny_phi3):
     path, model = tiny_phi3
     prompts = mixed_prompts(seed=4)
-    got, llm = run_engine(path, prompts, max_num_batched_tokens=16, enable_prefix_caching=False)
+    got, llm = engine_greedy(path, prompts, max_num_batched_tokens=16, enable_prefix_caching=False)
     assert llm.engine.scheduler.num_prefill_chunks > 0
-    assert_parity(model, prompts, got)
+    assert_greedy_parity(model, prompts, got)
 
 
 def test_preemption_recomputes_and_matches_transformers(tiny_gpt2):
     path, model = tiny_gpt2
     prompts = mixed_prompts(seed=3)
     # 40 blocks of 4 tokens hold 160 tokens: far less than 8 prompts plus their outputs.
-    got, llm = run_engine(path, prompts, num_kv_blocks=40, max_model_len=128)
+    got, llm = engine_greedy(path, prompts, num_kv_blocks=40, max_model_len=128)
     assert llm.engine.scheduler.num_preemptions > 0
-    assert_parity(model, prompts, got)
+    assert_greedy_parity(model, prompts, got)
 
 
 def test_model_impl_transformers_forces_the_fallback_on_llama(tmp_path):
     model = save_tiny_llama(tmp_path, num_attention_heads=8, num_key_value_heads=2, initializer_range=0.1)
     prompts = mixed_prompts(count=4, seed=5)
-    got, llm = run_engine(tmp_path, prompts, model_impl="transformers")
+    got, llm = engine_greedy(tmp_path, prompts, model_impl="transformers")
     assert model_spec(llm).name == "*"
-    assert_parity(model, prompts, got)
-    _, native = run_engine(tmp_path, prompts[:1], model_impl="auto")
+    assert_greedy_parity(model, prompts, got)
+    _, native = engine_greedy(tmp_path, prompts[:1], model_impl="auto")
     assert model_spec(native).name == "LlamaForCausalLM"  # auto still prefers the native plugin
 
 
