@@ -10,7 +10,8 @@ from fastapi import APIRouter, Request
 
 from llmp.server.errors import bad_request
 from llmp_frontend_openai import protocol as p
-from llmp_frontend_openai.frontend import DONE, engine_request_id, sse, sse_error, usage
+from llmp.server.frontend_kit import engine_request_id
+from llmp_frontend_openai.frontend import DONE, sse, sse_error, usage
 from llmp_frontend_openai.logprobs import chat_logprobs, prompt_logprobs
 
 if TYPE_CHECKING:

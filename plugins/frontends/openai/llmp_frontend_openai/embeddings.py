@@ -13,7 +13,7 @@ from llmp.pooling_params import PoolingParams
 from llmp.server.app import until_disconnected
 from llmp.server.errors import bad_request
 from llmp_frontend_openai import protocol as p
-from llmp_frontend_openai.frontend import engine_request_id
+from llmp.server.frontend_kit import engine_request_id
 
 if TYPE_CHECKING:
     from llmp_frontend_openai.frontend import OpenAIFrontend

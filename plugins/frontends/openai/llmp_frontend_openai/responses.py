@@ -21,7 +21,7 @@ from fastapi.responses import StreamingResponse
 from llmp.server.app import until_disconnected
 from llmp.server.errors import APIError, bad_request, error_body
 from llmp_frontend_openai import protocol as p
-from llmp_frontend_openai.frontend import engine_request_id
+from llmp.server.frontend_kit import engine_request_id
 
 if TYPE_CHECKING:
     from llmp_frontend_openai.frontend import OpenAIFrontend
