@@ -538,6 +538,12 @@ class Frontend(Protocol):
     request-id and body-limit middleware, and renders ``llmp.server.errors.APIError``.
     Others (gRPC) return ``None`` and run their own server in ``serve`` until
     cancelled.
+
+    A front-end whose protocol has its own error shape (Anthropic's
+    ``{"type": "error", "error": {...}}``, with 529 for overload) lists its path
+    prefixes in ``error_paths`` and implements ``render_error(error: APIError)
+    -> (status, body)``: the server then renders every error on those paths
+    with it, the gate's refusals (401, 413, 503 and overload) included.
     """
 
     def __init__(self, engine: EngineClient, options: Mapping[str, Any]) -> None: ...

@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from llmp import __version__
 from llmp.api import EngineDeadError
-from llmp.server.errors import ERROR_TYPES, APIError, as_api_error, error_body, validation_message
+from llmp.server.errors import APIError, as_api_error, error_body, validation_message
 
 log = logging.getLogger("llmp.server")
 T = TypeVar("T")
@@ -42,6 +42,16 @@ class ServerState:
         self.error: str | None = None
         self.in_flight = 0  # model requests admitted and not yet answered
         self._probe: asyncio.Future | None = None
+        # (path prefix, renderer): front-ends whose protocol has its own error shape
+        self.error_renderers: list[tuple[str, Callable[[APIError], tuple[int, Any]]]] = []
+
+    def render_error(self, path: str, error: APIError) -> tuple[int, Any]:
+        """``(status, body)`` of an error on ``path``: in the shape of the front-end owning the path,
+        else OpenAI's ``{"error": {...}}``."""
+        for prefix, render in self.error_renderers:
+            if path.startswith(prefix):
+                return render(error)
+        return error.status, error.body()
 
     async def probe_engine(self, timeout: float) -> None:
         """Ping the engine within ``timeout``; concurrent probes share one ping, so a hung
@@ -110,41 +120,35 @@ class GateMiddleware:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         if self.limits.allowed_hosts is not None and _host_name(headers.get("host", "")) not in self.limits.allowed_hosts:
             # a page on another site resolving its name to 127.0.0.1 (DNS rebinding) sends its own Host
-            return await send_json(send, 400, error_body(
-                f"Host header {headers.get('host', '')!r} is not accepted by a server bound to loopback",
-                "invalid_request_error", code=400))
+            return await self._refuse(send, path, APIError(
+                400, f"Host header {headers.get('host', '')!r} is not accepted by a server bound to loopback"))
         if path not in PROBE_PATHS and not self.state.ready and method != "OPTIONS":
             message = {"loading": "the model is still loading", "starting": "the server is starting",
                        "warming_up": "the model is warming up", "draining": "the server is shutting down",
                        }.get(self.state.phase, "the engine is not running")
-            return await send_json(send, 503, error_body(message, "service_unavailable_error", code=503),
-                                   {"Retry-After": "1"})
+            return await self._refuse(send, path, APIError(503, message, headers={"Retry-After": "1"}))
         if self.key_digests and path not in OPEN_PATHS and method != "OPTIONS" and not self._authorized(headers):
-            return await send_json(
-                send, 401, error_body("invalid or missing API key: send 'Authorization: Bearer <key>'",
-                                      "authentication_error", code="invalid_api_key"),
-                {"WWW-Authenticate": "Bearer"},
-            )
+            return await self._refuse(send, path, APIError(
+                401, "invalid or missing API key: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>')",
+                code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"}))
         if method in BODY_METHODS:
             content_type = headers.get("content-type", "application/json").split(";")[0].strip().lower()
             if content_type != "application/json":
-                return await send_json(send, 400, error_body(
-                    f"Unsupported Media Type: {content_type!r}; only 'application/json' is allowed",
-                    "invalid_request_error", code=400))
+                return await self._refuse(send, path, APIError(
+                    400, f"Unsupported Media Type: {content_type!r}; only 'application/json' is allowed"))
             length = headers.get("content-length")
             if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
-                return await send_json(send, 413, self._too_large())
+                return await self._refuse(send, path, self._too_large())
             try:  # read here, so going over the limit is a 413 and deep nesting a 400, not a parse error
                 body, receive = await self._buffered(receive)
             except BodyTooLarge:
-                return await send_json(send, 413, self._too_large())
+                return await self._refuse(send, path, self._too_large())
             if body is not None and json_depth_exceeds(body, self.limits.max_json_depth):
-                return await send_json(send, 400, error_body(
-                    f"the JSON body is nested deeper than {self.limits.max_json_depth} levels",
-                    "invalid_request_error", code=400))
+                return await self._refuse(send, path, APIError(
+                    400, f"the JSON body is nested deeper than {self.limits.max_json_depth} levels"))
         if method == "POST" and path not in OPEN_PATHS and self.limits.max_in_flight is not None:
             if self.state.in_flight >= self.limits.max_in_flight:
-                return await self._overloaded(send)
+                return await self._overloaded(send, path)
             self.state.in_flight += 1
             try:
                 return await self.app(scope, receive, send)
@@ -152,25 +156,32 @@ class GateMiddleware:
                 self.state.in_flight -= 1
         await self.app(scope, receive, send)
 
-    async def _overloaded(self, send: Callable) -> None:
+    async def _overloaded(self, send: Callable, path: str) -> None:
         self.on_rejected("overloaded")
-        status = self.limits.overload_status
         message = (f"the server is at capacity ({self.limits.max_in_flight} requests in flight: "
                    "--max-num-seqs plus --max-queue-len); retry after a moment")
-        await send_json(send, status, error_body(message, ERROR_TYPES.get(status, "service_unavailable_error"),
-                                                 code="overloaded"), {"Retry-After": "1"})
+        await self._refuse(send, path, APIError(self.limits.overload_status, message, code="overloaded",
+                                                headers={"Retry-After": "1"}))
+
+    async def _refuse(self, send: Callable, path: str, error: APIError) -> None:
+        status, body = self.state.render_error(path, error)
+        await send_json(send, status, body, error.headers)
 
     def _authorized(self, headers: Mapping[str, str]) -> bool:
         scheme, _, token = headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer":
+        if scheme.lower() == "bearer":
+            token = token.strip()
+        elif "x-api-key" in headers:  # Anthropic's clients send the key in their own header
+            token = headers["x-api-key"].strip()
+        else:
             return False
-        digest = hashlib.sha256(token.strip().encode()).digest()
+        digest = hashlib.sha256(token.encode()).digest()
         # compare against every key, so the time taken does not tell which one nearly matched
         return sum(hmac.compare_digest(digest, key) for key in self.key_digests) > 0
 
-    def _too_large(self) -> dict[str, Any]:
-        return error_body(f"the request body exceeds the limit of {self.max_body_bytes} bytes "
-                          "(--max-request-body-bytes)", "invalid_request_error", code=413)
+    def _too_large(self) -> APIError:
+        return APIError(413, f"the request body exceeds the limit of {self.max_body_bytes} bytes "
+                             "(--max-request-body-bytes)")
 
     async def _buffered(self, receive: Callable) -> tuple[bytes | None, Callable]:
         """The whole body, read up to the limit, and a ``receive`` that replays it as one message."""
@@ -281,7 +292,7 @@ def build_app(state: ServerState, *, api_keys: list[str], allowed_origins: list[
         openapi_url="/openapi.json" if docs else None,
     )
     app.state.llmp = state
-    _add_exception_handlers(app)
+    _add_exception_handlers(app, state)
     _add_probe_routes(app, state, metrics, health_timeout)
     app.add_middleware(GateMiddleware, state=state, api_keys=api_keys, limits=limits,
                        on_rejected=lambda reason: metrics.rejected.labels(reason=reason, **metrics.label).inc())
@@ -295,31 +306,35 @@ def build_app(state: ServerState, *, api_keys: list[str], allowed_origins: list[
     return app
 
 
-def _add_exception_handlers(app: FastAPI) -> None:
+def _add_exception_handlers(app: FastAPI, state: ServerState) -> None:
+    def respond(request: Request, error: APIError) -> JSONResponse:
+        status, body = state.render_error(route_path(request.scope), error)
+        return JSONResponse(body, status_code=status, headers=error.headers)
+
     @app.exception_handler(APIError)
-    async def api_error(_: Request, exc: APIError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+    async def api_error(request: Request, exc: APIError) -> JSONResponse:
+        return respond(request, exc)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid_body(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = validation_message(list(exc.errors()))
-        return JSONResponse(error_body(message, "invalid_request_error", param, 400), status_code=400)
+        return respond(request, APIError(400, message, param=param))
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         type_ = {404: "not_found_error", 405: "invalid_request_error"}.get(exc.status_code, "invalid_request_error")
-        return JSONResponse(error_body(str(exc.detail), type_, code=exc.status_code), status_code=exc.status_code,
-                            headers=getattr(exc, "headers", None))
+        return respond(request, APIError(exc.status_code, str(exc.detail), type=type_,
+                                         headers=dict(getattr(exc, "headers", None) or {})))
 
     @app.exception_handler(ValueError)
     @app.exception_handler(TypeError)
     @app.exception_handler(EngineDeadError)
     @app.exception_handler(Exception)
-    async def request_failed(_: Request, exc: Exception) -> JSONResponse:
+    async def request_failed(request: Request, exc: Exception) -> JSONResponse:
         error = as_api_error(exc)
         if error.status >= 500 and not isinstance(exc, EngineDeadError):
             log.error("unhandled error in a request handler", exc_info=exc)
-        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+        return respond(request, error)
 
 
 def _add_probe_routes(app: FastAPI, state: ServerState, metrics: Any, health_timeout: float) -> None:

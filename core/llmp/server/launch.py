@@ -171,7 +171,7 @@ async def _serve(settings: Any, frontends: list[tuple[str, type]], chat_template
         log.debug("warmed up after %.2f s", time.monotonic() - started)
         engine = MeteredEngine(loaded, metrics, settings.request_timeout)
         options = frontend_options(settings, served_names, chat_template, loaded.info)
-        tasks = _mount(app, engine, frontends, options)
+        tasks = _mount(app, state, engine, frontends, options)
         state.engine = engine
         if state.phase == "warming_up":  # not interrupted meanwhile
             state.phase = "ready"
@@ -310,10 +310,13 @@ def _server_class() -> type:
     return Server
 
 
-def _mount(app: Any, engine: Any, frontends: list[tuple[str, type]], options: dict) -> list[asyncio.Task]:
+def _mount(app: Any, state: ServerState, engine: Any, frontends: list[tuple[str, type]],
+           options: dict) -> list[asyncio.Task]:
     tasks = []
     for name, cls in frontends:
         frontend = cls(engine, dict(options))
+        for prefix in getattr(frontend, "error_paths", ()):  # errors on its paths take its protocol's shape
+            state.error_renderers.append((prefix, frontend.render_error))
         router = frontend.http_router()
         if router is not None:
             app.include_router(router)

@@ -170,7 +170,10 @@ def test_right_key_is_accepted(auth_http, method, path, body):
 def test_key_in_another_scheme_is_refused(auth_http):
     response = auth_http.get("/v1/models", headers={"Authorization": f"Basic {API_KEY}"})
     assert_error(response, 401)
-    assert_error(auth_http.get("/v1/models", headers={"X-Api-Key": API_KEY}), 401)
+    assert_error(auth_http.get("/v1/models", headers={"X-Api-Key": "wrong"}), 401)
+    assert_error(auth_http.get("/v1/models", headers={"X-Api-Key": API_KEY.upper()}), 401)
+    # Anthropic's SDKs send the key as x-api-key: the same key is accepted there
+    assert auth_http.get("/v1/models", headers={"X-Api-Key": API_KEY}).status_code == 200
 
 
 @pytest.mark.parametrize("path", ["/health", "/metrics", "/live", "/version", "/openapi.json"])

@@ -1,0 +1,23 @@
+"""llmp plugin: the ``triton`` kernel set, chosen automatically on CUDA.
+
+This module only registers; ``kernels.py`` (which imports torch and triton)
+loads on selection. On CPU the kernels run only under Triton's interpreter
+(``TRITON_INTERPRET=1`` set before triton is imported), which is for tests.
+"""
+
+from collections.abc import Iterator
+
+from llmp import hookimpl
+from llmp.api import KernelSetSpec
+
+
+@hookimpl
+def llmp_register_kernels() -> Iterator[KernelSetSpec]:
+    yield KernelSetSpec(
+        name="triton",
+        impl="llmp_kernels_triton.kernels:TritonKernels",
+        description="Triton kernels for CUDA: one-launch paged attention for mixed prefill/decode batches "
+        "(GQA, sliding window, soft-capping), fused RMSNorm, rotary, gated activations, KV writes.",
+        devices=("cuda",),
+        priority=10,
+    )
