@@ -46,7 +46,8 @@ FAMILIES = {
     "mixtral": ("MixtralForCausalLM", dict(MOE, num_local_experts=8)),
     "qwen3-moe": ("Qwen3MoeForCausalLM", dict(head_dim=64, num_experts=8, num_experts_per_tok=2,
                                               moe_intermediate_size=704)),
-    "gpt2 (fallback)": ("GPT2LMHeadModel", dict(n_embd=512, n_layer=8, n_head=8, n_positions=2048, vocab_size=32000)),
+    "gpt2 (fallback)": ("GPT2LMHeadModel", dict(n_embd=512, n_layer=8, n_head=8, n_positions=2048, vocab_size=32000,
+                                                bos_token_id=0, eos_token_id=1)),
 }
 
 
