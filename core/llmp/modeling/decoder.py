@@ -195,12 +195,11 @@ def embedding_variant(causal_lm: type[CausalLM]) -> type[CausalLM]:
         default_normalize = True
 
         def __init__(self, config: Any, kernels: KernelSet) -> None:
-            config.tie_word_embeddings = False  # no head to tie
             super().__init__(config, kernels)
-            del self.lm_head
+            del self.lm_head  # built on the meta device: nothing was allocated
 
         def tie_weights(self) -> None:
-            pass
+            pass  # no head to tie
 
         def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
             raise TypeError(f"{type(self).__name__} produces embeddings, not logits")
