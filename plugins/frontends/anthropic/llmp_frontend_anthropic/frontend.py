@@ -1,0 +1,278 @@
+"""The Anthropic front-end: ``POST /v1/messages`` (whole or streamed) and ``POST /v1/messages/count_tokens``.
+
+Requests become a conversation for the chat template (``FrontendKit.conversation_prompt``) and
+sampling parameters for the engine; every error on ``/v1/messages...`` is rendered in Anthropic's
+shape ``{"type": "error", "error": {"type", "message"}}``, overload as 529 ``overloaded_error``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from llmp.sampling_params import SamplingParams
+from llmp.server.app import request_id_of, until_disconnected
+from llmp.server.errors import APIError, as_api_error, bad_request
+from llmp.server.frontend_kit import FrontendKit, engine_request_id
+
+from llmp_frontend_anthropic import protocol as p
+
+ERROR_PATHS = ("/v1/messages",)
+
+# Anthropic's error types by HTTP status (https://docs.anthropic.com/en/api/errors)
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 402: "billing_error",
+          403: "permission_error", 404: "not_found_error", 405: "invalid_request_error",
+          413: "request_too_large", 422: "invalid_request_error", 429: "rate_limit_error",
+          500: "api_error", 504: "timeout_error", 529: "overloaded_error"}
+OVERLOADED = 529
+
+
+def anthropic_error(error: APIError) -> tuple[int, dict[str, Any]]:
+    """``(status, body)`` of an error in Anthropic's shape.
+
+    The gate's overload refusal (code ``"overloaded"``, 503 or 429) becomes 529 ``overloaded_error``,
+    a request timeout 504 ``timeout_error``; other statuses keep their number."""
+    status = error.status
+    if error.code == "overloaded":
+        status = OVERLOADED
+    elif status == 408:
+        status = 504
+    kind = _TYPES.get(status) or ("api_error" if status >= 500 else "invalid_request_error")
+    message = re.sub(r" at 0x[0-9a-fA-F]+", "", error.message)
+    return status, {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def sse(event: str, payload: Mapping[str, Any]) -> str:
+    return f"event: {event}\ndata: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+class AnthropicFrontend(FrontendKit):
+    """Thin translators between Anthropic's Messages API and the engine client."""
+
+    error_paths = ERROR_PATHS
+
+    def render_error(self, error: APIError) -> tuple[int, dict[str, Any]]:
+        return anthropic_error(error)
+
+    def http_router(self) -> APIRouter:
+        router = APIRouter()
+        if self.task == "generate":
+            router.add_api_route("/v1/messages", self.create_message, methods=["POST"],
+                                 summary="Create a message (Anthropic Messages API)")
+            router.add_api_route("/v1/messages/count_tokens", self.count_tokens, methods=["POST"],
+                                 summary="Count the tokens of a message request (Anthropic API)")
+        return router
+
+    async def serve(self) -> None:  # HTTP only: the shared server runs the routes
+        return None
+
+    # -- routes ----------------------------------------------------------------
+
+    async def create_message(self, body: p.MessagesRequest, request: Request) -> Any:
+        return await MessageRun(self, body, request).run()
+
+    async def count_tokens(self, body: p.CountTokensRequest) -> dict[str, int]:
+        _, ids = await self.prompt(body)
+        return {"input_tokens": len(ids)}
+
+    # -- shared conversions ---------------------------------------------------------
+
+    def check_model(self, name: str | None) -> None:
+        if name and name not in self.model_names:  # FrontendKit's check, Anthropic's wording
+            raise APIError(404, f"model: {name} (this server serves: {', '.join(self.model_names)})",
+                           param="model")
+
+    async def prompt(self, body: p.MessagesBase) -> tuple[str, list[int]]:
+        """The rendered conversation and its token ids."""
+        self.check_model(body.model)
+        if not body.messages:
+            raise bad_request("messages: at least one message is required", "messages")
+        tools = _tools(body)
+        return await self.conversation_prompt(conversation(body), body, tools=tools)
+
+    def sampling_params(self, body: p.MessagesRequest, prompt_len: int) -> SamplingParams:
+        self.check_stop(body.stop_sequences)
+        max_tokens = self.resolve_max_tokens(body.max_tokens, prompt_len)
+        defaults = self.defaults
+        try:
+            return SamplingParams(
+                temperature=_or(body.temperature, defaults.get("temperature", 1.0)),
+                top_p=_or(body.top_p, defaults.get("top_p", 1.0)),
+                top_k=_or(body.top_k, defaults.get("top_k", 0)),
+                max_tokens=max_tokens, stop=body.stop_sequences or None,
+            )
+        except ValueError as exc:
+            raise bad_request(str(exc)) from None
+
+
+class MessageRun:
+    """One ``/v1/messages`` request: validated and tokenized in ``run``, then answered whole or streamed."""
+
+    def __init__(self, fe: AnthropicFrontend, body: p.MessagesRequest, request: Request) -> None:
+        self.fe, self.body, self.request = fe, body, request
+        self.id = f"msg_{request_id_of(request)}"
+        self.model = body.model or fe.model_name
+
+    async def run(self) -> Any:
+        fe, body = self.fe, self.body
+        text, self.prompt_ids = await fe.prompt(body)
+        self.params = fe.sampling_params(body, len(self.prompt_ids))
+        self.outputs = fe.engine.generate({"prompt": text, "prompt_token_ids": self.prompt_ids}, self.params,
+                                          engine_request_id("msg"), delta=body.stream)
+        if body.stream:
+            return StreamingResponse(self.stream(), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return JSONResponse(await until_disconnected(self.request, self.whole()))
+
+    async def whole(self) -> dict[str, Any]:
+        final = None
+        async for final in self.outputs:
+            pass
+        seq = final.outputs[0]
+        stop_reason, stop_sequence = _stop_reason(seq)
+        return {
+            "id": self.id, "type": "message", "role": "assistant", "model": self.model,
+            "content": [{"type": "text", "text": seq.text}],
+            "stop_reason": stop_reason, "stop_sequence": stop_sequence,
+            "usage": {"input_tokens": len(self.prompt_ids), "output_tokens": len(seq.token_ids)},
+        }
+
+    async def stream(self) -> AsyncIterator[str]:
+        start = {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": [],
+                 "stop_reason": None, "stop_sequence": None,
+                 "usage": {"input_tokens": len(self.prompt_ids), "output_tokens": 0}}
+        generated = 0
+        try:
+            yield sse("message_start", {"type": "message_start", "message": start})
+            yield sse("content_block_start", {"type": "content_block_start", "index": 0,
+                                              "content_block": {"type": "text", "text": ""}})
+            yield sse("ping", {"type": "ping"})
+            seq = None
+            async for output in self.outputs:
+                seq = output.outputs[0]
+                generated += len(seq.token_ids)
+                if seq.text:
+                    yield sse("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                                      "delta": {"type": "text_delta", "text": seq.text}})
+            stop_reason, stop_sequence = _stop_reason(seq)
+            yield sse("content_block_stop", {"type": "content_block_stop", "index": 0})
+            yield sse("message_delta", {"type": "message_delta",
+                                        "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
+                                        "usage": {"output_tokens": generated}})
+            yield sse("message_stop", {"type": "message_stop"})
+        except Exception as exc:  # noqa: BLE001  (after the headers, the error travels in the stream)
+            yield sse("error", anthropic_error(as_api_error(exc))[1])
+
+
+# -- conversions --------------------------------------------------------------------
+
+
+def conversation(body: p.MessagesBase) -> list[dict[str, Any]]:
+    """``system`` and the messages as chat-template messages (OpenAI's shape: tool calls as
+    ``tool_calls`` of the assistant, tool results as ``tool`` messages)."""
+    system = [_system_text(body.system)] if body.system else []
+    turns: list[dict[str, Any]] = []
+    for index, message in enumerate(body.messages):
+        if message.role == "system":  # Claude Code sends these; they add to the system prompt
+            system.append(_system_text(message.content))
+            continue
+        if isinstance(message.content, str):
+            turns.append({"role": message.role, "content": message.content})
+            continue
+        texts: list[str] = []
+        calls: list[dict[str, Any]] = []
+        results: list[dict[str, Any]] = []
+        for block in message.content:
+            kind = block.type
+            if kind == "text":
+                texts.append(block.text or "")
+            elif kind == "tool_use" and message.role == "assistant":
+                calls.append({"id": block.id or "", "type": "function",
+                              "function": {"name": block.name or "", "arguments": block.input or {}}})
+            elif kind == "tool_result" and message.role == "user":
+                results.append({"role": "tool", "tool_call_id": block.tool_use_id or "",
+                                "content": _result_text(block, index)})
+            elif kind in ("thinking", "redacted_thinking") and message.role == "assistant":
+                continue  # earlier reasoning is not fed back
+            else:
+                raise bad_request(f"messages.{index}.content: content blocks of type {kind!r} are not supported "
+                                  f"in {message.role} messages by this server (it takes text, tool_use and "
+                                  "tool_result)", "messages")
+        turns.extend(results)  # tool results answer the previous assistant turn: they come first
+        if texts or calls or not results:
+            turn: dict[str, Any] = {"role": message.role, "content": "\n".join(texts)}
+            if calls:
+                turn["tool_calls"] = calls
+            turns.append(turn)
+    if system:
+        turns.insert(0, {"role": "system", "content": "\n".join(system)})
+    return turns
+
+
+def _system_text(system: str | list[p.ContentBlock]) -> str:
+    if isinstance(system, str):
+        return system
+    for block in system:
+        if block.type != "text":
+            raise bad_request(f"system: blocks of type {block.type!r} are not supported; use text blocks", "system")
+    return "\n".join(block.text or "" for block in system)
+
+
+def _result_text(block: p.ContentBlock, index: int) -> str:
+    content = block.content
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    parts = []
+    for part in content:
+        if part.get("type") != "text":
+            raise bad_request(f"messages.{index}.content: tool_result content of type {part.get('type')!r} "
+                              "is not supported; use text", "messages")
+        parts.append(str(part.get("text", "")))
+    return "\n".join(parts)
+
+
+def _tools(body: p.MessagesBase) -> list[dict[str, Any]] | None:
+    """Anthropic tools as OpenAI function tools for the chat template; forcing a tool is refused."""
+    choice = body.tool_choice or {}
+    kind = choice.get("type", "auto")
+    if kind not in ("auto", "any", "tool", "none"):
+        raise bad_request(f"tool_choice.type must be one of auto, any, tool, none; got {kind!r}", "tool_choice")
+    if body.tool_choice is not None and kind != "none" and not body.tools:
+        raise bad_request("tool_choice needs tools", "tool_choice")
+    if kind in ("any", "tool"):
+        if kind == "tool" and choice.get("name") not in {t.name for t in body.tools or []}:
+            raise bad_request(f"tool_choice names the tool {choice.get('name')!r}, which is not among the tools",
+                              "tool_choice")
+        raise bad_request(f"tool_choice {kind!r} forces a tool call, which needs a tool-call parser; this server "
+                          "has none for the Anthropic API yet: use tool_choice auto or none", "tool_choice")
+    if not body.tools:
+        return None
+    tools = []
+    for tool in body.tools:
+        if tool.type not in (None, "custom"):
+            raise bad_request(f"tools: server tools ({tool.type!r}) are not supported; give custom tools with "
+                              "name, description and input_schema", "tools")
+        function = {"name": tool.name, "parameters": tool.input_schema or {"type": "object", "properties": {}}}
+        if tool.description is not None:
+            function["description"] = tool.description
+        tools.append({"type": "function", "function": function})
+    return tools
+
+
+def _stop_reason(seq: Any) -> tuple[str, str | None]:
+    """Anthropic's ``stop_reason`` and ``stop_sequence`` from the engine's finish and stop reasons."""
+    if seq is None or seq.finish_reason == "length":
+        return "max_tokens", None
+    if isinstance(seq.stop_reason, str):
+        return "stop_sequence", seq.stop_reason
+    return "end_turn", None
+
+
+def _or(value: Any, default: Any) -> Any:
+    return default if value is None else value

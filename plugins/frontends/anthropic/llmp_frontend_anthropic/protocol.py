@@ -1,0 +1,71 @@
+"""Request bodies of the Anthropic Messages API (what this server reads of them).
+
+Unknown fields (``thinking``, ``service_tier``, ``container`` ...) are accepted and ignored, as
+clients such as Claude Code send fields a server need not act on.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ContentBlock(BaseModel):
+    """A content block: ``text``, ``tool_use``, ``tool_result`` (others are refused or skipped)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    text: str | None = None
+    # tool_use
+    id: str | None = None
+    name: str | None = None
+    input: Any = None
+    # tool_result
+    tool_use_id: str | None = None
+    content: str | list[dict[str, Any]] | None = None
+    is_error: bool | None = None
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    # "system" is not Anthropic's, but clients (Claude Code) send it; it joins the system prompt
+    role: Literal["user", "assistant", "system"]
+    content: str | list[ContentBlock]
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    description: str | None = None
+    input_schema: dict[str, Any] | None = None
+    type: str | None = None  # "custom", or a server tool type (refused)
+
+
+class MessagesBase(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    messages: list[Message]
+    system: str | list[ContentBlock] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: dict[str, Any] | None = None
+    # llmp's (and vLLM's) extension: variables of the chat template
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class MessagesRequest(MessagesBase):
+    max_tokens: int = Field(ge=1)
+    stop_sequences: list[str] | None = None
+    stream: bool = False
+    temperature: float | None = Field(default=None, ge=0)
+    top_p: float | None = None
+    top_k: int | None = None
+    metadata: dict[str, Any] | None = None
+
+
+class CountTokensRequest(MessagesBase):
+    pass

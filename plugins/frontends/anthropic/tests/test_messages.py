@@ -1,0 +1,305 @@
+"""``/v1/messages`` and ``/v1/messages/count_tokens`` through the official ``anthropic`` SDK, checked
+against the OpenAI front-end of the same server and against the tokenizer's own chat template."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import anthropic
+import httpx
+import pytest
+from anthropic_frontend_support import API_KEY, sse_events
+
+GREEDY = {"extra_body": {"temperature": 0}}  # recent SDKs have no temperature argument
+FOX = [{"role": "user", "content": "The quick brown fox"}]
+# greedy, the tiny model (seed 0) does not end this one before 480 tokens (1-3 s on a CPU)
+LONG = [{"role": "user", "content": "Paged attention keeps"}]
+
+
+@pytest.fixture(scope="module")
+def name(model_dir) -> str:
+    return str(model_dir)  # the served model name: the model path
+
+
+@pytest.fixture(scope="module")
+def tokenizer(model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+def chat_ids(tokenizer, messages: list[dict]) -> list[int]:
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def openai_chat(http: httpx.Client, name: str, messages: list[dict], max_tokens: int, **extra) -> dict:
+    response = http.post("/v1/chat/completions", json={"model": name, "messages": messages, "max_tokens": max_tokens,
+                                                       "temperature": 0, **extra})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def metrics(http: httpx.Client) -> dict[str, float]:
+    out = {}
+    for line in http.get("/metrics").text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            out[key] = float(value)
+    return out
+
+
+def metric(values: dict[str, float], name: str, **labels: str) -> float:
+    total = 0.0
+    for key, value in values.items():
+        base, _, rest = key.partition("{")
+        found = dict(re.findall(r'(\w+)="([^"]*)"', rest))
+        if base == name and all(found.get(k) == v for k, v in labels.items()):
+            total += value
+    return total
+
+
+def wait_idle(http: httpx.Client, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while metric(metrics(http), "llmp_num_requests_running") or metric(metrics(http), "llmp_num_requests_waiting"):
+        assert time.monotonic() < deadline, "requests still running"
+        time.sleep(0.02)
+
+
+# -- generation ---------------------------------------------------------------
+
+
+def test_greedy_text_equals_openai_chat(client, http, name, tokenizer):
+    message = client.messages.create(model=name, messages=FOX, max_tokens=12, **GREEDY)
+    reference = openai_chat(http, name, FOX, 12)
+    assert message.type == "message" and message.role == "assistant" and message.model == name
+    assert message.id.startswith("msg_")
+    assert [block.type for block in message.content] == ["text"]
+    assert message.content[0].text == reference["choices"][0]["message"]["content"]
+    assert message.content[0].text  # a random model still says something in 12 tokens
+    assert message.usage.input_tokens == reference["usage"]["prompt_tokens"] == len(chat_ids(tokenizer, FOX))
+    assert message.usage.output_tokens == reference["usage"]["completion_tokens"]
+    expected = {"length": "max_tokens", "stop": "end_turn"}[reference["choices"][0]["finish_reason"]]
+    assert message.stop_reason == expected and message.stop_sequence is None
+
+
+def test_system_prompt_string_and_blocks(client, http, name, tokenizer):
+    system = "You are terse."
+    as_string = client.messages.create(model=name, system=system, messages=FOX, max_tokens=8, **GREEDY)
+    as_blocks = client.messages.create(model=name, system=[{"type": "text", "text": system}], messages=FOX,
+                                       max_tokens=8, **GREEDY)
+    reference = openai_chat(http, name, [{"role": "system", "content": system}, *FOX], 8)
+    assert as_string.content[0].text == as_blocks.content[0].text == reference["choices"][0]["message"]["content"]
+    expected = chat_ids(tokenizer, [{"role": "system", "content": system}, *FOX])
+    assert as_string.usage.input_tokens == as_blocks.usage.input_tokens == len(expected)
+    assert len(expected) > len(chat_ids(tokenizer, FOX))
+
+
+def test_multi_turn_with_text_blocks(client, http, name, tokenizer):
+    turns = [{"role": "user", "content": "Paged attention keeps"},
+             {"role": "assistant", "content": "the KV cache"},
+             {"role": "user", "content": "in fixed-size blocks."}]
+    blocks = [{**turns[0], "content": [{"type": "text", "text": "Paged attention"}, {"type": "text", "text": "keeps"}]},
+              *turns[1:]]
+    message = client.messages.create(model=name, messages=turns, max_tokens=10, **GREEDY)
+    reference = openai_chat(http, name, turns, 10)
+    assert message.content[0].text == reference["choices"][0]["message"]["content"]
+    assert message.usage.input_tokens == len(chat_ids(tokenizer, turns))
+    joined = [{**turns[0], "content": "Paged attention\nkeeps"}, *turns[1:]]  # text blocks join with newlines
+    assert client.messages.count_tokens(model=name, messages=blocks).input_tokens == len(chat_ids(tokenizer, joined))
+
+
+def test_stop_sequence(client, name):
+    full = client.messages.create(model=name, messages=FOX, max_tokens=24, **GREEDY).content[0].text
+    stop = full[6:9]
+    assert len(stop) == 3 and stop.strip(), full
+    message = client.messages.create(model=name, messages=FOX, max_tokens=24, stop_sequences=["\x00never", stop],
+                                     **GREEDY)
+    assert message.stop_reason == "stop_sequence"
+    assert message.stop_sequence == stop
+    assert message.content[0].text == full[:full.index(stop)]  # the stop sequence itself is not returned
+
+
+def test_max_tokens(client, name):
+    message = client.messages.create(model=name, messages=FOX, max_tokens=5, **GREEDY)
+    assert message.stop_reason == "max_tokens" and message.stop_sequence is None
+    assert message.usage.output_tokens == 5
+
+
+def test_stream_event_sequence_and_text(client, http, name):
+    whole = client.messages.create(model=name, messages=FOX, max_tokens=16, **GREEDY)
+    events = list(client.messages.create(model=name, messages=FOX, max_tokens=16, stream=True, **GREEDY))
+    kinds = [event.type for event in events]  # the SDK drops pings
+    assert re.fullmatch(r"message_start content_block_start (content_block_delta )+content_block_stop "
+                        r"message_delta message_stop", " ".join(kinds)), kinds
+    start = events[0].message
+    assert start.id.startswith("msg_") and start.content == [] and start.stop_reason is None
+    assert start.usage.input_tokens == whole.usage.input_tokens and start.usage.output_tokens == 0
+    assert events[1].index == 0 and events[1].content_block.type == "text" and events[1].content_block.text == ""
+    deltas = [e for e in events if e.type == "content_block_delta"]
+    assert all(e.index == 0 and e.delta.type == "text_delta" for e in deltas)
+    assert "".join(e.delta.text for e in deltas) == whole.content[0].text
+    delta = events[-2]
+    assert delta.delta.stop_reason == whole.stop_reason and delta.delta.stop_sequence == whole.stop_sequence
+    assert delta.usage.output_tokens == whole.usage.output_tokens
+
+    # the SDK's stream helper assembles the same message
+    with client.messages.stream(model=name, messages=FOX, max_tokens=16, **GREEDY) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text == whole.content[0].text == final.content[0].text
+    assert (final.stop_reason, final.usage.input_tokens, final.usage.output_tokens) == (
+        whole.stop_reason, whole.usage.input_tokens, whole.usage.output_tokens)
+
+    # on the wire: "event: <type>" lines naming each data's type
+    raw = http.post("/v1/messages", json={"model": name, "messages": FOX, "max_tokens": 16, "temperature": 0,
+                                          "stream": True})
+    assert raw.status_code == 200 and raw.headers["content-type"].startswith("text/event-stream")
+    wire = [kind for kind, _ in sse_events(raw.text)]
+    assert wire == kinds[:2] + ["ping"] + kinds[2:]
+
+
+def test_stream_with_stop_sequence(client, name):
+    full = client.messages.create(model=name, messages=FOX, max_tokens=24, **GREEDY).content[0].text
+    stop = full[6:9]
+    with client.messages.stream(model=name, messages=FOX, max_tokens=24, stop_sequences=[stop], **GREEDY) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text == full[:full.index(stop)]
+    assert final.stop_reason == "stop_sequence" and final.stop_sequence == stop
+
+
+def test_count_tokens(client, name, tokenizer):
+    system = "Be brief."
+    counted = client.messages.count_tokens(model=name, system=system, messages=FOX)
+    expected = chat_ids(tokenizer, [{"role": "system", "content": system}, *FOX])
+    assert counted.input_tokens == len(expected)
+    created = client.messages.create(model=name, system=system, messages=FOX, max_tokens=1, **GREEDY)
+    assert created.usage.input_tokens == counted.input_tokens
+
+
+def test_tool_use_and_result_render_as_tool_turns(client, name, tokenizer):
+    tools = [{"name": "get_weather", "description": "Weather of a city",
+              "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]
+    messages = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": [{"type": "text", "text": "Let me look."},
+                                          {"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+                                           "input": {"city": "Paris"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                                      "content": [{"type": "text", "text": "18 C, sunny"}]}]},
+    ]
+    counted = client.messages.count_tokens(model=name, messages=messages, tools=tools)
+    # the tiny template renders role and content: the tool result is a "tool" turn
+    expected = chat_ids(tokenizer, [{"role": "user", "content": "Weather in Paris?"},
+                                    {"role": "assistant", "content": "Let me look."},
+                                    {"role": "tool", "content": "18 C, sunny"}])
+    assert counted.input_tokens == len(expected)
+    message = client.messages.create(model=name, messages=messages, tools=tools, tool_choice={"type": "auto"},
+                                     max_tokens=4, **GREEDY)
+    assert message.usage.input_tokens == len(expected) and message.content[0].type == "text"
+
+
+# -- errors ---------------------------------------------------------------------------
+
+
+def error_of(exc: anthropic.APIStatusError) -> dict:
+    body = exc.response.json()
+    assert body["type"] == "error" and set(body["error"]) == {"type", "message"}, body
+    return body["error"]
+
+
+def test_unknown_model_is_not_found(client):
+    with pytest.raises(anthropic.NotFoundError) as caught:
+        client.messages.create(model="claude-nonexistent", messages=FOX, max_tokens=4)
+    assert caught.value.status_code == 404
+    error = error_of(caught.value)
+    assert error["type"] == "not_found_error" and "claude-nonexistent" in error["message"]
+    with pytest.raises(anthropic.NotFoundError):
+        client.messages.count_tokens(model="claude-nonexistent", messages=FOX)
+
+
+def test_bad_requests(client, name):
+    with pytest.raises(anthropic.BadRequestError) as caught:  # the SDK insists on max_tokens: post the body raw
+        client.post("/v1/messages", body={"model": name, "messages": FOX}, cast_to=httpx.Response)
+    error = error_of(caught.value)
+    assert error["type"] == "invalid_request_error" and "max_tokens" in error["message"]
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        client.messages.create(model=name, messages=FOX, max_tokens=0)
+    assert "max_tokens" in error_of(caught.value)["message"]
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        client.messages.create(model=name, messages=FOX, max_tokens=100_000)
+    assert "max_model_len" in error_of(caught.value)["message"]
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        client.messages.create(model=name, messages=[], max_tokens=4)
+    assert "messages" in error_of(caught.value)["message"]
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        client.messages.create(model=name, messages=[{"role": "user", "content": [image]}], max_tokens=4)
+    assert "'image'" in error_of(caught.value)["message"]
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        client.messages.create(model=name, messages=FOX, max_tokens=4, stop_sequences=[""])
+    assert "empty" in error_of(caught.value)["message"]
+
+
+def test_forced_tool_choice_is_refused(client, name):
+    tools = [{"name": "f", "input_schema": {"type": "object", "properties": {}}}]
+    for choice in ({"type": "any"}, {"type": "tool", "name": "f"}):
+        with pytest.raises(anthropic.BadRequestError) as caught:
+            client.messages.create(model=name, messages=FOX, max_tokens=4, tools=tools, tool_choice=choice)
+        error = error_of(caught.value)
+        assert error["type"] == "invalid_request_error" and "tool-call parser" in error["message"]
+    with pytest.raises(anthropic.BadRequestError):
+        client.messages.create(model=name, messages=FOX, max_tokens=4, tool_choice={"type": "auto"})
+
+
+def test_openai_paths_keep_openai_errors(http):
+    response = http.post("/v1/chat/completions", json={"model": "nope", "messages": FOX})
+    assert response.status_code == 404 and "message" in response.json()["error"]
+    assert "type" not in response.json() or response.json().get("type") != "error"
+
+
+def test_api_key(strict_server, name):
+    with anthropic.Anthropic(base_url=strict_server.url, api_key="wrong", max_retries=0, timeout=60) as sdk:
+        with pytest.raises(anthropic.AuthenticationError) as caught:
+            sdk.messages.create(model=name, messages=FOX, max_tokens=2)
+        assert error_of(caught.value)["type"] == "authentication_error"
+    with anthropic.Anthropic(base_url=strict_server.url, api_key=API_KEY, max_retries=0, timeout=60) as sdk:
+        message = sdk.messages.create(model=name, messages=FOX, max_tokens=2, **GREEDY)
+        assert message.usage.output_tokens == 2
+        assert sdk.messages.count_tokens(model=name, messages=FOX).input_tokens == message.usage.input_tokens
+
+
+def test_overload_is_529(strict_server, name):
+    headers = {"x-api-key": API_KEY}
+    body = {"model": name, "messages": LONG, "max_tokens": 480, "temperature": 0, "stream": True}
+    with httpx.Client(base_url=strict_server.url, headers=headers, timeout=60) as http:
+        with http.stream("POST", "/v1/messages", json=body) as first:
+            assert first.status_code == 200
+            lines = first.iter_lines()  # kept: a dropped iterator closes the response, which aborts it
+            while not next(lines).startswith("event: content_block_delta"):
+                pass  # generating: the one place is taken
+            second = http.post("/v1/messages", json={**body, "stream": False})
+        assert second.status_code == 529, second.text
+        assert second.json() == {"type": "error", "error": {"type": "overloaded_error",
+                                                            "message": second.json()["error"]["message"]}}
+        wait_idle(http)
+        with anthropic.Anthropic(base_url=strict_server.url, api_key=API_KEY, max_retries=0) as sdk:
+            assert sdk.messages.create(model=name, messages=FOX, max_tokens=2).usage.output_tokens == 2
+
+
+def test_disconnect_mid_stream_aborts(http, name):
+    before = metrics(http)
+    body = {"model": name, "messages": LONG, "max_tokens": 480, "temperature": 0, "stream": True}
+    with http.stream("POST", "/v1/messages", json=body) as response:
+        for line in response.iter_lines():
+            if line.startswith("event: content_block_delta"):
+                break
+    wait_idle(http)
+    after = metrics(http)
+    aborted = metric(after, "llmp_request_success_total", finished_reason="abort") - \
+        metric(before, "llmp_request_success_total", finished_reason="abort")
+    assert aborted == 1
+    generated = metric(after, "llmp_generation_tokens_total") - metric(before, "llmp_generation_tokens_total")
+    assert generated < 480

@@ -1,0 +1,15 @@
+"""The SageMaker front-end: ``llmp serve --frontend sagemaker`` (``POST /invocations``; ``/ping`` is the core's)."""
+
+from collections.abc import Iterator
+
+from llmp import hookimpl
+from llmp.api import FrontendSpec
+
+
+@hookimpl
+def llmp_register_frontends() -> Iterator[FrontendSpec]:
+    yield FrontendSpec(
+        name="sagemaker", impl="llmp_frontend_sagemaker.frontend:SageMakerFrontend",
+        description="SageMaker: POST /invocations routed by body shape (messages: chat, prompt: completion, "
+        "input: embeddings); GET /ping is the server's",
+    )

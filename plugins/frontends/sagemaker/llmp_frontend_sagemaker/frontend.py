@@ -1,0 +1,190 @@
+"""``POST /invocations``: SageMaker's single inference route, routed by the body's shape.
+
+``messages`` -> a chat completion, ``prompt`` -> a completion, ``input`` -> embeddings, each
+answered whole in OpenAI's JSON shape (streaming is refused). ``GET /ping`` is the core server's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+from fastapi import APIRouter, Request
+from llmp.sampling_params import SamplingParams
+from llmp.server.app import until_disconnected
+from llmp.server.errors import bad_request, validation_message
+from llmp.server.frontend_kit import FrontendKit, engine_request_id
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class _Sampling(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+
+
+class ChatBody(_Sampling):
+    messages: list[dict[str, Any]]
+    max_completion_tokens: int | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class CompletionBody(_Sampling):
+    prompt: str | list[int]
+    add_special_tokens: bool = True
+
+
+class EmbeddingBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    input: str | list[str] | list[int] | list[list[int]]
+    normalize: bool | None = None
+    dimensions: int | None = Field(default=None, ge=1)
+
+
+class SageMakerFrontend(FrontendKit):
+    def http_router(self) -> APIRouter:
+        router = APIRouter()
+        router.add_api_route("/invocations", self.invocations, methods=["POST"],
+                             summary="SageMaker inference: chat (messages), completion (prompt) or embeddings (input)")
+        return router
+
+    async def serve(self) -> None:  # HTTP only: the shared server runs the routes
+        return None
+
+    async def invocations(self, request: Request) -> Any:
+        try:
+            body = await request.json()
+        except ValueError:
+            raise bad_request("the body must be a JSON object") from None
+        if not isinstance(body, dict):
+            raise bad_request("the body must be a JSON object")
+        if "messages" in body:
+            kind, handler = ChatBody, self.chat
+        elif "prompt" in body:
+            kind, handler = CompletionBody, self.completion
+        elif "input" in body:
+            kind, handler = EmbeddingBody, self.embeddings
+        else:
+            raise bad_request("cannot tell the request type: give 'messages' (chat completion), 'prompt' "
+                              "(completion) or 'input' (embeddings)")
+        try:
+            parsed = kind.model_validate(body)
+        except ValidationError as exc:
+            message, param = validation_message(list(exc.errors()))
+            raise bad_request(message, param) from None
+        self.check_model(parsed.model)
+        wanted = "embed" if kind is EmbeddingBody else "generate"
+        if wanted != self.task:
+            raise bad_request(f"this server's model does not {'embed' if wanted == 'embed' else 'generate'}: "
+                              f"send {'input' if self.task == 'embed' else 'messages or prompt'}")
+        if getattr(parsed, "stream", False):
+            raise bad_request("streaming is not supported on /invocations", "stream")
+        return await until_disconnected(request, handler(parsed))
+
+    # -- generation ---------------------------------------------------------------
+
+    async def chat(self, body: ChatBody) -> dict[str, Any]:
+        if not body.messages:
+            raise bad_request("messages must hold at least one message", "messages")
+        conversation = [_message(m, i) for i, m in enumerate(body.messages)]
+        text, ids = await self.conversation_prompt(conversation, body)
+        requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        seq, prompt_len = await self._generate(text, ids, body, requested)
+        return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+                "model": self.model_name,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": seq.text},
+                             "logprobs": None, "finish_reason": seq.finish_reason, "stop_reason": seq.stop_reason}],
+                "usage": _usage(prompt_len, len(seq.token_ids))}
+
+    async def completion(self, body: CompletionBody) -> dict[str, Any]:
+        [(text, ids)] = await self.prompt_inputs(body.prompt, "prompt", body.add_special_tokens)
+        seq, prompt_len = await self._generate(text, ids, body, body.max_tokens)
+        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+                "model": self.model_name,
+                "choices": [{"index": 0, "text": seq.text, "logprobs": None, "finish_reason": seq.finish_reason,
+                             "stop_reason": seq.stop_reason}],
+                "usage": _usage(prompt_len, len(seq.token_ids))}
+
+    async def _generate(self, text: str | None, ids: list[int], body: _Sampling, requested: int | None) -> Any:
+        self.check_stop(body.stop)
+        max_tokens = self.resolve_max_tokens(requested, len(ids))
+        d = self.defaults
+        try:
+            params = SamplingParams(
+                temperature=_or(body.temperature, d.get("temperature", 1.0)), top_p=_or(body.top_p, d.get("top_p", 1.0)),
+                top_k=_or(body.top_k, d.get("top_k", 0)), seed=body.seed, max_tokens=max_tokens, stop=body.stop)
+        except ValueError as exc:
+            raise bad_request(str(exc)) from None
+        final = None
+        async for final in self.engine.generate({"prompt": text, "prompt_token_ids": ids}, params,
+                                                engine_request_id("sagemaker")):
+            pass
+        return final.outputs[0], len(ids)
+
+    # -- embeddings ---------------------------------------------------------------
+
+    async def embeddings(self, body: EmbeddingBody) -> dict[str, Any]:
+        from llmp.pooling_params import PoolingParams
+
+        inputs = [ids for _, ids in await self.prompt_inputs(body.input, "input", True)]
+        for ids in inputs:
+            if len(ids) > self.max_model_len:
+                raise bad_request(f"an input is {len(ids)} tokens long; this model takes at most "
+                                  f"{self.max_model_len}", "input")
+        try:
+            params = PoolingParams(normalize=body.normalize, dimensions=body.dimensions)
+        except ValueError as exc:
+            raise bad_request(str(exc), "dimensions") from None
+
+        async def one(ids: list[int]) -> list[float]:
+            async for output in self.engine.encode({"prompt_token_ids": ids}, params, engine_request_id("embd")):
+                return output.outputs.embedding
+            raise RuntimeError("the embedding request was aborted")
+
+        tasks = [asyncio.ensure_future(one(ids)) for ids in inputs]
+        try:
+            vectors = await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+        tokens = sum(map(len, inputs))
+        return {"object": "list", "model": self.model_name,
+                "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)],
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+
+def _message(message: Any, index: int) -> dict[str, Any]:
+    if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+        raise bad_request(f"messages.{index} must be an object with a role", "messages")
+    content = message.get("content")
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text":
+                raise bad_request(f"messages.{index}.content: only text parts are supported", "messages")
+            parts.append(str(part.get("text", "")))
+        content = "\n".join(parts)
+    elif content is None:
+        content = ""
+    elif not isinstance(content, str):
+        raise bad_request(f"messages.{index}.content must be a string or a list of text parts", "messages")
+    return {**message, "content": content}
+
+
+def _usage(prompt: int, completion: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _or(value: Any, default: Any) -> Any:
+    return default if value is None else value

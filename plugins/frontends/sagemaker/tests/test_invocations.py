@@ -1,0 +1,80 @@
+"""``POST /invocations`` routed by body shape, checked against the OpenAI front-end of the same server."""
+
+from __future__ import annotations
+
+import httpx
+
+API_KEY = "Secret-Key-42"
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "The quick brown fox"}]
+
+
+def post(http: httpx.Client, path: str, body: dict, status: int = 200) -> dict:
+    response = http.post(path, json=body)
+    assert response.status_code == status, response.text
+    return response.json()
+
+
+def test_messages_is_a_chat_completion(http, model_dir):
+    body = {"messages": MESSAGES, "max_tokens": 12, "temperature": 0}
+    got = post(http, "/invocations", body)
+    want = post(http, "/v1/chat/completions", body)
+    assert got["object"] == "chat.completion" and got["id"].startswith("chatcmpl-")
+    assert got["model"] == want["model"] == str(model_dir)
+    [choice] = got["choices"]
+    assert choice["message"] == {"role": "assistant", "content": want["choices"][0]["message"]["content"]}
+    assert choice["message"]["content"]
+    assert (choice["finish_reason"], choice["stop_reason"]) == (want["choices"][0]["finish_reason"],
+                                                                want["choices"][0]["stop_reason"])
+    assert got["usage"] == want["usage"]
+    parts = {"messages": [MESSAGES[0], {"role": "user", "content": [{"type": "text", "text": "The quick brown fox"}]}],
+             "max_tokens": 12, "temperature": 0}
+    assert post(http, "/invocations", parts)["choices"][0]["message"] == choice["message"]
+
+
+def test_prompt_is_a_completion(http):
+    body = {"prompt": "Paged attention keeps", "max_tokens": 10, "temperature": 0, "stop": None}
+    got = post(http, "/invocations", body)
+    want = post(http, "/v1/completions", body)
+    assert got["object"] == "text_completion" and got["id"].startswith("cmpl-")
+    assert got["choices"][0]["text"] == want["choices"][0]["text"] and got["choices"][0]["text"]
+    assert got["choices"][0]["finish_reason"] == "length" == want["choices"][0]["finish_reason"]
+    assert got["usage"] == want["usage"] == {"prompt_tokens": want["usage"]["prompt_tokens"], "completion_tokens": 10,
+                                             "total_tokens": want["usage"]["prompt_tokens"] + 10}
+    ids = post(http, "/tokenize", {"prompt": "Paged attention keeps"})["tokens"]
+    by_ids = post(http, "/invocations", {**body, "prompt": ids})
+    assert by_ids["choices"][0]["text"] == got["choices"][0]["text"]
+
+
+def test_stop_string(http):
+    body = {"prompt": "Paged attention keeps", "max_tokens": 20, "temperature": 0}
+    full = post(http, "/invocations", body)["choices"][0]["text"]
+    stop = full[5:8]
+    got = post(http, "/invocations", {**body, "stop": [stop]})["choices"][0]
+    assert (got["text"], got["finish_reason"], got["stop_reason"]) == (full[:full.index(stop)], "stop", stop)
+
+
+def test_bad_bodies(http):
+    error = post(http, "/invocations", {"foo": 1}, 400)["error"]
+    assert error["type"] == "invalid_request_error" and "messages" in error["message"] and "input" in error["message"]
+    assert "JSON object" in post(http, "/invocations", [1, 2], 400)["error"]["message"]
+    assert "streaming" in post(http, "/invocations", {"prompt": "x", "stream": True}, 400)["error"]["message"]
+    assert post(http, "/invocations", {"prompt": "x", "max_tokens": "many"}, 400)["error"]["param"] == "max_tokens"
+    assert "embed" in post(http, "/invocations", {"input": "x"}, 400)["error"]["message"]  # not an embedding model
+    assert post(http, "/invocations", {"messages": [], "max_tokens": 2}, 400)["error"]["param"] == "messages"
+    assert post(http, "/invocations", {"prompt": "x", "model": "nope"}, 404)["error"]["param"] == "model"
+    assert post(http, "/invocations", {"prompt": "x", "max_tokens": 100_000}, 400)["error"]["param"] == "max_tokens"
+
+
+def test_ping(http):
+    response = http.get("/ping")
+    assert response.status_code == 200
+
+
+def test_api_key(auth_server):
+    with httpx.Client(base_url=auth_server.url, timeout=60) as c:
+        body = {"prompt": "Paged attention keeps", "max_tokens": 3, "temperature": 0}
+        assert c.post("/invocations", json=body).status_code == 401
+        assert c.post("/invocations", json=body, headers={"Authorization": "Bearer wrong"}).status_code == 401
+        ok = c.post("/invocations", json=body, headers={"Authorization": f"Bearer {API_KEY}"})
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
+        assert c.get("/ping").status_code == 200  # probes stay open
