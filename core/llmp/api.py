@@ -532,8 +532,10 @@ class Frontend(Protocol):
     options: ``served_model_names`` (the first is echoed in responses),
     ``model_root``, ``max_model_len``, ``task``, ``chat_template``,
     ``trust_request_chat_template``, ``response_role``, ``max_logprobs``,
-    ``max_n``, ``return_tokens_as_token_ids``, ``enable_force_include_usage``,
-    ``enable_store`` and ``generation_config``. HTTP front-ends return a FastAPI ``APIRouter`` from
+    ``max_n``, ``max_stop_sequences``, ``return_tokens_as_token_ids``,
+    ``enable_force_include_usage``, ``enable_store`` and ``generation_config``;
+    for front-ends that listen on their own port, ``host``, ``grpc_port`` and
+    ``api_keys`` (the server's ``--api-key`` values, which must guard it too). HTTP front-ends return a FastAPI ``APIRouter`` from
     ``http_router``; the shared server mounts it behind its API key, CORS,
     request-id and body-limit middleware, and renders ``llmp.server.errors.APIError``.
     Others (gRPC) return ``None`` and run their own server in ``serve`` until

@@ -64,6 +64,7 @@ class ServeSettings(CommandSettings):
     request_timeout: float | None = None
     health_check_timeout: float = 5.0
     allowed_hosts: ListOfStr = []
+    grpc_port: int = 50051
     disable_fastapi_docs: bool = False
     shutdown_timeout: float = 10.0
     log_level: str = "info"
@@ -154,6 +155,7 @@ def serve(
     allowed_hosts: list[str] | None = typer.Option(
         None, "--allowed-hosts", help="Host header names accepted (repeatable); default: loopback names when "
                                       "bound to loopback (against DNS rebinding), else any."),
+    grpc_port: int = typer.Option(50051, help="Port of the grpc front-end (--frontend grpc), on --host."),
     disable_fastapi_docs: bool = typer.Option(False, "--disable-fastapi-docs", help="No /docs, /redoc, /openapi.json."),
     shutdown_timeout: float = typer.Option(
         10.0, help="Seconds in-flight requests get to finish on SIGTERM before they are aborted (0: at once)."),

@@ -124,6 +124,10 @@ def frontend_options(settings: Any, served_names: list[str], chat_template: str 
         "max_logprobs": settings.max_logprobs,
         "max_n": settings.max_n,
         "max_stop_sequences": settings.max_stop_sequences,
+        # for front-ends serving their own protocol on their own port (grpc): the same keys guard it
+        "host": settings.host,
+        "grpc_port": settings.grpc_port,
+        "api_keys": list(settings.api_key),
         "return_tokens_as_token_ids": settings.return_tokens_as_token_ids,
         "enable_force_include_usage": settings.enable_force_include_usage,
         "enable_store": settings.enable_store,
