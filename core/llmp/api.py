@@ -538,8 +538,10 @@ class Frontend(Protocol):
     ``api_keys`` (the server's ``--api-key`` values, which must guard it too). HTTP front-ends return a FastAPI ``APIRouter`` from
     ``http_router``; the shared server mounts it behind its API key, CORS,
     request-id and body-limit middleware, and renders ``llmp.server.errors.APIError``.
-    Others (gRPC) return ``None`` and run their own server in ``serve`` until
-    cancelled.
+    Others (gRPC) return ``None``. Every front-end's ``serve`` runs as a task
+    for the server's lifetime and is cancelled at shutdown: a front-end with its
+    own server (gRPC) runs it there, an HTTP one may keep background work there
+    or return at once; if it raises, the server shuts down with status 1.
 
     A front-end whose protocol has its own error shape (Anthropic's
     ``{"type": "error", "error": {...}}``, with 529 for overload) lists its path

@@ -176,6 +176,8 @@ async def _serve(settings: Any, frontends: list[tuple[str, type]], chat_template
         engine = MeteredEngine(loaded, metrics, settings.request_timeout)
         options = frontend_options(settings, served_names, chat_template, loaded.info)
         tasks = _mount(app, state, engine, frontends, options)
+        for task in tasks:
+            task.add_done_callback(lambda done: _frontend_stopped(done, state, server))
         state.engine = engine
         if state.phase == "warming_up":  # not interrupted meanwhile
             state.phase = "ready"
@@ -324,10 +326,18 @@ def _mount(app: Any, state: ServerState, engine: Any, frontends: list[tuple[str,
         router = frontend.http_router()
         if router is not None:
             app.include_router(router)
-        else:
-            tasks.append(asyncio.create_task(frontend.serve(), name=f"frontend-{name}"))
+        tasks.append(asyncio.create_task(frontend.serve(), name=f"frontend-{name}"))
     app.openapi_schema = None  # the docs must list the routes mounted just now
     return tasks
+
+
+def _frontend_stopped(task: asyncio.Task, state: ServerState, server: Any) -> None:
+    """A front-end whose own server failed (a busy gRPC port) takes the whole server down, status 1."""
+    if task.cancelled() or task.exception() is None:
+        return
+    state.phase, state.error = "dead", f"{task.get_name()} failed: {task.exception()}"
+    log.error("%s; shutting the server down", state.error)
+    server.should_exit = True
 
 
 async def _watch_engine(state: ServerState, server: Any) -> None:

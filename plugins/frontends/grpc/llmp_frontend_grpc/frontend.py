@@ -1,0 +1,275 @@
+"""The gRPC front-end: service ``llmp.v1.Llmp`` (``llmp.proto``) over the engine, on its own port.
+
+It returns no HTTP router: ``serve`` runs a ``grpc.aio`` server until the launcher cancels it.
+The port is ``options["grpc_port"]``, else ``$LLMP_GRPC_PORT``, else 50051; the host is
+``options["grpc_host"]``, else the HTTP server's ``options["host"]``, else 127.0.0.1. API keys are
+``options["api_keys"]``, else ``$LLMP_API_KEY`` (comma-separated): with any, every RPC but
+``Health`` needs the metadata ``authorization: Bearer <key>``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import hashlib
+import hmac
+import logging
+import os
+import re
+from collections.abc import AsyncIterator, Callable, Mapping
+from types import SimpleNamespace
+from typing import Any
+
+import grpc
+from llmp.sampling_params import SamplingParams
+from llmp.server.errors import APIError, as_api_error, bad_request
+from llmp.server.frontend_kit import FrontendKit, engine_request_id
+
+from llmp_frontend_grpc import llmp_pb2 as pb
+from llmp_frontend_grpc import llmp_pb2_grpc as pb_grpc
+
+log = logging.getLogger("llmp.frontend.grpc")
+
+DEFAULT_PORT = 50051
+DEFAULT_HOST = "127.0.0.1"
+STOP_GRACE_S = 1.0  # in-flight RPCs get this long once the server shuts down
+
+STATUS_CODES = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    403: grpc.StatusCode.PERMISSION_DENIED,
+    404: grpc.StatusCode.NOT_FOUND,
+    408: grpc.StatusCode.DEADLINE_EXCEEDED,
+    413: grpc.StatusCode.INVALID_ARGUMENT,
+    422: grpc.StatusCode.INVALID_ARGUMENT,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    501: grpc.StatusCode.UNIMPLEMENTED,
+    503: grpc.StatusCode.UNAVAILABLE,
+}
+
+
+def status_code(status: int) -> grpc.StatusCode:
+    """The gRPC code of an :class:`APIError`'s HTTP status (anything unlisted is INTERNAL)."""
+    return STATUS_CODES.get(status, grpc.StatusCode.INTERNAL)
+
+
+class GrpcFrontend(FrontendKit):
+    """Translates ``llmp.v1.Llmp`` calls into engine requests (see ``llmp.api.Frontend``)."""
+
+    def __init__(self, engine: Any, options: Mapping[str, Any]) -> None:
+        super().__init__(engine, options)
+        self.port = int(options.get("grpc_port") or os.environ.get("LLMP_GRPC_PORT") or DEFAULT_PORT)
+        self.host = str(options.get("grpc_host") or options.get("host") or DEFAULT_HOST)
+        self.key_digests = [hashlib.sha256(k.encode()).digest() for k in api_keys(options)]
+        self.server: grpc.aio.Server | None = None
+
+    def http_router(self) -> None:
+        return None
+
+    @property
+    def address(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host and not self.host.startswith("[") else self.host
+        return f"{host}:{self.port}"
+
+    async def serve(self) -> None:
+        """Serve until cancelled; then stop, giving in-flight RPCs :data:`STOP_GRACE_S`."""
+        # without so_reuseport 0, a second server on the same port would bind too, silently
+        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        pb_grpc.add_LlmpServicer_to_server(LlmpServicer(self), server)
+        try:
+            server.add_insecure_port(self.address)
+        except RuntimeError as exc:
+            log.error("the gRPC front-end cannot listen on %s: %s (choose a free --grpc-port)",
+                      self.address, exc)
+            raise
+        await server.start()
+        self.server = server
+        log.info("gRPC front-end (llmp.v1.Llmp) listening on %s%s", self.address,
+                 " (API key required)" if self.key_digests else "")
+        try:
+            await server.wait_for_termination()
+        finally:
+            with contextlib.suppress(asyncio.CancelledError):
+                await server.stop(STOP_GRACE_S)
+
+    # -- requests ----------------------------------------------------------------
+
+    def authorized(self, metadata: Any) -> bool:
+        """No keys configured, or ``authorization: Bearer <one of them>`` (compared in constant time)."""
+        if not self.key_digests:
+            return True
+        header = next((v for k, v in (metadata or ()) if k.lower() == "authorization"), "")
+        if isinstance(header, bytes):
+            header = header.decode("latin-1")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer":
+            return False
+        digest = hashlib.sha256(token.strip().encode()).digest()
+        # compare against every key, so the time taken does not tell which one nearly matched
+        return sum(hmac.compare_digest(digest, key) for key in self.key_digests) > 0
+
+    async def prompt(self, request: Any) -> tuple[dict[str, Any], list[int]]:
+        """The engine prompt of a ``GenerateRequest`` or ``TokenizeRequest``, and its token ids."""
+        kind = request.WhichOneof("input")
+        add = request.add_special_tokens if request.HasField("add_special_tokens") else None
+        if kind == "text":
+            [(text, ids)] = await self.prompt_inputs(request.text, "text", True if add is None else add)
+        elif kind == "token_ids":
+            [(text, ids)] = await self.prompt_inputs(list(request.token_ids.ids), "token_ids", False)
+        elif kind == "chat":
+            text, ids = await self.chat_prompt(request.chat, bool(add))
+        else:
+            raise bad_request("give the prompt as one of text, token_ids or chat", "input")
+        return {"prompt": text, "prompt_token_ids": ids}, ids
+
+    async def chat_prompt(self, chat: Any, add_special_tokens: bool) -> tuple[str, list[int]]:
+        if not chat.messages:
+            raise bad_request("chat.messages must not be empty", "chat.messages")
+        if any(not m.role for m in chat.messages):
+            raise bad_request("every chat message needs a role", "chat.messages")
+        conversation = [{"role": m.role, "content": m.content} for m in chat.messages]
+        body = SimpleNamespace(add_generation_prompt=True, add_special_tokens=add_special_tokens)
+        return await self.conversation_prompt(conversation, body)
+
+    def sampling_params(self, request: Any, prompt_len: int) -> SamplingParams:
+        def given(name: str, default: Any) -> Any:
+            return getattr(request, name) if request.HasField(name) else default
+
+        stop = list(request.stop)
+        self.check_stop(stop)
+        max_tokens = self.resolve_max_tokens(given("max_tokens", None), prompt_len)
+        d = self.defaults
+        try:
+            return SamplingParams(
+                temperature=given("temperature", d.get("temperature", 1.0)), top_p=given("top_p", d.get("top_p", 1.0)),
+                top_k=given("top_k", d.get("top_k", 0)), min_p=d.get("min_p", 0.0),
+                repetition_penalty=d.get("repetition_penalty", 1.0), seed=given("seed", None),
+                max_tokens=max_tokens, stop=stop or None, ignore_eos=request.ignore_eos,
+            )
+        except ValueError as exc:
+            match = re.match(r"[a-z_]+", str(exc))
+            raise bad_request(str(exc), match.group(0) if match else None) from None
+
+    async def start(self, request: Any, delta: bool) -> tuple[AsyncIterator[Any], int]:
+        """The checked request started in the engine: its outputs and the prompt's length."""
+        if self.task != "generate":
+            raise APIError(501, f"this server runs the {self.task!r} task: Generate is not available")
+        self.check_model(request.model or None)
+        prompt, ids = await self.prompt(request)
+        params = self.sampling_params(request, len(ids))
+        return self.engine.generate(prompt, params, engine_request_id("grpc"), delta=delta), len(ids)
+
+    def response(self, seq: Any, prompt_tokens: int | None = None, completion_tokens: int = 0) -> Any:
+        """A ``GenerateResponse`` of (a delta of) a sequence; with usage when ``prompt_tokens`` is given."""
+        message = pb.GenerateResponse(text=seq.text, token_ids=seq.token_ids, finish_reason=seq.finish_reason or "",
+                                      model=self.model_name)
+        if seq.stop_reason is not None:
+            message.stop_reason = str(seq.stop_reason)
+        if prompt_tokens is not None:
+            message.usage.CopyFrom(pb.Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                                            total_tokens=prompt_tokens + completion_tokens))
+        return message
+
+
+def api_keys(options: Mapping[str, Any]) -> list[str]:
+    """``options["api_keys"]`` (a list, or a comma-separated string), else ``$LLMP_API_KEY``."""
+    keys = options.get("api_keys") or os.environ.get("LLMP_API_KEY") or []
+    if isinstance(keys, str):
+        keys = keys.split(",")
+    return [k.strip() for k in keys if k and k.strip()]
+
+
+# -- the service -------------------------------------------------------------------
+
+
+async def _fail(context: grpc.aio.ServicerContext, exc: Exception) -> None:
+    error = as_api_error(exc)
+    if error.status == 500 and not isinstance(exc, APIError):  # a bug: the client only sees INTERNAL
+        log.exception("gRPC request failed", exc_info=exc)
+    await context.abort(status_code(error.status), error.message)
+
+
+def _unary(public: bool = False) -> Callable:
+    def wrap(method: Callable) -> Callable:
+        @functools.wraps(method)
+        async def handler(self: LlmpServicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
+            if not public and not self.fe.authorized(context.invocation_metadata()):
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED, "invalid or missing API key "
+                                    "(metadata 'authorization: Bearer <key>')")
+            try:
+                return await method(self, request, context)
+            except grpc.aio.AbortError:
+                raise
+            except Exception as exc:  # noqa: BLE001  (every failure becomes a status code)
+                await _fail(context, exc)
+        return handler
+    return wrap
+
+
+class LlmpServicer(pb_grpc.LlmpServicer):
+    """The RPCs; every one maps :class:`APIError` to its status code, with the message as details."""
+
+    def __init__(self, frontend: GrpcFrontend) -> None:
+        self.fe = frontend
+
+    @_unary()
+    async def Generate(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        outputs, prompt_tokens = await self.fe.start(request, delta=False)
+        final = None
+        async with contextlib.aclosing(outputs):  # cancelled (client gone, deadline): the engine aborts it
+            async for final in outputs:
+                pass
+        if final is None:
+            raise APIError(503, "the request was aborted before it produced output")
+        seq = final.outputs[0]
+        return self.fe.response(seq, prompt_tokens, len(seq.token_ids))
+
+    async def GenerateStream(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        if not self.fe.authorized(context.invocation_metadata()):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "invalid or missing API key "
+                                "(metadata 'authorization: Bearer <key>')")
+        try:
+            outputs, prompt_tokens = await self.fe.start(request, delta=True)
+            generated = 0
+            async with contextlib.aclosing(outputs):  # cancelled (client gone, deadline): the engine aborts it
+                async for output in outputs:
+                    seq = output.outputs[0]
+                    generated += len(seq.token_ids)
+                    if seq.finish_reason:
+                        yield self.fe.response(seq, prompt_tokens, generated)
+                        return
+                    if seq.text or seq.token_ids:
+                        yield self.fe.response(seq)
+            raise APIError(503, "the request was aborted before it finished")
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:  # noqa: BLE001  (every failure becomes a status code)
+            await _fail(context, exc)
+
+    @_unary()
+    async def Tokenize(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        fe = self.fe
+        fe.check_model(request.model or None)
+        kind = request.WhichOneof("input")
+        add = request.add_special_tokens if request.HasField("add_special_tokens") else None
+        if kind == "chat":
+            _, ids = await fe.chat_prompt(request.chat, bool(add))
+        else:  # text, "" included
+            ids = await fe.encode(request.text, True if add is None else add)
+        return pb.TokenizeResponse(token_ids=ids, count=len(ids), max_model_len=fe.max_model_len)
+
+    @_unary()
+    async def ListModels(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        fe = self.fe
+        root = fe.options.get("model_root") or ""
+        return pb.ListModelsResponse(models=[pb.Model(id=name, root=root or name, max_model_len=fe.max_model_len)
+                                             for name in fe.model_names])
+
+    @_unary(public=True)
+    async def Health(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            await self.fe.engine.check_health()
+        except Exception as exc:  # noqa: BLE001  (any failure means not serving)
+            raise APIError(503, f"the engine is not healthy: {exc}") from None
+        return pb.HealthResponse(status=pb.HealthResponse.SERVING)

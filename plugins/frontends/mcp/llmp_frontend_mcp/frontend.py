@@ -1,0 +1,247 @@
+"""The MCP front-end: one ``MCPServer`` (mcp 2.x SDK) whose tools run on the engine.
+
+The same server object is served two ways:
+
+* over streamable HTTP at ``/mcp`` on ``llmp serve`` (``http_router``), behind the
+  shared server's gate, so ``--api-key``, body limits and admission apply to it;
+* over stdio by ``llmp mcp MODEL`` (``llmp_frontend_mcp.cli``).
+
+Tools: ``generate`` (text completion), ``chat`` (chat template, then completion) and
+``tokenize``. Resources: ``llmp://models`` (every served name with ``max_model_len``)
+and ``llmp://models/{name}``. A failure of a tool (bad argument, context too long,
+engine gone) is returned as a tool error (``isError`` with the message), never a crash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Annotated, Any
+
+from llmp.sampling_params import SamplingParams
+from llmp.server.errors import APIError, as_api_error, bad_request
+from llmp.server.frontend_kit import FrontendKit, engine_request_id
+from pydantic import BaseModel, Field
+
+log = logging.getLogger("llmp.frontend.mcp")
+
+MCP_PATH = "/mcp"
+
+
+class ChatMessage(BaseModel):
+    role: Annotated[str, Field(description="system, user or assistant")]
+    content: Annotated[str, Field(description="The message text")]
+
+
+class Tokens(BaseModel):
+    tokens: list[int]
+    count: int
+    max_model_len: int
+
+
+MaxTokens = Annotated[int | None, Field(ge=1, description="Most tokens to generate (default: the rest of the context)")]
+Temperature = Annotated[float | None, Field(ge=0, description="Sampling temperature; 0 is greedy (default: the model's, "
+                                                                "else 1)")]
+
+
+class McpFrontend(FrontendKit):
+    """Tools over the engine client (see ``llmp.api.Frontend``)."""
+
+    def __init__(self, engine: Any, options: Mapping[str, Any]) -> None:
+        super().__init__(engine, options)
+        self.server = self.build_server()
+        self._manager: Any = None
+        self._running: asyncio.Task | None = None
+        self._started: asyncio.Future | None = None
+
+    # -- the MCP server ------------------------------------------------------------
+
+    def build_server(self) -> Any:
+        from mcp.server.mcpserver import MCPServer
+        from mcp.server.mcpserver.resources.templates import ResourceSecurity
+
+        server = MCPServer(
+            "llmp", version=_version(),
+            instructions=f"An LLM inference server serving {', '.join(self.model_names)}: call `generate` to "
+                         "complete text, `chat` to answer a conversation, `tokenize` to see token ids.",
+            log_level="WARNING",  # only a default: the server has configured logging already
+        )
+        if self.task == "generate":
+            server.add_tool(self.generate, name="generate", structured_output=False,
+                            description="Continue a text prompt with the model; returns the generated text.")
+            server.add_tool(self.chat, name="chat", structured_output=False,
+                            description="Answer a conversation (messages of role and content) with the model's "
+                                        "chat template; returns the assistant's reply.")
+        server.add_tool(self.tokenize, name="tokenize", description="The model's token ids of a text.")
+        server.resource("llmp://models", name="models", mime_type="application/json",
+                        description="The served models: names and max_model_len.")(self.models_resource)
+        # names may be paths (the model directory): only compared with the served names, never opened
+        server.resource("llmp://models/{+name}", name="model", mime_type="application/json",
+                        description="One served model by name.",
+                        security=ResourceSecurity(exempt_params={"name"}))(self.model_resource)
+        return server
+
+    # -- tools --------------------------------------------------------------------
+
+    async def generate(
+        self,
+        prompt: Annotated[str, Field(description="The text to continue")],
+        max_tokens: MaxTokens = None,
+        temperature: Temperature = None,
+        stop: Annotated[list[str] | str | None, Field(description="Stop strings, not included in the text")] = None,
+    ) -> str:
+        async def run() -> str:
+            (text, ids), = await self.prompt_inputs(prompt, "prompt", True)  # as /v1/completions
+            return await self._complete(text, ids, max_tokens, temperature, stop, "mcp-gen")
+
+        return await _as_tool(run)
+
+    async def chat(
+        self,
+        messages: Annotated[list[ChatMessage], Field(min_length=1, description="The conversation so far")],
+        max_tokens: MaxTokens = None,
+        temperature: Temperature = None,
+        stop: Annotated[list[str] | str | None, Field(description="Stop strings, not included in the text")] = None,
+    ) -> str:
+        async def run() -> str:
+            conversation = [m.model_dump() for m in messages]
+            text, ids = await self.conversation_prompt(conversation, None)  # as /v1/chat/completions
+            return await self._complete(text, ids, max_tokens, temperature, stop, "mcp-chat")
+
+        return await _as_tool(run)
+
+    async def tokenize(
+        self,
+        text: Annotated[str, Field(description="The text to tokenize")],
+        add_special_tokens: Annotated[bool, Field(description="Add BOS and the like, as a prompt would")] = True,
+    ) -> Tokens:
+        async def run() -> Tokens:
+            ids = await self.encode(text, add_special_tokens)
+            return Tokens(tokens=ids, count=len(ids), max_model_len=self.max_model_len)
+
+        return await _as_tool(run)
+
+    async def _complete(self, text: str | None, ids: list[int], max_tokens: int | None, temperature: float | None,
+                        stop: list[str] | str | None, prefix: str) -> str:
+        self.check_stop(stop)
+        limit = self.resolve_max_tokens(max_tokens, len(ids))
+        d = self.defaults
+        try:
+            params = SamplingParams(
+                temperature=d.get("temperature", 1.0) if temperature is None else temperature,
+                top_p=d.get("top_p", 1.0), top_k=d.get("top_k", 0), min_p=d.get("min_p", 0.0),
+                repetition_penalty=d.get("repetition_penalty", 1.0), max_tokens=limit, stop=stop,
+            )
+        except ValueError as exc:
+            raise bad_request(str(exc)) from None
+        final = None
+        async for output in self.engine.generate({"prompt": text, "prompt_token_ids": ids}, params,
+                                                 engine_request_id(prefix)):
+            final = output
+        if final is None or not final.outputs:
+            raise APIError(500, "the engine returned no output")
+        return final.outputs[0].text
+
+    # -- resources ----------------------------------------------------------------
+
+    def _model_info(self, name: str) -> dict[str, Any]:
+        return {"name": name, "max_model_len": self.max_model_len, "task": self.task,
+                "root": self.options.get("model_root") or name, "vocab_size": self.vocab_size}
+
+    def models_resource(self) -> str:
+        return json.dumps({"models": [self._model_info(n) for n in self.model_names]})
+
+    def model_resource(self, name: str) -> str:
+        from mcp.server.mcpserver.exceptions import ResourceError
+
+        if name not in self.model_names:
+            raise ResourceError(f"the model {name!r} is not served here; served: {', '.join(self.model_names)}")
+        return json.dumps(self._model_info(name))
+
+    # -- streamable HTTP on the shared server -----------------------------------------
+
+    def http_router(self) -> Any:
+        from fastapi import APIRouter
+        from mcp.server.transport_security import TransportSecuritySettings
+
+        # stateless: every POST is a whole exchange, so no session outlives a request or a restart;
+        # JSON responses rather than SSE streams (tools answer once). Host and Origin are the
+        # gate's job (--allowed-hosts, CORS), so the SDK's own DNS-rebinding check is off.
+        self.server.streamable_http_app(
+            streamable_http_path=MCP_PATH, stateless_http=True, json_response=True,
+            # the gate has already bounded the body (--max-request-body-bytes): no second, smaller cap
+            max_request_body_size=self.options.get("max_request_body_bytes") or (1 << 30),
+            transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+        )
+        self._manager = self.server.session_manager
+        router = APIRouter()
+        # an ASGI callable (not a function) as endpoint: starlette hands it the raw scope/receive/send
+        endpoint = _AsgiEndpoint(self.handle_http)
+        # POST only: stateless, there is no session to DELETE, and a GET stream could never carry
+        # anything but would hold a connection open; the spec lets a server answer GET with 405
+        for path in (MCP_PATH, MCP_PATH + "/"):
+            router.add_route(path, endpoint, methods=["POST"], include_in_schema=False)
+        return router
+
+    async def handle_http(self, scope: dict, receive: Callable, send: Callable) -> None:
+        await self._ensure_manager()
+        await self._manager.handle_request(scope, receive, send)
+
+    async def _ensure_manager(self) -> None:
+        """The session manager's ``run()`` context, entered once, on first use, in a task of its own."""
+        if self._started is None:
+            self._started = asyncio.get_running_loop().create_future()
+            self._running = asyncio.create_task(self._run_manager(self._started), name="frontend-mcp-sessions")
+        await asyncio.shield(self._started)
+
+    async def _run_manager(self, started: asyncio.Future) -> None:
+        try:
+            async with self._manager.run():
+                started.set_result(None)
+                await asyncio.Event().wait()  # until the server's loop ends
+        except BaseException as exc:
+            if not started.done():
+                started.set_exception(exc if isinstance(exc, Exception) else RuntimeError("MCP sessions stopped"))
+            raise
+
+    async def serve(self) -> None:
+        """HTTP only: the shared server runs the routes; should it run ``serve`` too, keep the sessions up."""
+        if self._manager is not None:
+            await self._ensure_manager()
+            await asyncio.Event().wait()
+
+
+class _AsgiEndpoint:
+    """Wraps a coroutine function so starlette's ``Route`` treats it as an ASGI app."""
+
+    def __init__(self, handler: Callable[[dict, Callable, Callable], Awaitable[None]]) -> None:
+        self.handler = handler
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        await self.handler(scope, receive, send)
+
+
+async def _as_tool(run: Callable[[], Awaitable[Any]]) -> Any:
+    """Run a tool's work; any failure becomes a ``ToolError`` carrying the client-facing message."""
+    from mcp.server.mcpserver.exceptions import ToolError
+
+    try:
+        return await run()
+    except ToolError:
+        raise
+    except Exception as exc:
+        error = as_api_error(exc)
+        if error.status >= 500:
+            log.exception("MCP tool failed")
+        raise ToolError(error.message) from None
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("llmp-frontend-mcp")
+    except PackageNotFoundError:
+        return "0"

@@ -1,0 +1,87 @@
+"""The /mcp route on the shared app, in-process with a stand-in engine (tokenizer only): methods, the
+gate's API key, the trailing slash, the docs. Generation is covered against a live server in test_http."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+import pytest
+from llmp.server.app import Limits, ServerState, build_app
+
+INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+    "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+ACCEPT = {"Accept": "application/json, text/event-stream"}
+AUTH = {"Authorization": "Bearer k", **ACCEPT}
+
+
+class TokenizerOnlyEngine:
+    def __init__(self) -> None:
+        from llmp.testing import tiny_tokenizer
+
+        self.info = {"vocab_size": 512}
+        self.tokenizer = tiny_tokenizer()
+
+    def get_tokenizer(self) -> Any:
+        return self.tokenizer
+
+
+@pytest.fixture(scope="module")
+def responses() -> dict[str, Any]:
+    from llmp_frontend_mcp.frontend import McpFrontend
+
+    engine = TokenizerOnlyEngine()
+
+    async def main() -> dict[str, Any]:
+        state = ServerState()
+        state.phase, state.engine = "ready", object()
+        app = build_app(state, api_keys=["k"], allowed_origins=[], allow_credentials=False,
+                        limits=Limits(max_body_bytes=1 << 20, max_in_flight=None, overload_status=503,
+                                      allowed_hosts=None),
+                        root_path="", docs=True, metrics=None, health_timeout=5)
+        app.include_router(McpFrontend(engine, {"served_model_names": ["m"], "max_model_len": 64}).http_router())
+        tokenize = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                    "params": {"name": "tokenize", "arguments": {"text": "The quick brown fox"}}}
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://127.0.0.1:8000") as c:
+            return {
+                "no_key": await c.post("/mcp", headers=ACCEPT, json=INIT),
+                "init": await c.post("/mcp", headers=AUTH, json=INIT),
+                "slash": await c.post("/mcp/", headers=AUTH, json=INIT),
+                "get": await c.get("/mcp", headers=AUTH),
+                "delete": await c.delete("/mcp", headers=AUTH),
+                "tokenize": await c.post("/mcp", headers=AUTH, json=tokenize),
+                "openapi": await c.get("/openapi.json", headers=AUTH),
+            }
+
+    return {"expected_ids": engine.tokenizer.encode("The quick brown fox"), **asyncio.run(main())}
+
+
+def test_gate_api_key(responses: dict[str, Any]) -> None:
+    assert responses["no_key"].status_code == 401
+    assert responses["no_key"].json()["error"]["code"] == "invalid_api_key"
+
+
+def test_post_initialize(responses: dict[str, Any]) -> None:
+    for key in ("init", "slash"):
+        assert responses[key].status_code == 200, responses[key].text
+        result = responses[key].json()["result"]
+        assert result["serverInfo"]["name"] == "llmp"
+        assert set(result["capabilities"]) >= {"tools", "resources"}
+
+
+def test_no_get_stream_or_delete_when_stateless(responses: dict[str, Any]) -> None:
+    assert responses["get"].status_code == 405
+    assert responses["delete"].status_code == 405
+
+
+def test_tokenize_tool(responses: dict[str, Any]) -> None:
+    result = responses["tokenize"].json()["result"]
+    ids = responses["expected_ids"]
+    assert result["isError"] is False
+    assert result["structuredContent"] == {"tokens": ids, "count": len(ids), "max_model_len": 64}
+
+
+def test_not_in_the_openapi_docs(responses: dict[str, Any]) -> None:
+    assert responses["openapi"].status_code == 200
+    assert "/mcp" not in responses["openapi"].json()["paths"]
