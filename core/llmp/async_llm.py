@@ -305,9 +305,9 @@ class AsyncLLM:
         """Raise ``EngineDeadError`` unless the engine answers a ping within a bounded time."""
         await self._call("ping")
 
-    async def stats(self) -> dict[str, Any]:
+    async def stats(self, timeout: float = HEALTH_TIMEOUT_S) -> dict[str, Any]:
         """Scheduler and KV-cache figures: running, waiting, usage, prefix-cache hits, preemptions."""
-        return await self._call("stats")
+        return await self._call("stats", timeout=timeout)
 
     @property
     def is_running(self) -> bool:

@@ -49,7 +49,7 @@ class EngineCoreLoop:
             self.engine = LLMEngine(self.config)
         except Exception as exc:
             self.send(msg.EngineFailed(f"the engine failed to start: {type(exc).__name__}: {exc}"))
-            raise
+            raise SystemExit(1) from None  # reported to the client, which prints it once: no traceback here
         self.send(msg.Ready({**self.engine.info.options, "model": self.engine.info.model,
                              "model_dir": str(self.engine.model_dir), "kernels": self.engine.info.kernels}))
         try:

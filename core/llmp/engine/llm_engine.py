@@ -122,7 +122,11 @@ class LLMEngine:
         if per_block == 0:  # a model without a KV cache (an encoder): blocks only count tokens
             return enough
         blocks = self.config.kv_cache_memory_bytes // per_block
-        return int(max(min(blocks, enough), 1))
+        if blocks < 1:
+            raise ValueError(f"the KV-cache memory ({self.config.kv_cache_memory_bytes} bytes) holds no block of "
+                             f"{self.config.block_size} tokens ({per_block} bytes): raise kv_cache_memory_bytes "
+                             "(--kv-cache-memory-gib)")
+        return int(min(blocks, enough))
 
     def _max_model_len(self, num_blocks: int) -> int:
         model_len = getattr(self.hf_config, "max_position_embeddings", None) or 4096

@@ -143,7 +143,7 @@ class GateMiddleware:
                 body, receive = await self._buffered(receive)
             except BodyTooLarge:
                 return await self._refuse(send, path, self._too_large())
-            if body is not None and json_depth_exceeds(body, self.limits.max_json_depth):
+            if body is not None and await _depth_exceeds(body, self.limits.max_json_depth):
                 return await self._refuse(send, path, APIError(
                     400, f"the JSON body is nested deeper than {self.limits.max_json_depth} levels"))
         if method == "POST" and path not in OPEN_PATHS and self.limits.max_in_flight is not None:
@@ -199,23 +199,30 @@ class GateMiddleware:
                 return body, _replay([{"type": "http.request", "body": body, "more_body": False}], receive)
 
 
-_JSON_TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+_JSON_STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_NOT_BRACKETS = bytes(c for c in range(256) if c not in b"[]{}")
+
+
+async def _depth_exceeds(body: bytes, limit: int) -> bool:
+    # a large body is scanned off the event loop, so streams and probes keep flowing meanwhile
+    if len(body) < 64 << 10:
+        return json_depth_exceeds(body, limit)
+    return await asyncio.to_thread(json_depth_exceeds, body, limit)
 
 
 def json_depth_exceeds(body: bytes, limit: int) -> bool:
-    """Whether brackets outside strings nest deeper than ``limit`` (the parser would recurse that deep)."""
+    """Whether brackets outside strings nest deeper than ``limit`` (the parser would recurse that deep).
+
+    C-speed throughout (a regex to drop strings, ``bytes.translate``, a numpy running sum): a
+    2 MB body of small arrays takes milliseconds, not the event loop's attention for a second.
+    """
     if body.count(b"[") + body.count(b"{") <= limit:  # cannot nest deeper than it has brackets
         return False
-    depth = 0
-    for match in _JSON_TOKENS.finditer(body):
-        token = match.group()
-        if token in (b"[", b"{"):
-            depth += 1
-            if depth > limit:
-                return True
-        elif token in (b"]", b"}"):
-            depth -= 1
-    return False
+    import numpy as np
+
+    brackets = np.frombuffer(_JSON_STRINGS.sub(b"", body).translate(None, _NOT_BRACKETS), dtype=np.uint8)
+    steps = np.where((brackets == ord("[")) | (brackets == ord("{")), 1, -1)
+    return bool(np.cumsum(steps).max(initial=0) > limit)
 
 
 def _host_name(host: str) -> str:

@@ -21,6 +21,17 @@ from llmp.server.errors import APIError, bad_request
 MAX_STOP_LENGTH = 1024
 
 
+def json_text(payload: Any) -> str:
+    """Compact JSON for a stream event: UTF-8 text as is, but escaped when the payload holds a lone
+    surrogate (which a request may carry, e.g. in its ``request_id``) that UTF-8 cannot encode."""
+    text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return json.dumps(payload, separators=(",", ":"))
+    return text
+
+
 class FrontendKit:
     """The engine client, the served names and limits, and the shared checks and conversions."""
 
@@ -96,6 +107,9 @@ class FrontendKit:
         message that spells a special token (``<|im_end|>``) stays text: it is tokenized as such,
         never as the control token, so a user cannot forge turns.
         """
+        for message in conversation:
+            if self._spells_control(str(message.get("role", ""))):
+                raise bad_request("a message role spells a special token of the model", "messages")
         text = await self._render(conversation, body, tools)
         add_special = bool(getattr(body, "add_special_tokens", False))
         literal = {i: m["content"] for i, m in enumerate(conversation) if self._spells_control(m["content"])}

@@ -173,7 +173,9 @@ async def _serve(settings: Any, frontends: list[tuple[str, type]], chat_template
         state.phase = "warming_up"
         await _warm_up(loaded)
         log.debug("warmed up after %.2f s", time.monotonic() - started)
-        engine = MeteredEngine(loaded, metrics, settings.request_timeout)
+        limits = gate_limits(settings)
+        engine = MeteredEngine(loaded, metrics, settings.request_timeout, limits.max_in_flight,
+                               settings.overload_status)
         options = frontend_options(settings, served_names, chat_template, loaded.info)
         tasks = _mount(app, state, engine, frontends, options)
         for task in tasks:

@@ -15,6 +15,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+STATS_TIMEOUT_S = 2.0
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                    20.0, 40.0, 80.0, 160.0, 640.0)
 TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
@@ -84,7 +85,8 @@ class ServerMetrics:
 
     async def render(self, engine: Any) -> bytes:
         try:
-            self.engine.stats = await engine.stats() if engine is not None else {}
+            # bounded like the readiness probe: a scrape must answer even while the engine hangs
+            self.engine.stats = await engine.stats(timeout=STATS_TIMEOUT_S) if engine is not None else {}
         except Exception:  # a dead engine still gets its request counters scraped
             self.engine.stats = {}
         return generate_latest(self.registry)
@@ -116,13 +118,38 @@ async def _before_deadline(outputs: AsyncIterator[Any], timeout: float | None, o
 
 
 class MeteredEngine:
-    """The engine client front-ends get: ``AsyncLLM`` with every request measured and,
-    with ``request_timeout``, bounded in time."""
+    """The engine client front-ends get: ``AsyncLLM`` with every request measured, bounded in
+    time (``request_timeout``) and in number: beyond ``capacity`` engine requests in flight
+    (one HTTP request may make many: a list of prompts, a background response), a new one is
+    refused with ``overload_status`` before it reaches the engine."""
 
-    def __init__(self, engine: Any, metrics: ServerMetrics, request_timeout: float | None = None) -> None:
+    def __init__(self, engine: Any, metrics: ServerMetrics, request_timeout: float | None = None,
+                 capacity: int | None = None, overload_status: int = 503) -> None:
         self._engine = engine
         self.metrics = metrics
         self.request_timeout = request_timeout
+        self.capacity, self.overload_status = capacity, overload_status
+        self.in_flight = 0
+
+    def check_capacity(self, count: int, param: str | None = None) -> None:
+        """Refuse, before any of them starts, a request that needs ``count`` engine requests
+        (a list of prompts): 400 if it can never fit, the overload status if it cannot fit now."""
+        from llmp.server.errors import APIError
+
+        if self.capacity is None:
+            return
+        if count > self.capacity:
+            raise APIError(400, f"{count} prompts in one request exceed the {self.capacity} requests the server "
+                                "takes at once (--max-num-seqs plus --max-queue-len); send fewer", param=param)
+        if self.in_flight + count > self.capacity:
+            self.metrics.rejected.labels(reason="overloaded", **self.metrics.label).inc()
+            raise APIError(self.overload_status, f"the server is at capacity ({self.capacity} engine requests in "
+                           "flight: --max-num-seqs plus --max-queue-len); retry after a moment",
+                           code="overloaded", headers={"Retry-After": "1"})
+
+    def _admit(self) -> None:
+        self.check_capacity(1)
+        self.in_flight += 1
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
@@ -130,6 +157,7 @@ class MeteredEngine:
     async def generate(self, prompt: Any, params: Any = None, request_id: str | None = None,
                        **kwargs: Any) -> AsyncIterator[Any]:
         m = self.metrics
+        self._admit()
         arrival = last = time.perf_counter()
         seen: dict[int, int] = {}  # tokens so far per sequence index
         delta = kwargs.get("delta", False)
@@ -156,6 +184,7 @@ class MeteredEngine:
             failed = True
             raise
         finally:
+            self.in_flight -= 1
             generated = sum(seen.values())
             m.generation_tokens.inc(generated)
             if output is not None and output.finished:
@@ -172,6 +201,7 @@ class MeteredEngine:
     async def encode(self, prompt: Any, pooling_params: Any = None, request_id: str | None = None,
                      **kwargs: Any) -> AsyncIterator[Any]:
         m = self.metrics
+        self._admit()
         arrival = time.perf_counter()
         try:
             outputs = self._engine.encode(prompt, pooling_params, request_id, **kwargs)
@@ -184,3 +214,5 @@ class MeteredEngine:
         except Exception:
             m.failures.inc()
             raise
+        finally:
+            self.in_flight -= 1

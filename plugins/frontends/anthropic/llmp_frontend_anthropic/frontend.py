@@ -7,7 +7,6 @@ shape ``{"type": "error", "error": {"type", "message"}}``, overload as 529 ``ove
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
@@ -17,7 +16,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from llmp.sampling_params import SamplingParams
 from llmp.server.app import request_id_of, until_disconnected
 from llmp.server.errors import APIError, as_api_error, bad_request
-from llmp.server.frontend_kit import FrontendKit, engine_request_id
+from llmp.server.frontend_kit import FrontendKit, engine_request_id, json_text
 
 from llmp_frontend_anthropic import protocol as p
 
@@ -47,7 +46,7 @@ def anthropic_error(error: APIError) -> tuple[int, dict[str, Any]]:
 
 
 def sse(event: str, payload: Mapping[str, Any]) -> str:
-    return f"event: {event}\ndata: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+    return f"event: {event}\ndata: {json_text(payload)}\n\n"
 
 
 class AnthropicFrontend(FrontendKit):

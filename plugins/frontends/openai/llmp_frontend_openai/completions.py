@@ -53,6 +53,8 @@ class Completion:
                 params.prompt_logprobs = body.logprobs
             self.params.append(params)
         self.n = self.params[0].n
+        if hasattr(fe.engine, "check_capacity"):  # all prompts run, or none: refuse now, not halfway
+            fe.engine.check_capacity(len(self.prompts), "prompt")
         self.streams = [
             fe.engine.generate({"prompt": text, "prompt_token_ids": ids}, params, engine_request_id("cmpl"),
                                priority=body.priority, delta=bool(body.stream))

@@ -37,6 +37,9 @@ def add_routes(router: APIRouter, fe: OpenAIFrontend) -> None:
     router.add_api_route("/v1/embeddings", create_embedding, methods=["POST"], summary="Create embeddings")
 
 
+EMBED_WINDOW = 64
+
+
 async def _inputs(fe: OpenAIFrontend, body: p.EmbeddingRequest) -> list[list[int]]:
     out = []
     for _, ids in await fe.prompt_inputs(body.input, "input", True):
@@ -51,10 +54,15 @@ async def _inputs(fe: OpenAIFrontend, body: p.EmbeddingRequest) -> list[list[int
 
 
 async def _embed_all(fe: OpenAIFrontend, inputs: list[list[int]], params: PoolingParams, priority: int) -> list:
+    # a long list of inputs goes to the engine a window at a time, so it never holds more than
+    # EMBED_WINDOW of one request's inputs (admission control counts engine requests)
+    window = asyncio.Semaphore(EMBED_WINDOW)
+
     async def one(ids: list[int]) -> list[float]:
-        async for output in fe.engine.encode({"prompt_token_ids": ids}, params, engine_request_id("embd"),
-                                             priority=priority):
-            return output.outputs.embedding
+        async with window:
+            async for output in fe.engine.encode({"prompt_token_ids": ids}, params, engine_request_id("embd"),
+                                                 priority=priority):
+                return output.outputs.embedding
         raise RuntimeError("the embedding request was aborted")
 
     tasks = [asyncio.ensure_future(one(ids)) for ids in inputs]

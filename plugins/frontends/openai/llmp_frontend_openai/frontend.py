@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -14,7 +13,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from llmp.sampling_params import SamplingParams
 from llmp.server.app import request_id_of, until_disconnected
 from llmp.server.errors import as_api_error, bad_request
-from llmp.server.frontend_kit import FrontendKit
+from llmp.server.frontend_kit import FrontendKit, json_text
 from llmp_frontend_openai import protocol as p
 from llmp_frontend_openai.logprobs import TokenBytes
 
@@ -22,7 +21,7 @@ DONE = "data: [DONE]\n\n"
 
 
 def sse(payload: Mapping[str, Any]) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+    return f"data: {json_text(payload)}\n\n"
 
 
 def sse_error(exc: BaseException) -> str:

@@ -8,7 +8,6 @@ With ``--enable-store`` results are kept in memory (the most recent
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from collections import OrderedDict
@@ -21,7 +20,7 @@ from fastapi.responses import StreamingResponse
 from llmp.server.app import until_disconnected
 from llmp.server.errors import APIError, bad_request, error_body
 from llmp_frontend_openai import protocol as p
-from llmp.server.frontend_kit import engine_request_id
+from llmp.server.frontend_kit import engine_request_id, json_text
 
 if TYPE_CHECKING:
     from llmp_frontend_openai.frontend import OpenAIFrontend
@@ -122,6 +121,11 @@ class ResponseRun:
         conversation = ([{"role": "system", "content": body.instructions}] if body.instructions else []) + run.messages
         text, run.prompt_ids = await fe.chat_prompt([p.ChatMessage(**m) for m in conversation], body)
         max_tokens = fe.resolve_max_tokens(body.max_output_tokens, len(run.prompt_ids))
+        top_logprobs = getattr(body, "top_logprobs", None)
+        limit = fe.options.get("max_logprobs", 20)
+        if top_logprobs is not None and limit >= 0 and top_logprobs > limit:  # held to the cap chat has
+            raise bad_request(f"top_logprobs={top_logprobs} exceeds the server's limit of {limit} (--max-logprobs)",
+                              "top_logprobs")
         run.params = fe.sampling_params(body, max_tokens, None)
         if run.params.n != 1:
             raise bad_request("n is not a field of the Responses API", "n")
@@ -193,7 +197,7 @@ class ResponseRun:
 
         def event(kind: str, **data: Any) -> str:
             payload = {"type": kind, "sequence_number": next(sequence), **data}
-            return f"event: {kind}\ndata: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+            return f"event: {kind}\ndata: {json_text(payload)}\n\n"
 
         item = {"item_id": self.message_id, "output_index": 0, "content_index": 0}
         yield event("response.created", response=self.snapshot())
