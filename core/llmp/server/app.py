@@ -28,6 +28,7 @@ T = TypeVar("T")
 
 PROBE_PATHS = frozenset({"/health", "/ready", "/live", "/ping", "/version", "/metrics"})
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+MAX_HEADERS = 100
 OPEN_PATHS = PROBE_PATHS | {"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"}
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
@@ -117,6 +118,9 @@ class GateMiddleware:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path, method = route_path(scope), scope["method"]
+        if len(scope["headers"]) > MAX_HEADERS:
+            return await self._refuse(send, path, APIError(
+                431, f"a request may carry at most {MAX_HEADERS} headers, this one has {len(scope['headers'])}"))
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         if self.limits.allowed_hosts is not None and _host_name(headers.get("host", "")) not in self.limits.allowed_hosts:
             # a page on another site resolving its name to 127.0.0.1 (DNS rebinding) sends its own Host

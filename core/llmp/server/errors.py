@@ -17,6 +17,7 @@ ERROR_TYPES = {
     413: "invalid_request_error",
     422: "invalid_request_error",
     429: "rate_limit_error",
+    431: "invalid_request_error",
     500: "internal_server_error",
     501: "not_implemented_error",
     503: "service_unavailable_error",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 INT64 = 2**63
 
@@ -30,8 +30,8 @@ class SamplingFields(OpenAIModel):
     frequency_penalty: float | None = 0.0
     presence_penalty: float | None = 0.0
     logit_bias: dict[str, float] | None = None
-    n: int | None = 1
-    seed: int | None = Field(None, ge=-INT64, le=INT64 - 1)
+    n: StrictInt | None = 1
+    seed: StrictInt | None = Field(None, ge=-INT64, le=INT64 - 1)
     stop: str | list[str] | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
@@ -39,7 +39,7 @@ class SamplingFields(OpenAIModel):
     top_p: float | None = None
     user: str | None = None
     # vLLM's sampling extras
-    top_k: int | None = None
+    top_k: StrictInt | None = None
     min_p: float | None = None
     repetition_penalty: float | None = None
     stop_token_ids: list[int] | None = None
@@ -48,7 +48,7 @@ class SamplingFields(OpenAIModel):
     min_tokens: int = 0
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
-    prompt_logprobs: int | None = None
+    prompt_logprobs: StrictInt | None = None
     allowed_token_ids: list[int] | None = None
     echo: bool = False
     return_token_ids: bool = False
@@ -67,9 +67,9 @@ class ChatMessage(OpenAIModel):
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage]
     logprobs: bool | None = False
-    top_logprobs: int | None = None
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
+    top_logprobs: StrictInt | None = None
+    max_tokens: StrictInt | None = None
+    max_completion_tokens: StrictInt | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = True
@@ -85,10 +85,10 @@ class ChatCompletionRequest(SamplingFields):
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
-    logprobs: int | None = None
-    max_tokens: int | None = 16
+    logprobs: StrictInt | None = None
+    max_tokens: StrictInt | None = 16
     suffix: str | None = None
-    best_of: int | None = None
+    best_of: StrictInt | None = None
     add_special_tokens: bool = True
 
 
@@ -96,10 +96,10 @@ class EmbeddingRequest(OpenAIModel):
     input: str | list[str] | list[int] | list[list[int]]
     model: str | None = None
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = None
+    dimensions: StrictInt | None = None
     user: str | None = None
     normalize: bool | None = None
-    truncate_prompt_tokens: int | None = None
+    truncate_prompt_tokens: StrictInt | None = None
     priority: int = Field(0, ge=-INT64, le=INT64 - 1)
 
 
@@ -124,7 +124,7 @@ class DetokenizeRequest(OpenAIModel):
 class ResponsesRequest(SamplingFields):
     input: str | list[dict[str, Any]]
     instructions: str | None = None
-    max_output_tokens: int | None = None
+    max_output_tokens: StrictInt | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = True
@@ -134,6 +134,6 @@ class ResponsesRequest(SamplingFields):
     background: bool = False
     previous_response_id: str | None = None
     include: list[str] | None = None
-    top_logprobs: int | None = None
+    top_logprobs: StrictInt | None = None
     metadata: dict[str, str] | None = None
     truncation: str | None = "disabled"
