@@ -287,12 +287,12 @@ def test_a_request_past_the_request_timeout_gets_408_and_is_aborted(locked_serve
     stream.join(60)
     error = assert_openai_error(response, 408, contains="--request-timeout")
     assert error["code"] == "request_timeout" and error["type"] == "timeout_error", error
-    assert REQUEST_TIMEOUT - 0.5 < elapsed < REQUEST_TIMEOUT + 5, elapsed
+    assert REQUEST_TIMEOUT - 0.5 < elapsed < REQUEST_TIMEOUT + 15, elapsed  # generous: CI machines are slow
     payloads = data_lines(stream.lines)
     assert stream.status == 200 and payloads and "[DONE]" not in payloads, payloads[-3:]
     last = json.loads(payloads[-1])
     assert last["error"]["code"] == "request_timeout", last
-    idle = wait_idle(url, timeout=15)
+    idle = wait_idle(url, timeout=30)
     assert idle == {"running": 0, "waiting": 0, "kv": 0}
     after = scrape(url)
     assert metric(after, "llmp_request_timeout_total") - metric(before, "llmp_request_timeout_total") == 2
