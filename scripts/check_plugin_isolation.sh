@@ -3,19 +3,25 @@
 # the kernel beside it: a fresh venv per plugin, non-editable installs (wheels).
 # A plugin is exercised on the reference stack: models need a kernel set and
 # executors need a model, so kernels/torch and models/llama are installed
-# beside every plugin; nothing else is.
+# beside every plugin, and front-ends are compared against the reference
+# front-end, frontends/openai; nothing else is.
+# Usage: check_plugin_isolation.sh [plugins/KIND/NAME ...]   (default: every plugin)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 status=0
-for project in plugins/*/*/; do
+projects=("$@")
+[[ ${#projects[@]} -gt 0 ]] || projects=(plugins/*/*/)
+for project in "${projects[@]}"; do
     project=${project%/}
     [[ -f $project/pyproject.toml ]] || continue
     venv=$(mktemp -d)/venv
     echo "== $project: fresh venv"
     "$PYTHON" -m venv "$venv"
     reference=()
-    for base in plugins/kernels/torch plugins/models/llama; do
+    bases=(plugins/kernels/torch plugins/models/llama)
+    [[ $project == plugins/frontends/* ]] && bases+=(plugins/frontends/openai)
+    for base in "${bases[@]}"; do
         [[ $project == "$base" ]] || reference+=("./$base")
     done
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -c constraints.txt \
