@@ -558,58 +558,89 @@ class Frontend(Protocol):
 
 
 @dataclass(slots=True)
-class ToolCall:
-    """One function call parsed out of model text (OpenAI ``tool_calls`` item)."""
+class ParsedToolCall:
+    """One function call found in model text: its name and its arguments as JSON text."""
 
     name: str
-    arguments: str  # JSON text
-    id: str = ""
+    arguments: str  # JSON object text; while streaming, the part generated so far
 
 
 @dataclass(slots=True)
-class ExtractedToolCalls:
-    """Result of parsing a whole completion for tool calls."""
+class ToolCallParse:
+    """What a tool parser found in (a prefix of) a completion."""
 
-    tools_called: bool
-    tool_calls: list[ToolCall] = field(default_factory=list)
-    content: str | None = None
+    content: str  # the text outside tool calls
+    calls: list[ParsedToolCall] = field(default_factory=list)
 
 
 @dataclass(slots=True)
-class DeltaMessage:
-    """Streaming increment of a chat message."""
+class ReasoningParse:
+    """What a reasoning parser found in (a prefix of) a completion."""
 
-    content: str | None = None
-    reasoning: str | None = None
-    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    reasoning: str | None  # None: the completion has no reasoning section
+    content: str  # the answer after the reasoning
 
 
 class ToolParser(Protocol):
-    """Turns model text into tool calls, whole or streamed."""
+    """Turns model text into tool calls (``--tool-call-parser NAME``).
+
+    One instance serves every request of a server; ``parse`` must not keep
+    per-request state. The server streams by calling ``parse`` on each longer
+    prefix of the completion and sending the differences between successive
+    results (``llmp.parsing.MessageStream``), so the streamed deltas always add
+    up to the non-streamed message. That asks two things of ``parse``:
+
+    * ``final=False`` (a prefix, more text may follow): report only what later
+      text cannot change. ``content`` must hold back a tail that could still
+      become a tool-call marker (``llmp.parsing.held_back``); a call appears
+      once its name is complete; its ``arguments`` are the argument text
+      generated so far.
+    * Results only grow: each later result's ``content``, list of calls and
+      each call's ``arguments`` extend the earlier ones (names never change).
+
+    ``final=True`` is the whole completion. A call cut off by ``max_tokens``
+    stays a call with the arguments generated so far (the ``length`` finish
+    reason tells the client), as it was streamed.
+
+    ``tools`` are the request's OpenAI tool definitions (parsers that convert
+    argument types read the parameter schemas there).
+    """
+
+    #: the parser reads special tokens (its markers are special tokens of its
+    #: models' tokenizers): the server detokenizes with them when tools are given
+    keep_special_tokens: bool
 
     def __init__(self, tokenizer: Any) -> None: ...
 
-    def extract_tool_calls(self, text: str, request: Any) -> ExtractedToolCalls: ...
-
-    def extract_tool_calls_streaming(
-        self, previous_text: str, current_text: str, delta_text: str, request: Any
-    ) -> DeltaMessage | None: ...
+    def parse(self, text: str, *, final: bool, tools: Sequence[Mapping[str, Any]] = ()) -> ToolCallParse: ...
 
 
 class ReasoningParser(Protocol):
-    """Separates reasoning from the answer, whole or streamed."""
+    """Separates the reasoning from the answer (``--reasoning-parser NAME``).
+
+    Same streaming contract as :class:`ToolParser`: ``parse`` on a prefix
+    (``final=False``) reports only what later text cannot change (a possible
+    start of the end marker is held back) and later results extend earlier ones.
+
+    ``in_reasoning`` is what the prompt says (see ``prompt_state``): ``True``
+    when the chat template opened the reasoning (DeepSeek-R1 and Qwen3
+    thinking templates end the prompt with ``<think>``), so the completion
+    starts inside it even without a start marker of its own.
+
+    ``end_token_ids`` are the tokens of the marker that ends the reasoning;
+    structured-output constraints apply to the answer generated after them.
+    """
+
+    end_token_ids: Sequence[int]
 
     def __init__(self, tokenizer: Any) -> None: ...
 
-    def extract_reasoning(self, text: str) -> tuple[str | None, str | None]:
-        """``(reasoning, content)`` of a whole completion."""
+    def parse(self, text: str, *, final: bool, in_reasoning: bool | None = None) -> ReasoningParse: ...
+
+    def prompt_state(self, prompt_token_ids: Sequence[int]) -> bool | None:
+        """``True``: the prompt opened reasoning it did not close; ``False``: the prompt closed it
+        (thinking turned off in the template: the completion is all answer); ``None``: neither."""
         ...
-
-    def extract_reasoning_streaming(
-        self, previous_text: str, current_text: str, delta_text: str
-    ) -> DeltaMessage | None: ...
-
-    def is_reasoning_end(self, token_ids: Sequence[int]) -> bool: ...
 
 
 class StatLogger(Protocol):

@@ -300,3 +300,46 @@ def serving(
         yield server
     finally:
         server.stop()
+
+
+def assert_streams_agree(
+    text: str, *, reasoning_parser: Any = None, tool_parser: Any = None, tools: Any = (),
+    in_reasoning: bool | None = None, every_split: bool = True,
+) -> Any:
+    """Parse ``text`` whole, then streamed in pieces, and assert the deltas add up to the whole.
+
+    Streams tried: one character at a time, and (with ``every_split``) two
+    pieces split at every position. Returns the whole parse
+    (``llmp.parsing.ParsedMessage``) for the caller's own assertions.
+    """
+    from llmp.parsing import MessageStream
+
+    def stream() -> MessageStream:
+        return MessageStream(reasoning_parser, tool_parser, in_reasoning=in_reasoning, tools=tools)
+
+    whole = stream()
+    whole.feed(text, final=True)
+    expected = _message_key(whole.sent)
+    splits = [list(range(1, len(text) + 1))]
+    if every_split:
+        splits += [[cut, len(text)] for cut in range(1, len(text))]
+    for ends in splits:
+        streamed = stream()
+        reasoning, content, calls = None, "", []
+        for end in ends:
+            delta = streamed.feed(text[:end], final=end == len(text))
+            if delta.reasoning or (reasoning is None and streamed.sent.reasoning is not None):
+                reasoning = (reasoning or "") + delta.reasoning
+            content += delta.content
+            for piece in delta.tool_calls:
+                if piece.name is not None:
+                    assert piece.index == len(calls) and piece.id, f"a new call must come in order, with an id: {piece}"
+                    calls.append([piece.name, ""])
+                calls[piece.index][1] += piece.arguments
+        got = (reasoning, content, [tuple(c) for c in calls])
+        assert got == expected, f"streamed in pieces ending at {ends[:3]}...: {got!r} != whole {expected!r}"
+    return whole.sent
+
+
+def _message_key(message: Any) -> tuple:
+    return message.reasoning, message.content, [(c.name, c.arguments) for c in message.tool_calls]
