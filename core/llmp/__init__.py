@@ -18,6 +18,7 @@ __all__ = [
     "PoolingRequestOutput",
     "RequestOutput",
     "SamplingParams",
+    "StructuredOutputsParams",
     "__version__",
     "hookimpl",
 ]
@@ -26,6 +27,7 @@ _LAZY = {
     "LLM": "llmp.llm",
     "AsyncLLM": "llmp.async_llm",
     "SamplingParams": "llmp.sampling_params",
+    "StructuredOutputsParams": "llmp.sampling_params",
     "RequestOutput": "llmp.outputs",
     "CompletionOutput": "llmp.outputs",
     "PoolingParams": "llmp.pooling_params",

@@ -600,7 +600,8 @@ class ToolParser(Protocol):
 
     ``final=True`` is the whole completion. A call cut off by ``max_tokens``
     stays a call with the arguments generated so far (the ``length`` finish
-    reason tells the client), as it was streamed.
+    reason tells the client), as it was streamed: raw arguments stay as cut;
+    a parser that builds the JSON itself may close it, appending only.
 
     ``tools`` are the request's OpenAI tool definitions (parsers that convert
     argument types read the parameter schemas there).
@@ -632,6 +633,8 @@ class ReasoningParser(Protocol):
     """
 
     end_token_ids: Sequence[int]
+    #: the markers are special tokens (Magistral's ``[THINK]``): the server keeps them in the text
+    keep_special_tokens: bool
 
     def __init__(self, tokenizer: Any) -> None: ...
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmp.api import ParsedToolCall, ReasoningParser, ToolParser
+from llmp.api import ParsedToolCall, ReasoningParser, ToolCallParse, ToolParser
 
 # -- text helpers --------------------------------------------------------------
 
@@ -180,3 +180,74 @@ class MessageStream:
         if extra or (part == "reasoning" and self.sent.reasoning is None):
             setattr(self.sent, part, now)
         return extra
+
+
+# -- tool calls forced by tool_choice (constrained decoding writes them as JSON) ------------------
+
+
+class NamedToolCallParser:
+    """``tool_choice`` naming a function: the whole completion is that function's arguments object."""
+
+    keep_special_tokens = False
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def parse(self, text: str, *, final: bool, tools: Sequence[Mapping[str, Any]] = ()) -> ToolCallParse:
+        arguments = text.strip() if final else text.lstrip().rstrip(" \t\r\n")
+        return ToolCallParse("", [ParsedToolCall(self.name, arguments)])
+
+
+class RequiredToolCallsParser:
+    """``tool_choice: required``: the completion is a JSON array of ``{"name": ..., "parameters": {...}}``."""
+
+    keep_special_tokens = False
+
+    def parse(self, text: str, *, final: bool, tools: Sequence[Mapping[str, Any]] = ()) -> ToolCallParse:
+        calls: list[ParsedToolCall] = []
+        pos = skip_whitespace(text, 0)
+        if not text.startswith("[", pos):
+            return ToolCallParse("", calls)
+        pos += 1
+        while True:
+            pos = skip_whitespace(text, pos)
+            if text.startswith(",", pos):
+                pos = skip_whitespace(text, pos + 1)
+            if not text.startswith("{", pos):
+                break
+            call, pos = _scan_call_object(text, pos + 1)
+            if call is not None:
+                calls.append(call)
+            if pos is None:
+                break
+        return ToolCallParse("", calls)
+
+
+def _scan_call_object(text: str, pos: int) -> tuple[ParsedToolCall | None, int | None]:
+    """Read ``"name": ..., "parameters": ...`` pairs from inside an object; (call so far, index past it or None)."""
+    import json
+
+    name, arguments = None, None
+    while True:
+        pos = skip_whitespace(text, pos)
+        if text.startswith(",", pos):
+            pos = skip_whitespace(text, pos + 1)
+        if text.startswith("}", pos):
+            return (ParsedToolCall(name, arguments or "") if name is not None else None), pos + 1
+        key_end = json_value_end(text, pos) if text.startswith('"', pos) else None
+        if key_end is None:
+            break
+        key = json.loads(text[pos:key_end])
+        colon = skip_whitespace(text, key_end)
+        if not text.startswith(":", colon):
+            break
+        value = skip_whitespace(text, colon + 1)
+        end = json_value_end(text, value)
+        if key == "parameters":
+            arguments = text[value:end] if end is not None else text[value:].rstrip(" \t\r\n")
+        elif key == "name" and end is not None:
+            name = json.loads(text[value:end])
+        if end is None:
+            break
+        pos = end
+    return (ParsedToolCall(name, arguments or "") if name is not None else None), None

@@ -8,6 +8,51 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
+
+CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+
+
+@dataclass(slots=True)
+class StructuredOutputsParams:
+    """Constrain a request's output (vLLM's ``structured_outputs``): exactly one of
+
+    ``json`` (a JSON schema, as a dict or its text), ``regex``, ``choice`` (a
+    list of strings), ``grammar`` (EBNF in xgrammar/GBNF form), ``json_object``
+    (any JSON object) or ``structural_tag`` (xgrammar's structural tag, as JSON
+    text). ``disable_any_whitespace`` makes JSON compact.
+
+    ``after_token_ids``: the constraint starts once the output holds these tokens
+    (a reasoning model's end-of-thinking marker): the reasoning stays free and the
+    answer after it is constrained.
+    """
+
+    json: str | dict[str, Any] | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: str | None = None
+    disable_any_whitespace: bool = False
+    after_token_ids: list[int] | None = None
+
+    def __post_init__(self) -> None:
+        given = [name for name in CONSTRAINTS if getattr(self, name) not in (None, False)]
+        if len(given) != 1:
+            raise ValueError("structured_outputs takes exactly one constraint of json, regex, choice, grammar, "
+                             f"json_object and structural_tag; got {', '.join(given) or 'none'}")
+        if self.choice is not None and (not self.choice or not all(isinstance(c, str) for c in self.choice)):
+            raise ValueError("structured_outputs.choice must be a non-empty list of strings")
+        for name in ("regex", "grammar", "structural_tag"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise ValueError(f"structured_outputs.{name} must be a non-empty string")
+        if self.json is not None and not isinstance(self.json, str | dict):
+            raise ValueError("structured_outputs.json must be a JSON schema (an object or its text)")
+
+    @property
+    def kind(self) -> str:
+        return next(name for name in CONSTRAINTS if getattr(self, name) not in (None, False))
 
 
 @dataclass(slots=True)
@@ -33,6 +78,7 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
+    structured_outputs: StructuredOutputsParams | None = None
     stop_strings: list[str] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:

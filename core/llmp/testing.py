@@ -320,7 +320,7 @@ def assert_streams_agree(
     whole = stream()
     whole.feed(text, final=True)
     expected = _message_key(whole.sent)
-    splits = [list(range(1, len(text) + 1))]
+    splits = [list(range(1, len(text) + 1)) or [0]]  # an empty text is one final feed
     if every_split:
         splits += [[cut, len(text)] for cut in range(1, len(text))]
     for ends in splits:

@@ -51,6 +51,10 @@ class ServeSettings(CommandSettings):
     max_logprobs: int = 20
     max_n: int = 128
     max_stop_sequences: int = 64
+    tool_call_parser: str | None = None
+    enable_auto_tool_choice: bool = False
+    reasoning_parser: str | None = None
+    exclude_tools_when_tool_choice_none: bool = False
     return_tokens_as_token_ids: bool = False
     enable_force_include_usage: bool = False
     enable_store: bool = False
@@ -134,6 +138,16 @@ def serve(
     max_logprobs: int = typer.Option(20, help="Cap on logprobs, top_logprobs and prompt_logprobs."),
     max_n: int = typer.Option(128, help="Cap on n (choices per request)."),
     max_stop_sequences: int = typer.Option(64, help="Cap on the number of stop strings in a request."),
+    tool_call_parser: str | None = typer.Option(
+        None, help="Tool-call parser plugin (hermes, llama3_json, mistral, pythonic, qwen3_xml, deepseek_v3, ...): "
+                   "needed for tool_choice auto, required or named."),
+    enable_auto_tool_choice: bool = typer.Option(
+        False, "--enable-auto-tool-choice", help="Let the model decide to call tools (tool_choice auto); "
+                                                  "needs --tool-call-parser."),
+    reasoning_parser: str | None = typer.Option(
+        None, help="Reasoning parser plugin (deepseek_r1, qwen3, mistral, ...): reasoning goes to message.reasoning."),
+    exclude_tools_when_tool_choice_none: bool = typer.Option(
+        False, "--exclude-tools-when-tool-choice-none", help="With tool_choice none, keep tools out of the prompt."),
     return_tokens_as_token_ids: bool = typer.Option(
         False, "--return-tokens-as-token-ids", help="Logprob tokens as 'token_id:N'."),
     enable_force_include_usage: bool = typer.Option(

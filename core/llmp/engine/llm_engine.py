@@ -97,6 +97,7 @@ class LLMEngine:
         self.eos_token_ids = self._eos_token_ids()
         self.vocab_size = self.hf_config.vocab_size
         self.outputs = OutputProcessor(self.tokenizer)
+        self._grammars: Any = None  # structured_output.GrammarCompiler, made on the first constrained request
         self.pooling: dict[str, tuple[str | None, Request]] = {}  # embedding requests in flight
         self.stat_loggers = list(stat_loggers)
         self.num_steps = 0
@@ -185,6 +186,7 @@ class LLMEngine:
         text, token_ids = self.tokenize_prompt(prompt)
         self._validate_prompt(token_ids, params)
         max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len - len(token_ids)
+        compiled = self._compile_grammar(params)
         state = RequestState(request_id, text, token_ids, params, delta=delta)
         requests = []
         for index in range(params.n):
@@ -193,13 +195,23 @@ class LLMEngine:
                 child_params = copy.copy(params)
                 child_params.seed = params.seed + index
             engine_id = request_id if params.n == 1 else f"{index}_{request_id}"
-            requests.append(Request(
-                engine_id, token_ids, child_params, eos_token_ids=self.eos_token_ids, priority=priority,
-                max_tokens=max_tokens,
-            ))
+            request = Request(engine_id, token_ids, child_params, eos_token_ids=self.eos_token_ids, priority=priority,
+                              max_tokens=max_tokens)
+            if compiled is not None:
+                request.grammar = self._grammars.state(compiled, params.structured_outputs.after_token_ids)
+            requests.append(request)
         self.outputs.add_request(state, requests)
         for request in requests:
             self.scheduler.add_request(request)
+
+    def _compile_grammar(self, params: SamplingParams) -> Any:
+        if params.structured_outputs is None:
+            return None
+        if self._grammars is None:
+            from llmp.engine.structured_output import GrammarCompiler
+
+            self._grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
+        return self._grammars.compile(params.structured_outputs)
 
     def _add_pooling_request(
         self, request_id: str, prompt: PromptType, params: SamplingParams | None, priority: int,
@@ -276,7 +288,7 @@ class LLMEngine:
             return self._finish_pooling(scheduled, step_logits.pooled)
         result = sample_step(self.sampler, scheduled, step_logits, prompt_targets)
         self.num_steps += 1
-        updated = self.scheduler.update_from_output(scheduled, result.sampled)
+        self.scheduler.update_from_output(scheduled, result.sampled)
         changed: dict[str, RequestState] = {}
         now = time.monotonic()
         for request_id, entries in result.prompt_logprobs.items():
@@ -293,6 +305,8 @@ class LLMEngine:
             stop = self.outputs.append(seq, token, logprobs)
             if stop is not None and not request.is_finished:
                 self.scheduler.finish(request, RequestStatus.FINISHED_STOPPED, stop_reason=stop[0])
+            if request.grammar is not None and request.grammar.accept(token, request.output_token_ids):
+                self.scheduler.finish(request, RequestStatus.FINISHED_STOPPED)  # no-op if already finished
             if request.is_finished:
                 self.outputs.finish(seq, request.status.value, request.stop_reason)
             changed[state.request_id] = state

@@ -57,6 +57,7 @@ class Request:
     first_scheduled_time: float | None = None
     pooling_params: Any = None  # set for an embedding request: computed whole, in one step, then pooled
     generator: Any = None  # torch.Generator of a seeded request, made on its first sample
+    grammar: Any = None  # structured_output.GrammarState of a constrained request
 
     def __post_init__(self) -> None:
         self.all_token_ids: list[int] = list(self.prompt_token_ids)

@@ -1,6 +1,6 @@
 """Turns logits into tokens, applying every sampling parameter in one batched pass.
 
-Order, as in vLLM: allowed tokens, logit bias and the ``min_tokens`` ban;
+Order, as in vLLM: the structured-output grammar mask, allowed tokens, logit bias and the ``min_tokens`` ban;
 then repetition, frequency and presence penalties (greedy rows included);
 then temperature, min-p, top-k and top-p; then a draw. Logprobs are those of
 the raw model distribution. Only rows that use a feature pay for it.
@@ -35,7 +35,12 @@ class Sampler:
         logits = logits.float()
         wants_logprobs = [r.params.logprobs is not None for r in requests]
         raw_logprobs = logits.log_softmax(-1) if any(wants_logprobs) else None
-        logits = _apply_masks_and_bias(logits.clone(), requests)
+        logits = logits.clone()
+        if any(r.grammar is not None for r in requests):
+            from llmp.engine.structured_output import apply_grammar_masks
+
+            apply_grammar_masks(logits, [r.grammar for r in requests])
+        logits = _apply_masks_and_bias(logits, requests)
         logits = _apply_penalties(logits, requests)
         tokens = logits.argmax(-1)
         random_rows = [i for i, r in enumerate(requests) if not r.params.is_greedy]
@@ -83,7 +88,10 @@ def _apply_masks_and_bias(logits: torch.Tensor, requests: list[Request]) -> torc
                 banned.extend(request.eos_token_ids)
             banned = [t for t in banned if t < vocab]
             if banned:
+                kept = logits[i, banned].clone()
                 logits[i, banned] = float("-inf")
+                if request.grammar is not None and bool(torch.isneginf(logits[i]).all()):
+                    logits[i, banned] = kept  # the grammar is complete: it may only end, min_tokens or not
     return logits
 
 

@@ -14,8 +14,10 @@ import re
 import time
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from llmp.sampling_params import StructuredOutputsParams
 from llmp.server.errors import APIError, bad_request
 
 MAX_STOP_LENGTH = 1024
@@ -47,6 +49,9 @@ class FrontendKit:
         self.control_texts = control_texts(self.tokenizer)
         self.defaults = generation_defaults(options.get("model_root"), options.get("generation_config", "auto"))
         self.created = int(time.time())
+        self.tool_parser = _load_parser("tool_parser", options.get("tool_call_parser"), self.tokenizer)
+        self.reasoning_parser = _load_parser("reasoning_parser", options.get("reasoning_parser"), self.tokenizer)
+        self.auto_tools = bool(options.get("enable_auto_tool_choice")) and self.tool_parser is not None
 
     # -- checks ---------------------------------------------------------------------
 
@@ -81,6 +86,111 @@ class FrontendKit:
             raise bad_request(f"a stop string may be at most {MAX_STOP_LENGTH} characters long, got {longest}", "stop")
         if any(s == "" for s in strings):
             raise bad_request("stop strings must not be empty", "stop")
+
+    # -- tools, reasoning and structured outputs ---------------------------------------
+
+    def check_tools(self, tools: Sequence[Mapping[str, Any]] | None, tool_choice: Any) -> str | None:
+        """Validate ``tools`` and ``tool_choice`` (OpenAI shapes); the function ``tool_choice`` names, if any."""
+        if tools is not None and not tools:
+            raise bad_request("tools must hold at least one tool when given", "tools")
+        names = [tool_name(t) for t in tools or ()]
+        if any(not name for name in names):
+            raise bad_request("every tool must be a function with a name", "tools")
+        if tool_choice is None or tool_choice == "none":
+            return None
+        if not tools:
+            raise bad_request("tool_choice needs tools", "tool_choice")
+        named = None
+        if isinstance(tool_choice, Mapping):
+            named = tool_name(tool_choice)
+            if not named or named not in names:
+                raise bad_request(f"tool_choice names the function {named!r}, which is not among the tools",
+                                  "tool_choice")
+        elif tool_choice not in ("auto", "required"):
+            raise bad_request(f"tool_choice must be none, auto, required or a named function, got {tool_choice!r}",
+                              "tool_choice")
+        if tool_choice == "auto" and not self.auto_tools:
+            raise bad_request('"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set',
+                              "tool_choice")
+        if self.tool_parser is None:
+            kind = "named" if named else tool_choice
+            raise bad_request(f"tool_choice={kind!r} requires --tool-call-parser to be set (and --enable-auto-tool-choice "
+                              "for 'auto')", "tool_choice")
+        return named
+
+    def output_plan(self, prompt_ids: Sequence[int], tools: Sequence[Mapping[str, Any]] | None, tool_choice: Any, *,
+                    parallel_tool_calls: bool = True, include_reasoning: bool = True,
+                    constraint: StructuredOutputsParams | None = None) -> tuple[OutputPlan, StructuredOutputsParams | None]:
+        """How the completions of a chat request become messages, and the constraint its sampling takes.
+
+        ``tool_choice`` required or named is enforced by constrained decoding (the arguments always
+        parse and fit the function's schema); ``constraint`` is the request's own structured output.
+        Both apply to the answer after the reasoning, when a reasoning parser is set.
+        """
+        named = self.check_tools(tools, tool_choice)
+        plan = OutputPlan(include_reasoning=include_reasoning, tools=list(tools or ()))
+        if self.reasoning_parser is not None:
+            state = self.reasoning_parser.prompt_state(list(prompt_ids))
+            if state is not False:
+                plan.reasoning_parser, plan.in_reasoning = self.reasoning_parser, state
+        forced = None
+        if named is not None:
+            from llmp.parsing import NamedToolCallParser
+
+            plan.tool_parser, plan.named = NamedToolCallParser(named), True
+            tool = next(t for t in tools if tool_name(t) == named)
+            forced = StructuredOutputsParams(json=tool_parameters(tool), disable_any_whitespace=True)
+        elif tool_choice == "required":
+            from llmp.parsing import RequiredToolCallsParser
+
+            plan.tool_parser = RequiredToolCallsParser()
+            forced = StructuredOutputsParams(json=required_calls_schema(tools, parallel_tool_calls),
+                                             disable_any_whitespace=True)
+        elif tools and (tool_choice == "auto" or (tool_choice is None and self.auto_tools)):
+            plan.tool_parser = self.tool_parser
+        if forced is not None and constraint is not None:
+            raise bad_request("a structured output (response_format or structured_outputs) cannot be combined with "
+                              f"tool_choice={'named' if named else tool_choice!r}", "tool_choice")
+        constraint = forced or constraint
+        if constraint is not None and plan.reasoning_parser is not None:
+            constraint.after_token_ids = list(self.reasoning_parser.end_token_ids) or None
+        return plan, constraint
+
+    def structured_outputs(self, response_format: Mapping[str, Any] | None,
+                           structured_outputs: Mapping[str, Any] | None) -> StructuredOutputsParams | None:
+        """The constraint of OpenAI's ``response_format`` or vLLM's ``structured_outputs`` (at most one)."""
+        kind = (response_format or {}).get("type", "text")
+        if kind != "text" and structured_outputs:
+            raise bad_request("give either response_format or structured_outputs, not both", "structured_outputs")
+        if structured_outputs:
+            unknown = sorted(set(structured_outputs) - STRUCTURED_OUTPUT_FIELDS)
+            if unknown:
+                raise bad_request(f"unknown structured_outputs field(s): {', '.join(unknown)}", "structured_outputs")
+            fields = {k: v for k, v in structured_outputs.items() if k in STRUCTURED_OUTPUT_FIELDS - {"after_token_ids"}}
+            try:
+                return StructuredOutputsParams(**fields)
+            except (ValueError, TypeError) as exc:
+                raise bad_request(str(exc), "structured_outputs") from None
+        if kind == "text":
+            return None
+        if kind == "json_object":
+            return StructuredOutputsParams(json_object=True)
+        if kind == "json_schema":
+            schema = (response_format.get("json_schema") or {}).get("schema")
+            if schema is None:
+                raise bad_request("response_format json_schema needs json_schema.schema", "response_format")
+            if not isinstance(schema, dict):
+                raise bad_request("response_format json_schema.schema must be a JSON object", "response_format")
+            return StructuredOutputsParams(json=schema)
+        if kind == "structural_tag":
+            return StructuredOutputsParams(structural_tag=json.dumps(dict(response_format)))
+        raise bad_request(f"response_format type must be text, json_object, json_schema or structural_tag, got {kind!r}",
+                          "response_format")
+
+    def skip_special_tokens(self, plan: OutputPlan, requested: bool = True) -> bool:
+        """Parsers whose markers are special tokens read the text with them."""
+        parsers = (plan.tool_parser, plan.reasoning_parser)
+        return requested and not any(getattr(p, "keep_special_tokens", False) for p in parsers if p is not None)
 
     def resolve_max_tokens(self, requested: int | None, prompt_len: int) -> int:
         """``max_tokens`` checked against the context; unset, the rest of it."""
@@ -196,6 +306,61 @@ class FrontendKit:
 
     async def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         return await asyncio.to_thread(self.tokenizer.encode, text, add_special_tokens=add_special_tokens)
+
+
+STRUCTURED_OUTPUT_FIELDS = {"json", "regex", "choice", "grammar", "json_object", "structural_tag",
+                            "disable_any_whitespace", "after_token_ids"}
+
+
+@dataclass
+class OutputPlan:
+    """Which parsers turn a chat completion into reasoning, content and tool calls."""
+
+    reasoning_parser: Any = None
+    in_reasoning: bool | None = None
+    include_reasoning: bool = True
+    tool_parser: Any = None
+    tools: list[Mapping[str, Any]] | None = None
+    named: bool = False  # a named tool_choice: the call ends with finish_reason "stop", as in OpenAI
+
+    def message_stream(self) -> Any:
+        from llmp.parsing import MessageStream
+
+        return MessageStream(self.reasoning_parser, self.tool_parser, in_reasoning=self.in_reasoning,
+                             tools=self.tools or ())
+
+    def finish_reason(self, reason: str | None, called: bool) -> str | None:
+        return "tool_calls" if reason == "stop" and called and not self.named else reason
+
+
+def tool_name(tool: Mapping[str, Any]) -> str | None:
+    function = tool.get("function") if isinstance(tool, Mapping) else None
+    name = function.get("name") if isinstance(function, Mapping) else None
+    return name if isinstance(name, str) and name else None
+
+
+def tool_parameters(tool: Mapping[str, Any]) -> dict[str, Any]:
+    schema = (tool.get("function") or {}).get("parameters")
+    return schema if isinstance(schema, dict) and schema else {"type": "object", "properties": {}}
+
+
+def required_calls_schema(tools: Sequence[Mapping[str, Any]], parallel: bool) -> dict[str, Any]:
+    """A JSON array of calls, each one of the tools with arguments fitting its schema (as vLLM forces it)."""
+    calls = [{"type": "object", "properties": {"name": {"type": "string", "enum": [tool_name(t)]},
+                                               "parameters": tool_parameters(t)},
+              "required": ["name", "parameters"]} for t in tools]
+    schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+    if not parallel:
+        schema["maxItems"] = 1
+    return schema
+
+
+def _load_parser(kind: str, name: str | None, tokenizer: Any) -> Any:
+    if not name:
+        return None
+    from llmp import registry
+
+    return registry.load_component(kind, name)(tokenizer)
 
 
 _MARKER = re.compile("\ue000llmp(\\d+)\ue001")

@@ -30,6 +30,7 @@ def run(settings: Any) -> int:
     logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     try:
         frontends = _frontend_specs(settings.frontend)
+        _check_parsers(settings)
         chat_template = _chat_template(settings.chat_template)
         model_dir = resolve_model(settings.model)
         sock = _bind(settings.host, settings.port)
@@ -75,6 +76,18 @@ def _frontend_specs(names: list[str]) -> list[tuple[str, Any]]:
 
     plugins.load_plugins()
     return [(name, registry.get_component("frontend", name)) for name in dict.fromkeys(names)]
+
+
+def _check_parsers(settings: Any) -> None:
+    """Parser names resolve before the engine starts; auto tool choice needs a parser."""
+    from llmp import registry
+
+    if settings.enable_auto_tool_choice and not settings.tool_call_parser:
+        raise LLMPError("--enable-auto-tool-choice needs --tool-call-parser NAME (see `llmp plugins list`)")
+    if settings.tool_call_parser:
+        registry.get_component("tool_parser", settings.tool_call_parser)
+    if settings.reasoning_parser:
+        registry.get_component("reasoning_parser", settings.reasoning_parser)
 
 
 def _chat_template(value: str | None) -> str | None:
@@ -124,6 +137,10 @@ def frontend_options(settings: Any, served_names: list[str], chat_template: str 
         "max_logprobs": settings.max_logprobs,
         "max_n": settings.max_n,
         "max_stop_sequences": settings.max_stop_sequences,
+        "tool_call_parser": settings.tool_call_parser,
+        "enable_auto_tool_choice": settings.enable_auto_tool_choice,
+        "reasoning_parser": settings.reasoning_parser,
+        "exclude_tools_when_tool_choice_none": settings.exclude_tools_when_tool_choice_none,
         # for front-ends serving their own protocol on their own port (grpc): the same keys guard it
         "host": settings.host,
         "grpc_port": settings.grpc_port,

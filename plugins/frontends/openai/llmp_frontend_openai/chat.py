@@ -42,14 +42,21 @@ class ChatCompletion:
         fe.check_unsupported(body)
         if not body.messages:
             raise bad_request("messages must hold at least one message", "messages")
-        _check_tools(body)
+        fe.check_tools(body.tools, body.tool_choice)
+        constraint = fe.structured_outputs(body.response_format, body.structured_outputs)
         if body.top_logprobs is not None and not body.logprobs:
             raise bad_request("top_logprobs needs logprobs to be true", "top_logprobs")
-        text, self.prompt_ids = await fe.chat_prompt(body.messages, body, tools=body.tools)
+        hide_tools = body.tool_choice == "none" and fe.options.get("exclude_tools_when_tool_choice_none")
+        text, self.prompt_ids = await fe.chat_prompt(body.messages, body, tools=None if hide_tools else body.tools)
+        self.plan, constraint = fe.output_plan(
+            self.prompt_ids, body.tools, body.tool_choice, parallel_tool_calls=body.parallel_tool_calls is not False,
+            include_reasoning=body.include_reasoning, constraint=constraint)
+        self.parsed = self.plan.reasoning_parser is not None or self.plan.tool_parser is not None
         requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         max_tokens = fe.resolve_max_tokens(requested, len(self.prompt_ids))
         self.top = (body.top_logprobs or 0) if body.logprobs else None
-        self.params = fe.sampling_params(body, max_tokens, self.top)
+        self.params = fe.sampling_params(body, max_tokens, self.top, structured_outputs=constraint,
+                                         skip_special_tokens=fe.skip_special_tokens(self.plan, body.skip_special_tokens))
         self.echo = _echo_text(body, self.role)
         self.outputs = fe.engine.generate({"prompt": text, "prompt_token_ids": self.prompt_ids}, self.params,
                                           engine_request_id("chatcmpl"), priority=body.priority, delta=bool(body.stream))
@@ -75,10 +82,23 @@ class ChatCompletion:
         return response
 
     def _choice(self, seq: Any) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": self.role, "content": self.echo + seq.text, "tool_calls": []}
+        finish_reason = seq.finish_reason
+        if self.parsed:
+            stream = self.plan.message_stream()
+            stream.feed(seq.text, final=True)
+            parsed = stream.sent
+            content = self.echo + parsed.content
+            message["content"] = None if not content and parsed.tool_calls else content
+            message["tool_calls"] = [{"id": call.id, "type": "function",
+                                      "function": {"name": call.name, "arguments": call.arguments}}
+                                     for call in parsed.tool_calls]
+            if self.plan.reasoning_parser is not None and self.plan.include_reasoning:
+                message["reasoning"] = message["reasoning_content"] = parsed.reasoning
+            finish_reason = self.plan.finish_reason(finish_reason, bool(parsed.tool_calls))
         choice = {
-            "index": seq.index,
-            "message": {"role": self.role, "content": self.echo + seq.text, "tool_calls": []},
-            "logprobs": self._logprobs(seq), "finish_reason": seq.finish_reason, "stop_reason": seq.stop_reason,
+            "index": seq.index, "message": message,
+            "logprobs": self._logprobs(seq), "finish_reason": finish_reason, "stop_reason": seq.stop_reason,
         }
         if self.body.return_token_ids:
             choice["token_ids"] = seq.token_ids
@@ -98,6 +118,8 @@ class ChatCompletion:
         continuous = force or bool(options and options.continuous_usage_stats)
         prompt_len, generated = len(self.prompt_ids), [0] * self.params.n
         done: set[int] = set()
+        texts = [""] * self.params.n
+        streams = [self.plan.message_stream() for _ in range(self.params.n)] if self.parsed else []
         try:
             for index in range(self.params.n):
                 first: dict[str, Any] = {"index": index, "delta": {"role": self.role, "content": ""},
@@ -116,8 +138,17 @@ class ChatCompletion:
                     # their logprobs must be sent
                     if not (seq.text or seq.finish_reason or (self.top is not None and seq.token_ids)):
                         continue
-                    choice = {"index": seq.index, "delta": {"content": seq.text} if seq.text else {},
-                              "logprobs": self._logprobs(seq), "finish_reason": seq.finish_reason}
+                    delta: dict[str, Any] = {"content": seq.text} if seq.text else {}
+                    finish_reason = seq.finish_reason
+                    if streams:
+                        texts[seq.index] += seq.text
+                        stream = streams[seq.index]
+                        delta = self._delta(stream.feed(texts[seq.index], final=bool(finish_reason)))
+                        finish_reason = self.plan.finish_reason(finish_reason, bool(stream.sent.tool_calls))
+                        if not (delta or finish_reason or (self.top is not None and seq.token_ids)):
+                            continue
+                    choice = {"index": seq.index, "delta": delta,
+                              "logprobs": self._logprobs(seq), "finish_reason": finish_reason}
                     if seq.finish_reason:
                         choice["stop_reason"] = seq.stop_reason
                         done.add(seq.index)
@@ -130,6 +161,17 @@ class ChatCompletion:
             yield sse_error(exc)
             return
         yield DONE
+
+    def _delta(self, piece: Any) -> dict[str, Any]:
+        """A chat delta from a ``llmp.parsing.MessageDelta``."""
+        delta: dict[str, Any] = {}
+        if piece.reasoning and self.plan.include_reasoning:
+            delta["reasoning"] = delta["reasoning_content"] = piece.reasoning
+        if piece.content:
+            delta["content"] = piece.content
+        if piece.tool_calls:
+            delta["tool_calls"] = [_tool_call_delta(call) for call in piece.tool_calls]
+        return delta
 
     def _chunk(self, choices: list[dict], usage: dict | None = None, **extra: Any) -> dict[str, Any]:
         chunk = {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
@@ -149,19 +191,8 @@ def _echo_text(body: p.ChatCompletionRequest, role: str) -> str:
     return content or ""
 
 
-def _check_tools(body: p.ChatCompletionRequest) -> None:
-    choice = body.tool_choice
-    if body.tools is not None and not body.tools:
-        raise bad_request("tools must hold at least one tool when given", "tools")
-    if choice in (None, "none"):
-        return
-    if not body.tools:
-        raise bad_request("tool_choice needs tools", "tool_choice")
-    if isinstance(choice, dict):
-        name = (choice.get("function") or {}).get("name")
-        known = {(t.get("function") or {}).get("name") for t in body.tools}
-        if not name or name not in known:
-            raise bad_request(f"tool_choice names the function {name!r}, which is not among the tools",
-                              "tool_choice")
-    raise bad_request(f"tool_choice={choice if isinstance(choice, str) else 'named'} needs a tool-call parser "
-                      "(--tool-call-parser), which this server was not started with", "tool_choice")
+def _tool_call_delta(piece: Any) -> dict[str, Any]:
+    if piece.name is None:
+        return {"index": piece.index, "function": {"arguments": piece.arguments}}
+    return {"index": piece.index, "id": piece.id, "type": "function",
+            "function": {"name": piece.name, "arguments": piece.arguments}}

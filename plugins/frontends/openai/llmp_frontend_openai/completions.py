@@ -45,10 +45,11 @@ class Completion:
         self.prompts = await fe.prompt_inputs(body.prompt, "prompt", body.add_special_tokens)
         # with echo and logprobs, the prompt's own logprobs are part of the answer
         echo_logprobs = body.echo and body.logprobs is not None
+        constraint = fe.structured_outputs(body.response_format, body.structured_outputs)
         self.params = []
         for _, ids in self.prompts:
             max_tokens = fe.resolve_max_tokens(body.max_tokens, len(ids))
-            params = fe.sampling_params(body, max_tokens, body.logprobs)
+            params = fe.sampling_params(body, max_tokens, body.logprobs, structured_outputs=constraint)
             if echo_logprobs and params.prompt_logprobs is None:
                 params.prompt_logprobs = body.logprobs
             self.params.append(params)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from llmp.sampling_params import SamplingParams
+from llmp.sampling_params import SamplingParams, StructuredOutputsParams
 from llmp.server.app import request_id_of, until_disconnected
 from llmp.server.errors import as_api_error, bad_request
 from llmp.server.frontend_kit import FrontendKit, json_text
@@ -82,10 +83,6 @@ class OpenAIFrontend(FrontendKit):
     # -- shared checks -----------------------------------------------------------
 
     def check_unsupported(self, body: p.SamplingFields) -> None:
-        fmt = (body.response_format or {}).get("type", "text")
-        if fmt != "text" or body.structured_outputs:
-            raise bad_request("structured outputs (response_format, structured_outputs) are not supported by this "
-                              "server yet", "response_format")
         if body.stream_options is not None and body.stream_options.model_fields_set and not body.stream:
             raise bad_request("stream_options can only be set when stream is true", "stream_options")
         if body.stream and body.prompt_logprobs is not None:
@@ -96,7 +93,9 @@ class OpenAIFrontend(FrontendKit):
         """The rendered chat and its token ids (see ``FrontendKit.conversation_prompt``)."""
         return await self.conversation_prompt([_message_dict(m) for m in messages], body, tools)
 
-    def sampling_params(self, body: p.SamplingFields, max_tokens: int, logprobs: int | None) -> SamplingParams:
+    def sampling_params(self, body: p.SamplingFields, max_tokens: int, logprobs: int | None, *,
+                        structured_outputs: StructuredOutputsParams | None = None,
+                        skip_special_tokens: bool | None = None) -> SamplingParams:
         n = body.n if body.n is not None else 1
         self.check_caps(n, logprobs, body.prompt_logprobs)
         self.check_stop(body.stop)
@@ -120,8 +119,10 @@ class OpenAIFrontend(FrontendKit):
                 min_tokens=body.min_tokens, stop=body.stop, stop_token_ids=body.stop_token_ids,
                 ignore_eos=body.ignore_eos, include_stop_str_in_output=body.include_stop_str_in_output,
                 logprobs=logprobs, prompt_logprobs=body.prompt_logprobs, logit_bias=logit_bias or None,
-                allowed_token_ids=body.allowed_token_ids, skip_special_tokens=body.skip_special_tokens,
+                allowed_token_ids=body.allowed_token_ids,
+                skip_special_tokens=body.skip_special_tokens if skip_special_tokens is None else skip_special_tokens,
                 spaces_between_special_tokens=body.spaces_between_special_tokens,
+                structured_outputs=structured_outputs,
             )
         except ValueError as exc:
             match = re.match(r"[a-z_]+", str(exc))
@@ -157,7 +158,22 @@ def _message_dict(message: p.ChatMessage) -> dict[str, Any]:
         data["content"] = "\n".join(_text_part(part) for part in content)
     elif content is None:
         data["content"] = ""
+    if isinstance(data.get("tool_calls"), list):  # chat templates read the arguments as a mapping
+        data["tool_calls"] = [_template_tool_call(call) for call in data["tool_calls"]]
+    if "reasoning" not in data and isinstance(data.get("reasoning_content"), str):
+        data["reasoning"] = data["reasoning_content"]
     return data
+
+
+def _template_tool_call(call: Any) -> Any:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("arguments"), str):
+        return call
+    try:
+        arguments = json.loads(function["arguments"])
+    except ValueError:
+        raise bad_request("an assistant tool call's arguments must be JSON text", "messages") from None
+    return {**call, "function": {**function, "arguments": arguments}}
 
 
 def _text_part(part: Mapping[str, Any]) -> str:

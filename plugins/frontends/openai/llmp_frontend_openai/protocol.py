@@ -74,6 +74,7 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = True
     reasoning_effort: str | None = None
+    include_reasoning: bool = True
     # vLLM's prompt-building extras
     add_generation_prompt: bool = True
     continue_final_message: bool = False

@@ -261,8 +261,17 @@ def test_tool_choice_without_tools(http):
     assert_error(chat(http, tools=[]), 400, param="tools")
 
 
-def test_structured_outputs_are_refused(http):
-    assert_error(chat(http, response_format={"type": "json_object"}), 400, param="response_format")
+def test_invalid_structured_outputs(http):
+    assert_error(chat(http, response_format={"type": "json_schema", "json_schema": {"name": "x"}}), 400,
+                 param="response_format")
+    assert_error(chat(http, response_format={"type": "xml"}), 400, param="response_format")
+    assert_error(chat(http, structured_outputs={"regex": "[a-"}), 400, contains="Unclosed")
+    assert_error(chat(http, structured_outputs={"json": {"type": "foo"}}), 400, contains="not a valid JSON schema")
+    assert_error(chat(http, structured_outputs={"grammar": "root ::= nothing"}), 400, contains="not defined")
+    assert_error(chat(http, structured_outputs={"regex": "a", "choice": ["b"]}), 400, param="structured_outputs")
+    assert_error(chat(http, structured_outputs={"choice": ["a"]}, response_format={"type": "json_object"}), 400,
+                 param="structured_outputs")
+    assert_error(chat(http, structured_outputs={"pattern": "a"}), 400, param="structured_outputs")
 
 
 def test_unknown_fields_are_ignored(http):

@@ -1,0 +1,112 @@
+"""Constrained decoding with xgrammar: compiled grammars (cached), one matcher per sequence,
+one token bitmask per step over the constrained rows of the batch.
+
+A constraint is compiled when its request is added, so an invalid schema,
+regex or grammar is a ``ValueError`` before any work is queued. Constrained
+and free requests share every step: only the constrained rows are masked.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+
+from llmp.sampling_params import StructuredOutputsParams
+
+_XGRAMMAR_PREFIX = re.compile(r"^\[[\d:]+\] \S+?:\d+: ")
+# whitespace runs inside JSON are capped: enough for deep indentation, not for a model stuck emitting blanks
+MAX_WHITESPACE_RUN = 16
+
+
+class GrammarCompiler:
+    """Compiles constraints against one tokenizer; xgrammar caches the compiled grammars by source."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: Iterable[int]) -> None:
+        import xgrammar as xgr
+
+        self.vocab_size = vocab_size
+        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
+                                                  stop_token_ids=sorted(eos_token_ids) or None)
+        self.compiler = xgr.GrammarCompiler(info, cache_enabled=True)
+
+    def compile(self, params: StructuredOutputsParams) -> Any:
+        """The compiled grammar of ``params``; ``ValueError`` naming the problem if it is invalid."""
+        kind = params.kind
+        try:
+            if kind in ("json", "json_object"):
+                schema = checked_schema(params.json) if kind == "json" else '{"type": "object"}'
+                compact = params.disable_any_whitespace
+                return self.compiler.compile_json_schema(
+                    schema, any_whitespace=not compact, max_whitespace_cnt=None if compact else MAX_WHITESPACE_RUN,
+                    strict_mode=kind == "json")
+            if kind == "regex":
+                return self.compiler.compile_regex(params.regex)
+            if kind == "choice":
+                literals = " | ".join(json.dumps(c, ensure_ascii=False) for c in params.choice)
+                return self.compiler.compile_grammar(f"root ::= {literals}")
+            if kind == "grammar":
+                return self.compiler.compile_grammar(params.grammar)
+            return self.compiler.compile_structural_tag(params.structural_tag)
+        except (RuntimeError, ValueError, TypeError) as error:
+            message = _XGRAMMAR_PREFIX.sub("", str(error).strip())
+            raise ValueError(f"invalid structured_outputs.{kind}: {message}") from None
+
+    def state(self, compiled: Any, after_token_ids: Sequence[int] | None) -> GrammarState:
+        return GrammarState(compiled, tuple(after_token_ids or ()))
+
+
+def checked_schema(schema: str | dict[str, Any]) -> str:
+    """The schema as JSON text, after checking it is a valid JSON schema."""
+    import jsonschema
+
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"the schema is not valid JSON: {error}") from None
+    if not isinstance(schema, dict):
+        raise ValueError("the schema must be a JSON object")
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as error:
+        path = "/".join(str(p) for p in error.path)
+        raise ValueError(f"the schema is not a valid JSON schema{f' at {path}' if path else ''}: {error.message}") from None
+    return json.dumps(schema)
+
+
+class GrammarState:
+    """The grammar matcher of one sequence. Inactive until the output holds ``after`` (if given)."""
+
+    def __init__(self, compiled: Any, after: tuple[int, ...]) -> None:
+        import xgrammar as xgr
+
+        self.matcher = xgr.GrammarMatcher(compiled)
+        self.after = after
+        self.active = not after
+
+    def accept(self, token_id: int, output_token_ids: Sequence[int]) -> bool:
+        """Advance over a sampled token; True when the sequence must end (grammar complete or broken)."""
+        if not self.active:
+            n = len(self.after)
+            self.active = len(output_token_ids) >= n and tuple(output_token_ids[-n:]) == self.after
+            return False
+        if not self.matcher.accept_token(token_id):
+            return True  # every token was masked (a constraint conflicting with allowed_token_ids)
+        return self.matcher.is_terminated()
+
+
+def apply_grammar_masks(logits: torch.Tensor, states: Sequence[GrammarState | None]) -> None:
+    """Mask each active grammar row of ``logits`` [R, V] to the tokens its grammar allows, in place."""
+    import xgrammar as xgr
+
+    rows = [i for i, state in enumerate(states) if state is not None and state.active]
+    if not rows:
+        return
+    bitmask = xgr.allocate_token_bitmask(len(states), logits.shape[-1])
+    for i in rows:
+        states[i].matcher.fill_next_token_bitmask(bitmask, i)
+    xgr.apply_token_bitmask_inplace(logits, bitmask, indices=rows)
