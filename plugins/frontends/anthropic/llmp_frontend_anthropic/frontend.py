@@ -7,16 +7,18 @@ shape ``{"type": "error", "error": {"type", "message"}}``, overload as 529 ``ove
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import AsyncIterator, Mapping
+import uuid
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from llmp.sampling_params import SamplingParams
+from llmp.sampling_params import SamplingParams, StructuredOutputsParams
 from llmp.server.app import request_id_of, until_disconnected
 from llmp.server.errors import APIError, as_api_error, bad_request
-from llmp.server.frontend_kit import FrontendKit, engine_request_id, json_text
+from llmp.server.frontend_kit import FrontendKit, OutputPlan, engine_request_id, json_text
 
 from llmp_frontend_anthropic import protocol as p
 
@@ -90,10 +92,26 @@ class AnthropicFrontend(FrontendKit):
         self.check_model(body.model)
         if not body.messages:
             raise bad_request("messages: at least one message is required", "messages")
-        tools = _tools(body)
+        tools, _ = self.tools(body)
         return await self.conversation_prompt(conversation(body), body, tools=tools)
 
-    def sampling_params(self, body: p.MessagesRequest, prompt_len: int) -> SamplingParams:
+    def tools(self, body: p.MessagesBase) -> tuple[list[dict[str, Any]] | None, Any]:
+        """The tools as OpenAI function tools (for the chat template) and the OpenAI ``tool_choice``:
+        ``any`` is ``required``, ``tool`` a named function; ``auto`` (the default) lets the model call
+        tools when the server parses them (--enable-auto-tool-choice), else the reply is text."""
+        tools = _tools(body)
+        kind = (body.tool_choice or {}).get("type", "auto")
+        if not tools or kind == "none":
+            return tools, "none" if tools else None
+        if kind == "any":
+            return tools, "required"
+        if kind == "tool":
+            return tools, {"type": "function", "function": {"name": body.tool_choice.get("name")}}
+        return tools, "auto" if self.auto_tools else "none"
+
+    def sampling_params(self, body: p.MessagesRequest, prompt_len: int,
+                        constraint: StructuredOutputsParams | None = None, skip_special_tokens: bool = True,
+                        ) -> SamplingParams:
         self.check_stop(body.stop_sequences)
         max_tokens = self.resolve_max_tokens(body.max_tokens, prompt_len)
         defaults = self.defaults
@@ -102,7 +120,8 @@ class AnthropicFrontend(FrontendKit):
                 temperature=_or(body.temperature, defaults.get("temperature", 1.0)),
                 top_p=_or(body.top_p, defaults.get("top_p", 1.0)),
                 top_k=_or(body.top_k, defaults.get("top_k", 0)),
-                max_tokens=max_tokens, stop=body.stop_sequences or None,
+                max_tokens=max_tokens, stop=body.stop_sequences or None, structured_outputs=constraint,
+                skip_special_tokens=skip_special_tokens,
             )
         except ValueError as exc:
             raise bad_request(str(exc)) from None
@@ -119,7 +138,10 @@ class MessageRun:
     async def run(self) -> Any:
         fe, body = self.fe, self.body
         text, self.prompt_ids = await fe.prompt(body)
-        self.params = fe.sampling_params(body, len(self.prompt_ids))
+        tools, tool_choice = fe.tools(body)
+        parallel = not (body.tool_choice or {}).get("disable_parallel_tool_use", False)
+        self.plan, constraint = fe.output_plan(self.prompt_ids, tools, tool_choice, parallel_tool_calls=parallel)
+        self.params = fe.sampling_params(body, len(self.prompt_ids), constraint, fe.skip_special_tokens(self.plan))
         self.outputs = fe.engine.generate({"prompt": text, "prompt_token_ids": self.prompt_ids}, self.params,
                                           engine_request_id("msg"), delta=body.stream)
         if body.stream:
@@ -132,10 +154,12 @@ class MessageRun:
         async for final in self.outputs:
             pass
         seq = final.outputs[0]
-        stop_reason, stop_sequence = _stop_reason(seq)
+        blocks = BlockStream(self.plan)
+        list(blocks.feed(seq.text, final=True))
+        stop_reason, stop_sequence = _stop_reason(seq, blocks.called)
         return {
             "id": self.id, "type": "message", "role": "assistant", "model": self.model,
-            "content": [{"type": "text", "text": seq.text}],
+            "content": blocks.content(),
             "stop_reason": stop_reason, "stop_sequence": stop_sequence,
             "usage": {"input_tokens": len(self.prompt_ids), "output_tokens": len(seq.token_ids)},
         }
@@ -144,27 +168,132 @@ class MessageRun:
         start = {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": [],
                  "stop_reason": None, "stop_sequence": None,
                  "usage": {"input_tokens": len(self.prompt_ids), "output_tokens": 0}}
-        generated = 0
+        generated, text = 0, ""
+        blocks = BlockStream(self.plan)
         try:
             yield sse("message_start", {"type": "message_start", "message": start})
-            yield sse("content_block_start", {"type": "content_block_start", "index": 0,
-                                              "content_block": {"type": "text", "text": ""}})
+            for event in blocks.start():
+                yield event
             yield sse("ping", {"type": "ping"})
             seq = None
             async for output in self.outputs:
                 seq = output.outputs[0]
                 generated += len(seq.token_ids)
-                if seq.text:
-                    yield sse("content_block_delta", {"type": "content_block_delta", "index": 0,
-                                                      "delta": {"type": "text_delta", "text": seq.text}})
-            stop_reason, stop_sequence = _stop_reason(seq)
-            yield sse("content_block_stop", {"type": "content_block_stop", "index": 0})
+                text += seq.text
+                for event in blocks.feed(text, final=seq.finish_reason is not None):
+                    yield event
+            for event in blocks.close():
+                yield event
+            stop_reason, stop_sequence = _stop_reason(seq, blocks.called)
             yield sse("message_delta", {"type": "message_delta",
                                         "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
                                         "usage": {"output_tokens": generated}})
             yield sse("message_stop", {"type": "message_stop"})
         except Exception as exc:  # noqa: BLE001  (after the headers, the error travels in the stream)
             yield sse("error", anthropic_error(as_api_error(exc))[1])
+
+
+class BlockStream:
+    """Anthropic content blocks (thinking, text, tool_use) from a completion's text, as SSE events.
+
+    The text is split by the request's parsers (``OutputPlan.message_stream``); a block opens with
+    its first piece and closes when another kind of piece comes. Without parsers there is one text
+    block, opened at once, as Anthropic's own stream does.
+    """
+
+    def __init__(self, plan: OutputPlan) -> None:
+        self.parsed = plan.reasoning_parser is not None or plan.tool_parser is not None
+        self.stream = plan.message_stream() if self.parsed else None
+        self.blocks: list[dict[str, Any]] = []
+        self.open: int | None = None
+        self.text = ""
+
+    @property
+    def called(self) -> bool:
+        return any(block["type"] == "tool_use" for block in self.blocks)
+
+    def start(self) -> Iterator[str]:
+        if not self.parsed:
+            yield from self._open({"type": "text", "text": ""})
+
+    def feed(self, text: str, final: bool) -> Iterator[str]:
+        if self.stream is None:
+            new, self.text = text[len(self.text):], text
+            if not self.blocks:
+                yield from self._open({"type": "text", "text": ""})
+            if new:
+                yield from self._delta("text", {"type": "text_delta", "text": new}, new)
+            return
+        piece = self.stream.feed(text, final)
+        if piece.reasoning:
+            yield from self._delta("thinking", {"type": "thinking_delta", "thinking": piece.reasoning},
+                                   piece.reasoning)
+        if piece.content:
+            yield from self._delta("text", {"type": "text_delta", "text": piece.content}, piece.content)
+        for call in piece.tool_calls:
+            if call.name is not None:
+                yield from self._close()
+                block_id = f"toolu_{uuid.uuid4().hex[:24]}"
+                yield from self._open({"type": "tool_use", "id": block_id, "name": call.name, "input": {}})
+            if call.arguments:
+                yield from self._delta("tool_use", {"type": "input_json_delta", "partial_json": call.arguments},
+                                       call.arguments)
+
+    def close(self) -> Iterator[str]:
+        if not self.blocks:  # an empty reply is one empty text block
+            yield from self._open({"type": "text", "text": ""})
+        yield from self._close()
+
+    def content(self) -> list[dict[str, Any]]:
+        """The blocks of the whole message."""
+        if not self.blocks:
+            return [{"type": "text", "text": ""}]
+        out = []
+        for block in self.blocks:
+            entry = {k: v for k, v in block.items() if k != "json"}
+            if entry["type"] == "tool_use":
+                entry["input"] = _tool_input(block.get("json", ""))
+            out.append(entry)
+        return out
+
+    def _delta(self, kind: str, delta: dict[str, Any], text: str) -> Iterator[str]:
+        if self.open is None or self.blocks[self.open]["type"] != kind:
+            yield from self._close()
+            yield from self._open({"type": "thinking", "thinking": "", "signature": ""} if kind == "thinking"
+                                  else {"type": "text", "text": ""})
+        block = self.blocks[self.open]
+        field = {"thinking": "thinking", "text": "text", "tool_use": "json"}[kind]
+        block[field] = block.get(field, "") + text
+        yield sse("content_block_delta", {"type": "content_block_delta", "index": self.open, "delta": delta})
+
+    def _open(self, block: dict[str, Any]) -> Iterator[str]:
+        self.blocks.append(block)
+        self.open = len(self.blocks) - 1
+        yield sse("content_block_start", {"type": "content_block_start", "index": self.open,
+                                          "content_block": {k: v for k, v in block.items()}})
+
+    def _close(self) -> Iterator[str]:
+        if self.open is None:
+            return
+        if self.blocks[self.open]["type"] == "thinking":  # clients expect a signature before a thinking block ends
+            yield sse("content_block_delta", {"type": "content_block_delta", "index": self.open,
+                                              "delta": {"type": "signature_delta", "signature": ""}})
+        yield sse("content_block_stop", {"type": "content_block_stop", "index": self.open})
+        self.open = None
+
+
+def _tool_input(arguments: str) -> Any:
+    """A tool call's arguments as the ``input`` object; a call cut off by max_tokens gives what parses."""
+    try:
+        value = json.loads(arguments) if arguments.strip() else {}
+    except ValueError:
+        from partial_json_parser import loads as partial_loads
+
+        try:
+            value = partial_loads(arguments)
+        except Exception:  # noqa: BLE001  (nothing usable was generated)
+            value = {}
+    return value if isinstance(value, dict) else {}
 
 
 # -- conversions --------------------------------------------------------------------
@@ -244,12 +373,9 @@ def _tools(body: p.MessagesBase) -> list[dict[str, Any]] | None:
         raise bad_request(f"tool_choice.type must be one of auto, any, tool, none; got {kind!r}", "tool_choice")
     if body.tool_choice is not None and kind != "none" and not body.tools:
         raise bad_request("tool_choice needs tools", "tool_choice")
-    if kind in ("any", "tool"):
-        if kind == "tool" and choice.get("name") not in {t.name for t in body.tools or []}:
-            raise bad_request(f"tool_choice names the tool {choice.get('name')!r}, which is not among the tools",
-                              "tool_choice")
-        raise bad_request(f"tool_choice {kind!r} forces a tool call, which needs a tool-call parser; this server "
-                          "has none for the Anthropic API yet: use tool_choice auto or none", "tool_choice")
+    if kind == "tool" and choice.get("name") not in {t.name for t in body.tools or []}:
+        raise bad_request(f"tool_choice names the tool {choice.get('name')!r}, which is not among the tools",
+                          "tool_choice")
     if not body.tools:
         return None
     tools = []
@@ -264,10 +390,12 @@ def _tools(body: p.MessagesBase) -> list[dict[str, Any]] | None:
     return tools
 
 
-def _stop_reason(seq: Any) -> tuple[str, str | None]:
+def _stop_reason(seq: Any, called: bool = False) -> tuple[str, str | None]:
     """Anthropic's ``stop_reason`` and ``stop_sequence`` from the engine's finish and stop reasons."""
     if seq is None or seq.finish_reason == "length":
         return "max_tokens", None
+    if called:
+        return "tool_use", None
     if isinstance(seq.stop_reason, str):
         return "stop_sequence", seq.stop_reason
     return "end_turn", None

@@ -243,13 +243,13 @@ def test_bad_requests(client, name):
     assert "empty" in error_of(caught.value)["message"]
 
 
-def test_forced_tool_choice_is_refused(client, name):
+def test_forced_tool_choice_needs_a_parser(client, name):
     tools = [{"name": "f", "input_schema": {"type": "object", "properties": {}}}]
     for choice in ({"type": "any"}, {"type": "tool", "name": "f"}):
         with pytest.raises(anthropic.BadRequestError) as caught:
             client.messages.create(model=name, messages=FOX, max_tokens=4, tools=tools, tool_choice=choice)
         error = error_of(caught.value)
-        assert error["type"] == "invalid_request_error" and "tool-call parser" in error["message"]
+        assert error["type"] == "invalid_request_error" and "--tool-call-parser" in error["message"]
     with pytest.raises(anthropic.BadRequestError):
         client.messages.create(model=name, messages=FOX, max_tokens=4, tool_choice={"type": "auto"})
 

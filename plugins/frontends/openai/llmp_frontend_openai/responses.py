@@ -11,7 +11,7 @@ import asyncio
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
@@ -20,7 +20,7 @@ from fastapi.responses import StreamingResponse
 from llmp.server.app import until_disconnected
 from llmp.server.errors import APIError, bad_request, error_body
 from llmp_frontend_openai import protocol as p
-from llmp.server.frontend_kit import engine_request_id, json_text
+from llmp.server.frontend_kit import OutputPlan, engine_request_id, json_text
 
 if TYPE_CHECKING:
     from llmp_frontend_openai.frontend import OpenAIFrontend
@@ -97,6 +97,7 @@ class ResponseRun:
         self.created_at = int(time.time())
         self.status = "queued" if body.background else "in_progress"
         self.text = ""
+        self.items: OutputItems
         self.output_tokens = 0
         self.finish_reason: str | None = None
         self.task: asyncio.Task | None = None
@@ -106,11 +107,16 @@ class ResponseRun:
     async def prepare(cls, fe: OpenAIFrontend, body: p.ResponsesRequest, store: ResponseStore | None) -> ResponseRun:
         fe.check_model(body.model)
         fe.check_unsupported(body)
-        if (body.text or {}).get("format", {}).get("type", "text") != "text":
-            raise bad_request("structured outputs (text.format) are not supported by this server yet", "text")
-        if body.tool_choice not in (None, "none", "auto") or (body.tool_choice == "auto" and body.tools):
-            raise bad_request("tool calls need a tool-call parser (--tool-call-parser), which this server was "
-                              "not started with", "tool_choice")
+        tools, tool_choice = _chat_tools(body)
+        fe.check_tools(tools, tool_choice)
+        fmt = dict((body.text or {}).get("format") or {"type": "text"})
+        if fmt.get("type") == "json_schema":
+            fmt = {"type": "json_schema", "json_schema": {"schema": fmt.get("schema")}}
+        try:
+            constraint = fe.structured_outputs(fmt, body.structured_outputs)
+        except APIError as exc:
+            exc.param = "text" if exc.param == "response_format" else exc.param
+            raise
         if body.background and store is None:
             raise bad_request("background responses need the response store (start with --enable-store)",
                               "background")
@@ -119,14 +125,18 @@ class ResponseRun:
         run = cls(fe, body, store)
         run.messages = _history(store, body.previous_response_id) + _input_messages(body)
         conversation = ([{"role": "system", "content": body.instructions}] if body.instructions else []) + run.messages
-        text, run.prompt_ids = await fe.chat_prompt([p.ChatMessage(**m) for m in conversation], body)
+        text, run.prompt_ids = await fe.chat_prompt([p.ChatMessage(**m) for m in conversation], body, tools=tools)
+        run.plan, constraint = fe.output_plan(run.prompt_ids, tools, tool_choice, constraint=constraint,
+                                              parallel_tool_calls=body.parallel_tool_calls is not False)
+        run.items = OutputItems(run.plan, run.message_id)
         max_tokens = fe.resolve_max_tokens(body.max_output_tokens, len(run.prompt_ids))
         top_logprobs = getattr(body, "top_logprobs", None)
         limit = fe.options.get("max_logprobs", 20)
         if top_logprobs is not None and limit >= 0 and top_logprobs > limit:  # held to the cap chat has
             raise bad_request(f"top_logprobs={top_logprobs} exceeds the server's limit of {limit} (--max-logprobs)",
                               "top_logprobs")
-        run.params = fe.sampling_params(body, max_tokens, None)
+        run.params = fe.sampling_params(body, max_tokens, None, structured_outputs=constraint,
+                                        skip_special_tokens=fe.skip_special_tokens(run.plan, body.skip_special_tokens))
         if run.params.n != 1:
             raise bad_request("n is not a field of the Responses API", "n")
         run.outputs = fe.engine.generate({"prompt": text, "prompt_token_ids": run.prompt_ids}, run.params,
@@ -140,7 +150,8 @@ class ResponseRun:
             pass
         return self.snapshot()
 
-    async def _generate(self) -> AsyncIterator[str]:
+    async def _generate(self) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """Generate, yielding stream events as ``(type, fields)`` (the output items' deltas)."""
         self.status = "in_progress"
         try:
             async for output in self.outputs:
@@ -149,8 +160,8 @@ class ResponseRun:
                 self.text += seq.text
                 if seq.finish_reason:
                     self.finish_reason = seq.finish_reason
-                if seq.text:
-                    yield seq.text
+                for event in self.items.feed(self.text, final=seq.finish_reason is not None):
+                    yield event
         except asyncio.CancelledError:
             self.status = "cancelled"
             raise
@@ -158,16 +169,9 @@ class ResponseRun:
             self.status = "failed"
             raise
         self.status = "incomplete" if self.finish_reason == "length" else "completed"
-        self.messages.append({"role": "assistant", "content": self.text})
+        self.messages.append(self.items.history_message())
 
     # -- the response object -------------------------------------------------------
-
-    def _message(self, status: str) -> dict[str, Any]:
-        content = [self._part()] if status == "completed" else []
-        return {"type": "message", "id": self.message_id, "status": status, "role": "assistant", "content": content}
-
-    def _part(self, text: str | None = None) -> dict[str, Any]:
-        return {"type": "output_text", "text": self.text if text is None else text, "annotations": [], "logprobs": []}
 
     def snapshot(self) -> dict[str, Any]:
         body = self.body
@@ -177,7 +181,7 @@ class ResponseRun:
             "model": self.fe.model_name, "error": None,
             "incomplete_details": {"reason": "max_output_tokens"} if self.status == "incomplete" else None,
             "instructions": body.instructions, "max_output_tokens": body.max_output_tokens,
-            "output": [self._message("completed")] if done else [],
+            "output": self.items.output() if done else [],
             "parallel_tool_calls": body.parallel_tool_calls, "previous_response_id": body.previous_response_id,
             "temperature": body.temperature, "top_p": body.top_p, "tool_choice": body.tool_choice or "auto",
             "tools": body.tools or [], "text": body.text or {"format": {"type": "text"}},
@@ -185,7 +189,7 @@ class ResponseRun:
             "store": bool(body.store and self.store is not None), "background": body.background,
             "usage": {
                 "input_tokens": len(self.prompt_ids), "input_tokens_details": {"cached_tokens": 0},
-                "output_tokens": self.output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+                "output_tokens": self.output_tokens, "output_tokens_details": {"reasoning_tokens": self.items.reasoning_tokens(self.fe.tokenizer)},
                 "total_tokens": len(self.prompt_ids) + self.output_tokens,
             } if done else None,
         }
@@ -199,25 +203,142 @@ class ResponseRun:
             payload = {"type": kind, "sequence_number": next(sequence), **data}
             return f"event: {kind}\ndata: {json_text(payload)}\n\n"
 
-        item = {"item_id": self.message_id, "output_index": 0, "content_index": 0}
         yield event("response.created", response=self.snapshot())
         yield event("response.in_progress", response=self.snapshot())
-        yield event("response.output_item.added", output_index=0, item=self._message("in_progress"))
-        yield event("response.content_part.added", **item, part=self._part(""))
+        for kind, data in self.items.start():
+            yield event(kind, **data)
         try:
-            async for delta in self._generate():
-                yield event("response.output_text.delta", **item, delta=delta, logprobs=[])
+            async for kind, data in self._generate():
+                yield event(kind, **data)
         except Exception as exc:
             self.status = "failed"
             status = 400 if isinstance(exc, ValueError | TypeError) else 500
             error = error_body(str(exc), "invalid_request_error" if status == 400 else "server_error", code=status)
             yield event("error", **error["error"])
             return
-        yield event("response.output_text.done", **item, text=self.text, logprobs=[])
-        yield event("response.content_part.done", **item, part=self._part())
-        yield event("response.output_item.done", output_index=0, item=self._message("completed"))
+        for kind, data in self.items.close():
+            yield event(kind, **data)
         final = "response.incomplete" if self.status == "incomplete" else "response.completed"
         yield event(final, response=self.snapshot())
+
+
+Event = tuple[str, dict[str, Any]]
+
+
+class OutputItems:
+    """The output items of a response (reasoning, message, function calls) from the generated text.
+
+    The text is split by the request's parsers; each item is added with its first piece and all are
+    done at the end. Without parsers there is one message item, added at once.
+    """
+
+    def __init__(self, plan: OutputPlan, message_id: str) -> None:
+        self.parsed = plan.reasoning_parser is not None or plan.tool_parser is not None
+        self.stream = plan.message_stream()
+        self.message_id = message_id
+        self.items: list[dict[str, Any]] = []  # in output order
+        self.index: dict[str, int] = {}  # "reasoning", "message", "call:N" -> output index
+
+    def start(self) -> Iterator[Event]:
+        if not self.parsed:
+            yield from self._add("message")
+
+    def feed(self, text: str, final: bool) -> Iterator[Event]:
+        piece = self.stream.feed(text, final)
+        if piece.reasoning:
+            yield from self._add("reasoning")
+            index = self.index["reasoning"]
+            self.items[index]["content"][0]["text"] += piece.reasoning
+            yield "response.reasoning_text.delta", {"item_id": self.items[index]["id"], "output_index": index,
+                                                    "content_index": 0, "delta": piece.reasoning}
+        if piece.content:
+            yield from self._add("message")
+            index = self.index["message"]
+            self.items[index]["content"][0]["text"] += piece.content
+            yield "response.output_text.delta", {"item_id": self.message_id, "output_index": index,
+                                                 "content_index": 0, "delta": piece.content, "logprobs": []}
+        for call in piece.tool_calls:
+            key = f"call:{call.index}"
+            if call.name is not None:
+                yield from self._add(key, call.name, call.id)
+            index = self.index[key]
+            self.items[index]["arguments"] += call.arguments
+            if call.arguments:
+                yield "response.function_call_arguments.delta", {"item_id": self.items[index]["id"],
+                                                                 "output_index": index, "delta": call.arguments}
+
+    def close(self) -> Iterator[Event]:
+        if not self.items:
+            yield from self._add("message")
+        for index, item in enumerate(self.items):
+            item["status"] = "completed"
+            where = {"item_id": item["id"], "output_index": index}
+            if item["type"] == "reasoning":
+                yield "response.reasoning_text.done", {**where, "content_index": 0, "text": item["content"][0]["text"]}
+            elif item["type"] == "message":
+                part = item["content"][0]
+                yield "response.output_text.done", {**where, "content_index": 0, "text": part["text"], "logprobs": []}
+                yield "response.content_part.done", {**where, "content_index": 0, "part": part}
+            else:
+                yield "response.function_call_arguments.done", {**where, "arguments": item["arguments"]}
+            yield "response.output_item.done", {"output_index": index, "item": item}
+
+    def output(self) -> list[dict[str, Any]]:
+        """The finished items (a response without output has one empty message)."""
+        if not self.items:
+            list(self._add("message"))
+        return [{**item, "status": "completed"} for item in self.items]
+
+    def history_message(self) -> dict[str, Any]:
+        """The assistant turn for ``previous_response_id``: content and tool calls, not the reasoning."""
+        sent = self.stream.sent
+        message: dict[str, Any] = {"role": "assistant", "content": sent.content}
+        if sent.tool_calls:
+            message["tool_calls"] = [{"id": c.id, "type": "function",
+                                      "function": {"name": c.name, "arguments": c.arguments}} for c in sent.tool_calls]
+        return message
+
+    def reasoning_tokens(self, tokenizer: Any) -> int:
+        reasoning = self.stream.sent.reasoning
+        return len(tokenizer.encode(reasoning, add_special_tokens=False)) if reasoning else 0
+
+    def _add(self, key: str, name: str | None = None, call_id: str | None = None) -> Iterator[Event]:
+        if key in self.index:
+            return
+        if key == "reasoning":
+            item = {"type": "reasoning", "id": f"rs_{uuid.uuid4().hex}", "summary": [],
+                    "content": [{"type": "reasoning_text", "text": ""}], "status": "in_progress"}
+        elif key == "message":
+            item = {"type": "message", "id": self.message_id, "status": "in_progress", "role": "assistant",
+                    "content": [{"type": "output_text", "text": "", "annotations": [], "logprobs": []}]}
+        else:
+            item = {"type": "function_call", "id": f"fc_{uuid.uuid4().hex}", "call_id": call_id, "name": name,
+                    "arguments": "", "status": "in_progress"}
+        self.index[key] = len(self.items)
+        self.items.append(item)
+        index = self.index[key]
+        yield "response.output_item.added", {"output_index": index,
+                                             "item": {**item, "content": []} if key == "message" else dict(item)}
+        if key == "message":
+            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+            yield "response.content_part.added", {"item_id": self.message_id, "output_index": index,
+                                                  "content_index": 0, "part": part}
+
+
+def _chat_tools(body: p.ResponsesRequest) -> tuple[list[dict[str, Any]] | None, Any]:
+    """The Responses API's flat function tools and tool_choice in the chat shapes."""
+    tools = None
+    if body.tools is not None:
+        tools = []
+        for tool in body.tools:
+            if tool.get("type") != "function":
+                raise bad_request(f"tools of type {tool.get('type')!r} are not supported; give function tools", "tools")
+            function = {k: tool[k] for k in ("name", "description", "parameters") if tool.get(k) is not None}
+            tools.append({"type": "function", "function": function})
+    choice = body.tool_choice
+    if isinstance(choice, dict):
+        choice = {"type": "function", "function": {"name": choice.get("name")}}
+    return tools, choice
 
 
 def _history(store: ResponseStore | None, previous_id: str | None) -> list[dict[str, Any]]:

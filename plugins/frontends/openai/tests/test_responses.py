@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import time
 from collections.abc import Iterator
 
@@ -91,9 +93,12 @@ def test_without_the_store_nothing_is_kept(client, http, tiny):
 
 
 def test_unsupported_requests_are_refused(http, tiny):
-    schema = {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}}
+    schema = {"format": {"type": "json_schema", "name": "x"}}  # no schema
     assert_error(http.post("/v1/responses", json={"model": tiny.name, "input": "hi", "text": schema}), 400,
                  param="text")
+    web = [{"type": "web_search"}]
+    assert_error(http.post("/v1/responses", json={"model": tiny.name, "input": "hi", "tools": web}), 400,
+                 param="tools")
     tools = [{"type": "function", "name": "f", "parameters": {"type": "object"}}]
     body = {"model": tiny.name, "input": "hi", "tools": tools, "tool_choice": "auto"}
     assert_error(http.post("/v1/responses", json=body), 400, param="tool_choice")
@@ -101,6 +106,15 @@ def test_unsupported_requests_are_refused(http, tiny):
     image = [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]
     assert_error(http.post("/v1/responses", json={"model": tiny.name, "input": image}), 400, param="input")
     assert_error(http.post("/v1/responses", json={"model": "nope", "input": "hi"}), 404, param="model")
+
+
+def test_text_format_json_schema_constrains_the_output(client, tiny):
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    fmt = {"format": {"type": "json_schema", "name": "count", "schema": schema, "strict": True}}
+    response = client.responses.create(model=tiny.name, input="hi", text=fmt, max_output_tokens=60, temperature=0)
+    assert response.status == "completed", response
+    value = json.loads(response.output_text)
+    assert isinstance(value, dict) and isinstance(value["n"], int)
 
 
 def test_stored_responses_are_retrieved_and_continued(store, tiny):
