@@ -56,3 +56,15 @@ def test_the_example_is_under_30_lines():
         if line.strip()
     ]
     assert len(lines) < 30
+
+
+def test_the_parser_guides_example_streams_as_it_parses():
+    guide = GUIDE.read_text().split("## Writing a tool-call or reasoning parser")[1]
+    code = guide.split("```python\n")[1].split("```")[0]
+    namespace: dict = {}
+    exec(compile(code, "plugins.md", "exec"), namespace)
+    from llmp.testing import assert_streams_agree
+
+    parser = namespace["CallTagParser"](None)
+    message = assert_streams_agree('Hi <call>{"name": "f", "arguments": {"a": [1, "}"]}}</call>', tool_parser=parser)
+    assert message.content == "Hi " and [(c.name, c.arguments) for c in message.tool_calls] == [("f", '{"a": [1, "}"]}')]
