@@ -65,12 +65,13 @@ class FrontendKit:
         if bad is not None:
             raise bad_request(f"token id {bad} in {param} is out of vocabulary (size {limit})", param)
 
-    def check_caps(self, n: int, logprobs: int | None, prompt_logprobs: int | None) -> None:
+    def check_caps(self, n: int, logprobs: int | None, prompt_logprobs: int | None,
+                   logprobs_param: str = "logprobs") -> None:
         cap = self.options.get("max_n", 128)
         if n > cap:
             raise bad_request(f"n must be at most {cap} (--max-n), got {n}", "n")
         limit = self.options.get("max_logprobs", 20)
-        for name, value in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
+        for name, value in ((logprobs_param, logprobs), ("prompt_logprobs", prompt_logprobs)):
             if value is not None and limit >= 0 and value > limit:
                 raise bad_request(f"{name}={value} exceeds the server's limit of {limit} (--max-logprobs)", name)
 
@@ -192,11 +193,11 @@ class FrontendKit:
         parsers = (plan.tool_parser, plan.reasoning_parser)
         return requested and not any(getattr(p, "keep_special_tokens", False) for p in parsers if p is not None)
 
-    def resolve_max_tokens(self, requested: int | None, prompt_len: int) -> int:
-        """``max_tokens`` checked against the context; unset, the rest of it."""
+    def resolve_max_tokens(self, requested: int | None, prompt_len: int, param: str = "max_tokens") -> int:
+        """``max_tokens`` (called ``param`` in the request) checked against the context; unset, the rest of it."""
         limit = self.max_model_len
         if requested is not None and requested > limit:
-            raise bad_request(f"max_tokens={requested} cannot be greater than max_model_len={limit}", "max_tokens")
+            raise bad_request(f"{param}={requested} cannot be greater than max_model_len={limit}", param)
         wanted = requested if requested is not None else 1
         if prompt_len + wanted > limit:
             raise bad_request(

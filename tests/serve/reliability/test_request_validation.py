@@ -121,11 +121,6 @@ def test_booleans_are_not_taken_for_integers(http, field):
     assert_clean_error(response, 400, param=field)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: the error names a param the request does not have: 'max_tokens' for "
-                   "max_output_tokens (Responses) and max_completion_tokens (chat), 'logprobs' for chat's "
-                   "top_logprobs: OpenAIFrontend.sampling_params (llmp_frontend_openai/frontend.py) takes param "
-                   "from the first word of SamplingParams' message and FrontendKit.check_caps "
-                   "(core/llmp/server/frontend_kit.py) is called with logprobs=top_logprobs")
 @pytest.mark.parametrize(("route", "fields", "param"), [
     ("/v1/responses", {"max_output_tokens": 0}, "max_output_tokens"),
     ("/v1/chat/completions", {"max_completion_tokens": 0}, "max_completion_tokens"),

@@ -52,11 +52,13 @@ class ChatCompletion:
             self.prompt_ids, body.tools, body.tool_choice, parallel_tool_calls=body.parallel_tool_calls is not False,
             include_reasoning=body.include_reasoning, constraint=constraint)
         self.parsed = self.plan.reasoning_parser is not None or self.plan.tool_parser is not None
+        field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
         requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        max_tokens = fe.resolve_max_tokens(requested, len(self.prompt_ids))
+        max_tokens = fe.resolve_max_tokens(requested, len(self.prompt_ids), field)
         self.top = (body.top_logprobs or 0) if body.logprobs else None
         self.params = fe.sampling_params(body, max_tokens, self.top, structured_outputs=constraint,
-                                         skip_special_tokens=fe.skip_special_tokens(self.plan, body.skip_special_tokens))
+                                         skip_special_tokens=fe.skip_special_tokens(self.plan, body.skip_special_tokens),
+                                         names={"max_tokens": field, "logprobs": "top_logprobs"})
         self.echo = _echo_text(body, self.role)
         self.outputs = fe.engine.generate({"prompt": text, "prompt_token_ids": self.prompt_ids}, self.params,
                                           engine_request_id("chatcmpl"), priority=body.priority, delta=bool(body.stream))

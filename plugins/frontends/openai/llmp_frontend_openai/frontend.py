@@ -95,9 +95,13 @@ class OpenAIFrontend(FrontendKit):
 
     def sampling_params(self, body: p.SamplingFields, max_tokens: int, logprobs: int | None, *,
                         structured_outputs: StructuredOutputsParams | None = None,
-                        skip_special_tokens: bool | None = None) -> SamplingParams:
+                        skip_special_tokens: bool | None = None,
+                        names: Mapping[str, str] | None = None) -> SamplingParams:
+        """The engine's sampling parameters; ``names`` maps a SamplingParams field to the request's
+        own name for it (``max_tokens`` -> ``max_completion_tokens``), so errors name what was sent."""
+        names = names or {}
         n = body.n if body.n is not None else 1
-        self.check_caps(n, logprobs, body.prompt_logprobs)
+        self.check_caps(n, logprobs, body.prompt_logprobs, logprobs_param=names.get("logprobs", "logprobs"))
         self.check_stop(body.stop)
         try:
             logit_bias = {int(k): v for k, v in (body.logit_bias or {}).items()}
@@ -125,8 +129,12 @@ class OpenAIFrontend(FrontendKit):
                 structured_outputs=structured_outputs,
             )
         except ValueError as exc:
-            match = re.match(r"[a-z_]+", str(exc))
-            raise bad_request(str(exc), match.group(0) if match else None) from None
+            message = str(exc)
+            match = re.match(r"[a-z_]+", message)
+            param = match.group(0) if match else None
+            if param in names:
+                message, param = names[param] + message[len(param):], names[param]
+            raise bad_request(message, param) from None
 
     # -- responses ----------------------------------------------------------------
 

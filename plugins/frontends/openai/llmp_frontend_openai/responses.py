@@ -129,14 +129,15 @@ class ResponseRun:
         run.plan, constraint = fe.output_plan(run.prompt_ids, tools, tool_choice, constraint=constraint,
                                               parallel_tool_calls=body.parallel_tool_calls is not False)
         run.items = OutputItems(run.plan, run.message_id)
-        max_tokens = fe.resolve_max_tokens(body.max_output_tokens, len(run.prompt_ids))
+        max_tokens = fe.resolve_max_tokens(body.max_output_tokens, len(run.prompt_ids), "max_output_tokens")
         top_logprobs = getattr(body, "top_logprobs", None)
         limit = fe.options.get("max_logprobs", 20)
         if top_logprobs is not None and limit >= 0 and top_logprobs > limit:  # held to the cap chat has
             raise bad_request(f"top_logprobs={top_logprobs} exceeds the server's limit of {limit} (--max-logprobs)",
                               "top_logprobs")
         run.params = fe.sampling_params(body, max_tokens, None, structured_outputs=constraint,
-                                        skip_special_tokens=fe.skip_special_tokens(run.plan, body.skip_special_tokens))
+                                        skip_special_tokens=fe.skip_special_tokens(run.plan, body.skip_special_tokens),
+                                        names={"max_tokens": "max_output_tokens"})
         if run.params.n != 1:
             raise bad_request("n is not a field of the Responses API", "n")
         run.outputs = fe.engine.generate({"prompt": text, "prompt_token_ids": run.prompt_ids}, run.params,
