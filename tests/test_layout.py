@@ -15,7 +15,9 @@ def test_there_are_plugin_projects():
 
 
 def test_each_plugin_is_a_distribution_with_entry_point_package_and_tests():
-    dev_requirements = (REPO / "requirements-dev.txt").read_text()
+    # the editable paths, as whole entries: "plugins/parsers/tools" must not match "plugins/parsers/tools-code"
+    dev_requirements = {line.split()[1].split("[")[0] for line in (REPO / "requirements-dev.txt").read_text().splitlines()
+                        if line.startswith("-e ")}
     for project_dir in PLUGIN_PROJECTS:
         relative = project_dir.relative_to(REPO).as_posix()
         project = tomllib.loads((project_dir / "pyproject.toml").read_text())["project"]
@@ -26,7 +28,7 @@ def test_each_plugin_is_a_distribution_with_entry_point_package_and_tests():
             assert package.startswith("llmp_") and (project_dir / package / "__init__.py").exists(), relative
         assert any(project["dependencies"][i].startswith("llmp") for i in range(len(project["dependencies"])))
         assert list((project_dir / "tests").glob("test_*.py")), f"{relative} has no tests/"
-        assert f"-e {relative}" in dev_requirements, f"{relative} is missing from requirements-dev.txt"
+        assert relative in dev_requirements, f"{relative} is missing from requirements-dev.txt"
 
 
 def test_the_kernel_imports_no_plugin():

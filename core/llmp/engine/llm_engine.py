@@ -302,7 +302,10 @@ class LLMEngine:
                 continue
             state = seq.parent
             state.first_token_time = state.first_token_time or now
-            stop = self.outputs.append(seq, token, logprobs)
+            # as in vLLM, the EOS or stop token that ends a sequence is not part of its text
+            ended_by_token = (request.status == RequestStatus.FINISHED_STOPPED and request.stop_reason is None
+                              or request.stop_reason == token) and not request.params.include_stop_str_in_output
+            stop = self.outputs.append(seq, token, logprobs, detokenize=not ended_by_token)
             if stop is not None and not request.is_finished:
                 self.scheduler.finish(request, RequestStatus.FINISHED_STOPPED, stop_reason=stop[0])
             if request.grammar is not None and request.grammar.accept(token, request.output_token_ids):

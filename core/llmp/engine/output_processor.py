@@ -79,12 +79,16 @@ class OutputProcessor:
     def state_of(self, request_id: str) -> RequestState | None:
         return self.states.get(request_id)
 
-    def append(self, seq: SequenceState, token_id: int, logprobs: TokenLogprobs | None) -> tuple[str, int] | None:
-        """Record a new token of ``seq``; return ``(stop_string, cut)`` when it completes a stop string."""
+    def append(self, seq: SequenceState, token_id: int, logprobs: TokenLogprobs | None,
+               detokenize: bool = True) -> tuple[str, int] | None:
+        """Record a new token of ``seq``; return ``(stop_string, cut)`` when it completes a stop string.
+        ``detokenize=False``: the token adds no text (an EOS or stop token that ended the sequence)."""
         params = seq.request.params
         if logprobs is not None:
             seq.cumulative_logprob += logprobs.logprobs[0]
             seq.logprobs.append(self._logprob_dict(logprobs))
+        if not detokenize:
+            return None
         delta = seq.detokenizer.add_token(token_id)
         if not delta:
             return None

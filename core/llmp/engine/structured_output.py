@@ -75,7 +75,28 @@ def checked_schema(schema: str | dict[str, Any]) -> str:
     except jsonschema.SchemaError as error:
         path = "/".join(str(p) for p in error.path)
         raise ValueError(f"the schema is not a valid JSON schema{f' at {path}' if path else ''}: {error.message}") from None
-    return json.dumps(schema)
+    return json.dumps(bounded_strings_as_patterns(schema))
+
+
+def bounded_strings_as_patterns(schema: Any) -> Any:
+    """The schema with each length-bounded string (minLength/maxLength, no pattern or format) given as
+    a pattern of that many characters instead.
+
+    xgrammar (0.2.x) turns a length-bounded string into ``[^"\\\r\n]{min,max}``, which lets raw
+    control characters through: the output is then not JSON. A pattern is matched with JSON
+    string rules (control characters excluded); the bounded string holds no escapes, a small loss.
+    """
+    if isinstance(schema, list):
+        return [bounded_strings_as_patterns(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: bounded_strings_as_patterns(value) if key not in ("enum", "const", "default", "examples") else value
+           for key, value in schema.items()}
+    bounded = "minLength" in out or "maxLength" in out
+    if out.get("type") == "string" and bounded and "pattern" not in out and "format" not in out:
+        low, high = int(out.pop("minLength", 0)), out.pop("maxLength", None)
+        out["pattern"] = f"^[^\"\\\\\\x00-\\x1f]{{{low},{'' if high is None else int(high)}}}$"
+    return out
 
 
 class GrammarState:

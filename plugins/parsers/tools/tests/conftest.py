@@ -1,0 +1,8 @@
+"""Makes ``parsers_tools_support`` importable for the tool-parser tests."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
