@@ -67,6 +67,7 @@ class ServeSettings(CommandSettings):
     overload_status: int = 503
     request_timeout: float | None = None
     health_check_timeout: float = 5.0
+    header_timeout: float = 10.0
     allowed_hosts: ListOfStr = []
     grpc_port: int = 50051
     disable_fastapi_docs: bool = False
@@ -88,7 +89,7 @@ class ServeSettings(CommandSettings):
             raise ValueError("must be 503 (the default) or 429")
         return value
 
-    @field_validator("request_timeout", "health_check_timeout", "shutdown_timeout", "max_queue_len",
+    @field_validator("request_timeout", "health_check_timeout", "header_timeout", "shutdown_timeout", "max_queue_len",
                      "max_request_body_bytes", "max_stop_sequences")
     @classmethod
     def _not_negative(cls, value: float | None) -> float | None:
@@ -166,6 +167,8 @@ def serve(
         None, help="Seconds a request may wait and run before it is aborted (408); default: no limit."),
     health_check_timeout: float = typer.Option(5.0, help="/ready and /health fail if the engine does not "
                                                          "answer a ping within this many seconds."),
+    header_timeout: float = typer.Option(
+        10.0, help="Seconds a connection has to send a request's headers (against slowloris); 0: no limit."),
     allowed_hosts: list[str] | None = typer.Option(
         None, "--allowed-hosts", help="Host header names accepted (repeatable); default: loopback names when "
                                       "bound to loopback (against DNS rebinding), else any."),

@@ -171,6 +171,7 @@ async def _serve(settings: Any, frontends: list[tuple[str, type]], chat_template
         app, log_level=settings.log_level.lower(), access_log=not settings.disable_access_log,
         # in-flight requests are aborted at --shutdown-timeout; the grace lets their last chunks out
         timeout_graceful_shutdown=settings.shutdown_timeout + SHUTDOWN_GRACE_S, lifespan="off",
+        http=_header_timeout_protocol(settings.header_timeout),
     )
     server = _server_class()(config, state, settings.shutdown_timeout)
     serving = asyncio.create_task(server.serve(sockets=[sock]))
@@ -287,6 +288,52 @@ def _is_loopback(host: str) -> bool:
         return host == "localhost" or ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def _header_timeout_protocol(timeout: float) -> type:
+    """uvicorn's h11 protocol with a deadline on request headers (against slowloris): a connection
+    whose request line and headers are not complete ``timeout`` seconds after it opened, or after its
+    last response, is closed. uvicorn times idle keep-alive connections, not slow headers."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeaderTimeoutProtocol(H11Protocol):
+        header_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def handle_events(self) -> None:
+            cycle = self.cycle
+            super().handle_events()
+            if self.cycle is not cycle:  # a request's headers are complete
+                self._disarm()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm()  # the next request on this connection gets the same deadline
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            self._disarm()
+            if timeout > 0 and not self.transport.is_closing():
+                self.header_timer = self.loop.call_later(timeout, self._headers_too_slow)
+
+        def _disarm(self) -> None:
+            if self.header_timer is not None:
+                self.header_timer.cancel()
+                self.header_timer = None
+
+        def _headers_too_slow(self) -> None:
+            self.header_timer = None
+            if not self.transport.is_closing() and (self.cycle is None or self.cycle.response_complete):
+                log.info("closing a connection whose request headers took over %g s", timeout)
+                self.transport.close()
+
+    return HeaderTimeoutProtocol
 
 
 def _server_class() -> type:

@@ -225,9 +225,6 @@ def test_a_thousand_headers_are_refused(main_server):
     assert status_line.split()[1] in (b"431", b"400"), status_line
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: slowloris - a connection that drips its request headers is never cut "
-                   "off: uvicorn's h11 protocol starts no timer before the first request is complete and llmp sets "
-                   "no header timeout or concurrency limit (llmp.server.launch._serve, uvicorn.Config)")
 def test_a_client_dripping_its_headers_is_cut_off(main_server):
     probe = main_server.slow_header_probe  # started with the server: it has been dripping since then
     probe.join(max(0.0, probe.limit + 2 - (time.monotonic() - probe.started_at)))
