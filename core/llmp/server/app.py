@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import hashlib
 import hmac
 import json
@@ -14,7 +15,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.routing import APIRoute
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -227,6 +229,44 @@ def json_depth_exceeds(body: bytes, limit: int) -> bool:
     brackets = np.frombuffer(_JSON_STRINGS.sub(b"", body).translate(None, _NOT_BRACKETS), dtype=np.uint8)
     steps = np.where((brackets == ord("[")) | (brackets == ord("{")), 1, -1)
     return bool(np.cumsum(steps).max(initial=0) > limit)
+
+
+class LightJSONRequest(Request):
+    """Parses a JSON body with the cyclic garbage collector paused: a body of many small arrays or
+    objects otherwise triggers collection after collection while it is built, and the parse (on
+    the event loop, holding the GIL) stalls every other connection several times longer."""
+
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            body = await self.body()
+            paused = gc.isenabled()
+            gc.disable()
+            try:
+                self._json = json.loads(body)
+            finally:
+                if paused:
+                    gc.enable()
+        return self._json
+
+
+class LightJSONRoute(APIRoute):
+    """A FastAPI route that hands its handler a :class:`LightJSONRequest`."""
+
+    def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
+        handler = super().get_route_handler()
+
+        async def light_json_handler(request: Request) -> Response:
+            return await handler(LightJSONRequest(request.scope, request.receive, request._send))
+
+        return light_json_handler
+
+
+def with_light_json(router: APIRouter) -> APIRouter:
+    """``router`` with its plain API routes made :class:`LightJSONRoute` (include_router rebuilds them)."""
+    for route in router.routes:
+        if type(route) is APIRoute:
+            route.__class__ = LightJSONRoute
+    return router
 
 
 def _host_name(host: str) -> str:

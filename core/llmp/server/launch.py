@@ -16,7 +16,7 @@ from typing import Any
 
 from llmp.api import LLMPError
 from llmp.modeling.files import DEFAULT_MODEL, load_tokenizer, resolve_model
-from llmp.server.app import LOOPBACK_HOSTS, Limits, ServerState, build_app
+from llmp.server.app import LOOPBACK_HOSTS, Limits, ServerState, build_app, with_light_json
 from llmp.server.metrics import MeteredEngine, ServerMetrics
 
 log = logging.getLogger("llmp.server")
@@ -391,7 +391,7 @@ def _mount(app: Any, state: ServerState, engine: Any, frontends: list[tuple[str,
             state.error_renderers.append((prefix, frontend.render_error))
         router = frontend.http_router()
         if router is not None:
-            app.include_router(router)
+            app.include_router(with_light_json(router))
         tasks.append(asyncio.create_task(frontend.serve(), name=f"frontend-{name}"))
     app.openapi_schema = None  # the docs must list the routes mounted just now
     return tasks

@@ -279,9 +279,6 @@ def test_live_stays_fast_while_a_prompt_just_under_the_body_limit_is_handled(mai
     assert stats["p99"] < 0.5, stats
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: FastAPI parses the JSON body and pydantic validates it on the event "
-                   "loop: three 1.6 MB bodies of 300k small arrays stall /live for about a second (the gate's own "
-                   "depth scan now takes ~40 ms per 2 MB, off the loop for large bodies)")
 def test_live_stays_fast_while_bodies_full_of_small_arrays_are_checked(main_server):
     junk = [[1]] * ((DEFAULT_BODY_LIMIT - 1000) // 5)
     payload = json.dumps({"prompt": "x", "junk": junk}, separators=(",", ":")).encode()
