@@ -270,7 +270,8 @@ def with_light_json(router: APIRouter) -> APIRouter:
 
 
 def _host_name(host: str) -> str:
-    """``Host`` without its port (``[::1]:8000`` -> ``::1``)."""
+    """``Host`` without its port, lower-cased, as host names compare (``[::1]:8000`` -> ``::1``)."""
+    host = host.lower()
     if host.startswith("["):
         return host[1:].split("]", 1)[0]
     return host.rsplit(":", 1)[0] if host.count(":") == 1 else host

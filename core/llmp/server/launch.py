@@ -276,7 +276,7 @@ async def _warm_up(engine: Any) -> None:
 def gate_limits(settings: Any) -> Limits:
     """What the gate refuses, from the serve settings."""
     in_flight = None if settings.max_queue_len is None else settings.max_num_seqs + settings.max_queue_len
-    hosts = settings.allowed_hosts or (sorted(LOOPBACK_HOSTS) if _is_loopback(settings.host) else None)
+    hosts = [h.lower() for h in settings.allowed_hosts] or (sorted(LOOPBACK_HOSTS) if _is_loopback(settings.host) else None)
     return Limits(max_body_bytes=settings.max_request_body_bytes, max_in_flight=in_flight,
                   overload_status=settings.overload_status, allowed_hosts=frozenset(hosts) if hosts else None)
 

@@ -454,7 +454,7 @@ def test_a_foreign_host_header_is_refused_on_a_loopback_server(main_server, host
             assert_clean_error(response, 400, contains="Host header")
 
 
-@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "[::1]"])
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "LocalHost", "[::1]"])
 def test_loopback_host_headers_are_accepted(main_server, host):
     with httpx.Client(base_url=main_server.url, timeout=30, headers={"Host": f"{host}:{main_server.port}"}) as client:
         assert client.get("/v1/models").status_code == 200
