@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import dataclasses
 import concurrent.futures
 import itertools
 import os
@@ -34,6 +35,7 @@ from llmp.sampling_params import SamplingParams
 
 _ERROR_TYPES: dict[str, type[Exception]] = {"ValueError": ValueError, "TypeError": TypeError, "LLMPError": LLMPError}
 HEALTH_TIMEOUT_S = 10.0
+COMPILE_TIMEOUT_S = 120.0  # a structured-output grammar: large schemas take seconds
 WATCH_INTERVAL_MS = 200
 
 
@@ -300,6 +302,13 @@ class AsyncLLM:
             raise EngineDeadError(f"the engine did not answer {method!r} within {timeout:.0f} s") from None
         finally:
             self._calls.pop(call_id, None)
+
+    async def check_structured_outputs(self, constraint: Any) -> None:
+        """``ValueError`` naming the problem if the engine cannot compile ``constraint``
+        (a ``StructuredOutputsParams``); compiled, it is cached for the request that follows."""
+        problem = await self._call("check_structured_outputs", dataclasses.asdict(constraint), timeout=COMPILE_TIMEOUT_S)
+        if problem is not None:
+            raise ValueError(problem)
 
     async def check_health(self) -> None:
         """Raise ``EngineDeadError`` unless the engine answers a ping within a bounded time."""

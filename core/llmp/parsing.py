@@ -195,7 +195,8 @@ class NamedToolCallParser:
 
     def parse(self, text: str, *, final: bool, tools: Sequence[Mapping[str, Any]] = ()) -> ToolCallParse:
         arguments = text.strip() if final else text.lstrip().rstrip(" \t\r\n")
-        return ToolCallParse("", [ParsedToolCall(self.name, arguments)])
+        # the call appears with its first argument character (not while a reasoning parser holds the text)
+        return ToolCallParse("", [ParsedToolCall(self.name, arguments)] if arguments else [])
 
 
 class RequiredToolCallsParser:

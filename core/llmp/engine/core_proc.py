@@ -22,6 +22,7 @@ from llmp.api import LLMPError
 from llmp.engine import protocol as msg
 from llmp.engine.config import EngineConfig
 from llmp.outputs import RequestOutput
+from llmp.sampling_params import StructuredOutputsParams
 
 log = logging.getLogger("llmp.engine")
 IDLE_POLL_MS = 500
@@ -112,6 +113,12 @@ class EngineCoreLoop:
                 result: Any = "pong"
             elif call.method == "stats":
                 result = engine_stats(self.engine)
+            elif call.method == "check_structured_outputs":
+                try:
+                    self.engine.check_structured_outputs(StructuredOutputsParams(**call.args[0]))
+                    result = None
+                except (ValueError, TypeError) as exc:
+                    result = str(exc)
             elif call.method == "shutdown":
                 self.running, result = False, None
             else:

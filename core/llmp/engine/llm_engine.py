@@ -23,7 +23,7 @@ from llmp.engine.scheduler import SchedulerConfig
 from llmp.inputs import PromptType  # noqa: F401  (re-exported)
 from llmp.outputs import EmbeddingOutput, PoolingRequestOutput, RequestOutput
 from llmp.pooling_params import PoolingParams
-from llmp.sampling_params import SamplingParams
+from llmp.sampling_params import SamplingParams, StructuredOutputsParams
 
 
 def resolve_task(requested: str, model_spec: Any, model_dir: Any) -> str:
@@ -186,7 +186,7 @@ class LLMEngine:
         text, token_ids = self.tokenize_prompt(prompt)
         self._validate_prompt(token_ids, params)
         max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len - len(token_ids)
-        compiled = self._compile_grammar(params)
+        compiled = self._compile_grammar(params.structured_outputs)
         state = RequestState(request_id, text, token_ids, params, delta=delta)
         requests = []
         for index in range(params.n):
@@ -204,14 +204,18 @@ class LLMEngine:
         for request in requests:
             self.scheduler.add_request(request)
 
-    def _compile_grammar(self, params: SamplingParams) -> Any:
-        if params.structured_outputs is None:
+    def check_structured_outputs(self, constraint: StructuredOutputsParams) -> None:
+        """Compile a constraint (``ValueError`` if invalid); the compiled grammar is cached for its request."""
+        self._compile_grammar(constraint)
+
+    def _compile_grammar(self, constraint: StructuredOutputsParams | None) -> Any:
+        if constraint is None:
             return None
         if self._grammars is None:
             from llmp.engine.structured_output import GrammarCompiler
 
             self._grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
-        return self._grammars.compile(params.structured_outputs)
+        return self._grammars.compile(constraint)
 
     def _add_pooling_request(
         self, request_id: str, prompt: PromptType, params: SamplingParams | None, priority: int,

@@ -188,6 +188,17 @@ class FrontendKit:
         raise bad_request(f"response_format type must be text, json_object, json_schema or structural_tag, got {kind!r}",
                           "response_format")
 
+    async def check_constraint(self, constraint: StructuredOutputsParams | None, param: str) -> None:
+        """Have the engine compile a request's constraint before the response starts: an invalid
+        schema, regex or grammar is a 400 here, also for a stream (its headers are not sent yet)."""
+        check = getattr(self.engine, "check_structured_outputs", None)
+        if constraint is None or check is None:
+            return
+        try:
+            await check(constraint)
+        except ValueError as exc:
+            raise bad_request(str(exc), param) from None
+
     def skip_special_tokens(self, plan: OutputPlan, requested: bool = True) -> bool:
         """Parsers whose markers are special tokens read the text with them."""
         parsers = (plan.tool_parser, plan.reasoning_parser)

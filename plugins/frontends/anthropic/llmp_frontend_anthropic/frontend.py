@@ -141,6 +141,7 @@ class MessageRun:
         tools, tool_choice = fe.tools(body)
         parallel = not (body.tool_choice or {}).get("disable_parallel_tool_use", False)
         self.plan, constraint = fe.output_plan(self.prompt_ids, tools, tool_choice, parallel_tool_calls=parallel)
+        await fe.check_constraint(constraint, "tool_choice")
         self.params = fe.sampling_params(body, len(self.prompt_ids), constraint, fe.skip_special_tokens(self.plan))
         self.outputs = fe.engine.generate({"prompt": text, "prompt_token_ids": self.prompt_ids}, self.params,
                                           engine_request_id("msg"), delta=body.stream)

@@ -52,6 +52,7 @@ class ChatCompletion:
             self.prompt_ids, body.tools, body.tool_choice, parallel_tool_calls=body.parallel_tool_calls is not False,
             include_reasoning=body.include_reasoning, constraint=constraint)
         self.parsed = self.plan.reasoning_parser is not None or self.plan.tool_parser is not None
+        await fe.check_constraint(constraint, _constraint_param(body))
         field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
         requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         max_tokens = fe.resolve_max_tokens(requested, len(self.prompt_ids), field)
@@ -191,6 +192,12 @@ def _echo_text(body: p.ChatCompletionRequest, role: str) -> str:
     if isinstance(content, list):
         return "\n".join(str(part.get("text", "")) for part in content)
     return content or ""
+
+
+def _constraint_param(body: p.ChatCompletionRequest) -> str:
+    if body.tool_choice not in (None, "none", "auto"):
+        return "tool_choice"
+    return "structured_outputs" if body.structured_outputs else "response_format"
 
 
 def _tool_call_delta(piece: Any) -> dict[str, Any]:

@@ -46,6 +46,7 @@ class Completion:
         # with echo and logprobs, the prompt's own logprobs are part of the answer
         echo_logprobs = body.echo and body.logprobs is not None
         constraint = fe.structured_outputs(body.response_format, body.structured_outputs)
+        await fe.check_constraint(constraint, "structured_outputs" if body.structured_outputs else "response_format")
         self.params = []
         for _, ids in self.prompts:
             max_tokens = fe.resolve_max_tokens(body.max_tokens, len(ids))

@@ -129,6 +129,7 @@ class ResponseRun:
         run.plan, constraint = fe.output_plan(run.prompt_ids, tools, tool_choice, constraint=constraint,
                                               parallel_tool_calls=body.parallel_tool_calls is not False)
         run.items = OutputItems(run.plan, run.message_id)
+        await fe.check_constraint(constraint, "tool_choice" if tool_choice not in (None, "none", "auto") else "text")
         max_tokens = fe.resolve_max_tokens(body.max_output_tokens, len(run.prompt_ids), "max_output_tokens")
         top_logprobs = getattr(body, "top_logprobs", None)
         limit = fe.options.get("max_logprobs", 20)
