@@ -45,7 +45,8 @@ class StructuredOutputsParams:
             raise ValueError("structured_outputs.choice must be a non-empty list of strings")
         for name in ("regex", "grammar", "structural_tag"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, str) or not value.strip()):
+            blank = not value if name == "regex" else not (value or "").strip()  # a regex of blanks is a regex
+            if value is not None and (not isinstance(value, str) or blank):
                 raise ValueError(f"structured_outputs.{name} must be a non-empty string")
         if self.json is not None and not isinstance(self.json, str | dict):
             raise ValueError("structured_outputs.json must be a JSON schema (an object or its text)")

@@ -84,7 +84,7 @@ def _apply_masks_and_bias(logits: torch.Tensor, requests: list[Request]) -> torc
             logits[i, ids] += torch.tensor([params.logit_bias[t] for t in ids.tolist()])
         if request.num_output_tokens < params.min_tokens:
             banned = list(params.stop_token_ids)
-            if not params.ignore_eos:
+            if not params.ignore_eos or request.grammar is not None:  # a grammar ends a sequence with EOS
                 banned.extend(request.eos_token_ids)
             banned = [t for t in banned if t < vocab]
             if banned:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -20,6 +21,7 @@ from llmp.sampling_params import StructuredOutputsParams
 _XGRAMMAR_PREFIX = re.compile(r"^\[[\d:]+\] \S+?:\d+: ")
 # whitespace runs inside JSON are capped: enough for deep indentation, not for a model stuck emitting blanks
 MAX_WHITESPACE_RUN = 16
+COMPILED_CACHE_SIZE = 256
 
 
 class GrammarCompiler:
@@ -29,12 +31,35 @@ class GrammarCompiler:
         import xgrammar as xgr
 
         self.vocab_size = vocab_size
-        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
-                                                  stop_token_ids=sorted(eos_token_ids) or None)
+        stop = sorted(eos_token_ids) or None
+        detected = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop)
+        # special tokens (<s>, <|im_start|>) as empty strings: xgrammar never allows an empty token, where
+        # it would read "<s>" as that text although the detokenizer drops it
+        special = set(getattr(tokenizer, "all_special_ids", []) or [])
+        special.update(i for i, t in (getattr(tokenizer, "added_tokens_decoder", {}) or {}).items()
+                       if getattr(t, "special", False))
+        vocab = [""] * vocab_size
+        for token, index in tokenizer.get_vocab().items():
+            if index < vocab_size and index not in special:
+                vocab[index] = token
+        info = xgr.TokenizerInfo(vocab, detected.vocab_type, vocab_size=vocab_size, stop_token_ids=stop,
+                                 add_prefix_space=detected.add_prefix_space)
         self.compiler = xgr.GrammarCompiler(info, cache_enabled=True)
+        self.compiled: OrderedDict[str, Any] = OrderedDict()  # by the constraint's text: checks are not redone
 
     def compile(self, params: StructuredOutputsParams) -> Any:
         """The compiled grammar of ``params``; ``ValueError`` naming the problem if it is invalid."""
+        key = json.dumps([params.kind, getattr(params, params.kind), params.disable_any_whitespace], sort_keys=True)
+        compiled = self.compiled.get(key)
+        if compiled is None:
+            compiled = self._compile(params)
+            self.compiled[key] = compiled
+            if len(self.compiled) > COMPILED_CACHE_SIZE:
+                self.compiled.popitem(last=False)
+        self.compiled.move_to_end(key)
+        return compiled
+
+    def _compile(self, params: StructuredOutputsParams) -> Any:
         kind = params.kind
         try:
             if kind in ("json", "json_object"):
@@ -93,7 +118,9 @@ def bounded_strings_as_patterns(schema: Any) -> Any:
     out = {key: bounded_strings_as_patterns(value) if key not in ("enum", "const", "default", "examples") else value
            for key, value in schema.items()}
     bounded = "minLength" in out or "maxLength" in out
-    if out.get("type") == "string" and bounded and "pattern" not in out and "format" not in out:
+    kind = out.get("type")
+    stringy = kind in (None, "string") or (isinstance(kind, list) and "string" in kind)  # lengths bind strings only
+    if stringy and bounded and "pattern" not in out and "format" not in out:
         low, high = int(out.pop("minLength", 0)), out.pop("maxLength", None)
         out["pattern"] = f"^[^\"\\\\\\x00-\\x1f]{{{low},{'' if high is None else int(high)}}}$"
     return out
