@@ -16,7 +16,6 @@ import anthropic
 import httpx
 import jsonschema
 import pytest
-
 from llmp.testing import LiveServer, save_tiny_llama, serving
 
 WEATHER = {"name": "get_weather", "description": "Weather of a city",
@@ -115,8 +114,8 @@ def test_tool_choice_tool_and_disable_parallel_give_one_call(tools_server):
 
 
 def test_streamed_tool_use_adds_up_to_the_whole_message(tools_server):
-    body = dict(model=MODEL, messages=ASK, max_tokens=120, tools=TOOLS,
-                tool_choice={"type": "any"}, extra_body={"temperature": 0})
+    body = {"model": MODEL, "messages": ASK, "max_tokens": 300, "tools": TOOLS, "tool_choice": {"type": "any"},
+            "extra_body": {"temperature": 0}}
     with _client(tools_server) as client:
         whole = client.messages.create(**body)
         events = list(client.messages.create(**body, stream=True))
