@@ -88,9 +88,9 @@ def _apply_masks_and_bias(logits: torch.Tensor, requests: list[Request]) -> torc
                 banned.extend(request.eos_token_ids)
             banned = [t for t in banned if t < vocab]
             if banned:
-                kept = logits[i, banned].clone()
+                kept = logits[i, banned].clone() if request.grammar is not None else None
                 logits[i, banned] = float("-inf")
-                if request.grammar is not None and bool(torch.isneginf(logits[i]).all()):
+                if kept is not None and bool(torch.isneginf(logits[i]).all()):
                     logits[i, banned] = kept  # the grammar is complete: it may only end, min_tokens or not
     return logits
 
