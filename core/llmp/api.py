@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
@@ -372,6 +372,21 @@ class KernelSet(Protocol):
         With ``softcap`` the scores are capped as ``softcap * tanh(scores / softcap)``
         before the softmax (Gemma 2)."""
         ...
+
+
+@runtime_checkable
+class PacksLinear(Protocol):
+    """Optional part of a :class:`KernelSet`: linear layers computed from a re-laid-out weight.
+
+    The model runner calls ``pack_linear`` once per linear layer after the
+    weights are loaded. The set returns a function computing
+    ``x @ weight.T (+ bias)`` for x [T, in] -> [T, out], free to keep the weight
+    in whatever layout its matmul reads fastest (oneDNN's blocked layouts,
+    quantized copies ...), or ``None`` to leave the layer on ``F.linear``.
+    The layer drops its dense weight afterwards unless another module shares it.
+    """
+
+    def pack_linear(self, weight: Tensor, bias: Tensor | None) -> Callable[[Tensor], Tensor] | None: ...
 
 
 class Model(Protocol):

@@ -181,7 +181,7 @@ def test_engine_life_cycle_hooks_see_the_chosen_components(tiny):
         llm.shutdown()
     assert [event for event, _ in seen] == ["started", "stopped"]
     info = seen[0][1]
-    assert (info.kernels, info.scheduler, info.kv_manager, info.device) == ("torch", "default", "default", "cpu")
+    assert (info.kernels, info.scheduler, info.kv_manager, info.device) == ("cpu", "default", "default", "cpu")
 
 
 def test_max_model_len_beyond_the_models_context_is_refused(tiny):

@@ -23,5 +23,5 @@ def llmp_register_commands() -> Iterator[CommandSpec]:
     )
     yield CommandSpec(
         name="bench", impl="llmp.cli.bench_cmd:app",
-        help="Benchmarks: `llmp bench serve` load-tests an OpenAI-compatible server.",
+        help="Benchmarks: `llmp bench throughput` and `latency` (offline), `llmp bench serve` (a server under load).",
     )

@@ -1,4 +1,5 @@
-"""``llmp bench``: benchmarks. ``llmp bench serve`` load-tests any OpenAI-compatible server.
+"""``llmp bench``: benchmarks. ``llmp bench serve`` load-tests any OpenAI-compatible server;
+``llmp bench throughput`` and ``llmp bench latency`` (in ``bench_offline``) run the engine in-process.
 
 Requests stream; each one's TTFT, inter-token gaps and end-to-end latency are
 timed on arrival of its chunks, and token counts come from the server's usage
@@ -20,9 +21,14 @@ import typer
 from pydantic import Field
 
 from llmp.cli import ConfigOption
+from llmp.cli.bench_offline import latency, throughput
 from llmp.config import CommandSettings, load_settings
 
-app = typer.Typer(help="Benchmarks: `llmp bench serve` load-tests an OpenAI-compatible server.", no_args_is_help=True)
+app = typer.Typer(
+    help="Benchmarks: `llmp bench serve` load-tests an OpenAI-compatible server; `llmp bench throughput` and "
+         "`llmp bench latency` time the engine in this process.",
+    no_args_is_help=True,
+)
 
 # Common English words: most are one token in real tokenizers, so N words are about N tokens.
 WORDS = tuple(
@@ -105,6 +111,10 @@ def serve(
         save_report(report, settings.save_result)
     if report["failed"]:
         raise typer.Exit(1)  # a load test with failures must not pass for a clean one in scripts
+
+
+app.command("throughput")(throughput)  # after serve: the group lists its commands in this order
+app.command("latency")(latency)
 
 
 def save_report(report: dict[str, Any], path: Path) -> None:

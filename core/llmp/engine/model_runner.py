@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from llmp import registry
-from llmp.api import AttentionMetadata
+from llmp.api import AttentionMetadata, PacksLinear
 from llmp.engine.config import EngineConfig
 from llmp.engine.sampler import Sampler, TokenLogprobs, gather_logprobs
 from llmp.engine.scheduler import SchedulerOutput
@@ -81,6 +81,10 @@ class ModelRunner:
         if hasattr(model, "tie_weights"):
             model.tie_weights()
         model.load_weights(iter_weights(model_dir))
+        if isinstance(self.kernels, PacksLinear):
+            from llmp.modeling.layers import pack_linear_layers
+
+            pack_linear_layers(model, self.kernels)
         return model.eval()
 
     # -- KV cache --------------------------------------------------------

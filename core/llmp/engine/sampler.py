@@ -35,6 +35,8 @@ class Sampler:
         logits = logits.float()
         wants_logprobs = [r.params.logprobs is not None for r in requests]
         raw_logprobs = logits.log_softmax(-1) if any(wants_logprobs) else None
+        if all(_plain_greedy(r) for r in requests):  # the common fast path: nothing to mask, copy or draw
+            return self._finish(logits.max(-1).indices.tolist(), requests, wants_logprobs, raw_logprobs)
         logits = logits.clone()
         if any(r.grammar is not None for r in requests):
             from llmp.engine.structured_output import apply_grammar_masks
@@ -47,13 +49,25 @@ class Sampler:
         if random_rows:
             rows = torch.tensor(random_rows)
             tokens[rows] = _sample(logits[rows], [requests[i] for i in random_rows])
-        token_list = tokens.tolist()
+        return self._finish(tokens.tolist(), requests, wants_logprobs, raw_logprobs)
+
+    @staticmethod
+    def _finish(token_list: list[int], requests: list[Request], wants_logprobs: list[bool],
+                raw_logprobs: torch.Tensor | None) -> SamplerOutput:
         logprobs: list[TokenLogprobs | None] = [None] * len(requests)
         if raw_logprobs is not None:
             for i, request in enumerate(requests):
                 if wants_logprobs[i]:
                     logprobs[i] = gather_logprobs(raw_logprobs[i], token_list[i], request.params.logprobs)
         return SamplerOutput(token_list, logprobs)
+
+
+def _plain_greedy(request: Request) -> bool:
+    """A greedy row that no mask, bias, ban or penalty changes: its token is the argmax of the raw logits."""
+    params = request.params
+    return (params.is_greedy and request.grammar is None and params.allowed_token_ids is None
+            and not params.logit_bias and request.num_output_tokens >= params.min_tokens
+            and params.repetition_penalty == 1.0 and not params.frequency_penalty and not params.presence_penalty)
 
 
 def gather_logprobs(row: torch.Tensor, token_id: int, k: int) -> TokenLogprobs:

@@ -8,7 +8,8 @@ under ``torch.device("meta")`` allocate nothing until the runner moves them.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -100,7 +101,22 @@ def _with_window(metadata: AttentionMetadata, window: int | None) -> AttentionMe
 
 # -- tensor-parallel linear layers --------------------------------------------
 # With one rank they are plain matmuls; with several, each rank holds a slice of
-# the weight and loads only that slice from the checkpoint.
+# the weight and loads only that slice from the checkpoint. After loading, a
+# kernel set with ``pack_linear`` may take over each matmul (pack_linear_layers).
+
+
+class PackableLinear(nn.Module):
+    """A layer whose ``x @ weight.T`` a kernel set may compute from its own copy of the weight."""
+
+    weight: nn.Parameter
+    packed: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return self.packed(x) if self.packed is not None else F.linear(x, self.weight, bias)
+
+    def packed_bias(self) -> torch.Tensor | None:
+        """The bias the packed matmul adds itself (a row-parallel layer adds its own after the all-reduce)."""
+        return None
 
 Slice = tuple[int, int, int]  # (rows of the full checkpoint matrix, first row kept, rows kept)
 
@@ -122,7 +138,7 @@ def kv_head_slice(num_kv_heads: int, head_dim: int) -> Slice:
     return num_kv_heads * head_dim, (rank * num_kv_heads // size) * head_dim, head_dim
 
 
-class MergedLinear(nn.Module):
+class MergedLinear(PackableLinear):
     """One matmul for several checkpoint matrices stacked along the output dim (q|k|v, gate|up),
     each split over ranks by its :data:`Slice`."""
 
@@ -138,7 +154,10 @@ class MergedLinear(nn.Module):
         self.bias = nn.Parameter(torch.empty(offset)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return self.matmul(x, self.bias)
+
+    def packed_bias(self) -> torch.Tensor | None:
+        return self.bias
 
     def load_shard(self, shard: str, param_name: str, tensor: torch.Tensor) -> None:
         offset, (rows, start, length) = self.shard_offsets[shard]
@@ -157,7 +176,7 @@ class ColumnParallelLinear(MergedLinear):
         self.load_shard("", param_name, tensor)
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(PackableLinear):
     """Input columns split over ranks; partial outputs are summed over ranks."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
@@ -168,7 +187,7 @@ class RowParallelLinear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = all_reduce(F.linear(x, self.weight))
+        out = all_reduce(self.matmul(x))
         return out + self.bias if self.bias is not None else out
 
     def load_weight(self, param_name: str, tensor: torch.Tensor) -> None:
@@ -204,12 +223,33 @@ class VocabParallelEmbedding(nn.Module):
         self.weight.data[: kept.shape[0]].copy_(kept)
 
 
-class ParallelLMHead(VocabParallelEmbedding):
+class ParallelLMHead(VocabParallelEmbedding, PackableLinear):
     """Logits over the vocabulary, computed per rank on its rows and gathered."""
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(hidden, self.weight)
+        logits = self.matmul(hidden)
         return all_gather(logits, dim=-1)[..., : self.vocab_size] if tp_size() > 1 else logits
+
+
+def pack_linear_layers(model: nn.Module, kernels: Any) -> int:
+    """Let ``kernels.pack_linear`` take over every linear layer's matmul, once, after loading.
+
+    A layer whose weight was packed drops its dense copy, unless another module
+    shares that parameter (a head tied to the embedding). Returns the number of
+    layers packed.
+    """
+    uses = Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))
+    packed = 0
+    for module in model.modules():
+        if not isinstance(module, PackableLinear) or module.weight.numel() == 0:
+            continue
+        bias = module.packed_bias()
+        module.packed = kernels.pack_linear(module.weight.detach(), None if bias is None else bias.detach())
+        if module.packed is not None:
+            packed += 1
+            if uses[id(module.weight)] == 1:
+                module.weight.data = module.weight.data.new_empty(0)
+    return packed
 
 
 class GatedMLP(nn.Module):

@@ -1,0 +1,168 @@
+"""The cpu kernel set against the torch reference set, and the packed linear layers in a real engine.
+
+Caches start filled with NaN, so a kernel that reads a slot it should not shows
+up as NaN in its output.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from llmp import registry
+from llmp.api import AttentionMetadata, KernelSet, PacksLinear
+from llmp_kernels_cpu.kernels import CpuKernels, PackedLinear, plan_step
+from llmp_kernels_torch.kernels import TorchKernels
+
+REF = TorchKernels()
+TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+PACKS_BF16 = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+def test_registered_as_the_default_on_cpu():
+    spec = registry.get_component("kernels", "cpu")
+    assert spec.distribution == "llmp-kernels-cpu" and spec.devices == ("cpu",)
+    assert registry.select_kernels(None, "cpu").name == "cpu"
+    kernels = spec.load()()
+    assert isinstance(kernels, KernelSet) and isinstance(kernels, PacksLinear) and kernels.name == "cpu"
+    assert not isinstance(REF, PacksLinear)  # the reference leaves linear layers on F.linear
+
+
+@pytest.mark.skipif(not PACKS_BF16, reason="this CPU's oneDNN has no bfloat16 matmul")
+@pytest.mark.parametrize("rows", [1, 3, 32, 300])
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_linear_matches_f_linear(rows, bias):
+    torch.manual_seed(rows)
+    weight, x = torch.randn(96, 64).bfloat16(), torch.randn(rows, 64).bfloat16()
+    b = torch.randn(96).bfloat16() if bias else None
+    packed = CpuKernels().pack_linear(weight, b)
+    assert isinstance(packed, PackedLinear) and (packed.out_features, packed.in_features) == (96, 64)
+    expected = torch.nn.functional.linear(x.float(), weight.float(), None if b is None else b.float())
+    torch.testing.assert_close(packed(x).float(), expected, atol=0.1, rtol=2e-2)
+
+
+def test_float32_weights_stay_on_f_linear():
+    assert CpuKernels().pack_linear(torch.randn(8, 4), None) is None
+
+
+def _batch(dtype: torch.dtype, lens: list[int], qlens: list[int], window: int | None, block: int = 4,
+           heads: int = 6, kv_heads: int = 2, dim: int = 16):
+    """A mixed batch over a NaN-filled paged cache whose earlier positions are written."""
+    gen = torch.Generator().manual_seed(sum(lens) + len(lens))
+    num_blocks = sum(-(-n // block) for n in lens) + 4
+    k_cache = torch.full((num_blocks, block, kv_heads, dim), float("nan"), dtype=dtype)
+    v_cache = k_cache.clone()
+    free = torch.randperm(num_blocks, generator=gen).tolist()
+    tables, slots, starts = [], [], [0]
+    for seq_len, q_len in zip(lens, qlens, strict=True):
+        table = [free.pop() for _ in range(-(-seq_len // block))]
+        tables.append(table)
+        for pos in range(seq_len - q_len):
+            k_cache[table[pos // block], pos % block] = torch.randn(kv_heads, dim, generator=gen).to(dtype)
+            v_cache[table[pos // block], pos % block] = torch.randn(kv_heads, dim, generator=gen).to(dtype)
+        slots += [table[p // block] * block + p % block for p in range(seq_len - q_len, seq_len)]
+        starts.append(starts[-1] + q_len)
+    block_tables = torch.zeros(len(lens), max(map(len, tables)), dtype=torch.int32)
+    for i, table in enumerate(tables):
+        block_tables[i, : len(table)] = torch.tensor(table)
+    metadata = AttentionMetadata(torch.tensor(starts, dtype=torch.int32), torch.tensor(lens, dtype=torch.int32),
+                                 block_tables, torch.tensor(slots), max(qlens), max(lens), window)
+    tokens = starts[-1]
+    qkv = [torch.randn(tokens, n, dim, generator=gen).to(dtype) for n in (heads, kv_heads, kv_heads)]
+    return metadata, k_cache, v_cache, qkv
+
+
+BATCHES = {
+    "decodes only": ([9, 17, 5, 30], [1, 1, 1, 1]),
+    "one decode": ([23], [1]),
+    "prefills only": ([7, 12], [7, 12]),
+    "mixed with a cached-prefix chunk": ([9, 13, 7, 20], [1, 13, 1, 3]),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window", [None, 5])
+@pytest.mark.parametrize("batch", list(BATCHES))
+def test_write_and_attend_match_the_reference(dtype, window, batch):
+    lens, qlens = BATCHES[batch]
+    metadata, k_cache, v_cache, (q, k, v) = _batch(dtype, lens, qlens, window)
+    results = []
+    for kernels in (REF, CpuKernels()):
+        kc, vc = k_cache.clone(), v_cache.clone()
+        kernels.write_kv(k, v, kc, vc, metadata.slot_mapping)
+        out = kernels.paged_attention(q, kc, vc, metadata, scale=16**-0.5)
+        results.append((kc, vc, out))
+    (ref_k, ref_v, ref_out), (k_out, v_out, out) = results
+    assert torch.equal(k_out.nan_to_num(7), ref_k.nan_to_num(7)) and torch.equal(v_out.nan_to_num(7), ref_v.nan_to_num(7))
+    assert not out.isnan().any()
+    torch.testing.assert_close(out, ref_out, atol=TOL[dtype], rtol=TOL[dtype])
+
+
+def test_padding_slots_are_skipped_on_write():
+    metadata, k_cache, v_cache, (_, k, v) = _batch(torch.float32, [6, 3], [2, 3], None)
+    slot_mapping = metadata.slot_mapping.clone()
+    slot_mapping[1] = -1
+    kc, vc = k_cache.clone(), v_cache.clone()
+    CpuKernels().write_kv(k, v, kc, vc, slot_mapping)
+    ref_k, ref_v = k_cache.clone(), v_cache.clone()
+    REF.write_kv(k, v, ref_k, ref_v, slot_mapping)
+    assert torch.equal(kc.nan_to_num(7), ref_k.nan_to_num(7)) and torch.equal(vc.nan_to_num(7), ref_v.nan_to_num(7))
+
+
+def test_a_step_is_planned_once_for_every_layer(monkeypatch):
+    metadata, k_cache, v_cache, (q, k, v) = _batch(torch.float32, [9, 17], [1, 1], None)
+    calls = []
+    import llmp_kernels_cpu.kernels as module
+
+    def counting(*args):
+        calls.append(1)
+        return plan_step(*args)
+
+    monkeypatch.setattr(module, "plan_step", counting)
+    kernels = CpuKernels()
+    for _layer in range(3):
+        kernels.paged_attention(q, k_cache, v_cache, metadata, scale=0.25)
+    assert len(calls) == 1
+    kernels.paged_attention(q, k_cache, v_cache, AttentionMetadata(*[getattr(metadata, f) for f in (
+        "query_start_loc", "seq_lens", "block_tables", "slot_mapping", "max_query_len", "max_seq_len")]), scale=0.25)
+    assert len(calls) == 2  # a new step's metadata is planned again
+
+
+def test_padded_decode_positions_read_written_slots():
+    metadata, *_ = _batch(torch.float32, [3, 9], [1, 1], None)
+    plan = plan_step(metadata, 4)
+    slots = plan.decode.slots.view(2, -1)
+    written = {int(s) for s in metadata.block_tables[0, :1].long() * 4 + torch.arange(3)}
+    assert plan.decode.length == 9 and {int(s) for s in slots[0]} <= written
+    assert plan.decode.mask[0, 0, 0].tolist() == [True] * 3 + [False] * 6
+
+
+@pytest.mark.skipif(not PACKS_BF16, reason="this CPU's oneDNN has no bfloat16 matmul")
+def test_a_bfloat16_engine_packs_its_linears_and_agrees_with_the_reference(tmp_path):
+    from llmp import LLM, SamplingParams
+    from llmp.modeling.layers import PackableLinear
+    from llmp.testing import save_tiny_llama
+
+    save_tiny_llama(tmp_path, seed=3)
+    rng = random.Random(0)
+    prompts = [{"prompt_token_ids": [rng.randrange(3, 400) for _ in range(n)]} for n in (5, 17, 9)]
+    params = SamplingParams(temperature=0, max_tokens=1, logprobs=5)
+    logprobs = {}
+    for kernels in ("torch", "cpu"):
+        llm = LLM(str(tmp_path), dtype="bfloat16", kernels=kernels, block_size=4)
+        model = llm.engine.executor.runner.model
+        linears = [m for m in model.modules() if isinstance(m, PackableLinear)]
+        if kernels == "cpu":
+            assert linears and all(m.packed is not None for m in linears)
+            assert model.lm_head.weight.numel() > 0 or not model.tie_word_embeddings
+            assert all(m.weight.numel() == 0 for m in linears if m is not model.lm_head)  # the dense copies are gone
+        else:
+            assert all(m.packed is None for m in linears)
+        outs = llm.generate(prompts, params)
+        logprobs[kernels] = [dict(zip(o.outputs[0].logprobs[0].keys(), (lp.logprob for lp in o.outputs[0].logprobs[0].values()), strict=True)) for o in outs]
+        llm.shutdown() if hasattr(llm, "shutdown") else None
+    for ref, got in zip(logprobs["torch"], logprobs["cpu"], strict=True):
+        common = set(ref) & set(got)
+        assert len(common) >= 4  # the same top tokens
+        assert all(abs(ref[t] - got[t]) < 0.15 for t in common)
