@@ -335,6 +335,10 @@ class KernelSet(Protocol):
 
     Shapes: ``T`` tokens in the flattened batch, ``H`` query heads, ``Hkv``
     KV heads, ``D`` head size, ``N`` hidden size, ``B`` blocks, ``S`` block size.
+
+    Optional attribute: ``mlp_block_rows`` (int). Gated MLPs then run a batch
+    longer than that in blocks of that many rows, so a long prefill's
+    intermediate activations stay in cache (the ``cpu`` set uses 256).
     """
 
     name: str

@@ -265,8 +265,15 @@ class GatedMLP(nn.Module):
         if activation not in activations:
             raise ValueError(f"gated MLP activation {activation!r} is not supported; supported: {', '.join(activations)}")
         self.act_and_mul = activations[activation]
+        self.block_rows: int | None = getattr(kernels, "mlp_block_rows", None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.block_rows is None or x.shape[0] <= self.block_rows:
+            return self._mlp(x)
+        # a kernel set may ask for row blocks: a long prefill's [T, 2I] activations then stay in cache
+        return torch.cat([self._mlp(block) for block in x.split(self.block_rows)])
+
+    def _mlp(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act_and_mul(self.gate_up_proj(x)))
 
 

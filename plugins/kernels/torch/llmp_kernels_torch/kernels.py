@@ -23,7 +23,7 @@ class TorchKernels:
         if residual is not None:
             x = x + residual
         x32 = x.float()
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+        normed = x32 * torch.rsqrt(x32.square().mean(-1, keepdim=True) + eps)
         out = weight * normed.to(x.dtype)
         return out if residual is None else (out, x)
 
