@@ -66,7 +66,7 @@ def _plain_greedy(request: Request) -> bool:
     """A greedy row that no mask, bias, ban or penalty changes: its token is the argmax of the raw logits."""
     params = request.params
     return (params.is_greedy and request.grammar is None and params.allowed_token_ids is None
-            and not params.logit_bias and request.num_output_tokens >= params.min_tokens
+            and not params.logit_bias and not _bans_tokens(request)
             and params.repetition_penalty == 1.0 and not params.frequency_penalty and not params.presence_penalty)
 
 
@@ -82,6 +82,14 @@ def gather_logprobs(row: torch.Tensor, token_id: int, k: int) -> TokenLogprobs:
         values += top.values.tolist()
         ranks += list(range(1, k + 1))
     return TokenLogprobs(ids, values, ranks)
+
+
+def _bans_tokens(request: Request) -> bool:
+    """Whether ``min_tokens`` bans a stop or end token for this row now."""
+    params = request.params
+    if request.num_output_tokens >= params.min_tokens:
+        return False
+    return bool(params.stop_token_ids) or not params.ignore_eos
 
 
 def _apply_masks_and_bias(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
