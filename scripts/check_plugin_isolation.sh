@@ -9,6 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
+export LLMP_OMP_SPIN=${LLMP_OMP_SPIN:-0}  # as ./dev test: no spinning OpenMP threads in test runs
 status=0
 projects=("$@")
 [[ ${#projects[@]} -gt 0 ]] || projects=(plugins/*/*/)

@@ -12,7 +12,9 @@ from typing import Any
 # for each one cost 30-40% of bf16 matrix-vector bandwidth on a 2-core machine (docs/benchmarks.md).
 # Intel's OpenMP, which vLLM's CPU build preloads, spins for 200 ms by default. GNU OpenMP reads
 # this when torch first loads it, so it only takes effect when llmp is imported before torch.
-os.environ.setdefault("GOMP_SPINCOUNT", "10000000")  # about 0.2 s of spinning
+# LLMP_OMP_SPIN=0 keeps GNU OpenMP's default (the test suite does: it runs many engines at once).
+if os.environ.get("LLMP_OMP_SPIN", "1") != "0":
+    os.environ.setdefault("GOMP_SPINCOUNT", "10000000")  # about 0.2 s of spinning
 
 from llmp.hookspecs import hookimpl  # noqa: E402
 

@@ -103,18 +103,23 @@ def serve(
     except KeyboardInterrupt:
         print("llmp: interrupted", file=sys.stderr)
         raise typer.Exit(130) from None
-    if settings.json_output:
-        typer.echo(json.dumps(report, indent=2))
-    else:
-        print_table(report)
-    if settings.save_result is not None:
-        save_report(report, settings.save_result)
+    emit_report(report, settings.json_output, settings.save_result, print_table)
     if report["failed"]:
         raise typer.Exit(1)  # a load test with failures must not pass for a clean one in scripts
 
 
 app.command("throughput")(throughput)  # after serve: the group lists its commands in this order
 app.command("latency")(latency)
+
+
+def emit_report(report: dict[str, Any], json_output: bool, save_result: Path | None, print_table: Any) -> None:
+    """Print a benchmark's report as JSON or as its table; also save it when asked."""
+    if json_output:
+        typer.echo(json.dumps(report, indent=2))
+    else:
+        print_table(report)
+    if save_result is not None:
+        save_report(report, save_result)
 
 
 def save_report(report: dict[str, Any], path: Path) -> None:

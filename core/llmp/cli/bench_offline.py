@@ -9,7 +9,6 @@ functions: this module is imported whenever the CLI lists commands.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any, Literal
@@ -213,14 +212,9 @@ def _interruptible(run: Any, settings: Any) -> dict[str, Any]:
 
 
 def _emit(report: dict[str, Any], settings: BenchEngineSettings, print_table: Any) -> None:
-    from llmp.cli.bench_cmd import save_report
+    from llmp.cli.bench_cmd import emit_report
 
-    if settings.json_output:
-        typer.echo(json.dumps(report, indent=2))
-    else:
-        print_table(report)
-    if settings.save_result is not None:
-        save_report(report, settings.save_result)
+    emit_report(report, settings.json_output, settings.save_result, print_table)
 
 
 # -- the workloads (pure: no engine, no torch) -------------------------------------------
