@@ -57,9 +57,20 @@ class DecodePlan:
 
 
 @dataclass(slots=True)
+class PrefillGroup:
+    """Prefill chunks of equal query and context lengths (requests sharing a prefix, say): one SDPA call."""
+
+    rows: torch.Tensor | None  # [G * Q] the chunks' rows in order; None for one chunk (rows first:end)
+    first: int
+    end: int
+    slots: torch.Tensor  # [G * L] flat slots of each chunk's whole context
+    count: int  # G
+
+
+@dataclass(slots=True)
 class StepPlan:
     decode: DecodePlan | None
-    prefills: list[tuple[int, int, torch.Tensor]]  # (first row, end row, flat slots of the whole context)
+    prefills: list[PrefillGroup]
 
 
 def plan_step(metadata: AttentionMetadata, block_size: int) -> StepPlan:
@@ -82,12 +93,19 @@ def plan_step(metadata: AttentionMetadata, block_size: int) -> StepPlan:
         slots = torch.where(valid, slots, slots.gather(1, lengths[:, None] - 1))
         rows = None if len(decodes) == len(seq_lens) else torch.tensor([starts[r] for r in decodes])
         decode = DecodePlan(rows, slots.reshape(-1), valid[:, None, None, :], longest)
-    prefills = []
+    groups: dict[tuple[int, int], list[int]] = {}
     for r in range(len(seq_lens)) if len(decodes) < len(seq_lens) else ():
         if starts[r + 1] - starts[r] > 1:
-            positions = torch.arange(seq_lens[r])
-            table = metadata.block_tables[r].long()
-            prefills.append((starts[r], starts[r + 1], table[positions // block_size] * block_size + positions % block_size))
+            groups.setdefault((starts[r + 1] - starts[r], seq_lens[r]), []).append(r)
+    prefills = []
+    for (q_len, seq_len), members in groups.items():
+        positions = torch.arange(seq_len)
+        tables = metadata.block_tables[members].long()
+        slots = (tables[:, positions // block_size] * block_size + positions % block_size).reshape(-1)
+        rows = None
+        if len(members) > 1:
+            rows = torch.cat([torch.arange(starts[r], starts[r] + q_len) for r in members])
+        prefills.append(PrefillGroup(rows, starts[members[0]], starts[members[0]] + q_len, slots, len(members)))
     return StepPlan(decode, prefills)
 
 
@@ -102,19 +120,20 @@ def _decode(q: torch.Tensor, k_flat: torch.Tensor, v_flat: torch.Tensor, plan: D
     return out.reshape(requests, heads, dim)
 
 
-def _prefill(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, window: int | None, scale: float) -> torch.Tensor:
-    # q: [Q, H, D], the last Q positions; keys, values: [L, Hkv, D]. 4-D inputs: with 3-D ones
-    # SDPA takes its slow math kernel on CPU instead of the flash kernel.
-    q_len, seq_len = q.shape[0], keys.shape[0]
-    q_ = q.transpose(0, 1).unsqueeze(0)
-    k_, v_ = (t.transpose(0, 1).unsqueeze(0).to(q.dtype) for t in (keys, values))
+def _prefill(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, window: int | None, scale: float,
+             count: int = 1) -> torch.Tensor:
+    # q: [G * Q, H, D], the last Q positions of G chunks; keys, values: [G * L, Hkv, D]. 4-D inputs:
+    # with 3-D ones SDPA takes its slow math kernel on CPU instead of the flash kernel.
+    q_len, seq_len = q.shape[0] // count, keys.shape[0] // count
+    q_ = q.view(count, q_len, *q.shape[1:]).transpose(1, 2)
+    k_, v_ = (t.view(count, seq_len, *t.shape[1:]).transpose(1, 2).to(q.dtype) for t in (keys, values))
     gqa = q.shape[1] != keys.shape[1]
     if q_len == seq_len and window is None:  # no cached prefix: the causal mask is SDPA's own
         out = F.scaled_dot_product_attention(q_, k_, v_, is_causal=True, scale=scale, enable_gqa=gqa)
     else:
         mask = _causal_mask(q_len, seq_len, window, q.device)
         out = F.scaled_dot_product_attention(q_, k_, v_, attn_mask=mask, scale=scale, enable_gqa=gqa)
-    return out.squeeze(0).transpose(0, 1)
+    return out.transpose(1, 2).reshape(q.shape)
 
 
 class _PlanCache:
@@ -191,7 +210,11 @@ class CpuKernels(TorchKernels):
         out = torch.empty_like(q)
         if decode is not None:
             out[decode.rows] = _decode(q[decode.rows], k_flat, v_flat, decode, scale)
-        for first, end, slots in plan.prefills:
-            keys, values = k_flat.index_select(0, slots), v_flat.index_select(0, slots)
-            out[first:end] = _prefill(q[first:end], keys, values, metadata.sliding_window, scale)
+        for group in plan.prefills:
+            keys, values = k_flat.index_select(0, group.slots), v_flat.index_select(0, group.slots)
+            if group.rows is None:
+                out[group.first : group.end] = _prefill(q[group.first : group.end], keys, values,
+                                                        metadata.sliding_window, scale)
+            else:
+                out[group.rows] = _prefill(q[group.rows], keys, values, metadata.sliding_window, scale, group.count)
         return out

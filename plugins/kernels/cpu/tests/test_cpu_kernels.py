@@ -78,6 +78,8 @@ BATCHES = {
     "one decode": ([23], [1]),
     "prefills only": ([7, 12], [7, 12]),
     "mixed with a cached-prefix chunk": ([9, 13, 7, 20], [1, 13, 1, 3]),
+    "equal chunks after a shared prefix": ([21, 9, 21, 21, 6], [5, 1, 5, 5, 6]),
+    "equal whole prompts": ([6, 6, 6], [6, 6, 6]),
 }
 
 
@@ -127,6 +129,15 @@ def test_a_step_is_planned_once_for_every_layer(monkeypatch):
     kernels.paged_attention(q, k_cache, v_cache, AttentionMetadata(*[getattr(metadata, f) for f in (
         "query_start_loc", "seq_lens", "block_tables", "slot_mapping", "max_query_len", "max_seq_len")]), scale=0.25)
     assert len(calls) == 2  # a new step's metadata is planned again
+
+
+def test_equal_prefill_chunks_form_one_group():
+    metadata, *_ = _batch(torch.float32, [21, 9, 21, 21, 6], [5, 1, 5, 5, 6], None)
+    plan = plan_step(metadata, 4)
+    shapes = sorted((g.count, g.end - g.first) for g in plan.prefills)
+    assert shapes == [(1, 6), (3, 5)]
+    group = next(g for g in plan.prefills if g.count == 3)
+    assert group.rows.tolist() == [0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]
 
 
 def test_padded_decode_positions_read_written_slots():
