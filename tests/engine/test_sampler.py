@@ -95,6 +95,20 @@ def test_greedy_is_argmax():
     assert out.logprobs == [None] * 16
 
 
+def test_bfloat16_logits_give_the_float32_results():
+    # the model runner hands over logits in the model's dtype; converting is the sampler's job
+    torch.manual_seed(0)
+    logits = torch.randn(8, 50).bfloat16()
+    wide = logits.float()
+    for params in ({"temperature": 0.0}, {"temperature": 0.0, "logprobs": 3}, {"temperature": 0.0, "logit_bias": {7: 100.0}}):
+        requests = [make(rid=str(i), **params) for i in range(8)]
+        narrow_out, wide_out = sample(logits, requests), sample(wide, requests)
+        assert narrow_out.token_ids == wide_out.token_ids
+        assert narrow_out.logprobs == wide_out.logprobs
+    assert sample(logits, [make(temperature=0.0, logit_bias={7: 100.0})] * 8).token_ids == [7] * 8
+    assert torch.equal(logits.float(), wide)  # untouched
+
+
 @pytest.mark.parametrize("params", [{"top_k": 1}, {"top_k": 1, "temperature": 5.0}, {"top_p": 1e-6}, {"min_p": 1.0}])
 def test_truncation_to_one_token_equals_greedy(params):
     torch.manual_seed(0)

@@ -122,7 +122,8 @@ class ModelRunner:
         logits = None
         if inputs.logit_rows:
             rows = torch.tensor(inputs.logit_rows, device=device)
-            logits = self.model.compute_logits(hidden[rows]).float().cpu()
+            # in the model's dtype: the sampler converts only when it needs to (a greedy argmax does not)
+            logits = self.model.compute_logits(hidden[rows]).cpu()
         prompt_logits = [self.model.compute_logits(hidden[start : start + count]).float().cpu()
                          for start, count in inputs.prompt_rows]
         return StepLogits(logits, prompt_logits)

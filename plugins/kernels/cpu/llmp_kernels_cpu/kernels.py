@@ -50,10 +50,12 @@ def _packs(dtype: torch.dtype) -> bool:
 
 @dataclass(slots=True)
 class DecodePlan:
-    rows: torch.Tensor | None  # the decode rows of the batch; None when every row is a decode
+    """Decodes of similar context length: one SDPA call, keys padded to the group's longest."""
+
+    rows: torch.Tensor | None  # the group's rows of the batch; None when it is every row, in order
     slots: torch.Tensor  # [R * L] flat cache slot of each (request, position); padding reads a valid slot
-    mask: torch.Tensor  # [R, 1, 1, L] bool, True where the position is attended
-    length: int  # L, the longest context among the decodes
+    mask: torch.Tensor | None  # [R, 1, 1, L] bool, True where the position is attended; None: all of it
+    length: int  # L, the longest context in the group
 
 
 @dataclass(slots=True)
@@ -69,8 +71,46 @@ class PrefillGroup:
 
 @dataclass(slots=True)
 class StepPlan:
-    decode: DecodePlan | None
+    decodes: list[DecodePlan]
     prefills: list[PrefillGroup]
+
+
+# Decodes are grouped by context length so that short contexts are not padded to the longest one:
+# a group closes at a context shorter than this fraction of its longest, once it has enough members
+# (each SDPA call has a fixed cost). Attention time is proportional to the padded area.
+_DECODE_GROUP_RATIO = 0.75
+_DECODE_GROUP_MIN = 8
+
+
+def decode_groups(decodes: list[int], seq_lens: list[int]) -> list[list[int]]:
+    """The decode requests in groups of similar context length, longest first."""
+    groups: list[list[int]] = []
+    current: list[int] = []
+    for r in sorted(decodes, key=lambda r: -seq_lens[r]):
+        if len(current) >= _DECODE_GROUP_MIN and seq_lens[r] < _DECODE_GROUP_RATIO * seq_lens[current[0]]:
+            groups.append(current)
+            current = []
+        current.append(r)
+    return [*groups, current] if groups else [decodes]  # one group keeps the batch order: no scatter
+
+
+def _plan_decode(metadata: AttentionMetadata, members: list[int], seq_lens: list[int], starts: list[int] | None,
+                 block_size: int) -> DecodePlan:
+    # starts is None when the members are every row of the batch, in order
+    lengths = metadata.seq_lens[members].long() if starts is not None else metadata.seq_lens.long()
+    longest = max(seq_lens[r] for r in members)
+    positions = torch.arange(longest)
+    tables = metadata.block_tables[members, : -(-longest // block_size)].long()
+    slots = tables[:, positions // block_size] * block_size + positions % block_size  # [R, L]
+    valid = positions < lengths[:, None]
+    if metadata.sliding_window is not None:
+        valid &= positions > (lengths[:, None] - 1 - metadata.sliding_window)
+    # Past a sequence's end the slots were never written (they may hold NaN, and 0 * NaN is NaN
+    # even where the mask gives no weight): read a slot the sequence did write instead.
+    slots = torch.where(valid, slots, slots.gather(1, lengths[:, None] - 1))
+    rows = None if starts is None else torch.tensor([starts[r] for r in members])
+    mask = None if bool(valid.all()) else valid[:, None, None, :]
+    return DecodePlan(rows, slots.reshape(-1), mask, longest)
 
 
 def plan_step(metadata: AttentionMetadata, block_size: int) -> StepPlan:
@@ -78,21 +118,10 @@ def plan_step(metadata: AttentionMetadata, block_size: int) -> StepPlan:
     starts = metadata.query_start_loc.tolist()
     seq_lens = metadata.seq_lens.tolist()
     decodes = [r for r in range(len(seq_lens)) if starts[r + 1] - starts[r] == 1]
-    decode = None
-    if decodes:
-        lengths = metadata.seq_lens[decodes].long() if len(decodes) < len(seq_lens) else metadata.seq_lens.long()
-        longest = max(seq_lens[r] for r in decodes)
-        positions = torch.arange(longest)
-        tables = metadata.block_tables[decodes, : -(-longest // block_size)].long()
-        slots = tables[:, positions // block_size] * block_size + positions % block_size  # [R, L]
-        valid = positions < lengths[:, None]
-        if metadata.sliding_window is not None:
-            valid &= positions > (lengths[:, None] - 1 - metadata.sliding_window)
-        # Past a sequence's end the slots were never written (they may hold NaN, and 0 * NaN is NaN
-        # even where the mask gives no weight): read a slot the sequence did write instead.
-        slots = torch.where(valid, slots, slots.gather(1, lengths[:, None] - 1))
-        rows = None if len(decodes) == len(seq_lens) else torch.tensor([starts[r] for r in decodes])
-        decode = DecodePlan(rows, slots.reshape(-1), valid[:, None, None, :], longest)
+    decode_plans = []
+    for members in decode_groups(decodes, seq_lens) if decodes else ():
+        in_order = members is decodes and len(decodes) == len(seq_lens)
+        decode_plans.append(_plan_decode(metadata, members, seq_lens, None if in_order else starts, block_size))
     groups: dict[tuple[int, int], list[int]] = {}
     for r in range(len(seq_lens)) if len(decodes) < len(seq_lens) else ():
         if starts[r + 1] - starts[r] > 1:
@@ -106,7 +135,7 @@ def plan_step(metadata: AttentionMetadata, block_size: int) -> StepPlan:
         if len(members) > 1:
             rows = torch.cat([torch.arange(starts[r], starts[r] + q_len) for r in members])
         prefills.append(PrefillGroup(rows, starts[members[0]], starts[members[0]] + q_len, slots, len(members)))
-    return StepPlan(decode, prefills)
+    return StepPlan(decode_plans, prefills)
 
 
 def _decode(q: torch.Tensor, k_flat: torch.Tensor, v_flat: torch.Tensor, plan: DecodePlan, scale: float) -> torch.Tensor:
@@ -204,11 +233,10 @@ class CpuKernels(TorchKernels):
             return super().paged_attention(q, k_cache, v_cache, metadata, scale, softcap)
         plan = self._plans.get(metadata, k_cache.shape[1])
         k_flat, v_flat = k_cache.view(-1, *k_cache.shape[2:]), v_cache.view(-1, *v_cache.shape[2:])
-        decode = plan.decode
-        if decode is not None and decode.rows is None:  # decodes only: no scatter into a fresh output
-            return _decode(q, k_flat, v_flat, decode, scale)
+        if len(plan.decodes) == 1 and plan.decodes[0].rows is None:  # decodes only: no scatter
+            return _decode(q, k_flat, v_flat, plan.decodes[0], scale)
         out = torch.empty_like(q)
-        if decode is not None:
+        for decode in plan.decodes:
             out[decode.rows] = _decode(q[decode.rows], k_flat, v_flat, decode, scale)
         for group in plan.prefills:
             keys, values = k_flat.index_select(0, group.slots), v_flat.index_select(0, group.slots)

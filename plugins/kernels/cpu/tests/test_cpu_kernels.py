@@ -12,7 +12,7 @@ import pytest
 import torch
 from llmp import registry
 from llmp.api import AttentionMetadata, KernelSet, PacksLinear
-from llmp_kernels_cpu.kernels import CpuKernels, PackedLinear, plan_step
+from llmp_kernels_cpu.kernels import CpuKernels, PackedLinear, decode_groups, plan_step
 from llmp_kernels_torch.kernels import TorchKernels
 
 REF = TorchKernels()
@@ -80,6 +80,11 @@ BATCHES = {
     "mixed with a cached-prefix chunk": ([9, 13, 7, 20], [1, 13, 1, 3]),
     "equal chunks after a shared prefix": ([21, 9, 21, 21, 6], [5, 1, 5, 5, 6]),
     "equal whole prompts": ([6, 6, 6], [6, 6, 6]),
+    # enough decodes of spread lengths to split into length groups, with a prefill chunk between them
+    "decodes in length groups": ([40, 3, 38, 7, 12, 33, 9, 25, 18, 30, 5, 22, 14, 36, 11, 27, 8, 20, 16, 31, 29],
+                                 [1] * 10 + [4] + [1] * 10),
+    "decodes in length groups only": ([40, 3, 38, 7, 12, 33, 9, 25, 18, 30, 5, 22, 14, 36, 11, 27, 8, 20, 16, 31],
+                                      [1] * 20),
 }
 
 
@@ -143,10 +148,28 @@ def test_equal_prefill_chunks_form_one_group():
 def test_padded_decode_positions_read_written_slots():
     metadata, *_ = _batch(torch.float32, [3, 9], [1, 1], None)
     plan = plan_step(metadata, 4)
-    slots = plan.decode.slots.view(2, -1)
+    (decode,) = plan.decodes
+    slots = decode.slots.view(2, -1)
     written = {int(s) for s in metadata.block_tables[0, :1].long() * 4 + torch.arange(3)}
-    assert plan.decode.length == 9 and {int(s) for s in slots[0]} <= written
-    assert plan.decode.mask[0, 0, 0].tolist() == [True] * 3 + [False] * 6
+    assert decode.length == 9 and decode.rows is None and {int(s) for s in slots[0]} <= written
+    assert decode.mask[0, 0, 0].tolist() == [True] * 3 + [False] * 6
+
+
+def test_decodes_are_grouped_by_context_length():
+    lens = [40, 3, 38, 7, 12, 33, 9, 25, 18, 30, 5, 22, 14, 36, 11, 27, 8, 20, 16, 31]
+    groups = decode_groups(list(range(len(lens))), lens)
+    assert sorted(r for g in groups for r in g) == list(range(len(lens)))
+    assert len(groups) > 1 and all(len(g) >= 8 for g in groups[:-1])
+    for group in groups[:-1]:  # a group closes only at a length below 0.75 of its longest
+        assert min(lens[r] for r in group) >= 0.75 * max(lens[r] for r in group) or len(group) == 8
+    padded = sum(len(g) * max(lens[r] for r in g) for g in groups)
+    assert padded < 0.75 * len(lens) * max(lens)  # against one group padded to 40
+    metadata, *_ = _batch(torch.float32, lens, [1] * len(lens), None)
+    plans = plan_step(metadata, 4).decodes
+    assert [p.length for p in plans] == [max(lens[r] for r in g) for g in groups]
+    assert [p.rows.tolist() for p in plans] == groups  # every row a decode: a row is its request
+    # a few decodes stay one group, in batch order: no gather of q, no scatter of the output
+    assert decode_groups([0, 1, 2], [30, 4, 17]) == [[0, 1, 2]]
 
 
 @pytest.mark.skipif(not PACKS_BF16, reason="this CPU's oneDNN has no bfloat16 matmul")
