@@ -401,6 +401,12 @@ class Model(Protocol):
     with ``to_empty``, calls ``tie_weights()`` if present, then ``load_weights``.
     A class with a ``load_pretrained(model_dir, config, kernels, dtype, device)``
     classmethod builds and loads itself instead (the transformers fallback).
+
+    ``config`` holds every attribute of transformers' config for the model
+    directory, aliases included. A native model (``ModelSpec.model_impl ==
+    "native"``) gets it as ``llmp.modeling.model_config.PlainConfig``, read
+    from llmp's cache without importing transformers; a ``"transformers"``
+    model gets transformers' own config object.
     A pooling model sets ``is_pooling_model = True``; the runner pools the
     hidden states of ``forward`` and never calls ``compute_logits``.
     """

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from llmp import plugins, registry
@@ -45,9 +47,9 @@ def resolve_task(requested: str, model_spec: Any, model_dir: Any) -> str:
 class LLMEngine:
     def __init__(self, config: EngineConfig, stat_loggers: Sequence[Any] = ()) -> None:
         import torch
-        from transformers import AutoConfig
 
         from llmp.modeling.files import load_tokenizer, resolve_model
+        from llmp.modeling.model_config import load_model_config
 
         self.config = config
         started = time.perf_counter()
@@ -56,11 +58,8 @@ class LLMEngine:
         self.pm = plugins.load_plugins()
         model_dir = resolve_model(config.model)
         self.model_dir = model_dir
-        self.hf_config = AutoConfig.from_pretrained(model_dir)
+        model_spec, self.hf_config = load_model_config(model_dir, config.model_impl)
         self.tokenizer = load_tokenizer(config.tokenizer or model_dir)
-        from llmp.engine.model_runner import architectures
-
-        model_spec = registry.select_model(architectures(self.hf_config), config.model_impl)
         self.task = resolve_task(config.task, model_spec, model_dir)
         if self.task == "embed":
             from llmp.modeling.pooling import Pooler, as_pooling_model
@@ -148,12 +147,10 @@ class LLMEngine:
 
     def _eos_token_ids(self) -> frozenset[int]:
         # the union of the config's, the tokenizer's and generation_config.json's end tokens
-        from transformers import GenerationConfig
-
         sources = [getattr(self.hf_config, "eos_token_id", None), getattr(self.tokenizer, "eos_token_id", None)]
         try:
-            sources.append(GenerationConfig.from_pretrained(self.model_dir).eos_token_id)
-        except OSError:  # no generation_config.json
+            sources.append(json.loads((Path(self.model_dir) / "generation_config.json").read_text()).get("eos_token_id"))
+        except (OSError, ValueError, AttributeError):  # none, unreadable, or not an object
             pass
         ids: set[int] = set()
         for value in sources:

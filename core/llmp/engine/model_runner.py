@@ -77,7 +77,9 @@ class ModelRunner:
             return model_cls.load_pretrained(model_dir, hf_config, self.kernels, self.dtype, self.device).eval()
         with torch.device("meta"):
             model = model_cls(hf_config, self.kernels)
-        model = model.to(dtype=self.dtype).to_empty(device=self.device)
+        # what Module.to_empty does, with torch.empty: empty_like of a meta tensor goes through
+        # torch._refs, whose first use imports sympy (a third of a second of start-up)
+        model = model.to(dtype=self.dtype)._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=self.device))
         if hasattr(model, "tie_weights"):
             model.tie_weights()
         model.load_weights(iter_weights(model_dir))

@@ -13,10 +13,10 @@ from llmp.engine.config import EngineConfig
 class Worker:
     def __init__(self, config: EngineConfig, model_dir: str, rank: int, world_size: int, init_method: str) -> None:
         import torch
-        from transformers import AutoConfig
 
         from llmp import plugins
         from llmp.engine.model_runner import ModelRunner
+        from llmp.modeling.model_config import load_model_config
         from llmp.modeling.parallel import init_tensor_parallel
 
         threads = config.num_threads or max(1, (os.cpu_count() or 1) // world_size)
@@ -24,7 +24,8 @@ class Worker:
         init_tensor_parallel(rank, world_size, init_method)
         plugins.load_plugins()
         self.rank = rank
-        self.runner = ModelRunner(config, Path(model_dir), AutoConfig.from_pretrained(model_dir))
+        _, model_config = load_model_config(model_dir, config.model_impl)
+        self.runner = ModelRunner(config, Path(model_dir), model_config)
 
     def describe(self) -> dict[str, Any]:
         return {
