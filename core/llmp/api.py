@@ -397,8 +397,8 @@ class Model(Protocol):
     """A causal LM the model runner drives (``llmp.modeling.layers.CausalLM`` implements
     everything but ``__init__`` and ``forward``).
 
-    The runner builds it under ``torch.device("meta")``, moves it to the device
-    with ``to_empty``, calls ``tie_weights()`` if present, then ``load_weights``.
+    The runner builds it under ``torch.device("meta")``, gives it empty tensors
+    on the device (as ``to_empty`` does), calls ``tie_weights()`` if present, then ``load_weights``.
     A class with a ``load_pretrained(model_dir, config, kernels, dtype, device)``
     classmethod builds and loads itself instead (the transformers fallback).
 
@@ -407,6 +407,7 @@ class Model(Protocol):
     "native"``) gets it as ``llmp.modeling.model_config.PlainConfig``, read
     from llmp's cache without importing transformers; a ``"transformers"``
     model gets transformers' own config object.
+
     A pooling model sets ``is_pooling_model = True``; the runner pools the
     hidden states of ``forward`` and never calls ``compute_logits``.
     """

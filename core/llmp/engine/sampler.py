@@ -34,13 +34,14 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, requests: list[Request]) -> SamplerOutput:
         # logits: [R, V] in the model's dtype (bfloat16 logits become float32 here only when needed)
         wants_logprobs = [r.params.logprobs is not None for r in requests]
-        if not any(wants_logprobs) and all(_plain_greedy(r) for r in requests):
+        plain_greedy = all(_plain_greedy(r) for r in requests)
+        if plain_greedy and not any(wants_logprobs):
             # the common fast path: nothing to mask, copy or draw. A float32 copy of 64 rows of a
             # 152k vocabulary costs more than the argmax, and converting cannot change which is largest.
             return self._finish(logits.max(-1).indices.tolist(), requests, wants_logprobs, None)
         given, logits = logits, logits.float()
         raw_logprobs = logits.log_softmax(-1) if any(wants_logprobs) else None
-        if all(_plain_greedy(r) for r in requests):
+        if plain_greedy:
             return self._finish(logits.max(-1).indices.tolist(), requests, wants_logprobs, raw_logprobs)
         if logits is given:  # the masks below write in place
             logits = logits.clone()
