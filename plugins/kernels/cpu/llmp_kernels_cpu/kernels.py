@@ -56,6 +56,10 @@ class DecodePlan:
     slots: torch.Tensor  # [R * L] flat cache slot of each (request, position); padding reads a valid slot
     mask: torch.Tensor | None  # [R, 1, 1, L] bool, True where the position is attended; None: all of it
     length: int  # L, the longest context in the group
+    tables: torch.Tensor  # [R, ceil(L / block_size)] the members' block tables (padded past their own blocks)
+    lengths: torch.Tensor  # [R] the members' context lengths
+    key: int | None = None  # names the group's gathered keys (see _Mirrors); kept by the same group next step
+    continued: bool = False  # the same requests were a group of the previous step
 
 
 @dataclass(slots=True)
@@ -80,6 +84,8 @@ class StepPlan:
 # (each SDPA call has a fixed cost). Attention time is proportional to the padded area.
 _DECODE_GROUP_RATIO = 0.75
 _DECODE_GROUP_MIN = 8
+# A decode group's mirror (see _Mirrors) has room for this many more positions before it is gathered again.
+_MIRROR_HEADROOM = 64
 
 
 def decode_groups(decodes: list[int], seq_lens: list[int]) -> list[list[int]]:
@@ -110,7 +116,20 @@ def _plan_decode(metadata: AttentionMetadata, members: list[int], seq_lens: list
     slots = torch.where(valid, slots, slots.gather(1, lengths[:, None] - 1))
     rows = None if starts is None else torch.tensor([starts[r] for r in members])
     mask = None if bool(valid.all()) else valid[:, None, None, :]
-    return DecodePlan(rows, slots.reshape(-1), mask, longest)
+    return DecodePlan(rows, slots.reshape(-1), mask, longest, tables, lengths)
+
+
+def continues(previous: DecodePlan, current: DecodePlan, block_size: int) -> bool:
+    """Whether ``current`` is ``previous`` one token later: the same requests, in the same order.
+
+    The requests are recognised by their blocks: every block under the previous context is the same
+    (a block in use is never rewritten below its sequence's length) and each length grew by one.
+    """
+    if current.lengths.shape != previous.lengths.shape or not torch.equal(current.lengths, previous.lengths + 1):
+        return False
+    width = previous.tables.shape[1]
+    used = torch.arange(width) * block_size < previous.lengths[:, None]
+    return bool(((current.tables[:, :width] == previous.tables) | ~used).all())
 
 
 def plan_step(metadata: AttentionMetadata, block_size: int) -> StepPlan:
@@ -138,14 +157,13 @@ def plan_step(metadata: AttentionMetadata, block_size: int) -> StepPlan:
     return StepPlan(decode_plans, prefills)
 
 
-def _decode(q: torch.Tensor, k_flat: torch.Tensor, v_flat: torch.Tensor, plan: DecodePlan, scale: float) -> torch.Tensor:
-    # q: [R, H, D]; caches flattened to [slots, Hkv, D]. Each KV head's query heads become its query rows.
+def _decode(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, plan: DecodePlan, scale: float) -> torch.Tensor:
+    # q: [R, H, D]; keys, values: [R, L, Hkv, D]. Each KV head's query heads become its query rows.
     requests, heads, dim = q.shape
-    kv_heads = k_flat.shape[1]
-    keys = k_flat.index_select(0, plan.slots).view(requests, plan.length, kv_heads, dim).transpose(1, 2)
-    values = v_flat.index_select(0, plan.slots).view(requests, plan.length, kv_heads, dim).transpose(1, 2)
+    kv_heads = keys.shape[2]
+    keys, values = keys.transpose(1, 2).to(q.dtype), values.transpose(1, 2).to(q.dtype)
     grouped = q.view(requests, kv_heads, heads // kv_heads, dim)
-    out = F.scaled_dot_product_attention(grouped, keys.to(q.dtype), values.to(q.dtype), attn_mask=plan.mask, scale=scale)
+    out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=plan.mask, scale=scale)
     return out.reshape(requests, heads, dim)
 
 
@@ -166,16 +184,85 @@ def _prefill(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, window: 
 
 
 class _PlanCache:
-    """The plan of the step whose metadata was seen last (held, so its identity cannot be reused)."""
+    """The plan of the step whose metadata was seen last (held, so its identity cannot be reused).
 
-    def __init__(self) -> None:
+    A decode group that continues a group of the previous plan keeps its ``key``, and with it the
+    keys and values the mirrors gathered for it; the mirrors of groups that did not continue are dropped.
+    """
+
+    def __init__(self, mirrors: _Mirrors) -> None:
         self.metadata: AttentionMetadata | None = None
         self.plan: StepPlan | None = None
+        self.mirrors = mirrors
+        self._next_key = 1
 
     def get(self, metadata: AttentionMetadata, block_size: int) -> StepPlan:
         if metadata is not self.metadata:
-            self.metadata, self.plan = metadata, plan_step(metadata, block_size)
+            plan = plan_step(metadata, block_size)
+            previous = self.plan.decodes if self.plan is not None else []
+            for decode in plan.decodes:
+                decode.key = next((p.key for p in previous if continues(p, decode, block_size)), None)
+                decode.continued = decode.key is not None
+                if decode.key is None:
+                    decode.key, self._next_key = self._next_key, self._next_key + 1
+            self.mirrors.keep_only({decode.key for decode in plan.decodes})
+            self.metadata, self.plan = metadata, plan
         return self.plan
+
+
+@dataclass(slots=True)
+class _Mirror:
+    keys: torch.Tensor  # [R, capacity, Hkv, D]
+    values: torch.Tensor
+    length: int  # positions filled (per row up to its own length; past it finite padding)
+
+
+class _Mirrors:
+    """Each decode group's keys and values gathered from one layer's paged cache, kept from step to step.
+
+    Gathering a group's whole context from the paged cache (one row per position) was a third of
+    decode attention at batch 64; a group that continues, the same requests one token longer, only
+    appends its new token. Groups are stored from their second step on (a group that changes every
+    step gains nothing), within ``budget`` bytes; past it they gather as before.
+    """
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.entries: dict[tuple[int, int], _Mirror] = {}
+        self.bytes = 0
+
+    def keep_only(self, keys: set[int]) -> None:
+        for name in [name for name in self.entries if name[1] not in keys]:
+            self._drop(name)
+
+    def _drop(self, name: tuple[int, int]) -> None:
+        entry = self.entries.pop(name)
+        self.bytes -= 2 * entry.keys.numel() * entry.keys.element_size()
+
+    def keys_values(self, k_flat: torch.Tensor, v_flat: torch.Tensor, plan: DecodePlan) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[R, L, Hkv, D]`` keys and values of the group's contexts, padded to its longest."""
+        requests, length = plan.lengths.shape[0], plan.length
+        name = (k_flat.data_ptr(), plan.key)
+        entry = self.entries.get(name)
+        if entry is not None and entry.length == length - 1 and entry.keys.shape[1] >= length:
+            rows, last = torch.arange(requests), plan.lengths - 1
+            new_slots = plan.slots.view(requests, length)[rows, last]
+            entry.keys[rows, last] = k_flat.index_select(0, new_slots)
+            entry.values[rows, last] = v_flat.index_select(0, new_slots)
+            entry.length = length
+            return entry.keys[:, :length], entry.values[:, :length]
+        if entry is not None:
+            self._drop(name)
+        shape = (requests, length, *k_flat.shape[1:])
+        keys, values = k_flat.index_select(0, plan.slots).view(shape), v_flat.index_select(0, plan.slots).view(shape)
+        capacity = -(-(length + _MIRROR_HEADROOM) // 64) * 64
+        size = 2 * keys.numel() // length * capacity * keys.element_size()
+        if plan.continued and self.bytes + size <= self.budget:
+            # zeros: a row's positions past its own length are read (and masked), so they must be finite
+            entry = _Mirror(keys.new_zeros(requests, capacity, *shape[2:]), values.new_zeros(requests, capacity, *shape[2:]), length)
+            entry.keys[:, :length], entry.values[:, :length] = keys, values
+            self.entries[name], self.bytes = entry, self.bytes + size
+        return keys, values
 
 
 class _WriteCache:
@@ -203,8 +290,12 @@ class CpuKernels(TorchKernels):
     # (40 MB for Qwen2.5-0.5B) leave the caches; in 256-row blocks the MLP ran 1.8x faster.
     mlp_block_rows = 256
 
+    # Bytes the decode groups' gathered keys and values may keep between steps (see _Mirrors).
+    decode_mirror_bytes = 1 << 30
+
     def __init__(self) -> None:
-        self._plans = _PlanCache()
+        self._mirrors = _Mirrors(self.decode_mirror_bytes)
+        self._plans = _PlanCache(self._mirrors)
         self._writes = _WriteCache()
 
     def pack_linear(
@@ -234,10 +325,11 @@ class CpuKernels(TorchKernels):
         plan = self._plans.get(metadata, k_cache.shape[1])
         k_flat, v_flat = k_cache.view(-1, *k_cache.shape[2:]), v_cache.view(-1, *v_cache.shape[2:])
         if len(plan.decodes) == 1 and plan.decodes[0].rows is None:  # decodes only: no scatter
-            return _decode(q, k_flat, v_flat, plan.decodes[0], scale)
+            decode = plan.decodes[0]
+            return _decode(q, *self._mirrors.keys_values(k_flat, v_flat, decode), decode, scale)
         out = torch.empty_like(q)
         for decode in plan.decodes:
-            out[decode.rows] = _decode(q[decode.rows], k_flat, v_flat, decode, scale)
+            out[decode.rows] = _decode(q[decode.rows], *self._mirrors.keys_values(k_flat, v_flat, decode), decode, scale)
         for group in plan.prefills:
             keys, values = k_flat.index_select(0, group.slots), v_flat.index_select(0, group.slots)
             if group.rows is None:

@@ -200,3 +200,63 @@ def test_a_bfloat16_engine_packs_its_linears_and_agrees_with_the_reference(tmp_p
         common = set(ref) & set(got)
         assert len(common) >= 4  # the same top tokens
         assert all(abs(ref[t] - got[t]) < 0.15 for t in common)
+
+
+def _decode_steps(dtype: torch.dtype, lens: list[int], steps: int, leaves: dict[int, int], block: int = 4):
+    """Metadata and q/k/v of ``steps`` decode steps over NaN-filled caches (two layers); request r
+    is not in the batch from step ``leaves[r]`` on."""
+    gen = torch.Generator().manual_seed(len(lens) + steps)
+    heads, kv_heads, dim = 6, 2, 16
+    tables = []
+    free = torch.randperm(sum(-(-(n + steps) // block) for n in lens) + 4, generator=gen).tolist()
+    caches = [torch.full((len(free), block, kv_heads, dim), float("nan"), dtype=dtype) for _ in range(4)]
+    for seq_len in lens:
+        tables.append([free.pop() for _ in range(-(-(seq_len + steps) // block))])
+        for pos in range(seq_len - 1):
+            for cache in caches:
+                cache[tables[-1][pos // block], pos % block] = torch.randn(kv_heads, dim, generator=gen).to(dtype)
+    batches = []
+    for step in range(steps):
+        alive = [r for r in range(len(lens)) if step < leaves.get(r, steps)]
+        seq_lens = [lens[r] + step for r in alive]
+        width = max(len(t) for t in tables)
+        block_tables = torch.tensor([tables[r] + [0] * (width - len(tables[r])) for r in alive], dtype=torch.int32)
+        slots = [tables[r][(n - 1) // block] * block + (n - 1) % block for r, n in zip(alive, seq_lens, strict=True)]
+        metadata = AttentionMetadata(torch.arange(len(alive) + 1, dtype=torch.int32), torch.tensor(seq_lens, dtype=torch.int32),
+                                     block_tables, torch.tensor(slots), 1, max(seq_lens))
+        qkv = [torch.randn(len(alive), n, dim, generator=gen).to(dtype) for n in (heads, kv_heads, kv_heads)]
+        batches.append((metadata, qkv))
+    return caches, batches
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("lens", [[9, 17, 5, 30], [40, 3, 38, 7, 12, 33, 9, 25, 18, 30, 5, 22, 14, 36, 11, 27, 8, 20, 16, 31]])
+def test_decode_groups_carried_across_steps_match_the_reference(dtype, lens):
+    # request 1 leaves at step 3: its group is gathered again, the others keep appending
+    (ref_k0, ref_v0, ref_k1, ref_v1), batches = _decode_steps(dtype, lens, steps=7, leaves={1: 3})
+    caches = [c.clone() for c in (ref_k0, ref_v0, ref_k1, ref_v1)]
+    kernels = CpuKernels()
+    carried = []
+    for metadata, (q, k, v) in batches:
+        for layer in range(2):
+            ref_kc, ref_vc, kc, vc = (ref_k0, ref_v0, *caches[:2]) if layer == 0 else (ref_k1, ref_v1, *caches[2:])
+            REF.write_kv(k, v + layer, ref_kc, ref_vc, metadata.slot_mapping)
+            kernels.write_kv(k, v + layer, kc, vc, metadata.slot_mapping)
+            expected = REF.paged_attention(q, ref_kc, ref_vc, metadata, scale=0.25)
+            out = kernels.paged_attention(q, kc, vc, metadata, scale=0.25)
+            torch.testing.assert_close(out, expected, atol=TOL[dtype], rtol=TOL[dtype])
+        carried.append([d.continued for d in kernels._plans.plan.decodes])
+    assert not any(carried[0]) and all(carried[1]) and all(carried[2]) and all(carried[-1])
+    assert not all(carried[3])  # the group request 1 left was new at step 3
+    assert kernels._mirrors.entries and kernels._mirrors.bytes > 0
+
+
+def test_decode_mirrors_stay_within_their_budget():
+    (k0, v0, *_), batches = _decode_steps(torch.float32, [9, 17, 5, 30], steps=4, leaves={})
+    kernels = CpuKernels()
+    kernels._mirrors.budget = 0
+    for metadata, (q, k, v) in batches:
+        kernels.write_kv(k, v, k0, v0, metadata.slot_mapping)
+        out = kernels.paged_attention(q, k0, v0, metadata, scale=0.25)
+        torch.testing.assert_close(out, REF.paged_attention(q, k0, v0, metadata, scale=0.25))
+    assert not kernels._mirrors.entries
