@@ -284,6 +284,20 @@ class _WriteCache:
         return self.value
 
 
+class _RotaryCache:
+    """``cos | cos`` and ``-sin | sin`` rows [T, 1, D] of the step's positions (every layer rotates by them)."""
+
+    def __init__(self) -> None:
+        self.key: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.value: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def get(self, positions: torch.Tensor, cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.key is None or self.key[0] is not positions or self.key[1] is not cos_sin:
+            cos, sin = cos_sin[positions].unsqueeze(1).chunk(2, dim=-1)
+            self.key, self.value = (positions, cos_sin), (torch.cat((cos, cos), -1), torch.cat((-sin, sin), -1))
+        return self.value
+
+
 class CpuKernels(TorchKernels):
     name = "cpu"
     # Gated MLPs run in blocks of this many rows: a 2048-token prefill's [T, 2I] activations
@@ -297,6 +311,7 @@ class CpuKernels(TorchKernels):
         self._mirrors = _Mirrors(self.decode_mirror_bytes)
         self._plans = _PlanCache(self._mirrors)
         self._writes = _WriteCache()
+        self._rotary = _RotaryCache()
 
     def pack_linear(
         self, weight: torch.Tensor, bias: torch.Tensor | None
@@ -306,6 +321,21 @@ class CpuKernels(TorchKernels):
         if bias is not None and bias.dtype != weight.dtype:
             return None
         return PackedLinear(weight, bias)
+
+    def rotary(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        # q and k rotated together in one float32 buffer, as x * (cos|cos) + swap_halves(x) * (-sin|sin):
+        # a third of the reference's ops, same bits (x1*cos + x2*-sin is x1*cos - x2*sin exactly).
+        if q.device.type != "cpu" or cos_sin.shape[-1] != q.shape[-1]:  # partial rotary: the reference
+            return super().rotary(positions, q, k, cos_sin)
+        cos, sin = self._rotary.get(positions, cos_sin)
+        tokens, heads, dim = q.shape
+        x = torch.empty(tokens, heads + k.shape[1], dim, dtype=torch.float32)
+        x[:, :heads], x[:, heads:] = q, k
+        swapped = x.view(tokens, -1, 2, dim // 2).flip(2).view(x.shape)
+        out = x.mul_(cos).add_(swapped.mul_(sin)).to(q.dtype)
+        return out[:, :heads], out[:, heads:]
 
     def write_kv(
         self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor

@@ -260,3 +260,20 @@ def test_decode_mirrors_stay_within_their_budget():
         out = kernels.paged_attention(q, k0, v0, metadata, scale=0.25)
         torch.testing.assert_close(out, REF.paged_attention(q, k0, v0, metadata, scale=0.25))
     assert not kernels._mirrors.entries
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rotary_dim", [16, 8])  # whole heads, and a partial rotary (the reference's path)
+def test_rotary_is_bit_identical_to_the_reference(dtype, rotary_dim):
+    from llmp.modeling.rope import cos_sin_table
+
+    table = cos_sin_table(rotary_dim, 64, 10000.0, None)
+    qkv = torch.randn(5, (6 + 2 * 2) * 16).to(dtype)  # the fused projection's output, split as a model does
+    q, k, _ = qkv.split([6 * 16, 2 * 16, 2 * 16], dim=-1)
+    q, k = q.reshape(5, 6, 16), k.reshape(5, 2, 16)
+    positions = torch.tensor([0, 3, 17, 40, 63])
+    kernels = CpuKernels()
+    for _layer in range(2):  # the second layer reuses the step's cos/sin rows
+        out_q, out_k = kernels.rotary(positions, q, k, table)
+        ref_q, ref_k = REF.rotary(positions, q, k, table)
+        assert torch.equal(out_q, ref_q) and torch.equal(out_k, ref_k)
