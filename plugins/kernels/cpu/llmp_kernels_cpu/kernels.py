@@ -10,6 +10,9 @@
   this step's keys are written. Decodes run as one SDPA call with each KV
   head's query heads folded into query rows (grouped-query attention without
   repeating keys), which is about twice as fast on CPU as SDPA's own GQA.
+  A decode group's gathered keys and values are kept for the next step, which
+  appends one token to them (``_Mirrors``).
+- **Rotary** turns q and k together in one pass, same bits as the reference.
 """
 
 from __future__ import annotations
