@@ -61,6 +61,7 @@ class DecodePlan:
     length: int  # L, the longest context in the group
     tables: torch.Tensor  # [R, ceil(L / block_size)] the members' block tables (padded past their own blocks)
     lengths: torch.Tensor  # [R] the members' context lengths
+    new_slots: torch.Tensor  # [R] the slot of each member's newest position (this step's token)
     key: int | None = None  # names the group's gathered keys (see _Mirrors); kept by the same group next step
     continued: bool = False  # the same requests were a group of the previous step
 
@@ -119,7 +120,8 @@ def _plan_decode(metadata: AttentionMetadata, members: list[int], seq_lens: list
     slots = torch.where(valid, slots, slots.gather(1, lengths[:, None] - 1))
     rows = None if starts is None else torch.tensor([starts[r] for r in members])
     mask = None if bool(valid.all()) else valid[:, None, None, :]
-    return DecodePlan(rows, slots.reshape(-1), mask, longest, tables, lengths)
+    new_slots = slots.gather(1, lengths[:, None] - 1).squeeze(1)
+    return DecodePlan(rows, slots.reshape(-1), mask, longest, tables, lengths, new_slots)
 
 
 def continues(previous: DecodePlan, current: DecodePlan, block_size: int) -> bool:
@@ -249,9 +251,8 @@ class _Mirrors:
         entry = self.entries.get(name)
         if entry is not None and entry.length == length - 1 and entry.keys.shape[1] >= length:
             rows, last = torch.arange(requests), plan.lengths - 1
-            new_slots = plan.slots.view(requests, length)[rows, last]
-            entry.keys[rows, last] = k_flat.index_select(0, new_slots)
-            entry.values[rows, last] = v_flat.index_select(0, new_slots)
+            entry.keys[rows, last] = k_flat.index_select(0, plan.new_slots)
+            entry.values[rows, last] = v_flat.index_select(0, plan.new_slots)
             entry.length = length
             return entry.keys[:, :length], entry.values[:, :length]
         if entry is not None:
