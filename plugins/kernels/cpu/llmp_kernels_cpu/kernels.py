@@ -13,10 +13,13 @@
   A decode group's gathered keys and values are kept for the next step, which
   appends one token to them (``_Mirrors``).
 - **Rotary** turns q and k together in one pass, same bits as the reference.
+- **The allocator** keeps freed memory for the next step (``keep_freed_memory``).
 """
 
 from __future__ import annotations
 
+import ctypes
+import platform
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -39,6 +42,26 @@ class PackedLinear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+
+
+# glibc's mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+
+
+def keep_freed_memory(mmap_threshold: int = 32 << 20, trim_threshold: int = 512 << 20) -> bool:
+    """Have glibc's malloc keep freed memory in the heap for the next step's tensors.
+
+    By default an allocation over 128 KiB (a threshold glibc raises as it goes) gets fresh pages
+    from ``mmap`` and gives them back on free, and the heap's top is trimmed, so each step's large
+    activations page-fault again on first touch: 10-60 thousand faults of about 1.5 us per
+    2048-token prefill step of Qwen2.5-0.5B (about 8 thousand remain with this setting, mostly the
+    KV cache's first use). vLLM's CPU build preloads tcmalloc for the same reason. Returns False
+    where the C library is not glibc, whose allocator is then left as it is.
+    """
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    libc = ctypes.CDLL(None)
+    return bool(libc.mallopt(_M_MMAP_THRESHOLD, mmap_threshold)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, trim_threshold))
 
 
 def _packs(dtype: torch.dtype) -> bool:
@@ -312,6 +335,7 @@ class CpuKernels(TorchKernels):
     decode_mirror_bytes = 1 << 30
 
     def __init__(self) -> None:
+        keep_freed_memory()
         self._mirrors = _Mirrors(self.decode_mirror_bytes)
         self._plans = _PlanCache(self._mirrors)
         self._writes = _WriteCache()
@@ -337,7 +361,7 @@ class CpuKernels(TorchKernels):
         tokens, heads, dim = q.shape
         x = torch.empty(tokens, heads + k.shape[1], dim, dtype=torch.float32)
         x[:, :heads], x[:, heads:] = q, k
-        swapped = x.view(tokens, -1, 2, dim // 2).flip(2).view(x.shape)
+        swapped = x.view(tokens, -1, 2, dim // 2).roll(1, 2).view(x.shape)  # roll: 1.4x faster than flip at 2048 tokens
         out = x.mul_(cos).add_(swapped.mul_(sin)).to(q.dtype)
         return out[:, :heads], out[:, heads:]
 

@@ -6,7 +6,10 @@ up as NaN in its output.
 
 from __future__ import annotations
 
+import platform
 import random
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -277,3 +280,30 @@ def test_rotary_is_bit_identical_to_the_reference(dtype, rotary_dim):
         out_q, out_k = kernels.rotary(positions, q, k, table)
         ref_q, ref_k = REF.rotary(positions, q, k, table)
         assert torch.equal(out_q, ref_q) and torch.equal(out_k, ref_k)
+
+
+_FAULTS_OF_REUSE = """
+import resource, sys, torch
+if sys.argv[1] == "kept":
+    from llmp_kernels_cpu.kernels import CpuKernels
+    CpuKernels()  # sets the allocator up
+def step():  # a step's activations: four 1 MiB tensors, written, then freed
+    held = [torch.ones(1 << 18) for _ in range(4)]
+    del held
+step(); step()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(5):
+    step()
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's allocator only")
+def test_freed_activations_are_reused_without_page_faults():
+    def faults(mode: str) -> int:
+        run = subprocess.run([sys.executable, "-c", _FAULTS_OF_REUSE, mode], capture_output=True, text=True, check=True)
+        return int(run.stdout.split()[-1])
+
+    # glibc's defaults hand the trimmed heap top back to the OS, so each step faults its pages in again
+    assert faults("default") > 1000
+    assert faults("kept") < 50
