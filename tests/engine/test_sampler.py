@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from llmp.engine.request import Request
-from llmp.engine.sampler import Sampler, SamplerOutput, _apply_masks_and_bias, _apply_penalties
+from llmp.engine.sampler import Sampler, SamplerOutput, _apply_masks_and_bias, _apply_penalties, argmax_rows
 from llmp.sampling_params import SamplingParams
 
 EOS = 2
@@ -93,6 +93,21 @@ def test_greedy_is_argmax():
     out = sample(logits, [make(rid=str(i), temperature=0.0) for i in range(16)])
     assert out.token_ids == logits.argmax(-1).tolist()
     assert out.logprobs == [None] * 16
+
+
+@pytest.mark.parametrize("vocab", [4096, 4100])  # chunked (a multiple of 64), and max's fallback
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_argmax_rows_is_the_first_index_of_the_largest(vocab, dtype):
+    torch.manual_seed(vocab)
+    # few distinct values: rows hold their largest many times, in many chunks; row 0 at its very end only
+    logits = torch.randint(-50, 8, (33, vocab)).to(dtype)
+    logits[0] = -100
+    logits[0, -1] = 9
+    logits[1, 5], logits[1, 200] = 50, 50  # a tie in two chunks: the first wins
+    assert torch.equal(argmax_rows(logits), logits.argmax(-1))
+    assert argmax_rows(logits)[:2].tolist() == [vocab - 1, 5]
+    strided = torch.randn(vocab, 33).to(dtype).t()  # not contiguous
+    assert torch.equal(argmax_rows(strided), strided.argmax(-1))
 
 
 def test_bfloat16_logits_give_the_float32_results():

@@ -30,6 +30,26 @@ class SamplerOutput:
     logprobs: list[TokenLogprobs | None]
 
 
+_ARGMAX_CHUNK = 64
+
+
+def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
+    """``logits.argmax(-1)`` of a [R, V] tensor: the first index of each row's largest value.
+
+    float32 rows go as the largest of each 64-wide chunk (``amax``, vectorised on CPU, where a max
+    that also tracks indices is not), then the winner inside the first chunk that holds it: 4.5x
+    faster than ``argmax`` for 48 rows of a 152k vocabulary, and the same index, ties included.
+    (bfloat16's short-row ``amax`` is slow: there it gained 15%, so it keeps ``max``.)
+    """
+    rows, vocab = logits.shape
+    if logits.dtype != torch.float32 or vocab % _ARGMAX_CHUNK or not logits.is_contiguous():
+        return logits.max(-1).indices
+    chunks = logits.view(rows, vocab // _ARGMAX_CHUNK, _ARGMAX_CHUNK)
+    best = chunks.amax(-1).max(-1).indices  # first chunk holding the row's largest value
+    inside = chunks[torch.arange(rows, device=logits.device), best].max(-1).indices
+    return best * _ARGMAX_CHUNK + inside
+
+
 class Sampler:
     def __call__(self, logits: torch.Tensor, requests: list[Request]) -> SamplerOutput:
         # logits: [R, V] in the model's dtype (bfloat16 logits become float32 here only when needed)
@@ -38,11 +58,11 @@ class Sampler:
         if plain_greedy and not any(wants_logprobs):
             # the common fast path: nothing to mask, copy or draw. A float32 copy of 64 rows of a
             # 152k vocabulary costs more than the argmax, and converting cannot change which is largest.
-            return self._finish(logits.max(-1).indices.tolist(), requests, wants_logprobs, None)
+            return self._finish(argmax_rows(logits).tolist(), requests, wants_logprobs, None)
         given, logits = logits, logits.float()
         raw_logprobs = logits.log_softmax(-1) if any(wants_logprobs) else None
         if plain_greedy:
-            return self._finish(logits.max(-1).indices.tolist(), requests, wants_logprobs, raw_logprobs)
+            return self._finish(argmax_rows(logits).tolist(), requests, wants_logprobs, raw_logprobs)
         if logits is given:  # the masks below write in place
             logits = logits.clone()
         if any(r.grammar is not None for r in requests):
@@ -51,8 +71,11 @@ class Sampler:
             apply_grammar_masks(logits, [r.grammar for r in requests])
         logits = _apply_masks_and_bias(logits, requests)
         logits = _apply_penalties(logits, requests)
-        tokens = logits.argmax(-1)
         random_rows = [i for i, r in enumerate(requests) if not r.params.is_greedy]
+        if len(random_rows) < len(requests):
+            tokens = argmax_rows(logits)
+        else:  # every row is drawn: no argmax to take
+            tokens = logits.new_empty(len(requests), dtype=torch.long)
         if random_rows:
             rows = torch.tensor(random_rows)
             tokens[rows] = _sample(logits[rows], [requests[i] for i in random_rows])
