@@ -361,7 +361,7 @@ class CpuKernels(TorchKernels):
         tokens, heads, dim = q.shape
         x = torch.empty(tokens, heads + k.shape[1], dim, dtype=torch.float32)
         x[:, :heads], x[:, heads:] = q, k
-        swapped = x.view(tokens, -1, 2, dim // 2).roll(1, 2).view(x.shape)  # roll: 1.4x faster than flip at 2048 tokens
+        swapped = x.view(tokens, -1, 2, dim // 2).roll(1, 2).view(x.shape)  # roll: 0.58 ms vs flip 0.82 at 2048 tokens, alone
         out = x.mul_(cos).add_(swapped.mul_(sin)).to(q.dtype)
         return out[:, :heads], out[:, heads:]
 
