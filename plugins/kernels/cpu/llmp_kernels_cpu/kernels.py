@@ -350,6 +350,18 @@ class CpuKernels(TorchKernels):
             return None
         return PackedLinear(weight, bias)
 
+    def rms_norm(
+        self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if x.dtype == torch.float32:  # float32 keeps the reference's bits (and the greedy parity with transformers)
+            return super().rms_norm(x, weight, eps, residual)
+        # torch's own RMSNorm: one float32 rounding at the end instead of the reference's two, and fewer ops
+        # (a decode step at batch 32 ran 1-2% faster)
+        if residual is not None:
+            x = x + residual
+        out = F.rms_norm(x, (x.shape[-1],), weight, eps)
+        return out if residual is None else (out, x)
+
     def rotary(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -307,3 +307,20 @@ def test_freed_activations_are_reused_without_page_faults():
     # glibc's defaults hand the trimmed heap top back to the OS, so each step faults its pages in again
     assert faults("default") > 6000  # 8-16 thousand: a step's 8192 pages, most steps
     assert faults("kept") < 3000  # none, or once one tensor's 2048 pages where the heap grows
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rms_norm_matches_the_reference(dtype, with_residual):
+    torch.manual_seed(0)
+    x, residual = torch.randn(37, 96).to(dtype), torch.randn(37, 96).to(dtype)
+    weight = (torch.rand(96) + 0.5).to(dtype)
+    got = CpuKernels().rms_norm(x, weight, 1e-6, residual if with_residual else None)
+    ref = REF.rms_norm(x, weight, 1e-6, residual if with_residual else None)
+    got, ref = (got, ref) if with_residual else ((got,), (ref,))
+    for g, r in zip(got, ref, strict=True):
+        assert g.dtype == dtype and g.shape == r.shape
+        if dtype == torch.float32:
+            assert torch.equal(g, r)  # the reference's bits
+        else:
+            torch.testing.assert_close(g.float(), r.float(), atol=0, rtol=2 ** -7)  # a bfloat16 rounding apart
