@@ -250,8 +250,8 @@ class _Mirrors:
 
     Gathering a group's whole context from the paged cache (one row per position) was a third of
     decode attention at batch 64; a group that continues, the same requests one token longer, only
-    appends its new token. Groups are stored from their second step on (a group that changes every
-    step gains nothing), within ``budget`` bytes; past it they gather as before.
+    appends its new token. A new group is gathered straight into its mirror, with room to grow
+    (no copy, no zero-fill), within ``budget`` bytes; past it groups gather every step.
     """
 
     def __init__(self, budget: int) -> None:
@@ -280,16 +280,23 @@ class _Mirrors:
             return entry.keys[:, :length], entry.values[:, :length]
         if entry is not None:
             self._drop(name)
-        shape = (requests, length, *k_flat.shape[1:])
-        keys, values = k_flat.index_select(0, plan.slots).view(shape), v_flat.index_select(0, plan.slots).view(shape)
         capacity = -(-(length + _MIRROR_HEADROOM) // 64) * 64
-        size = 2 * keys.numel() // length * capacity * keys.element_size()
-        if plan.continued and self.bytes + size <= self.budget:
-            # zeros: a row's positions past its own length are read (and masked), so they must be finite
-            entry = _Mirror(keys.new_zeros(requests, capacity, *shape[2:]), values.new_zeros(requests, capacity, *shape[2:]), length)
-            entry.keys[:, :length], entry.values[:, :length] = keys, values
-            self.entries[name], self.bytes = entry, self.bytes + size
-        return keys, values
+        size = 2 * requests * capacity * k_flat[0].numel() * k_flat.element_size()
+        kept = self.bytes + size <= self.budget
+        # Kept: gathered straight into the mirror's layout, each row's positions past the group's
+        # longest reading its own last slot (so they hold finite values until appended over).
+        width = capacity if kept else length
+        slots = plan.slots if width == length else _pad_rows(plan.slots.view(requests, length), width)
+        shape = (requests, width, *k_flat.shape[1:])
+        keys, values = k_flat.index_select(0, slots).view(shape), v_flat.index_select(0, slots).view(shape)
+        if kept:
+            self.entries[name], self.bytes = _Mirror(keys, values, length), self.bytes + size
+        return keys[:, :length], values[:, :length]
+
+
+def _pad_rows(slots: torch.Tensor, width: int) -> torch.Tensor:
+    """[R, L] slots widened to [R * width], each row repeating its last slot."""
+    return torch.cat((slots, slots[:, -1:].expand(-1, width - slots.shape[1])), dim=1).reshape(-1)
 
 
 class _WriteCache:
