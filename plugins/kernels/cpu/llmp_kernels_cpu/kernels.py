@@ -87,6 +87,7 @@ class DecodePlan:
     new_slots: torch.Tensor  # [R] the slot of each member's newest position (this step's token)
     key: int | None = None  # names the group's gathered keys (see _Mirrors); kept by the same group next step
     continued: bool = False  # the same requests were a group of the previous step
+    appends: tuple[int, torch.Tensor] | None = None  # (mirror capacity, flat mirror row of each newest position)
 
 
 @dataclass(slots=True)
@@ -273,9 +274,12 @@ class _Mirrors:
         name = (k_flat.data_ptr(), plan.key)
         entry = self.entries.get(name)
         if entry is not None and entry.length == length - 1 and entry.keys.shape[1] >= length:
-            rows, last = torch.arange(requests), plan.lengths - 1
-            entry.keys[rows, last] = k_flat.index_select(0, plan.new_slots)
-            entry.values[rows, last] = v_flat.index_select(0, plan.new_slots)
+            capacity = entry.keys.shape[1]
+            if plan.appends is None or plan.appends[0] != capacity:  # once per step, not per layer
+                plan.appends = (capacity, torch.arange(requests) * capacity + plan.lengths - 1)
+            flat = plan.appends[1]
+            entry.keys.view(-1, *k_flat.shape[1:]).index_copy_(0, flat, k_flat.index_select(0, plan.new_slots))
+            entry.values.view(-1, *v_flat.shape[1:]).index_copy_(0, flat, v_flat.index_select(0, plan.new_slots))
             entry.length = length
             return entry.keys[:, :length], entry.values[:, :length]
         if entry is not None:
