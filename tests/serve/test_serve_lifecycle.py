@@ -63,7 +63,8 @@ def test_probes_answer_503_while_loading_then_200_and_one_ready_line(model_dir: 
                 continue
             seen.append(status)
             if status == 503:
-                assert "loading" in json.loads(body)["error"]["message"]
+                # which phase the first answered probe meets depends on the machine's speed
+                assert json.loads(body)["error"]["message"] in {f"not ready: {phase}" for phase in ("starting", "loading", "warming_up")}
                 models_status, models_body = _get(f"{url}/v1/models")
                 if models_status == 503:  # the engine may have become ready in between
                     assert json.loads(models_body)["error"]["code"] == 503
