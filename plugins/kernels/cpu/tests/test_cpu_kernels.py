@@ -15,12 +15,12 @@ import pytest
 import torch
 from llmp import registry
 from llmp.api import AttentionMetadata, KernelSet, PacksLinear
-from llmp_kernels_cpu.kernels import CpuKernels, PackedLinear, decode_groups, plan_step
+from llmp_kernels_cpu.kernels import CpuKernels, PackedLinear, UpcastLinear, decode_groups, native_matmul, plan_step
 from llmp_kernels_torch.kernels import TorchKernels
 
 REF = TorchKernels()
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
-PACKS_BF16 = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+MKLDNN = torch.backends.mkldnn.is_available()
 
 
 def test_registered_as_the_default_on_cpu():
@@ -32,17 +32,36 @@ def test_registered_as_the_default_on_cpu():
     assert not isinstance(REF, PacksLinear)  # the reference leaves linear layers on F.linear
 
 
-@pytest.mark.skipif(not PACKS_BF16, reason="this CPU's oneDNN has no bfloat16 matmul")
+@pytest.mark.skipif(not MKLDNN, reason="torch built without oneDNN")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("rows", [1, 3, 32, 300])
 @pytest.mark.parametrize("bias", [False, True])
-def test_packed_linear_matches_f_linear(rows, bias):
+def test_packed_linear_matches_f_linear(dtype, rows, bias):
     torch.manual_seed(rows)
-    weight, x = torch.randn(96, 64).bfloat16(), torch.randn(rows, 64).bfloat16()
-    b = torch.randn(96).bfloat16() if bias else None
+    weight, x = torch.randn(96, 64).to(dtype), torch.randn(rows, 64).to(dtype)
+    b = torch.randn(96).to(dtype) if bias else None
     packed = CpuKernels().pack_linear(weight, b)
-    assert isinstance(packed, PackedLinear) and (packed.out_features, packed.in_features) == (96, 64)
+    # native bfloat16/float16 matmuls where the CPU has them, a float32 copy where it has not
+    assert type(packed) is (PackedLinear if native_matmul(dtype) else UpcastLinear)
+    assert (packed.out_features, packed.in_features) == (96, 64)
+    out = packed(x)
+    assert out.dtype == dtype and out.shape == (rows, 96)
     expected = torch.nn.functional.linear(x.float(), weight.float(), None if b is None else b.float())
-    torch.testing.assert_close(packed(x).float(), expected, atol=0.1, rtol=2e-2)
+    torch.testing.assert_close(out.float(), expected, atol=0.1, rtol=2e-2)
+
+
+@pytest.mark.skipif(not MKLDNN, reason="torch built without oneDNN")
+@pytest.mark.parametrize("rows", [1, 5, 64])
+def test_upcast_linear_rounds_a_float32_product_once(rows):
+    # on any CPU: the float32 product of the same bf16 values, rounded once to bf16
+    torch.manual_seed(rows)
+    weight, x, b = torch.randn(80, 48).bfloat16(), torch.randn(rows, 48).bfloat16(), torch.randn(80).bfloat16()
+    out = UpcastLinear(weight, b)(x)
+    assert out.dtype == torch.bfloat16
+    expected = torch.nn.functional.linear(x.float(), weight.float(), b.float())
+    # float32 sums in another order differ in the last bits; after rounding to bf16 at most one step apart
+    torch.testing.assert_close(out.float(), expected.bfloat16().float(), atol=1e-5, rtol=2 ** -7)
+    assert (out.float() - expected).abs().max() <= expected.abs().max() * 2 ** -8 + 1e-6
 
 
 def test_float32_weights_stay_on_f_linear():
@@ -175,7 +194,7 @@ def test_decodes_are_grouped_by_context_length():
     assert decode_groups([0, 1, 2], [30, 4, 17]) == [[0, 1, 2]]
 
 
-@pytest.mark.skipif(not PACKS_BF16, reason="this CPU's oneDNN has no bfloat16 matmul")
+@pytest.mark.skipif(not MKLDNN, reason="torch built without oneDNN")
 def test_a_bfloat16_engine_packs_its_linears_and_agrees_with_the_reference(tmp_path):
     from llmp import LLM, SamplingParams
     from llmp.modeling.layers import PackableLinear
