@@ -1,0 +1,109 @@
+"""Where an engine step's time goes, by kernel, with the `cpu` kernel set.
+
+    .venv/bin/python benchmarks/step_anatomy.py offline            # the engine benchmark's offline workload
+    .venv/bin/python benchmarks/step_anatomy.py prefill            # its prompts alone, one new token each
+    .venv/bin/python benchmarks/step_anatomy.py decode --batch 32  # B prompts of 128 tokens, 128 new tokens
+
+Timers wrap the `cpu` set's kernels (RMSNorm, rotary, SiLU-and-mul, KV writes, paged attention and,
+inside it, the SDPA calls) and the packed matmuls; they are installed on the classes before the model
+is built, so layers that bound a kernel at construction are timed too. `LLMEngine.step()` is driven
+in a loop on the Qwen2.5-0.5B-shaped model of engine_throughput.py (bfloat16, 2 threads, same limits).
+"the rest" is the step's time outside every timed kernel: embedding, residual adds, sampling,
+scheduling, inputs and outputs. Decode figures are per step, averaged over the steps with no prompt
+in them; the others are totals. Timers, not the torch profiler, which inflates small ops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from engine_throughput import build_model, random_prompts  # noqa: E402  (imports llmp before torch)
+
+import torch  # noqa: E402
+
+SECONDS: collections.defaultdict[str, float] = collections.defaultdict(float)
+KERNELS = ("rms_norm", "rotary", "silu_and_mul", "write_kv", "paged_attention")
+INNER = ("_prefill", "_decode")  # SDPA calls inside paged_attention: reported, not added to the total
+
+
+def timed(function, label: str):
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            SECONDS[label] += time.perf_counter() - start
+
+    return wrapper
+
+
+def install_timers() -> None:
+    import llmp_kernels_cpu.kernels as cpu
+
+    for name in KERNELS:
+        setattr(cpu.CpuKernels, name, timed(getattr(cpu.CpuKernels, name), name))
+    cpu.PackedLinear.__call__ = timed(cpu.PackedLinear.__call__, "matmuls")
+    for name in INNER:
+        setattr(cpu, name, timed(getattr(cpu, name), f"sdpa{name}"))
+
+
+def workload(name: str, batch: int, rng: random.Random) -> tuple[list[list[int]], list[int]]:
+    if name == "decode":
+        return random_prompts(rng, [128] * batch), [128] * batch
+    lengths = [rng.randint(64, 512) for _ in range(64)]  # engine_throughput.py's offline lengths
+    new_tokens = [rng.randint(64, 256) for _ in range(64)]
+    return random_prompts(rng, lengths), new_tokens if name == "offline" else [1] * 64
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("workload", choices=["offline", "prefill", "decode"])
+    parser.add_argument("--batch", type=int, default=32, help="decode batch size")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--model-dir", type=Path, default=Path.home() / ".cache" / "llmp" / "bench" / "qwen05b-shape")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    install_timers()
+    from llmp import LLM, SamplingParams
+
+    llm = LLM(str(build_model(args.model_dir)), dtype="bfloat16", kernels="cpu",
+              max_model_len=1024, max_num_seqs=64, max_num_batched_tokens=2048)
+    rng = random.Random(0)
+    warmup = random_prompts(rng, [64, 32])
+    llm.generate([{"prompt_token_ids": p} for p in warmup], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
+    engine = llm.engine
+    prompts, new_tokens = workload(args.workload, args.batch, rng)
+    for i, (prompt, new) in enumerate(zip(prompts, new_tokens)):
+        engine.add_request(f"anatomy-{i}", {"prompt_token_ids": prompt},
+                           SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True))
+    steps: list[tuple[float, dict[str, float]]] = []
+    while engine.has_unfinished_requests():
+        SECONDS.clear()
+        start = time.perf_counter()
+        engine.step()
+        steps.append((time.perf_counter() - start, dict(SECONDS)))
+    if args.workload == "decode":
+        steps = [step for step in steps if "sdpa_prefill" not in step[1]]  # decode-only steps
+        scale, unit = 1e3 / len(steps), "ms a step"
+    else:
+        scale, unit = 1.0, "s"
+    total = sum(t for t, _ in steps) * scale
+    parts: collections.Counter[str] = collections.Counter()
+    for _, seconds in steps:
+        parts.update({k: v * scale for k, v in seconds.items()})
+    print(f"{args.workload}: {len(steps)} steps, {sum(len(p) for p in prompts)} prompt tokens, {total:.2f} {unit}")
+    for label, value in parts.most_common():
+        inner = label.startswith("sdpa")
+        print(f"  {'  ' if inner else ''}{label:20s} {value:9.2f}  {100 * value / total:5.1f}%")
+    outside = total - sum(v for k, v in parts.items() if not k.startswith("sdpa"))
+    print(f"  {'the rest':20s} {outside:9.2f}  {100 * outside / total:5.1f}%")
+
+
+if __name__ == "__main__":
+    main()
