@@ -316,10 +316,10 @@ class Burst:
 
 
 def burst(url: str, count: int, headers: dict[str, str] | None = None, deadline: float = 60,
-          probes: list[tuple[str, dict]] = ()) -> Burst:
+          probes: list[tuple[str, dict]] = (), max_running: int | None = None) -> Burst:
     """Open ``count`` long streams at once; hold the accepted ones until every request has its status,
-    look at the engine and try one non-streamed request (and each of ``probes``: path, body) meanwhile,
-    then close them all."""
+    look at the engine (once it has scheduled up to ``max_running`` of them) and try one non-streamed
+    request (and each of ``probes``: path, body) meanwhile, then close them all."""
     result = Burst()
     body = {"prompt": "The quick brown fox", "max_tokens": LONG, "ignore_eos": True, "stream": True}
 
@@ -355,7 +355,7 @@ def burst(url: str, count: int, headers: dict[str, str] | None = None, deadline:
 
                 await asyncio.wait_for(all_answered(), deadline)
                 # the last admitted request reaches the engine a moment after its headers
-                result.held_load = await asyncio.to_thread(settled_load, url, result.accepted)
+                result.held_load = await asyncio.to_thread(settled_load, url, result.accepted, max_running)
                 result.refused_while_full = await client.post(
                     "/v1/completions", json={"prompt": "x", "max_tokens": 1}, headers=headers)
                 for path, probe in probes:
@@ -371,12 +371,18 @@ def burst(url: str, count: int, headers: dict[str, str] | None = None, deadline:
     return result
 
 
-def settled_load(url: str, expected: int, timeout: float = 10) -> dict[str, float]:
-    """The engine's load once it holds ``expected`` requests (or the last figures after ``timeout``)."""
+def settled_load(url: str, expected: int, max_running: int | None = None, timeout: float = 10) -> dict[str, float]:
+    """The engine's load once it holds ``expected`` requests and, given ``max_running``, has had a step
+    to move as many of them as it may into the running batch (or the last figures after ``timeout``).
+
+    Requests that arrive together are queued first and scheduled at the engine's next step, so a scrape
+    between the two sees them all waiting."""
     deadline = time.monotonic() + timeout
+    running_wanted = min(expected, max_running) if max_running is not None else 0
     while True:
         now = load(url)
-        if now["running"] + now["waiting"] >= expected or time.monotonic() > deadline:
+        held = now["running"] + now["waiting"] >= expected and now["running"] >= running_wanted
+        if held or time.monotonic() > deadline:
             return now
         time.sleep(0.02)
 

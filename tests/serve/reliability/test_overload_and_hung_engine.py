@@ -50,7 +50,7 @@ def test_requests_beyond_capacity_are_refused_at_once_with_503_and_counted(cappe
     before = scrape(url)
     sent = 40
     result = burst(url, sent, probes=[("/v1/messages", anthropic_body()),
-                                      ("/invocations", {"prompt": "x", "max_tokens": 1})])
+                                      ("/invocations", {"prompt": "x", "max_tokens": 1})], max_running=4)
     print(f"\n[figure] overload 503: sent={sent} accepted={result.accepted} refused={len(result.refused)} "
           f"lost={len(result.lost)} slowest refusal={max(result.refusal_seconds, default=0):.2f} s")
     assert not result.lost, result.lost
