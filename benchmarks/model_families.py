@@ -32,9 +32,18 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-BASE = dict(vocab_size=32000, hidden_size=512, intermediate_size=1408, num_hidden_layers=8, num_attention_heads=8,
-            num_key_value_heads=2, max_position_embeddings=2048, bos_token_id=0, eos_token_id=1,
-            tie_word_embeddings=False)
+BASE = dict(
+    vocab_size=32000,
+    hidden_size=512,
+    intermediate_size=1408,
+    num_hidden_layers=8,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    max_position_embeddings=2048,
+    bos_token_id=0,
+    eos_token_id=1,
+    tie_word_embeddings=False,
+)
 MOE = dict(intermediate_size=704, num_experts_per_tok=2)
 FAMILIES = {
     "llama": ("LlamaForCausalLM", {}),
@@ -44,10 +53,14 @@ FAMILIES = {
     "gemma": ("GemmaForCausalLM", dict(head_dim=64)),
     "gemma2": ("Gemma2ForCausalLM", dict(head_dim=64, query_pre_attn_scalar=64, sliding_window=256)),
     "mixtral": ("MixtralForCausalLM", dict(MOE, num_local_experts=8)),
-    "qwen3-moe": ("Qwen3MoeForCausalLM", dict(head_dim=64, num_experts=8, num_experts_per_tok=2,
-                                              moe_intermediate_size=704)),
-    "gpt2 (fallback)": ("GPT2LMHeadModel", dict(n_embd=512, n_layer=8, n_head=8, n_positions=2048, vocab_size=32000,
-                                                bos_token_id=0, eos_token_id=1)),
+    "qwen3-moe": (
+        "Qwen3MoeForCausalLM",
+        dict(head_dim=64, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=704),
+    ),
+    "gpt2 (fallback)": (
+        "GPT2LMHeadModel",
+        dict(n_embd=512, n_layer=8, n_head=8, n_positions=2048, vocab_size=32000, bos_token_id=0, eos_token_id=1),
+    ),
 }
 
 
@@ -93,8 +106,10 @@ def offline_tok_s(path: Path, prompts: list[list[int]], new_tokens: list[int], *
 
 def embedding_texts(count: int) -> list[str]:
     rng = random.Random(1)
-    words = ("the engine schedules requests over a paged cache of keys and values while tokens stream to "
-             "clients who asked for embeddings of their documents and search queries in many languages").split()
+    words = (
+        "the engine schedules requests over a paged cache of keys and values while tokens stream to "
+        "clients who asked for embeddings of their documents and search queries in many languages"
+    ).split()
     return [" ".join(rng.choice(words) for _ in range(rng.randint(8, 200))) for _ in range(count)]
 
 
@@ -152,16 +167,20 @@ def main() -> None:
             fallback = offline_tok_s(path, prompts, new_tokens, model_impl="transformers")
             results["offline_llama (fallback)_tok_s"] = fallback
             results["fallback_over_native"] = fallback / results[f"offline_{name}_tok_s"]
-            print(f"{'llama (fallback)':24s} {fallback:8.1f} tok/s  ({results['fallback_over_native']:.2f}x native)",
-                  flush=True)
+            print(
+                f"{'llama (fallback)':24s} {fallback:8.1f} tok/s  ({results['fallback_over_native']:.2f}x native)",
+                flush=True,
+            )
 
     texts = embedding_texts(512 // scale)
     results["embed_llmp_texts_s"] = llmp_texts_s(texts)
     results["embed_hf_texts_s"] = hf_texts_s(texts)
     results["embed_ratio"] = results["embed_llmp_texts_s"] / results["embed_hf_texts_s"]
     print(f"{'embeddings llmp':24s} {results['embed_llmp_texts_s']:8.1f} texts/s", flush=True)
-    print(f"{'embeddings transformers':24s} {results['embed_hf_texts_s']:8.1f} texts/s "
-          f"({results['embed_ratio']:.2f}x)", flush=True)
+    print(
+        f"{'embeddings transformers':24s} {results['embed_hf_texts_s']:8.1f} texts/s ({results['embed_ratio']:.2f}x)",
+        flush=True,
+    )
     print(json.dumps({k: round(v, 3) for k, v in results.items()}))
 
 

@@ -51,7 +51,10 @@ def main() -> int:
     median, floor = statistics.median(cli), statistics.median(bare)
     print(f"llmp plugins list --json: median {median:.3f} s, best {min(cli):.3f} s over {args.runs} runs")
     print(f"python -c pass          : median {floor:.3f} s, best {min(bare):.3f} s")
-    print(f"ratio to bare interpreter: {median / floor:.1f}x; goal {GOAL_SECONDS} s: {'met' if median < GOAL_SECONDS else 'MISSED'}")
+    print(
+        f"ratio to bare interpreter: {median / floor:.1f}x; "
+        f"goal {GOAL_SECONDS} s: {'met' if median < GOAL_SECONDS else 'MISSED'}"
+    )
     print(f"heavy libraries imported: {', '.join(heavy) or 'none'}")
     return 0 if not heavy else 1
 

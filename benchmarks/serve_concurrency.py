@@ -21,8 +21,16 @@ from llmp.cli.bench_cmd import BenchServeSettings, run_benchmark
 from llmp.testing import serving
 
 DEFAULT_MODEL = Path.home() / ".cache" / "llmp" / "bench" / "qwen05b-shape"
-COLUMNS = ("request_throughput", "output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms",
-           "median_itl_ms", "p99_itl_ms", "median_e2el_ms")
+COLUMNS = (
+    "request_throughput",
+    "output_throughput",
+    "median_ttft_ms",
+    "p99_ttft_ms",
+    "median_tpot_ms",
+    "median_itl_ms",
+    "p99_itl_ms",
+    "median_e2el_ms",
+)
 
 
 def with_word_tokenizer(model_dir: Path) -> Path:
@@ -46,8 +54,9 @@ def with_word_tokenizer(model_dir: Path) -> Path:
     names += [f"w{i}" for i in range(vocab_size - len(names))]
     tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(names)}, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>",
-                            unk_token="<unk>").save_pretrained(words_dir)
+    PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    ).save_pretrained(words_dir)
     return words_dir
 
 
@@ -66,19 +75,28 @@ def main() -> None:
     with serving(args.model_dir, "--disable-access-log", *args.serve_args.split(), ready_timeout=600) as server:
         for concurrency in args.concurrency:
             settings = BenchServeSettings(
-                base_url=server.url, num_prompts=concurrency * args.requests_per_slot, max_concurrency=concurrency,
-                input_len=args.input_len, output_len=args.output_len)
+                base_url=server.url,
+                num_prompts=concurrency * args.requests_per_slot,
+                max_concurrency=concurrency,
+                input_len=args.input_len,
+                output_len=args.output_len,
+            )
             report = asyncio.run(run_benchmark(settings))
             assert report["failed"] == 0, report["first_error"]
             rows.append((concurrency, report))
             print(json.dumps({"concurrency": concurrency, **{k: report[k] for k in COLUMNS}}), flush=True)
-    print("\n| concurrency | req/s | output tok/s | TTFT median / p99 (ms) | TPOT median (ms) | ITL median / p99 (ms) "
-          "| E2E median (ms) |\n|---|---|---|---|---|---|---|")
+    print(
+        "\n| concurrency | req/s | output tok/s | TTFT median / p99 (ms) | TPOT median (ms) | ITL median / p99 (ms) "
+        "| E2E median (ms) |\n|---|---|---|---|---|---|---|"
+    )
     for concurrency, r in rows:
-        cells = [("-" if r[k] is None else f"{r[k]:.2f}" if k == "request_throughput" else f"{r[k]:.1f}")
-                 for k in COLUMNS]
-        print(f"| {concurrency} | {cells[0]} | {cells[1]} | {cells[2]} / {cells[3]} | {cells[4]} | "
-              f"{cells[5]} / {cells[6]} | {cells[7]} |")
+        cells = [
+            ("-" if r[k] is None else f"{r[k]:.2f}" if k == "request_throughput" else f"{r[k]:.1f}") for k in COLUMNS
+        ]
+        print(
+            f"| {concurrency} | {cells[0]} | {cells[1]} | {cells[2]} / {cells[3]} | {cells[4]} | "
+            f"{cells[5]} / {cells[6]} | {cells[7]} |"
+        )
 
 
 if __name__ == "__main__":

@@ -23,9 +23,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from engine_throughput import build_model, random_prompts  # noqa: E402  (imports llmp before torch)
-
 import torch  # noqa: E402
+from engine_throughput import build_model, random_prompts  # noqa: E402  (imports llmp before torch)
 
 SECONDS: collections.defaultdict[str, float] = collections.defaultdict(float)
 KERNELS = ("rms_norm", "rotary", "silu_and_mul", "write_kv", "paged_attention")
@@ -72,16 +71,27 @@ def main() -> None:
     install_timers()
     from llmp import LLM, SamplingParams
 
-    llm = LLM(str(build_model(args.model_dir)), dtype="bfloat16", kernels="cpu",
-              max_model_len=1024, max_num_seqs=64, max_num_batched_tokens=2048)
+    llm = LLM(
+        str(build_model(args.model_dir)),
+        dtype="bfloat16",
+        kernels="cpu",
+        max_model_len=1024,
+        max_num_seqs=64,
+        max_num_batched_tokens=2048,
+    )
     rng = random.Random(0)
     warmup = random_prompts(rng, [64, 32])
-    llm.generate([{"prompt_token_ids": p} for p in warmup], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
+    llm.generate(
+        [{"prompt_token_ids": p} for p in warmup], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False
+    )
     engine = llm.engine
     prompts, new_tokens = workload(args.workload, args.batch, rng)
     for i, (prompt, new) in enumerate(zip(prompts, new_tokens)):
-        engine.add_request(f"anatomy-{i}", {"prompt_token_ids": prompt},
-                           SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True))
+        engine.add_request(
+            f"anatomy-{i}",
+            {"prompt_token_ids": prompt},
+            SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True),
+        )
     steps: list[tuple[float, dict[str, float]]] = []
     while engine.has_unfinished_requests():
         SECONDS.clear()

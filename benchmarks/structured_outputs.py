@@ -46,12 +46,37 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 
 SMOLLM2_SHAPE = {
-    "vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
-    "num_attention_heads": 9, "num_key_value_heads": 3, "max_position_embeddings": 2048, "rope_theta": 100000.0,
-    "rms_norm_eps": 1e-5, "tie_word_embeddings": True, "bos_token_id": 0, "eos_token_id": 1,
+    "vocab_size": 49152,
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "max_position_embeddings": 2048,
+    "rope_theta": 100000.0,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": True,
+    "bos_token_id": 0,
+    "eos_token_id": 1,
 }
-TOPICS = ["the sea", "mountains", "cooking", "trains", "music", "gardens", "winter", "the city", "birds",
-          "football", "rivers", "painting", "bread", "the moon", "forests", "markets"]
+TOPICS = [
+    "the sea",
+    "mountains",
+    "cooking",
+    "trains",
+    "music",
+    "gardens",
+    "winter",
+    "the city",
+    "birds",
+    "football",
+    "rivers",
+    "painting",
+    "bread",
+    "the moon",
+    "forests",
+    "markets",
+]
 
 
 # -- the model ------------------------------------------------------------------------------
@@ -63,8 +88,9 @@ def default_model() -> tuple[str | None, str]:
         from llmp.modeling.files import DEFAULT_MODEL
 
         return None, f"{DEFAULT_MODEL} (packaged, real 49152-token vocabulary)"
-    from llmp.testing import tiny_tokenizer
     from transformers import LlamaConfig, LlamaForCausalLM
+
+    from llmp.testing import tiny_tokenizer
 
     path = Path(tempfile.mkdtemp(prefix="llmp-bench-so-")) / "smollm2-shape"
     torch.manual_seed(0)
@@ -136,8 +162,12 @@ def decode_run(llm, prompts: list[list[int]], params) -> dict[str, object]:
         elapsed = time.perf_counter() - start
     tokens = params.max_tokens
     assert sorted(lengths.values()) == [tokens] * len(prompts), f"not every request made {tokens} tokens: {lengths}"
-    return {"seconds": elapsed, "tokens": sum(lengths.values()) - before, "steps": steps,
-            "grammar_seconds": grammar.seconds}
+    return {
+        "seconds": elapsed,
+        "tokens": sum(lengths.values()) - before,
+        "steps": steps,
+        "grammar_seconds": grammar.seconds,
+    }
 
 
 def decode_benchmark(llm, requests: int, tokens: int, repeats: int) -> dict[str, float]:
@@ -147,16 +177,21 @@ def decode_benchmark(llm, requests: int, tokens: int, repeats: int) -> dict[str,
     from llmp import SamplingParams, StructuredOutputsParams
 
     tokenizer = llm.get_tokenizer()
-    prompts = [tokenizer.encode(f"Write a long list of lowercase words about {TOPICS[i % len(TOPICS)]}, "
-                                "separated by commas:") for i in range(requests)]
+    prompts = [
+        tokenizer.encode(f"Write a long list of lowercase words about {TOPICS[i % len(TOPICS)]}, separated by commas:")
+        for i in range(requests)
+    ]
     variants = {
         "free": None,
         "regex": StructuredOutputsParams(regex="[a-z ,.]+"),
-        "json": StructuredOutputsParams(json={"type": "array", "items": {"type": "integer"}, "minItems": tokens},
-                                        disable_any_whitespace=True),
+        "json": StructuredOutputsParams(
+            json={"type": "array", "items": {"type": "integer"}, "minItems": tokens}, disable_any_whitespace=True
+        ),
     }
-    params = {name: SamplingParams(temperature=1.0, max_tokens=tokens, min_tokens=tokens, structured_outputs=so)
-              for name, so in variants.items()}
+    params = {
+        name: SamplingParams(temperature=1.0, max_tokens=tokens, min_tokens=tokens, structured_outputs=so)
+        for name, so in variants.items()
+    }
     for p in params.values():  # warm-up: allocations, oneDNN primitives, the grammar compiles (cached)
         warm = SamplingParams(temperature=1.0, max_tokens=4, min_tokens=4, structured_outputs=p.structured_outputs)
         decode_run(llm, prompts, warm)
@@ -175,10 +210,12 @@ def decode_benchmark(llm, requests: int, tokens: int, repeats: int) -> dict[str,
     for name in runs:
         if name != "free":
             for key in ("tok_s", "wall_tok_s"):
-                results[f"decode_{name}_{key.replace('tok_s', 'ratio')}"] = (results[f"decode_{name}_{key}"]
-                                                                              / results[f"decode_free_{key}"])
-            results[f"decode_{name}_grammar_share"] = (results[f"decode_{name}_grammar_ms_per_step"]
-                                                       / results["decode_free_step_ms"])
+                results[f"decode_{name}_{key.replace('tok_s', 'ratio')}"] = (
+                    results[f"decode_{name}_{key}"] / results[f"decode_free_{key}"]
+                )
+            results[f"decode_{name}_grammar_share"] = (
+                results[f"decode_{name}_grammar_ms_per_step"] / results["decode_free_step_ms"]
+            )
     return results
 
 
@@ -192,13 +229,22 @@ def large_schema(properties: int = 200) -> dict:
         lambda i: {"type": "integer", "minimum": -i, "maximum": 1000 + i},
         lambda i: {"enum": [f"value_{i}_{j}" for j in range(8)]},
         lambda i: {"type": "array", "items": {"type": "number"}, "maxItems": 5},
-        lambda i: {"type": "object", "properties": {
-            "id": {"type": "integer"},
-            "label": {"type": "string", "pattern": "^[a-z]{1,12}$"},
-            "status": {"enum": ["open", "closed", f"pending_{i}"]},
-            "point": {"type": "object", "properties": {"x": {"type": "number"}, "y": {"type": "number"}},
-                      "required": ["x", "y"], "additionalProperties": False},
-        }, "required": ["id", "label", "status", "point"], "additionalProperties": False},
+        lambda i: {
+            "type": "object",
+            "properties": {
+                "id": {"type": "integer"},
+                "label": {"type": "string", "pattern": "^[a-z]{1,12}$"},
+                "status": {"enum": ["open", "closed", f"pending_{i}"]},
+                "point": {
+                    "type": "object",
+                    "properties": {"x": {"type": "number"}, "y": {"type": "number"}},
+                    "required": ["x", "y"],
+                    "additionalProperties": False,
+                },
+            },
+            "required": ["id", "label", "status", "point"],
+            "additionalProperties": False,
+        },
         lambda i: {"type": "boolean"},
         lambda i: {"anyOf": [{"type": "string", "format": "date"}, {"type": "null"}]},
     ]
@@ -226,8 +272,12 @@ def compile_benchmark(llm, repeats: int) -> dict[str, float]:
         start = time.perf_counter()
         compiler.compile(schema)
         cached.append(time.perf_counter() - start)
-    return {"compile_setup_ms": min(setup) * 1000, "compile_200_props_cold_ms": min(cold) * 1000,
-            "compile_200_props_cached_ms": min(cached) * 1000, "compile_200_props_schema_check_ms": min(check) * 1000}
+    return {
+        "compile_setup_ms": min(setup) * 1000,
+        "compile_200_props_cold_ms": min(cold) * 1000,
+        "compile_200_props_cached_ms": min(cached) * 1000,
+        "compile_200_props_schema_check_ms": min(check) * 1000,
+    }
 
 
 # -- main -----------------------------------------------------------------------------------------
@@ -256,10 +306,17 @@ def main() -> None:
     model, description = (args.model, args.model) if args.model else default_model()
     llm = LLM(model, dtype=args.dtype, max_model_len=1024, max_num_seqs=max(args.requests, 1))
     vocab = llm.engine.vocab_size
-    print(f"model: {description}; vocabulary {vocab}; {args.requests} requests x {args.tokens} tokens; "
-          f"{args.threads} threads, {args.dtype}", flush=True)
-    results: dict[str, float] = {"threads": args.threads, "vocab_size": vocab, "requests": args.requests,
-                                 "tokens": args.tokens}
+    print(
+        f"model: {description}; vocabulary {vocab}; {args.requests} requests x {args.tokens} tokens; "
+        f"{args.threads} threads, {args.dtype}",
+        flush=True,
+    )
+    results: dict[str, float] = {
+        "threads": args.threads,
+        "vocab_size": vocab,
+        "requests": args.requests,
+        "tokens": args.tokens,
+    }
     results.update(compile_benchmark(llm, max(args.repeats, 1)))
     report(results, *[k for k in results if k.startswith("compile")])
     results.update(decode_benchmark(llm, args.requests, args.tokens, args.repeats))

@@ -27,13 +27,20 @@ def main() -> None:
     from vllm.inputs import TokensPrompt
 
     start = time.perf_counter()
-    llm = LLM(model=spec["model"], dtype=spec["dtype"], max_model_len=spec["max_model_len"],
-              max_num_seqs=spec["max_num_seqs"], max_num_batched_tokens=spec["max_num_batched_tokens"], seed=0)
+    llm = LLM(
+        model=spec["model"],
+        dtype=spec["dtype"],
+        max_model_len=spec["max_model_len"],
+        max_num_seqs=spec["max_num_seqs"],
+        max_num_batched_tokens=spec["max_num_batched_tokens"],
+        seed=0,
+    )
     print(json.dumps({"startup": time.perf_counter() - start}), file=out, flush=True)
     for line in sys.stdin:
         request = json.loads(line)
-        params = [SamplingParams(temperature=0.0, max_tokens=n, min_tokens=n, ignore_eos=True)
-                  for n in request["new_tokens"]]
+        params = [
+            SamplingParams(temperature=0.0, max_tokens=n, min_tokens=n, ignore_eos=True) for n in request["new_tokens"]
+        ]
         began = time.perf_counter()
         outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in request["prompts"]], params, use_tqdm=False)
         seconds = time.perf_counter() - began

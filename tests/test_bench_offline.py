@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from llmp.cli.bench_offline import BenchThroughputSettings, mixed_bounds, throughput_lengths
 from llmp.testing import run_llmp, save_tiny_llama
 
@@ -43,10 +44,30 @@ def assert_engine_facts(report: dict[str, Any], model_dir: str) -> None:
 
 
 THROUGHPUT_KEYS = {
-    "model", "kernels", "dtype", "executor", "max_model_len", "num_threads", "load_time_s", "dataset", "num_prompts",
-    "input_len", "output_len", "seed", "elapsed_s", "num_requests", "total_prompt_tokens", "total_output_tokens",
-    "total_num_tokens", "cached_prompt_tokens", "requests_per_s", "output_tokens_per_s", "total_tokens_per_s",
-    "elapsed_time", "requests_per_second", "tokens_per_second",
+    "model",
+    "kernels",
+    "dtype",
+    "executor",
+    "max_model_len",
+    "num_threads",
+    "load_time_s",
+    "dataset",
+    "num_prompts",
+    "input_len",
+    "output_len",
+    "seed",
+    "elapsed_s",
+    "num_requests",
+    "total_prompt_tokens",
+    "total_output_tokens",
+    "total_num_tokens",
+    "cached_prompt_tokens",
+    "requests_per_s",
+    "output_tokens_per_s",
+    "total_tokens_per_s",
+    "elapsed_time",
+    "requests_per_second",
+    "tokens_per_second",
 }
 
 
@@ -63,8 +84,20 @@ def assert_rates_agree(report: dict[str, Any]) -> None:
 
 def test_throughput_random_with_torch_kernels_and_saved_result(model_dir: str, tmp_path: Path) -> None:
     saved = tmp_path / "throughput.json"
-    report = bench_json("throughput", model_dir, "--num-prompts", "5", "--input-len", "8", "--output-len", "4",
-                        "--kernels", "torch", "--save-result", str(saved))
+    report = bench_json(
+        "throughput",
+        model_dir,
+        "--num-prompts",
+        "5",
+        "--input-len",
+        "8",
+        "--output-len",
+        "4",
+        "--kernels",
+        "torch",
+        "--save-result",
+        str(saved),
+    )
     assert set(report) == THROUGHPUT_KEYS
     assert_engine_facts(report, model_dir)
     assert report["kernels"] == "torch"  # the default on CPU is another kernel set
@@ -78,12 +111,26 @@ def test_throughput_random_with_torch_kernels_and_saved_result(model_dir: str, t
 def test_throughput_mixed_lengths_are_the_seeded_ones(model_dir: str, tmp_path: Path) -> None:
     config = tmp_path / "bench.yaml"
     config.write_text("dataset: mixed\nnum-prompts: 6\nmin-input-len: 3\n")  # and the seed from the environment
-    report = bench_json("throughput", model_dir, "--input-len", "12", "--output-len", "6", "--min-output-len", "2",
-                        "--config", str(config), env={"LLMP_SEED": "7"})
+    report = bench_json(
+        "throughput",
+        model_dir,
+        "--input-len",
+        "12",
+        "--output-len",
+        "6",
+        "--min-output-len",
+        "2",
+        "--config",
+        str(config),
+        env={"LLMP_SEED": "7"},
+    )
     assert report["dataset"] == "mixed" and report["seed"] == 7 and report["num_requests"] == 6
     assert (report["min_input_len"], report["min_output_len"]) == (3, 2)
-    expected = throughput_lengths(BenchThroughputSettings(
-        dataset="mixed", num_prompts=6, input_len=12, output_len=6, min_input_len=3, min_output_len=2, seed=7))
+    expected = throughput_lengths(
+        BenchThroughputSettings(
+            dataset="mixed", num_prompts=6, input_len=12, output_len=6, min_input_len=3, min_output_len=2, seed=7
+        )
+    )
     assert report["total_prompt_tokens"] == sum(n for n, _ in expected)
     assert report["total_output_tokens"] == sum(n for _, n in expected)
     assert 6 * 3 <= report["total_prompt_tokens"] <= 6 * 12 and 6 * 2 <= report["total_output_tokens"] <= 6 * 6
@@ -91,8 +138,9 @@ def test_throughput_mixed_lengths_are_the_seeded_ones(model_dir: str, tmp_path: 
 
 
 def test_mixed_lengths_are_seeded_and_bounded() -> None:
-    settings = BenchThroughputSettings(dataset="mixed", num_prompts=200, input_len=50, output_len=20,
-                                       min_input_len=10, seed=3)
+    settings = BenchThroughputSettings(
+        dataset="mixed", num_prompts=200, input_len=50, output_len=20, min_input_len=10, seed=3
+    )
     lengths = throughput_lengths(settings)
     assert lengths == throughput_lengths(settings)
     assert lengths != throughput_lengths(settings.model_copy(update={"seed": 4}))
@@ -104,8 +152,22 @@ def test_mixed_lengths_are_seeded_and_bounded() -> None:
 
 
 def test_throughput_prefix_dataset_and_prefix_caching(model_dir: str) -> None:
-    args = ("throughput", model_dir, "--dataset", "prefix", "--prefix-len", "32", "--num-prompts", "4",
-            "--input-len", "8", "--output-len", "2", "--max-num-seqs", "1")  # one at a time: later ones reuse it
+    args = (
+        "throughput",
+        model_dir,
+        "--dataset",
+        "prefix",
+        "--prefix-len",
+        "32",
+        "--num-prompts",
+        "4",
+        "--input-len",
+        "8",
+        "--output-len",
+        "2",
+        "--max-num-seqs",
+        "1",
+    )  # one at a time: later ones reuse it
     cached = bench_json(*args)
     assert cached["dataset"] == "prefix" and cached["prefix_len"] == 32
     assert cached["total_prompt_tokens"] == 4 * (32 + 8) and cached["total_output_tokens"] == 4 * 2
@@ -116,16 +178,24 @@ def test_throughput_prefix_dataset_and_prefix_caching(model_dir: str) -> None:
 
 
 def test_throughput_table(model_dir: str) -> None:
-    result = run_llmp("bench", "throughput", model_dir, *ONE_THREAD, "--num-prompts", "3", "--input-len", "8",
-                      "--output-len", "5")
+    result = run_llmp(
+        "bench", "throughput", model_dir, *ONE_THREAD, "--num-prompts", "3", "--input-len", "8", "--output-len", "5"
+    )
     out = result.stdout
     assert "Traceback" not in result.stderr and not out.lstrip().startswith("{")
-    for label in ("Kernels", "Load time (s)", "Request throughput (req/s)", "Output token throughput (tok/s)",
-                  "Total token throughput (tok/s)"):
+    for label in (
+        "Kernels",
+        "Load time (s)",
+        "Request throughput (req/s)",
+        "Output token throughput (tok/s)",
+        "Total token throughput (tok/s)",
+    ):
         assert label in out, label
     assert re.search(r"Requests\W+3\W", out) and re.search(r"Total prompt tokens\W+24\W", out)
     assert re.search(r"Total output tokens\W+15\W", out)
-    assert re.search(r"^Throughput: [\d.]+ requests/s, [\d.]+ total tokens/s, [\d.]+ output tokens/s$", out, re.MULTILINE)
+    assert re.search(
+        r"^Throughput: [\d.]+ requests/s, [\d.]+ total tokens/s, [\d.]+ output tokens/s$", out, re.MULTILINE
+    )
 
 
 # -- latency ---------------------------------------------------------------------------
@@ -133,8 +203,24 @@ def test_throughput_table(model_dir: str) -> None:
 
 def test_latency_json_and_saved_result(model_dir: str, tmp_path: Path) -> None:
     saved = tmp_path / "latency.json"
-    report = bench_json("latency", model_dir, "--batch-size", "3", "--input-len", "8", "--output-len", "4",
-                        "--num-iters-warmup", "1", "--num-iters", "3", "--kernels", "torch", "--save-result", str(saved))
+    report = bench_json(
+        "latency",
+        model_dir,
+        "--batch-size",
+        "3",
+        "--input-len",
+        "8",
+        "--output-len",
+        "4",
+        "--num-iters-warmup",
+        "1",
+        "--num-iters",
+        "3",
+        "--kernels",
+        "torch",
+        "--save-result",
+        str(saved),
+    )
     assert_engine_facts(report, model_dir)
     assert report["kernels"] == "torch"
     assert (report["batch_size"], report["input_len"], report["output_len"]) == (3, 8, 4)
@@ -158,8 +244,22 @@ def test_latency_json_and_saved_result(model_dir: str, tmp_path: Path) -> None:
 
 
 def test_latency_of_one_output_token_has_no_decode_figures(model_dir: str) -> None:
-    result = run_llmp("bench", "latency", model_dir, *ONE_THREAD, "--batch-size", "2", "--input-len", "4",
-                      "--output-len", "1", "--num-iters-warmup", "0", "--num-iters", "2")
+    result = run_llmp(
+        "bench",
+        "latency",
+        model_dir,
+        *ONE_THREAD,
+        "--batch-size",
+        "2",
+        "--input-len",
+        "4",
+        "--output-len",
+        "1",
+        "--num-iters-warmup",
+        "0",
+        "--num-iters",
+        "2",
+    )
     out = result.stdout
     for label in ("Avg latency (s)", "P50 latency (s)", "P99 latency (s)", "Avg prefill (s)"):
         assert label in out, label
@@ -180,23 +280,27 @@ def assert_usage_error(result: Any, *words: str) -> None:
         assert word in last, (word, last)
 
 
-@pytest.mark.parametrize(("args", "words"), [
-    (("latency", "--batch-size", "0"), ("batch_size", "greater than or equal to 1")),
-    (("latency", "--num-iters", "0"), ("num_iters",)),
-    (("latency", "--max-model-len", "64", "--input-len", "40", "--output-len", "40"), ("80", "64")),
-    (("throughput", "--dataset", "sharegpt"), ("dataset",)),
-    (("throughput", "--dataset", "mixed", "--input-len", "8", "--min-input-len", "9"), ("--min-input-len", "9")),
-    (("throughput", "--dataset", "prefix", "--prefix-len", "60", "--max-model-len", "100"), ("252", "100")),
-    (("throughput", "--dtype", "float8"), ("dtype",)),
-])
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (("latency", "--batch-size", "0"), ("batch_size", "greater than or equal to 1")),
+        (("latency", "--num-iters", "0"), ("num_iters",)),
+        (("latency", "--max-model-len", "64", "--input-len", "40", "--output-len", "40"), ("80", "64")),
+        (("throughput", "--dataset", "sharegpt"), ("dataset",)),
+        (("throughput", "--dataset", "mixed", "--input-len", "8", "--min-input-len", "9"), ("--min-input-len", "9")),
+        (("throughput", "--dataset", "prefix", "--prefix-len", "60", "--max-model-len", "100"), ("252", "100")),
+        (("throughput", "--dtype", "float8"), ("dtype",)),
+    ],
+)
 def test_invalid_options_are_one_line_usage_errors(model_dir: str, args: tuple[str, ...], words: tuple[str]) -> None:
     command, *rest = args
     assert_usage_error(run_llmp("bench", command, model_dir, *rest, check=False), *words)
 
 
 def test_what_the_engine_refuses_is_a_usage_error_too(model_dir: str, tmp_path: Path) -> None:
-    too_long = run_llmp("bench", "latency", model_dir, *ONE_THREAD, "--input-len", "400", "--output-len", "200",
-                        check=False)
+    too_long = run_llmp(
+        "bench", "latency", model_dir, *ONE_THREAD, "--input-len", "400", "--output-len", "200", check=False
+    )
     assert_usage_error(too_long, "600", "max_model_len", "512")  # the tiny model's context, known once loaded
     missing = run_llmp("bench", "throughput", str(tmp_path / "no-such-model"), check=False)
     assert_usage_error(missing, "no-such-model")

@@ -52,8 +52,9 @@ def assert_clean_run(report: dict[str, Any], num_prompts: int) -> None:
 
 def test_completions_with_a_concurrency_cap(server: LiveServer, tmp_path: Path) -> None:
     saved = tmp_path / "result.json"
-    report, _ = bench("--base-url", server.url, "--num-prompts", "8", "--max-concurrency", "4", *SMALL,
-                      "--save-result", str(saved))
+    report, _ = bench(
+        "--base-url", server.url, "--num-prompts", "8", "--max-concurrency", "4", *SMALL, "--save-result", str(saved)
+    )
     assert_clean_run(report, 8)
     assert report["max_concurrency"] == 4 and report["request_rate"] == "inf"
     assert report["endpoint"] == "/v1/completions" and report["model"]
@@ -61,8 +62,19 @@ def test_completions_with_a_concurrency_cap(server: LiveServer, tmp_path: Path) 
 
 
 def test_chat_endpoint_with_the_prefix_dataset(server: LiveServer) -> None:
-    report, _ = bench("--base-url", server.url, "--endpoint", "/v1/chat/completions", "--dataset", "prefix",
-                      "--prefix-len", "16", "--num-prompts", "4", *SMALL)
+    report, _ = bench(
+        "--base-url",
+        server.url,
+        "--endpoint",
+        "/v1/chat/completions",
+        "--dataset",
+        "prefix",
+        "--prefix-len",
+        "16",
+        "--num-prompts",
+        "4",
+        *SMALL,
+    )
     assert_clean_run(report, 4)
     assert report["dataset"] == "prefix"
 
@@ -79,8 +91,9 @@ def test_poisson_arrivals_and_the_table(server: LiveServer) -> None:
 def test_a_dead_server_counts_every_request_as_failed(tmp_path: Path) -> None:
     dead = f"http://127.0.0.1:{free_port()}"
     unwritable = tmp_path / "no-such-dir" / "result.json"
-    report, result = bench("--base-url", dead, "--model", "any", "--num-prompts", "5", "--save-result",
-                           str(unwritable), check=False)
+    report, result = bench(
+        "--base-url", dead, "--model", "any", "--num-prompts", "5", "--save-result", str(unwritable), check=False
+    )
     assert result.returncode == 1
     assert report["successful"] == 0 and report["failed"] == 5
     assert "Connection refused" in report["first_error"] and report["mean_ttft_ms"] is None
@@ -132,8 +145,9 @@ def flaky_peer(words_per_reply: int = 100) -> Iterator[str]:
     import uvicorn
 
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(flaky_peer_app(words_per_reply), host="127.0.0.1", port=port,
-                                           log_level="critical"))
+    server = uvicorn.Server(
+        uvicorn.Config(flaky_peer_app(words_per_reply), host="127.0.0.1", port=port, log_level="critical")
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -148,8 +162,7 @@ def flaky_peer(words_per_reply: int = 100) -> Iterator[str]:
 
 def test_streams_cut_off_mid_way_are_counted_as_failures() -> None:
     with flaky_peer() as url:
-        report, result = bench("--base-url", url, "--num-prompts", "6", "--max-concurrency", "2", *SMALL,
-                               check=False)
+        report, result = bench("--base-url", url, "--num-prompts", "6", "--max-concurrency", "2", *SMALL, check=False)
     assert result.returncode == 1
     assert report["model"] == "flaky" and report["successful"] == 3 and report["failed"] == 3
     assert "peer closed connection" in report["first_error"]

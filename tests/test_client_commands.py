@@ -38,7 +38,9 @@ def unstreamed(server: LiveServer, path: str, **body: Any) -> str:
 
     model = httpx.get(f"{server.api_url}/models", headers={"Authorization": f"Bearer {KEY}"}).json()["data"][0]["id"]
     response = httpx.post(
-        f"{server.api_url}/{path}", headers={"Authorization": f"Bearer {KEY}"}, timeout=60,
+        f"{server.api_url}/{path}",
+        headers={"Authorization": f"Bearer {KEY}"},
+        timeout=60,
         json={"model": model, "max_tokens": int(MAX_TOKENS), "temperature": 0.0, **body},
     )
     response.raise_for_status()
@@ -49,8 +51,15 @@ def unstreamed(server: LiveServer, path: str, **body: Any) -> str:
 def llmp_with_stdin(*args: str, stdin: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """`python -m llmp ARGS` fed ``stdin``, with no inherited LLMP_* variables (like `run_llmp`)."""
     child_env = {k: v for k, v in os.environ.items() if not k.startswith("LLMP_")} | env
-    return subprocess.run([sys.executable, "-m", "llmp", *args], input=stdin, capture_output=True, text=True,
-                          env=child_env, timeout=120, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "llmp", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=child_env,
+        timeout=120,
+        check=False,
+    )
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: str) -> None:
@@ -64,21 +73,52 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: 
 
 def test_complete_quick_prints_the_streamed_completion(server: LiveServer) -> None:
     prompt = "The quick brown fox"
-    out = run_llmp("complete", "--url", server.api_url, "--max-tokens", MAX_TOKENS, "--temperature", "0",
-                   "-q", prompt, env=WITH_KEY)
+    out = run_llmp(
+        "complete",
+        "--url",
+        server.api_url,
+        "--max-tokens",
+        MAX_TOKENS,
+        "--temperature",
+        "0",
+        "-q",
+        prompt,
+        env=WITH_KEY,
+    )
     assert out.stdout == unstreamed(server, "completions", prompt=prompt) + "\n"
 
 
 def test_chat_quick_prints_the_streamed_reply_to_system_and_user(server: LiveServer) -> None:
-    out = run_llmp("chat", "--url", server.api_url, "--max-tokens", MAX_TOKENS, "--temperature", "0",
-                   "--system-prompt", "Be brief.", "--quick", "Paged attention?", env=WITH_KEY)
+    out = run_llmp(
+        "chat",
+        "--url",
+        server.api_url,
+        "--max-tokens",
+        MAX_TOKENS,
+        "--temperature",
+        "0",
+        "--system-prompt",
+        "Be brief.",
+        "--quick",
+        "Paged attention?",
+        env=WITH_KEY,
+    )
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Paged attention?"}]
     assert out.stdout == unstreamed(server, "chat/completions", messages=messages) + "\n"
 
 
 def test_chat_repl_keeps_the_history_and_stops_at_exit(server: LiveServer) -> None:
-    result = llmp_with_stdin("chat", "--url", server.api_url, "--max-tokens", MAX_TOKENS, "--temperature", "0",
-                             stdin="Hello there\nWhat did I say?\nexit\nnot sent\n", env=WITH_KEY)
+    result = llmp_with_stdin(
+        "chat",
+        "--url",
+        server.api_url,
+        "--max-tokens",
+        MAX_TOKENS,
+        "--temperature",
+        "0",
+        stdin="Hello there\nWhat did I say?\nexit\nnot sent\n",
+        env=WITH_KEY,
+    )
     assert result.returncode == 0, result.stderr
     first = [{"role": "user", "content": "Hello there"}]
     reply1 = unstreamed(server, "chat/completions", messages=first)
@@ -89,8 +129,17 @@ def test_chat_repl_keeps_the_history_and_stops_at_exit(server: LiveServer) -> No
 
 
 def test_complete_repl_completes_each_line_on_its_own(server: LiveServer) -> None:
-    result = llmp_with_stdin("complete", "--url", server.api_url, "--max-tokens", MAX_TOKENS, "--temperature", "0",
-                             stdin="Continuous batching\n\nThe KV cache\n", env=WITH_KEY)
+    result = llmp_with_stdin(
+        "complete",
+        "--url",
+        server.api_url,
+        "--max-tokens",
+        MAX_TOKENS,
+        "--temperature",
+        "0",
+        stdin="Continuous batching\n\nThe KV cache\n",
+        env=WITH_KEY,
+    )
     assert result.returncode == 0, result.stderr
     expected = [unstreamed(server, "completions", prompt=p) for p in ("Continuous batching", "The KV cache")]
     assert result.stdout == "".join(f"{text}\n" for text in expected)
@@ -98,8 +147,17 @@ def test_complete_repl_completes_each_line_on_its_own(server: LiveServer) -> Non
 
 def test_a_bad_request_spoils_one_turn_not_the_session(server: LiveServer) -> None:
     too_long = " ".join(["word"] * 5000)  # far past the tiny model's 512 positions
-    result = llmp_with_stdin("complete", "--url", server.api_url, "--max-tokens", MAX_TOKENS, "--temperature", "0",
-                             stdin=f"{too_long}\nThe KV cache\n", env=WITH_KEY)
+    result = llmp_with_stdin(
+        "complete",
+        "--url",
+        server.api_url,
+        "--max-tokens",
+        MAX_TOKENS,
+        "--temperature",
+        "0",
+        stdin=f"{too_long}\nThe KV cache\n",
+        env=WITH_KEY,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stderr.startswith("llmp: error: HTTP 400 from ") and "Traceback" not in result.stderr
     assert result.stdout == unstreamed(server, "completions", prompt="The KV cache") + "\n"
@@ -114,21 +172,32 @@ def test_a_wrong_url_is_one_line_and_a_failure() -> None:
 
 
 def test_an_unknown_model_is_one_line_and_a_failure(server: LiveServer) -> None:
-    result = run_llmp("chat", "--url", server.api_url, "--model-name", "no-such-model", "-q", "hi", env=WITH_KEY,
-                      check=False)
+    result = run_llmp(
+        "chat", "--url", server.api_url, "--model-name", "no-such-model", "-q", "hi", env=WITH_KEY, check=False
+    )
     assert_one_line_error(result, "HTTP 404 from", "no-such-model")
 
 
 def test_the_api_key_is_sent_as_a_bearer_token(server: LiveServer) -> None:
-    keyed = run_llmp("chat", "--url", server.api_url, "--api-key", KEY, "--max-tokens", MAX_TOKENS, "-q", "hi",
-                     env={"OPENAI_API_KEY": ""})
+    keyed = run_llmp(
+        "chat",
+        "--url",
+        server.api_url,
+        "--api-key",
+        KEY,
+        "--max-tokens",
+        MAX_TOKENS,
+        "-q",
+        "hi",
+        env={"OPENAI_API_KEY": ""},
+    )
     assert keyed.stdout.strip()
-    from_openai_variable = run_llmp("complete", "--url", server.api_url, "--max-tokens", MAX_TOKENS, "-q", "hi",
-                                    env={"OPENAI_API_KEY": KEY})
+    from_openai_variable = run_llmp(
+        "complete", "--url", server.api_url, "--max-tokens", MAX_TOKENS, "-q", "hi", env={"OPENAI_API_KEY": KEY}
+    )
     assert from_openai_variable.stdout.strip()
     for extra in ((), ("--model-name", "anything")):  # refused at GET /models, and at the chat request itself
-        refused = run_llmp("chat", "--url", server.api_url, *extra, "-q", "hi", env={"OPENAI_API_KEY": ""},
-                           check=False)
+        refused = run_llmp("chat", "--url", server.api_url, *extra, "-q", "hi", env={"OPENAI_API_KEY": ""}, check=False)
         assert_one_line_error(refused, "HTTP 401 from")
     wrong = run_llmp("chat", "--url", server.api_url, "--api-key", "nope", "-q", "hi", check=False)
     assert_one_line_error(wrong, "HTTP 401 from")

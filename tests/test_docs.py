@@ -67,4 +67,6 @@ def test_the_parser_guides_example_streams_as_it_parses():
 
     parser = namespace["CallTagParser"](None)
     message = assert_streams_agree('Hi <call>{"name": "f", "arguments": {"a": [1, "}"]}}</call>', tool_parser=parser)
-    assert message.content == "Hi " and [(c.name, c.arguments) for c in message.tool_calls] == [("f", '{"a": [1, "}"]}')]
+    assert message.content == "Hi " and [(c.name, c.arguments) for c in message.tool_calls] == [
+        ("f", '{"a": [1, "}"]}')
+    ]

@@ -16,8 +16,11 @@ def test_there_are_plugin_projects():
 
 def test_each_plugin_is_a_distribution_with_entry_point_package_and_tests():
     # the editable paths, as whole entries: "plugins/parsers/tools" must not match "plugins/parsers/tools-code"
-    dev_requirements = {line.split()[1].split("[")[0] for line in (REPO / "requirements-dev.txt").read_text().splitlines()
-                        if line.startswith("-e ")}
+    dev_requirements = {
+        line.split()[1].split("[")[0]
+        for line in (REPO / "requirements-dev.txt").read_text().splitlines()
+        if line.startswith("-e ")
+    }
     for project_dir in PLUGIN_PROJECTS:
         relative = project_dir.relative_to(REPO).as_posix()
         project = tomllib.loads((project_dir / "pyproject.toml").read_text())["project"]

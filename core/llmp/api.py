@@ -124,8 +124,7 @@ class ComponentSpec:
             raise ValueError(f"{type(self).__name__}.name must be a non-empty string")
         if ":" not in self.impl:
             raise ValueError(
-                f"{type(self).__name__}({self.name!r}).impl must be 'package.module:attribute', "
-                f"got {self.impl!r}"
+                f"{type(self).__name__}({self.name!r}).impl must be 'package.module:attribute', got {self.impl!r}"
             )
 
     def load(self) -> Any:
@@ -368,7 +367,12 @@ class KernelSet(Protocol):
         ...
 
     def paged_attention(
-        self, q: Tensor, k_cache: Tensor, v_cache: Tensor, metadata: AttentionMetadata, scale: float,
+        self,
+        q: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        metadata: AttentionMetadata,
+        scale: float,
         softcap: float | None = None,
     ) -> Tensor:
         """Causal attention of q [T, H, D] over the paged cache for a mixed
@@ -483,7 +487,9 @@ class KVCacheManager(Protocol):
         (always leaving at least one token to compute)."""
         ...
 
-    def allocate_slots(self, request: Any, num_new_tokens: int, computed_blocks: Sequence[int] = ()) -> list[int] | None:
+    def allocate_slots(
+        self, request: Any, num_new_tokens: int, computed_blocks: Sequence[int] = ()
+    ) -> list[int] | None:
         """Take ``computed_blocks`` and room for ``num_new_tokens`` more tokens; return the
         new blocks, or ``None`` (changing nothing) when out of blocks."""
         ...
@@ -538,11 +544,13 @@ class EngineClient(Protocol):
 
     info: Mapping[str, Any]
 
-    def generate(self, prompt: Any, params: Any, request_id: str | None = None, *, priority: int = 0,
-                 delta: bool = False) -> AsyncIterator[Any]: ...
+    def generate(
+        self, prompt: Any, params: Any, request_id: str | None = None, *, priority: int = 0, delta: bool = False
+    ) -> AsyncIterator[Any]: ...
 
-    def encode(self, prompt: Any, pooling_params: Any = None, request_id: str | None = None, *,
-               priority: int = 0) -> AsyncIterator[Any]: ...
+    def encode(
+        self, prompt: Any, pooling_params: Any = None, request_id: str | None = None, *, priority: int = 0
+    ) -> AsyncIterator[Any]: ...
 
     async def abort(self, request_id: str) -> None: ...
 
@@ -561,7 +569,8 @@ class Frontend(Protocol):
     ``max_n``, ``max_stop_sequences``, ``return_tokens_as_token_ids``,
     ``enable_force_include_usage``, ``enable_store`` and ``generation_config``;
     for front-ends that listen on their own port, ``host``, ``grpc_port`` and
-    ``api_keys`` (the server's ``--api-key`` values, which must guard it too). HTTP front-ends return a FastAPI ``APIRouter`` from
+    ``api_keys`` (the server's ``--api-key`` values, which must guard it too).
+    HTTP front-ends return a FastAPI ``APIRouter`` from
     ``http_router``; the shared server mounts it behind its API key, CORS,
     request-id and body-limit middleware, and renders ``llmp.server.errors.APIError``.
     Others (gRPC) return ``None``. Every front-end's ``serve`` runs as a task
@@ -678,4 +687,3 @@ class StatLogger(Protocol):
     def record_step(self, stats: SchedulerStats) -> None: ...
 
     def record_finished(self, stats: FinishedRequestStats) -> None: ...
-

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import dataclasses
 import concurrent.futures
+import dataclasses
 import itertools
 import os
 import tempfile
@@ -61,8 +61,15 @@ class AsyncLLM:
     is ready (model loaded); the options are those of ``LLM``.
     """
 
-    def __init__(self, model: str | None = None, *, engine_mode: str = "process",
-                 ready_timeout: float = 900.0, wait: bool = True, **engine_options: Any) -> None:
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        engine_mode: str = "process",
+        ready_timeout: float = 900.0,
+        wait: bool = True,
+        **engine_options: Any,
+    ) -> None:
         if engine_mode not in ("process", "thread"):
             raise ValueError(f"engine_mode must be 'process' or 'thread', got {engine_mode!r}")
         self.config = EngineConfig(model=model, **engine_options)
@@ -115,6 +122,7 @@ class AsyncLLM:
         if self.engine_mode == "process":
             self._process = EngineProcess((self.config, in_address, out_address, os.getpid()))
         else:
+
             def run() -> None:
                 loop = EngineCoreLoop(self.config, in_address, out_address, self._context)
                 try:
@@ -228,8 +236,13 @@ class AsyncLLM:
         return request_id, text, token_ids, stream
 
     async def generate(
-        self, prompt: PromptType, params: SamplingParams | None = None, request_id: str | None = None,
-        *, priority: int = 0, delta: bool = False,
+        self,
+        prompt: PromptType,
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        *,
+        priority: int = 0,
+        delta: bool = False,
     ) -> AsyncIterator[RequestOutput]:
         """Outputs of one request as they come: each the whole text so far, or with
         ``delta=True`` only what is new. Ends after the finished output. Leaving the
@@ -253,16 +266,23 @@ class AsyncLLM:
                 self._send(msg.AbortRequests([request_id]))
 
     async def encode(
-        self, prompt: PromptType, pooling_params: PoolingParams | None = None, request_id: str | None = None,
-        *, priority: int = 0,
+        self,
+        prompt: PromptType,
+        pooling_params: PoolingParams | None = None,
+        request_id: str | None = None,
+        *,
+        priority: int = 0,
     ) -> AsyncIterator[PoolingRequestOutput]:
         """The embedding of ``prompt`` (embedding models only): one finished output,
         or none if the request is aborted."""
         request_id, text, token_ids, stream = self._open_stream(prompt, request_id, pooling=True)
         done = False
         try:
-            self._send(msg.AddRequest(request_id, text, token_ids, SamplingParams(), priority,
-                                      pooling=pooling_params or PoolingParams()))
+            self._send(
+                msg.AddRequest(
+                    request_id, text, token_ids, SamplingParams(), priority, pooling=pooling_params or PoolingParams()
+                )
+            )
             item = await stream.queue.get()
             done = True
             if isinstance(item, BaseException):
@@ -306,7 +326,9 @@ class AsyncLLM:
     async def check_structured_outputs(self, constraint: Any) -> None:
         """``ValueError`` naming the problem if the engine cannot compile ``constraint``
         (a ``StructuredOutputsParams``); compiled, it is cached for the request that follows."""
-        problem = await self._call("check_structured_outputs", dataclasses.asdict(constraint), timeout=COMPILE_TIMEOUT_S)
+        problem = await self._call(
+            "check_structured_outputs", dataclasses.asdict(constraint), timeout=COMPILE_TIMEOUT_S
+        )
         if problem is not None:
             raise ValueError(problem)
 

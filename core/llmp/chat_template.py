@@ -9,11 +9,25 @@ from typing import Any
 Conversation = Sequence[Mapping[str, Any]]
 
 # keys transformers' apply_chat_template takes itself: a request's template kwargs must not override them
-RESERVED_TEMPLATE_KWARGS = frozenset({
-    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
-    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors",
-    "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
-})
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {
+        "conversation",
+        "messages",
+        "tools",
+        "documents",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+    }
+)
 
 
 def render_chat(
@@ -37,9 +51,13 @@ def render_chat(
         raise ValueError(f"{model_name} has no chat template; pass a chat template")
     extra = {k: v for k, v in (chat_template_kwargs or {}).items() if k not in RESERVED_TEMPLATE_KWARGS}
     return tokenizer.apply_chat_template(
-        [dict(m) for m in conversation], chat_template=chat_template, tools=tools, tokenize=False,
+        [dict(m) for m in conversation],
+        chat_template=chat_template,
+        tools=tools,
+        tokenize=False,
         add_generation_prompt=add_generation_prompt and not continue_final_message,
-        continue_final_message=continue_final_message, **extra,
+        continue_final_message=continue_final_message,
+        **extra,
     )
 
 

@@ -18,9 +18,9 @@ import sys
 from pathlib import Path
 from typing import Any, TypeVar
 
+import typer
 from pydantic import ValidationError
 from pydantic.fields import FieldInfo
-import typer
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 _config_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar("llmp_config_file", default=None)
@@ -92,18 +92,14 @@ def load_settings(settings_cls: type[S], ctx: typer.Context) -> S:
     and the file; an option left at its default does not.
     """
     explicit = {
-        name: value
-        for name, value in ctx.params.items()
-        if name != "config" and _source_name(ctx, name) in _EXPLICIT
+        name: value for name, value in ctx.params.items() if name != "config" and _source_name(ctx, name) in _EXPLICIT
     }
     config = ctx.params.get("config")
     token = _config_file.set(Path(config) if config else None)
     try:
         return settings_cls(**explicit)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or 'value'}: {err['msg']}" for err in exc.errors()
-        )
+        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'value'}: {err['msg']}" for err in exc.errors())
         raise typer.BadParameter(f"invalid settings: {problems}", ctx=ctx) from None
     finally:
         _config_file.reset(token)

@@ -100,7 +100,9 @@ def llmp_register_kernels() -> Iterable[KernelSetSpec]:
 
         @hookimpl
         def llmp_register_kernels():
-            yield KernelSetSpec(name="triton", impl="llmp_kernels_triton.kernels:TritonKernels", devices=("cuda",), priority=10)
+            yield KernelSetSpec(
+                name="triton", impl="llmp_kernels_triton.kernels:TritonKernels", devices=("cuda",), priority=10
+            )
     """
 
 

@@ -97,8 +97,9 @@ class LLM:
         prompts = [
             {"prompt": text, "prompt_token_ids": self.engine.tokenizer.encode(text, add_special_tokens=False)}
             for text in (
-                self.render_chat(c, chat_template, add_generation_prompt, continue_final_message, tools,
-                                 chat_template_kwargs)
+                self.render_chat(
+                    c, chat_template, add_generation_prompt, continue_final_message, tools, chat_template_kwargs
+                )
                 for c in conversations
             )
         ]
@@ -117,9 +118,14 @@ class LLM:
         from llmp.chat_template import render_chat
 
         return render_chat(
-            self.engine.tokenizer, conversation, chat_template=chat_template,
-            add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message,
-            tools=tools, chat_template_kwargs=chat_template_kwargs, model_name=f"the model {self.engine.info.model}",
+            self.engine.tokenizer,
+            conversation,
+            chat_template=chat_template,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            tools=tools,
+            chat_template_kwargs=chat_template_kwargs,
+            model_name=f"the model {self.engine.info.model}",
         )
 
     def _params_per_prompt(self, params: Any, count: int) -> list[SamplingParams]:
@@ -170,8 +176,12 @@ class _Progress:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self.progress = Progress(
-            TextColumn("Processed prompts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            TextColumn("{task.fields[rate]}"), transient=False,
+            TextColumn("Processed prompts"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[rate]}"),
+            transient=False,
         )
         self.task = self.progress.add_task("generate", total=total, rate="")
         self.tokens = 0

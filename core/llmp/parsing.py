@@ -50,7 +50,7 @@ def json_value_end(text: str, start: int) -> int | None:
     if start >= len(text):
         return None
     first = text[start]
-    if first not in "{[\"":
+    if first not in '{["':
         pos = start
         while pos < len(text) and text[pos] not in ",}] \t\r\n":
             pos += 1
@@ -163,7 +163,7 @@ class MessageStream:
                 sent = self.sent.tool_calls[index]
                 if call.name != sent.name:
                     continue
-                extra = call.arguments[len(sent.arguments):] if call.arguments.startswith(sent.arguments) else ""
+                extra = call.arguments[len(sent.arguments) :] if call.arguments.startswith(sent.arguments) else ""
                 sent.arguments += extra
                 if extra:
                     delta.tool_calls.append(ToolCallDelta(index, extra))
@@ -176,7 +176,7 @@ class MessageStream:
     def _extend(self, part: str, sent: str, now: str) -> str:
         if not now.startswith(sent):
             return ""
-        extra = now[len(sent):]
+        extra = now[len(sent) :]
         if extra or (part == "reasoning" and self.sent.reasoning is None):
             setattr(self.sent, part, now)
         return extra

@@ -181,6 +181,7 @@ def select_kernels(name: str | None, device: str) -> ComponentSpec:
         return get_component("kernels", name)
     candidates = [s for s in components("kernels").values() if device in getattr(s, "devices", ())]
     if not candidates:
-        raise UnknownComponentError("kernels", f"(any for device {device!r})", {
-            n: s.distribution for n, s in components("kernels").items()})
+        raise UnknownComponentError(
+            "kernels", f"(any for device {device!r})", {n: s.distribution for n, s in components("kernels").items()}
+        )
     return max(candidates, key=lambda s: getattr(s, "priority", 0))

@@ -39,8 +39,10 @@ class StructuredOutputsParams:
     def __post_init__(self) -> None:
         given = [name for name in CONSTRAINTS if getattr(self, name) not in (None, False)]
         if len(given) != 1:
-            raise ValueError("structured_outputs takes exactly one constraint of json, regex, choice, grammar, "
-                             f"json_object and structural_tag; got {', '.join(given) or 'none'}")
+            raise ValueError(
+                "structured_outputs takes exactly one constraint of json, regex, choice, grammar, "
+                f"json_object and structural_tag; got {', '.join(given) or 'none'}"
+            )
         if self.choice is not None and (not self.choice or not all(isinstance(c, str) for c in self.choice)):
             raise ValueError("structured_outputs.choice must be a non-empty list of strings")
         for name in ("regex", "grammar", "structural_tag"):

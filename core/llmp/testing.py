@@ -12,7 +12,10 @@ from typing import Any
 
 
 def run_llmp(
-    *args: str, env: dict[str, str] | None = None, pythonpath: Path | None = None, check: bool = True,
+    *args: str,
+    env: dict[str, str] | None = None,
+    pythonpath: Path | None = None,
+    check: bool = True,
     timeout: float = 120,
 ) -> subprocess.CompletedProcess[str]:
     """Run ``python -m llmp ARGS`` with no inherited ``LLMP_*`` variables; ``env`` adds some."""
@@ -31,9 +34,23 @@ def run_llmp(
 def pip_install_target(target: Path, *projects: Path) -> None:
     """A real ``pip install`` of plugin projects into ``target``: no deps, no build isolation, no network."""
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-         "--disable-pip-version-check", "--target", str(target), *map(str, projects)],
-        check=True, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--disable-pip-version-check",
+            "--target",
+            str(target),
+            *map(str, projects),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 
@@ -69,7 +86,8 @@ def tiny_tokenizer(vocab_size: int = 400) -> Any:
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=["<s>", "</s>", "<unk>"],
+        vocab_size=vocab_size,
+        special_tokens=["<s>", "</s>", "<unk>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tokenizer.train_from_iterator(TINY_CORPUS * 20, trainer)
@@ -82,13 +100,29 @@ def tiny_tokenizer(vocab_size: int = 400) -> Any:
 
 
 TINY_DECODER = dict(
-    vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, max_position_embeddings=512, bos_token_id=0, eos_token_id=1, tie_word_embeddings=False,
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    bos_token_id=0,
+    eos_token_id=1,
+    tie_word_embeddings=False,
 )
 
 
-def save_tiny_model(path: Path, architecture: str, *, seed: int = 0, logit_scale: float = 8.0, qk_scale: float = 1.0,
-                    max_shard_size: str | None = None, **config: Any) -> Any:
+def save_tiny_model(
+    path: Path,
+    architecture: str,
+    *,
+    seed: int = 0,
+    logit_scale: float = 8.0,
+    qk_scale: float = 1.0,
+    max_shard_size: str | None = None,
+    **config: Any,
+) -> Any:
     """Save a random-weight transformers model of ``architecture`` (``"Qwen3ForCausalLM"`` ...)
     and a tiny tokenizer as a Hugging Face directory; returns the transformers model.
 
@@ -117,11 +151,13 @@ def save_tiny_model(path: Path, architecture: str, *, seed: int = 0, logit_scale
     return model
 
 
-def save_tiny_llama(path: Path, *, seed: int = 0, logit_scale: float = 8.0, max_shard_size: str | None = None,
-                    **config: Any) -> Any:
+def save_tiny_llama(
+    path: Path, *, seed: int = 0, logit_scale: float = 8.0, max_shard_size: str | None = None, **config: Any
+) -> Any:
     """:func:`save_tiny_model` of a ``LlamaForCausalLM``."""
-    return save_tiny_model(path, "LlamaForCausalLM", seed=seed, logit_scale=logit_scale,
-                           max_shard_size=max_shard_size, **config)
+    return save_tiny_model(
+        path, "LlamaForCausalLM", seed=seed, logit_scale=logit_scale, max_shard_size=max_shard_size, **config
+    )
 
 
 def mixed_prompts(count: int = 8, shared_prefix: int = 0, seed: int = 1, vocab: int = 512) -> list[list[int]]:
@@ -184,11 +220,15 @@ def hf_greedy(model: Any, prompt_token_ids: list[int], max_new_tokens: int) -> l
 
     with torch.no_grad():
         out = model.generate(
-            torch.tensor([prompt_token_ids]), attention_mask=torch.ones(1, len(prompt_token_ids), dtype=torch.long),
-            max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None,
+            torch.tensor([prompt_token_ids]),
+            attention_mask=torch.ones(1, len(prompt_token_ids), dtype=torch.long),
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=None,
             pad_token_id=0,
         )
-    return out[0, len(prompt_token_ids):].tolist()
+    return out[0, len(prompt_token_ids) :].tolist()
 
 
 def assert_openai_error(response: Any, status: int, *, param: str | None = None, contains: str = "") -> dict:
@@ -276,7 +316,10 @@ class LiveServer:
 
 @contextmanager
 def serving(
-    model: str | Path | None, *args: str, env: dict[str, str] | None = None, ready_timeout: float = 180,
+    model: str | Path | None,
+    *args: str,
+    env: dict[str, str] | None = None,
+    ready_timeout: float = 180,
     log_dir: Path | None = None,
 ) -> Iterator[LiveServer]:
     """Run ``llmp serve MODEL ARGS`` on a free loopback port until the block ends.
@@ -290,8 +333,18 @@ def serving(
     child_env = {k: v for k, v in os.environ.items() if not k.startswith("LLMP_")}
     child_env.update(env or {})
     log_path = Path(tempfile.mkstemp(prefix="llmp-serve-", suffix=".log", dir=log_dir)[1])
-    command = [sys.executable, "-m", "llmp", "serve", *([str(model)] if model else []),
-               "--host", "127.0.0.1", "--port", str(port), *args]
+    command = [
+        sys.executable,
+        "-m",
+        "llmp",
+        "serve",
+        *([str(model)] if model else []),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *args,
+    ]
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=child_env)
     server = LiveServer(process, port, log_path)
@@ -303,8 +356,13 @@ def serving(
 
 
 def assert_streams_agree(
-    text: str, *, reasoning_parser: Any = None, tool_parser: Any = None, tools: Any = (),
-    in_reasoning: bool | None = None, every_split: bool = True,
+    text: str,
+    *,
+    reasoning_parser: Any = None,
+    tool_parser: Any = None,
+    tools: Any = (),
+    in_reasoning: bool | None = None,
+    every_split: bool = True,
 ) -> Any:
     """Parse ``text`` whole, then streamed in pieces, and assert the deltas add up to the whole.
 

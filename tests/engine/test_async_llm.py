@@ -36,7 +36,6 @@ def engine(model_dir):
     assert not engine._process.is_alive()
 
 
-
 async def collect(engine: AsyncLLM, prompt, params=GREEDY, delta=True, **kwargs) -> tuple[str, list[int], str]:
     text, tokens, reason = "", [], None
     async for output in engine.generate(prompt, params, delta=delta, **kwargs):

@@ -50,9 +50,7 @@ def _byte_level_bpe() -> PreTrainedTokenizerFast:
         show_progress=False,
     )
     tok.train_from_iterator(CORPUS, trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|eos|>", unk_token="<|unk|>"
-    )
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|eos|>", unk_token="<|unk|>")
 
 
 def _sentencepiece_bpe() -> PreTrainedTokenizerFast:

@@ -37,7 +37,7 @@ def test_outputs_follow_input_order_for_text_and_token_prompts(llm, tiny):
         completion = output.outputs[0]
         assert completion.token_ids == hf_greedy(tiny[1], output.prompt_token_ids, 20)
         full = tokenizer.decode(output.prompt_token_ids + completion.token_ids)
-        assert completion.text == full[len(tokenizer.decode(output.prompt_token_ids)):]
+        assert completion.text == full[len(tokenizer.decode(output.prompt_token_ids)) :]
         assert completion.finish_reason == "length" and output.finished
 
 
@@ -77,8 +77,9 @@ def test_stop_string_spanning_tokens_is_cut_from_the_text(llm):
     assert completion.text == text[:5]
     assert completion.finish_reason == "stop" and completion.stop_reason == stop
     assert len(completion.token_ids) < 20
-    included = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True, stop=stop,
-                              include_stop_str_in_output=True)
+    included = SamplingParams(
+        temperature=0.0, max_tokens=20, ignore_eos=True, stop=stop, include_stop_str_in_output=True
+    )
     assert llm.generate("The quick", included, use_tqdm=False)[0].outputs[0].text == text[:9]
 
 
@@ -91,8 +92,9 @@ def test_stop_token_ids_and_min_tokens(llm):
     assert completion.token_ids == tokens[: first + 1]
     assert completion.finish_reason == "stop" and completion.stop_reason == stop_id
     # min_tokens bans the stop token until it is reached, so the output is at least that long
-    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True, stop_token_ids=[stop_id],
-                            min_tokens=first + 3)
+    params = SamplingParams(
+        temperature=0.0, max_tokens=20, ignore_eos=True, stop_token_ids=[stop_id], min_tokens=first + 3
+    )
     assert len(llm.generate("The quick", params, use_tqdm=False)[0].outputs[0].token_ids) >= first + 3
 
 
@@ -112,7 +114,8 @@ def test_logprobs_are_the_log_softmax_of_the_reference_logits(llm, tiny):
         for token_id, logprob in entry.items():
             assert logprob.logprob == pytest.approx(float(row[token_id]), abs=1e-4)
     assert completion.cumulative_logprob == pytest.approx(
-        sum(completion.logprobs[i][t].logprob for i, t in enumerate(completion.token_ids)), abs=1e-5)
+        sum(completion.logprobs[i][t].logprob for i, t in enumerate(completion.token_ids)), abs=1e-5
+    )
     assert output.prompt_logprobs[0] is None and len(output.prompt_logprobs) == 4
     for position, entry in enumerate(output.prompt_logprobs[1:], start=1):
         token = ids[position]

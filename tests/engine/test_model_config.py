@@ -32,8 +32,16 @@ def test_the_cached_config_has_every_attribute_transformers_gives(tmp_path, arch
     second = load_plain_config(tmp_path / "m")  # from the cache
     assert first.to_dict() == second.to_dict()
     assert set(second.to_dict()) == set(expected)
-    for name in ("hidden_size", "num_key_value_heads", "rms_norm_eps", "vocab_size", "tie_word_embeddings",
-                 "sliding_window", "layer_types", "rope_parameters"):
+    for name in (
+        "hidden_size",
+        "num_key_value_heads",
+        "rms_norm_eps",
+        "vocab_size",
+        "tie_word_embeddings",
+        "sliding_window",
+        "layer_types",
+        "rope_parameters",
+    ):
         if name in expected:
             assert getattr(second, name) == expected[name], name
     for alias, name in AutoConfig.from_pretrained(tmp_path / "m").attribute_map.items():

@@ -60,18 +60,27 @@ def test_missing_weight_is_named(tmp_path):
         LLM(str(tmp_path), dtype="float32")
     weights["model.layers.0.input_layernorm.weight"] = torch.ones(64)
     save_file(weights, tmp_path / "model.safetensors")
-    with pytest.raises(ModelLoadError, match=r"lacks weights of LlamaForCausalLM: model\.layers\.1\.mlp\.up_proj\.weight$"):
+    with pytest.raises(
+        ModelLoadError, match=r"lacks weights of LlamaForCausalLM: model\.layers\.1\.mlp\.up_proj\.weight$"
+    ):
         LLM(str(tmp_path), dtype="float32")
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"intermediate_size": 96}, r"'model\.layers\.0\.mlp\.[a-z]+_proj\.weight' does not fit LlamaForCausalLM "
-                                r"\(does config\.json match the weights\?\): .*has shape \((64, )?128(, 64)?\), "
-                                r"the model expects \((64, )?96(, 64)?\)"),
-    ({"num_hidden_layers": 1}, r"'model\.layers\.1\.[a-z_.]+' has no place in LlamaForCausalLM"),
-    ({"num_hidden_layers": 3}, r"lacks weights of LlamaForCausalLM: model\.layers\.2\."),
-    ({"vocab_size": 500}, r"'(model\.embed_tokens|lm_head)\.weight' does not fit .*\(512, 64\).*\(500, 64\)"),
-], ids=["intermediate-size", "fewer-layers", "more-layers", "vocab-size"])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            {"intermediate_size": 96},
+            r"'model\.layers\.0\.mlp\.[a-z]+_proj\.weight' does not fit LlamaForCausalLM "
+            r"\(does config\.json match the weights\?\): .*has shape \((64, )?128(, 64)?\), "
+            r"the model expects \((64, )?96(, 64)?\)",
+        ),
+        ({"num_hidden_layers": 1}, r"'model\.layers\.1\.[a-z_.]+' has no place in LlamaForCausalLM"),
+        ({"num_hidden_layers": 3}, r"lacks weights of LlamaForCausalLM: model\.layers\.2\."),
+        ({"vocab_size": 500}, r"'(model\.embed_tokens|lm_head)\.weight' does not fit .*\(512, 64\).*\(500, 64\)"),
+    ],
+    ids=["intermediate-size", "fewer-layers", "more-layers", "vocab-size"],
+)
 def test_config_that_does_not_match_the_weights_names_the_weight(tmp_path, change, message):
     save_tiny_llama(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())

@@ -115,7 +115,11 @@ def test_bfloat16_logits_give_the_float32_results():
     torch.manual_seed(0)
     logits = torch.randn(8, 50).bfloat16()
     wide = logits.float()
-    for params in ({"temperature": 0.0}, {"temperature": 0.0, "logprobs": 3}, {"temperature": 0.0, "logit_bias": {7: 100.0}}):
+    for params in (
+        {"temperature": 0.0},
+        {"temperature": 0.0, "logprobs": 3},
+        {"temperature": 0.0, "logit_bias": {7: 100.0}},
+    ):
         requests = [make(rid=str(i), **params) for i in range(8)]
         narrow_out, wide_out = sample(logits, requests), sample(wide, requests)
         assert narrow_out.token_ids == wide_out.token_ids
@@ -136,8 +140,15 @@ def test_input_logits_are_not_modified():
     logits = torch.tensor([[1.0, 2.0, 3.0, 0.5, -1.0]])
     before = logits.clone()
     request = make(
-        prompt=[0, 1], output=[4], temperature=0.7, top_k=3, repetition_penalty=1.5, frequency_penalty=0.5,
-        logit_bias={0: 3.0}, min_tokens=5, allowed_token_ids=[0, 1, 2, 3],
+        prompt=[0, 1],
+        output=[4],
+        temperature=0.7,
+        top_k=3,
+        repetition_penalty=1.5,
+        frequency_penalty=0.5,
+        logit_bias={0: 3.0},
+        min_tokens=5,
+        allowed_token_ids=[0, 1, 2, 3],
     )
     sample(logits, [request])
     assert torch.equal(logits, before)
@@ -364,7 +375,12 @@ def test_penalties_flip_greedy_choice():
 def test_penalties_keep_banned_tokens_banned():
     logits = torch.tensor([[1.0, 0.0, 5.0, 0.5, 0.0]])
     request = make(
-        prompt=[2], output=[2], temperature=0.0, min_tokens=3, presence_penalty=-2.0, frequency_penalty=-2.0,
+        prompt=[2],
+        output=[2],
+        temperature=0.0,
+        min_tokens=3,
+        presence_penalty=-2.0,
+        frequency_penalty=-2.0,
         repetition_penalty=0.1,
     )
     assert sample(logits, [request]).token_ids == [0]

@@ -16,6 +16,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 import torch
+
 from llmp import LLM, AsyncLLM, SamplingParams, StructuredOutputsParams
 from llmp.testing import save_tiny_llama
 
@@ -104,8 +105,9 @@ def test_json_schema_outputs_validate_for_every_seed(llm, compact):
 
 def test_json_schema_given_as_text_equals_the_dict(llm):
     as_dict = [sampled(StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True), s) for s in range(2)]
-    as_text = [sampled(StructuredOutputsParams(json=json.dumps(SCHEMA), disable_any_whitespace=True), s)
-               for s in range(2)]
+    as_text = [
+        sampled(StructuredOutputsParams(json=json.dumps(SCHEMA), disable_any_whitespace=True), s) for s in range(2)
+    ]
     outputs = llm.generate([PROMPT] * 4, as_dict + as_text, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outputs[:2]] == [o.outputs[0].token_ids for o in outputs[2:]]
 
@@ -113,9 +115,15 @@ def test_json_schema_given_as_text_equals_the_dict(llm):
 def test_length_bounded_strings_are_valid_json(llm):
     # xgrammar 0.2.x lets raw control characters into minLength/maxLength strings (mlc-ai/xgrammar#800);
     # the engine rewrites such strings as patterns, which follow JSON's string rules
-    schema = {"type": "object", "properties": {"s": {"type": "string", "maxLength": 8},
-                                               "t": {"type": "string", "minLength": 2, "maxLength": 4}},
-              "required": ["s", "t"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {
+            "s": {"type": "string", "maxLength": 8},
+            "t": {"type": "string", "minLength": 2, "maxLength": 4},
+        },
+        "required": ["s", "t"],
+        "additionalProperties": False,
+    }
     so = StructuredOutputsParams(json=schema, disable_any_whitespace=True)
     completions = generate_mixed(llm, [sampled(so, seed, max_tokens=60) for seed in SEEDS])
     finished_by_the_grammar(completions)
@@ -126,6 +134,7 @@ def test_length_bounded_strings_are_valid_json(llm):
 def accepts(llm, schema: dict, text: str) -> bool:
     """Whether the engine's grammar of ``schema`` (compact JSON) accepts ``text`` whole."""
     import xgrammar as xgr
+
     from llmp.engine.structured_output import GrammarCompiler
 
     tokenizer = llm.get_tokenizer()
@@ -138,29 +147,47 @@ def one_property(schema: dict) -> dict:
     return {"type": "object", "properties": {"a": schema}, "required": ["a"], "additionalProperties": False}
 
 
-
-
-@pytest.mark.parametrize("schema, text", [
-    (one_property({"type": "string", "maxLength": 8}), '{"a": "a\x01b"}'),
-    (one_property({"type": "array", "items": {"type": "string", "maxLength": 8}}), '{"a": ["a\x01b"]}'),
-    (one_property({"anyOf": [{"type": "string", "maxLength": 8}, {"type": "integer"}]}), '{"a": "a\x01b"}'),
-    ({"$defs": {"s": {"type": "string", "minLength": 1}}, "type": "object",
-      "properties": {"a": {"$ref": "#/$defs/s"}}, "required": ["a"]}, '{"a": "a\x01b"}'),
-    (one_property({"type": ["string", "null"], "maxLength": 8}), '{"a": "a\x01b"}'),
-    ({"type": "object", "propertyNames": {"maxLength": 4}, "additionalProperties": {"type": "integer"}},
-     '{"a\x01": 1}'),
-], ids=["string", "array-items", "anyOf", "ref", "type-list", "propertyNames"])
+@pytest.mark.parametrize(
+    "schema, text",
+    [
+        (one_property({"type": "string", "maxLength": 8}), '{"a": "a\x01b"}'),
+        (one_property({"type": "array", "items": {"type": "string", "maxLength": 8}}), '{"a": ["a\x01b"]}'),
+        (one_property({"anyOf": [{"type": "string", "maxLength": 8}, {"type": "integer"}]}), '{"a": "a\x01b"}'),
+        (
+            {
+                "$defs": {"s": {"type": "string", "minLength": 1}},
+                "type": "object",
+                "properties": {"a": {"$ref": "#/$defs/s"}},
+                "required": ["a"],
+            },
+            '{"a": "a\x01b"}',
+        ),
+        (one_property({"type": ["string", "null"], "maxLength": 8}), '{"a": "a\x01b"}'),
+        (
+            {"type": "object", "propertyNames": {"maxLength": 4}, "additionalProperties": {"type": "integer"}},
+            '{"a\x01": 1}',
+        ),
+    ],
+    ids=["string", "array-items", "anyOf", "ref", "type-list", "propertyNames"],
+)
 def test_length_bounded_strings_refuse_raw_control_characters(llm, schema, text):
     assert accepts(llm, schema, text.replace("\x01", "b"))  # the same text without the control character
     assert not accepts(llm, schema, text)
 
 
-@pytest.mark.xfail(strict=True, reason="xgrammar ignores minLength/maxLength beside a pattern or a format "
-                                       "(it warns 'pattern combined with minLength/maxLength is not supported')")
-@pytest.mark.parametrize("bound, short, long", [
-    ({"pattern": "^[a-z]+$"}, "abc", "abcdefghijkl"),
-    ({"format": "email"}, "a@b.co", "abcdefghij@example.com"),
-], ids=["pattern", "format"])
+@pytest.mark.xfail(
+    strict=True,
+    reason="xgrammar ignores minLength/maxLength beside a pattern or a format "
+    "(it warns 'pattern combined with minLength/maxLength is not supported')",
+)
+@pytest.mark.parametrize(
+    "bound, short, long",
+    [
+        ({"pattern": "^[a-z]+$"}, "abc", "abcdefghijkl"),
+        ({"format": "email"}, "a@b.co", "abcdefghij@example.com"),
+    ],
+    ids=["pattern", "format"],
+)
 def test_max_length_beside_a_pattern_or_format_is_enforced(llm, bound, short, long):
     schema = one_property({"type": "string", "maxLength": 8, **bound})
     assert accepts(llm, schema, f'{{"a": "{short}"}}')
@@ -173,8 +200,9 @@ def test_json_object_outputs_are_objects(llm):
     completions = []
     for compact in (False, True):
         so = StructuredOutputsParams(json_object=True, disable_any_whitespace=compact)
-        completions += generate_mixed(llm, [sampled(so, seed, max_tokens=300, logit_bias={quote: 4.0, brace: 4.0})
-                                            for seed in range(8)])
+        completions += generate_mixed(
+            llm, [sampled(so, seed, max_tokens=300, logit_bias={quote: 4.0, brace: 4.0}) for seed in range(8)]
+        )
     finished_by_the_grammar(completions)
     values = [json.loads(c.text) for c in completions]
     assert all(isinstance(v, dict) for v in values)
@@ -240,8 +268,11 @@ def test_constraints_do_not_leak_into_other_rows_of_the_batch(llm):
         SamplingParams(temperature=0.0, max_tokens=20, structured_outputs=StructuredOutputsParams(choice=["a", "b"])),
         sampled(StructuredOutputsParams(json=SCHEMA), 2, max_tokens=30),
     ]
-    mixed = llm.generate(["x", prompts[0], "y", prompts[1], "z", prompts[2]],
-                         [constrained[0], greedy, constrained[1], greedy, constrained[2], greedy], use_tqdm=False)
+    mixed = llm.generate(
+        ["x", prompts[0], "y", prompts[1], "z", prompts[2]],
+        [constrained[0], greedy, constrained[1], greedy, constrained[2], greedy],
+        use_tqdm=False,
+    )
     assert [o.outputs[0].token_ids for o in mixed[1::2]] == alone
     assert mixed[0].outputs[0].finish_reason == "length" and re.fullmatch("[0-9]+", mixed[0].outputs[0].text)
 
@@ -267,11 +298,15 @@ def test_every_one_of_n_samples_is_valid(llm):
 # -- min_tokens, ignore_eos, stops -----------------------------------------------------------
 
 
-@pytest.mark.parametrize("so, valid", [
-    (StructuredOutputsParams(choice=["yes", "no"]), lambda t: t in ("yes", "no")),
-    (StructuredOutputsParams(regex="[0-9]{3}"), lambda t: re.fullmatch("[0-9]{3}", t)),
-    (StructuredOutputsParams(json={"enum": ["a", "b"]}), lambda t: json.loads(t) in ("a", "b")),
-], ids=["choice", "regex", "json"])
+@pytest.mark.parametrize(
+    "so, valid",
+    [
+        (StructuredOutputsParams(choice=["yes", "no"]), lambda t: t in ("yes", "no")),
+        (StructuredOutputsParams(regex="[0-9]{3}"), lambda t: re.fullmatch("[0-9]{3}", t)),
+        (StructuredOutputsParams(json={"enum": ["a", "b"]}), lambda t: json.loads(t) in ("a", "b")),
+    ],
+    ids=["choice", "regex", "json"],
+)
 def test_min_tokens_beyond_a_complete_output_still_ends(llm, so, valid):
     # once the grammar is complete only the end token is allowed: min_tokens cannot hold the request open
     for temperature in (0.0, 1.0):
@@ -282,8 +317,9 @@ def test_min_tokens_beyond_a_complete_output_still_ends(llm, so, valid):
 
 
 def test_ignore_eos_does_not_run_past_a_complete_grammar(llm):
-    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True,
-                            structured_outputs=StructuredOutputsParams(regex="[0-9]{3}"))
+    params = SamplingParams(
+        temperature=0.0, max_tokens=40, ignore_eos=True, structured_outputs=StructuredOutputsParams(regex="[0-9]{3}")
+    )
     completion = llm.generate(PROMPT, params, use_tqdm=False)[0].outputs[0]
     assert completion.finish_reason == "stop" and re.fullmatch("[0-9]{3}", completion.text)
 
@@ -307,7 +343,7 @@ def test_after_token_ids_constrains_only_what_follows_the_marker(llm):
     free = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     reference = llm.generate(PROMPT, free, use_tqdm=False)[0].outputs[0].token_ids
     marker = reference[2:4]
-    assert all(reference[i:i + 2] != marker for i in range(2)), "the marker must first occur at position 2"
+    assert all(reference[i : i + 2] != marker for i in range(2)), "the marker must first occur at position 2"
     so = StructuredOutputsParams(regex="[0-9]{3}", after_token_ids=marker)
     params = SamplingParams(temperature=0.0, max_tokens=30, structured_outputs=so)
     completion = llm.generate(PROMPT, params, use_tqdm=False)[0].outputs[0]
@@ -363,20 +399,31 @@ def test_grammar_state_waits_for_the_marker_and_masks_only_active_rows(llm):
 # -- invalid constraints -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"regex": "[a-z"}, r"invalid structured_outputs\.regex: .*Unclosed '\['"),
-    ({"regex": "a(b"}, r"invalid structured_outputs\.regex: .*parenthesis"),
-    ({"json": {"type": "strng"}}, r"invalid structured_outputs\.json: the schema is not a valid JSON schema at type"),
-    ({"json": {"type": "object", "properties": {"a": {"type": 5}}}},
-     r"invalid structured_outputs\.json: the schema is not a valid JSON schema at properties/a/type"),
-    ({"json": "{not json"}, r"invalid structured_outputs\.json: the schema is not valid JSON"),
-    ({"json": "[1, 2]"}, r"invalid structured_outputs\.json: the schema must be a JSON object"),
-    ({"json": {"type": "integer", "minimum": 5, "maximum": 1}}, r"invalid structured_outputs\.json: .*minimum"),
-    ({"grammar": 'root ::= "a" undefined_rule'},
-     r"invalid structured_outputs\.grammar: .*\"undefined_rule\" is not defined"),
-    ({"grammar": 'root ::= "a" |'}, r"invalid structured_outputs\.grammar: .*EBNF parser error"),
-    ({"structural_tag": "not json"}, r"invalid structured_outputs\.structural_tag: .*JSON"),
-], ids=lambda v: None if isinstance(v, str) else next(iter(v)))
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"regex": "[a-z"}, r"invalid structured_outputs\.regex: .*Unclosed '\['"),
+        ({"regex": "a(b"}, r"invalid structured_outputs\.regex: .*parenthesis"),
+        (
+            {"json": {"type": "strng"}},
+            r"invalid structured_outputs\.json: the schema is not a valid JSON schema at type",
+        ),
+        (
+            {"json": {"type": "object", "properties": {"a": {"type": 5}}}},
+            r"invalid structured_outputs\.json: the schema is not a valid JSON schema at properties/a/type",
+        ),
+        ({"json": "{not json"}, r"invalid structured_outputs\.json: the schema is not valid JSON"),
+        ({"json": "[1, 2]"}, r"invalid structured_outputs\.json: the schema must be a JSON object"),
+        ({"json": {"type": "integer", "minimum": 5, "maximum": 1}}, r"invalid structured_outputs\.json: .*minimum"),
+        (
+            {"grammar": 'root ::= "a" undefined_rule'},
+            r"invalid structured_outputs\.grammar: .*\"undefined_rule\" is not defined",
+        ),
+        ({"grammar": 'root ::= "a" |'}, r"invalid structured_outputs\.grammar: .*EBNF parser error"),
+        ({"structural_tag": "not json"}, r"invalid structured_outputs\.structural_tag: .*JSON"),
+    ],
+    ids=lambda v: None if isinstance(v, str) else next(iter(v)),
+)
 def test_invalid_constraints_raise_before_anything_is_queued(llm, kwargs, message):
     params = SamplingParams(max_tokens=8, structured_outputs=StructuredOutputsParams(**kwargs))
     valid = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
@@ -386,25 +433,29 @@ def test_invalid_constraints_raise_before_anything_is_queued(llm, kwargs, messag
     assert llm.generate(PROMPT, valid, use_tqdm=False)[0].outputs[0].finish_reason == "length"
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({}, "exactly one constraint .* got none"),
-    ({"disable_any_whitespace": True}, "exactly one constraint .* got none"),
-    ({"regex": "a", "choice": ["a"]}, "exactly one constraint .* got regex, choice"),
-    ({"json": {"type": "object"}, "json_object": True}, "got json, json_object"),
-    ({"choice": []}, "choice must be a non-empty list of strings"),
-    ({"choice": ["a", 1]}, "choice must be a non-empty list of strings"),
-    ({"regex": ""}, "regex must be a non-empty string"),
-    ({"grammar": "  "}, "grammar must be a non-empty string"),
-    ({"json": [1]}, "json must be a JSON schema"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({}, "exactly one constraint .* got none"),
+        ({"disable_any_whitespace": True}, "exactly one constraint .* got none"),
+        ({"regex": "a", "choice": ["a"]}, "exactly one constraint .* got regex, choice"),
+        ({"json": {"type": "object"}, "json_object": True}, "got json, json_object"),
+        ({"choice": []}, "choice must be a non-empty list of strings"),
+        ({"choice": ["a", 1]}, "choice must be a non-empty list of strings"),
+        ({"regex": ""}, "regex must be a non-empty string"),
+        ({"grammar": "  "}, "grammar must be a non-empty string"),
+        ({"json": [1]}, "json must be a JSON schema"),
+    ],
+)
 def test_invalid_structured_outputs_params_raise_on_construction(kwargs, message):
     with pytest.raises(ValueError, match=message):
         StructuredOutputsParams(**kwargs)
 
 
 def test_a_regex_of_blanks_is_a_valid_constraint(llm):
-    params = SamplingParams(temperature=1.0, seed=0, max_tokens=8,
-                            structured_outputs=StructuredOutputsParams(regex="  "))
+    params = SamplingParams(
+        temperature=1.0, seed=0, max_tokens=8, structured_outputs=StructuredOutputsParams(regex="  ")
+    )
     assert llm.generate(PROMPT, params, use_tqdm=False)[0].outputs[0].text == "  "
 
 
@@ -444,5 +495,6 @@ def test_async_llm_constrains_and_reports_invalid_constraints(model_dir):
     assert after[1] == "stop" and re.fullmatch("[0-9]{4}", after[0])
     # the same request in-process gives the same output: the params crossed the process boundary intact
     in_process = LLM(str(model_dir), **OPTIONS).generate(
-        PROMPT, sampled(StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True), 1), use_tqdm=False)
+        PROMPT, sampled(StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True), 1), use_tqdm=False
+    )
     assert in_process[0].outputs[0].text == schema_out[0]

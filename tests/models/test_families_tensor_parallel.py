@@ -12,8 +12,17 @@ CASES = {
     "qwen2-bias": ("Qwen2ForCausalLM", {}),
     "qwen3-moe": ("Qwen3MoeForCausalLM", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)),
     "mixtral": ("MixtralForCausalLM", dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=8)),
-    "gemma2": ("Gemma2ForCausalLM", dict(head_dim=16, sliding_window=8, query_pre_attn_scalar=24,
-                                         attn_logit_softcapping=2.0, attn_implementation="eager", qk_scale=6.0)),
+    "gemma2": (
+        "Gemma2ForCausalLM",
+        dict(
+            head_dim=16,
+            sliding_window=8,
+            query_pre_attn_scalar=24,
+            attn_logit_softcapping=2.0,
+            attn_implementation="eager",
+            qk_scale=6.0,
+        ),
+    ),
 }
 
 

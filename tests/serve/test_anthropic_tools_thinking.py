@@ -16,15 +16,26 @@ import anthropic
 import httpx
 import jsonschema
 import pytest
+
 from llmp.testing import LiveServer, save_tiny_llama, serving
 
-WEATHER = {"name": "get_weather", "description": "Weather of a city",
-           "input_schema": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
-                                                             "unit": {"enum": ["c", "f"]}},
-                            "required": ["city", "unit"]}}
-CLOCK = {"name": "get_time",
-         "input_schema": {"type": "object", "properties": {"zone": {"type": "integer", "minimum": -12, "maximum": 14}},
-                          "required": ["zone"]}}
+WEATHER = {
+    "name": "get_weather",
+    "description": "Weather of a city",
+    "input_schema": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 12}, "unit": {"enum": ["c", "f"]}},
+        "required": ["city", "unit"],
+    },
+}
+CLOCK = {
+    "name": "get_time",
+    "input_schema": {
+        "type": "object",
+        "properties": {"zone": {"type": "integer", "minimum": -12, "maximum": 14}},
+        "required": ["zone"],
+    },
+}
 TOOLS = [WEATHER, CLOCK]
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 MODEL = "tiny"  # --served-model-name
@@ -43,15 +54,37 @@ def _client(server: LiveServer) -> anthropic.Anthropic:
 
 @pytest.fixture(scope="module")
 def tools_server(model_dir: Path) -> Iterator[LiveServer]:
-    with serving(model_dir, "--dtype", "float32", "--frontend", "anthropic", "--frontend", "openai",
-                 "--served-model-name", MODEL, "--tool-call-parser", "pythonic") as live:
+    with serving(
+        model_dir,
+        "--dtype",
+        "float32",
+        "--frontend",
+        "anthropic",
+        "--frontend",
+        "openai",
+        "--served-model-name",
+        MODEL,
+        "--tool-call-parser",
+        "pythonic",
+    ) as live:
         yield live
 
 
 @pytest.fixture(scope="module")
 def thinking_server(model_dir: Path) -> Iterator[LiveServer]:
-    with serving(model_dir, "--dtype", "float32", "--frontend", "anthropic", "--frontend", "openai",
-                 "--served-model-name", MODEL, "--reasoning-parser", "deepseek_r1") as live:
+    with serving(
+        model_dir,
+        "--dtype",
+        "float32",
+        "--frontend",
+        "anthropic",
+        "--frontend",
+        "openai",
+        "--served-model-name",
+        MODEL,
+        "--reasoning-parser",
+        "deepseek_r1",
+    ) as live:
         yield live
 
 
@@ -62,9 +95,17 @@ def blocks_of(events: list) -> list[dict]:
     for event in events:
         if event.type == "content_block_start":
             assert open_index is None and event.index == len(blocks), "blocks open one at a time, in order"
-            blocks.append({"type": event.content_block.type, "text": "", "json": "", "thinking": "", "signed": False,
-                           "name": getattr(event.content_block, "name", None),
-                           "id": getattr(event.content_block, "id", None)})
+            blocks.append(
+                {
+                    "type": event.content_block.type,
+                    "text": "",
+                    "json": "",
+                    "thinking": "",
+                    "signed": False,
+                    "name": getattr(event.content_block, "name", None),
+                    "id": getattr(event.content_block, "id", None),
+                }
+            )
             open_index = event.index
         elif event.type == "content_block_delta":
             assert event.index == open_index
@@ -89,9 +130,14 @@ def blocks_of(events: list) -> list[dict]:
 def test_tool_choice_any_returns_tool_use_blocks_that_fit_the_schemas(tools_server, question):
     # greedy, so each question gives one fixed answer (the Anthropic API has no seed)
     with _client(tools_server) as client:
-        message = client.messages.create(model=MODEL, messages=[{"role": "user", "content": question}],
-                                         max_tokens=400, tools=TOOLS, tool_choice={"type": "any"},
-                                         extra_body={"temperature": 0})
+        message = client.messages.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": question}],
+            max_tokens=400,
+            tools=TOOLS,
+            tool_choice={"type": "any"},
+            extra_body={"temperature": 0},
+        )
     uses = [b for b in message.content if b.type == "tool_use"]
     assert uses and message.stop_reason == "tool_use", message
     schemas = {t["name"]: t["input_schema"] for t in TOOLS}
@@ -102,11 +148,22 @@ def test_tool_choice_any_returns_tool_use_blocks_that_fit_the_schemas(tools_serv
 
 def test_tool_choice_tool_and_disable_parallel_give_one_call(tools_server):
     with _client(tools_server) as client:
-        named = client.messages.create(model=MODEL, messages=ASK, max_tokens=200, tools=TOOLS,
-                                       tool_choice={"type": "tool", "name": "get_time"}, extra_body={"temperature": 0})
-        single = client.messages.create(model=MODEL, messages=ASK, max_tokens=200, tools=TOOLS,
-                                        tool_choice={"type": "any", "disable_parallel_tool_use": True},
-                                        extra_body={"temperature": 0})
+        named = client.messages.create(
+            model=MODEL,
+            messages=ASK,
+            max_tokens=200,
+            tools=TOOLS,
+            tool_choice={"type": "tool", "name": "get_time"},
+            extra_body={"temperature": 0},
+        )
+        single = client.messages.create(
+            model=MODEL,
+            messages=ASK,
+            max_tokens=200,
+            tools=TOOLS,
+            tool_choice={"type": "any", "disable_parallel_tool_use": True},
+            extra_body={"temperature": 0},
+        )
     assert [b.name for b in named.content if b.type == "tool_use"] == ["get_time"]
     assert named.stop_reason == "tool_use"
     jsonschema.validate(named.content[-1].input, CLOCK["input_schema"])
@@ -114,8 +171,14 @@ def test_tool_choice_tool_and_disable_parallel_give_one_call(tools_server):
 
 
 def test_streamed_tool_use_adds_up_to_the_whole_message(tools_server):
-    body = {"model": MODEL, "messages": ASK, "max_tokens": 300, "tools": TOOLS, "tool_choice": {"type": "any"},
-            "extra_body": {"temperature": 0}}
+    body = {
+        "model": MODEL,
+        "messages": ASK,
+        "max_tokens": 300,
+        "tools": TOOLS,
+        "tool_choice": {"type": "any"},
+        "extra_body": {"temperature": 0},
+    }
     with _client(tools_server) as client:
         whole = client.messages.create(**body)
         events = list(client.messages.create(**body, stream=True))
@@ -129,20 +192,34 @@ def test_streamed_tool_use_adds_up_to_the_whole_message(tools_server):
             assert json.loads(block["json"]) == expected.input
     assert events[-2].delta.stop_reason == "tool_use" == whole.stop_reason
     assert [(b.type, getattr(b, "name", None), getattr(b, "input", None)) for b in assembled.content] == [
-        (b.type, getattr(b, "name", None), getattr(b, "input", None)) for b in whole.content]
+        (b.type, getattr(b, "name", None), getattr(b, "input", None)) for b in whole.content
+    ]
 
 
 def test_tool_use_round_trips_as_history(tools_server):
     with _client(tools_server) as client:
-        first = client.messages.create(model=MODEL, messages=ASK, max_tokens=120, tools=TOOLS,
-                                       tool_choice={"type": "tool", "name": "get_weather"}, extra_body={"temperature": 0})
+        first = client.messages.create(
+            model=MODEL,
+            messages=ASK,
+            max_tokens=120,
+            tools=TOOLS,
+            tool_choice={"type": "tool", "name": "get_weather"},
+            extra_body={"temperature": 0},
+        )
         use = first.content[-1]
-        history = ASK + [{"role": "assistant", "content": [b.model_dump() for b in first.content]},
-                         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
-                                                       "content": "18 C, sunny"}]}]
+        history = ASK + [
+            {"role": "assistant", "content": [b.model_dump() for b in first.content]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "18 C, sunny"}]},
+        ]
         counted = client.messages.count_tokens(model=MODEL, messages=history, tools=TOOLS)
-        reply = client.messages.create(model=MODEL, messages=history, max_tokens=4, tools=TOOLS,
-                                       tool_choice={"type": "none"}, extra_body={"temperature": 0})
+        reply = client.messages.create(
+            model=MODEL,
+            messages=history,
+            max_tokens=4,
+            tools=TOOLS,
+            tool_choice={"type": "none"},
+            extra_body={"temperature": 0},
+        )
     assert counted.input_tokens > first.usage.input_tokens
     assert reply.usage.input_tokens == counted.input_tokens
     assert reply.stop_reason in ("max_tokens", "end_turn") and reply.content[0].type == "text"
@@ -151,13 +228,16 @@ def test_tool_use_round_trips_as_history(tools_server):
 def test_thinking_block_holds_what_the_openai_front_end_calls_reasoning(thinking_server):
     model = MODEL
     with httpx.Client(base_url=thinking_server.url, timeout=60) as http:
-        chat = http.post("/v1/chat/completions", json={"model": model, "messages": ASK, "max_tokens": 12,
-                                                       "temperature": 0}).json()
+        chat = http.post(
+            "/v1/chat/completions", json={"model": model, "messages": ASK, "max_tokens": 12, "temperature": 0}
+        ).json()
     reasoning = chat["choices"][0]["message"]["reasoning"]
     assert reasoning  # deepseek_r1: no end marker, so all of it is reasoning
     with _client(thinking_server) as client:
         whole = client.messages.create(model=model, messages=ASK, max_tokens=12, extra_body={"temperature": 0})
-        events = list(client.messages.create(model=model, messages=ASK, max_tokens=12, extra_body={"temperature": 0}, stream=True))
+        events = list(
+            client.messages.create(model=model, messages=ASK, max_tokens=12, extra_body={"temperature": 0}, stream=True)
+        )
     assert [b.type for b in whole.content] == ["thinking"]
     assert whole.content[0].thinking == reasoning and whole.stop_reason == "max_tokens"
     blocks = blocks_of(events)

@@ -10,15 +10,14 @@ import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
-from hypothesis.errors import Unsatisfiable
 from hypothesis import strategies as st
+from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 
 from llmp.testing import LiveServer, save_tiny_llama, serving
 
-FUZZ_SETTINGS = settings(max_examples=20, deadline=None, derandomize=True,
-                         suppress_health_check=list(HealthCheck))
+FUZZ_SETTINGS = settings(max_examples=20, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 
 
 @pytest.fixture(scope="module")
@@ -26,8 +25,18 @@ def fuzz_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer
     path: Path = tmp_path_factory.mktemp("fuzz-model")
     save_tiny_llama(path, max_position_embeddings=64)
     # small caps keep random requests cheap: every one is answered within seconds
-    with serving(path, "--dtype", "float32", "--max-n", "4", "--max-logprobs", "5", "--request-timeout", "30",
-                 "--disable-access-log") as server:
+    with serving(
+        path,
+        "--dtype",
+        "float32",
+        "--max-n",
+        "4",
+        "--max-logprobs",
+        "5",
+        "--request-timeout",
+        "30",
+        "--disable-access-log",
+    ) as server:
         yield server
 
 
@@ -45,6 +54,7 @@ def test_no_schema_driven_request_gets_a_server_error(fuzz_server, mode):
     for operation in operations:
         if mode is GenerationMode.NEGATIVE and operation.method.upper() != "POST":
             continue  # nothing to break in a GET without parameters
+
         @given(case=operation.as_strategy(generation_mode=mode))
         @FUZZ_SETTINGS
         def check(case) -> None:
@@ -58,8 +68,10 @@ def test_no_schema_driven_request_gets_a_server_error(fuzz_server, mode):
             unsatisfiable.append(operation.path)
     assert "/v1/chat/completions" not in unsatisfiable
     assert calls >= 5 * len([op for op in operations if op.method.upper() == "POST"])
-    print(f"schemathesis ({mode.value}): {calls} requests over {len(operations)} operations, no 5xx"
-          + (f"; no invalid bodies for {', '.join(unsatisfiable)}" if unsatisfiable else ""))
+    print(
+        f"schemathesis ({mode.value}): {calls} requests over {len(operations)} operations, no 5xx"
+        + (f"; no invalid bodies for {', '.join(unsatisfiable)}" if unsatisfiable else "")
+    )
 
 
 JSON = st.recursive(
@@ -67,14 +79,36 @@ JSON = st.recursive(
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=12), children, max_size=4),
     max_leaves=12,
 )
-FIELDS = ["model", "messages", "prompt", "input", "max_tokens", "n", "stream", "temperature", "top_p", "logprobs",
-          "top_logprobs", "stop", "tools", "tool_choice", "response_format", "seed", "stream_options", "echo",
-          "logit_bias", "prompt_logprobs", "chat_template_kwargs", "encoding_format", "tokens", "instructions"]
+FIELDS = [
+    "model",
+    "messages",
+    "prompt",
+    "input",
+    "max_tokens",
+    "n",
+    "stream",
+    "temperature",
+    "top_p",
+    "logprobs",
+    "top_logprobs",
+    "stop",
+    "tools",
+    "tool_choice",
+    "response_format",
+    "seed",
+    "stream_options",
+    "echo",
+    "logit_bias",
+    "prompt_logprobs",
+    "chat_template_kwargs",
+    "encoding_format",
+    "tokens",
+    "instructions",
+]
 ROUTES = ["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings", "/tokenize", "/detokenize"]
 
 
-@given(route=st.sampled_from(ROUTES),
-       body=JSON | st.dictionaries(st.sampled_from(FIELDS), JSON, max_size=6))
+@given(route=st.sampled_from(ROUTES), body=JSON | st.dictionaries(st.sampled_from(FIELDS), JSON, max_size=6))
 @settings(max_examples=120, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 def test_arbitrary_json_bodies_get_a_client_error_or_an_answer(fuzz_server, route, body):
     with httpx.Client(base_url=fuzz_server.url, timeout=60) as http:

@@ -10,15 +10,18 @@ import pytest
 from llmp.server.app import json_depth_exceeds
 
 
-@pytest.mark.parametrize("body, limit, exceeds", [
-    (b"[" * 65 + b"]" * 65, 64, True),
-    (b"[" * 64 + b"]" * 64, 64, False),
-    (json.dumps({"a": "[[[[" * 100}).encode(), 3, False),  # brackets in a string
-    (json.dumps({"a": 'x\\"[[[[' * 100}).encode(), 3, False),  # escaped quotes do not end the string
-    (json.dumps({"a": "x\\" * 10, "b": [[[[1]]]]}).encode(), 4, True),  # a string ending in a backslash
-    (b'{"a":[[[[1]]]]}', 4, True),
-    (b'{"a":[[[[1]]]]}', 5, False),
-])
+@pytest.mark.parametrize(
+    "body, limit, exceeds",
+    [
+        (b"[" * 65 + b"]" * 65, 64, True),
+        (b"[" * 64 + b"]" * 64, 64, False),
+        (json.dumps({"a": "[[[[" * 100}).encode(), 3, False),  # brackets in a string
+        (json.dumps({"a": 'x\\"[[[[' * 100}).encode(), 3, False),  # escaped quotes do not end the string
+        (json.dumps({"a": "x\\" * 10, "b": [[[[1]]]]}).encode(), 4, True),  # a string ending in a backslash
+        (b'{"a":[[[[1]]]]}', 4, True),
+        (b'{"a":[[[[1]]]]}', 5, False),
+    ],
+)
 def test_depth(body, limit, exceeds):
     assert json_depth_exceeds(body, limit) is exceeds
 

@@ -26,8 +26,9 @@ def test_the_default_model_is_smollm2(model):
 
 
 def test_chat_answers(sdk, model):
-    response = sdk.chat.completions.create(model=model, messages=[{"role": "user", "content": "Say hello."}],
-                                           max_tokens=12, temperature=0)
+    response = sdk.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Say hello."}], max_tokens=12, temperature=0
+    )
     text = response.choices[0].message.content
     assert text.strip()
     assert response.choices[0].finish_reason in ("stop", "length")
@@ -37,8 +38,10 @@ def test_chat_answers(sdk, model):
 def test_streamed_equals_non_streamed(sdk, model):
     messages = [{"role": "user", "content": "Name a colour."}]
     whole = sdk.chat.completions.create(model=model, messages=messages, max_tokens=12, temperature=0)
-    chunks = list(sdk.chat.completions.create(model=model, messages=messages, max_tokens=12, temperature=0,
-                                              stream=True))
+    chunks = list(
+        sdk.chat.completions.create(model=model, messages=messages, max_tokens=12, temperature=0, stream=True)
+    )
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content
     assert [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason] == [
-        whole.choices[0].finish_reason]
+        whole.choices[0].finish_reason
+    ]

@@ -155,8 +155,10 @@ def test_causal_lm_served_as_embedding_model_with_task_embed(tmp_path):
     prompts = [[5, 17, 42, 99], [7, 8, 9, 10, 11, 12, 13]]
     with torch.no_grad():
         expected = [F.normalize(model.model(torch.tensor([p])).last_hidden_state[0, -1], dim=-1) for p in prompts]
-    with serving(tmp_path, "--task", "embed", "--dtype", "float32") as server, httpx.Client(
-            base_url=server.url, timeout=60) as http:
+    with (
+        serving(tmp_path, "--task", "embed", "--dtype", "float32") as server,
+        httpx.Client(base_url=server.url, timeout=60) as http,
+    ):
         body = http.post("/v1/embeddings", json={"model": str(tmp_path), "input": prompts}).json()
         assert [d["index"] for d in body["data"]] == [0, 1]
         for item, ref in zip(body["data"], expected, strict=True):

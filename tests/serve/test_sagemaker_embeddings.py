@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 import torch
+
 from llmp.testing import LiveServer, minilm_dir, sentence_transformers_reference, serving
 
 TEXTS = ["A man is eating food.", "A man is eating a piece of bread.", "The stock market crashed today."]

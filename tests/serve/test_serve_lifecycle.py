@@ -37,8 +37,13 @@ def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
 def _serve(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     child_env = {k: v for k, v in os.environ.items() if not k.startswith("LLMP_")}
     child_env.update(env or {})
-    return subprocess.Popen([sys.executable, "-m", "llmp", "serve", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=child_env)
+    return subprocess.Popen(
+        [sys.executable, "-m", "llmp", "serve", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=child_env,
+    )
 
 
 def _children(pid: int) -> list[int]:
@@ -64,7 +69,9 @@ def test_probes_answer_503_while_loading_then_200_and_one_ready_line(model_dir: 
             seen.append(status)
             if status == 503:
                 # which phase the first answered probe meets depends on the machine's speed
-                assert json.loads(body)["error"]["message"] in {f"not ready: {phase}" for phase in ("starting", "loading", "warming_up")}
+                assert json.loads(body)["error"]["message"] in {
+                    f"not ready: {phase}" for phase in ("starting", "loading", "warming_up")
+                }
                 models_status, models_body = _get(f"{url}/v1/models")
                 if models_status == 503:  # the engine may have become ready in between
                     assert json.loads(models_body)["error"]["code"] == 503
@@ -81,17 +88,24 @@ def test_probes_answer_503_while_loading_then_200_and_one_ready_line(model_dir: 
     assert output.count("llmp: ready in") == 1, output
 
 
-@pytest.mark.parametrize("args, message", [
-    (["/nonexistent/model"], "not found"),
-    (["--frontend", "no-such-frontend"], "no-such-frontend"),
-    (["--chat-template", "/nonexistent/template.jinja"], "--chat-template"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["/nonexistent/model"], "not found"),
+        (["--frontend", "no-such-frontend"], "no-such-frontend"),
+        (["--chat-template", "/nonexistent/template.jinja"], "--chat-template"),
+    ],
+)
 def test_bad_start_up_input_exits_2_with_one_clear_line(args: list[str], message: str, model_dir: Path) -> None:
     if args[0].startswith("--"):
         args = [str(model_dir), *args]
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "llmp", "serve", *args, "--port", str(free_port())],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "llmp", "serve", *args, "--port", str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2, result.stderr
     assert message in result.stderr and "Traceback" not in result.stderr
     assert time.monotonic() - started < 30
@@ -102,8 +116,12 @@ def test_a_busy_port_exits_2_naming_it(model_dir: Path) -> None:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        result = subprocess.run([sys.executable, "-m", "llmp", "serve", str(model_dir), "--port", str(port)],
-                                capture_output=True, text=True, timeout=60)
+        result = subprocess.run(
+            [sys.executable, "-m", "llmp", "serve", str(model_dir), "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert result.returncode == 2
     assert f"cannot listen on 127.0.0.1:{port}" in result.stderr and "Traceback" not in result.stderr
 
@@ -165,8 +183,15 @@ def test_several_frontends_mount_on_one_server_behind_the_same_gate(model_dir: P
 
 
 def test_serve_with_the_mp_executor_and_two_ranks_answers_like_uniproc(model_dir: Path) -> None:
-    body = json.dumps({"prompt": "The quick brown fox", "max_tokens": 12, "temperature": 0,
-                       "ignore_eos": True, "return_token_ids": True}).encode()
+    body = json.dumps(
+        {
+            "prompt": "The quick brown fox",
+            "max_tokens": 12,
+            "temperature": 0,
+            "ignore_eos": True,
+            "return_token_ids": True,
+        }
+    ).encode()
 
     def completion(url: str) -> list[int]:
         request = urllib.request.Request(f"{url}/v1/completions", body, {"Content-Type": "application/json"})
@@ -186,9 +211,14 @@ def test_sigterm_to_the_whole_process_group_still_exits_cleanly(model_dir: Path)
     the server asks it to stop (a send to a vanished engine once blocked for ever)."""
     port = free_port()
     child_env = {k: v for k, v in os.environ.items() if not k.startswith("LLMP_")}
-    process = subprocess.Popen([sys.executable, "-m", "llmp", "serve", str(model_dir), "--port", str(port)],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env,
-                               start_new_session=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "llmp", "serve", str(model_dir), "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=child_env,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:

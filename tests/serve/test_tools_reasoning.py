@@ -35,21 +35,41 @@ import httpx
 import jsonschema
 import openai
 import pytest
+
 from llmp.testing import LiveServer, assert_openai_error, run_llmp, save_tiny_llama, serving
 
 THINK_START, THINK_END = "<think>", "</think>"
 MESSAGES = [{"role": "user", "content": "The quick brown fox"}]
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The weather forecast of a city.",
-    "parameters": {"type": "object", "properties": {
-        "city": {"type": "string", "maxLength": 8},
-        "days": {"type": "integer", "minimum": 0, "maximum": 99},
-        "unit": {"type": "string", "enum": ["c", "f"]},
-    }, "required": ["city", "days"], "additionalProperties": False}}}
-LOOKUP = {"type": "function", "function": {
-    "name": "lookup", "parameters": {"type": "object", "properties": {"q": {"type": "string", "enum": ["a", "b"]}},
-                                     "required": ["q"], "additionalProperties": False}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather forecast of a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 8},
+                "days": {"type": "integer", "minimum": 0, "maximum": 99},
+                "unit": {"type": "string", "enum": ["c", "f"]},
+            },
+            "required": ["city", "days"],
+            "additionalProperties": False,
+        },
+    },
+}
+LOOKUP = {
+    "type": "function",
+    "function": {
+        "name": "lookup",
+        "parameters": {
+            "type": "object",
+            "properties": {"q": {"type": "string", "enum": ["a", "b"]}},
+            "required": ["q"],
+            "additionalProperties": False,
+        },
+    },
+}
 TOOLS = [WEATHER, LOOKUP]
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
@@ -58,7 +78,7 @@ NAMED = {"type": "function", "function": {"name": "get_weather"}}
 CALL_TEXT = {
     "pythonic": "[get_weather(city='Paris', days=2)]",
     "qwen3_xml": "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
-                 "<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>",
+    "<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>",
 }
 CALL_ARGUMENTS = {"city": "Paris", "days": 2}
 # Text that starts like a call in each syntax ("[" + a name, "<") but is none.
@@ -232,8 +252,9 @@ def collect(stream: Any) -> Streamed:
                 if piece.index == len(out.calls):  # a new call: its first piece names it
                     assert piece.id and piece.id.startswith("chatcmpl-tool-"), piece
                     assert piece.type == "function" and piece.function.name, piece
-                    out.calls.append({"id": piece.id, "name": piece.function.name,
-                                      "arguments": piece.function.arguments or ""})
+                    out.calls.append(
+                        {"id": piece.id, "name": piece.function.name, "arguments": piece.function.arguments or ""}
+                    )
                 else:
                     assert 0 <= piece.index < len(out.calls), f"a piece of call {piece.index} before its first piece"
                     assert piece.id is None and (piece.function.name or None) is None, piece
@@ -282,8 +303,13 @@ def test_required_calls_fit_the_tools(tools_client, model, seed):
 
 def test_parallel_tool_calls_false_allows_one_call(tools_client, model):
     # a bias on "," makes the model continue the array of calls: several calls unless the schema forbids it
-    request = {"tools": TOOLS, "tool_choice": "required", "max_tokens": 100, "seed": 0,
-               "logit_bias": {str(model.id(",")): 5}}
+    request = {
+        "tools": TOOLS,
+        "tool_choice": "required",
+        "max_tokens": 100,
+        "seed": 0,
+        "logit_bias": {str(model.id(",")): 5},
+    }
     parallel = chat(tools_client, model, **request).choices[0]
     assert len(parallel.message.tool_calls) >= 2, parallel  # the bias works: the test below can fail
     single = chat(tools_client, model, parallel_tool_calls=False, **request).choices[0]
@@ -339,12 +365,27 @@ def test_bounded_strings_hold_no_control_characters(tools_client, plain_client, 
     bias = {str(i): 100 for i in model.control_ids()}
     schema = {"type": "object", "properties": {"text": {"type": "string", "maxLength": 6}}, "required": ["text"]}
     echo = {"type": "function", "function": {"name": "echo", "parameters": schema}}
-    call = chat(tools_client, model, tools=[echo], tool_choice={"type": "function", "function": {"name": "echo"}},
-                max_tokens=60, seed=0, logit_bias=bias).choices[0]
-    answer = chat(plain_client, model, max_tokens=120, seed=0, logit_bias=bias, response_format={
-        "type": "json_schema", "json_schema": {"name": "echo", "schema": schema}}).choices[0]
-    for finish_reason, text in ((call.finish_reason, call.message.tool_calls[0].function.arguments),
-                                (answer.finish_reason, answer.message.content)):
+    call = chat(
+        tools_client,
+        model,
+        tools=[echo],
+        tool_choice={"type": "function", "function": {"name": "echo"}},
+        max_tokens=60,
+        seed=0,
+        logit_bias=bias,
+    ).choices[0]
+    answer = chat(
+        plain_client,
+        model,
+        max_tokens=120,
+        seed=0,
+        logit_bias=bias,
+        response_format={"type": "json_schema", "json_schema": {"name": "echo", "schema": schema}},
+    ).choices[0]
+    for finish_reason, text in (
+        (call.finish_reason, call.message.tool_calls[0].function.arguments),
+        (answer.finish_reason, answer.message.content),
+    ):
         assert finish_reason == "stop", text
         jsonschema.validate(json.loads(text), schema)  # strict: a raw control character is invalid JSON
 
@@ -379,8 +420,14 @@ def _reasoning(parser: str, reasoning: str | None) -> str | None:
 
 def test_auto_tool_call_is_parsed(auto, model):
     parser, client, extra_kwargs = auto
-    request = dict(tools=[WEATHER], tool_choice="auto", max_tokens=150, seed=3, **extra_kwargs,
-                   extra_body={"structured_outputs": {"choice": [CALL_TEXT[parser]]}})
+    request = dict(
+        tools=[WEATHER],
+        tool_choice="auto",
+        max_tokens=150,
+        seed=3,
+        **extra_kwargs,
+        extra_body={"structured_outputs": {"choice": [CALL_TEXT[parser]]}},
+    )
     choice = chat(client, model, **request).choices[0]
     assert choice.finish_reason == "tool_calls", choice
     assert choice.message.content is None, choice
@@ -399,17 +446,30 @@ def test_auto_tool_call_is_parsed(auto, model):
 
 def test_tools_without_tool_choice_are_auto(tools_client, model):
     """With tools and no tool_choice, a server with --enable-auto-tool-choice parses calls."""
-    choice = chat(tools_client, model, tools=[WEATHER], max_tokens=80, seed=3,
-                  extra_body={"structured_outputs": {"choice": [CALL_TEXT["pythonic"]]}}).choices[0]
+    choice = chat(
+        tools_client,
+        model,
+        tools=[WEATHER],
+        max_tokens=80,
+        seed=3,
+        extra_body={"structured_outputs": {"choice": [CALL_TEXT["pythonic"]]}},
+    ).choices[0]
     assert choice.finish_reason == "tool_calls", choice
     assert [(name, json.loads(arguments)) for name, arguments in whole_calls(choice.message)] == [
-        ("get_weather", CALL_ARGUMENTS)]
+        ("get_weather", CALL_ARGUMENTS)
+    ]
 
 
 def test_auto_plain_text_stays_content(auto, model):
     _parser, client, extra_kwargs = auto
-    request = dict(tools=[WEATHER], tool_choice="auto", max_tokens=80, seed=3, **extra_kwargs,
-                   extra_body={"structured_outputs": {"choice": [NOT_A_CALL]}})
+    request = dict(
+        tools=[WEATHER],
+        tool_choice="auto",
+        max_tokens=80,
+        seed=3,
+        **extra_kwargs,
+        extra_body={"structured_outputs": {"choice": [NOT_A_CALL]}},
+    )
     choice = chat(client, model, **request).choices[0]
     assert choice.finish_reason == "stop", choice
     assert choice.message.content == NOT_A_CALL
@@ -420,8 +480,15 @@ def test_auto_plain_text_stays_content(auto, model):
 
 def test_tool_choice_none_leaves_call_text_alone(tools_client, model):
     text = CALL_TEXT["pythonic"]
-    choice = chat(tools_client, model, tools=[WEATHER], tool_choice="none", max_tokens=80, seed=3,
-                  extra_body={"structured_outputs": {"choice": [text]}}).choices[0]
+    choice = chat(
+        tools_client,
+        model,
+        tools=[WEATHER],
+        tool_choice="none",
+        max_tokens=80,
+        seed=3,
+        extra_body={"structured_outputs": {"choice": [text]}},
+    ).choices[0]
     assert (choice.finish_reason, choice.message.content, choice.message.tool_calls or []) == ("stop", text, [])
 
 
@@ -429,9 +496,17 @@ def test_tool_choice_none_leaves_call_text_alone(tools_client, model):
 
 CONVERSATION = [
     {"role": "user", "content": "Weather in Paris?"},
-    {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call_1", "type": "function",
-         "function": {"name": "get_weather", "arguments": json.dumps(CALL_ARGUMENTS)}}]},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": json.dumps(CALL_ARGUMENTS)},
+            }
+        ],
+    },
     {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"},
 ]
 
@@ -464,9 +539,16 @@ def test_tools_and_tool_results_reach_the_template(tools_client, tools_http, mod
 
 
 def test_tool_call_arguments_must_be_json_text(tools_client, model):
-    broken = [CONVERSATION[0], {**CONVERSATION[1], "tool_calls": [
-        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{city: Paris"}}]},
-        CONVERSATION[2]]
+    broken = [
+        CONVERSATION[0],
+        {
+            **CONVERSATION[1],
+            "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{city: Paris"}}
+            ],
+        },
+        CONVERSATION[2],
+    ]
     with pytest.raises(openai.BadRequestError) as caught:
         chat(tools_client, model, messages=broken, tools=TOOLS, max_tokens=4)
     assert_openai_error(caught.value.response, 400, param="messages", contains="arguments")
@@ -480,26 +562,43 @@ ERRORS = [
     ("tools", {"tools": [{"type": "function", "function": {"parameters": {}}}]}, "tools", "name"),
     ("plain", {"tool_choice": "required"}, "tool_choice", "needs tools"),
     ("tools", {"tool_choice": "auto"}, "tool_choice", "needs tools"),
-    ("tools", {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice",
-     "not among the tools"),
+    (
+        "tools",
+        {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+        "tool_choice",
+        "not among the tools",
+    ),
     ("tools", {"tools": TOOLS, "tool_choice": {}}, "tool_choice", "not among the tools"),
     ("tools", {"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice", "tool_choice must be"),
     ("plain", {"tools": TOOLS, "tool_choice": "auto"}, "tool_choice", "--enable-auto-tool-choice"),
     ("plain", {"tools": TOOLS, "tool_choice": "required"}, "tool_choice", "--tool-call-parser"),
     ("plain", {"tools": TOOLS, "tool_choice": NAMED}, "tool_choice", "--tool-call-parser"),
-    ("tools", {"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice",
-     "cannot be combined"),
-    ("tools", {"tools": TOOLS, "tool_choice": NAMED, "extra_body": {"structured_outputs": {"regex": "a+"}}},
-     "tool_choice", "cannot be combined"),
-    ("plain", {"response_format": {"type": "json_object"}, "extra_body": {"structured_outputs": {"regex": "a+"}}},
-     "structured_outputs", "not both"),
+    (
+        "tools",
+        {"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}},
+        "tool_choice",
+        "cannot be combined",
+    ),
+    (
+        "tools",
+        {"tools": TOOLS, "tool_choice": NAMED, "extra_body": {"structured_outputs": {"regex": "a+"}}},
+        "tool_choice",
+        "cannot be combined",
+    ),
+    (
+        "plain",
+        {"response_format": {"type": "json_object"}, "extra_body": {"structured_outputs": {"regex": "a+"}}},
+        "structured_outputs",
+        "not both",
+    ),
     ("plain", {"extra_body": {"structured_outputs": {"regexp": "a+"}}}, "structured_outputs", "regexp"),
 ]
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
-@pytest.mark.parametrize(("server", "fields", "param", "contains"), ERRORS,
-                         ids=[f"{e[0]}-{e[2]}-{i}" for i, e in enumerate(ERRORS)])
+@pytest.mark.parametrize(
+    ("server", "fields", "param", "contains"), ERRORS, ids=[f"{e[0]}-{e[2]}-{i}" for i, e in enumerate(ERRORS)]
+)
 def test_bad_tool_requests_are_400(servers, model, server, fields, param, contains, stream):
     with _client(servers[server]) as client, pytest.raises(openai.BadRequestError) as caught:
         chat(client, model, max_tokens=4, stream=stream, **fields)
@@ -507,11 +606,15 @@ def test_bad_tool_requests_are_400(servers, model, server, fields, param, contai
     assert_openai_error(caught.value.response, 400, param=param, contains=contains)
 
 
-@pytest.mark.parametrize(("args", "contains"), [
-    (("--enable-auto-tool-choice",), "--enable-auto-tool-choice needs --tool-call-parser"),
-    (("--tool-call-parser", "nope", "--enable-auto-tool-choice"), "pythonic"),  # the valid names are listed
-    (("--reasoning-parser", "nope"), "deepseek_r1"),
-], ids=["auto-without-parser", "unknown-tool-parser", "unknown-reasoning-parser"])
+@pytest.mark.parametrize(
+    ("args", "contains"),
+    [
+        (("--enable-auto-tool-choice",), "--enable-auto-tool-choice needs --tool-call-parser"),
+        (("--tool-call-parser", "nope", "--enable-auto-tool-choice"), "pythonic"),  # the valid names are listed
+        (("--reasoning-parser", "nope"), "deepseek_r1"),
+    ],
+    ids=["auto-without-parser", "unknown-tool-parser", "unknown-reasoning-parser"],
+)
 def test_parser_options_are_checked_before_the_engine_starts(model, args, contains):
     started = time.monotonic()
     result = run_llmp("serve", model.name, "--port", "0", *args, check=False, timeout=60)
@@ -586,15 +689,27 @@ def test_structured_output_constrains_the_answer_not_the_reasoning(think_client,
     streamed = collect(chat(think_client, model, seed=seed, stream=True, **request))
     # (an empty reasoning is "" in a message, and no delta at all in a stream)
     assert (streamed.reasoning or "", streamed.content, streamed.finish_reasons) == (
-        reasoning, choice.message.content, ["stop"])
+        reasoning,
+        choice.message.content,
+        ["stop"],
+    )
 
 
 def test_prompt_that_closed_the_reasoning_is_all_answer(think_client, model):
     """A prompt ending after </think> (continuing an answer) has no reasoning: the constraint applies at once."""
     messages = [*MESSAGES, {"role": "assistant", "content": f"{THINK_START}hmm{THINK_END}"}]
-    choice = chat(think_client, model, messages=messages, max_tokens=12, seed=1, extra_body={
-        "continue_final_message": True, "add_generation_prompt": False,
-        "structured_outputs": {"regex": ANSWER_REGEX}}).choices[0]
+    choice = chat(
+        think_client,
+        model,
+        messages=messages,
+        max_tokens=12,
+        seed=1,
+        extra_body={
+            "continue_final_message": True,
+            "add_generation_prompt": False,
+            "structured_outputs": {"regex": ANSWER_REGEX},
+        },
+    ).choices[0]
     assert extra(choice.message, "reasoning") is None
     assert re.fullmatch(ANSWER_REGEX, choice.message.content), choice
     assert choice.finish_reason == "stop"
@@ -602,8 +717,14 @@ def test_prompt_that_closed_the_reasoning_is_all_answer(think_client, model):
 
 def test_named_tool_choice_after_reasoning(think_client, model, reasoning_parser):
     """tool_choice named with a reasoning parser: the reasoning is free, the arguments constrained after </think>."""
-    request = {"tools": [WEATHER], "tool_choice": NAMED, "max_tokens": 80, "seed": 0,
-               "logit_bias": think_first(model), "extra_body": {"return_token_ids": True}}
+    request = {
+        "tools": [WEATHER],
+        "tool_choice": NAMED,
+        "max_tokens": 80,
+        "seed": 0,
+        "logit_bias": think_first(model),
+        "extra_body": {"return_token_ids": True},
+    }
     choice = chat(think_client, model, **request).choices[0]
     assert choice.finish_reason == "stop", choice
     calls = whole_calls(choice.message)
@@ -620,9 +741,15 @@ def test_named_tool_choice_after_reasoning(think_client, model, reasoning_parser
 
 # -- structured outputs ----------------------------------------------------------------------------
 
-ANSWER_SCHEMA = {"type": "object", "properties": {
-    "answer": {"enum": ["yes", "no"]}, "score": {"type": "integer", "minimum": 0, "maximum": 9},
-}, "required": ["answer", "score"], "additionalProperties": False}
+ANSWER_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "answer": {"enum": ["yes", "no"]},
+        "score": {"type": "integer", "minimum": 0, "maximum": 9},
+    },
+    "required": ["answer", "score"],
+    "additionalProperties": False,
+}
 CHOICES = ["yes", "no", "maybe"]
 
 
@@ -638,8 +765,9 @@ def test_json_schema_output_validates(plain_client, model, endpoint):
             choice = chat(plain_client, model, max_tokens=120, seed=seed, response_format=response_format).choices[0]
             text = choice.message.content
         else:
-            choice = _complete(plain_client, model, max_tokens=120, seed=seed,
-                               extra_body={"response_format": response_format}).choices[0]
+            choice = _complete(
+                plain_client, model, max_tokens=120, seed=seed, extra_body={"response_format": response_format}
+            ).choices[0]
             text = choice.text
         assert choice.finish_reason == "stop", choice
         jsonschema.validate(json.loads(text), ANSWER_SCHEMA)
@@ -647,8 +775,9 @@ def test_json_schema_output_validates(plain_client, model, endpoint):
 
 def test_json_object_output_is_an_object(plain_client, model):
     for seed in (0, 1):
-        choice = chat(plain_client, model, max_tokens=120, seed=seed,
-                      response_format={"type": "json_object"}).choices[0]
+        choice = chat(plain_client, model, max_tokens=120, seed=seed, response_format={"type": "json_object"}).choices[
+            0
+        ]
         assert choice.finish_reason == "stop", choice
         assert isinstance(json.loads(choice.message.content), dict)
 
@@ -659,12 +788,14 @@ def test_choice_and_regex_outputs(plain_client, model, endpoint, kind):
     constraint = {"choice": CHOICES} if kind == "choice" else {"regex": ANSWER_REGEX}
     for seed in (0, 1):
         if endpoint == "chat":
-            choice = chat(plain_client, model, max_tokens=20, seed=seed,
-                          extra_body={"structured_outputs": constraint}).choices[0]
+            choice = chat(
+                plain_client, model, max_tokens=20, seed=seed, extra_body={"structured_outputs": constraint}
+            ).choices[0]
             text = choice.message.content
         else:
-            choice = _complete(plain_client, model, max_tokens=20, seed=seed,
-                               extra_body={"structured_outputs": constraint}).choices[0]
+            choice = _complete(
+                plain_client, model, max_tokens=20, seed=seed, extra_body={"structured_outputs": constraint}
+            ).choices[0]
             text = choice.text
         assert choice.finish_reason == "stop", choice
         assert text in CHOICES if kind == "choice" else re.fullmatch(ANSWER_REGEX, text), text
@@ -674,8 +805,12 @@ INVALID_CONSTRAINTS = {
     "regex": {"structured_outputs": {"regex": "[a-"}},
     "json": {"structured_outputs": {"json": {"type": "object", "properties": {"a": {"type": "nonsense"}}}}},
     "grammar": {"structured_outputs": {"grammar": "root ::= ("}},
-    "response_format": {"response_format": {"type": "json_schema", "json_schema": {
-        "name": "x", "schema": {"type": "object", "properties": {"a": {"type": "nonsense"}}}}}},
+    "response_format": {
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "x", "schema": {"type": "object", "properties": {"a": {"type": "nonsense"}}}},
+        }
+    },
 }
 
 

@@ -8,5 +8,8 @@ from llmp.api import ModelSpec
 
 @hookimpl
 def llmp_register_models() -> Iterator[ModelSpec]:
-    yield ModelSpec(name="NullForCausalLM", impl="llmp_bench_null_model.model:NullForCausalLM",
-                    description="Always predicts token `null_token_id`; no weights, no KV cache.")
+    yield ModelSpec(
+        name="NullForCausalLM",
+        impl="llmp_bench_null_model.model:NullForCausalLM",
+        description="Always predicts token `null_token_id`; no weights, no KV cache.",
+    )

@@ -26,7 +26,7 @@ from llmp.config import CommandSettings, load_settings
 
 app = typer.Typer(
     help="Benchmarks: `llmp bench serve` load-tests an OpenAI-compatible server; `llmp bench throughput` and "
-         "`llmp bench latency` time the engine in this process.",
+    "`llmp bench latency` time the engine in this process.",
     no_args_is_help=True,
 )
 
@@ -177,8 +177,13 @@ def request_payload(settings: BenchServeSettings, model: str, prompt: str) -> di
         {"messages": [{"role": "user", "content": prompt}]} if is_chat(settings.endpoint) else {"prompt": prompt}
     )
     return {
-        "model": model, **body, "max_tokens": settings.output_len, "temperature": 0.0, "ignore_eos": True,
-        "stream": True, "stream_options": {"include_usage": True},
+        "model": model,
+        **body,
+        "max_tokens": settings.output_len,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
     }
 
 
@@ -232,15 +237,19 @@ async def run_benchmark(settings: BenchServeSettings) -> dict[str, Any]:
     async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(600.0, connect=30.0, pool=None)) as client:
         model = settings.model or await first_model(client, base + models_path(settings.endpoint), api_key)
         prompts = make_prompts(settings)
-        print(f"llmp bench serve: {len(prompts)} requests to {url} (model {model}, request rate "
-              f"{settings.request_rate:g}/s, max concurrency {settings.max_concurrency or 'none'})", file=sys.stderr)
+        print(
+            f"llmp bench serve: {len(prompts)} requests to {url} (model {model}, request rate "
+            f"{settings.request_rate:g}/s, max concurrency {settings.max_concurrency or 'none'})",
+            file=sys.stderr,
+        )
         payloads = [request_payload(settings, model, prompt) for prompt in prompts]
         results, duration = await send_all(client, url, payloads, api_key, settings)
     return summarize(settings, model, prompts, results, duration)
 
 
-async def send_all(client: Any, url: str, payloads: list[dict[str, Any]], api_key: str | None,
-                   settings: BenchServeSettings) -> tuple[list[RequestResult], float]:
+async def send_all(
+    client: Any, url: str, payloads: list[dict[str, Any]], api_key: str | None, settings: BenchServeSettings
+) -> tuple[list[RequestResult], float]:
     """Start each request at its Poisson arrival time, at most ``max_concurrency`` in flight; wall time too."""
     import asyncio
     import random
@@ -288,8 +297,9 @@ def latency_stats(name: str, seconds: list[float]) -> dict[str, float | None]:
     }
 
 
-def summarize(settings: BenchServeSettings, model: str, prompts: list[str], results: list[RequestResult],
-              duration: float) -> dict[str, Any]:
+def summarize(
+    settings: BenchServeSettings, model: str, prompts: list[str], results: list[RequestResult], duration: float
+) -> dict[str, Any]:
     ok = [r for r in results if r.ok]
     errors = [r.error for r in results if not r.ok]
     # Servers that send no usage chunk: count the prompt's words as its tokens.
@@ -321,13 +331,21 @@ def summarize(settings: BenchServeSettings, model: str, prompts: list[str], resu
 
 
 LABELS = {
-    "successful": "Successful requests", "failed": "Failed requests", "duration_s": "Benchmark duration (s)",
-    "total_input_tokens": "Total input tokens", "total_output_tokens": "Total output tokens",
-    "request_throughput": "Request throughput (req/s)", "output_throughput": "Output token throughput (tok/s)",
+    "successful": "Successful requests",
+    "failed": "Failed requests",
+    "duration_s": "Benchmark duration (s)",
+    "total_input_tokens": "Total input tokens",
+    "total_output_tokens": "Total output tokens",
+    "request_throughput": "Request throughput (req/s)",
+    "output_throughput": "Output token throughput (tok/s)",
     "total_token_throughput": "Total token throughput (tok/s)",
 }
-METRICS = {"ttft": "Time to first token", "tpot": "Time per output token (excl. 1st)",
-           "itl": "Inter-token latency", "e2el": "End-to-end latency"}
+METRICS = {
+    "ttft": "Time to first token",
+    "tpot": "Time per output token (excl. 1st)",
+    "itl": "Inter-token latency",
+    "e2el": "End-to-end latency",
+}
 
 
 def print_table(report: dict[str, Any]) -> None:

@@ -67,12 +67,12 @@ class BenchLatencySettings(BenchEngineSettings):
 # -- the options both commands share (one OptionInfo may default several commands' parameters) --
 
 ModelArgument: Any = typer.Argument(
-    None, help="Model directory, .gguf file or Hugging Face id in the local cache; default SmolLM2-135M-Instruct.")
+    None, help="Model directory, .gguf file or Hugging Face id in the local cache; default SmolLM2-135M-Instruct."
+)
 ExecutorOption: Any = typer.Option("uniproc", help="Executor plugin: uniproc, mp or ray.")
 TensorParallelOption: Any = typer.Option(1, "--tensor-parallel-size", "-tp", help="Tensor-parallel workers.")
 DtypeOption: Any = typer.Option("auto", help="auto, bfloat16, float16 or float32.")
-MaxModelLenOption: Any = typer.Option(
-    None, help="Context length (default: the model's, capped by the KV cache).")
+MaxModelLenOption: Any = typer.Option(None, help="Context length (default: the model's, capped by the KV cache).")
 MaxNumSeqsOption: Any = typer.Option(256, help="Most sequences in one step.")
 MaxNumBatchedTokensOption: Any = typer.Option(2048, help="Most tokens in one step.")
 PrefixCachingOption: Any = typer.Option(True, "--enable-prefix-caching/--no-enable-prefix-caching")
@@ -91,15 +91,20 @@ def throughput(
     ctx: typer.Context,
     model: str | None = ModelArgument,
     dataset: str = typer.Option(
-        "random", "--dataset", help="random: fixed lengths; mixed: lengths uniform between the min and max ones; "
-                                    "prefix: one shared prefix, then each prompt's own tokens."),
+        "random",
+        "--dataset",
+        help="random: fixed lengths; mixed: lengths uniform between the min and max ones; "
+        "prefix: one shared prefix, then each prompt's own tokens.",
+    ),
     num_prompts: int = typer.Option(64, "--num-prompts", help="Requests, all given to one generate call."),
     input_len: int = typer.Option(128, "--input-len", help="Prompt tokens (mixed: the most; prefix: after it)."),
     output_len: int = typer.Option(64, "--output-len", help="Output tokens of each request (mixed: the most)."),
     min_input_len: int | None = typer.Option(
-        None, "--min-input-len", help="mixed: the fewest prompt tokens (default: half of --input-len)."),
+        None, "--min-input-len", help="mixed: the fewest prompt tokens (default: half of --input-len)."
+    ),
     min_output_len: int | None = typer.Option(
-        None, "--min-output-len", help="mixed: the fewest output tokens (default: half of --output-len)."),
+        None, "--min-output-len", help="mixed: the fewest output tokens (default: half of --output-len)."
+    ),
     prefix_len: int = typer.Option(128, "--prefix-len", help="prefix: tokens of the prefix all prompts share."),
     executor: str = ExecutorOption,
     tensor_parallel_size: int = TensorParallelOption,
@@ -228,8 +233,10 @@ def throughput_lengths(settings: BenchThroughputSettings) -> list[tuple[int, int
         return [(settings.input_len, settings.output_len)] * settings.num_prompts
     rng = random.Random(settings.seed)
     min_in, min_out = mixed_bounds(settings)
-    return [(rng.randint(min_in, settings.input_len), rng.randint(min_out, settings.output_len))
-            for _ in range(settings.num_prompts)]
+    return [
+        (rng.randint(min_in, settings.input_len), rng.randint(min_out, settings.output_len))
+        for _ in range(settings.num_prompts)
+    ]
 
 
 def throughput_workload(settings: BenchThroughputSettings, pool: list[int]) -> list[tuple[list[int], int]]:
@@ -251,14 +258,21 @@ def random_prompts(rng: Any, pool: list[int], count: int, length: int) -> list[d
 def engine_options(settings: BenchEngineSettings) -> dict[str, Any]:
     """``LLM(**options)`` of the settings (as ``llmp serve`` builds its engine)."""
     return {
-        "executor": settings.executor, "tensor_parallel_size": settings.tensor_parallel_size,
-        "dtype": settings.dtype, "max_model_len": settings.max_model_len, "max_num_seqs": settings.max_num_seqs,
+        "executor": settings.executor,
+        "tensor_parallel_size": settings.tensor_parallel_size,
+        "dtype": settings.dtype,
+        "max_model_len": settings.max_model_len,
+        "max_num_seqs": settings.max_num_seqs,
         "max_num_batched_tokens": settings.max_num_batched_tokens,
         "enable_prefix_caching": settings.enable_prefix_caching,
         "enable_chunked_prefill": settings.enable_chunked_prefill,
-        "kv_cache_memory_bytes": int(settings.kv_cache_memory_gib * (1 << 30)), "block_size": settings.block_size,
-        "kernels": settings.kernels, "model_impl": settings.model_impl, "task": "generate",
-        "num_threads": settings.num_threads, "seed": settings.seed,
+        "kv_cache_memory_bytes": int(settings.kv_cache_memory_gib * (1 << 30)),
+        "block_size": settings.block_size,
+        "kernels": settings.kernels,
+        "model_impl": settings.model_impl,
+        "task": "generate",
+        "num_threads": settings.num_threads,
+        "seed": settings.seed,
     }
 
 
@@ -327,8 +341,9 @@ def run_throughput(settings: BenchThroughputSettings) -> dict[str, Any]:
             pool = token_pool(llm)
             workload = throughput_workload(settings, pool)
             # Warm-up: prompts of their own (the prefix cache must not hold the timed prompts), as long as the first.
-            warm = random_prompts(random.Random(settings.seed + 2), pool, min(WARMUP_PROMPTS, settings.num_prompts),
-                                  len(workload[0][0]))
+            warm = random_prompts(
+                random.Random(settings.seed + 2), pool, min(WARMUP_PROMPTS, settings.num_prompts), len(workload[0][0])
+            )
             llm.generate(warm, exact(min(WARMUP_TOKENS, settings.output_len)), use_tqdm=False)
             prompts = [{"prompt_token_ids": ids} for ids, _ in workload]
             params = [exact(out) for _, out in workload]
@@ -400,8 +415,10 @@ def run_latency(settings: BenchLatencySettings) -> dict[str, Any]:
             for _ in range(settings.num_iters_warmup):
                 timed(prefill_params)
                 timed(full_params)
-            print(f"llmp bench latency: {settings.num_iters} iterations of a batch of {settings.batch_size}",
-                  file=sys.stderr)
+            print(
+                f"llmp bench latency: {settings.num_iters} iterations of a batch of {settings.batch_size}",
+                file=sys.stderr,
+            )
             prefills, latencies = [], []
             for _ in range(settings.num_iters):
                 prefills.append(timed(prefill_params))
@@ -460,35 +477,53 @@ def _format(value: Any) -> str:
 
 
 def _engine_rows(report: dict[str, Any]) -> list[tuple[str, Any]]:
-    return [("Kernels", report["kernels"]), ("Dtype", report["dtype"]), ("Torch threads", report["num_threads"]),
-            ("Max model len", report["max_model_len"]), ("Load time (s)", report["load_time_s"]), ("-", None)]
+    return [
+        ("Kernels", report["kernels"]),
+        ("Dtype", report["dtype"]),
+        ("Torch threads", report["num_threads"]),
+        ("Max model len", report["max_model_len"]),
+        ("Load time (s)", report["load_time_s"]),
+        ("-", None),
+    ]
 
 
 def print_throughput_table(report: dict[str, Any]) -> None:
-    _table(f"llmp bench throughput: {report['model']}", _engine_rows(report) + [
-        ("Dataset", report["dataset"]),
-        ("Requests", report["num_requests"]),
-        ("Total prompt tokens", report["total_prompt_tokens"]),
-        ("Cached prompt tokens", report["cached_prompt_tokens"]),
-        ("Total output tokens", report["total_output_tokens"]),
-        ("Elapsed (s)", report["elapsed_s"]),
-        ("Request throughput (req/s)", report["requests_per_s"]),
-        ("Output token throughput (tok/s)", report["output_tokens_per_s"]),
-        ("Total token throughput (tok/s)", report["total_tokens_per_s"]),
-    ])
-    print(f"Throughput: {report['requests_per_s']:.2f} requests/s, {report['total_tokens_per_s']:.2f} total tokens/s, "
-          f"{report['output_tokens_per_s']:.2f} output tokens/s")
+    _table(
+        f"llmp bench throughput: {report['model']}",
+        _engine_rows(report)
+        + [
+            ("Dataset", report["dataset"]),
+            ("Requests", report["num_requests"]),
+            ("Total prompt tokens", report["total_prompt_tokens"]),
+            ("Cached prompt tokens", report["cached_prompt_tokens"]),
+            ("Total output tokens", report["total_output_tokens"]),
+            ("Elapsed (s)", report["elapsed_s"]),
+            ("Request throughput (req/s)", report["requests_per_s"]),
+            ("Output token throughput (tok/s)", report["output_tokens_per_s"]),
+            ("Total token throughput (tok/s)", report["total_tokens_per_s"]),
+        ],
+    )
+    print(
+        f"Throughput: {report['requests_per_s']:.2f} requests/s, {report['total_tokens_per_s']:.2f} total tokens/s, "
+        f"{report['output_tokens_per_s']:.2f} output tokens/s"
+    )
 
 
 def print_latency_table(report: dict[str, Any]) -> None:
     rows = _engine_rows(report) + [
-        ("Batch size", report["batch_size"]), ("Input tokens", report["input_len"]),
-        ("Output tokens", report["output_len"]), ("Iterations", report["num_iters"]),
-        ("-", None), ("Avg latency (s)", report["avg_latency_s"]),
+        ("Batch size", report["batch_size"]),
+        ("Input tokens", report["input_len"]),
+        ("Output tokens", report["output_len"]),
+        ("Iterations", report["num_iters"]),
+        ("-", None),
+        ("Avg latency (s)", report["avg_latency_s"]),
     ]
     rows += [(f"P{q} latency (s)", value) for q, value in report["percentiles"].items()]
-    rows += [("-", None), ("Avg prefill (s)", report["avg_prefill_s"]),
-             ("Decode throughput (tok/s)", report["decode_tokens_per_s"]),
-             ("Per-token latency (ms)", report["per_token_latency_ms"])]
+    rows += [
+        ("-", None),
+        ("Avg prefill (s)", report["avg_prefill_s"]),
+        ("Decode throughput (tok/s)", report["decode_tokens_per_s"]),
+        ("Per-token latency (ms)", report["per_token_latency_ms"]),
+    ]
     _table(f"llmp bench latency: {report['model']}", rows)
     print(f"Avg latency: {report['avg_latency_s']:.4f} seconds")

@@ -140,8 +140,9 @@ def _read_line() -> str | None:
 class _Conversation:
     """Sends turns and streams replies; for chat it keeps the history so later turns see earlier ones."""
 
-    def __init__(self, client: Any, url: str, model: str, api_key: str | None, settings: ClientSettings,
-                 chat: bool) -> None:
+    def __init__(
+        self, client: Any, url: str, model: str, api_key: str | None, settings: ClientSettings, chat: bool
+    ) -> None:
         self.client, self.model, self.api_key, self.settings, self.chat = client, model, api_key, settings, chat
         self.endpoint = f"{url}/chat/completions" if chat else f"{url}/completions"
         system = getattr(settings, "system_prompt", None)

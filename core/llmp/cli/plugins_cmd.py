@@ -47,11 +47,16 @@ def describe_plugins() -> list[dict[str, Any]]:
     for kind, specs in registry.all_components().items():
         for spec in specs.values():
             provided.setdefault(spec.plugin, []).append(
-                {"kind": kind, "name": spec.name, "impl": spec.impl, "description": spec.description,
-                 "details": _details(spec)}
+                {
+                    "kind": kind,
+                    "name": spec.name,
+                    "impl": spec.impl,
+                    "description": spec.description,
+                    "details": _details(spec),
+                }
             )
     for kind in KINDS:
-        for name, error in registry.conflicts(kind).items():
+        for error in registry.conflicts(kind).values():
             for plugin_name in error.plugins:
                 record = plugins.get_record(plugin_name)
                 if record is not None and str(error) not in record.errors:
@@ -142,10 +147,15 @@ def show_plugin(
     console.print(f"hooks: {', '.join(row['hooks']) or 'none'}")
     console.print("components:")
     for c in row["components"]:
-        details = ", ".join(f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}"
-                            for k, v in c.get("details", {}).items())
-        console.print(f"  {c['kind']}: {c['name']} -> {c['impl']}" + (f" ({details})" if details else ""),
-                      markup=False, highlight=False, soft_wrap=True)
+        details = ", ".join(
+            f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}" for k, v in c.get("details", {}).items()
+        )
+        console.print(
+            f"  {c['kind']}: {c['name']} -> {c['impl']}" + (f" ({details})" if details else ""),
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
         if c.get("description"):
             console.print(f"      {c['description']}", markup=False, highlight=False, soft_wrap=True)
     for error, tb in zip(row["errors"], row["tracebacks"] + [""] * len(row["errors"]), strict=False):

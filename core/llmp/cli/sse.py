@@ -58,7 +58,7 @@ def _transport_error(url: str, exc: Exception) -> ServerError:
 
 
 def _root_cause(exc: BaseException) -> str:
-    """"Connection refused" rather than asyncio's "All connection attempts failed": the OS error beneath."""
+    """ "Connection refused" rather than asyncio's "All connection attempts failed": the OS error beneath."""
     import os
 
     reason = str(exc) or type(exc).__name__
@@ -79,8 +79,9 @@ async def get_json(client: Any, url: str, api_key: str | None) -> Any:
     except httpx.HTTPError as exc:
         raise _transport_error(url, exc) from None
     if response.status_code != 200:
-        raise ServerError(f"HTTP {response.status_code} from {url}: {_error_detail(response.content)}",
-                          response.status_code)
+        raise ServerError(
+            f"HTTP {response.status_code} from {url}: {_error_detail(response.content)}", response.status_code
+        )
     try:
         return response.json()
     except ValueError:
@@ -96,8 +97,9 @@ async def first_model(client: Any, models_url: str, api_key: str | None) -> str:
     return str(models[0]["id"])
 
 
-async def stream_chunks(client: Any, url: str, payload: dict[str, Any], api_key: str | None
-                        ) -> AsyncIterator[dict[str, Any]]:
+async def stream_chunks(
+    client: Any, url: str, payload: dict[str, Any], api_key: str | None
+) -> AsyncIterator[dict[str, Any]]:
     """POST ``payload`` with ``stream: true`` and yield each ``data: {...}`` event until ``data: [DONE]``.
 
     An error status, an error event, or a stream that ends without ``[DONE]``

@@ -29,8 +29,9 @@ IDLE_POLL_MS = 500
 
 
 class EngineCoreLoop:
-    def __init__(self, config: EngineConfig, input_address: str, output_address: str,
-                 context: zmq.Context | None = None) -> None:
+    def __init__(
+        self, config: EngineConfig, input_address: str, output_address: str, context: zmq.Context | None = None
+    ) -> None:
         self.config = config
         self.context = context or zmq.Context()
         self.input = self.context.socket(zmq.PULL)
@@ -51,8 +52,16 @@ class EngineCoreLoop:
         except Exception as exc:
             self.send(msg.EngineFailed(f"the engine failed to start: {type(exc).__name__}: {exc}"))
             raise SystemExit(1) from None  # reported to the client, which prints it once: no traceback here
-        self.send(msg.Ready({**self.engine.info.options, "model": self.engine.info.model,
-                             "model_dir": str(self.engine.model_dir), "kernels": self.engine.info.kernels}))
+        self.send(
+            msg.Ready(
+                {
+                    **self.engine.info.options,
+                    "model": self.engine.info.model,
+                    "model_dir": str(self.engine.model_dir),
+                    "kernels": self.engine.info.kernels,
+                }
+            )
+        )
         try:
             while self.running:
                 busy = self.engine.has_unfinished_requests()
@@ -84,22 +93,30 @@ class EngineCoreLoop:
 
     def _handle(self, message: Any) -> None:
         if isinstance(message, msg.AddRequest):
-            prompt = ({"prompt_token_ids": message.prompt_token_ids, "prompt": message.prompt}
-                      if message.prompt_token_ids is not None else message.prompt)
+            prompt = (
+                {"prompt_token_ids": message.prompt_token_ids, "prompt": message.prompt}
+                if message.prompt_token_ids is not None
+                else message.prompt
+            )
             try:
                 if message.pooling is not None:
-                    self.engine.add_request(message.request_id, prompt, None, message.priority,
-                                            pooling_params=message.pooling)
+                    self.engine.add_request(
+                        message.request_id, prompt, None, message.priority, pooling_params=message.pooling
+                    )
                 else:
-                    self.engine.add_request(message.request_id, prompt, message.params, message.priority,
-                                            message.delta)
+                    self.engine.add_request(message.request_id, prompt, message.params, message.priority, message.delta)
             except (ValueError, TypeError, LLMPError) as exc:
                 self.send(msg.RequestFailed(message.request_id, _error_type(exc), str(exc)))
             except Exception as exc:  # an input nobody foresaw fails its request, never the engine
                 log.error("request %s was refused:\n%s", message.request_id, traceback.format_exc())
                 self.engine.abort_request([message.request_id])
-                self.send(msg.RequestFailed(message.request_id, "ValueError",
-                                            f"the engine cannot take this request: {type(exc).__name__}: {exc}"))
+                self.send(
+                    msg.RequestFailed(
+                        message.request_id,
+                        "ValueError",
+                        f"the engine cannot take this request: {type(exc).__name__}: {exc}",
+                    )
+                )
         elif isinstance(message, msg.AbortRequests):
             finals = self.engine.abort_request(message.request_ids)
             if finals:

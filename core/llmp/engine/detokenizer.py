@@ -16,9 +16,7 @@ CONTEXT_TOKENS = 5  # prompt tokens decoded with the first output token
 
 
 class IncrementalDetokenizer:
-    def __init__(
-        self, tokenizer: Any, prompt_token_ids: list[int], skip_special_tokens: bool = True
-    ) -> None:
+    def __init__(self, tokenizer: Any, prompt_token_ids: list[int], skip_special_tokens: bool = True) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         self.special_ids = set(tokenizer.all_special_ids) if skip_special_tokens else set()

@@ -65,8 +65,9 @@ class LLMEngine:
             from llmp.modeling.pooling import Pooler, as_pooling_model
 
             model_cls = as_pooling_model(model_spec.load(), "embed")
-            pooler = Pooler.from_model_dir(model_dir, getattr(model_cls, "default_pooling", "cls"),
-                                           getattr(model_cls, "default_normalize", False))
+            pooler = Pooler.from_model_dir(
+                model_dir, getattr(model_cls, "default_pooling", "cls"), getattr(model_cls, "default_normalize", False)
+            )
             # each embedding is computed whole in one step: no prefix reuse, no chunks
             config = dataclasses.replace(config, enable_prefix_caching=False, task="embed")
             self.config = config
@@ -102,11 +103,20 @@ class LLMEngine:
         self.num_steps = 0
         self.startup_seconds = time.perf_counter() - started
         self.info = EngineInfo(
-            model=str(config.model or model_dir), executor=config.executor, kernels=self.executor.kernels_name,
-            scheduler=config.scheduler, kv_manager=config.kv_manager, device=config.device,
-            options={"max_model_len": self.max_model_len, "num_kv_blocks": num_blocks, "dtype": str(self.executor.dtype),
-                     "tensor_parallel_size": config.tensor_parallel_size, "task": self.task,
-                     "vocab_size": self.vocab_size},
+            model=str(config.model or model_dir),
+            executor=config.executor,
+            kernels=self.executor.kernels_name,
+            scheduler=config.scheduler,
+            kv_manager=config.kv_manager,
+            device=config.device,
+            options={
+                "max_model_len": self.max_model_len,
+                "num_kv_blocks": num_blocks,
+                "dtype": str(self.executor.dtype),
+                "tensor_parallel_size": config.tensor_parallel_size,
+                "task": self.task,
+                "vocab_size": self.vocab_size,
+            },
         )
         self.pm.hook.llmp_engine_started(info=self.info)
         self._stopped = False
@@ -123,9 +133,11 @@ class LLMEngine:
             return enough
         blocks = self.config.kv_cache_memory_bytes // per_block
         if blocks < 1:
-            raise ValueError(f"the KV-cache memory ({self.config.kv_cache_memory_bytes} bytes) holds no block of "
-                             f"{self.config.block_size} tokens ({per_block} bytes): raise kv_cache_memory_bytes "
-                             "(--kv-cache-memory-gib)")
+            raise ValueError(
+                f"the KV-cache memory ({self.config.kv_cache_memory_bytes} bytes) holds no block of "
+                f"{self.config.block_size} tokens ({per_block} bytes): raise kv_cache_memory_bytes "
+                "(--kv-cache-memory-gib)"
+            )
         return int(min(blocks, enough))
 
     def _max_model_len(self, num_blocks: int) -> int:
@@ -149,7 +161,9 @@ class LLMEngine:
         # the union of the config's, the tokenizer's and generation_config.json's end tokens
         sources = [getattr(self.hf_config, "eos_token_id", None), getattr(self.tokenizer, "eos_token_id", None)]
         try:
-            sources.append(json.loads((Path(self.model_dir) / "generation_config.json").read_text()).get("eos_token_id"))
+            sources.append(
+                json.loads((Path(self.model_dir) / "generation_config.json").read_text()).get("eos_token_id")
+            )
         except (OSError, ValueError, AttributeError):  # none, unreadable, or not an object
             pass
         ids: set[int] = set()
@@ -166,11 +180,18 @@ class LLMEngine:
             return prompt.get("prompt"), list(prompt["prompt_token_ids"])
         if isinstance(prompt, Mapping) and "prompt" in prompt:
             return prompt["prompt"], self.tokenizer.encode(prompt["prompt"])
-        raise TypeError(f"a prompt is a string or a dict with 'prompt' or 'prompt_token_ids', got {type(prompt).__name__}")
+        raise TypeError(
+            f"a prompt is a string or a dict with 'prompt' or 'prompt_token_ids', got {type(prompt).__name__}"
+        )
 
     def add_request(
-        self, request_id: str, prompt: PromptType, params: SamplingParams | None = None, priority: int = 0,
-        delta: bool = False, pooling_params: PoolingParams | None = None,
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams | None = None,
+        priority: int = 0,
+        delta: bool = False,
+        pooling_params: PoolingParams | None = None,
     ) -> None:
         """Queue a request. ``delta=True``: its outputs carry only what is new since the last one.
         With ``pooling_params`` (embedding models only) it is an embedding request."""
@@ -192,8 +213,14 @@ class LLMEngine:
                 child_params = copy.copy(params)
                 child_params.seed = params.seed + index
             engine_id = request_id if params.n == 1 else f"{index}_{request_id}"
-            request = Request(engine_id, token_ids, child_params, eos_token_ids=self.eos_token_ids, priority=priority,
-                              max_tokens=max_tokens)
+            request = Request(
+                engine_id,
+                token_ids,
+                child_params,
+                eos_token_ids=self.eos_token_ids,
+                priority=priority,
+                max_tokens=max_tokens,
+            )
             if compiled is not None:
                 request.grammar = self._grammars.state(compiled, params.structured_outputs.after_token_ids)
             requests.append(request)
@@ -215,7 +242,11 @@ class LLMEngine:
         return self._grammars.compile(constraint)
 
     def _add_pooling_request(
-        self, request_id: str, prompt: PromptType, params: SamplingParams | None, priority: int,
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams | None,
+        priority: int,
         pooling_params: PoolingParams | None,
     ) -> None:
         model = self.info.model if hasattr(self, "info") else self.model_dir
@@ -234,8 +265,14 @@ class LLMEngine:
         hidden = self.hf_config.hidden_size
         if pooling_params.dimensions is not None and pooling_params.dimensions > hidden:
             raise ValueError(f"dimensions {pooling_params.dimensions} exceeds the model's embedding size {hidden}")
-        request = Request(request_id, token_ids, SamplingParams(max_tokens=1), priority=priority, max_tokens=1,
-                          pooling_params=pooling_params)
+        request = Request(
+            request_id,
+            token_ids,
+            SamplingParams(max_tokens=1),
+            priority=priority,
+            max_tokens=1,
+            pooling_params=pooling_params,
+        )
         self.pooling[request_id] = (text, request)
         self.scheduler.add_request(request)
 
@@ -250,7 +287,10 @@ class LLMEngine:
         bad = next((t for t in token_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size), None)
         if bad is not None:
             raise ValueError(f"prompt token id {bad!r} is out of range [0, {self.vocab_size})")
-        for name, ids in (("logit_bias", params.logit_bias or {}), ("allowed_token_ids", params.allowed_token_ids or [])):
+        for name, ids in (
+            ("logit_bias", params.logit_bias or {}),
+            ("allowed_token_ids", params.allowed_token_ids or []),
+        ):
             bad = next((t for t in ids if t >= self.vocab_size), None)
             if bad is not None:
                 raise ValueError(f"{name} token id {bad} is out of range [0, {self.vocab_size})")
@@ -304,8 +344,11 @@ class LLMEngine:
             state = seq.parent
             state.first_token_time = state.first_token_time or now
             # as in vLLM, the EOS or stop token that ends a sequence is not part of its text
-            ended_by_token = (request.status == RequestStatus.FINISHED_STOPPED and request.stop_reason is None
-                              or request.stop_reason == token) and not request.params.include_stop_str_in_output
+            ended_by_token = (
+                request.status == RequestStatus.FINISHED_STOPPED
+                and request.stop_reason is None
+                or request.stop_reason == token
+            ) and not request.params.include_stop_str_in_output
             stop = self.outputs.append(seq, token, logprobs, detokenize=not ended_by_token)
             if stop is not None and not request.is_finished:
                 self.scheduler.finish(request, RequestStatus.FINISHED_STOPPED, stop_reason=stop[0])
@@ -330,15 +373,19 @@ class LLMEngine:
             params = request.pooling_params
             normalize = self.default_normalize if params.normalize is None else params.normalize
             embedding = finish_embedding(vector, normalize, params.dimensions)
-            outputs.append(PoolingRequestOutput(request.request_id, text, request.prompt_token_ids,
-                                                EmbeddingOutput(embedding)))
+            outputs.append(
+                PoolingRequestOutput(request.request_id, text, request.prompt_token_ids, EmbeddingOutput(embedding))
+            )
         return outputs
 
     def _log_stats(self, outputs: list[RequestOutput], states: dict[str, RequestState]) -> None:
         stats = SchedulerStats(
-            num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
-            kv_cache_usage=self.kv_manager.usage, prefix_cache_queries=self.kv_manager.prefix_cache_queries,
-            prefix_cache_hits=self.kv_manager.prefix_cache_hits, num_preemptions=self.scheduler.num_preemptions,
+            num_running=self.scheduler.num_running,
+            num_waiting=self.scheduler.num_waiting,
+            kv_cache_usage=self.kv_manager.usage,
+            prefix_cache_queries=self.kv_manager.prefix_cache_queries,
+            prefix_cache_hits=self.kv_manager.prefix_cache_hits,
+            num_preemptions=self.scheduler.num_preemptions,
         )
         now = time.monotonic()
         for logger in self.stat_loggers:
@@ -349,13 +396,15 @@ class LLMEngine:
             state = states[output.request_id]
             first = state.sequences[0].request
             record = FinishedRequestStats(
-                request_id=output.request_id, finish_reason=output.outputs[0].finish_reason,
+                request_id=output.request_id,
+                finish_reason=output.outputs[0].finish_reason,
                 num_prompt_tokens=len(output.prompt_token_ids),
                 num_generation_tokens=sum(len(o.token_ids) for o in output.outputs),
                 num_cached_tokens=output.num_cached_tokens,
                 queued_seconds=(first.first_scheduled_time or now) - state.arrival_time,
                 time_to_first_token_seconds=(state.first_token_time - state.arrival_time)
-                if state.first_token_time else None,
+                if state.first_token_time
+                else None,
                 end_to_end_seconds=now - state.arrival_time,
             )
             for logger in self.stat_loggers:

@@ -66,8 +66,11 @@ class ModelRunner:
         self.model = self._load_model(model_cls, model_dir, hf_config)
         self.pooler = None
         if getattr(self.model, "is_pooling_model", False):
-            self.pooler = Pooler.from_model_dir(model_dir, getattr(self.model, "default_pooling", "last"),
-                                                getattr(self.model, "default_normalize", False))
+            self.pooler = Pooler.from_model_dir(
+                model_dir,
+                getattr(self.model, "default_pooling", "last"),
+                getattr(self.model, "default_normalize", False),
+            )
         self.load_seconds = time.perf_counter() - started
         self.block_size = config.block_size
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -115,8 +118,12 @@ class ModelRunner:
         device = self.device
         metadata = inputs.metadata
         if device.type != "cpu":
-            metadata = AttentionMetadata(*(getattr(metadata, f).to(device) for f in _TENSOR_FIELDS),
-                                         metadata.max_query_len, metadata.max_seq_len, metadata.sliding_window)
+            metadata = AttentionMetadata(
+                *(getattr(metadata, f).to(device) for f in _TENSOR_FIELDS),
+                metadata.max_query_len,
+                metadata.max_seq_len,
+                metadata.sliding_window,
+            )
         hidden = self.model(inputs.input_ids.to(device), inputs.positions.to(device), metadata)
         if self.pooler is not None:  # every pooling request is computed whole, in one step
             pooled = self.pooler(hidden, inputs.metadata.query_start_loc.tolist())
@@ -126,8 +133,10 @@ class ModelRunner:
             rows = torch.tensor(inputs.logit_rows, device=device)
             # in the model's dtype: the sampler converts only when it needs to (a greedy argmax does not)
             logits = self.model.compute_logits(hidden[rows]).cpu()
-        prompt_logits = [self.model.compute_logits(hidden[start : start + count]).float().cpu()
-                         for start, count in inputs.prompt_rows]
+        prompt_logits = [
+            self.model.compute_logits(hidden[start : start + count]).float().cpu()
+            for start, count in inputs.prompt_rows
+        ]
         return StepLogits(logits, prompt_logits)
 
 
@@ -193,8 +202,13 @@ def prepare_inputs(out: SchedulerOutput, block_size: int) -> tuple[StepInputs, P
         max_query_len=max(s.num_tokens for s in out.scheduled),
         max_seq_len=max(seq_lens),
     )
-    inputs = StepInputs(torch.tensor(tokens, dtype=torch.long), torch.from_numpy(np.concatenate(positions)),
-                        metadata, logit_rows, prompt_rows)
+    inputs = StepInputs(
+        torch.tensor(tokens, dtype=torch.long),
+        torch.from_numpy(np.concatenate(positions)),
+        metadata,
+        logit_rows,
+        prompt_rows,
+    )
     return inputs, prompt_targets
 
 
@@ -214,4 +228,3 @@ def sample_step(
         table = rows.log_softmax(-1)
         prompt_logprobs[request_id] = [gather_logprobs(table[j], t, k) for j, t in enumerate(targets)]
     return ModelRunnerOutput(sampled, logprobs, prompt_logprobs)
-

@@ -64,7 +64,9 @@ class OutputProcessor:
         params = state.params
         if params.prompt_logprobs is not None:
             state.prompt_logprobs = [None]
-        stop_buffer = 0 if params.include_stop_str_in_output else max((len(s) for s in params.stop_strings), default=1) - 1
+        stop_buffer = (
+            0 if params.include_stop_str_in_output else max((len(s) for s in params.stop_strings), default=1) - 1
+        )
         for index, request in enumerate(requests):
             detok = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, params.skip_special_tokens)
             logprobs = [] if params.logprobs is not None else None
@@ -79,8 +81,9 @@ class OutputProcessor:
     def state_of(self, request_id: str) -> RequestState | None:
         return self.states.get(request_id)
 
-    def append(self, seq: SequenceState, token_id: int, logprobs: TokenLogprobs | None,
-               detokenize: bool = True) -> tuple[str, int] | None:
+    def append(
+        self, seq: SequenceState, token_id: int, logprobs: TokenLogprobs | None, detokenize: bool = True
+    ) -> tuple[str, int] | None:
         """Record a new token of ``seq``; return ``(stop_string, cut)`` when it completes a stop string.
         ``detokenize=False``: the token adds no text (an EOS or stop token that ended the sequence)."""
         params = seq.request.params

@@ -82,8 +82,9 @@ class Sampler:
         return self._finish(tokens.tolist(), requests, wants_logprobs, raw_logprobs)
 
     @staticmethod
-    def _finish(token_list: list[int], requests: list[Request], wants_logprobs: list[bool],
-                raw_logprobs: torch.Tensor | None) -> SamplerOutput:
+    def _finish(
+        token_list: list[int], requests: list[Request], wants_logprobs: list[bool], raw_logprobs: torch.Tensor | None
+    ) -> SamplerOutput:
         logprobs: list[TokenLogprobs | None] = [None] * len(requests)
         if raw_logprobs is not None:
             for i, request in enumerate(requests):
@@ -95,9 +96,16 @@ class Sampler:
 def _plain_greedy(request: Request) -> bool:
     """A greedy row that no mask, bias, ban or penalty changes: its token is the argmax of the raw logits."""
     params = request.params
-    return (params.is_greedy and request.grammar is None and params.allowed_token_ids is None
-            and not params.logit_bias and not _bans_tokens(request)
-            and params.repetition_penalty == 1.0 and not params.frequency_penalty and not params.presence_penalty)
+    return (
+        params.is_greedy
+        and request.grammar is None
+        and params.allowed_token_ids is None
+        and not params.logit_bias
+        and not _bans_tokens(request)
+        and params.repetition_penalty == 1.0
+        and not params.frequency_penalty
+        and not params.presence_penalty
+    )
 
 
 def gather_logprobs(row: torch.Tensor, token_id: int, k: int) -> TokenLogprobs:

@@ -180,7 +180,9 @@ class Scheduler:
             if status is not None:
                 # as in vLLM, stop_reason names a stop token id, but stays None for EOS
                 stop_reason = token if token in request.params.stop_token_ids else None
-                self.finish(request, status, stop_reason=stop_reason if status == RequestStatus.FINISHED_STOPPED else None)
+                self.finish(
+                    request, status, stop_reason=stop_reason if status == RequestStatus.FINISHED_STOPPED else None
+                )
         return updated
 
     def _check_stop(self, request: Request, token: int) -> RequestStatus | None:

@@ -36,14 +36,20 @@ class GrammarCompiler:
         # special tokens (<s>, <|im_start|>) as empty strings: xgrammar never allows an empty token, where
         # it would read "<s>" as that text although the detokenizer drops it
         special = set(getattr(tokenizer, "all_special_ids", []) or [])
-        special.update(i for i, t in (getattr(tokenizer, "added_tokens_decoder", {}) or {}).items()
-                       if getattr(t, "special", False))
+        special.update(
+            i for i, t in (getattr(tokenizer, "added_tokens_decoder", {}) or {}).items() if getattr(t, "special", False)
+        )
         vocab = [""] * vocab_size
         for token, index in tokenizer.get_vocab().items():
             if index < vocab_size and index not in special:
                 vocab[index] = token
-        info = xgr.TokenizerInfo(vocab, detected.vocab_type, vocab_size=vocab_size, stop_token_ids=stop,
-                                 add_prefix_space=detected.add_prefix_space)
+        info = xgr.TokenizerInfo(
+            vocab,
+            detected.vocab_type,
+            vocab_size=vocab_size,
+            stop_token_ids=stop,
+            add_prefix_space=detected.add_prefix_space,
+        )
         self.compiler = xgr.GrammarCompiler(info, cache_enabled=True)
         self.compiled: OrderedDict[str, Any] = OrderedDict()  # by the constraint's text: checks are not redone
 
@@ -66,8 +72,11 @@ class GrammarCompiler:
                 schema = checked_schema(params.json) if kind == "json" else '{"type": "object"}'
                 compact = params.disable_any_whitespace
                 return self.compiler.compile_json_schema(
-                    schema, any_whitespace=not compact, max_whitespace_cnt=None if compact else MAX_WHITESPACE_RUN,
-                    strict_mode=kind == "json")
+                    schema,
+                    any_whitespace=not compact,
+                    max_whitespace_cnt=None if compact else MAX_WHITESPACE_RUN,
+                    strict_mode=kind == "json",
+                )
             if kind == "regex":
                 return self.compiler.compile_regex(params.regex)
             if kind == "choice":
@@ -99,7 +108,9 @@ def checked_schema(schema: str | dict[str, Any]) -> str:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.SchemaError as error:
         path = "/".join(str(p) for p in error.path)
-        raise ValueError(f"the schema is not a valid JSON schema{f' at {path}' if path else ''}: {error.message}") from None
+        raise ValueError(
+            f"the schema is not a valid JSON schema{f' at {path}' if path else ''}: {error.message}"
+        ) from None
     return json.dumps(bounded_strings_as_patterns(schema))
 
 
@@ -115,14 +126,16 @@ def bounded_strings_as_patterns(schema: Any) -> Any:
         return [bounded_strings_as_patterns(item) for item in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {key: bounded_strings_as_patterns(value) if key not in ("enum", "const", "default", "examples") else value
-           for key, value in schema.items()}
+    out = {
+        key: bounded_strings_as_patterns(value) if key not in ("enum", "const", "default", "examples") else value
+        for key, value in schema.items()
+    }
     bounded = "minLength" in out or "maxLength" in out
     kind = out.get("type")
     stringy = kind in (None, "string") or (isinstance(kind, list) and "string" in kind)  # lengths bind strings only
     if stringy and bounded and "pattern" not in out and "format" not in out:
         low, high = int(out.pop("minLength", 0)), out.pop("maxLength", None)
-        out["pattern"] = f"^[^\"\\\\\\x00-\\x1f]{{{low},{'' if high is None else int(high)}}}$"
+        out["pattern"] = f'^[^"\\\\\\x00-\\x1f]{{{low},{"" if high is None else int(high)}}}$'
     return out
 
 

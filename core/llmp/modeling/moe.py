@@ -40,8 +40,9 @@ class FusedExperts(nn.Module):
         down = kind == "down"
         expected = (self.hidden, self.intermediate) if down else (self.intermediate, self.hidden)
         if tuple(tensor.shape) != expected:
-            raise ModelLoadError(f"expert {expert} {kind} weight has shape {tuple(tensor.shape)}, "
-                                 f"the model expects {expected}")
+            raise ModelLoadError(
+                f"expert {expert} {kind} weight has shape {tuple(tensor.shape)}, the model expects {expected}"
+            )
         if down:
             self.w2.data[expert].copy_(tensor.narrow(1, self.start, self.local))
         else:
@@ -52,8 +53,9 @@ class FusedExperts(nn.Module):
 class SparseMoE(nn.Module):
     """Routes each token to its ``top_k`` experts and sums their outputs weighted by the router."""
 
-    def __init__(self, hidden: int, intermediate: int, num_experts: int, top_k: int, renormalize: bool,
-                 kernels: KernelSet) -> None:
+    def __init__(
+        self, hidden: int, intermediate: int, num_experts: int, top_k: int, renormalize: bool, kernels: KernelSet
+    ) -> None:
         super().__init__()
         self.gate = nn.Linear(hidden, num_experts, bias=False)  # the router, replicated on every rank
         self.experts = FusedExperts(num_experts, hidden, intermediate)

@@ -71,8 +71,10 @@ def as_pooling_model(model_cls: type, task: str) -> type:
     from llmp.modeling.layers import CausalLM
 
     if not (isinstance(model_cls, type) and issubclass(model_cls, CausalLM)):
-        raise ValueError(f"{getattr(model_cls, '__name__', model_cls)} cannot produce embeddings: only native "
-                         "causal LMs and embedding models can (task='embed')")
+        raise ValueError(
+            f"{getattr(model_cls, '__name__', model_cls)} cannot produce embeddings: only native "
+            "causal LMs and embedding models can (task='embed')"
+        )
     from llmp.modeling.decoder import embedding_variant
 
     return embedding_variant(model_cls)

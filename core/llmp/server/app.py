@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.routing import APIRoute
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from llmp import __version__
@@ -74,7 +74,7 @@ class ServerState:
 def route_path(scope: Mapping[str, Any]) -> str:
     """The path the routes see: behind ``--root-path`` both ``/llm/v1/...`` and ``/v1/...`` work."""
     path, root = scope.get("path", ""), scope.get("root_path", "")
-    return path[len(root):] or "/" if root and path.startswith(root) else path
+    return path[len(root) :] or "/" if root and path.startswith(root) else path
 
 
 async def send_json(send: Callable, status: int, body: Any, headers: Mapping[str, str] | None = None) -> None:
@@ -107,8 +107,14 @@ class GateMiddleware:
     A pure ASGI middleware, so streamed responses pass through untouched.
     """
 
-    def __init__(self, app: Any, state: ServerState, api_keys: list[str], limits: Limits,
-                 on_rejected: Callable[[str], None] = lambda reason: None) -> None:
+    def __init__(
+        self,
+        app: Any,
+        state: ServerState,
+        api_keys: list[str],
+        limits: Limits,
+        on_rejected: Callable[[str], None] = lambda reason: None,
+    ) -> None:
         self.app = app
         self.state = state
         self.key_digests = [hashlib.sha256(k.encode()).digest() for k in api_keys]
@@ -121,27 +127,51 @@ class GateMiddleware:
             return await self.app(scope, receive, send)
         path, method = route_path(scope), scope["method"]
         if len(scope["headers"]) > MAX_HEADERS:
-            return await self._refuse(send, path, APIError(
-                431, f"a request may carry at most {MAX_HEADERS} headers, this one has {len(scope['headers'])}"))
+            return await self._refuse(
+                send,
+                path,
+                APIError(
+                    431, f"a request may carry at most {MAX_HEADERS} headers, this one has {len(scope['headers'])}"
+                ),
+            )
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        if self.limits.allowed_hosts is not None and _host_name(headers.get("host", "")) not in self.limits.allowed_hosts:
+        if (
+            self.limits.allowed_hosts is not None
+            and _host_name(headers.get("host", "")) not in self.limits.allowed_hosts
+        ):
             # a page on another site resolving its name to 127.0.0.1 (DNS rebinding) sends its own Host
-            return await self._refuse(send, path, APIError(
-                400, f"Host header {headers.get('host', '')!r} is not accepted by a server bound to loopback"))
+            return await self._refuse(
+                send,
+                path,
+                APIError(400, f"Host header {headers.get('host', '')!r} is not accepted by a server bound to loopback"),
+            )
         if path not in PROBE_PATHS and not self.state.ready and method != "OPTIONS":
-            message = {"loading": "the model is still loading", "starting": "the server is starting",
-                       "warming_up": "the model is warming up", "draining": "the server is shutting down",
-                       }.get(self.state.phase, "the engine is not running")
+            message = {
+                "loading": "the model is still loading",
+                "starting": "the server is starting",
+                "warming_up": "the model is warming up",
+                "draining": "the server is shutting down",
+            }.get(self.state.phase, "the engine is not running")
             return await self._refuse(send, path, APIError(503, message, headers={"Retry-After": "1"}))
         if self.key_digests and path not in OPEN_PATHS and method != "OPTIONS" and not self._authorized(headers):
-            return await self._refuse(send, path, APIError(
-                401, "invalid or missing API key: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>')",
-                code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"}))
+            return await self._refuse(
+                send,
+                path,
+                APIError(
+                    401,
+                    "invalid or missing API key: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>')",
+                    code="invalid_api_key",
+                    headers={"WWW-Authenticate": "Bearer"},
+                ),
+            )
         if method in BODY_METHODS:
             content_type = headers.get("content-type", "application/json").split(";")[0].strip().lower()
             if content_type != "application/json":
-                return await self._refuse(send, path, APIError(
-                    400, f"Unsupported Media Type: {content_type!r}; only 'application/json' is allowed"))
+                return await self._refuse(
+                    send,
+                    path,
+                    APIError(400, f"Unsupported Media Type: {content_type!r}; only 'application/json' is allowed"),
+                )
             length = headers.get("content-length")
             if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
                 return await self._refuse(send, path, self._too_large())
@@ -150,8 +180,11 @@ class GateMiddleware:
             except BodyTooLarge:
                 return await self._refuse(send, path, self._too_large())
             if body is not None and await _depth_exceeds(body, self.limits.max_json_depth):
-                return await self._refuse(send, path, APIError(
-                    400, f"the JSON body is nested deeper than {self.limits.max_json_depth} levels"))
+                return await self._refuse(
+                    send,
+                    path,
+                    APIError(400, f"the JSON body is nested deeper than {self.limits.max_json_depth} levels"),
+                )
         if method == "POST" and path not in OPEN_PATHS and self.limits.max_in_flight is not None:
             if self.state.in_flight >= self.limits.max_in_flight:
                 return await self._overloaded(send, path)
@@ -164,10 +197,13 @@ class GateMiddleware:
 
     async def _overloaded(self, send: Callable, path: str) -> None:
         self.on_rejected("overloaded")
-        message = (f"the server is at capacity ({self.limits.max_in_flight} requests in flight: "
-                   "--max-num-seqs plus --max-queue-len); retry after a moment")
-        await self._refuse(send, path, APIError(self.limits.overload_status, message, code="overloaded",
-                                                headers={"Retry-After": "1"}))
+        message = (
+            f"the server is at capacity ({self.limits.max_in_flight} requests in flight: "
+            "--max-num-seqs plus --max-queue-len); retry after a moment"
+        )
+        await self._refuse(
+            send, path, APIError(self.limits.overload_status, message, code="overloaded", headers={"Retry-After": "1"})
+        )
 
     async def _refuse(self, send: Callable, path: str, error: APIError) -> None:
         status, body = self.state.render_error(path, error)
@@ -186,8 +222,9 @@ class GateMiddleware:
         return sum(hmac.compare_digest(digest, key) for key in self.key_digests) > 0
 
     def _too_large(self) -> APIError:
-        return APIError(413, f"the request body exceeds the limit of {self.max_body_bytes} bytes "
-                             "(--max-request-body-bytes)")
+        return APIError(
+            413, f"the request body exceeds the limit of {self.max_body_bytes} bytes (--max-request-body-bytes)"
+        )
 
     async def _buffered(self, receive: Callable) -> tuple[bytes | None, Callable]:
         """The whole body, read up to the limit, and a ``receive`` that replays it as one message."""
@@ -336,24 +373,47 @@ async def until_disconnected(request: Request, work: Awaitable[T]) -> T:
     return task.result()
 
 
-def build_app(state: ServerState, *, api_keys: list[str], allowed_origins: list[str], allow_credentials: bool,
-              limits: Limits, root_path: str, docs: bool, metrics: Any, health_timeout: float = 5.0) -> FastAPI:
+def build_app(
+    state: ServerState,
+    *,
+    api_keys: list[str],
+    allowed_origins: list[str],
+    allow_credentials: bool,
+    limits: Limits,
+    root_path: str,
+    docs: bool,
+    metrics: Any,
+    health_timeout: float = 5.0,
+) -> FastAPI:
     app = FastAPI(
-        title="llmp", version=__version__, root_path=root_path,
-        docs_url="/docs" if docs else None, redoc_url="/redoc" if docs else None,
+        title="llmp",
+        version=__version__,
+        root_path=root_path,
+        docs_url="/docs" if docs else None,
+        redoc_url="/redoc" if docs else None,
         openapi_url="/openapi.json" if docs else None,
     )
     app.state.llmp = state
     _add_exception_handlers(app, state)
     _add_probe_routes(app, state, metrics, health_timeout)
-    app.add_middleware(GateMiddleware, state=state, api_keys=api_keys, limits=limits,
-                       on_rejected=lambda reason: metrics.rejected.labels(reason=reason, **metrics.label).inc())
+    app.add_middleware(
+        GateMiddleware,
+        state=state,
+        api_keys=api_keys,
+        limits=limits,
+        on_rejected=lambda reason: metrics.rejected.labels(reason=reason, **metrics.label).inc(),
+    )
     if allowed_origins:
         from starlette.middleware.cors import CORSMiddleware
 
-        app.add_middleware(CORSMiddleware, allow_origins=allowed_origins, allow_methods=["*"], allow_headers=["*"],
-                           allow_credentials=allow_credentials and "*" not in allowed_origins,
-                           expose_headers=["X-Request-Id"])
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=allowed_origins,
+            allow_methods=["*"],
+            allow_headers=["*"],
+            allow_credentials=allow_credentials and "*" not in allowed_origins,
+            expose_headers=["X-Request-Id"],
+        )
     app.add_middleware(RequestIdMiddleware)
     return app
 
@@ -375,8 +435,10 @@ def _add_exception_handlers(app: FastAPI, state: ServerState) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         type_ = {404: "not_found_error", 405: "invalid_request_error"}.get(exc.status_code, "invalid_request_error")
-        return respond(request, APIError(exc.status_code, str(exc.detail), type=type_,
-                                         headers=dict(getattr(exc, "headers", None) or {})))
+        return respond(
+            request,
+            APIError(exc.status_code, str(exc.detail), type=type_, headers=dict(getattr(exc, "headers", None) or {})),
+        )
 
     @app.exception_handler(ValueError)
     @app.exception_handler(TypeError)
@@ -394,14 +456,20 @@ def _add_probe_routes(app: FastAPI, state: ServerState, metrics: Any, health_tim
     @app.get("/health", summary="Same as /ready")
     async def ready() -> Response:
         if not state.ready:
-            body = error_body(f"not ready: {state.phase}" + (f" ({state.error})" if state.error else ""),
-                              "service_unavailable_error", code=503)
+            body = error_body(
+                f"not ready: {state.phase}" + (f" ({state.error})" if state.error else ""),
+                "service_unavailable_error",
+                code=503,
+            )
             return JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
         try:
             await state.probe_engine(health_timeout)
         except Exception as exc:
-            return JSONResponse(error_body(f"the engine is not healthy: {exc}", "service_unavailable_error",
-                                           code=503), status_code=503, headers={"Retry-After": "1"})
+            return JSONResponse(
+                error_body(f"the engine is not healthy: {exc}", "service_unavailable_error", code=503),
+                status_code=503,
+                headers={"Retry-After": "1"},
+            )
         return Response(status_code=200)
 
     @app.get("/live", summary="200 while the HTTP server runs (no engine call)")

@@ -27,8 +27,16 @@ ERROR_TYPES = {
 class APIError(Exception):
     """A failure to report to the client: front-end handlers raise it, the server renders it."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None, type: str | None = None,
-                 code: str | int | None = None, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        type: str | None = None,
+        code: str | int | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -49,8 +57,11 @@ class RequestTimeoutError(APIError):
     """A request ran or waited longer than ``--request-timeout``; the engine has aborted it."""
 
     def __init__(self, timeout: float) -> None:
-        super().__init__(408, f"the request took longer than the server's limit of {timeout:g} s "
-                              "(--request-timeout) and was aborted", code="request_timeout")
+        super().__init__(
+            408,
+            f"the request took longer than the server's limit of {timeout:g} s (--request-timeout) and was aborted",
+            code="request_timeout",
+        )
 
 
 def as_api_error(exc: BaseException) -> APIError:

@@ -65,8 +65,9 @@ class FrontendKit:
         if bad is not None:
             raise bad_request(f"token id {bad} in {param} is out of vocabulary (size {limit})", param)
 
-    def check_caps(self, n: int, logprobs: int | None, prompt_logprobs: int | None,
-                   logprobs_param: str = "logprobs") -> None:
+    def check_caps(
+        self, n: int, logprobs: int | None, prompt_logprobs: int | None, logprobs_param: str = "logprobs"
+    ) -> None:
         cap = self.options.get("max_n", 128)
         if n > cap:
             raise bad_request(f"n must be at most {cap} (--max-n), got {n}", "n")
@@ -80,8 +81,9 @@ class FrontendKit:
         strings = [stop] if isinstance(stop, str) else list(stop or [])
         cap = self.options.get("max_stop_sequences", 64)
         if len(strings) > cap:
-            raise bad_request(f"at most {cap} stop strings are allowed (--max-stop-sequences), got {len(strings)}",
-                              "stop")
+            raise bad_request(
+                f"at most {cap} stop strings are allowed (--max-stop-sequences), got {len(strings)}", "stop"
+            )
         longest = max(map(len, strings), default=0)
         if longest > MAX_STOP_LENGTH:
             raise bad_request(f"a stop string may be at most {MAX_STOP_LENGTH} characters long, got {longest}", "stop")
@@ -105,23 +107,36 @@ class FrontendKit:
         if isinstance(tool_choice, Mapping):
             named = tool_name(tool_choice)
             if not named or named not in names:
-                raise bad_request(f"tool_choice names the function {named!r}, which is not among the tools",
-                                  "tool_choice")
+                raise bad_request(
+                    f"tool_choice names the function {named!r}, which is not among the tools", "tool_choice"
+                )
         elif tool_choice not in ("auto", "required"):
-            raise bad_request(f"tool_choice must be none, auto, required or a named function, got {tool_choice!r}",
-                              "tool_choice")
+            raise bad_request(
+                f"tool_choice must be none, auto, required or a named function, got {tool_choice!r}", "tool_choice"
+            )
         if tool_choice == "auto" and not self.auto_tools:
-            raise bad_request('"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set',
-                              "tool_choice")
+            raise bad_request(
+                '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set', "tool_choice"
+            )
         if self.tool_parser is None:
             kind = "named" if named else tool_choice
-            raise bad_request(f"tool_choice={kind!r} requires --tool-call-parser to be set (and --enable-auto-tool-choice "
-                              "for 'auto')", "tool_choice")
+            raise bad_request(
+                f"tool_choice={kind!r} requires --tool-call-parser to be set (and --enable-auto-tool-choice "
+                "for 'auto')",
+                "tool_choice",
+            )
         return named
 
-    def output_plan(self, prompt_ids: Sequence[int], tools: Sequence[Mapping[str, Any]] | None, tool_choice: Any, *,
-                    parallel_tool_calls: bool = True, include_reasoning: bool = True,
-                    constraint: StructuredOutputsParams | None = None) -> tuple[OutputPlan, StructuredOutputsParams | None]:
+    def output_plan(
+        self,
+        prompt_ids: Sequence[int],
+        tools: Sequence[Mapping[str, Any]] | None,
+        tool_choice: Any,
+        *,
+        parallel_tool_calls: bool = True,
+        include_reasoning: bool = True,
+        constraint: StructuredOutputsParams | None = None,
+    ) -> tuple[OutputPlan, StructuredOutputsParams | None]:
         """How the completions of a chat request become messages, and the constraint its sampling takes.
 
         ``tool_choice`` required or named is enforced by constrained decoding (the arguments always
@@ -145,20 +160,25 @@ class FrontendKit:
             from llmp.parsing import RequiredToolCallsParser
 
             plan.tool_parser = RequiredToolCallsParser()
-            forced = StructuredOutputsParams(json=required_calls_schema(tools, parallel_tool_calls),
-                                             disable_any_whitespace=True)
+            forced = StructuredOutputsParams(
+                json=required_calls_schema(tools, parallel_tool_calls), disable_any_whitespace=True
+            )
         elif tools and (tool_choice == "auto" or (tool_choice is None and self.auto_tools)):
             plan.tool_parser = self.tool_parser
         if forced is not None and constraint is not None:
-            raise bad_request("a structured output (response_format or structured_outputs) cannot be combined with "
-                              f"tool_choice={'named' if named else tool_choice!r}", "tool_choice")
+            raise bad_request(
+                "a structured output (response_format or structured_outputs) cannot be combined with "
+                f"tool_choice={'named' if named else tool_choice!r}",
+                "tool_choice",
+            )
         constraint = forced or constraint
         if constraint is not None and plan.reasoning_parser is not None:
             constraint.after_token_ids = list(self.reasoning_parser.end_token_ids) or None
         return plan, constraint
 
-    def structured_outputs(self, response_format: Mapping[str, Any] | None,
-                           structured_outputs: Mapping[str, Any] | None) -> StructuredOutputsParams | None:
+    def structured_outputs(
+        self, response_format: Mapping[str, Any] | None, structured_outputs: Mapping[str, Any] | None
+    ) -> StructuredOutputsParams | None:
         """The constraint of OpenAI's ``response_format`` or vLLM's ``structured_outputs`` (at most one)."""
         kind = (response_format or {}).get("type", "text")
         if kind != "text" and structured_outputs:
@@ -167,7 +187,9 @@ class FrontendKit:
             unknown = sorted(set(structured_outputs) - STRUCTURED_OUTPUT_FIELDS)
             if unknown:
                 raise bad_request(f"unknown structured_outputs field(s): {', '.join(unknown)}", "structured_outputs")
-            fields = {k: v for k, v in structured_outputs.items() if k in STRUCTURED_OUTPUT_FIELDS - {"after_token_ids"}}
+            fields = {
+                k: v for k, v in structured_outputs.items() if k in STRUCTURED_OUTPUT_FIELDS - {"after_token_ids"}
+            }
             try:
                 return StructuredOutputsParams(**fields)
             except (ValueError, TypeError) as exc:
@@ -185,8 +207,10 @@ class FrontendKit:
             return StructuredOutputsParams(json=schema)
         if kind == "structural_tag":
             return StructuredOutputsParams(structural_tag=json.dumps(dict(response_format)))
-        raise bad_request(f"response_format type must be text, json_object, json_schema or structural_tag, got {kind!r}",
-                          "response_format")
+        raise bad_request(
+            f"response_format type must be text, json_object, json_schema or structural_tag, got {kind!r}",
+            "response_format",
+        )
 
     async def check_constraint(self, constraint: StructuredOutputsParams | None, param: str) -> None:
         """Have the engine compile a request's constraint before the response starts: an invalid
@@ -214,14 +238,17 @@ class FrontendKit:
             raise bad_request(
                 f"This model's maximum context length is {limit} tokens. However, you requested "
                 f"{prompt_len + wanted} tokens ({prompt_len} in the input, {wanted} for the completion). "
-                "Please reduce the length of the input or of max_tokens.", "input_tokens")
+                "Please reduce the length of the input or of max_tokens.",
+                "input_tokens",
+            )
         default = self.defaults.get("max_new_tokens")
         if requested is None and default is not None:
             return min(default, limit - prompt_len)
         return requested if requested is not None else limit - prompt_len
 
-    async def conversation_prompt(self, conversation: list[dict[str, Any]], body: Any,
-                                  tools: Any = None) -> tuple[str, list[int]]:
+    async def conversation_prompt(
+        self, conversation: list[dict[str, Any]], body: Any, tools: Any = None
+    ) -> tuple[str, list[int]]:
         """The rendered conversation (messages as dicts with text ``content``) and its token ids.
 
         ``body`` supplies the optional request fields ``chat_template``, ``chat_template_kwargs``,
@@ -247,8 +274,11 @@ class FrontendKit:
     def _encode_literal(self, rendered: str, literal: dict[int, str], add_special: bool) -> list[int]:
         pieces = _MARKER.split(rendered)  # template text, message index, template text, ...
         if len(pieces) != 2 * len(literal) + 1:
-            raise bad_request("a message spells a special token, and the chat template transforms message "
-                              "content, so it cannot be kept literal", "messages")
+            raise bad_request(
+                "a message spells a special token, and the chat template transforms message "
+                "content, so it cannot be kept literal",
+                "messages",
+            )
         ids: list[int] = []
         for k, piece in enumerate(pieces):
             if k % 2:
@@ -262,28 +292,38 @@ class FrontendKit:
 
         template = getattr(body, "chat_template", None)
         if template is not None and not self.options.get("trust_request_chat_template"):
-            raise bad_request("Refused request with untrusted chat template: start the server with "
-                              "--trust-request-chat-template to allow one", "chat_template")
+            raise bad_request(
+                "Refused request with untrusted chat template: start the server with "
+                "--trust-request-chat-template to allow one",
+                "chat_template",
+            )
         kwargs = getattr(body, "chat_template_kwargs", None)
         if kwargs and not self.options.get("trust_request_chat_template"):
             self._check_template_kwargs(kwargs, template)
         if getattr(body, "continue_final_message", False) and getattr(body, "add_generation_prompt", False):
-            raise bad_request("continue_final_message and add_generation_prompt cannot both be true; "
-                              "set add_generation_prompt to false", "continue_final_message")
+            raise bad_request(
+                "continue_final_message and add_generation_prompt cannot both be true; "
+                "set add_generation_prompt to false",
+                "continue_final_message",
+            )
         try:
             return await asyncio.to_thread(
-                render_chat, self.tokenizer, conversation,
+                render_chat,
+                self.tokenizer,
+                conversation,
                 chat_template=template or self.options.get("chat_template"),
                 add_generation_prompt=getattr(body, "add_generation_prompt", True),
                 continue_final_message=getattr(body, "continue_final_message", False),
-                tools=tools, chat_template_kwargs=getattr(body, "chat_template_kwargs", None),
+                tools=tools,
+                chat_template_kwargs=getattr(body, "chat_template_kwargs", None),
                 model_name=f"the model {self.model_name}",
             )
         except APIError:
             raise
         except Exception as exc:  # template errors (jinja's, sandbox violations) are the request's fault
-            raise bad_request(f"the chat template could not be applied: {type(exc).__name__}: {exc}",
-                              "messages") from None
+            raise bad_request(
+                f"the chat template could not be applied: {type(exc).__name__}: {exc}", "messages"
+            ) from None
 
     def _check_template_kwargs(self, kwargs: Mapping[str, Any], template: str | None) -> None:
         """Only variables the chat template reads may be set (``enable_thinking``), so a request
@@ -294,11 +334,16 @@ class FrontendKit:
         unknown = sorted(set(kwargs) - known)
         if unknown:
             allowed = ", ".join(sorted(known)) or "none"
-            raise bad_request(f"chat_template_kwargs {', '.join(map(repr, unknown))} are not variables of the chat "
-                              f"template (it reads: {allowed}); start the server with "
-                              "--trust-request-chat-template to pass others", "chat_template_kwargs")
+            raise bad_request(
+                f"chat_template_kwargs {', '.join(map(repr, unknown))} are not variables of the chat "
+                f"template (it reads: {allowed}); start the server with "
+                "--trust-request-chat-template to pass others",
+                "chat_template_kwargs",
+            )
 
-    async def prompt_inputs(self, value: Any, param: str, add_special_tokens: bool) -> list[tuple[str | None, list[int]]]:
+    async def prompt_inputs(
+        self, value: Any, param: str, add_special_tokens: bool
+    ) -> list[tuple[str | None, list[int]]]:
         """Text and token ids of each prompt of a ``str | list[str] | list[int] | list[list[int]]`` field."""
         if isinstance(value, str) or (value and all(isinstance(t, int) for t in value)):
             value = [value]
@@ -320,8 +365,16 @@ class FrontendKit:
         return await asyncio.to_thread(self.tokenizer.encode, text, add_special_tokens=add_special_tokens)
 
 
-STRUCTURED_OUTPUT_FIELDS = {"json", "regex", "choice", "grammar", "json_object", "structural_tag",
-                            "disable_any_whitespace", "after_token_ids"}
+STRUCTURED_OUTPUT_FIELDS = {
+    "json",
+    "regex",
+    "choice",
+    "grammar",
+    "json_object",
+    "structural_tag",
+    "disable_any_whitespace",
+    "after_token_ids",
+}
 
 
 @dataclass
@@ -338,8 +391,9 @@ class OutputPlan:
     def message_stream(self) -> Any:
         from llmp.parsing import MessageStream
 
-        return MessageStream(self.reasoning_parser, self.tool_parser, in_reasoning=self.in_reasoning,
-                             tools=self.tools or ())
+        return MessageStream(
+            self.reasoning_parser, self.tool_parser, in_reasoning=self.in_reasoning, tools=self.tools or ()
+        )
 
     def finish_reason(self, reason: str | None, called: bool) -> str | None:
         return "tool_calls" if reason == "stop" and called and not self.named else reason
@@ -358,9 +412,14 @@ def tool_parameters(tool: Mapping[str, Any]) -> dict[str, Any]:
 
 def required_calls_schema(tools: Sequence[Mapping[str, Any]], parallel: bool) -> dict[str, Any]:
     """A JSON array of calls, each one of the tools with arguments fitting its schema (as vLLM forces it)."""
-    calls = [{"type": "object", "properties": {"name": {"type": "string", "enum": [tool_name(t)]},
-                                               "parameters": tool_parameters(t)},
-              "required": ["name", "parameters"]} for t in tools]
+    calls = [
+        {
+            "type": "object",
+            "properties": {"name": {"type": "string", "enum": [tool_name(t)]}, "parameters": tool_parameters(t)},
+            "required": ["name", "parameters"],
+        }
+        for t in tools
+    ]
     schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
     if not parallel:
         schema["maxItems"] = 1

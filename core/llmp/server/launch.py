@@ -116,12 +116,22 @@ def _bind(host: str, port: int) -> socket.socket:
 
 def engine_options(settings: Any) -> dict[str, Any]:
     return dict(
-        executor=settings.executor, tensor_parallel_size=settings.tensor_parallel_size,
-        ray_address=settings.ray_address, dtype=settings.dtype, max_model_len=settings.max_model_len,
-        max_num_seqs=settings.max_num_seqs, max_num_batched_tokens=settings.max_num_batched_tokens,
-        enable_prefix_caching=settings.enable_prefix_caching, enable_chunked_prefill=settings.enable_chunked_prefill,
-        kv_cache_memory_bytes=int(settings.kv_cache_memory_gib * (1 << 30)), block_size=settings.block_size,
-        kernels=settings.kernels, model_impl=settings.model_impl, task=settings.task, num_threads=settings.num_threads, seed=settings.seed,
+        executor=settings.executor,
+        tensor_parallel_size=settings.tensor_parallel_size,
+        ray_address=settings.ray_address,
+        dtype=settings.dtype,
+        max_model_len=settings.max_model_len,
+        max_num_seqs=settings.max_num_seqs,
+        max_num_batched_tokens=settings.max_num_batched_tokens,
+        enable_prefix_caching=settings.enable_prefix_caching,
+        enable_chunked_prefill=settings.enable_chunked_prefill,
+        kv_cache_memory_bytes=int(settings.kv_cache_memory_gib * (1 << 30)),
+        block_size=settings.block_size,
+        kernels=settings.kernels,
+        model_impl=settings.model_impl,
+        task=settings.task,
+        num_threads=settings.num_threads,
+        seed=settings.seed,
     )
 
 
@@ -152,9 +162,15 @@ def frontend_options(settings: Any, served_names: list[str], chat_template: str 
     }
 
 
-async def _serve(settings: Any, frontends: list[tuple[str, type]], chat_template: str | None,
-                 sock: socket.socket, starting: concurrent.futures.Future,
-                 tokenizer: concurrent.futures.Future, started: float) -> int:
+async def _serve(
+    settings: Any,
+    frontends: list[tuple[str, type]],
+    chat_template: str | None,
+    sock: socket.socket,
+    starting: concurrent.futures.Future,
+    tokenizer: concurrent.futures.Future,
+    started: float,
+) -> int:
     import uvicorn
 
     state = ServerState()
@@ -162,15 +178,23 @@ async def _serve(settings: Any, frontends: list[tuple[str, type]], chat_template
     served_names = settings.served_model_name or [settings.model or DEFAULT_MODEL]
     metrics = ServerMetrics(served_names[0])
     app = build_app(
-        state, api_keys=settings.api_key, allowed_origins=settings.allowed_origins,
-        allow_credentials=settings.allow_credentials, limits=gate_limits(settings),
-        root_path=settings.root_path, docs=not settings.disable_fastapi_docs, metrics=metrics,
+        state,
+        api_keys=settings.api_key,
+        allowed_origins=settings.allowed_origins,
+        allow_credentials=settings.allow_credentials,
+        limits=gate_limits(settings),
+        root_path=settings.root_path,
+        docs=not settings.disable_fastapi_docs,
+        metrics=metrics,
         health_timeout=settings.health_check_timeout,
     )
     config = uvicorn.Config(
-        app, log_level=settings.log_level.lower(), access_log=not settings.disable_access_log,
+        app,
+        log_level=settings.log_level.lower(),
+        access_log=not settings.disable_access_log,
         # in-flight requests are aborted at --shutdown-timeout; the grace lets their last chunks out
-        timeout_graceful_shutdown=settings.shutdown_timeout + SHUTDOWN_GRACE_S, lifespan="off",
+        timeout_graceful_shutdown=settings.shutdown_timeout + SHUTDOWN_GRACE_S,
+        lifespan="off",
         http=_header_timeout_protocol(settings.header_timeout),
     )
     server = _server_class()(config, state, settings.shutdown_timeout)
@@ -192,8 +216,9 @@ async def _serve(settings: Any, frontends: list[tuple[str, type]], chat_template
         await _warm_up(loaded)
         log.debug("warmed up after %.2f s", time.monotonic() - started)
         limits = gate_limits(settings)
-        engine = MeteredEngine(loaded, metrics, settings.request_timeout, limits.max_in_flight,
-                               settings.overload_status)
+        engine = MeteredEngine(
+            loaded, metrics, settings.request_timeout, limits.max_in_flight, settings.overload_status
+        )
         options = frontend_options(settings, served_names, chat_template, loaded.info)
         tasks = _mount(app, state, engine, frontends, options)
         for task in tasks:
@@ -226,8 +251,7 @@ async def _finish(serving: asyncio.Task, status: int) -> int:
     return status
 
 
-async def _load_engine(settings: Any, starting: concurrent.futures.Future, server: Any,
-                       serving: asyncio.Task) -> Any:
+async def _load_engine(settings: Any, starting: concurrent.futures.Future, server: Any, serving: asyncio.Task) -> Any:
     """Wait for the engine while the HTTP server answers probes, with rich progress meanwhile."""
     from rich.console import Console
 
@@ -276,9 +300,15 @@ async def _warm_up(engine: Any) -> None:
 def gate_limits(settings: Any) -> Limits:
     """What the gate refuses, from the serve settings."""
     in_flight = None if settings.max_queue_len is None else settings.max_num_seqs + settings.max_queue_len
-    hosts = [h.lower() for h in settings.allowed_hosts] or (sorted(LOOPBACK_HOSTS) if _is_loopback(settings.host) else None)
-    return Limits(max_body_bytes=settings.max_request_body_bytes, max_in_flight=in_flight,
-                  overload_status=settings.overload_status, allowed_hosts=frozenset(hosts) if hosts else None)
+    hosts = [h.lower() for h in settings.allowed_hosts] or (
+        sorted(LOOPBACK_HOSTS) if _is_loopback(settings.host) else None
+    )
+    return Limits(
+        max_body_bytes=settings.max_request_body_bytes,
+        max_in_flight=in_flight,
+        overload_status=settings.overload_status,
+        allowed_hosts=frozenset(hosts) if hosts else None,
+    )
 
 
 def _is_loopback(host: str) -> bool:
@@ -368,8 +398,7 @@ def _server_class() -> type:
                 self._abort_in_flight()
             elif state.phase in ("ready", "warming_up"):
                 state.phase = "draining"  # probes and new requests get 503 at once
-                self.abort_timer = asyncio.get_running_loop().call_later(self.shutdown_timeout,
-                                                                         self._abort_in_flight)
+                self.abort_timer = asyncio.get_running_loop().call_later(self.shutdown_timeout, self._abort_in_flight)
             super().handle_exit(sig, frame)
 
         def _abort_in_flight(self) -> None:
@@ -382,8 +411,9 @@ def _server_class() -> type:
     return Server
 
 
-def _mount(app: Any, state: ServerState, engine: Any, frontends: list[tuple[str, type]],
-           options: dict) -> list[asyncio.Task]:
+def _mount(
+    app: Any, state: ServerState, engine: Any, frontends: list[tuple[str, type]], options: dict
+) -> list[asyncio.Task]:
     tasks = []
     for name, cls in frontends:
         frontend = cls(engine, dict(options))
@@ -421,5 +451,8 @@ def _print_ready(settings: Any, model_name: str, seconds: float, frontends: list
     host = settings.host if settings.host not in ("0.0.0.0", "::") else "127.0.0.1"
     url = f"http://{host}:{settings.port}{settings.root_path}"
     names = ", ".join(name for name, _ in frontends)
-    print(f"llmp: ready in {seconds:.1f} s: serving {model_name} at {url} ({names}; docs at {url}/docs)",
-          file=sys.stderr, flush=True)
+    print(
+        f"llmp: ready in {seconds:.1f} s: serving {model_name} at {url} ({names}; docs at {url}/docs)",
+        file=sys.stderr,
+        flush=True,
+    )

@@ -16,8 +16,29 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 STATS_TIMEOUT_S = 2.0
-LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                   20.0, 40.0, 80.0, 160.0, 640.0)
+LATENCY_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+)
 TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
 
 
@@ -64,23 +85,32 @@ class ServerMetrics:
         def counter(name: str, doc: str) -> Any:
             return Counter(name, doc, labels, registry=self.registry).labels(**self.label)
 
-        self.ttft = histogram("llmp_time_to_first_token_seconds", "Time to the first generated token.",
-                              LATENCY_BUCKETS)
+        self.ttft = histogram("llmp_time_to_first_token_seconds", "Time to the first generated token.", LATENCY_BUCKETS)
         self.itl = histogram("llmp_inter_token_latency_seconds", "Time between generated tokens.", LATENCY_BUCKETS)
-        self.e2e = histogram("llmp_e2e_request_latency_seconds", "Request latency, arrival to finish.",
-                             LATENCY_BUCKETS)
-        self.request_prompt_tokens = histogram("llmp_request_prompt_tokens", "Prompt tokens per request.",
-                                               TOKEN_BUCKETS)
-        self.request_generation_tokens = histogram("llmp_request_generation_tokens",
-                                                   "Generated tokens per request.", TOKEN_BUCKETS)
+        self.e2e = histogram("llmp_e2e_request_latency_seconds", "Request latency, arrival to finish.", LATENCY_BUCKETS)
+        self.request_prompt_tokens = histogram(
+            "llmp_request_prompt_tokens", "Prompt tokens per request.", TOKEN_BUCKETS
+        )
+        self.request_generation_tokens = histogram(
+            "llmp_request_generation_tokens", "Generated tokens per request.", TOKEN_BUCKETS
+        )
         self.prompt_tokens = counter("llmp_prompt_tokens", "Prompt tokens of finished requests.")
         self.generation_tokens = counter("llmp_generation_tokens", "Generated tokens.")
-        self.success = Counter("llmp_request_success", "Finished requests by finish reason.",
-                               ["model_name", "finished_reason"], registry=self.registry)
-        self.failures = Counter("llmp_request_failure", "Requests that ended in an error.", labels,
-                                registry=self.registry).labels(**self.label)
-        self.rejected = Counter("llmp_requests_rejected", "Requests refused before reaching the engine, by reason.",
-                                ["model_name", "reason"], registry=self.registry)
+        self.success = Counter(
+            "llmp_request_success",
+            "Finished requests by finish reason.",
+            ["model_name", "finished_reason"],
+            registry=self.registry,
+        )
+        self.failures = Counter(
+            "llmp_request_failure", "Requests that ended in an error.", labels, registry=self.registry
+        ).labels(**self.label)
+        self.rejected = Counter(
+            "llmp_requests_rejected",
+            "Requests refused before reaching the engine, by reason.",
+            ["model_name", "reason"],
+            registry=self.registry,
+        )
         self.timeouts = counter("llmp_request_timeout", "Requests aborted by --request-timeout.")
 
     async def render(self, engine: Any) -> bytes:
@@ -123,8 +153,14 @@ class MeteredEngine:
     (one HTTP request may make many: a list of prompts, a background response), a new one is
     refused with ``overload_status`` before it reaches the engine."""
 
-    def __init__(self, engine: Any, metrics: ServerMetrics, request_timeout: float | None = None,
-                 capacity: int | None = None, overload_status: int = 503) -> None:
+    def __init__(
+        self,
+        engine: Any,
+        metrics: ServerMetrics,
+        request_timeout: float | None = None,
+        capacity: int | None = None,
+        overload_status: int = 503,
+    ) -> None:
         self._engine = engine
         self.metrics = metrics
         self.request_timeout = request_timeout
@@ -139,13 +175,21 @@ class MeteredEngine:
         if self.capacity is None:
             return
         if count > self.capacity:
-            raise APIError(400, f"{count} prompts in one request exceed the {self.capacity} requests the server "
-                                "takes at once (--max-num-seqs plus --max-queue-len); send fewer", param=param)
+            raise APIError(
+                400,
+                f"{count} prompts in one request exceed the {self.capacity} requests the server "
+                "takes at once (--max-num-seqs plus --max-queue-len); send fewer",
+                param=param,
+            )
         if self.in_flight + count > self.capacity:
             self.metrics.rejected.labels(reason="overloaded", **self.metrics.label).inc()
-            raise APIError(self.overload_status, f"the server is at capacity ({self.capacity} engine requests in "
-                           "flight: --max-num-seqs plus --max-queue-len); retry after a moment",
-                           code="overloaded", headers={"Retry-After": "1"})
+            raise APIError(
+                self.overload_status,
+                f"the server is at capacity ({self.capacity} engine requests in "
+                "flight: --max-num-seqs plus --max-queue-len); retry after a moment",
+                code="overloaded",
+                headers={"Retry-After": "1"},
+            )
 
     def _admit(self) -> None:
         self.check_capacity(1)
@@ -154,8 +198,9 @@ class MeteredEngine:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
 
-    async def generate(self, prompt: Any, params: Any = None, request_id: str | None = None,
-                       **kwargs: Any) -> AsyncIterator[Any]:
+    async def generate(
+        self, prompt: Any, params: Any = None, request_id: str | None = None, **kwargs: Any
+    ) -> AsyncIterator[Any]:
         m = self.metrics
         self._admit()
         arrival = last = time.perf_counter()
@@ -198,8 +243,9 @@ class MeteredEngine:
             elif not failed:  # the caller stopped reading (perhaps before any output): the engine aborts it
                 m.success.labels(finished_reason="abort", **m.label).inc()
 
-    async def encode(self, prompt: Any, pooling_params: Any = None, request_id: str | None = None,
-                     **kwargs: Any) -> AsyncIterator[Any]:
+    async def encode(
+        self, prompt: Any, pooling_params: Any = None, request_id: str | None = None, **kwargs: Any
+    ) -> AsyncIterator[Any]:
         m = self.metrics
         self._admit()
         arrival = time.perf_counter()

@@ -20,8 +20,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # for reliability_support
 
-from llmp.testing import LiveServer, save_tiny_llama, serving
 from reliability_support import SlowHeaderProbe
+
+from llmp.testing import LiveServer, save_tiny_llama, serving
 
 
 @pytest.fixture(scope="session")

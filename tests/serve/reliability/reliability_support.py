@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
 from llmp.testing import assert_openai_error
 
 KEY = "Secret-Key-42"  # mixed case: its lower- and upper-cased forms are wrong keys
@@ -66,8 +67,11 @@ def metric(text: str, name: str, **labels: str) -> float:
 def load(url: str) -> dict[str, float]:
     """What the engine holds now: running and waiting requests, KV-cache use."""
     text = scrape(url)
-    return {"running": metric(text, "llmp_num_requests_running"), "waiting": metric(text, "llmp_num_requests_waiting"),
-            "kv": metric(text, "llmp_kv_cache_usage_perc")}
+    return {
+        "running": metric(text, "llmp_num_requests_running"),
+        "waiting": metric(text, "llmp_num_requests_waiting"),
+        "kv": metric(text, "llmp_kv_cache_usage_perc"),
+    }
 
 
 def holds(url: str, **expected: float) -> bool:
@@ -87,8 +91,9 @@ def wait_idle(url: str, timeout: float = 20) -> dict[str, float]:
     try:
         return wait_for(idle, timeout, "the engine to be idle", interval=0.1)
     except AssertionError:
-        raise AssertionError(f"the engine was not idle within {timeout:g} s (running, waiting, KV use): {seen}") \
-            from None
+        raise AssertionError(
+            f"the engine was not idle within {timeout:g} s (running, waiting, KV use): {seen}"
+        ) from None
 
 
 # -- server-sent events ----------------------------------------------------------------------------
@@ -96,8 +101,11 @@ def wait_idle(url: str, timeout: float = 20) -> dict[str, float]:
 
 def data_lines(lines: Iterable[str]) -> list[str]:
     """The payloads of the ``data:`` lines of an event stream, in order."""
-    return [line[len("data: "):] if line.startswith("data: ") else line[len("data:"):]
-            for line in lines if line.startswith("data:")]
+    return [
+        line[len("data: ") :] if line.startswith("data: ") else line[len("data:") :]
+        for line in lines
+        if line.startswith("data:")
+    ]
 
 
 def read_until_content(lines: Iterator[str], count: int = 1) -> list[str]:
@@ -135,8 +143,9 @@ def finish_reasons(payloads: list[str]) -> list[str]:
 class StreamReader(threading.Thread):
     """Reads one streamed POST to the end in a thread: ``lines`` (non-empty) and ``status``."""
 
-    def __init__(self, url: str, path: str, body: dict, headers: dict[str, str] | None = None,
-                 timeout: float = 120) -> None:
+    def __init__(
+        self, url: str, path: str, body: dict, headers: dict[str, str] | None = None, timeout: float = 120
+    ) -> None:
         super().__init__(daemon=True)
         self.url, self.path, self.body, self.headers, self.timeout = url, path, body, headers or {}, timeout
         self.lines: list[str] = []
@@ -146,8 +155,9 @@ class StreamReader(threading.Thread):
 
     def run(self) -> None:
         try:
-            with httpx.stream("POST", self.url + self.path, json=self.body, headers=self.headers,
-                              timeout=self.timeout) as response:
+            with httpx.stream(
+                "POST", self.url + self.path, json=self.body, headers=self.headers, timeout=self.timeout
+            ) as response:
                 self.status = response.status_code
                 for line in response.iter_lines():
                     if line:
@@ -176,8 +186,9 @@ class StreamReader(threading.Thread):
 class Call(threading.Thread):
     """One non-streamed POST in a thread: ``response`` or ``error``."""
 
-    def __init__(self, url: str, path: str, body: dict, headers: dict[str, str] | None = None,
-                 timeout: float = 120) -> None:
+    def __init__(
+        self, url: str, path: str, body: dict, headers: dict[str, str] | None = None, timeout: float = 120
+    ) -> None:
         super().__init__(daemon=True)
         self.url, self.path, self.body, self.headers, self.timeout = url, path, body, headers or {}, timeout
         self.response: httpx.Response | None = None
@@ -187,8 +198,7 @@ class Call(threading.Thread):
     def run(self) -> None:
         started = time.monotonic()
         try:
-            self.response = httpx.post(self.url + self.path, json=self.body, headers=self.headers,
-                                       timeout=self.timeout)
+            self.response = httpx.post(self.url + self.path, json=self.body, headers=self.headers, timeout=self.timeout)
         except Exception as exc:  # noqa: BLE001 - the test inspects whatever happened
             self.error = exc
         self.elapsed = time.monotonic() - started
@@ -201,8 +211,13 @@ def raw_post(port: int, path: str, body: dict, headers: dict[str, str] | None = 
     """Send a whole JSON POST on a fresh socket and return the socket, unread: closing it is the
     client going away, at a moment the test chooses."""
     payload = json.dumps(body).encode()
-    head = [f"POST {path} HTTP/1.1", f"Host: 127.0.0.1:{port}", "Content-Type: application/json",
-            f"Content-Length: {len(payload)}", *(f"{k}: {v}" for k, v in (headers or {}).items())]
+    head = [
+        f"POST {path} HTTP/1.1",
+        f"Host: 127.0.0.1:{port}",
+        "Content-Type: application/json",
+        f"Content-Length: {len(payload)}",
+        *(f"{k}: {v}" for k, v in (headers or {}).items()),
+    ]
     sock = socket.create_connection(("127.0.0.1", port), timeout=10)
     sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode() + payload)
     return sock
@@ -285,8 +300,12 @@ def start_serve(model: Path, port: int, *args: str, log_path: Path) -> subproces
     """``llmp serve`` as a bare process (for tests that watch it start, or take it down)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLMP_")}
     with open(log_path, "wb") as log:
-        return subprocess.Popen([sys.executable, "-m", "llmp", "serve", str(model), "--host", "127.0.0.1",
-                                 "--port", str(port), *args], stdout=log, stderr=subprocess.STDOUT, env=env)
+        return subprocess.Popen(
+            [sys.executable, "-m", "llmp", "serve", str(model), "--host", "127.0.0.1", "--port", str(port), *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
 
 
 def status_or_error(method: str, url: str, timeout: float = 5, **kwargs: Any) -> int | str:
@@ -315,8 +334,14 @@ class Burst:
     probes: list[httpx.Response] = field(default_factory=list)
 
 
-def burst(url: str, count: int, headers: dict[str, str] | None = None, deadline: float = 60,
-          probes: list[tuple[str, dict]] = (), max_running: int | None = None) -> Burst:
+def burst(
+    url: str,
+    count: int,
+    headers: dict[str, str] | None = None,
+    deadline: float = 60,
+    probes: list[tuple[str, dict]] = (),
+    max_running: int | None = None,
+) -> Burst:
     """Open ``count`` long streams at once; hold the accepted ones until every request has its status,
     look at the engine (once it has scheduled up to ``max_running`` of them) and try one non-streamed
     request (and each of ``probes``: path, body) meanwhile, then close them all."""
@@ -330,8 +355,9 @@ def burst(url: str, count: int, headers: dict[str, str] | None = None, deadline:
         async def one(client: httpx.AsyncClient, i: int) -> None:
             started = time.monotonic()
             try:
-                async with client.stream("POST", "/v1/completions", json={**body, "prompt": f"{i} {body['prompt']}"},
-                                         headers=headers) as response:
+                async with client.stream(
+                    "POST", "/v1/completions", json={**body, "prompt": f"{i} {body['prompt']}"}, headers=headers
+                ) as response:
                     if response.status_code == 200:
                         result.accepted += 1
                         answered.release()
@@ -349,6 +375,7 @@ def burst(url: str, count: int, headers: dict[str, str] | None = None, deadline:
         async with httpx.AsyncClient(base_url=url, timeout=deadline, limits=limits) as client:
             tasks = [asyncio.create_task(one(client, i)) for i in range(count)]
             try:
+
                 async def all_answered() -> None:
                     for _ in range(count):
                         await answered.acquire()
@@ -357,7 +384,8 @@ def burst(url: str, count: int, headers: dict[str, str] | None = None, deadline:
                 # the last admitted request reaches the engine a moment after its headers
                 result.held_load = await asyncio.to_thread(settled_load, url, result.accepted, max_running)
                 result.refused_while_full = await client.post(
-                    "/v1/completions", json={"prompt": "x", "max_tokens": 1}, headers=headers)
+                    "/v1/completions", json={"prompt": "x", "max_tokens": 1}, headers=headers
+                )
                 for path, probe in probes:
                     result.probes.append(await client.post(path, json=probe, headers=headers))
             finally:

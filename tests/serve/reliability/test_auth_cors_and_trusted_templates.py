@@ -16,7 +16,6 @@ from typing import Any
 
 import httpx
 import pytest
-from llmp.testing import LiveServer, assert_openai_error, free_port, serving
 from reliability_support import (
     EVIL_ORIGIN,
     KEY,
@@ -34,9 +33,21 @@ from reliability_support import (
     wait_idle,
 )
 
+from llmp.testing import LiveServer, assert_openai_error, free_port, serving
+
 AUTH = {"Authorization": f"Bearer {KEY}"}
-OPEN_PATHS = {"/health", "/ready", "/live", "/ping", "/version", "/metrics", "/docs", "/redoc", "/openapi.json",
-              "/docs/oauth2-redirect"}
+OPEN_PATHS = {
+    "/health",
+    "/ready",
+    "/live",
+    "/ping",
+    "/version",
+    "/metrics",
+    "/docs",
+    "/redoc",
+    "/openapi.json",
+    "/docs/oauth2-redirect",
+}
 REQUEST_TIMEOUT = 8
 
 
@@ -44,9 +55,27 @@ REQUEST_TIMEOUT = 8
 def locked_server(tiny_model) -> Iterator[LiveServer]:
     grpc_port = free_port()
     frontends = [arg for name in ("openai", "anthropic", "sagemaker", "mcp", "grpc") for arg in ("--frontend", name)]
-    with serving(tiny_model, "--dtype", "float32", "--api-key", KEY, "--overload-status", "429", "--max-num-seqs", "4",
-                 "--max-queue-len", "4", "--allowed-origins", OK_ORIGIN, "--trust-request-chat-template",
-                 "--request-timeout", str(REQUEST_TIMEOUT), *frontends, "--grpc-port", str(grpc_port)) as live:
+    with serving(
+        tiny_model,
+        "--dtype",
+        "float32",
+        "--api-key",
+        KEY,
+        "--overload-status",
+        "429",
+        "--max-num-seqs",
+        "4",
+        "--max-queue-len",
+        "4",
+        "--allowed-origins",
+        OK_ORIGIN,
+        "--trust-request-chat-template",
+        "--request-timeout",
+        str(REQUEST_TIMEOUT),
+        *frontends,
+        "--grpc-port",
+        str(grpc_port),
+    ) as live:
         live.grpc_port = grpc_port  # type: ignore[attr-defined]
         yield live
         assert live.process.poll() is None, f"the server died during the tests:\n{live.log()[-5000:]}"
@@ -57,10 +86,18 @@ def routes(locked_server) -> list[tuple[str, str]]:
     """Every (method, path) of the server's own OpenAPI schema that is not a probe or the docs, path
     parameters filled in, plus an unknown route (which must not tell a caller without a key it is unknown)."""
     paths = httpx.get(f"{locked_server.url}/openapi.json", timeout=30).json()["paths"]
-    found = [(method.upper(), path.replace("{response_id}", "resp_0")) for path, ops in paths.items()
-             for method in ops if path not in OPEN_PATHS]
-    for route in (("POST", "/v1/chat/completions"), ("POST", "/v1/completions"), ("POST", "/v1/messages"),
-                  ("POST", "/invocations")):
+    found = [
+        (method.upper(), path.replace("{response_id}", "resp_0"))
+        for path, ops in paths.items()
+        for method in ops
+        if path not in OPEN_PATHS
+    ]
+    for route in (
+        ("POST", "/v1/chat/completions"),
+        ("POST", "/v1/completions"),
+        ("POST", "/v1/messages"),
+        ("POST", "/invocations"),
+    ):
         assert route in found, found
     # MCP's streamable HTTP endpoint is not in the schema
     return [*found, ("POST", "/mcp"), ("POST", "/mcp/"), ("GET", "/v1/no-such-route"), ("POST", "/v1/no-such-route")]
@@ -127,16 +164,20 @@ def test_every_grpc_call_but_health_refuses_a_missing_or_wrong_key(grpc_stub, cr
     from llmp_frontend_grpc import llmp_pb2 as pb
 
     metadata = [(k.lower(), v) for k, v in BAD_CREDENTIALS[credentials].items()] or None
-    calls = [(grpc_stub.Generate, pb.GenerateRequest(text="hi", max_tokens=1)),
-             (grpc_stub.Tokenize, pb.TokenizeRequest(text="hi")), (grpc_stub.ListModels, pb.ListModelsRequest()),
-             (lambda *a, **k: list(grpc_stub.GenerateStream(*a, **k)), pb.GenerateRequest(text="hi", max_tokens=1))]
+    calls = [
+        (grpc_stub.Generate, pb.GenerateRequest(text="hi", max_tokens=1)),
+        (grpc_stub.Tokenize, pb.TokenizeRequest(text="hi")),
+        (grpc_stub.ListModels, pb.ListModelsRequest()),
+        (lambda *a, **k: list(grpc_stub.GenerateStream(*a, **k)), pb.GenerateRequest(text="hi", max_tokens=1)),
+    ]
     for call, request in calls:
         with pytest.raises(grpc.RpcError) as refused:
             call(request, metadata=metadata, timeout=30)
         assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED, (request, refused.value.details())
     assert grpc_stub.Health(pb.HealthRequest(), metadata=metadata, timeout=30).status == pb.HealthResponse.SERVING
-    reply = grpc_stub.Generate(pb.GenerateRequest(text="hi", max_tokens=1), metadata=[("authorization", f"Bearer {KEY}")],
-                               timeout=60)
+    reply = grpc_stub.Generate(
+        pb.GenerateRequest(text="hi", max_tokens=1), metadata=[("authorization", f"Bearer {KEY}")], timeout=60
+    )
     assert len(reply.token_ids) == 1
 
 
@@ -150,8 +191,10 @@ def test_the_key_never_appears_in_the_log(locked_server):
     with httpx.Client(base_url=locked_server.url, timeout=60) as client:
         assert client.post("/v1/completions", json={"prompt": "x", "max_tokens": 1}, headers=AUTH).status_code == 200
         assert client.get("/v1/models", headers={"Authorization": f"Bearer {marker}"}).status_code == 401
-        assert client.post("/v1/chat/completions", json=chat_body(max_tokens=1),
-                           headers={"x-api-key": marker}).status_code == 401
+        assert (
+            client.post("/v1/chat/completions", json=chat_body(max_tokens=1), headers={"x-api-key": marker}).status_code
+            == 401
+        )
     # request lines whose URL carries a query string are left out: a client putting its key in the
     # URL (the matrix above checks such a key is refused) writes it into every access log on its way
     log = "\n".join(line for line in locked_server.log().splitlines() if not re.search(r'"[A-Z]+ \S*\?', line))
@@ -163,9 +206,15 @@ def test_the_key_never_appears_in_the_log(locked_server):
 
 
 def preflight(url: str, origin: str) -> httpx.Response:
-    return httpx.options(f"{url}/v1/chat/completions", timeout=30, headers={
-        "Origin": origin, "Access-Control-Request-Method": "POST",
-        "Access-Control-Request-Headers": "authorization,content-type"})
+    return httpx.options(
+        f"{url}/v1/chat/completions",
+        timeout=30,
+        headers={
+            "Origin": origin,
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization,content-type",
+        },
+    )
 
 
 def test_the_allowed_origin_passes_preflight_without_a_key_and_no_other_does(locked_server):
@@ -183,8 +232,12 @@ def test_the_allowed_origin_passes_preflight_without_a_key_and_no_other_does(loc
 
 def test_actual_requests_carry_cors_headers_for_the_allowed_origin_only(locked_server):
     url = locked_server.url
-    allowed = httpx.post(f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 1},
-                         headers={**AUTH, "Origin": OK_ORIGIN}, timeout=60)
+    allowed = httpx.post(
+        f"{url}/v1/completions",
+        json={"prompt": "x", "max_tokens": 1},
+        headers={**AUTH, "Origin": OK_ORIGIN},
+        timeout=60,
+    )
     assert allowed.status_code == 200 and allowed.headers["access-control-allow-origin"] == OK_ORIGIN
     # a refusal is readable by the allowed page too (it can tell the user the key is wrong)
     refused = httpx.get(f"{url}/v1/models", headers={"Origin": OK_ORIGIN}, timeout=30)
@@ -225,8 +278,10 @@ def test_a_trusted_request_template_cannot_escape_the_sandbox(locked_server, tmp
                 assert "uid=" not in error["message"]
         assert not marker.exists(), "a request's chat template ran a command"
         # a harmless trusted template is used as given
-        response = client.post("/tokenize", json={"messages": [{"role": "user", "content": "hi"}],
-                                                  "chat_template": "{{ messages[0]['content'] }}"})
+        response = client.post(
+            "/tokenize",
+            json={"messages": [{"role": "user", "content": "hi"}], "chat_template": "{{ messages[0]['content'] }}"},
+        )
         plain = client.post("/tokenize", json={"prompt": "hi", "add_special_tokens": False})
         assert response.status_code == 200 and response.json()["tokens"] == plain.json()["tokens"]
     assert httpx.get(f"{locked_server.url}/ready", timeout=30).status_code == 200
@@ -234,16 +289,26 @@ def test_a_trusted_request_template_cannot_escape_the_sandbox(locked_server, tmp
 
 def test_trusted_template_kwargs_cannot_override_the_renderers_own_arguments(locked_server):
     messages = [{"role": "user", "content": "hi"}]
-    overrides = {"tokenize": True, "return_dict": True, "return_tensors": "pt", "add_generation_prompt": False,
-                 "continue_final_message": True, "messages": [], "conversation": [{"role": "x", "content": "y"}],
-                 "chat_template": "{{ 'replaced' }}", "tools": "x", "documents": "x"}
+    overrides = {
+        "tokenize": True,
+        "return_dict": True,
+        "return_tensors": "pt",
+        "add_generation_prompt": False,
+        "continue_final_message": True,
+        "messages": [],
+        "conversation": [{"role": "x", "content": "y"}],
+        "chat_template": "{{ 'replaced' }}",
+        "tools": "x",
+        "documents": "x",
+    }
     with httpx.Client(base_url=locked_server.url, timeout=60, headers=AUTH) as client:
         plain = client.post("/tokenize", json={"messages": messages}).json()["tokens"]
         response = client.post("/tokenize", json={"messages": messages, "chat_template_kwargs": overrides})
         assert response.status_code == 200, response.text
         assert response.json()["tokens"] == plain
-        chat = client.post("/v1/chat/completions", json=chat_body(max_tokens=1, chat_template_kwargs=overrides,
-                                                                   return_token_ids=True))
+        chat = client.post(
+            "/v1/chat/completions", json=chat_body(max_tokens=1, chat_template_kwargs=overrides, return_token_ids=True)
+        )
         assert chat.status_code == 200, chat.text
         assert chat.json()["prompt_token_ids"] == plain
 
@@ -256,10 +321,16 @@ def test_overload_is_429_with_retry_after_when_configured(locked_server):
     wait_idle(url)
     before = scrape(url)
     sent = 40
-    result = burst(url, sent, headers=AUTH, probes=[("/v1/messages", anthropic_body()),
-                                                    ("/invocations", {"prompt": "x", "max_tokens": 1})])
-    print(f"\n[figure] overload 429: sent={sent} accepted={result.accepted} refused={len(result.refused)} "
-          f"lost={len(result.lost)} slowest refusal={max(result.refusal_seconds, default=0):.2f} s")
+    result = burst(
+        url,
+        sent,
+        headers=AUTH,
+        probes=[("/v1/messages", anthropic_body()), ("/invocations", {"prompt": "x", "max_tokens": 1})],
+    )
+    print(
+        f"\n[figure] overload 429: sent={sent} accepted={result.accepted} refused={len(result.refused)} "
+        f"lost={len(result.lost)} slowest refusal={max(result.refusal_seconds, default=0):.2f} s"
+    )
     assert not result.lost, result.lost
     assert result.accepted == 8 and len(result.refused) == sent - 8
     for response in [*result.refused, result.refused_while_full, result.probes[1]]:
@@ -267,7 +338,8 @@ def test_overload_is_429_with_retry_after_when_configured(locked_server):
     check_anthropic_error(result.probes[0], 529, "overloaded_error")  # Anthropic's overload, whatever the flag
     wait_idle(url)
     rejected = metric(scrape(url), "llmp_requests_rejected_total", reason="overloaded") - metric(
-        before, "llmp_requests_rejected_total", reason="overloaded")
+        before, "llmp_requests_rejected_total", reason="overloaded"
+    )
     assert rejected == sent - 8 + 3
 
 

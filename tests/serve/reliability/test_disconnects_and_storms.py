@@ -34,8 +34,11 @@ def test_queued_and_running_disconnects_are_aborted_and_the_stream_that_stays_is
     wait_idle(url)
     before = scrape(url)
     long = {"max_tokens": LONG, "ignore_eos": True, "temperature": 0}
-    with httpx.Client(base_url=url, timeout=60) as http, httpx.Client(base_url=url, timeout=60) as other, \
-            http.stream("POST", "/v1/chat/completions", json=chat_body("The quick", stream=True, **long)) as kept:
+    with (
+        httpx.Client(base_url=url, timeout=60) as http,
+        httpx.Client(base_url=url, timeout=60) as other,
+        http.stream("POST", "/v1/chat/completions", json=chat_body("The quick", stream=True, **long)) as kept,
+    ):
         assert kept.status_code == 200
         lines = kept.iter_lines()
         read_until_content(lines)  # the kept stream holds the only running slot
@@ -48,8 +51,11 @@ def test_queued_and_running_disconnects_are_aborted_and_the_stream_that_stays_is
             wait_for(lambda: load(url)["waiting"] == 2, 30, "the streamed request to queue")
         # the queued stream is closed by its client; now the queued non-streamed one
         queued_call.close()
-        wait_for(lambda: holds(url, waiting=0, running=1), 10,
-                 "both queued requests to be aborted while the kept stream runs on")
+        wait_for(
+            lambda: holds(url, waiting=0, running=1),
+            10,
+            "both queued requests to be aborted while the kept stream runs on",
+        )
 
         # the kept stream is unaffected: it keeps streaming text
         more = read_until_content(lines, count=5)
@@ -65,11 +71,14 @@ def test_queued_and_running_disconnects_are_aborted_and_the_stream_that_stays_is
     assert metric(after, "llmp_request_failure_total") == metric(before, "llmp_request_failure_total")
     # the mid-stream abort is counted as such
     abort = {"finished_reason": "abort"}
-    assert metric(after, "llmp_request_success_total", **abort) - metric(before, "llmp_request_success_total",
-                                                                         **abort) >= 1
+    assert (
+        metric(after, "llmp_request_success_total", **abort) - metric(before, "llmp_request_success_total", **abort)
+        >= 1
+    )
     # and the server serves the next client normally
-    response = httpx.post(f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 3, "ignore_eos": True},
-                          timeout=60)
+    response = httpx.post(
+        f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 3, "ignore_eos": True}, timeout=60
+    )
     assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 3
 
 
@@ -85,7 +94,8 @@ def test_a_disconnect_in_the_middle_of_the_prefill_aborts_it(main_server):
         during = scrape(url)
         # no token yet: the request is still prefilling when its client goes away
         assert metric(during, "llmp_time_to_first_token_seconds_count") == metric(
-            before, "llmp_time_to_first_token_seconds_count"), "the prefill ended before the test could disconnect"
+            before, "llmp_time_to_first_token_seconds_count"
+        ), "the prefill ended before the test could disconnect"
     finally:
         sock.close()
     wait_idle(url, timeout=15)
@@ -128,8 +138,9 @@ def test_a_timeout_storm_leaves_the_server_fast_for_the_next_request(main_server
     assert outcomes == ["gave up"] * storm, outcomes
 
     started = time.monotonic()
-    response = httpx.post(f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 5, "ignore_eos": True},
-                          timeout=60)
+    response = httpx.post(
+        f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 5, "ignore_eos": True}, timeout=60
+    )
     small_s = time.monotonic() - started
     print(f"\n[figure] small request after a storm of {storm} abandoned requests: {small_s:.2f} s")
     assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 5

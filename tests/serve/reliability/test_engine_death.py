@@ -16,7 +16,6 @@ import time
 
 import httpx
 import pytest
-from llmp.testing import assert_openai_error, free_port, pid_alive
 from reliability_support import (
     LONG,
     Call,
@@ -29,6 +28,8 @@ from reliability_support import (
     start_serve,
     wait_for,
 )
+
+from llmp.testing import assert_openai_error, free_port, pid_alive
 
 PHASES = ("starting", "loading", "warming_up")
 
@@ -62,8 +63,21 @@ def test_start_up_probes_then_the_engine_killed_mid_traffic(tiny_model, tmp_path
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log_path = tmp_path / "serve.log"
-    process = start_serve(tiny_model, port, "--dtype", "float32", "--max-num-seqs", "8", "--frontend", "openai",
-                          "--frontend", "anthropic", "--frontend", "sagemaker", log_path=log_path)
+    process = start_serve(
+        tiny_model,
+        port,
+        "--dtype",
+        "float32",
+        "--max-num-seqs",
+        "8",
+        "--frontend",
+        "openai",
+        "--frontend",
+        "anthropic",
+        "--frontend",
+        "sagemaker",
+        log_path=log_path,
+    )
     try:
         # -- case 5: live at once, ready 503 with the phase until warmed up ------------------------------
         samples = watch_start_up(url, process)
@@ -72,25 +86,34 @@ def test_start_up_probes_then_the_engine_killed_mid_traffic(tiny_model, tmp_path
         assert all(live == 200 for live, _ in not_ready), not_ready
         for _, body in not_ready:
             assert body["error"]["type"] == "service_unavailable_error"
-            assert body["error"]["message"].startswith("not ready: ") and \
-                body["error"]["message"][len("not ready: "):].split(" ")[0] in PHASES, body
+            assert (
+                body["error"]["message"].startswith("not ready: ")
+                and body["error"]["message"][len("not ready: ") :].split(" ")[0] in PHASES
+            ), body
         assert all(status == 503 for _, status, _ in samples[:-1]) and samples[-1][1] == 200
 
         # -- case 6: traffic on every generation route, then SIGKILL the engine ------------------------
         long = {"max_tokens": LONG, "ignore_eos": True}
-        calls = [Call(url, "/v1/chat/completions", chat_body(**long)),
-                 Call(url, "/v1/completions", {"prompt": "The quick", **long}),
-                 Call(url, "/v1/responses", {"input": "The quick", "max_output_tokens": LONG, "ignore_eos": True}),
-                 Call(url, "/invocations", {"prompt": "The quick", **long})]
+        calls = [
+            Call(url, "/v1/chat/completions", chat_body(**long)),
+            Call(url, "/v1/completions", {"prompt": "The quick", **long}),
+            Call(url, "/v1/responses", {"input": "The quick", "max_output_tokens": LONG, "ignore_eos": True}),
+            Call(url, "/invocations", {"prompt": "The quick", **long}),
+        ]
         streams = {
-            "chat": StreamReader(url, "/v1/chat/completions", chat_body(
-                stream=True, stream_options={"include_usage": True}, **long)),
+            "chat": StreamReader(
+                url, "/v1/chat/completions", chat_body(stream=True, stream_options={"include_usage": True}, **long)
+            ),
             "completions": StreamReader(url, "/v1/completions", {"prompt": "The quick", "stream": True, **long}),
-            "responses": StreamReader(url, "/v1/responses", {"input": "The quick", "stream": True, "ignore_eos": True,
-                                                             "max_output_tokens": LONG}),
+            "responses": StreamReader(
+                url,
+                "/v1/responses",
+                {"input": "The quick", "stream": True, "ignore_eos": True, "max_output_tokens": LONG},
+            ),
             # greedy: this prompt's continuation runs past 1500 tokens without an end token
-            "anthropic": StreamReader(url, "/v1/messages", anthropic_body("The quick", max_tokens=LONG, stream=True,
-                                                                          temperature=0)),
+            "anthropic": StreamReader(
+                url, "/v1/messages", anthropic_body("The quick", max_tokens=LONG, stream=True, temperature=0)
+            ),
         }
         for worker in [*calls, *streams.values()]:
             worker.start()
@@ -102,11 +125,13 @@ def test_start_up_probes_then_the_engine_killed_mid_traffic(tiny_model, tmp_path
         os.kill(engine, signal.SIGKILL)
         killed = time.monotonic()
         with httpx.Client(base_url=url, timeout=5) as client:
+
             def readiness_failed() -> bool:
                 try:
                     return client.get("/ready").status_code != 200
                 except httpx.TransportError:
                     return True
+
             wait_for(readiness_failed, 10, "/ready to fail after the engine died", interval=0.05)
         ready_failed_s = time.monotonic() - killed
 
@@ -115,8 +140,10 @@ def test_start_up_probes_then_the_engine_killed_mid_traffic(tiny_model, tmp_path
             assert not worker.is_alive(), f"{worker.path} still waiting 60 s after the engine died"
         status = process.wait(30)
         exited_s = time.monotonic() - killed
-        print(f"\n[figure] engine SIGKILLed: /ready failed after {ready_failed_s:.2f} s, server exited "
-              f"{status} after {exited_s:.2f} s")
+        print(
+            f"\n[figure] engine SIGKILLed: /ready failed after {ready_failed_s:.2f} s, server exited "
+            f"{status} after {exited_s:.2f} s"
+        )
 
         # non-streamed requests: an error status and an OpenAI error body, not a hang
         for call in calls:

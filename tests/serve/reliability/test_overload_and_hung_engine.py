@@ -17,7 +17,6 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from llmp.testing import LiveServer, assert_openai_error, serving
 from reliability_support import (
     LONG,
     anthropic_body,
@@ -32,14 +31,27 @@ from reliability_support import (
     wait_idle,
 )
 
+from llmp.testing import LiveServer, assert_openai_error, serving
+
 CAPACITY = 8  # --max-num-seqs 4 + --max-queue-len 4
 ALL_FRONTENDS = ("--frontend", "openai", "--frontend", "anthropic", "--frontend", "sagemaker")
 
 
 @pytest.fixture(scope="module")
 def capped_server(tiny_model) -> Iterator[LiveServer]:
-    with serving(tiny_model, "--dtype", "float32", "--max-num-seqs", "4", "--max-queue-len", "4",
-                 "--health-check-timeout", "1", "--enable-store", *ALL_FRONTENDS) as live:
+    with serving(
+        tiny_model,
+        "--dtype",
+        "float32",
+        "--max-num-seqs",
+        "4",
+        "--max-queue-len",
+        "4",
+        "--health-check-timeout",
+        "1",
+        "--enable-store",
+        *ALL_FRONTENDS,
+    ) as live:
         yield live
         assert live.process.poll() is None, f"the server died during the tests:\n{live.log()[-5000:]}"
 
@@ -49,10 +61,16 @@ def test_requests_beyond_capacity_are_refused_at_once_with_503_and_counted(cappe
     wait_idle(url)
     before = scrape(url)
     sent = 40
-    result = burst(url, sent, probes=[("/v1/messages", anthropic_body()),
-                                      ("/invocations", {"prompt": "x", "max_tokens": 1})], max_running=4)
-    print(f"\n[figure] overload 503: sent={sent} accepted={result.accepted} refused={len(result.refused)} "
-          f"lost={len(result.lost)} slowest refusal={max(result.refusal_seconds, default=0):.2f} s")
+    result = burst(
+        url,
+        sent,
+        probes=[("/v1/messages", anthropic_body()), ("/invocations", {"prompt": "x", "max_tokens": 1})],
+        max_running=4,
+    )
+    print(
+        f"\n[figure] overload 503: sent={sent} accepted={result.accepted} refused={len(result.refused)} "
+        f"lost={len(result.lost)} slowest refusal={max(result.refusal_seconds, default=0):.2f} s"
+    )
     assert not result.lost, result.lost
     assert result.accepted == CAPACITY and len(result.refused) == sent - CAPACITY
     for response in result.refused:
@@ -69,7 +87,8 @@ def test_requests_beyond_capacity_are_refused_at_once_with_503_and_counted(cappe
     wait_idle(url)
     after = scrape(url)
     rejected = metric(after, "llmp_requests_rejected_total", reason="overloaded") - metric(
-        before, "llmp_requests_rejected_total", reason="overloaded")
+        before, "llmp_requests_rejected_total", reason="overloaded"
+    )
     assert rejected == len(result.refused) + 3  # the burst's, the non-streamed one and the two probes
     # the slots come back: the next burst is admitted up to capacity again
     again = burst(url, CAPACITY + 1)
@@ -82,13 +101,14 @@ def test_a_batch_of_prompts_is_held_to_the_admission_bound(capped_server):
     requests in an engine that admission control promises never holds more than 8."""
     url = capped_server.url
     wait_idle(url)
-    body = {"prompt": [[5 + i % 200, 6, 7] for i in range(64)], "max_tokens": LONG, "ignore_eos": True,
-            "stream": True}
+    body = {"prompt": [[5 + i % 200, 6, 7] for i in range(64)], "max_tokens": LONG, "ignore_eos": True, "stream": True}
     peak = 0.0
     with httpx.Client(base_url=url, timeout=60) as http, http.stream("POST", "/v1/completions", json=body) as response:
         status = response.status_code
         if status == 200:
-            wait_for(lambda: sum(v for k, v in load(url).items() if k != "kv") > 0, 30, "the prompts to reach the engine")
+            wait_for(
+                lambda: sum(v for k, v in load(url).items() if k != "kv") > 0, 30, "the prompts to reach the engine"
+            )
             for _ in range(5):
                 now = load(url)
                 peak = max(peak, now["running"] + now["waiting"])
@@ -113,8 +133,10 @@ def test_background_responses_are_held_to_the_admission_bound(capped_server):
     try:
         with httpx.Client(base_url=url, timeout=60) as http:
             for _ in range(CAPACITY + 4):
-                response = http.post("/v1/responses", json={"input": "hi", "background": True, "ignore_eos": True,
-                                                            "max_output_tokens": LONG})
+                response = http.post(
+                    "/v1/responses",
+                    json={"input": "hi", "background": True, "ignore_eos": True, "max_output_tokens": LONG},
+                )
                 statuses.append(response.status_code)
                 if response.status_code == 200:
                     started.append(response.json()["id"])
@@ -139,10 +161,12 @@ def test_a_hung_engine_fails_readiness_within_the_probe_timeout_and_recovers(cap
 
     async def probes(count: int) -> list[tuple[float, httpx.Response]]:
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+
             async def one() -> tuple[float, httpx.Response]:
                 started = time.monotonic()
                 response = await client.get("/ready")
                 return time.monotonic() - started, response
+
             return await asyncio.gather(*(one() for _ in range(count)))
 
     os.kill(engine, signal.SIGSTOP)
@@ -156,8 +180,10 @@ def test_a_hung_engine_fails_readiness_within_the_probe_timeout_and_recovers(cap
         live_s = time.monotonic() - live_started
     finally:
         os.kill(engine, signal.SIGCONT)
-    print(f"\n[figure] SIGSTOPped engine: /ready 503 after {detected_s:.2f} s (--health-check-timeout 1); "
-          f"slowest of 10 concurrent probes {max(s for s, _ in concurrent):.2f} s")
+    print(
+        f"\n[figure] SIGSTOPped engine: /ready 503 after {detected_s:.2f} s (--health-check-timeout 1); "
+        f"slowest of 10 concurrent probes {max(s for s, _ in concurrent):.2f} s"
+    )
     for response in [first, *(r for _, r in concurrent)]:
         error = assert_openai_error(response, 503, contains="did not answer a ping within 1 s")
         assert error["type"] == "service_unavailable_error"

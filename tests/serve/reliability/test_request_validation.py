@@ -20,8 +20,9 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from llmp.testing import assert_openai_error
 from reliability_support import EVIL_ORIGIN, chat_body, data_lines, wait_for
+
+from llmp.testing import assert_openai_error
 
 DEFAULT_BODY_LIMIT = 2 << 20  # --max-request-body-bytes' default
 GENERATION_ROUTES = ["/v1/chat/completions", "/v1/completions", "/v1/responses"]
@@ -77,8 +78,12 @@ class LivePoller(threading.Thread):
         self.stopping.set()
         self.join(60)
         ordered = sorted(self.latencies)
-        return {"n": len(ordered), "p50": statistics.median(ordered),
-                "p99": ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))], "max": ordered[-1]}
+        return {
+            "n": len(ordered),
+            "p50": statistics.median(ordered),
+            "p99": ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))],
+            "max": ordered[-1],
+        }
 
 
 # -- case 11: the context ----------------------------------------------------------------------------
@@ -104,11 +109,20 @@ def test_context_overflow_states_the_limit_and_both_token_counts(http, route):
 
 
 @pytest.mark.parametrize("route", GENERATION_ROUTES)
-@pytest.mark.parametrize(("field", "value", "contains"), [
-    ("max_tokens", 0, ">= 1"), ("max_tokens", -1, ">= 1"), ("max_tokens", 10**12, "max_model_len=2048"),
-    ("max_tokens", "abc", "valid integer"), ("max_tokens", 1.5, "valid integer"),
-    ("temperature", -1, "temperature"), ("top_p", 2, "top_p"), ("top_p", 0, "top_p"),
-], ids=lambda v: str(v)[:12])
+@pytest.mark.parametrize(
+    ("field", "value", "contains"),
+    [
+        ("max_tokens", 0, ">= 1"),
+        ("max_tokens", -1, ">= 1"),
+        ("max_tokens", 10**12, "max_model_len=2048"),
+        ("max_tokens", "abc", "valid integer"),
+        ("max_tokens", 1.5, "valid integer"),
+        ("temperature", -1, "temperature"),
+        ("top_p", 2, "top_p"),
+        ("top_p", 0, "top_p"),
+    ],
+    ids=lambda v: str(v)[:12],
+)
 def test_out_of_range_lengths_and_sampling_values_are_400(http, route, field, value, contains):
     response = http.post(route, json=body_for(route, **{field: value}))
     error = assert_clean_error(response, 400, contains=contains)
@@ -121,11 +135,15 @@ def test_booleans_are_not_taken_for_integers(http, field):
     assert_clean_error(response, 400, param=field)
 
 
-@pytest.mark.parametrize(("route", "fields", "param"), [
-    ("/v1/responses", {"max_output_tokens": 0}, "max_output_tokens"),
-    ("/v1/chat/completions", {"max_completion_tokens": 0}, "max_completion_tokens"),
-    ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 1000}, "top_logprobs"),
-], ids=["responses-max_output_tokens", "chat-max_completion_tokens", "chat-top_logprobs"])
+@pytest.mark.parametrize(
+    ("route", "fields", "param"),
+    [
+        ("/v1/responses", {"max_output_tokens": 0}, "max_output_tokens"),
+        ("/v1/chat/completions", {"max_completion_tokens": 0}, "max_completion_tokens"),
+        ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 1000}, "top_logprobs"),
+    ],
+    ids=["responses-max_output_tokens", "chat-max_completion_tokens", "chat-top_logprobs"],
+)
 def test_the_error_names_the_field_the_request_used(http, route, fields, param):
     body = {"input": "hi"} if route == "/v1/responses" else chat_body()
     assert_clean_error(http.post(route, json={**body, **fields}), 400, param=param)
@@ -147,22 +165,28 @@ def test_n_of_a_million_is_refused_before_any_fan_out(http, main_server, route):
 
 
 def test_best_of_a_million_is_refused(http):
-    assert_clean_error(http.post("/v1/completions", json={"prompt": "x", "best_of": 1_000_000, "max_tokens": 1}),
-                       400, param="best_of")
+    assert_clean_error(
+        http.post("/v1/completions", json={"prompt": "x", "best_of": 1_000_000, "max_tokens": 1}), 400, param="best_of"
+    )
 
 
 # -- case 14: logprobs ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("route", "fields", "param"), [
-    ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 1000}, None),  # param: see the naming test
-    ("/v1/completions", {"logprobs": 1000}, "logprobs"),
-    ("/v1/completions", {"prompt_logprobs": 1000}, "prompt_logprobs"),
-    ("/v1/chat/completions", {"prompt_logprobs": 21}, "prompt_logprobs"),
-], ids=["chat-top_logprobs", "completions-logprobs", "completions-prompt_logprobs", "chat-prompt_logprobs-21"])
+@pytest.mark.parametrize(
+    ("route", "fields", "param"),
+    [
+        ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 1000}, None),  # param: see the naming test
+        ("/v1/completions", {"logprobs": 1000}, "logprobs"),
+        ("/v1/completions", {"prompt_logprobs": 1000}, "prompt_logprobs"),
+        ("/v1/chat/completions", {"prompt_logprobs": 21}, "prompt_logprobs"),
+    ],
+    ids=["chat-top_logprobs", "completions-logprobs", "completions-prompt_logprobs", "chat-prompt_logprobs-21"],
+)
 def test_logprobs_above_the_cap_of_20_are_refused(http, route, fields, param):
-    assert_clean_error(http.post(route, json=body_for(route, max_tokens=1, **fields)), 400, param=param,
-                       contains="--max-logprobs")
+    assert_clean_error(
+        http.post(route, json=body_for(route, max_tokens=1, **fields)), 400, param=param, contains="--max-logprobs"
+    )
 
 
 def test_responses_top_logprobs_above_the_cap_is_refused(http):
@@ -180,7 +204,7 @@ def test_a_10_mb_body_is_413_at_the_default_limit_whether_announced_or_chunked(h
 
     def chunks() -> Iterator[bytes]:
         for i in range(0, len(payload), 64 << 10):
-            yield payload[i:i + (64 << 10)]
+            yield payload[i : i + (64 << 10)]
 
     chunked = http.post("/v1/chat/completions", content=chunks(), headers={"Content-Type": "application/json"})
     assert_clean_error(chunked, 413, contains="--max-request-body-bytes")
@@ -200,16 +224,21 @@ def test_json_nested_10000_levels_is_400(http, shape):
         assert_clean_error(response, 400, contains="nested deeper than 64")
 
 
-@pytest.mark.parametrize("body", [b"[]", b'[{"messages": []}]', b'"a string"', b"null", b"42", b""],
-                         ids=["empty-array", "array-of-object", "string", "null", "number", "empty"])
+@pytest.mark.parametrize(
+    "body",
+    [b"[]", b'[{"messages": []}]', b'"a string"', b"null", b"42", b""],
+    ids=["empty-array", "array-of-object", "string", "null", "number", "empty"],
+)
 def test_a_body_that_is_not_a_json_object_is_400(http, body):
     for route in GENERATION_ROUTES:
         response = http.post(route, content=body, headers={"Content-Type": "application/json"})
         assert_clean_error(response, 400)
 
 
-@pytest.mark.parametrize("content_type", ["text/plain", "multipart/form-data; boundary=x",
-                                          "application/x-www-form-urlencoded", "application/jsonx", ""])
+@pytest.mark.parametrize(
+    "content_type",
+    ["text/plain", "multipart/form-data; boundary=x", "application/x-www-form-urlencoded", "application/jsonx", ""],
+)
 def test_a_body_that_is_not_declared_json_is_400(http, content_type):
     payload = json.dumps(chat_body(max_tokens=1)).encode()
     response = http.post("/v1/chat/completions", content=payload, headers={"Content-Type": content_type})
@@ -217,8 +246,11 @@ def test_a_body_that_is_not_declared_json_is_400(http, content_type):
 
 
 def test_a_thousand_headers_are_refused(main_server):
-    request = (f"GET /live HTTP/1.1\r\nHost: 127.0.0.1:{main_server.port}\r\n"
-               + "".join(f"X-Header-{i}: v\r\n" for i in range(1000)) + "\r\n").encode()
+    request = (
+        f"GET /live HTTP/1.1\r\nHost: 127.0.0.1:{main_server.port}\r\n"
+        + "".join(f"X-Header-{i}: v\r\n" for i in range(1000))
+        + "\r\n"
+    ).encode()
     with socket.create_connection(("127.0.0.1", main_server.port), timeout=10) as sock:
         sock.sendall(request)
         status_line = sock.recv(4096).split(b"\r\n", 1)[0]
@@ -234,14 +266,18 @@ def test_a_client_dripping_its_headers_is_cut_off(main_server):
 # -- case 16: empty and oversized inputs --------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("route", "body", "param"), [
-    ("/v1/completions", {"prompt": ""}, "prompt"),
-    ("/v1/completions", {"prompt": []}, "prompt"),
-    ("/v1/completions", {"prompt": [[]]}, "prompt"),
-    ("/v1/completions", {"prompt": ["x", ""]}, "prompt"),
-    ("/v1/chat/completions", {"messages": []}, "messages"),
-    ("/v1/responses", {"input": []}, "input"),
-], ids=["empty-string", "empty-list", "empty-token-list", "one-empty-of-two", "no-messages", "no-input-items"])
+@pytest.mark.parametrize(
+    ("route", "body", "param"),
+    [
+        ("/v1/completions", {"prompt": ""}, "prompt"),
+        ("/v1/completions", {"prompt": []}, "prompt"),
+        ("/v1/completions", {"prompt": [[]]}, "prompt"),
+        ("/v1/completions", {"prompt": ["x", ""]}, "prompt"),
+        ("/v1/chat/completions", {"messages": []}, "messages"),
+        ("/v1/responses", {"input": []}, "input"),
+    ],
+    ids=["empty-string", "empty-list", "empty-token-list", "one-empty-of-two", "no-messages", "no-input-items"],
+)
 def test_empty_inputs_are_400(http, route, body, param):
     assert_clean_error(http.post(route, json={**body, "max_tokens": 1}), 400, param=param)
 
@@ -261,7 +297,7 @@ def test_an_empty_stop_list_is_accepted_and_a_thousand_stop_strings_are_not(http
 
 def test_live_stays_fast_while_a_prompt_just_under_the_body_limit_is_handled(main_server, http):
     words = "The quick brown fox jumps over the lazy dog. "
-    text = (words * (DEFAULT_BODY_LIMIT // len(words)))[:DEFAULT_BODY_LIMIT - 200]
+    text = (words * (DEFAULT_BODY_LIMIT // len(words)))[: DEFAULT_BODY_LIMIT - 200]
     payload = json.dumps(chat_body(text, max_tokens=1)).encode()
     assert len(payload) < DEFAULT_BODY_LIMIT
     poller = LivePoller(main_server.url)
@@ -271,8 +307,10 @@ def test_live_stays_fast_while_a_prompt_just_under_the_body_limit_is_handled(mai
         response = http.post("/v1/chat/completions", content=payload, headers={"Content-Type": "application/json"})
     finally:
         stats = poller.stop()
-    print(f"\n[figure] /live during a {len(payload) / 2**20:.2f} MiB chat prompt: n={stats['n']} "
-          f"p50={stats['p50'] * 1000:.1f} ms p99={stats['p99'] * 1000:.1f} ms max={stats['max'] * 1000:.1f} ms")
+    print(
+        f"\n[figure] /live during a {len(payload) / 2**20:.2f} MiB chat prompt: n={stats['n']} "
+        f"p50={stats['p50'] * 1000:.1f} ms p99={stats['p99'] * 1000:.1f} ms max={stats['max'] * 1000:.1f} ms"
+    )
     # tokenized in full (not refused at the door) and then refused for the context
     assert_clean_error(response, 400, contains="maximum context length is 2048")
     assert not poller.failures, poller.failures
@@ -287,17 +325,24 @@ def test_live_stays_fast_while_bodies_full_of_small_arrays_are_checked(main_serv
     poller.start()
     wait_for(lambda: len(poller.latencies) >= 10, 30, "a baseline of /live probes")
     try:
-        calls = [threading.Thread(target=httpx.post, args=(f"{main_server.url}/tokenize",),
-                                  kwargs={"content": payload, "headers": {"Content-Type": "application/json"},
-                                          "timeout": 120}) for _ in range(3)]
+        calls = [
+            threading.Thread(
+                target=httpx.post,
+                args=(f"{main_server.url}/tokenize",),
+                kwargs={"content": payload, "headers": {"Content-Type": "application/json"}, "timeout": 120},
+            )
+            for _ in range(3)
+        ]
         for call in calls:
             call.start()
         for call in calls:
             call.join(120)
     finally:
         stats = poller.stop()
-    print(f"\n[figure] /live during three {len(payload) / 2**20:.2f} MiB bodies of small arrays: "
-          f"p99={stats['p99'] * 1000:.0f} ms max={stats['max'] * 1000:.0f} ms")
+    print(
+        f"\n[figure] /live during three {len(payload) / 2**20:.2f} MiB bodies of small arrays: "
+        f"p99={stats['p99'] * 1000:.0f} ms max={stats['max'] * 1000:.0f} ms"
+    )
     assert stats["max"] < 0.5, stats
 
 
@@ -324,10 +369,28 @@ def test_unknown_fields_are_accepted_and_ignored(http, route):
 # -- case 20: no admin routes ------------------------------------------------------------------------------
 
 
-ADMIN_PATHS = ["/reset_prefix_cache", "/sleep", "/wake_up", "/is_sleeping", "/collective_rpc", "/v1/load_lora_adapter",
-               "/v1/unload_lora_adapter", "/flush_cache", "/start_profile", "/stop_profile", "/shutdown",
-               "/abort_request", "/update_weights_from_disk", "/v1/models/load", "/api/pull", "/api/create",
-               "/admin", "/debug", "/server_info", "/scale_elastic_ep"]
+ADMIN_PATHS = [
+    "/reset_prefix_cache",
+    "/sleep",
+    "/wake_up",
+    "/is_sleeping",
+    "/collective_rpc",
+    "/v1/load_lora_adapter",
+    "/v1/unload_lora_adapter",
+    "/flush_cache",
+    "/start_profile",
+    "/stop_profile",
+    "/shutdown",
+    "/abort_request",
+    "/update_weights_from_disk",
+    "/v1/models/load",
+    "/api/pull",
+    "/api/create",
+    "/admin",
+    "/debug",
+    "/server_info",
+    "/scale_elastic_ep",
+]
 
 
 def test_no_admin_route_exists(http):
@@ -336,8 +399,23 @@ def test_no_admin_route_exists(http):
             response = http.request(method, path, json={} if method == "POST" else None)
             assert_clean_error(response, 404)
     paths = http.get("/openapi.json").json()["paths"]
-    admin_words = ("lora", "sleep", "wake", "rpc", "profile", "cache", "shutdown", "weights", "admin", "debug",
-                   "load_", "unload", "pull", "create", "delete")
+    admin_words = (
+        "lora",
+        "sleep",
+        "wake",
+        "rpc",
+        "profile",
+        "cache",
+        "shutdown",
+        "weights",
+        "admin",
+        "debug",
+        "load_",
+        "unload",
+        "pull",
+        "create",
+        "delete",
+    )
     assert not [p for p in paths if any(word in p.lower() for word in admin_words)], sorted(paths)
 
 
@@ -350,13 +428,19 @@ ESCAPE = "{{ cycler.__init__.__globals__.os.popen('id').read() }}"
 @pytest.mark.parametrize("route", ["/v1/chat/completions", "/tokenize", "/v1/responses"])
 def test_a_request_chat_template_is_refused_without_trust(http, route):
     body = {"input": "hi"} if route == "/v1/responses" else chat_body()
-    assert_clean_error(http.post(route, json={**body, "chat_template": ESCAPE}), 400, param="chat_template",
-                       contains="--trust-request-chat-template")
+    assert_clean_error(
+        http.post(route, json={**body, "chat_template": ESCAPE}),
+        400,
+        param="chat_template",
+        contains="--trust-request-chat-template",
+    )
 
 
-@pytest.mark.parametrize("kwargs", [{"tokenize": True}, {"no_such_variable": 1}, {"add_generation_prompt": False},
-                                    {"messages": []}], ids=["tokenize", "unknown", "add_generation_prompt",
-                                                            "messages"])
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"tokenize": True}, {"no_such_variable": 1}, {"add_generation_prompt": False}, {"messages": []}],
+    ids=["tokenize", "unknown", "add_generation_prompt", "messages"],
+)
 @pytest.mark.parametrize("route", ["/v1/chat/completions", "/tokenize", "/v1/responses"])
 def test_chat_template_kwargs_outside_the_template_are_refused(http, route, kwargs):
     body = {"input": "hi"} if route == "/v1/responses" else chat_body()
@@ -411,14 +495,25 @@ def test_special_token_text_in_a_role_cannot_forge_a_turn(http):
 def test_model_names_that_look_like_paths_are_404_without_touching_them(http, main_server, tiny_model, tmp_path):
     fifo = tmp_path / "canary.fifo"
     os.mkfifo(fifo)  # opening it would block the server until the test timed out
-    names = ["../../etc/passwd", "/etc/passwd", "%2e%2e/%2e%2e/etc/passwd", "tiny\u0000model", str(fifo),
-             f"{tiny_model}/../{tiny_model.name}", f"{tiny_model}/", "file:///etc/passwd",
-             "http://169.254.169.254/latest/meta-data/", "x" * 10_000]
+    names = [
+        "../../etc/passwd",
+        "/etc/passwd",
+        "%2e%2e/%2e%2e/etc/passwd",
+        "tiny\u0000model",
+        str(fifo),
+        f"{tiny_model}/../{tiny_model.name}",
+        f"{tiny_model}/",
+        "file:///etc/passwd",
+        "http://169.254.169.254/latest/meta-data/",
+        "x" * 10_000,
+    ]
     for name in names:
-        for route, body in (("/v1/chat/completions", chat_body(max_tokens=1)),
-                            ("/v1/completions", {"prompt": "x", "max_tokens": 1}),
-                            ("/v1/responses", {"input": "x", "max_output_tokens": 1}),
-                            ("/tokenize", {"prompt": "x"})):
+        for route, body in (
+            ("/v1/chat/completions", chat_body(max_tokens=1)),
+            ("/v1/completions", {"prompt": "x", "max_tokens": 1}),
+            ("/v1/responses", {"input": "x", "max_output_tokens": 1}),
+            ("/tokenize", {"prompt": "x"}),
+        ):
             started = time.monotonic()
             response = http.post(route, json={**body, "model": name}, timeout=10)
             assert_clean_error(response, 404, param="model")
@@ -431,25 +526,39 @@ def test_model_names_that_look_like_paths_are_404_without_touching_them(http, ma
 
 
 def test_no_cors_headers_for_an_unlisted_origin(http):
-    for method, path, body in (("GET", "/v1/models", None), ("POST", "/v1/chat/completions", chat_body(max_tokens=1)),
-                               ("GET", "/live", None)):
+    for method, path, body in (
+        ("GET", "/v1/models", None),
+        ("POST", "/v1/chat/completions", chat_body(max_tokens=1)),
+        ("GET", "/live", None),
+    ):
         response = http.request(method, path, json=body, headers={"Origin": EVIL_ORIGIN})
         assert response.status_code == 200
         assert not [h for h in response.headers if h.startswith("access-control-")], dict(response.headers)
-    preflight = http.options("/v1/chat/completions", headers={
-        "Origin": EVIL_ORIGIN, "Access-Control-Request-Method": "POST",
-        "Access-Control-Request-Headers": "authorization,content-type"})
+    preflight = http.options(
+        "/v1/chat/completions",
+        headers={
+            "Origin": EVIL_ORIGIN,
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization,content-type",
+        },
+    )
     assert "access-control-allow-origin" not in preflight.headers
     assert preflight.status_code in (400, 404, 405), preflight.status_code
 
 
-@pytest.mark.parametrize("host", ["evil.example", "evil.example:8000", "127.0.0.1.evil.example", "localhost.evil.example",
-                                  "10.0.0.1", "0.0.0.0"])
+@pytest.mark.parametrize(
+    "host",
+    ["evil.example", "evil.example:8000", "127.0.0.1.evil.example", "localhost.evil.example", "10.0.0.1", "0.0.0.0"],
+)
 def test_a_foreign_host_header_is_refused_on_a_loopback_server(main_server, host):
     """DNS rebinding: a page on another site whose name resolves to 127.0.0.1 sends its own Host."""
     with httpx.Client(base_url=main_server.url, timeout=30, headers={"Host": host}) as client:
-        for method, path, body in (("GET", "/v1/models", None), ("POST", "/v1/completions", {"prompt": "x"}),
-                                   ("GET", "/metrics", None), ("GET", "/ready", None)):
+        for method, path, body in (
+            ("GET", "/v1/models", None),
+            ("POST", "/v1/completions", {"prompt": "x"}),
+            ("GET", "/metrics", None),
+            ("GET", "/ready", None),
+        ):
             response = client.request(method, path, json=body)
             assert_clean_error(response, 400, contains="Host header")
 
@@ -463,12 +572,21 @@ def test_loopback_host_headers_are_accepted(main_server, host):
 # -- case 25: streams end cleanly, or with an in-band error ------------------------------------------------------
 
 
-@pytest.mark.parametrize(("route", "body"), [
-    ("/v1/chat/completions", (b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stream": true, '
-                              b'"request_id": "\\ud800"}')),
-    ("/v1/completions", b'{"prompt": "x", "max_tokens": 2, "stream": true, "request_id": "a\\ud800"}'),
-    ("/v1/responses", b'{"input": "x", "max_output_tokens": 2, "stream": true, "metadata": {"k": "\\ud800"}}'),
-], ids=["chat-request_id", "completions-request_id", "responses-metadata"])
+@pytest.mark.parametrize(
+    ("route", "body"),
+    [
+        (
+            "/v1/chat/completions",
+            (
+                b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stream": true, '
+                b'"request_id": "\\ud800"}'
+            ),
+        ),
+        ("/v1/completions", b'{"prompt": "x", "max_tokens": 2, "stream": true, "request_id": "a\\ud800"}'),
+        ("/v1/responses", b'{"input": "x", "max_output_tokens": 2, "stream": true, "metadata": {"k": "\\ud800"}}'),
+    ],
+    ids=["chat-request_id", "completions-request_id", "responses-metadata"],
+)
 def test_a_lone_surrogate_never_cuts_a_stream(main_server, route, body):
     with httpx.Client(base_url=main_server.url, timeout=60) as client:  # its own connection: it may be cut
         try:
@@ -482,8 +600,11 @@ def test_a_lone_surrogate_never_cuts_a_stream(main_server, route, body):
     assert status == 200
     payloads = data_lines(text.splitlines())
     last = payloads[-1] if payloads else "{}"
-    ended = last == "[DONE]" or "error" in json.loads(last) or json.loads(last).get("type") in (
-        "response.completed", "response.incomplete", "response.failed")  # Responses streams end with an event
+    ended = (
+        last == "[DONE]"
+        or "error" in json.loads(last)
+        or json.loads(last).get("type") in ("response.completed", "response.incomplete", "response.failed")
+    )  # Responses streams end with an event
     assert payloads and ended, text[-300:]
 
 

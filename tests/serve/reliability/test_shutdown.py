@@ -15,7 +15,6 @@ import time
 
 import httpx
 import pytest
-from llmp.testing import assert_openai_error, pid_alive, serving
 from reliability_support import (
     LONG,
     Call,
@@ -28,6 +27,8 @@ from reliability_support import (
     status_or_error,
     wait_for,
 )
+
+from llmp.testing import assert_openai_error, pid_alive, serving
 
 REFUSED = {503, "ConnectError", "RemoteProtocolError", "ReadError"}
 
@@ -56,12 +57,19 @@ def test_sigterm_under_load_drains_running_and_queued_requests_then_exits_0(tiny
         url = server.url
         tokens = 80
         fixed = {"max_tokens": tokens, "ignore_eos": True}
-        streams = [StreamReader(url, "/v1/chat/completions", chat_body(stream=True, **fixed)),
-                   StreamReader(url, "/v1/completions", {"prompt": "The quick", "stream": True, **fixed}),
-                   StreamReader(url, "/v1/chat/completions", chat_body(
-                       "Paged attention", stream=True, stream_options={"include_usage": True}, **fixed))]
-        calls = [Call(url, "/v1/completions", {"prompt": "Continuous batching", **fixed}),
-                 Call(url, "/v1/chat/completions", chat_body("The lazy dog", **fixed))]
+        streams = [
+            StreamReader(url, "/v1/chat/completions", chat_body(stream=True, **fixed)),
+            StreamReader(url, "/v1/completions", {"prompt": "The quick", "stream": True, **fixed}),
+            StreamReader(
+                url,
+                "/v1/chat/completions",
+                chat_body("Paged attention", stream=True, stream_options={"include_usage": True}, **fixed),
+            ),
+        ]
+        calls = [
+            Call(url, "/v1/completions", {"prompt": "Continuous batching", **fixed}),
+            Call(url, "/v1/chat/completions", chat_body("The lazy dog", **fixed)),
+        ]
         for worker in [*streams, *calls]:
             worker.start()
         # two running, three queued, and text already flowing
@@ -79,8 +87,10 @@ def test_sigterm_under_load_drains_running_and_queued_requests_then_exits_0(tiny
         exit_s = time.monotonic() - signalled
         for worker in [*streams, *calls]:
             worker.join(10)
-        print(f"\n[figure] SIGTERM under load (--shutdown-timeout 30, 5 requests of {tokens} tokens, 3 queued): "
-              f"exit {status} after {exit_s:.2f} s")
+        print(
+            f"\n[figure] SIGTERM under load (--shutdown-timeout 30, 5 requests of {tokens} tokens, 3 queued): "
+            f"exit {status} after {exit_s:.2f} s"
+        )
         assert status == 0, server.log()[-3000:]
         assert exit_s < 30 + 5
 
@@ -99,8 +109,10 @@ def test_sigterm_under_load_drains_running_and_queued_requests_then_exits_0(tiny
 
 def start_long_requests(url: str) -> tuple[list[StreamReader], list[Call]]:
     long = {"max_tokens": LONG, "ignore_eos": True}
-    streams = [StreamReader(url, "/v1/chat/completions", chat_body(stream=True, **long)),
-               StreamReader(url, "/v1/completions", {"prompt": "The quick", "stream": True, **long})]
+    streams = [
+        StreamReader(url, "/v1/chat/completions", chat_body(stream=True, **long)),
+        StreamReader(url, "/v1/completions", {"prompt": "The quick", "stream": True, **long}),
+    ]
     calls = [Call(url, "/v1/completions", {"prompt": "Continuous batching", **long})]
     for worker in [*streams, *calls]:
         worker.start()
@@ -122,8 +134,11 @@ def test_sigterm_with_shutdown_timeout_0_aborts_in_flight_requests_and_exits_wit
         assert status == 0, server.log()[-3000:]
         assert exit_s < 5
         for worker in [*streams, *calls]:
-            assert aborted(worker), (worker.path, getattr(worker, "lines", [])[-3:], worker.response if
-                                     isinstance(worker, Call) else None)
+            assert aborted(worker), (
+                worker.path,
+                getattr(worker, "lines", [])[-3:],
+                worker.response if isinstance(worker, Call) else None,
+            )
         wait_for(lambda: not any(pid_alive(pid) for pid in tree), 10, f"the server's children {tree} to be reaped")
 
 
@@ -133,8 +148,11 @@ def test_a_second_sigterm_aborts_the_drain_and_exits_within_5_s(tiny_model):
         server.process.send_signal(signal.SIGTERM)
         # draining: the streams go on
         counts = [s.content_chunks() for s in streams]
-        wait_for(lambda: all(s.content_chunks() >= c + 3 for s, c in zip(streams, counts)), 30,
-                 "the streams to keep going after the first SIGTERM")
+        wait_for(
+            lambda: all(s.content_chunks() >= c + 3 for s, c in zip(streams, counts)),
+            30,
+            "the streams to keep going after the first SIGTERM",
+        )
         assert server.process.poll() is None
         server.process.send_signal(signal.SIGTERM)
         signalled = time.monotonic()

@@ -15,8 +15,9 @@ import time
 import httpx
 import pytest
 import zmq
-from llmp.testing import free_port
 from reliability_support import start_serve
+
+from llmp.testing import free_port
 
 pytestmark = pytest.mark.slow  # each test starts a server or an engine
 
@@ -98,8 +99,9 @@ def test_an_engine_start_up_failure_is_reported_once_without_a_traceback(tiny_mo
     outputs.bind(out_address)
     config = EngineConfig(model=str(tiny_model), dtype="float32", max_model_len=100000)
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLMP_")}
-    process = subprocess.Popen([sys.executable, "-m", "llmp.engine.core_proc"], stdin=subprocess.PIPE,
-                               stderr=subprocess.PIPE, env=env)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "llmp.engine.core_proc"], stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
     try:
         process.stdin.write(pickle.dumps((config, in_address, out_address, os.getpid())))
         process.stdin.close()

@@ -14,6 +14,8 @@ def llmp_register_executors() -> Iterator[ExecutorSpec]:
     yield ExecutorSpec(
         name="mp",
         impl="llmp_executors_mp.executor:MultiprocExecutor",
-        description="One worker process per rank; tensor parallelism over torch.distributed (gloo on CPU, nccl on CUDA).",
+        description=(
+            "One worker process per rank; tensor parallelism over torch.distributed (gloo on CPU, nccl on CUDA)."
+        ),
         distributed=True,
     )

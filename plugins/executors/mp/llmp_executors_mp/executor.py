@@ -50,8 +50,16 @@ class MultiprocExecutor:
             commands.bind(f"ipc://{base}-rank{rank}")
             self.commands.append(commands)
             process = subprocess.Popen([sys.executable, "-m", "llmp_executors_mp.worker"], stdin=subprocess.PIPE)
-            args = (config, str(model_dir), rank, self.world_size, init_method,
-                    f"ipc://{base}-rank{rank}", f"ipc://{base}-results", os.getpid())
+            args = (
+                config,
+                str(model_dir),
+                rank,
+                self.world_size,
+                init_method,
+                f"ipc://{base}-rank{rank}",
+                f"ipc://{base}-results",
+                os.getpid(),
+            )
             process.stdin.write(pickle.dumps(args))
             process.stdin.close()
             self.processes.append(process)
@@ -96,7 +104,9 @@ class MultiprocExecutor:
                 continue
             self.check_health()
             if time.monotonic() > deadline:
-                raise EngineDeadError(f"workers {sorted(pending)} did not answer within {timeout or self.timeout:.0f} s")
+                raise EngineDeadError(
+                    f"workers {sorted(pending)} did not answer within {timeout or self.timeout:.0f} s"
+                )
         return replies
 
     # -- the executor contract -------------------------------------------------

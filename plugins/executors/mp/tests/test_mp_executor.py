@@ -18,7 +18,6 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
 PROMPTS = [{"prompt_token_ids": [5 + i, 17, 42 + 3 * i, 99, 7 * i + 3]} for i in range(8)]
 
 
-
 def greedy_tokens(llm: LLM) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
 
@@ -99,8 +98,9 @@ def test_killed_worker_fails_pending_requests_and_leaves_no_process(gqa_model):
 
 
 def test_hung_worker_becomes_an_engine_error(gqa_model):
-    llm = LLM(str(gqa_model), dtype="float32", max_model_len=128, executor="mp", tensor_parallel_size=2,
-              worker_timeout_s=3)
+    llm = LLM(
+        str(gqa_model), dtype="float32", max_model_len=128, executor="mp", tensor_parallel_size=2, worker_timeout_s=3
+    )
     pids = llm.engine.executor.worker_pids
     os.kill(pids[1], signal.SIGSTOP)
     try:
@@ -126,4 +126,3 @@ def test_sigterm_to_the_engine_process_stops_its_workers(gqa_model):
         time.sleep(0.1)
     assert not any(pid_alive(p) for p in worker_pids)
     engine.shutdown()
-

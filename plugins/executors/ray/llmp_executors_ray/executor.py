@@ -58,8 +58,12 @@ class RayExecutor:
         self._closed = False
         if not ray.is_initialized():
             address = config.ray_address or os.environ.get("RAY_ADDRESS")
-            ray.init(address=address or "local", include_dashboard=False, log_to_driver=False,
-                     **({} if address else {"num_cpus": max(os.cpu_count() or 1, self.world_size)}))
+            ray.init(
+                address=address or "local",
+                include_dashboard=False,
+                log_to_driver=False,
+                **({} if address else {"num_cpus": max(os.cpu_count() or 1, self.world_size)}),
+            )
             self._connected = True
         device = "GPU" if config.device == "cuda" else "CPU"
         self.group = placement_group([{device: 1}] * self.world_size, strategy="PACK")
@@ -67,7 +71,9 @@ class RayExecutor:
             ray.get(self.group.ready(), timeout=max(self.timeout, 60))
         except GetTimeoutError:
             self.shutdown()
-            raise EngineDeadError(f"the Ray cluster cannot place {self.world_size} workers needing one {device} each")
+            raise EngineDeadError(
+                f"the Ray cluster cannot place {self.world_size} workers needing one {device} each"
+            ) from None
         # the bundle reserves the CPU or GPU; the actor itself asks for nothing more
         actor_cls = ray.remote(num_cpus=0, num_gpus=1 if device == "GPU" else 0)(WorkerActor)
         self.actors = [
@@ -76,8 +82,13 @@ class RayExecutor:
         ]
         try:
             init_method = self._get(self.actors[0].rendezvous_address.remote(), HEALTH_TIMEOUT_S * 6)
-            described = self._get([a.start.remote(config, str(model_dir), rank, self.world_size, init_method)
-                                    for rank, a in enumerate(self.actors)], max(self.timeout, 600))
+            described = self._get(
+                [
+                    a.start.remote(config, str(model_dir), rank, self.world_size, init_method)
+                    for rank, a in enumerate(self.actors)
+                ],
+                max(self.timeout, 600),
+            )
         except EngineDeadError:
             self.shutdown()
             raise

@@ -35,16 +35,28 @@ def cluster() -> str:
     saved = os.environ.get("RAY_AUTH_MODE")
     os.environ["RAY_AUTH_MODE"] = "disabled"
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    subprocess.run([ray_cli(), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=4",
-                    "--include-dashboard=false", "--disable-usage-stats"], check=True, capture_output=True, env=env,
-                   timeout=120)
+    subprocess.run(
+        [
+            ray_cli(),
+            "start",
+            "--head",
+            "--node-ip-address=127.0.0.1",
+            f"--port={port}",
+            "--num-cpus=4",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+        ],
+        check=True,
+        capture_output=True,
+        env=env,
+        timeout=120,
+    )
     yield f"127.0.0.1:{port}"
     subprocess.run([ray_cli(), "stop", "--force"], capture_output=True, timeout=120, env=env)
     if saved is None:
         os.environ.pop("RAY_AUTH_MODE", None)
     else:
         os.environ["RAY_AUTH_MODE"] = saved
-
 
 
 def greedy_tokens(llm: LLM, prompts=PROMPTS) -> list[list[int]]:
@@ -60,8 +72,9 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_tensor_parallel_2_on_a_ray_cluster_equals_uniproc(cluster, model_dir):
     expected = greedy_tokens(LLM(str(model_dir), dtype="float32", max_model_len=128))
-    llm = LLM(str(model_dir), dtype="float32", max_model_len=128, executor="ray", tensor_parallel_size=2,
-              ray_address=cluster)
+    llm = LLM(
+        str(model_dir), dtype="float32", max_model_len=128, executor="ray", tensor_parallel_size=2, ray_address=cluster
+    )
     pids = llm.engine.executor.worker_pids
     assert len(set(pids)) == 2 and os.getpid() not in pids
     assert greedy_tokens(llm) == expected
@@ -73,8 +86,9 @@ def test_tensor_parallel_2_on_a_ray_cluster_equals_uniproc(cluster, model_dir):
 
 
 def test_a_killed_actor_is_an_engine_error(cluster, model_dir):
-    llm = LLM(str(model_dir), dtype="float32", max_model_len=128, executor="ray", tensor_parallel_size=2,
-              ray_address=cluster)
+    llm = LLM(
+        str(model_dir), dtype="float32", max_model_len=128, executor="ray", tensor_parallel_size=2, ray_address=cluster
+    )
     try:
         assert greedy_tokens(llm, PROMPTS[:1])
         os.kill(llm.engine.executor.worker_pids[1], signal.SIGKILL)

@@ -9,6 +9,7 @@ from llmp.api import FrontendSpec
 @hookimpl
 def llmp_register_frontends() -> Iterator[FrontendSpec]:
     yield FrontendSpec(
-        name="anthropic", impl="llmp_frontend_anthropic.frontend:AnthropicFrontend",
+        name="anthropic",
+        impl="llmp_frontend_anthropic.frontend:AnthropicFrontend",
         description="Anthropic Messages API: /v1/messages (whole and streamed), /v1/messages/count_tokens",
     )

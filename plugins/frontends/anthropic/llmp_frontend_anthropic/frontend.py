@@ -15,20 +15,30 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+
 from llmp.sampling_params import SamplingParams, StructuredOutputsParams
 from llmp.server.app import request_id_of, until_disconnected
 from llmp.server.errors import APIError, as_api_error, bad_request
 from llmp.server.frontend_kit import FrontendKit, OutputPlan, engine_request_id, json_text
-
 from llmp_frontend_anthropic import protocol as p
 
 ERROR_PATHS = ("/v1/messages",)
 
 # Anthropic's error types by HTTP status (https://docs.anthropic.com/en/api/errors)
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 402: "billing_error",
-          403: "permission_error", 404: "not_found_error", 405: "invalid_request_error",
-          413: "request_too_large", 422: "invalid_request_error", 429: "rate_limit_error",
-          500: "api_error", 504: "timeout_error", 529: "overloaded_error"}
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    402: "billing_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "request_too_large",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "api_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
 OVERLOADED = 529
 
 
@@ -62,10 +72,18 @@ class AnthropicFrontend(FrontendKit):
     def http_router(self) -> APIRouter:
         router = APIRouter()
         if self.task == "generate":
-            router.add_api_route("/v1/messages", self.create_message, methods=["POST"],
-                                 summary="Create a message (Anthropic Messages API)")
-            router.add_api_route("/v1/messages/count_tokens", self.count_tokens, methods=["POST"],
-                                 summary="Count the tokens of a message request (Anthropic API)")
+            router.add_api_route(
+                "/v1/messages",
+                self.create_message,
+                methods=["POST"],
+                summary="Create a message (Anthropic Messages API)",
+            )
+            router.add_api_route(
+                "/v1/messages/count_tokens",
+                self.count_tokens,
+                methods=["POST"],
+                summary="Count the tokens of a message request (Anthropic API)",
+            )
         return router
 
     async def serve(self) -> None:  # HTTP only: the shared server runs the routes
@@ -84,8 +102,7 @@ class AnthropicFrontend(FrontendKit):
 
     def check_model(self, name: str | None) -> None:
         if name and name not in self.model_names:  # FrontendKit's check, Anthropic's wording
-            raise APIError(404, f"model: {name} (this server serves: {', '.join(self.model_names)})",
-                           param="model")
+            raise APIError(404, f"model: {name} (this server serves: {', '.join(self.model_names)})", param="model")
 
     async def prompt(self, body: p.MessagesBase) -> tuple[str, list[int]]:
         """The rendered conversation and its token ids."""
@@ -109,9 +126,13 @@ class AnthropicFrontend(FrontendKit):
             return tools, {"type": "function", "function": {"name": body.tool_choice.get("name")}}
         return tools, "auto" if self.auto_tools else "none"
 
-    def sampling_params(self, body: p.MessagesRequest, prompt_len: int,
-                        constraint: StructuredOutputsParams | None = None, skip_special_tokens: bool = True,
-                        ) -> SamplingParams:
+    def sampling_params(
+        self,
+        body: p.MessagesRequest,
+        prompt_len: int,
+        constraint: StructuredOutputsParams | None = None,
+        skip_special_tokens: bool = True,
+    ) -> SamplingParams:
         self.check_stop(body.stop_sequences)
         max_tokens = self.resolve_max_tokens(body.max_tokens, prompt_len)
         defaults = self.defaults
@@ -120,7 +141,9 @@ class AnthropicFrontend(FrontendKit):
                 temperature=_or(body.temperature, defaults.get("temperature", 1.0)),
                 top_p=_or(body.top_p, defaults.get("top_p", 1.0)),
                 top_k=_or(body.top_k, defaults.get("top_k", 0)),
-                max_tokens=max_tokens, stop=body.stop_sequences or None, structured_outputs=constraint,
+                max_tokens=max_tokens,
+                stop=body.stop_sequences or None,
+                structured_outputs=constraint,
                 skip_special_tokens=skip_special_tokens,
             )
         except ValueError as exc:
@@ -143,11 +166,18 @@ class MessageRun:
         self.plan, constraint = fe.output_plan(self.prompt_ids, tools, tool_choice, parallel_tool_calls=parallel)
         await fe.check_constraint(constraint, "tool_choice")
         self.params = fe.sampling_params(body, len(self.prompt_ids), constraint, fe.skip_special_tokens(self.plan))
-        self.outputs = fe.engine.generate({"prompt": text, "prompt_token_ids": self.prompt_ids}, self.params,
-                                          engine_request_id("msg"), delta=body.stream)
+        self.outputs = fe.engine.generate(
+            {"prompt": text, "prompt_token_ids": self.prompt_ids},
+            self.params,
+            engine_request_id("msg"),
+            delta=body.stream,
+        )
         if body.stream:
-            return StreamingResponse(self.stream(), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return StreamingResponse(
+                self.stream(),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
         return JSONResponse(await until_disconnected(self.request, self.whole()))
 
     async def whole(self) -> dict[str, Any]:
@@ -159,16 +189,27 @@ class MessageRun:
         list(blocks.feed(seq.text, final=True))
         stop_reason, stop_sequence = _stop_reason(seq, blocks.called)
         return {
-            "id": self.id, "type": "message", "role": "assistant", "model": self.model,
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
             "content": blocks.content(),
-            "stop_reason": stop_reason, "stop_sequence": stop_sequence,
+            "stop_reason": stop_reason,
+            "stop_sequence": stop_sequence,
             "usage": {"input_tokens": len(self.prompt_ids), "output_tokens": len(seq.token_ids)},
         }
 
     async def stream(self) -> AsyncIterator[str]:
-        start = {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": [],
-                 "stop_reason": None, "stop_sequence": None,
-                 "usage": {"input_tokens": len(self.prompt_ids), "output_tokens": 0}}
+        start = {
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": len(self.prompt_ids), "output_tokens": 0},
+        }
         generated, text = 0, ""
         blocks = BlockStream(self.plan)
         try:
@@ -186,9 +227,14 @@ class MessageRun:
             for event in blocks.close():
                 yield event
             stop_reason, stop_sequence = _stop_reason(seq, blocks.called)
-            yield sse("message_delta", {"type": "message_delta",
-                                        "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
-                                        "usage": {"output_tokens": generated}})
+            yield sse(
+                "message_delta",
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
+                    "usage": {"output_tokens": generated},
+                },
+            )
             yield sse("message_stop", {"type": "message_stop"})
         except Exception as exc:  # noqa: BLE001  (after the headers, the error travels in the stream)
             yield sse("error", anthropic_error(as_api_error(exc))[1])
@@ -219,7 +265,7 @@ class BlockStream:
 
     def feed(self, text: str, final: bool) -> Iterator[str]:
         if self.stream is None:
-            new, self.text = text[len(self.text):], text
+            new, self.text = text[len(self.text) :], text
             if not self.blocks:
                 yield from self._open({"type": "text", "text": ""})
             if new:
@@ -227,8 +273,7 @@ class BlockStream:
             return
         piece = self.stream.feed(text, final)
         if piece.reasoning:
-            yield from self._delta("thinking", {"type": "thinking_delta", "thinking": piece.reasoning},
-                                   piece.reasoning)
+            yield from self._delta("thinking", {"type": "thinking_delta", "thinking": piece.reasoning}, piece.reasoning)
         if piece.content:
             yield from self._delta("text", {"type": "text_delta", "text": piece.content}, piece.content)
         for call in piece.tool_calls:
@@ -237,8 +282,9 @@ class BlockStream:
                 block_id = f"toolu_{uuid.uuid4().hex[:24]}"
                 yield from self._open({"type": "tool_use", "id": block_id, "name": call.name, "input": {}})
             if call.arguments:
-                yield from self._delta("tool_use", {"type": "input_json_delta", "partial_json": call.arguments},
-                                       call.arguments)
+                yield from self._delta(
+                    "tool_use", {"type": "input_json_delta", "partial_json": call.arguments}, call.arguments
+                )
 
     def close(self) -> Iterator[str]:
         if not self.blocks:  # an empty reply is one empty text block
@@ -260,8 +306,11 @@ class BlockStream:
     def _delta(self, kind: str, delta: dict[str, Any], text: str) -> Iterator[str]:
         if self.open is None or self.blocks[self.open]["type"] != kind:
             yield from self._close()
-            yield from self._open({"type": "thinking", "thinking": "", "signature": ""} if kind == "thinking"
-                                  else {"type": "text", "text": ""})
+            yield from self._open(
+                {"type": "thinking", "thinking": "", "signature": ""}
+                if kind == "thinking"
+                else {"type": "text", "text": ""}
+            )
         block = self.blocks[self.open]
         field = {"thinking": "thinking", "text": "text", "tool_use": "json"}[kind]
         block[field] = block.get(field, "") + text
@@ -270,15 +319,23 @@ class BlockStream:
     def _open(self, block: dict[str, Any]) -> Iterator[str]:
         self.blocks.append(block)
         self.open = len(self.blocks) - 1
-        yield sse("content_block_start", {"type": "content_block_start", "index": self.open,
-                                          "content_block": {k: v for k, v in block.items()}})
+        yield sse(
+            "content_block_start",
+            {"type": "content_block_start", "index": self.open, "content_block": {k: v for k, v in block.items()}},
+        )
 
     def _close(self) -> Iterator[str]:
         if self.open is None:
             return
         if self.blocks[self.open]["type"] == "thinking":  # clients expect a signature before a thinking block ends
-            yield sse("content_block_delta", {"type": "content_block_delta", "index": self.open,
-                                              "delta": {"type": "signature_delta", "signature": ""}})
+            yield sse(
+                "content_block_delta",
+                {
+                    "type": "content_block_delta",
+                    "index": self.open,
+                    "delta": {"type": "signature_delta", "signature": ""},
+                },
+            )
         yield sse("content_block_stop", {"type": "content_block_stop", "index": self.open})
         self.open = None
 
@@ -320,17 +377,26 @@ def conversation(body: p.MessagesBase) -> list[dict[str, Any]]:
             if kind == "text":
                 texts.append(block.text or "")
             elif kind == "tool_use" and message.role == "assistant":
-                calls.append({"id": block.id or "", "type": "function",
-                              "function": {"name": block.name or "", "arguments": block.input or {}}})
+                calls.append(
+                    {
+                        "id": block.id or "",
+                        "type": "function",
+                        "function": {"name": block.name or "", "arguments": block.input or {}},
+                    }
+                )
             elif kind == "tool_result" and message.role == "user":
-                results.append({"role": "tool", "tool_call_id": block.tool_use_id or "",
-                                "content": _result_text(block, index)})
+                results.append(
+                    {"role": "tool", "tool_call_id": block.tool_use_id or "", "content": _result_text(block, index)}
+                )
             elif kind in ("thinking", "redacted_thinking") and message.role == "assistant":
                 continue  # earlier reasoning is not fed back
             else:
-                raise bad_request(f"messages.{index}.content: content blocks of type {kind!r} are not supported "
-                                  f"in {message.role} messages by this server (it takes text, tool_use and "
-                                  "tool_result)", "messages")
+                raise bad_request(
+                    f"messages.{index}.content: content blocks of type {kind!r} are not supported "
+                    f"in {message.role} messages by this server (it takes text, tool_use and "
+                    "tool_result)",
+                    "messages",
+                )
         turns.extend(results)  # tool results answer the previous assistant turn: they come first
         if texts or calls or not results:
             turn: dict[str, Any] = {"role": message.role, "content": "\n".join(texts)}
@@ -360,8 +426,11 @@ def _result_text(block: p.ContentBlock, index: int) -> str:
     parts = []
     for part in content:
         if part.get("type") != "text":
-            raise bad_request(f"messages.{index}.content: tool_result content of type {part.get('type')!r} "
-                              "is not supported; use text", "messages")
+            raise bad_request(
+                f"messages.{index}.content: tool_result content of type {part.get('type')!r} "
+                "is not supported; use text",
+                "messages",
+            )
         parts.append(str(part.get("text", "")))
     return "\n".join(parts)
 
@@ -375,15 +444,19 @@ def _tools(body: p.MessagesBase) -> list[dict[str, Any]] | None:
     if body.tool_choice is not None and kind != "none" and not body.tools:
         raise bad_request("tool_choice needs tools", "tool_choice")
     if kind == "tool" and choice.get("name") not in {t.name for t in body.tools or []}:
-        raise bad_request(f"tool_choice names the tool {choice.get('name')!r}, which is not among the tools",
-                          "tool_choice")
+        raise bad_request(
+            f"tool_choice names the tool {choice.get('name')!r}, which is not among the tools", "tool_choice"
+        )
     if not body.tools:
         return None
     tools = []
     for tool in body.tools:
         if tool.type not in (None, "custom"):
-            raise bad_request(f"tools: server tools ({tool.type!r}) are not supported; give custom tools with "
-                              "name, description and input_schema", "tools")
+            raise bad_request(
+                f"tools: server tools ({tool.type!r}) are not supported; give custom tools with "
+                "name, description and input_schema",
+                "tools",
+            )
         function = {"name": tool.name, "parameters": tool.input_schema or {"type": "object", "properties": {}}}
         if tool.description is not None:
             function["description"] = tool.description

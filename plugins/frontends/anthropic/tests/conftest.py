@@ -19,6 +19,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))  # for anthropic_frontend_support (tests import it too)
 
 from anthropic_frontend_support import API_KEY
+
 from llmp.testing import LiveServer, save_tiny_llama, serving
 
 
@@ -42,8 +43,9 @@ def server(model_dir: Path) -> Iterator[LiveServer]:
 
 @pytest.fixture(scope="module")
 def strict_server(model_dir: Path) -> Iterator[LiveServer]:
-    yield from _serve(model_dir, "--frontend", "anthropic", "--api-key", API_KEY,
-                      "--max-num-seqs", "1", "--max-queue-len", "0")
+    yield from _serve(
+        model_dir, "--frontend", "anthropic", "--api-key", API_KEY, "--max-num-seqs", "1", "--max-queue-len", "0"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -56,4 +58,3 @@ def client(server: LiveServer) -> Iterator[anthropic.Anthropic]:
 def http(server: LiveServer) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=server.url, timeout=60) as c:
         yield c
-

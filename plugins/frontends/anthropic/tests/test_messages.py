@@ -35,8 +35,10 @@ def chat_ids(tokenizer, messages: list[dict]) -> list[int]:
 
 
 def openai_chat(http: httpx.Client, name: str, messages: list[dict], max_tokens: int, **extra) -> dict:
-    response = http.post("/v1/chat/completions", json={"model": name, "messages": messages, "max_tokens": max_tokens,
-                                                       "temperature": 0, **extra})
+    response = http.post(
+        "/v1/chat/completions",
+        json={"model": name, "messages": messages, "max_tokens": max_tokens, "temperature": 0, **extra},
+    )
     assert response.status_code == 200, response.text
     return response.json()
 
@@ -87,8 +89,9 @@ def test_greedy_text_equals_openai_chat(client, http, name, tokenizer):
 def test_system_prompt_string_and_blocks(client, http, name, tokenizer):
     system = "You are terse."
     as_string = client.messages.create(model=name, system=system, messages=FOX, max_tokens=8, **GREEDY)
-    as_blocks = client.messages.create(model=name, system=[{"type": "text", "text": system}], messages=FOX,
-                                       max_tokens=8, **GREEDY)
+    as_blocks = client.messages.create(
+        model=name, system=[{"type": "text", "text": system}], messages=FOX, max_tokens=8, **GREEDY
+    )
     reference = openai_chat(http, name, [{"role": "system", "content": system}, *FOX], 8)
     assert as_string.content[0].text == as_blocks.content[0].text == reference["choices"][0]["message"]["content"]
     expected = chat_ids(tokenizer, [{"role": "system", "content": system}, *FOX])
@@ -97,11 +100,15 @@ def test_system_prompt_string_and_blocks(client, http, name, tokenizer):
 
 
 def test_multi_turn_with_text_blocks(client, http, name, tokenizer):
-    turns = [{"role": "user", "content": "Paged attention keeps"},
-             {"role": "assistant", "content": "the KV cache"},
-             {"role": "user", "content": "in fixed-size blocks."}]
-    blocks = [{**turns[0], "content": [{"type": "text", "text": "Paged attention"}, {"type": "text", "text": "keeps"}]},
-              *turns[1:]]
+    turns = [
+        {"role": "user", "content": "Paged attention keeps"},
+        {"role": "assistant", "content": "the KV cache"},
+        {"role": "user", "content": "in fixed-size blocks."},
+    ]
+    blocks = [
+        {**turns[0], "content": [{"type": "text", "text": "Paged attention"}, {"type": "text", "text": "keeps"}]},
+        *turns[1:],
+    ]
     message = client.messages.create(model=name, messages=turns, max_tokens=10, **GREEDY)
     reference = openai_chat(http, name, turns, 10)
     assert message.content[0].text == reference["choices"][0]["message"]["content"]
@@ -114,11 +121,12 @@ def test_stop_sequence(client, name):
     full = client.messages.create(model=name, messages=FOX, max_tokens=24, **GREEDY).content[0].text
     stop = full[6:9]
     assert len(stop) == 3 and stop.strip(), full
-    message = client.messages.create(model=name, messages=FOX, max_tokens=24, stop_sequences=["\x00never", stop],
-                                     **GREEDY)
+    message = client.messages.create(
+        model=name, messages=FOX, max_tokens=24, stop_sequences=["\x00never", stop], **GREEDY
+    )
     assert message.stop_reason == "stop_sequence"
     assert message.stop_sequence == stop
-    assert message.content[0].text == full[:full.index(stop)]  # the stop sequence itself is not returned
+    assert message.content[0].text == full[: full.index(stop)]  # the stop sequence itself is not returned
 
 
 def test_max_tokens(client, name):
@@ -131,8 +139,11 @@ def test_stream_event_sequence_and_text(client, http, name):
     whole = client.messages.create(model=name, messages=FOX, max_tokens=16, **GREEDY)
     events = list(client.messages.create(model=name, messages=FOX, max_tokens=16, stream=True, **GREEDY))
     kinds = [event.type for event in events]  # the SDK drops pings
-    assert re.fullmatch(r"message_start content_block_start (content_block_delta )+content_block_stop "
-                        r"message_delta message_stop", " ".join(kinds)), kinds
+    assert re.fullmatch(
+        r"message_start content_block_start (content_block_delta )+content_block_stop "
+        r"message_delta message_stop",
+        " ".join(kinds),
+    ), kinds
     start = events[0].message
     assert start.id.startswith("msg_") and start.content == [] and start.stop_reason is None
     assert start.usage.input_tokens == whole.usage.input_tokens and start.usage.output_tokens == 0
@@ -150,11 +161,15 @@ def test_stream_event_sequence_and_text(client, http, name):
         final = stream.get_final_message()
     assert text == whole.content[0].text == final.content[0].text
     assert (final.stop_reason, final.usage.input_tokens, final.usage.output_tokens) == (
-        whole.stop_reason, whole.usage.input_tokens, whole.usage.output_tokens)
+        whole.stop_reason,
+        whole.usage.input_tokens,
+        whole.usage.output_tokens,
+    )
 
     # on the wire: "event: <type>" lines naming each data's type
-    raw = http.post("/v1/messages", json={"model": name, "messages": FOX, "max_tokens": 16, "temperature": 0,
-                                          "stream": True})
+    raw = http.post(
+        "/v1/messages", json={"model": name, "messages": FOX, "max_tokens": 16, "temperature": 0, "stream": True}
+    )
     assert raw.status_code == 200 and raw.headers["content-type"].startswith("text/event-stream")
     wire = [kind for kind, _ in sse_events(raw.text)]
     assert wire == kinds[:2] + ["ping"] + kinds[2:]
@@ -166,7 +181,7 @@ def test_stream_with_stop_sequence(client, name):
     with client.messages.stream(model=name, messages=FOX, max_tokens=24, stop_sequences=[stop], **GREEDY) as stream:
         text = "".join(stream.text_stream)
         final = stream.get_final_message()
-    assert text == full[:full.index(stop)]
+    assert text == full[: full.index(stop)]
     assert final.stop_reason == "stop_sequence" and final.stop_sequence == stop
 
 
@@ -180,24 +195,43 @@ def test_count_tokens(client, name, tokenizer):
 
 
 def test_tool_use_and_result_render_as_tool_turns(client, name, tokenizer):
-    tools = [{"name": "get_weather", "description": "Weather of a city",
-              "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]
+    tools = [
+        {
+            "name": "get_weather",
+            "description": "Weather of a city",
+            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
+        }
+    ]
     messages = [
         {"role": "user", "content": "Weather in Paris?"},
-        {"role": "assistant", "content": [{"type": "text", "text": "Let me look."},
-                                          {"type": "tool_use", "id": "toolu_1", "name": "get_weather",
-                                           "input": {"city": "Paris"}}]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
-                                      "content": [{"type": "text", "text": "18 C, sunny"}]}]},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "Let me look."},
+                {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "18 C, sunny"}]}
+            ],
+        },
     ]
     counted = client.messages.count_tokens(model=name, messages=messages, tools=tools)
     # the tiny template renders role and content: the tool result is a "tool" turn
-    expected = chat_ids(tokenizer, [{"role": "user", "content": "Weather in Paris?"},
-                                    {"role": "assistant", "content": "Let me look."},
-                                    {"role": "tool", "content": "18 C, sunny"}])
+    expected = chat_ids(
+        tokenizer,
+        [
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": "Let me look."},
+            {"role": "tool", "content": "18 C, sunny"},
+        ],
+    )
     assert counted.input_tokens == len(expected)
-    message = client.messages.create(model=name, messages=messages, tools=tools, tool_choice={"type": "auto"},
-                                     max_tokens=4, **GREEDY)
+    message = client.messages.create(
+        model=name, messages=messages, tools=tools, tool_choice={"type": "auto"}, max_tokens=4, **GREEDY
+    )
     assert message.usage.input_tokens == len(expected) and message.content[0].type == "text"
 
 
@@ -282,8 +316,10 @@ def test_overload_is_529(strict_server, name):
                 pass  # generating: the one place is taken
             second = http.post("/v1/messages", json={**body, "stream": False})
         assert second.status_code == 529, second.text
-        assert second.json() == {"type": "error", "error": {"type": "overloaded_error",
-                                                            "message": second.json()["error"]["message"]}}
+        assert second.json() == {
+            "type": "error",
+            "error": {"type": "overloaded_error", "message": second.json()["error"]["message"]},
+        }
         wait_idle(http)
         with anthropic.Anthropic(base_url=strict_server.url, api_key=API_KEY, max_retries=0) as sdk:
             assert sdk.messages.create(model=name, messages=FOX, max_tokens=2).usage.output_tokens == 2
@@ -298,8 +334,9 @@ def test_disconnect_mid_stream_aborts(http, name):
                 break
     wait_idle(http)
     after = metrics(http)
-    aborted = metric(after, "llmp_request_success_total", finished_reason="abort") - \
-        metric(before, "llmp_request_success_total", finished_reason="abort")
+    aborted = metric(after, "llmp_request_success_total", finished_reason="abort") - metric(
+        before, "llmp_request_success_total", finished_reason="abort"
+    )
     assert aborted == 1
     generated = metric(after, "llmp_generation_tokens_total") - metric(before, "llmp_generation_tokens_total")
     assert generated < 480

@@ -12,7 +12,8 @@ from llmp.api import FrontendSpec
 @hookimpl
 def llmp_register_frontends() -> Iterator[FrontendSpec]:
     yield FrontendSpec(
-        name="grpc", impl="llmp_frontend_grpc.frontend:GrpcFrontend",
+        name="grpc",
+        impl="llmp_frontend_grpc.frontend:GrpcFrontend",
         description="gRPC service llmp.v1.Llmp (Generate, GenerateStream, Tokenize, ListModels, Health) on its own "
         "port (LLMP_GRPC_PORT, default 50051)",
     )

@@ -22,10 +22,10 @@ from types import SimpleNamespace
 from typing import Any
 
 import grpc
+
 from llmp.sampling_params import SamplingParams
 from llmp.server.errors import APIError, as_api_error, bad_request
 from llmp.server.frontend_kit import FrontendKit, engine_request_id
-
 from llmp_frontend_grpc import llmp_pb2 as pb
 from llmp_frontend_grpc import llmp_pb2_grpc as pb_grpc
 
@@ -80,13 +80,15 @@ class GrpcFrontend(FrontendKit):
         try:
             server.add_insecure_port(self.address)
         except RuntimeError as exc:
-            log.error("the gRPC front-end cannot listen on %s: %s (choose a free --grpc-port)",
-                      self.address, exc)
+            log.error("the gRPC front-end cannot listen on %s: %s (choose a free --grpc-port)", self.address, exc)
             raise
         await server.start()
         self.server = server
-        log.info("gRPC front-end (llmp.v1.Llmp) listening on %s%s", self.address,
-                 " (API key required)" if self.key_digests else "")
+        log.info(
+            "gRPC front-end (llmp.v1.Llmp) listening on %s%s",
+            self.address,
+            " (API key required)" if self.key_digests else "",
+        )
         try:
             await server.wait_for_termination()
         finally:
@@ -142,10 +144,15 @@ class GrpcFrontend(FrontendKit):
         d = self.defaults
         try:
             return SamplingParams(
-                temperature=given("temperature", d.get("temperature", 1.0)), top_p=given("top_p", d.get("top_p", 1.0)),
-                top_k=given("top_k", d.get("top_k", 0)), min_p=d.get("min_p", 0.0),
-                repetition_penalty=d.get("repetition_penalty", 1.0), seed=given("seed", None),
-                max_tokens=max_tokens, stop=stop or None, ignore_eos=request.ignore_eos,
+                temperature=given("temperature", d.get("temperature", 1.0)),
+                top_p=given("top_p", d.get("top_p", 1.0)),
+                top_k=given("top_k", d.get("top_k", 0)),
+                min_p=d.get("min_p", 0.0),
+                repetition_penalty=d.get("repetition_penalty", 1.0),
+                seed=given("seed", None),
+                max_tokens=max_tokens,
+                stop=stop or None,
+                ignore_eos=request.ignore_eos,
             )
         except ValueError as exc:
             match = re.match(r"[a-z_]+", str(exc))
@@ -162,13 +169,19 @@ class GrpcFrontend(FrontendKit):
 
     def response(self, seq: Any, prompt_tokens: int | None = None, completion_tokens: int = 0) -> Any:
         """A ``GenerateResponse`` of (a delta of) a sequence; with usage when ``prompt_tokens`` is given."""
-        message = pb.GenerateResponse(text=seq.text, token_ids=seq.token_ids, finish_reason=seq.finish_reason or "",
-                                      model=self.model_name)
+        message = pb.GenerateResponse(
+            text=seq.text, token_ids=seq.token_ids, finish_reason=seq.finish_reason or "", model=self.model_name
+        )
         if seq.stop_reason is not None:
             message.stop_reason = str(seq.stop_reason)
         if prompt_tokens is not None:
-            message.usage.CopyFrom(pb.Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                                            total_tokens=prompt_tokens + completion_tokens))
+            message.usage.CopyFrom(
+                pb.Usage(
+                    prompt_tokens=prompt_tokens,
+                    completion_tokens=completion_tokens,
+                    total_tokens=prompt_tokens + completion_tokens,
+                )
+            )
         return message
 
 
@@ -195,15 +208,19 @@ def _unary(public: bool = False) -> Callable:
         @functools.wraps(method)
         async def handler(self: LlmpServicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
             if not public and not self.fe.authorized(context.invocation_metadata()):
-                await context.abort(grpc.StatusCode.UNAUTHENTICATED, "invalid or missing API key "
-                                    "(metadata 'authorization: Bearer <key>')")
+                await context.abort(
+                    grpc.StatusCode.UNAUTHENTICATED,
+                    "invalid or missing API key (metadata 'authorization: Bearer <key>')",
+                )
             try:
                 return await method(self, request, context)
             except grpc.aio.AbortError:
                 raise
             except Exception as exc:  # noqa: BLE001  (every failure becomes a status code)
                 await _fail(context, exc)
+
         return handler
+
     return wrap
 
 
@@ -227,8 +244,9 @@ class LlmpServicer(pb_grpc.LlmpServicer):
 
     async def GenerateStream(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         if not self.fe.authorized(context.invocation_metadata()):
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "invalid or missing API key "
-                                "(metadata 'authorization: Bearer <key>')")
+            await context.abort(
+                grpc.StatusCode.UNAUTHENTICATED, "invalid or missing API key (metadata 'authorization: Bearer <key>')"
+            )
         try:
             outputs, prompt_tokens = await self.fe.start(request, delta=True)
             generated = 0
@@ -263,8 +281,9 @@ class LlmpServicer(pb_grpc.LlmpServicer):
     async def ListModels(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         fe = self.fe
         root = fe.options.get("model_root") or ""
-        return pb.ListModelsResponse(models=[pb.Model(id=name, root=root or name, max_model_len=fe.max_model_len)
-                                             for name in fe.model_names])
+        return pb.ListModelsResponse(
+            models=[pb.Model(id=name, root=root or name, max_model_len=fe.max_model_len) for name in fe.model_names]
+        )
 
     @_unary(public=True)
     async def Health(self, request: Any, context: grpc.aio.ServicerContext) -> Any:

@@ -11,8 +11,8 @@ from typing import Any
 import grpc
 import httpx
 import pytest
-from llmp.testing import LiveServer, free_port, serving
 
+from llmp.testing import LiveServer, free_port, serving
 from llmp_frontend_grpc import llmp_pb2 as pb  # noqa: F401  (the tests import it from here)
 from llmp_frontend_grpc import llmp_pb2_grpc as pb_grpc
 
@@ -35,8 +35,17 @@ class GrpcServer:
 
 def grpc_server(model: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[GrpcServer]:
     port = free_port()
-    with serving(model, "--frontend", "openai", "--frontend", "grpc", "--dtype", "float32", *args,
-                 env={"LLMP_GRPC_PORT": str(port), **(env or {})}) as live:
+    with serving(
+        model,
+        "--frontend",
+        "openai",
+        "--frontend",
+        "grpc",
+        "--dtype",
+        "float32",
+        *args,
+        env={"LLMP_GRPC_PORT": str(port), **(env or {})},
+    ) as live:
         server = GrpcServer(live, port, model)
         try:
             yield server
@@ -72,7 +81,7 @@ def wait_idle(http: httpx.Client, timeout: float) -> float:
         if m.get("llmp_num_requests_running") == 0 and m.get("llmp_num_requests_waiting") == 0:
             return time.monotonic() - start
         if time.monotonic() - start > timeout:
-            raise AssertionError(f"the engine is still busy {timeout} s later: "
-                                 f"{m.get('llmp_num_requests_running')} running")
+            raise AssertionError(
+                f"the engine is still busy {timeout} s later: {m.get('llmp_num_requests_running')} running"
+            )
         time.sleep(0.05)
-

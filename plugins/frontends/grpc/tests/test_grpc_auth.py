@@ -14,16 +14,25 @@ KEY = "Secret-Key-42"  # mixed case: its lower- and upper-cased forms are wrong 
 
 @pytest.fixture(scope="module")
 def server(tiny_model: Path) -> Iterator[GrpcServer]:
-    yield from grpc_server(tiny_model, "--api-key", KEY, "--served-model-name", "alias",
-                           env={"LLMP_API_KEY": KEY})
+    yield from grpc_server(tiny_model, "--api-key", KEY, "--served-model-name", "alias", env={"LLMP_API_KEY": KEY})
 
 
-@pytest.mark.parametrize("metadata", [None, [("authorization", KEY)], [("authorization", f"Bearer {KEY.lower()}")],
-                                      [("authorization", f"Basic {KEY}")], [("x-api-key", KEY)]])
+@pytest.mark.parametrize(
+    "metadata",
+    [
+        None,
+        [("authorization", KEY)],
+        [("authorization", f"Bearer {KEY.lower()}")],
+        [("authorization", f"Basic {KEY}")],
+        [("x-api-key", KEY)],
+    ],
+)
 def test_missing_or_wrong_key_is_unauthenticated(server: GrpcServer, metadata: list | None) -> None:
-    for call, request in ((server.stub.ListModels, pb.ListModelsRequest()),
-                          (server.stub.Tokenize, pb.TokenizeRequest(text="hi")),
-                          (server.stub.Generate, pb.GenerateRequest(text="hi", max_tokens=1))):
+    for call, request in (
+        (server.stub.ListModels, pb.ListModelsRequest()),
+        (server.stub.Tokenize, pb.TokenizeRequest(text="hi")),
+        (server.stub.Generate, pb.GenerateRequest(text="hi", max_tokens=1)),
+    ):
         error = rpc_error(call, request, metadata=metadata, timeout=30)
         assert error.code() == grpc.StatusCode.UNAUTHENTICATED, (call, error.details())
         assert "API key" in error.details()
@@ -35,14 +44,27 @@ def test_right_key_works(server: GrpcServer) -> None:
     metadata = [("authorization", f"Bearer {KEY}")]
     models = server.stub.ListModels(pb.ListModelsRequest(), metadata=metadata, timeout=30).models
     assert [m.id for m in models] == ["alias"]
-    reply = server.stub.Generate(pb.GenerateRequest(model="alias", text="hi", max_tokens=2, ignore_eos=True),
-                                 metadata=metadata, timeout=60)
+    reply = server.stub.Generate(
+        pb.GenerateRequest(model="alias", text="hi", max_tokens=2, ignore_eos=True), metadata=metadata, timeout=60
+    )
     assert len(reply.token_ids) == 2 and reply.finish_reason == "length"
-    http = server.http.post("/v1/completions", headers={"Authorization": f"Bearer {KEY}"},
-                            json={"model": "alias", "prompt": "hi", "max_tokens": 2, "temperature": 0,
-                                  "ignore_eos": True, "return_token_ids": True})
-    greedy = server.stub.Generate(pb.GenerateRequest(model="alias", text="hi", max_tokens=2, temperature=0,
-                                                     ignore_eos=True), metadata=metadata, timeout=60)
+    http = server.http.post(
+        "/v1/completions",
+        headers={"Authorization": f"Bearer {KEY}"},
+        json={
+            "model": "alias",
+            "prompt": "hi",
+            "max_tokens": 2,
+            "temperature": 0,
+            "ignore_eos": True,
+            "return_token_ids": True,
+        },
+    )
+    greedy = server.stub.Generate(
+        pb.GenerateRequest(model="alias", text="hi", max_tokens=2, temperature=0, ignore_eos=True),
+        metadata=metadata,
+        timeout=60,
+    )
     assert list(greedy.token_ids) == http.json()["choices"][0]["token_ids"]
 
 

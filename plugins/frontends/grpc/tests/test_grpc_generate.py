@@ -21,15 +21,25 @@ def server(tiny_model: Path) -> Iterator[GrpcServer]:
 
 
 def completion(server: GrpcServer, **body: object) -> dict:
-    response = server.http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0,
-                                                         "ignore_eos": True, "return_token_ids": True, **body})
+    response = server.http.post(
+        "/v1/completions",
+        json={
+            "prompt": PROMPT,
+            "max_tokens": MAX_TOKENS,
+            "temperature": 0,
+            "ignore_eos": True,
+            "return_token_ids": True,
+            **body,
+        },
+    )
     assert response.status_code == 200, response.text
     return response.json()
 
 
 def greedy(**fields: object) -> pb.GenerateRequest:
-    return pb.GenerateRequest(**{"text": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True,
-                                 **fields})
+    return pb.GenerateRequest(
+        **{"text": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True, **fields}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +55,10 @@ def test_generate_equals_openai_completion(server: GrpcServer, unary: pb.Generat
     assert unary.finish_reason == "length" == choice["finish_reason"]
     prompt_ids = server.http.post("/tokenize", json={"prompt": PROMPT}).json()["tokens"]
     assert (unary.usage.prompt_tokens, unary.usage.completion_tokens, unary.usage.total_tokens) == (
-        len(prompt_ids), MAX_TOKENS, len(prompt_ids) + MAX_TOKENS)
+        len(prompt_ids),
+        MAX_TOKENS,
+        len(prompt_ids) + MAX_TOKENS,
+    )
     assert unary.model == str(server.model)
 
 
@@ -68,21 +81,25 @@ def test_stream_deltas_add_up_to_the_unary_answer(server: GrpcServer, unary: pb.
 
 
 def test_stop_string_matches_openai(server: GrpcServer, unary: pb.GenerateResponse) -> None:
-    stop = unary.text[len(unary.text) // 2:][:1]  # a character the greedy answer reaches halfway
+    stop = unary.text[len(unary.text) // 2 :][:1]  # a character the greedy answer reaches halfway
     reply = server.stub.Generate(greedy(stop=[stop]), timeout=60)
     choice = completion(server, stop=[stop])["choices"][0]
     assert reply.finish_reason == "stop" == choice["finish_reason"]
     assert reply.stop_reason == stop == choice["stop_reason"]
-    assert reply.text == choice["text"] == unary.text[:unary.text.index(stop)]
+    assert reply.text == choice["text"] == unary.text[: unary.text.index(stop)]
 
 
 def test_chat_equals_openai_chat(server: GrpcServer) -> None:
     messages = [{"role": "user", "content": "Hi there"}]
-    reply = server.stub.Generate(pb.GenerateRequest(
-        chat=pb.Chat(messages=[pb.ChatMessage(**m) for m in messages]), max_tokens=4, temperature=0,
-        ignore_eos=True), timeout=60)
-    body = server.http.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 4, "temperature": 0,
-                                                          "ignore_eos": True}).json()
+    reply = server.stub.Generate(
+        pb.GenerateRequest(
+            chat=pb.Chat(messages=[pb.ChatMessage(**m) for m in messages]), max_tokens=4, temperature=0, ignore_eos=True
+        ),
+        timeout=60,
+    )
+    body = server.http.post(
+        "/v1/chat/completions", json={"messages": messages, "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+    ).json()
     assert reply.text == body["choices"][0]["message"]["content"]
     assert reply.usage.prompt_tokens == body["usage"]["prompt_tokens"]
     assert len(reply.token_ids) == 4
@@ -95,11 +112,14 @@ def test_tokenize_equals_http_tokenize(server: GrpcServer) -> None:
     assert list(reply.token_ids) == http["tokens"] and reply.count == http["count"] == len(http["tokens"])
     assert reply.max_model_len == CONTEXT
     bare = server.stub.Tokenize(pb.TokenizeRequest(text=text, add_special_tokens=False), timeout=30)
-    assert list(bare.token_ids) == server.http.post("/tokenize", json={"prompt": text, "add_special_tokens": False}
-                                                    ).json()["tokens"]
+    assert (
+        list(bare.token_ids)
+        == server.http.post("/tokenize", json={"prompt": text, "add_special_tokens": False}).json()["tokens"]
+    )
     messages = [{"role": "system", "content": "Be brief"}, {"role": "user", "content": "Hi"}]
-    chat = server.stub.Tokenize(pb.TokenizeRequest(chat=pb.Chat(messages=[pb.ChatMessage(**m) for m in messages])),
-                                timeout=30)
+    chat = server.stub.Tokenize(
+        pb.TokenizeRequest(chat=pb.Chat(messages=[pb.ChatMessage(**m) for m in messages])), timeout=30
+    )
     assert list(chat.token_ids) == server.http.post("/tokenize", json={"messages": messages}).json()["tokens"]
 
 
@@ -110,19 +130,28 @@ def test_list_models_and_health(server: GrpcServer) -> None:
     assert server.stub.Health(pb.HealthRequest(), timeout=30).status == pb.HealthResponse.SERVING
 
 
-@pytest.mark.parametrize(("fields", "code", "contains"), [
-    ({"model": "no-such-model"}, grpc.StatusCode.NOT_FOUND, "The model `no-such-model` does not exist."),
-    ({"temperature": -1}, grpc.StatusCode.INVALID_ARGUMENT, "temperature must be >= 0"),
-    ({"max_tokens": CONTEXT + 1}, grpc.StatusCode.INVALID_ARGUMENT,
-     f"max_tokens={CONTEXT + 1} cannot be greater than max_model_len={CONTEXT}"),
-    ({"max_tokens": CONTEXT - 2}, grpc.StatusCode.INVALID_ARGUMENT, "This model's maximum context length is 512"),
-    ({"top_p": 0}, grpc.StatusCode.INVALID_ARGUMENT, "top_p must be in (0"),
-    ({"text": None, "token_ids": pb.TokenIds(ids=[1, 512])}, grpc.StatusCode.INVALID_ARGUMENT,
-     "token id 512 in token_ids is out of vocabulary (size 512)"),
-    ({"text": None, "token_ids": pb.TokenIds()}, grpc.StatusCode.INVALID_ARGUMENT, "token_ids must not be empty"),
-    ({"text": None}, grpc.StatusCode.INVALID_ARGUMENT, "give the prompt as one of text, token_ids or chat"),
-    ({"stop": [""]}, grpc.StatusCode.INVALID_ARGUMENT, "stop strings must not be empty"),
-])
+@pytest.mark.parametrize(
+    ("fields", "code", "contains"),
+    [
+        ({"model": "no-such-model"}, grpc.StatusCode.NOT_FOUND, "The model `no-such-model` does not exist."),
+        ({"temperature": -1}, grpc.StatusCode.INVALID_ARGUMENT, "temperature must be >= 0"),
+        (
+            {"max_tokens": CONTEXT + 1},
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"max_tokens={CONTEXT + 1} cannot be greater than max_model_len={CONTEXT}",
+        ),
+        ({"max_tokens": CONTEXT - 2}, grpc.StatusCode.INVALID_ARGUMENT, "This model's maximum context length is 512"),
+        ({"top_p": 0}, grpc.StatusCode.INVALID_ARGUMENT, "top_p must be in (0"),
+        (
+            {"text": None, "token_ids": pb.TokenIds(ids=[1, 512])},
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "token id 512 in token_ids is out of vocabulary (size 512)",
+        ),
+        ({"text": None, "token_ids": pb.TokenIds()}, grpc.StatusCode.INVALID_ARGUMENT, "token_ids must not be empty"),
+        ({"text": None}, grpc.StatusCode.INVALID_ARGUMENT, "give the prompt as one of text, token_ids or chat"),
+        ({"stop": [""]}, grpc.StatusCode.INVALID_ARGUMENT, "stop strings must not be empty"),
+    ],
+)
 @pytest.mark.parametrize("rpc", ["Generate", "GenerateStream"])
 def test_bad_requests(server: GrpcServer, rpc: str, fields: dict, code: grpc.StatusCode, contains: str) -> None:
     request = greedy(**{k: v for k, v in fields.items() if v is not None})

@@ -10,7 +10,8 @@ from llmp.api import CommandSpec, FrontendSpec
 @hookimpl
 def llmp_register_frontends() -> Iterator[FrontendSpec]:
     yield FrontendSpec(
-        name="mcp", impl="llmp_frontend_mcp.frontend:McpFrontend",
+        name="mcp",
+        impl="llmp_frontend_mcp.frontend:McpFrontend",
         description="Model Context Protocol over streamable HTTP at /mcp: tools generate, chat, tokenize; "
         "resource llmp://models",
     )
@@ -18,5 +19,8 @@ def llmp_register_frontends() -> Iterator[FrontendSpec]:
 
 @hookimpl
 def llmp_register_commands() -> Iterator[CommandSpec]:
-    yield CommandSpec(name="mcp", impl="llmp_frontend_mcp.cli:mcp",
-                      help="Serve a model to an MCP client over stdio (tools generate, chat, tokenize).")
+    yield CommandSpec(
+        name="mcp",
+        impl="llmp_frontend_mcp.cli:mcp",
+        help="Serve a model to an MCP client over stdio (tools generate, chat, tokenize).",
+    )

@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from pydantic_settings import NoDecode
+
 from llmp.cli import ConfigOption
 from llmp.config import CommandSettings, load_settings
-from pydantic_settings import NoDecode
 
 ListOfStr = Annotated[list[str], NoDecode]
 
@@ -38,18 +39,23 @@ class McpSettings(CommandSettings):
 def mcp(
     ctx: typer.Context,
     model: str | None = typer.Argument(
-        None, help="Model directory, .gguf file or Hugging Face id in the local cache; default SmolLM2-135M-Instruct."),
+        None, help="Model directory, .gguf file or Hugging Face id in the local cache; default SmolLM2-135M-Instruct."
+    ),
     served_model_name: list[str] | None = typer.Option(
-        None, "--served-model-name", help="Public model name(s), listed by the llmp://models resource."),
+        None, "--served-model-name", help="Public model name(s), listed by the llmp://models resource."
+    ),
     dtype: str = typer.Option("auto", help="auto, bfloat16, float16 or float32."),
-    max_model_len: int | None = typer.Option(None, help="Context length (default: the model's, capped by the KV cache)."),
+    max_model_len: int | None = typer.Option(
+        None, help="Context length (default: the model's, capped by the KV cache)."
+    ),
     max_num_seqs: int = typer.Option(256, help="Most sequences in one step."),
     kv_cache_memory_gib: float = typer.Option(4.0, help="Memory for the KV cache, in GiB."),
     num_threads: int | None = typer.Option(None, help="Torch threads of the engine (default: all cores)."),
     seed: int = typer.Option(0, help="Engine seed for requests without one."),
     chat_template: str | None = typer.Option(None, help="Chat template file or text (default: the tokenizer's)."),
     generation_config: str = typer.Option(
-        "auto", help="'auto': sampling defaults from the model's generation_config.json; 'none': ignore it."),
+        "auto", help="'auto': sampling defaults from the model's generation_config.json; 'none': ignore it."
+    ),
     max_stop_sequences: int = typer.Option(64, help="Most stop strings in one request."),
     log_level: str = typer.Option("warning", help="Log level of the messages written to stderr."),
     config: Path | None = ConfigOption,
@@ -62,8 +68,9 @@ def run(settings: McpSettings) -> int:
     import asyncio
     import logging
 
-    logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr,
-                        format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=settings.log_level.upper(), stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s"
+    )
     from llmp.api import LLMPError
 
     chat_template = _chat_template(settings.chat_template)  # a bad value fails before the engine starts
@@ -94,9 +101,14 @@ def _start_engine(settings: McpSettings) -> Any:
     os.dup2(2, 1)
     try:
         return AsyncLLM(
-            str(model_dir), engine_mode="process", dtype=settings.dtype, max_model_len=settings.max_model_len,
-            max_num_seqs=settings.max_num_seqs, kv_cache_memory_bytes=int(settings.kv_cache_memory_gib * (1 << 30)),
-            num_threads=settings.num_threads, seed=settings.seed,
+            str(model_dir),
+            engine_mode="process",
+            dtype=settings.dtype,
+            max_model_len=settings.max_model_len,
+            max_num_seqs=settings.max_num_seqs,
+            kv_cache_memory_bytes=int(settings.kv_cache_memory_gib * (1 << 30)),
+            num_threads=settings.num_threads,
+            seed=settings.seed,
         )
     finally:
         sys.stdout.flush()
@@ -106,7 +118,6 @@ def _start_engine(settings: McpSettings) -> Any:
 
 async def _serve(settings: McpSettings, engine: Any, chat_template: str | None) -> int:
     from llmp.modeling.files import DEFAULT_MODEL
-
     from llmp_frontend_mcp.frontend import McpFrontend
 
     info = engine.info

@@ -20,10 +20,11 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Annotated, Any
 
+from pydantic import BaseModel, Field
+
 from llmp.sampling_params import SamplingParams
 from llmp.server.errors import APIError, as_api_error, bad_request
 from llmp.server.frontend_kit import FrontendKit, engine_request_id
-from pydantic import BaseModel, Field
 
 log = logging.getLogger("llmp.frontend.mcp")
 
@@ -42,8 +43,9 @@ class Tokens(BaseModel):
 
 
 MaxTokens = Annotated[int | None, Field(ge=1, description="Most tokens to generate (default: the rest of the context)")]
-Temperature = Annotated[float | None, Field(ge=0, description="Sampling temperature; 0 is greedy (default: the model's, "
-                                                                "else 1)")]
+Temperature = Annotated[
+    float | None, Field(ge=0, description="Sampling temperature; 0 is greedy (default: the model's, else 1)")
+]
 
 
 class McpFrontend(FrontendKit):
@@ -63,24 +65,41 @@ class McpFrontend(FrontendKit):
         from mcp.server.mcpserver.resources.templates import ResourceSecurity
 
         server = MCPServer(
-            "llmp", version=_version(),
+            "llmp",
+            version=_version(),
             instructions=f"An LLM inference server serving {', '.join(self.model_names)}: call `generate` to "
-                         "complete text, `chat` to answer a conversation, `tokenize` to see token ids.",
+            "complete text, `chat` to answer a conversation, `tokenize` to see token ids.",
             log_level="WARNING",  # only a default: the server has configured logging already
         )
         if self.task == "generate":
-            server.add_tool(self.generate, name="generate", structured_output=False,
-                            description="Continue a text prompt with the model; returns the generated text.")
-            server.add_tool(self.chat, name="chat", structured_output=False,
-                            description="Answer a conversation (messages of role and content) with the model's "
-                                        "chat template; returns the assistant's reply.")
+            server.add_tool(
+                self.generate,
+                name="generate",
+                structured_output=False,
+                description="Continue a text prompt with the model; returns the generated text.",
+            )
+            server.add_tool(
+                self.chat,
+                name="chat",
+                structured_output=False,
+                description="Answer a conversation (messages of role and content) with the model's "
+                "chat template; returns the assistant's reply.",
+            )
         server.add_tool(self.tokenize, name="tokenize", description="The model's token ids of a text.")
-        server.resource("llmp://models", name="models", mime_type="application/json",
-                        description="The served models: names and max_model_len.")(self.models_resource)
+        server.resource(
+            "llmp://models",
+            name="models",
+            mime_type="application/json",
+            description="The served models: names and max_model_len.",
+        )(self.models_resource)
         # names may be paths (the model directory): only compared with the served names, never opened
-        server.resource("llmp://models/{+name}", name="model", mime_type="application/json",
-                        description="One served model by name.",
-                        security=ResourceSecurity(exempt_params={"name"}))(self.model_resource)
+        server.resource(
+            "llmp://models/{+name}",
+            name="model",
+            mime_type="application/json",
+            description="One served model by name.",
+            security=ResourceSecurity(exempt_params={"name"}),
+        )(self.model_resource)
         return server
 
     # -- tools --------------------------------------------------------------------
@@ -93,7 +112,7 @@ class McpFrontend(FrontendKit):
         stop: Annotated[list[str] | str | None, Field(description="Stop strings, not included in the text")] = None,
     ) -> str:
         async def run() -> str:
-            (text, ids), = await self.prompt_inputs(prompt, "prompt", True)  # as /v1/completions
+            ((text, ids),) = await self.prompt_inputs(prompt, "prompt", True)  # as /v1/completions
             return await self._complete(text, ids, max_tokens, temperature, stop, "mcp-gen")
 
         return await _as_tool(run)
@@ -123,22 +142,34 @@ class McpFrontend(FrontendKit):
 
         return await _as_tool(run)
 
-    async def _complete(self, text: str | None, ids: list[int], max_tokens: int | None, temperature: float | None,
-                        stop: list[str] | str | None, prefix: str) -> str:
+    async def _complete(
+        self,
+        text: str | None,
+        ids: list[int],
+        max_tokens: int | None,
+        temperature: float | None,
+        stop: list[str] | str | None,
+        prefix: str,
+    ) -> str:
         self.check_stop(stop)
         limit = self.resolve_max_tokens(max_tokens, len(ids))
         d = self.defaults
         try:
             params = SamplingParams(
                 temperature=d.get("temperature", 1.0) if temperature is None else temperature,
-                top_p=d.get("top_p", 1.0), top_k=d.get("top_k", 0), min_p=d.get("min_p", 0.0),
-                repetition_penalty=d.get("repetition_penalty", 1.0), max_tokens=limit, stop=stop,
+                top_p=d.get("top_p", 1.0),
+                top_k=d.get("top_k", 0),
+                min_p=d.get("min_p", 0.0),
+                repetition_penalty=d.get("repetition_penalty", 1.0),
+                max_tokens=limit,
+                stop=stop,
             )
         except ValueError as exc:
             raise bad_request(str(exc)) from None
         final = None
-        async for output in self.engine.generate({"prompt": text, "prompt_token_ids": ids}, params,
-                                                 engine_request_id(prefix)):
+        async for output in self.engine.generate(
+            {"prompt": text, "prompt_token_ids": ids}, params, engine_request_id(prefix)
+        ):
             final = output
         if final is None or not final.outputs:
             raise APIError(500, "the engine returned no output")
@@ -147,8 +178,13 @@ class McpFrontend(FrontendKit):
     # -- resources ----------------------------------------------------------------
 
     def _model_info(self, name: str) -> dict[str, Any]:
-        return {"name": name, "max_model_len": self.max_model_len, "task": self.task,
-                "root": self.options.get("model_root") or name, "vocab_size": self.vocab_size}
+        return {
+            "name": name,
+            "max_model_len": self.max_model_len,
+            "task": self.task,
+            "root": self.options.get("model_root") or name,
+            "vocab_size": self.vocab_size,
+        }
 
     def models_resource(self) -> str:
         return json.dumps({"models": [self._model_info(n) for n in self.model_names]})
@@ -170,7 +206,9 @@ class McpFrontend(FrontendKit):
         # JSON responses rather than SSE streams (tools answer once). Host and Origin are the
         # gate's job (--allowed-hosts, CORS), so the SDK's own DNS-rebinding check is off.
         self.server.streamable_http_app(
-            streamable_http_path=MCP_PATH, stateless_http=True, json_response=True,
+            streamable_http_path=MCP_PATH,
+            stateless_http=True,
+            json_response=True,
             # the gate has already bounded the body (--max-request-body-bytes): no second, smaller cap
             max_request_body_size=self.options.get("max_request_body_bytes") or (1 << 30),
             transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),

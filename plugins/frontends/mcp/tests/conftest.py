@@ -11,8 +11,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # for mcp_frontend_support (tests import it too)
 
-from llmp.testing import LiveServer, save_tiny_llama, serving
 from mcp_frontend_support import API_KEY, AUTH, MAX_TOKENS, PROMPT, server_model
+
+from llmp.testing import LiveServer, save_tiny_llama, serving
 
 
 @pytest.fixture(scope="session")
@@ -24,8 +25,9 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def server(tiny_dir: Path) -> Iterator[LiveServer]:
-    with serving(tiny_dir, "--frontend", "openai", "--frontend", "mcp", "--dtype", "float32",
-                 "--api-key", API_KEY) as live:
+    with serving(
+        tiny_dir, "--frontend", "openai", "--frontend", "mcp", "--dtype", "float32", "--api-key", API_KEY
+    ) as live:
         yield live
         assert live.process.poll() is None, f"the server died during the tests:\n{live.log()}"
 
@@ -35,8 +37,12 @@ def expected_completion(server: LiveServer) -> str:
     """The OpenAI front-end's greedy completion of PROMPT: what the MCP `generate` tool must return."""
     import httpx
 
-    response = httpx.post(f"{server.url}/v1/completions", headers=AUTH, timeout=60, json={
-        "model": str(server_model(server)), "prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0})
+    response = httpx.post(
+        f"{server.url}/v1/completions",
+        headers=AUTH,
+        timeout=60,
+        json={"model": str(server_model(server)), "prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0},
+    )
     assert response.status_code == 200, response.text
     text = response.json()["choices"][0]["text"]
     assert text  # a tiny random model still says something in 12 tokens

@@ -15,8 +15,6 @@ MAX_TOKENS = 12
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Paged attention keeps"}]
 
 
-
-
 def server_model(server: LiveServer) -> str:
     import httpx
 

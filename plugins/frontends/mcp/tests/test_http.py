@@ -7,8 +7,9 @@ from typing import Any
 
 import httpx
 import pytest
-from llmp.testing import LiveServer
 from mcp_frontend_support import AUTH, MAX_TOKENS, MESSAGES, PROMPT, run_client, server_model, text_of
+
+from llmp.testing import LiveServer
 
 
 def http_target(server: LiveServer, headers: dict[str, str] | None = AUTH) -> Any:
@@ -41,7 +42,7 @@ def test_generate_matches_openai_completions(server: LiveServer, expected_comple
 
 
 def test_generate_stop_string(server: LiveServer, expected_completion: str) -> None:
-    stop = expected_completion[len(expected_completion) // 2:][:2]
+    stop = expected_completion[len(expected_completion) // 2 :][:2]
     cut = expected_completion.index(stop)
     result = call(server, "generate", {"prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0, "stop": [stop]})
     assert not result.is_error, result
@@ -49,8 +50,12 @@ def test_generate_stop_string(server: LiveServer, expected_completion: str) -> N
 
 
 def test_chat_matches_openai_chat_completions(server: LiveServer) -> None:
-    response = httpx.post(f"{server.url}/v1/chat/completions", headers=AUTH, timeout=60, json={
-        "model": server_model(server), "messages": MESSAGES, "max_tokens": MAX_TOKENS, "temperature": 0})
+    response = httpx.post(
+        f"{server.url}/v1/chat/completions",
+        headers=AUTH,
+        timeout=60,
+        json={"model": server_model(server), "messages": MESSAGES, "max_tokens": MAX_TOKENS, "temperature": 0},
+    )
     assert response.status_code == 200, response.text
     expected = response.json()["choices"][0]["message"]["content"]
     result = call(server, "chat", {"messages": MESSAGES, "max_tokens": MAX_TOKENS, "temperature": 0})
@@ -61,8 +66,9 @@ def test_chat_matches_openai_chat_completions(server: LiveServer) -> None:
 
 def test_tokenize_matches_openai_tokenize(server: LiveServer) -> None:
     text = "Café, naïve, Zürich: the quick brown fox."
-    response = httpx.post(f"{server.url}/tokenize", headers=AUTH, timeout=30,
-                          json={"model": server_model(server), "prompt": text})
+    response = httpx.post(
+        f"{server.url}/tokenize", headers=AUTH, timeout=30, json={"model": server_model(server), "prompt": text}
+    )
     assert response.status_code == 200, response.text
     expected = response.json()["tokens"]
     result = call(server, "tokenize", {"text": text})
@@ -83,17 +89,21 @@ def test_models_resource(server: LiveServer) -> None:
     listed, models, one = run_client(http_target(server), work)
     assert [str(r.uri) for r in listed.resources] == ["llmp://models"]
     data = json.loads(models.contents[0].text)
-    assert data["models"] == [{"name": name, "max_model_len": 512, "task": "generate", "root": data["models"][0]["root"],
-                               "vocab_size": 512}]
+    assert data["models"] == [
+        {"name": name, "max_model_len": 512, "task": "generate", "root": data["models"][0]["root"], "vocab_size": 512}
+    ]
     assert json.loads(one.contents[0].text)["name"] == name
 
 
-@pytest.mark.parametrize(("arguments", "message"), [
-    ({"prompt": PROMPT, "temperature": -1}, "temperature"),
-    ({"prompt": PROMPT, "max_tokens": 100000}, "max_tokens=100000 cannot be greater than max_model_len=512"),
-    ({"prompt": ""}, "prompt must not hold an empty string"),
-    ({"prompt": PROMPT, "stop": [""]}, "stop strings must not be empty"),
-])
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"prompt": PROMPT, "temperature": -1}, "temperature"),
+        ({"prompt": PROMPT, "max_tokens": 100000}, "max_tokens=100000 cannot be greater than max_model_len=512"),
+        ({"prompt": ""}, "prompt must not hold an empty string"),
+        ({"prompt": PROMPT, "stop": [""]}, "stop strings must not be empty"),
+    ],
+)
 def test_bad_arguments_are_tool_errors(server: LiveServer, arguments: dict, message: str) -> None:
     result = call(server, "generate", arguments)
     assert result.is_error
@@ -112,8 +122,12 @@ def test_errors_do_not_break_the_server(server: LiveServer, expected_completion:
 
 
 def test_api_key_guards_mcp(server: LiveServer) -> None:
-    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+    init = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+    }
     headers = {"Accept": "application/json, text/event-stream"}
     refused = httpx.post(f"{server.url}/mcp", json=init, headers=headers, timeout=30)
     assert refused.status_code == 401, refused.text

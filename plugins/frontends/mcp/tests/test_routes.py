@@ -8,10 +8,15 @@ from typing import Any
 
 import httpx
 import pytest
+
 from llmp.server.app import Limits, ServerState, build_app
 
-INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-    "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+INIT = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+}
 ACCEPT = {"Accept": "application/json, text/event-stream"}
 AUTH = {"Authorization": "Bearer k", **ACCEPT}
 
@@ -36,13 +41,24 @@ def responses() -> dict[str, Any]:
     async def main() -> dict[str, Any]:
         state = ServerState()
         state.phase, state.engine = "ready", object()
-        app = build_app(state, api_keys=["k"], allowed_origins=[], allow_credentials=False,
-                        limits=Limits(max_body_bytes=1 << 20, max_in_flight=None, overload_status=503,
-                                      allowed_hosts=None),
-                        root_path="", docs=True, metrics=None, health_timeout=5)
+        app = build_app(
+            state,
+            api_keys=["k"],
+            allowed_origins=[],
+            allow_credentials=False,
+            limits=Limits(max_body_bytes=1 << 20, max_in_flight=None, overload_status=503, allowed_hosts=None),
+            root_path="",
+            docs=True,
+            metrics=None,
+            health_timeout=5,
+        )
         app.include_router(McpFrontend(engine, {"served_model_names": ["m"], "max_model_len": 64}).http_router())
-        tokenize = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
-                    "params": {"name": "tokenize", "arguments": {"text": "The quick brown fox"}}}
+        tokenize = {
+            "jsonrpc": "2.0",
+            "id": 2,
+            "method": "tools/call",
+            "params": {"name": "tokenize", "arguments": {"text": "The quick brown fox"}},
+        }
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://127.0.0.1:8000") as c:
             return {
                 "no_key": await c.post("/mcp", headers=ACCEPT, json=INIT),

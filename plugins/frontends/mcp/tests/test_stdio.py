@@ -12,9 +12,10 @@ from mcp_frontend_support import MAX_TOKENS, PROMPT, run_client, text_of
 def test_stdio_generate_equals_http(tiny_dir: Path, expected_completion: str) -> None:
     from mcp.client.stdio import StdioServerParameters
 
-    params = StdioServerParameters(command=sys.executable,
-                                   args=["-m", "llmp", "mcp", str(tiny_dir), "--dtype", "float32",
-                                         "--kv-cache-memory-gib", "0.25"])
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "llmp", "mcp", str(tiny_dir), "--dtype", "float32", "--kv-cache-memory-gib", "0.25"],
+    )
 
     async def work(client: Any) -> Any:
         tools = await client.list_tools()

@@ -9,7 +9,8 @@ from llmp.api import FrontendSpec
 @hookimpl
 def llmp_register_frontends() -> Iterator[FrontendSpec]:
     yield FrontendSpec(
-        name="openai", impl="llmp_frontend_openai.frontend:OpenAIFrontend",
+        name="openai",
+        impl="llmp_frontend_openai.frontend:OpenAIFrontend",
         description="OpenAI API: /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses, /v1/models, "
         "/tokenize, /detokenize",
     )

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, Request
 
 from llmp.server.errors import bad_request
-from llmp_frontend_openai import protocol as p
 from llmp.server.frontend_kit import engine_request_id
+from llmp_frontend_openai import protocol as p
 from llmp_frontend_openai.frontend import DONE, sse, sse_error, usage
 from llmp_frontend_openai.logprobs import chat_logprobs, prompt_logprobs
 
@@ -22,8 +22,12 @@ def add_routes(router: APIRouter, fe: OpenAIFrontend) -> None:
     async def create_chat_completion(body: p.ChatCompletionRequest, request: Request) -> Any:
         return await ChatCompletion(fe, body, request).run()
 
-    router.add_api_route("/v1/chat/completions", create_chat_completion, methods=["POST"],
-                         summary="Create a chat completion (OpenAI API)")
+    router.add_api_route(
+        "/v1/chat/completions",
+        create_chat_completion,
+        methods=["POST"],
+        summary="Create a chat completion (OpenAI API)",
+    )
 
 
 class ChatCompletion:
@@ -49,20 +53,35 @@ class ChatCompletion:
         hide_tools = body.tool_choice == "none" and fe.options.get("exclude_tools_when_tool_choice_none")
         text, self.prompt_ids = await fe.chat_prompt(body.messages, body, tools=None if hide_tools else body.tools)
         self.plan, constraint = fe.output_plan(
-            self.prompt_ids, body.tools, body.tool_choice, parallel_tool_calls=body.parallel_tool_calls is not False,
-            include_reasoning=body.include_reasoning, constraint=constraint)
+            self.prompt_ids,
+            body.tools,
+            body.tool_choice,
+            parallel_tool_calls=body.parallel_tool_calls is not False,
+            include_reasoning=body.include_reasoning,
+            constraint=constraint,
+        )
         self.parsed = self.plan.reasoning_parser is not None or self.plan.tool_parser is not None
         await fe.check_constraint(constraint, _constraint_param(body))
         field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
         requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         max_tokens = fe.resolve_max_tokens(requested, len(self.prompt_ids), field)
         self.top = (body.top_logprobs or 0) if body.logprobs else None
-        self.params = fe.sampling_params(body, max_tokens, self.top, structured_outputs=constraint,
-                                         skip_special_tokens=fe.skip_special_tokens(self.plan, body.skip_special_tokens),
-                                         names={"max_tokens": field, "logprobs": "top_logprobs"})
+        self.params = fe.sampling_params(
+            body,
+            max_tokens,
+            self.top,
+            structured_outputs=constraint,
+            skip_special_tokens=fe.skip_special_tokens(self.plan, body.skip_special_tokens),
+            names={"max_tokens": field, "logprobs": "top_logprobs"},
+        )
         self.echo = _echo_text(body, self.role)
-        self.outputs = fe.engine.generate({"prompt": text, "prompt_token_ids": self.prompt_ids}, self.params,
-                                          engine_request_id("chatcmpl"), priority=body.priority, delta=bool(body.stream))
+        self.outputs = fe.engine.generate(
+            {"prompt": text, "prompt_token_ids": self.prompt_ids},
+            self.params,
+            engine_request_id("chatcmpl"),
+            priority=body.priority,
+            delta=bool(body.stream),
+        )
         return await fe.respond(self.request, bool(body.stream), self.stream if body.stream else self.whole)
 
     # -- whole -------------------------------------------------------------------
@@ -74,8 +93,12 @@ class ChatCompletion:
         choices = [self._choice(seq) for seq in final.outputs]
         completion_tokens = sum(len(seq.token_ids) for seq in final.outputs)
         response = {
-            "id": self.id, "object": "chat.completion", "created": self.created, "model": self.fe.model_name,
-            "choices": choices, "usage": usage(len(self.prompt_ids), completion_tokens),
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.fe.model_name,
+            "choices": choices,
+            "usage": usage(len(self.prompt_ids), completion_tokens),
             "system_fingerprint": None,
         }
         if self.params.prompt_logprobs is not None:
@@ -93,15 +116,19 @@ class ChatCompletion:
             parsed = stream.sent
             content = self.echo + parsed.content
             message["content"] = None if not content and parsed.tool_calls else content
-            message["tool_calls"] = [{"id": call.id, "type": "function",
-                                      "function": {"name": call.name, "arguments": call.arguments}}
-                                     for call in parsed.tool_calls]
+            message["tool_calls"] = [
+                {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+                for call in parsed.tool_calls
+            ]
             if self.plan.reasoning_parser is not None and self.plan.include_reasoning:
                 message["reasoning"] = message["reasoning_content"] = parsed.reasoning
             finish_reason = self.plan.finish_reason(finish_reason, bool(parsed.tool_calls))
         choice = {
-            "index": seq.index, "message": message,
-            "logprobs": self._logprobs(seq), "finish_reason": finish_reason, "stop_reason": seq.stop_reason,
+            "index": seq.index,
+            "message": message,
+            "logprobs": self._logprobs(seq),
+            "finish_reason": finish_reason,
+            "stop_reason": seq.stop_reason,
         }
         if self.body.return_token_ids:
             choice["token_ids"] = seq.token_ids
@@ -125,8 +152,12 @@ class ChatCompletion:
         streams = [self.plan.message_stream() for _ in range(self.params.n)] if self.parsed else []
         try:
             for index in range(self.params.n):
-                first: dict[str, Any] = {"index": index, "delta": {"role": self.role, "content": ""},
-                                         "logprobs": None, "finish_reason": None}
+                first: dict[str, Any] = {
+                    "index": index,
+                    "delta": {"role": self.role, "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
                 extra = {"prompt_token_ids": self.prompt_ids} if self.body.return_token_ids else {}
                 yield sse(self._chunk([first], usage(prompt_len, 0) if continuous else None, **extra))
                 if self.echo:
@@ -150,8 +181,12 @@ class ChatCompletion:
                         finish_reason = self.plan.finish_reason(finish_reason, bool(stream.sent.tool_calls))
                         if not (delta or finish_reason or (self.top is not None and seq.token_ids)):
                             continue
-                    choice = {"index": seq.index, "delta": delta,
-                              "logprobs": self._logprobs(seq), "finish_reason": finish_reason}
+                    choice = {
+                        "index": seq.index,
+                        "delta": delta,
+                        "logprobs": self._logprobs(seq),
+                        "finish_reason": finish_reason,
+                    }
                     if seq.finish_reason:
                         choice["stop_reason"] = seq.stop_reason
                         done.add(seq.index)
@@ -177,8 +212,14 @@ class ChatCompletion:
         return delta
 
     def _chunk(self, choices: list[dict], usage: dict | None = None, **extra: Any) -> dict[str, Any]:
-        chunk = {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
-                 "model": self.fe.model_name, "choices": choices, **extra}
+        chunk = {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.fe.model_name,
+            "choices": choices,
+            **extra,
+        }
         if usage is not None:
             chunk["usage"] = usage
         return chunk
@@ -203,5 +244,9 @@ def _constraint_param(body: p.ChatCompletionRequest) -> str:
 def _tool_call_delta(piece: Any) -> dict[str, Any]:
     if piece.name is None:
         return {"index": piece.index, "function": {"arguments": piece.arguments}}
-    return {"index": piece.index, "id": piece.id, "type": "function",
-            "function": {"name": piece.name, "arguments": piece.arguments}}
+    return {
+        "index": piece.index,
+        "id": piece.id,
+        "type": "function",
+        "function": {"name": piece.name, "arguments": piece.arguments},
+    }

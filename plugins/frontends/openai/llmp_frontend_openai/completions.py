@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, Request
 
 from llmp.server.errors import bad_request
-from llmp_frontend_openai import protocol as p
 from llmp.server.frontend_kit import engine_request_id
+from llmp_frontend_openai import protocol as p
 from llmp_frontend_openai.frontend import DONE, sse, sse_error, usage
 from llmp_frontend_openai.logprobs import completion_logprobs, prompt_logprobs
 
@@ -23,8 +23,9 @@ def add_routes(router: APIRouter, fe: OpenAIFrontend) -> None:
     async def create_completion(body: p.CompletionRequest, request: Request) -> Any:
         return await Completion(fe, body, request).run()
 
-    router.add_api_route("/v1/completions", create_completion, methods=["POST"],
-                         summary="Create a completion (OpenAI legacy API)")
+    router.add_api_route(
+        "/v1/completions", create_completion, methods=["POST"], summary="Create a completion (OpenAI legacy API)"
+    )
 
 
 class Completion:
@@ -58,8 +59,13 @@ class Completion:
         if hasattr(fe.engine, "check_capacity"):  # all prompts run, or none: refuse now, not halfway
             fe.engine.check_capacity(len(self.prompts), "prompt")
         self.streams = [
-            fe.engine.generate({"prompt": text, "prompt_token_ids": ids}, params, engine_request_id("cmpl"),
-                               priority=body.priority, delta=bool(body.stream))
+            fe.engine.generate(
+                {"prompt": text, "prompt_token_ids": ids},
+                params,
+                engine_request_id("cmpl"),
+                priority=body.priority,
+                delta=bool(body.stream),
+            )
             for (text, ids), params in zip(self.prompts, self.params, strict=True)
         ]
         return await fe.respond(self.request, bool(body.stream), self.stream if body.stream else self.whole)
@@ -72,24 +78,44 @@ class Completion:
         for prompt_index, final in enumerate(finals):
             for seq in final.outputs:
                 completion_tokens += len(seq.token_ids)
-                choices.append(self._choice(prompt_index, final, seq, seq.text, seq.token_ids, seq.logprobs,
-                                            echo=self.body.echo))
+                choices.append(
+                    self._choice(prompt_index, final, seq, seq.text, seq.token_ids, seq.logprobs, echo=self.body.echo)
+                )
         prompt_tokens = sum(len(ids) for _, ids in self.prompts)
-        response = {"id": self.id, "object": "text_completion", "created": self.created,
-                    "model": self.fe.model_name, "choices": choices,
-                    "usage": usage(prompt_tokens, completion_tokens), "system_fingerprint": None}
+        response = {
+            "id": self.id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.fe.model_name,
+            "choices": choices,
+            "usage": usage(prompt_tokens, completion_tokens),
+            "system_fingerprint": None,
+        }
         return response
 
-    def _choice(self, prompt_index: int, final: Any, seq: Any, text: str, token_ids: list[int],
-                logprobs: list | None, echo: bool) -> dict[str, Any]:
+    def _choice(
+        self,
+        prompt_index: int,
+        final: Any,
+        seq: Any,
+        text: str,
+        token_ids: list[int],
+        logprobs: list | None,
+        echo: bool,
+    ) -> dict[str, Any]:
         prompt_text, prompt_ids = self._prompt_text(prompt_index) if echo else ("", [])
-        choice: dict[str, Any] = {"index": prompt_index * self.n + seq.index, "text": prompt_text + text,
-                                  "logprobs": None, "finish_reason": seq.finish_reason,
-                                  "stop_reason": seq.stop_reason}
+        choice: dict[str, Any] = {
+            "index": prompt_index * self.n + seq.index,
+            "text": prompt_text + text,
+            "logprobs": None,
+            "finish_reason": seq.finish_reason,
+            "stop_reason": seq.stop_reason,
+        }
         if self.body.logprobs is not None and logprobs is not None:
-            entries = list(final.prompt_logprobs or [None] * len(prompt_ids))[:len(prompt_ids)] if echo else []
-            choice["logprobs"] = completion_logprobs([*prompt_ids, *token_ids], [*entries, *logprobs],
-                                                     self.body.logprobs, self.as_ids, self._decode_one)
+            entries = list(final.prompt_logprobs or [None] * len(prompt_ids))[: len(prompt_ids)] if echo else []
+            choice["logprobs"] = completion_logprobs(
+                [*prompt_ids, *token_ids], [*entries, *logprobs], self.body.logprobs, self.as_ids, self._decode_one
+            )
         if self.body.return_token_ids:
             choice["prompt_token_ids"] = self.prompts[prompt_index][1]
             choice["token_ids"] = token_ids
@@ -141,8 +167,13 @@ class Completion:
         yield DONE
 
     def _chunk(self, choices: list[dict], usage: dict | None) -> dict[str, Any]:
-        chunk = {"id": self.id, "object": "text_completion", "created": self.created, "model": self.fe.model_name,
-                 "choices": choices}
+        chunk = {
+            "id": self.id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.fe.model_name,
+            "choices": choices,
+        }
         if usage is not None:
             chunk["usage"] = usage
         return chunk

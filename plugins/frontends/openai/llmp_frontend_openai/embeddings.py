@@ -12,8 +12,8 @@ from fastapi import APIRouter, Request
 from llmp.pooling_params import PoolingParams
 from llmp.server.app import until_disconnected
 from llmp.server.errors import bad_request
-from llmp_frontend_openai import protocol as p
 from llmp.server.frontend_kit import engine_request_id
+from llmp_frontend_openai import protocol as p
 
 if TYPE_CHECKING:
     from llmp_frontend_openai.frontend import OpenAIFrontend
@@ -28,11 +28,17 @@ def add_routes(router: APIRouter, fe: OpenAIFrontend) -> None:
         except ValueError as exc:
             raise bad_request(str(exc), "dimensions") from None
         vectors = await until_disconnected(request, _embed_all(fe, inputs, params, body.priority))
-        data = [{"object": "embedding", "index": i, "embedding": _encode(v, body.encoding_format)}
-                for i, v in enumerate(vectors)]
+        data = [
+            {"object": "embedding", "index": i, "embedding": _encode(v, body.encoding_format)}
+            for i, v in enumerate(vectors)
+        ]
         tokens = sum(len(ids) for ids in inputs)
-        return {"object": "list", "data": data, "model": fe.model_name,
-                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+        return {
+            "object": "list",
+            "data": data,
+            "model": fe.model_name,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
 
     router.add_api_route("/v1/embeddings", create_embedding, methods=["POST"], summary="Create embeddings")
 
@@ -47,8 +53,9 @@ async def _inputs(fe: OpenAIFrontend, body: p.EmbeddingRequest) -> list[list[int
         if limit is not None and limit > 0 and len(ids) > limit:
             ids = ids[-limit:]
         if len(ids) > fe.max_model_len:
-            raise bad_request(f"an input is {len(ids)} tokens long; this model takes at most {fe.max_model_len}",
-                              "input")
+            raise bad_request(
+                f"an input is {len(ids)} tokens long; this model takes at most {fe.max_model_len}", "input"
+            )
         out.append(ids)
     return out
 
@@ -60,8 +67,9 @@ async def _embed_all(fe: OpenAIFrontend, inputs: list[list[int]], params: Poolin
 
     async def one(ids: list[int]) -> list[float]:
         async with window:
-            async for output in fe.engine.encode({"prompt_token_ids": ids}, params, engine_request_id("embd"),
-                                                 priority=priority):
+            async for output in fe.engine.encode(
+                {"prompt_token_ids": ids}, params, engine_request_id("embd"), priority=priority
+            ):
                 return output.outputs.embedding
         raise RuntimeError("the embedding request was aborted")
 

@@ -58,9 +58,18 @@ class OpenAIFrontend(FrontendKit):
         return None
 
     async def list_models(self) -> dict[str, Any]:
-        data = [{"id": name, "object": "model", "created": self.created, "owned_by": "llmp",
-                 "root": self.options.get("model_root") or name, "parent": None, "max_model_len": self.max_model_len}
-                for name in self.model_names]
+        data = [
+            {
+                "id": name,
+                "object": "model",
+                "created": self.created,
+                "owned_by": "llmp",
+                "root": self.options.get("model_root") or name,
+                "parent": None,
+                "max_model_len": self.max_model_len,
+            }
+            for name in self.model_names
+        ]
         return {"object": "list", "data": data}
 
     async def tokenize(self, body: p.TokenizeRequest) -> dict[str, Any]:
@@ -88,15 +97,22 @@ class OpenAIFrontend(FrontendKit):
         if body.stream and body.prompt_logprobs is not None:
             raise bad_request("prompt_logprobs is not available when streaming", "prompt_logprobs")
 
-    async def chat_prompt(self, messages: Sequence[p.ChatMessage], body: Any,
-                          tools: Any = None) -> tuple[str, list[int]]:
+    async def chat_prompt(
+        self, messages: Sequence[p.ChatMessage], body: Any, tools: Any = None
+    ) -> tuple[str, list[int]]:
         """The rendered chat and its token ids (see ``FrontendKit.conversation_prompt``)."""
         return await self.conversation_prompt([_message_dict(m) for m in messages], body, tools)
 
-    def sampling_params(self, body: p.SamplingFields, max_tokens: int, logprobs: int | None, *,
-                        structured_outputs: StructuredOutputsParams | None = None,
-                        skip_special_tokens: bool | None = None,
-                        names: Mapping[str, str] | None = None) -> SamplingParams:
+    def sampling_params(
+        self,
+        body: p.SamplingFields,
+        max_tokens: int,
+        logprobs: int | None,
+        *,
+        structured_outputs: StructuredOutputsParams | None = None,
+        skip_special_tokens: bool | None = None,
+        names: Mapping[str, str] | None = None,
+    ) -> SamplingParams:
         """The engine's sampling parameters; ``names`` maps a SamplingParams field to the request's
         own name for it (``max_tokens`` -> ``max_completion_tokens``), so errors name what was sent."""
         names = names or {}
@@ -115,14 +131,24 @@ class OpenAIFrontend(FrontendKit):
             raise bad_request("n > 1 needs sampling: with temperature 0 every choice would be the same", "n")
         try:
             return SamplingParams(
-                n=n, temperature=temperature, top_p=_or(body.top_p, defaults.get("top_p", 1.0)),
-                top_k=_or(body.top_k, defaults.get("top_k", 0)), min_p=_or(body.min_p, defaults.get("min_p", 0.0)),
-                presence_penalty=_or(body.presence_penalty, 0.0), frequency_penalty=_or(body.frequency_penalty, 0.0),
+                n=n,
+                temperature=temperature,
+                top_p=_or(body.top_p, defaults.get("top_p", 1.0)),
+                top_k=_or(body.top_k, defaults.get("top_k", 0)),
+                min_p=_or(body.min_p, defaults.get("min_p", 0.0)),
+                presence_penalty=_or(body.presence_penalty, 0.0),
+                frequency_penalty=_or(body.frequency_penalty, 0.0),
                 repetition_penalty=_or(body.repetition_penalty, defaults.get("repetition_penalty", 1.0)),
-                seed=body.seed, max_tokens=max_tokens,
-                min_tokens=body.min_tokens, stop=body.stop, stop_token_ids=body.stop_token_ids,
-                ignore_eos=body.ignore_eos, include_stop_str_in_output=body.include_stop_str_in_output,
-                logprobs=logprobs, prompt_logprobs=body.prompt_logprobs, logit_bias=logit_bias or None,
+                seed=body.seed,
+                max_tokens=max_tokens,
+                min_tokens=body.min_tokens,
+                stop=body.stop,
+                stop_token_ids=body.stop_token_ids,
+                ignore_eos=body.ignore_eos,
+                include_stop_str_in_output=body.include_stop_str_in_output,
+                logprobs=logprobs,
+                prompt_logprobs=body.prompt_logprobs,
+                logit_bias=logit_bias or None,
                 allowed_token_ids=body.allowed_token_ids,
                 skip_special_tokens=body.skip_special_tokens if skip_special_tokens is None else skip_special_tokens,
                 spaces_between_special_tokens=body.spaces_between_special_tokens,
@@ -133,7 +159,7 @@ class OpenAIFrontend(FrontendKit):
             match = re.match(r"[a-z_]+", message)
             param = match.group(0) if match else None
             if param in names:
-                message, param = names[param] + message[len(param):], names[param]
+                message, param = names[param] + message[len(param) :], names[param]
             raise bad_request(message, param) from None
 
     # -- responses ----------------------------------------------------------------
@@ -145,14 +171,18 @@ class OpenAIFrontend(FrontendKit):
     async def respond(self, request: Request, stream: bool, make: Any) -> Any:
         """Run a handler's generation: a streamed response, or the JSON body once done (aborted on disconnect)."""
         if stream:
-            return StreamingResponse(make(), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return StreamingResponse(
+                make(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+            )
         return JSONResponse(await until_disconnected(request, make()))
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
 def _or(value: Any, default: Any) -> Any:

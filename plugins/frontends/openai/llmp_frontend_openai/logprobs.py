@@ -56,26 +56,41 @@ def _gpt2_alphabet() -> dict[int, str]:
     return table
 
 
-def chat_logprobs(token_ids: Sequence[int], entries: Sequence[dict], top: int, as_ids: bool,
-                  token_bytes: Callable[[int], list[int]]) -> dict[str, Any]:
+def chat_logprobs(
+    token_ids: Sequence[int], entries: Sequence[dict], top: int, as_ids: bool, token_bytes: Callable[[int], list[int]]
+) -> dict[str, Any]:
     content = []
     for token_id, entry in zip(token_ids, entries, strict=False):
         chosen = entry[token_id]
-        ranked = sorted((e for e in entry.items() if e[1].rank is not None and e[1].rank <= top),
-                        key=lambda e: e[1].rank)
-        content.append({
-            "token": _token(token_id, chosen.decoded_token, as_ids), "logprob": _value(chosen.logprob),
-            "bytes": token_bytes(token_id),
-            "top_logprobs": [
-                {"token": _token(i, lp.decoded_token, as_ids), "logprob": _value(lp.logprob), "bytes": token_bytes(i)}
-                for i, lp in ranked
-            ],
-        })
+        ranked = sorted(
+            (e for e in entry.items() if e[1].rank is not None and e[1].rank <= top), key=lambda e: e[1].rank
+        )
+        content.append(
+            {
+                "token": _token(token_id, chosen.decoded_token, as_ids),
+                "logprob": _value(chosen.logprob),
+                "bytes": token_bytes(token_id),
+                "top_logprobs": [
+                    {
+                        "token": _token(i, lp.decoded_token, as_ids),
+                        "logprob": _value(lp.logprob),
+                        "bytes": token_bytes(i),
+                    }
+                    for i, lp in ranked
+                ],
+            }
+        )
     return {"content": content}
 
 
-def completion_logprobs(token_ids: Sequence[int], entries: Sequence[dict | None], top: int, as_ids: bool,
-                        decode: Callable[[int], str], text_offset: int = 0) -> dict[str, Any]:
+def completion_logprobs(
+    token_ids: Sequence[int],
+    entries: Sequence[dict | None],
+    top: int,
+    as_ids: bool,
+    decode: Callable[[int], str],
+    text_offset: int = 0,
+) -> dict[str, Any]:
     """``{tokens, token_logprobs, top_logprobs, text_offset}``; an entry of None (the first prompt token
     when echoing) gives null logprobs, and its text from ``decode``."""
     tokens, values, tops, offsets = [], [], [], []
@@ -92,15 +107,25 @@ def completion_logprobs(token_ids: Sequence[int], entries: Sequence[dict | None]
             continue
         values.append(_value(chosen.logprob))
         # the sampled token and the top ``top``: up to top + 1 entries, as vLLM and OpenAI give
-        tops.append({_token(i, lp.decoded_token, as_ids): _value(lp.logprob) for i, lp in entry.items()
-                     if i == token_id or (lp.rank is not None and lp.rank <= top)})
+        tops.append(
+            {
+                _token(i, lp.decoded_token, as_ids): _value(lp.logprob)
+                for i, lp in entry.items()
+                if i == token_id or (lp.rank is not None and lp.rank <= top)
+            }
+        )
     return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
 
 
 def prompt_logprobs(entries: Sequence[dict | None] | None) -> list[Any] | None:
     if entries is None:
         return None
-    return [None if entry is None else
-            {str(i): {"logprob": _value(lp.logprob), "rank": lp.rank, "decoded_token": lp.decoded_token}
-             for i, lp in entry.items()}
-            for entry in entries]
+    return [
+        None
+        if entry is None
+        else {
+            str(i): {"logprob": _value(lp.logprob), "rank": lp.rank, "decoded_token": lp.decoded_token}
+            for i, lp in entry.items()
+        }
+        for entry in entries
+    ]

@@ -19,8 +19,8 @@ from fastapi.responses import StreamingResponse
 
 from llmp.server.app import until_disconnected
 from llmp.server.errors import APIError, bad_request, error_body
-from llmp_frontend_openai import protocol as p
 from llmp.server.frontend_kit import OutputPlan, engine_request_id, json_text
+from llmp_frontend_openai import protocol as p
 
 if TYPE_CHECKING:
     from llmp_frontend_openai.frontend import OpenAIFrontend
@@ -34,8 +34,11 @@ def add_routes(router: APIRouter, fe: OpenAIFrontend) -> None:
     async def create_response(body: p.ResponsesRequest, request: Request) -> Any:
         run = await ResponseRun.prepare(fe, body, store)
         if body.stream:
-            return StreamingResponse(run.events(), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return StreamingResponse(
+                run.events(),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
         if body.background:
             run.task = asyncio.create_task(run.finish())
             return run.snapshot()
@@ -57,10 +60,18 @@ def add_routes(router: APIRouter, fe: OpenAIFrontend) -> None:
         return run.snapshot()
 
     router.add_api_route("/v1/responses", create_response, methods=["POST"], summary="Create a response")
-    router.add_api_route("/v1/responses/{response_id}", retrieve_response, methods=["GET"],
-                         summary="Retrieve a stored response (--enable-store)")
-    router.add_api_route("/v1/responses/{response_id}/cancel", cancel_response, methods=["POST"],
-                         summary="Cancel a background response (--enable-store)")
+    router.add_api_route(
+        "/v1/responses/{response_id}",
+        retrieve_response,
+        methods=["GET"],
+        summary="Retrieve a stored response (--enable-store)",
+    )
+    router.add_api_route(
+        "/v1/responses/{response_id}/cancel",
+        cancel_response,
+        methods=["POST"],
+        summary="Cancel a background response (--enable-store)",
+    )
 
 
 class ResponseStore:
@@ -118,31 +129,46 @@ class ResponseRun:
             exc.param = "text" if exc.param == "response_format" else exc.param
             raise
         if body.background and store is None:
-            raise bad_request("background responses need the response store (start with --enable-store)",
-                              "background")
+            raise bad_request("background responses need the response store (start with --enable-store)", "background")
         if body.background and body.stream:
             raise bad_request("background and stream cannot both be true", "background")
         run = cls(fe, body, store)
         run.messages = _history(store, body.previous_response_id) + _input_messages(body)
         conversation = ([{"role": "system", "content": body.instructions}] if body.instructions else []) + run.messages
         text, run.prompt_ids = await fe.chat_prompt([p.ChatMessage(**m) for m in conversation], body, tools=tools)
-        run.plan, constraint = fe.output_plan(run.prompt_ids, tools, tool_choice, constraint=constraint,
-                                              parallel_tool_calls=body.parallel_tool_calls is not False)
+        run.plan, constraint = fe.output_plan(
+            run.prompt_ids,
+            tools,
+            tool_choice,
+            constraint=constraint,
+            parallel_tool_calls=body.parallel_tool_calls is not False,
+        )
         run.items = OutputItems(run.plan, run.message_id)
         await fe.check_constraint(constraint, "tool_choice" if tool_choice not in (None, "none", "auto") else "text")
         max_tokens = fe.resolve_max_tokens(body.max_output_tokens, len(run.prompt_ids), "max_output_tokens")
         top_logprobs = getattr(body, "top_logprobs", None)
         limit = fe.options.get("max_logprobs", 20)
         if top_logprobs is not None and limit >= 0 and top_logprobs > limit:  # held to the cap chat has
-            raise bad_request(f"top_logprobs={top_logprobs} exceeds the server's limit of {limit} (--max-logprobs)",
-                              "top_logprobs")
-        run.params = fe.sampling_params(body, max_tokens, None, structured_outputs=constraint,
-                                        skip_special_tokens=fe.skip_special_tokens(run.plan, body.skip_special_tokens),
-                                        names={"max_tokens": "max_output_tokens"})
+            raise bad_request(
+                f"top_logprobs={top_logprobs} exceeds the server's limit of {limit} (--max-logprobs)", "top_logprobs"
+            )
+        run.params = fe.sampling_params(
+            body,
+            max_tokens,
+            None,
+            structured_outputs=constraint,
+            skip_special_tokens=fe.skip_special_tokens(run.plan, body.skip_special_tokens),
+            names={"max_tokens": "max_output_tokens"},
+        )
         if run.params.n != 1:
             raise bad_request("n is not a field of the Responses API", "n")
-        run.outputs = fe.engine.generate({"prompt": text, "prompt_token_ids": run.prompt_ids}, run.params,
-                                         engine_request_id("resp"), priority=body.priority, delta=True)
+        run.outputs = fe.engine.generate(
+            {"prompt": text, "prompt_token_ids": run.prompt_ids},
+            run.params,
+            engine_request_id("resp"),
+            priority=body.priority,
+            delta=True,
+        )
         if store is not None and body.store:
             store.put(run)
         return run
@@ -179,21 +205,36 @@ class ResponseRun:
         body = self.body
         done = self.status in ("completed", "incomplete")
         return {
-            "id": self.id, "object": "response", "created_at": self.created_at, "status": self.status,
-            "model": self.fe.model_name, "error": None,
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created_at,
+            "status": self.status,
+            "model": self.fe.model_name,
+            "error": None,
             "incomplete_details": {"reason": "max_output_tokens"} if self.status == "incomplete" else None,
-            "instructions": body.instructions, "max_output_tokens": body.max_output_tokens,
+            "instructions": body.instructions,
+            "max_output_tokens": body.max_output_tokens,
             "output": self.items.output() if done else [],
-            "parallel_tool_calls": body.parallel_tool_calls, "previous_response_id": body.previous_response_id,
-            "temperature": body.temperature, "top_p": body.top_p, "tool_choice": body.tool_choice or "auto",
-            "tools": body.tools or [], "text": body.text or {"format": {"type": "text"}},
-            "truncation": body.truncation or "disabled", "metadata": body.metadata or {},
-            "store": bool(body.store and self.store is not None), "background": body.background,
+            "parallel_tool_calls": body.parallel_tool_calls,
+            "previous_response_id": body.previous_response_id,
+            "temperature": body.temperature,
+            "top_p": body.top_p,
+            "tool_choice": body.tool_choice or "auto",
+            "tools": body.tools or [],
+            "text": body.text or {"format": {"type": "text"}},
+            "truncation": body.truncation or "disabled",
+            "metadata": body.metadata or {},
+            "store": bool(body.store and self.store is not None),
+            "background": body.background,
             "usage": {
-                "input_tokens": len(self.prompt_ids), "input_tokens_details": {"cached_tokens": 0},
-                "output_tokens": self.output_tokens, "output_tokens_details": {"reasoning_tokens": self.items.reasoning_tokens(self.fe.tokenizer)},
+                "input_tokens": len(self.prompt_ids),
+                "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens": self.output_tokens,
+                "output_tokens_details": {"reasoning_tokens": self.items.reasoning_tokens(self.fe.tokenizer)},
                 "total_tokens": len(self.prompt_ids) + self.output_tokens,
-            } if done else None,
+            }
+            if done
+            else None,
         }
 
     # -- streamed events ---------------------------------------------------------------
@@ -251,14 +292,29 @@ class OutputItems:
             yield from self._add("reasoning")
             index = self.index["reasoning"]
             self.items[index]["content"][0]["text"] += piece.reasoning
-            yield "response.reasoning_text.delta", {"item_id": self.items[index]["id"], "output_index": index,
-                                                    "content_index": 0, "delta": piece.reasoning}
+            yield (
+                "response.reasoning_text.delta",
+                {
+                    "item_id": self.items[index]["id"],
+                    "output_index": index,
+                    "content_index": 0,
+                    "delta": piece.reasoning,
+                },
+            )
         if piece.content:
             yield from self._add("message")
             index = self.index["message"]
             self.items[index]["content"][0]["text"] += piece.content
-            yield "response.output_text.delta", {"item_id": self.message_id, "output_index": index,
-                                                 "content_index": 0, "delta": piece.content, "logprobs": []}
+            yield (
+                "response.output_text.delta",
+                {
+                    "item_id": self.message_id,
+                    "output_index": index,
+                    "content_index": 0,
+                    "delta": piece.content,
+                    "logprobs": [],
+                },
+            )
         for call in piece.tool_calls:
             key = f"call:{call.index}"
             if call.name is not None:
@@ -266,8 +322,10 @@ class OutputItems:
             index = self.index[key]
             self.items[index]["arguments"] += call.arguments
             if call.arguments:
-                yield "response.function_call_arguments.delta", {"item_id": self.items[index]["id"],
-                                                                 "output_index": index, "delta": call.arguments}
+                yield (
+                    "response.function_call_arguments.delta",
+                    {"item_id": self.items[index]["id"], "output_index": index, "delta": call.arguments},
+                )
 
     def close(self) -> Iterator[Event]:
         if not self.items:
@@ -296,8 +354,10 @@ class OutputItems:
         sent = self.stream.sent
         message: dict[str, Any] = {"role": "assistant", "content": sent.content}
         if sent.tool_calls:
-            message["tool_calls"] = [{"id": c.id, "type": "function",
-                                      "function": {"name": c.name, "arguments": c.arguments}} for c in sent.tool_calls]
+            message["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in sent.tool_calls
+            ]
         return message
 
     def reasoning_tokens(self, tokenizer: Any) -> int:
@@ -308,23 +368,43 @@ class OutputItems:
         if key in self.index:
             return
         if key == "reasoning":
-            item = {"type": "reasoning", "id": f"rs_{uuid.uuid4().hex}", "summary": [],
-                    "content": [{"type": "reasoning_text", "text": ""}], "status": "in_progress"}
+            item = {
+                "type": "reasoning",
+                "id": f"rs_{uuid.uuid4().hex}",
+                "summary": [],
+                "content": [{"type": "reasoning_text", "text": ""}],
+                "status": "in_progress",
+            }
         elif key == "message":
-            item = {"type": "message", "id": self.message_id, "status": "in_progress", "role": "assistant",
-                    "content": [{"type": "output_text", "text": "", "annotations": [], "logprobs": []}]}
+            item = {
+                "type": "message",
+                "id": self.message_id,
+                "status": "in_progress",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": "", "annotations": [], "logprobs": []}],
+            }
         else:
-            item = {"type": "function_call", "id": f"fc_{uuid.uuid4().hex}", "call_id": call_id, "name": name,
-                    "arguments": "", "status": "in_progress"}
+            item = {
+                "type": "function_call",
+                "id": f"fc_{uuid.uuid4().hex}",
+                "call_id": call_id,
+                "name": name,
+                "arguments": "",
+                "status": "in_progress",
+            }
         self.index[key] = len(self.items)
         self.items.append(item)
         index = self.index[key]
-        yield "response.output_item.added", {"output_index": index,
-                                             "item": {**item, "content": []} if key == "message" else dict(item)}
+        yield (
+            "response.output_item.added",
+            {"output_index": index, "item": {**item, "content": []} if key == "message" else dict(item)},
+        )
         if key == "message":
             part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-            yield "response.content_part.added", {"item_id": self.message_id, "output_index": index,
-                                                  "content_index": 0, "part": part}
+            yield (
+                "response.content_part.added",
+                {"item_id": self.message_id, "output_index": index, "content_index": 0, "part": part},
+            )
 
 
 def _chat_tools(body: p.ResponsesRequest) -> tuple[list[dict[str, Any]] | None, Any]:
@@ -348,8 +428,9 @@ def _history(store: ResponseStore | None, previous_id: str | None) -> list[dict[
         return []
     previous = _stored(store, previous_id)
     if previous.status not in ("completed", "incomplete"):
-        raise bad_request(f"response {previous_id!r} has not completed (status {previous.status})",
-                          "previous_response_id")
+        raise bad_request(
+            f"response {previous_id!r} has not completed (status {previous.status})", "previous_response_id"
+        )
     return list(previous.messages)
 
 
@@ -361,15 +442,27 @@ def _input_messages(body: p.ResponsesRequest) -> list[dict[str, Any]]:
         kind = item.get("type", "message")
         if kind == "message":
             role = item.get("role", "user")
-            messages.append({"role": "system" if role == "developer" else role,
-                             "content": _content_text(item.get("content", ""))})
+            messages.append(
+                {"role": "system" if role == "developer" else role, "content": _content_text(item.get("content", ""))}
+            )
         elif kind == "function_call_output":
-            messages.append({"role": "tool", "content": str(item.get("output", "")),
-                             "tool_call_id": item.get("call_id")})
+            messages.append(
+                {"role": "tool", "content": str(item.get("output", "")), "tool_call_id": item.get("call_id")}
+            )
         elif kind == "function_call":
-            messages.append({"role": "assistant", "content": "", "tool_calls": [{
-                "id": item.get("call_id"), "type": "function",
-                "function": {"name": item.get("name"), "arguments": item.get("arguments", "")}}]})
+            messages.append(
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [
+                        {
+                            "id": item.get("call_id"),
+                            "type": "function",
+                            "function": {"name": item.get("name"), "arguments": item.get("arguments", "")},
+                        }
+                    ],
+                }
+            )
         elif kind != "reasoning":
             raise bad_request(f"input items of type {kind!r} are not supported", "input")
     if not messages:
@@ -383,7 +476,8 @@ def _content_text(content: Any) -> str:
     texts = []
     for part in content or []:
         if part.get("type") not in ("input_text", "output_text", "text"):
-            raise bad_request(f"content parts of type {part.get('type')!r} are not supported: this model takes text",
-                              "input")
+            raise bad_request(
+                f"content parts of type {part.get('type')!r} are not supported: this model takes text", "input"
+            )
         texts.append(str(part.get("text", "")))
     return "\n".join(texts)

@@ -25,10 +25,18 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # for openai_frontend_support (tests import it too)
 
-from llmp.testing import LiveServer, save_tiny_llama, serving  # noqa: E402
 from openai_frontend_support import (  # noqa: E402
-    ALIAS, API_KEY, BODY_LIMIT, MAX_N, OK_ORIGIN, ROOT_PATH, SHORT_CONTEXT, TinyLlama,
+    ALIAS,
+    API_KEY,
+    BODY_LIMIT,
+    MAX_N,
+    OK_ORIGIN,
+    ROOT_PATH,
+    SHORT_CONTEXT,
+    TinyLlama,
 )
+
+from llmp.testing import LiveServer, save_tiny_llama, serving  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -50,14 +58,16 @@ def server(tiny: TinyLlama) -> Iterator[LiveServer]:
 
 @pytest.fixture(scope="session")
 def ops_server(tiny: TinyLlama) -> Iterator[LiveServer]:
-    yield from _serve(tiny.path, "--allowed-origins", OK_ORIGIN, "--root-path", ROOT_PATH,
-                      "--return-tokens-as-token-ids")
+    yield from _serve(
+        tiny.path, "--allowed-origins", OK_ORIGIN, "--root-path", ROOT_PATH, "--return-tokens-as-token-ids"
+    )
 
 
 @pytest.fixture(scope="session")
 def auth_server(tiny: TinyLlama) -> Iterator[LiveServer]:
-    yield from _serve(tiny.path, "--api-key", API_KEY, "--served-model-name", ALIAS,
-                      "--max-model-len", str(SHORT_CONTEXT))
+    yield from _serve(
+        tiny.path, "--api-key", API_KEY, "--served-model-name", ALIAS, "--max-model-len", str(SHORT_CONTEXT)
+    )
 
 
 @pytest.fixture(scope="session")

@@ -51,7 +51,7 @@ def extra(obj: Any, name: str) -> Any:
 
 def sse_events(response: httpx.Response) -> list[dict]:
     """The JSON payloads of an SSE response; it must end with ``[DONE]``."""
-    data = [line[len("data: "):] for line in response.text.splitlines() if line.startswith("data: ")]
+    data = [line[len("data: ") :] for line in response.text.splitlines() if line.startswith("data: ")]
     assert data and data[-1] == "[DONE]", response.text[-500:]
     return [json.loads(d) for d in data[:-1]]
 
@@ -89,7 +89,9 @@ def wait_idle(http_client: httpx.Client, timeout: float = 10.0, path: str = "/me
         if metric(values, "llmp_num_requests_running") == 0 and metric(values, "llmp_num_requests_waiting") == 0:
             return time.monotonic() - start
         if time.monotonic() - start > timeout:
-            raise AssertionError(f"requests still running after {timeout} s: "
-                                 f"{metric(values, 'llmp_num_requests_running')} running, "
-                                 f"{metric(values, 'llmp_num_requests_waiting')} waiting")
+            raise AssertionError(
+                f"requests still running after {timeout} s: "
+                f"{metric(values, 'llmp_num_requests_running')} running, "
+                f"{metric(values, 'llmp_num_requests_waiting')} waiting"
+            )
         time.sleep(0.02)

@@ -6,8 +6,9 @@ import math
 
 import openai
 import pytest
-from llmp.testing import hf_greedy
 from openai_frontend_support import GREEDY, MAX_N, TinyLlama, assert_error, extra
+
+from llmp.testing import hf_greedy
 
 MESSAGES = [{"role": "user", "content": "The quick brown fox"}]
 MULTI_TURN = [
@@ -18,11 +19,13 @@ MULTI_TURN = [
 ]
 
 
-def greedy_chat(client: openai.OpenAI, tiny: TinyLlama, messages: list[dict] = MESSAGES, max_tokens: int = 12,
-                **kwargs) -> openai.types.chat.ChatCompletion:
+def greedy_chat(
+    client: openai.OpenAI, tiny: TinyLlama, messages: list[dict] = MESSAGES, max_tokens: int = 12, **kwargs
+) -> openai.types.chat.ChatCompletion:
     body = {"ignore_eos": True, "return_token_ids": True, **kwargs.pop("extra_body", {})}
-    return client.chat.completions.create(model=tiny.name, messages=messages, max_tokens=max_tokens, temperature=0,
-                                          extra_body=body, **kwargs)
+    return client.chat.completions.create(
+        model=tiny.name, messages=messages, max_tokens=max_tokens, temperature=0, extra_body=body, **kwargs
+    )
 
 
 # -- greedy parity ---------------------------------------------------------------
@@ -78,8 +81,9 @@ def test_empty_model_name_gets_the_served_name(http, tiny):
 
 
 def test_max_completion_tokens_is_honoured(client, tiny):
-    response = client.chat.completions.create(model=tiny.name, messages=MESSAGES, max_completion_tokens=5,
-                                              temperature=0, extra_body={"ignore_eos": True})
+    response = client.chat.completions.create(
+        model=tiny.name, messages=MESSAGES, max_completion_tokens=5, temperature=0, extra_body={"ignore_eos": True}
+    )
     assert response.usage.completion_tokens == 5
     assert response.choices[0].finish_reason == "length"
 
@@ -93,23 +97,32 @@ def collect(stream) -> list:
 
 def test_streamed_text_equals_non_streamed(client, tiny):
     whole = greedy_chat(client, tiny, max_tokens=16)
-    chunks = collect(client.chat.completions.create(model=tiny.name, messages=MESSAGES, max_tokens=16, stream=True,
-                                                    **GREEDY))
+    chunks = collect(
+        client.chat.completions.create(model=tiny.name, messages=MESSAGES, max_tokens=16, stream=True, **GREEDY)
+    )
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content
     assert all(c.id == chunks[0].id and c.object == "chat.completion.chunk" and c.model == tiny.name for c in chunks)
     roles = [c.choices[0].delta.role for c in chunks if c.choices and c.choices[0].delta.role is not None]
     assert roles and set(roles) == {"assistant"}
-    finishes = [(i, c.choices[0].finish_reason) for i, c in enumerate(chunks)
-                if c.choices and c.choices[0].finish_reason]
+    finishes = [
+        (i, c.choices[0].finish_reason) for i, c in enumerate(chunks) if c.choices and c.choices[0].finish_reason
+    ]
     assert finishes == [(len(chunks) - 1, "length")]  # one finish reason, on the last chunk
     assert all(c.usage is None for c in chunks)  # usage not asked for
 
 
 def test_stream_include_usage(client, tiny):
     whole = greedy_chat(client, tiny, max_tokens=10)
-    chunks = collect(client.chat.completions.create(
-        model=tiny.name, messages=MESSAGES, max_tokens=10, stream=True, stream_options={"include_usage": True},
-        **GREEDY))
+    chunks = collect(
+        client.chat.completions.create(
+            model=tiny.name,
+            messages=MESSAGES,
+            max_tokens=10,
+            stream=True,
+            stream_options={"include_usage": True},
+            **GREEDY,
+        )
+    )
     *content, last = chunks
     assert all(c.usage is None and c.choices for c in content)
     assert last.choices == []
@@ -119,17 +132,31 @@ def test_stream_include_usage(client, tiny):
 
 
 def test_stream_include_usage_false_sends_no_usage(client, tiny):
-    chunks = collect(client.chat.completions.create(
-        model=tiny.name, messages=MESSAGES, max_tokens=6, stream=True, stream_options={"include_usage": False},
-        **GREEDY))
+    chunks = collect(
+        client.chat.completions.create(
+            model=tiny.name,
+            messages=MESSAGES,
+            max_tokens=6,
+            stream=True,
+            stream_options={"include_usage": False},
+            **GREEDY,
+        )
+    )
     assert chunks and all(c.usage is None for c in chunks)
     assert all(c.choices for c in chunks)
 
 
 def test_stream_continuous_usage_stats(client, tiny):
-    chunks = collect(client.chat.completions.create(
-        model=tiny.name, messages=MESSAGES, max_tokens=8, stream=True,
-        stream_options={"include_usage": True, "continuous_usage_stats": True}, **GREEDY))
+    chunks = collect(
+        client.chat.completions.create(
+            model=tiny.name,
+            messages=MESSAGES,
+            max_tokens=8,
+            stream=True,
+            stream_options={"include_usage": True, "continuous_usage_stats": True},
+            **GREEDY,
+        )
+    )
     usages = [c.usage for c in chunks]
     assert all(u is not None for u in usages), chunks
     completion = [u.completion_tokens for u in usages]
@@ -139,8 +166,10 @@ def test_stream_continuous_usage_stats(client, tiny):
 
 
 def test_stream_options_without_stream_is_refused(http, tiny):
-    response = http.post("/v1/chat/completions", json={"model": tiny.name, "messages": MESSAGES, "max_tokens": 2,
-                                                       "stream_options": {"include_usage": True}})
+    response = http.post(
+        "/v1/chat/completions",
+        json={"model": tiny.name, "messages": MESSAGES, "max_tokens": 2, "stream_options": {"include_usage": True}},
+    )
     assert_error(response, 400, param="stream_options")
     assert http.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 1}).status_code == 200
 
@@ -149,34 +178,55 @@ def test_stream_options_without_stream_is_refused(http, tiny):
 
 
 def test_n_choices(client, tiny):
-    response = client.chat.completions.create(model=tiny.name, messages=MESSAGES, max_tokens=6, n=3, temperature=1,
-                                              seed=7)
+    response = client.chat.completions.create(
+        model=tiny.name, messages=MESSAGES, max_tokens=6, n=3, temperature=1, seed=7
+    )
     assert [c.index for c in response.choices] == [0, 1, 2]
     assert all(c.finish_reason in ("length", "stop") for c in response.choices)
     assert all(c.message.role == "assistant" for c in response.choices)
-    counted = client.chat.completions.create(model=tiny.name, messages=MESSAGES, max_tokens=6, n=3, temperature=1,
-                                             extra_body={"ignore_eos": True})
+    counted = client.chat.completions.create(
+        model=tiny.name, messages=MESSAGES, max_tokens=6, n=3, temperature=1, extra_body={"ignore_eos": True}
+    )
     assert counted.usage.completion_tokens == 18
 
 
 def test_n_choices_are_sampled_independently(client, tiny):
-    response = client.chat.completions.create(model=tiny.name, messages=MESSAGES, max_tokens=12, n=3, temperature=1,
-                                              seed=5, extra_body={"ignore_eos": True})
+    response = client.chat.completions.create(
+        model=tiny.name, messages=MESSAGES, max_tokens=12, n=3, temperature=1, seed=5, extra_body={"ignore_eos": True}
+    )
     assert len({c.message.content for c in response.choices}) > 1
 
 
 def test_streamed_n_include_usage(client, tiny):
-    chunks = list(client.chat.completions.create(model=tiny.name, messages=MESSAGES, max_tokens=5, n=2, temperature=1,
-                                                 stream=True, stream_options={"include_usage": True},
-                                                 extra_body={"ignore_eos": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model=tiny.name,
+            messages=MESSAGES,
+            max_tokens=5,
+            n=2,
+            temperature=1,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+    )
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 10
     roles = [c.choices[0].index for c in chunks[:-1] if c.choices[0].delta.role]
     assert sorted(roles) == [0, 1]  # one role delta per choice
 
 
 def test_streamed_n_choices(client, tiny):
-    chunks = collect(client.chat.completions.create(model=tiny.name, messages=MESSAGES, max_tokens=6, n=3,
-                                                    temperature=1, stream=True, extra_body={"ignore_eos": True}))
+    chunks = collect(
+        client.chat.completions.create(
+            model=tiny.name,
+            messages=MESSAGES,
+            max_tokens=6,
+            n=3,
+            temperature=1,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+    )
     assert all(len(c.choices) == 1 for c in chunks)
     finishes: dict[int, list[int]] = {}
     last_chunk_of: dict[int, int] = {}
@@ -191,8 +241,18 @@ def test_streamed_n_choices(client, tiny):
 
 def test_seed_reproduces_sampling(client, tiny):
     def sample(seed: int) -> str:
-        return client.chat.completions.create(model=tiny.name, messages=MESSAGES, max_tokens=12, temperature=1,
-                                              seed=seed, extra_body={"ignore_eos": True}).choices[0].message.content
+        return (
+            client.chat.completions.create(
+                model=tiny.name,
+                messages=MESSAGES,
+                max_tokens=12,
+                temperature=1,
+                seed=seed,
+                extra_body={"ignore_eos": True},
+            )
+            .choices[0]
+            .message.content
+        )
 
     texts = {seed: sample(seed) for seed in (11, 22, 33, 44, 55)}
     assert all(sample(seed) == text for seed, text in list(texts.items())[:3])
@@ -207,8 +267,12 @@ def test_n_above_one_needs_sampling(http, tiny):
 def test_n_above_max_n_is_refused(http, tiny):
     response = http.post("/v1/chat/completions", json={"messages": MESSAGES, "n": MAX_N + 1, "temperature": 1})
     assert_error(response, 400, param="n", contains=str(MAX_N))
-    assert http.post("/v1/chat/completions", json={"messages": MESSAGES, "n": MAX_N, "temperature": 1,
-                                                    "max_tokens": 2}).status_code == 200
+    assert (
+        http.post(
+            "/v1/chat/completions", json={"messages": MESSAGES, "n": MAX_N, "temperature": 1, "max_tokens": 2}
+        ).status_code
+        == 200
+    )
 
 
 def test_request_id_field_names_the_response(http):
@@ -230,7 +294,7 @@ def test_text_spelling_special_tokens_stays_text(client, tiny):
 def ascii_stop(text: str) -> str:
     """Two ASCII letters or digits from inside ``text``, past its start."""
     for i in range(2, len(text) - 1):
-        piece = text[i:i + 2]
+        piece = text[i : i + 2]
         if piece.isascii() and piece.isalnum():
             return piece
     raise AssertionError(f"no ASCII pair in {text!r}")
@@ -239,7 +303,7 @@ def ascii_stop(text: str) -> str:
 def test_stop_string_truncates(client, tiny):
     full = greedy_chat(client, tiny, max_tokens=24).choices[0].message.content
     stop = ascii_stop(full)
-    expected = full[:full.index(stop)]
+    expected = full[: full.index(stop)]
     response = greedy_chat(client, tiny, max_tokens=24, stop=[stop])
     choice = response.choices[0]
     assert choice.message.content == expected
@@ -253,9 +317,12 @@ def test_stop_string_truncates(client, tiny):
 def test_streamed_stop_string(client, tiny):
     full = greedy_chat(client, tiny, max_tokens=24).choices[0].message.content
     stop = ascii_stop(full)
-    chunks = collect(client.chat.completions.create(model=tiny.name, messages=MESSAGES, max_tokens=24, stop=stop,
-                                                    stream=True, **GREEDY))
-    assert "".join(c.choices[0].delta.content or "" for c in chunks) == full[:full.index(stop)]
+    chunks = collect(
+        client.chat.completions.create(
+            model=tiny.name, messages=MESSAGES, max_tokens=24, stop=stop, stream=True, **GREEDY
+        )
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == full[: full.index(stop)]
     assert chunks[-1].choices[0].finish_reason == "stop"
 
 
@@ -288,16 +355,22 @@ def test_logprobs_top_five_rank_the_greedy_token_first(client, tiny):
 
 
 def test_streamed_logprobs(client, tiny):
-    chunks = collect(client.chat.completions.create(model=tiny.name, messages=MESSAGES, max_tokens=6, stream=True,
-                                                    logprobs=True, top_logprobs=2, **GREEDY))
+    chunks = collect(
+        client.chat.completions.create(
+            model=tiny.name, messages=MESSAGES, max_tokens=6, stream=True, logprobs=True, top_logprobs=2, **GREEDY
+        )
+    )
     entries = [e for c in chunks if c.choices[0].logprobs for e in c.choices[0].logprobs.content]
     assert len(entries) == 6 and all(len(e.top_logprobs) == 2 for e in entries)
 
 
 def raw_token_bytes(tokenizer, token_id: int) -> bytes:
     """The bytes a byte-level BPE token stands for (GPT-2's byte-to-unicode table, inverted)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
-                 *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("\u00a1"), ord("\u00ac") + 1),
+        *range(ord("\u00ae"), ord("\u00ff") + 1),
+    ]
     table = {chr(b): b for b in printable}
     table.update({chr(256 + i): b for i, b in enumerate(b for b in range(256) if b not in printable)})
     return bytes(table[c] for c in tokenizer.convert_ids_to_tokens(token_id))
@@ -319,7 +392,7 @@ def test_logprob_bytes_are_the_tokens_bytes(client, tiny):
     partial = [t for t, _ in known if "\ufffd" in tiny.tokenizer.decode([t])]
     assert partial, "this greedy run should hold a token that is part of a character"
     for token_id, entry in known:
-            assert bytes(entry.bytes) == raw_token_bytes(tiny.tokenizer, token_id), (token_id, entry)
+        assert bytes(entry.bytes) == raw_token_bytes(tiny.tokenizer, token_id), (token_id, entry)
 
 
 @pytest.mark.parametrize("top", [21, 30])

@@ -12,8 +12,9 @@ PROMPT = "The quick brown fox"
 
 def greedy(client, tiny, prompt=PROMPT, max_tokens=12, **kwargs):
     body = {"ignore_eos": True, "return_token_ids": True, **kwargs.pop("extra_body", {})}
-    return client.completions.create(model=tiny.name, prompt=prompt, max_tokens=max_tokens, temperature=0,
-                                     extra_body=body, **kwargs)
+    return client.completions.create(
+        model=tiny.name, prompt=prompt, max_tokens=max_tokens, temperature=0, extra_body=body, **kwargs
+    )
 
 
 # -- greedy parity -------------------------------------------------------------------
@@ -46,8 +47,9 @@ def test_token_id_prompt_equals_the_text_prompt(client, tiny):
 
 
 def test_response_shape(client, tiny):
-    response = client.completions.create(model=tiny.name, prompt=PROMPT, max_tokens=5, temperature=0,
-                                         extra_body={"ignore_eos": True})
+    response = client.completions.create(
+        model=tiny.name, prompt=PROMPT, max_tokens=5, temperature=0, extra_body={"ignore_eos": True}
+    )
     assert response.id.startswith("cmpl-")
     assert response.object == "text_completion"
     assert response.model == tiny.name
@@ -59,8 +61,7 @@ def test_response_shape(client, tiny):
 
 
 def test_default_max_tokens_is_16(client, tiny):
-    response = client.completions.create(model=tiny.name, prompt=PROMPT, temperature=0,
-                                         extra_body={"ignore_eos": True})
+    response = client.completions.create(model=tiny.name, prompt=PROMPT, temperature=0, extra_body={"ignore_eos": True})
     assert response.usage.completion_tokens == 16
 
 
@@ -84,8 +85,11 @@ def test_streamed_text_equals_non_streamed(client, tiny):
 
 
 def test_stream_include_usage(client, tiny):
-    chunks = list(client.completions.create(model=tiny.name, prompt=PROMPT, max_tokens=9, stream=True,
-                                            stream_options={"include_usage": True}, **GREEDY))
+    chunks = list(
+        client.completions.create(
+            model=tiny.name, prompt=PROMPT, max_tokens=9, stream=True, stream_options={"include_usage": True}, **GREEDY
+        )
+    )
     *content, last = chunks
     assert content and all(c.usage is None and c.choices for c in content)
     assert last.choices == []
@@ -95,9 +99,16 @@ def test_stream_include_usage(client, tiny):
 
 
 def test_stream_continuous_usage_stats(client, tiny):
-    chunks = list(client.completions.create(
-        model=tiny.name, prompt=PROMPT, max_tokens=7, stream=True,
-        stream_options={"include_usage": True, "continuous_usage_stats": True}, **GREEDY))
+    chunks = list(
+        client.completions.create(
+            model=tiny.name,
+            prompt=PROMPT,
+            max_tokens=7,
+            stream=True,
+            stream_options={"include_usage": True, "continuous_usage_stats": True},
+            **GREEDY,
+        )
+    )
     assert all(c.usage is not None for c in chunks)
     completion = [c.usage.completion_tokens for c in chunks]
     assert completion == sorted(completion) and completion[-1] == 7
@@ -112,8 +123,9 @@ def test_stream_options_without_stream_is_refused(http):
 
 
 def test_n_choices(client, tiny):
-    response = client.completions.create(model=tiny.name, prompt=PROMPT, max_tokens=4, n=3, temperature=1,
-                                         extra_body={"ignore_eos": True})
+    response = client.completions.create(
+        model=tiny.name, prompt=PROMPT, max_tokens=4, n=3, temperature=1, extra_body={"ignore_eos": True}
+    )
     assert [c.index for c in response.choices] == [0, 1, 2]
     assert all(c.finish_reason == "length" for c in response.choices)
     assert response.usage.completion_tokens == 12
@@ -121,8 +133,14 @@ def test_n_choices(client, tiny):
 
 def test_several_prompts_with_n_are_prompt_major(client, tiny):
     prompts = [PROMPT, "def add(a, b):"]
-    response = client.completions.create(model=tiny.name, prompt=prompts, max_tokens=3, n=2, temperature=1,
-                                         extra_body={"ignore_eos": True, "return_token_ids": True})
+    response = client.completions.create(
+        model=tiny.name,
+        prompt=prompts,
+        max_tokens=3,
+        n=2,
+        temperature=1,
+        extra_body={"ignore_eos": True, "return_token_ids": True},
+    )
     assert [c.index for c in response.choices] == [0, 1, 2, 3]
     owners = [extra(c, "prompt_token_ids") for c in response.choices]
     assert owners == [tiny.tokenizer.encode(p) for p in prompts for _ in range(2)]
@@ -138,8 +156,17 @@ def test_several_prompts_greedy_each_equal_alone(client, tiny):
 
 
 def test_streamed_several_prompts(client, tiny):
-    chunks = list(client.completions.create(model=tiny.name, prompt=[PROMPT, "def add(a, b):"], max_tokens=4, n=2,
-                                            temperature=1, stream=True, extra_body={"ignore_eos": True}))
+    chunks = list(
+        client.completions.create(
+            model=tiny.name,
+            prompt=[PROMPT, "def add(a, b):"],
+            max_tokens=4,
+            n=2,
+            temperature=1,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+    )
     finished = [c.choices[0].index for c in chunks if c.choices[0].finish_reason]
     assert sorted(finished) == [0, 1, 2, 3]
 
@@ -174,22 +201,25 @@ def test_echo_logprobs_tokens_spell_the_prompt(client, tiny):
     response = greedy(client, tiny, max_tokens=2, echo=True, logprobs=1)
     logprobs = response.choices[0].logprobs
     ids = tiny.tokenizer.encode(PROMPT)
-    assert logprobs.tokens[:len(ids)] == [tiny.tokenizer.decode([i]) for i in ids]  # ['The', ' quick', ...]
+    assert logprobs.tokens[: len(ids)] == [tiny.tokenizer.decode([i]) for i in ids]  # ['The', ' quick', ...]
     assert "".join(logprobs.tokens).startswith(PROMPT)
     assert logprobs.text_offset[:3] == [0, 3, 9]
 
 
 def test_streamed_echo(client, tiny):
-    chunks = list(client.completions.create(model=tiny.name, prompt=PROMPT, max_tokens=4, stream=True, echo=True,
-                                            **GREEDY))
+    chunks = list(
+        client.completions.create(model=tiny.name, prompt=PROMPT, max_tokens=4, stream=True, echo=True, **GREEDY)
+    )
     whole = greedy(client, tiny, max_tokens=4, echo=True)
     assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
 
 
 def test_stop_string(client, tiny):
     full = greedy(client, tiny, max_tokens=24).choices[0].text
-    stop = next(full[i:i + 2] for i in range(2, len(full) - 1) if full[i:i + 2].isascii() and full[i:i + 2].isalnum())
-    expected = full[:full.index(stop)]
+    stop = next(
+        full[i : i + 2] for i in range(2, len(full) - 1) if full[i : i + 2].isascii() and full[i : i + 2].isalnum()
+    )
+    expected = full[: full.index(stop)]
     cut = greedy(client, tiny, max_tokens=24, stop=[stop, "no-such-stop"])
     assert cut.choices[0].text == expected
     assert cut.choices[0].finish_reason == "stop"
@@ -202,13 +232,17 @@ def test_streamed_stop_string_across_tokens(client, tiny):
     """A stop string made of the end of one token and the start of the next: streaming must hold text back."""
     full = greedy(client, tiny, max_tokens=30, logprobs=0).choices[0]
     tokens = full.logprobs.tokens
-    stop = next(a[-1] + b[0] for a, b in zip(tokens[1:], tokens[2:])
-                if a and b and (a[-1] + b[0]).isascii() and (a[-1] + b[0]).isalnum())
-    expected = full.text[:full.text.index(stop)]
+    stop = next(
+        a[-1] + b[0]
+        for a, b in zip(tokens[1:], tokens[2:])
+        if a and b and (a[-1] + b[0]).isascii() and (a[-1] + b[0]).isalnum()
+    )
+    expected = full.text[: full.text.index(stop)]
     whole = greedy(client, tiny, max_tokens=30, stop=stop).choices[0]
     assert whole.text == expected and whole.finish_reason == "stop"
-    chunks = list(client.completions.create(model=tiny.name, prompt=PROMPT, max_tokens=30, stop=stop, stream=True,
-                                            **GREEDY))
+    chunks = list(
+        client.completions.create(model=tiny.name, prompt=PROMPT, max_tokens=30, stop=stop, stream=True, **GREEDY)
+    )
     assert "".join(c.choices[0].text for c in chunks) == expected
     assert chunks[-1].choices[0].finish_reason == "stop"
 
@@ -218,38 +252,49 @@ def test_stop_token_ids(client, tiny):
     stop_id = full[4]
     cut = greedy(client, tiny, max_tokens=12, extra_body={"stop_token_ids": [stop_id]})
     choice = cut.choices[0]
-    assert extra(choice, "token_ids") == full[:full.index(stop_id) + 1]
+    assert extra(choice, "token_ids") == full[: full.index(stop_id) + 1]
     assert choice.finish_reason == "stop"
     assert extra(choice, "stop_reason") == stop_id
 
 
 def test_min_tokens_hold_back_stop_tokens(client, tiny):
     first = extra(greedy(client, tiny, max_tokens=1).choices[0], "token_ids")[0]
-    response = client.completions.create(model=tiny.name, prompt=PROMPT, max_tokens=10, temperature=0,
-                                         extra_body={"stop_token_ids": [first], "min_tokens": 4,
-                                                     "return_token_ids": True})
+    response = client.completions.create(
+        model=tiny.name,
+        prompt=PROMPT,
+        max_tokens=10,
+        temperature=0,
+        extra_body={"stop_token_ids": [first], "min_tokens": 4, "return_token_ids": True},
+    )
     ids = extra(response.choices[0], "token_ids")
     assert len(ids) >= 4 and first not in ids[:4]
     assert response.choices[0].finish_reason == ("stop" if first in ids else "length")
 
 
 def test_allowed_token_ids(client, tiny):
-    response = client.completions.create(model=tiny.name, prompt=PROMPT, max_tokens=10, temperature=1,
-                                         extra_body={"allowed_token_ids": [70, 71, 72], "return_token_ids": True})
+    response = client.completions.create(
+        model=tiny.name,
+        prompt=PROMPT,
+        max_tokens=10,
+        temperature=1,
+        extra_body={"allowed_token_ids": [70, 71, 72], "return_token_ids": True},
+    )
     assert set(extra(response.choices[0], "token_ids")) <= {70, 71, 72}
 
 
 def test_skip_special_tokens(client, tiny):
     body = {"logit_bias": {"1": 100}, "ignore_eos": True, "return_token_ids": True}
-    shown = client.completions.create(model=tiny.name, prompt=PROMPT, max_tokens=3, temperature=0,
-                                      extra_body={**body, "skip_special_tokens": False})
+    shown = client.completions.create(
+        model=tiny.name, prompt=PROMPT, max_tokens=3, temperature=0, extra_body={**body, "skip_special_tokens": False}
+    )
     assert extra(shown.choices[0], "token_ids") == [1, 1, 1]
     assert shown.choices[0].text == "</s></s></s>"
     hidden = client.completions.create(model=tiny.name, prompt=PROMPT, max_tokens=3, temperature=0, extra_body=body)
     assert hidden.choices[0].text == ""
     # without ignore_eos, </s> ends the completion
-    eos = client.completions.create(model=tiny.name, prompt=PROMPT, max_tokens=3, temperature=0,
-                                    extra_body={"logit_bias": {"1": 100}})
+    eos = client.completions.create(
+        model=tiny.name, prompt=PROMPT, max_tokens=3, temperature=0, extra_body={"logit_bias": {"1": 100}}
+    )
     assert eos.choices[0].finish_reason == "stop" and eos.usage.completion_tokens == 1
 
 
@@ -268,8 +313,11 @@ def test_logprobs_three_keep_the_sampled_token(client, tiny):
     logprobs = response.choices[0].logprobs
     for token, top in zip(logprobs.tokens, logprobs.top_logprobs, strict=True):
         assert 1 <= len(top) <= 4 and token in top
-    distinct = [(tok, val, top) for tok, val, top in zip(logprobs.tokens, logprobs.token_logprobs,
-                                                         logprobs.top_logprobs, strict=True) if len(top) >= 3]
+    distinct = [
+        (tok, val, top)
+        for tok, val, top in zip(logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs, strict=True)
+        if len(top) >= 3
+    ]
     assert distinct
     for token, value, top in distinct:
         assert top[token] == value == max(top.values())
@@ -299,8 +347,11 @@ def test_prompt_logprobs_with_stream_is_refused(http):
 # -- bad prompts -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("prompt", [[5, 512], [5, -1], "", [], [[]], [[3, 4], [600]]],
-                         ids=["out-of-vocab", "negative", "empty-text", "empty-list", "empty-ids", "oov-in-batch"])
+@pytest.mark.parametrize(
+    "prompt",
+    [[5, 512], [5, -1], "", [], [[]], [[3, 4], [600]]],
+    ids=["out-of-vocab", "negative", "empty-text", "empty-list", "empty-ids", "oov-in-batch"],
+)
 def test_bad_prompts_are_refused(http, prompt):
     assert_error(http.post("/v1/completions", json={"prompt": prompt, "max_tokens": 1}), 400)
     assert http.post("/v1/completions", json={"prompt": [5, 6], "max_tokens": 1}).status_code == 200

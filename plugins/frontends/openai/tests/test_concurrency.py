@@ -19,15 +19,28 @@ LONG = 400
 def test_32_concurrent_streams(server, client, tiny):
     tokens = 8
     reference = {
-        p: client.chat.completions.create(model=tiny.name, messages=[{"role": "user", "content": p}], max_tokens=tokens,
-                                          temperature=0, extra_body={"ignore_eos": True}).choices[0].message.content
+        p: client.chat.completions.create(
+            model=tiny.name,
+            messages=[{"role": "user", "content": p}],
+            max_tokens=tokens,
+            temperature=0,
+            extra_body={"ignore_eos": True},
+        )
+        .choices[0]
+        .message.content
         for p in PROMPTS
     }
 
     async def one(sdk: openai.AsyncOpenAI, prompt: str) -> tuple[str, str, int, list[str | None]]:
         stream = await sdk.chat.completions.create(
-            model=tiny.name, messages=[{"role": "user", "content": prompt}], max_tokens=tokens, temperature=0,
-            stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+            model=tiny.name,
+            messages=[{"role": "user", "content": prompt}],
+            max_tokens=tokens,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
         text, usage, finishes = "", None, []
         async for chunk in stream:
             if chunk.choices:
@@ -52,10 +65,20 @@ def test_32_concurrent_streams(server, client, tiny):
 def test_concurrent_completions_with_n(server, tiny):
     async def run() -> list:
         async with openai.AsyncOpenAI(base_url=server.api_url, api_key="x", max_retries=0, timeout=120) as sdk:
-            return await asyncio.gather(*[
-                sdk.completions.create(model=tiny.name, prompt=p, max_tokens=5, n=2, temperature=1, seed=i,
-                                       extra_body={"ignore_eos": True})
-                for i, p in enumerate(PROMPTS * 2)])
+            return await asyncio.gather(
+                *[
+                    sdk.completions.create(
+                        model=tiny.name,
+                        prompt=p,
+                        max_tokens=5,
+                        n=2,
+                        temperature=1,
+                        seed=i,
+                        extra_body={"ignore_eos": True},
+                    )
+                    for i, p in enumerate(PROMPTS * 2)
+                ]
+            )
 
     for response in asyncio.run(run()):
         assert [c.index for c in response.choices] == [0, 1]
@@ -63,14 +86,24 @@ def test_concurrent_completions_with_n(server, tiny):
 
 
 def test_seeded_sampling_does_not_depend_on_the_batch(server, tiny):
-    body = {"model": tiny.name, "prompt": "The quick", "temperature": 1, "seed": 123, "max_tokens": 16,
-            "extra_body": {"ignore_eos": True}}
+    body = {
+        "model": tiny.name,
+        "prompt": "The quick",
+        "temperature": 1,
+        "seed": 123,
+        "max_tokens": 16,
+        "extra_body": {"ignore_eos": True},
+    }
 
     async def run() -> tuple[str, str]:
         async with openai.AsyncOpenAI(base_url=server.api_url, api_key="x", max_retries=0, timeout=120) as sdk:
             alone = (await sdk.completions.create(**body)).choices[0].text
-            others = [sdk.completions.create(model=tiny.name, prompt=p, temperature=1, max_tokens=30,
-                                              extra_body={"ignore_eos": True}) for p in PROMPTS * 2]
+            others = [
+                sdk.completions.create(
+                    model=tiny.name, prompt=p, temperature=1, max_tokens=30, extra_body={"ignore_eos": True}
+                )
+                for p in PROMPTS * 2
+            ]
             results = await asyncio.gather(*others[:4], sdk.completions.create(**body), *others[4:])
             return alone, results[4].choices[0].text
 
@@ -85,7 +118,7 @@ def read_first_content(lines) -> dict:
     """Read SSE lines up to the first chunk with text (the role chunk has none); the stream stays open."""
     for line in lines:
         if line.startswith("data: ") and line != "data: [DONE]":
-            chunk = json.loads(line[len("data: "):])
+            chunk = json.loads(line[len("data: ") :])
             choices = chunk.get("choices") or [{}]
             if choices[0].get("delta", {}).get("content") or choices[0].get("text"):
                 return chunk
@@ -108,8 +141,11 @@ def test_disconnects_abort_requests(ops_http, tiny):
     with contextlib.ExitStack() as stack:
         readers = []
         for i in range(streams):
-            route, body = (("/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPTS[i]}]})
-                           if i % 2 else ("/v1/completions", {"prompt": PROMPTS[i]}))
+            route, body = (
+                ("/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPTS[i]}]})
+                if i % 2
+                else ("/v1/completions", {"prompt": PROMPTS[i]})
+            )
             response = stack.enter_context(ops_http.stream("POST", route, json={**body, **long, "stream": True}))
             assert response.status_code == 200
             lines = response.iter_lines()
@@ -145,9 +181,14 @@ def test_sdk_stream_close_aborts(ops_server, ops_http, tiny):
     wait_idle(ops_http)
     before = metrics(ops_http)
     with openai.OpenAI(base_url=ops_server.api_url, api_key="x", max_retries=0) as sdk:
-        stream = sdk.chat.completions.create(model=tiny.name, messages=[{"role": "user", "content": "hi"}],
-                                             max_tokens=LONG, temperature=0, stream=True,
-                                             extra_body={"ignore_eos": True})
+        stream = sdk.chat.completions.create(
+            model=tiny.name,
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=LONG,
+            temperature=0,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
         for chunk in stream:
             if chunk.choices and chunk.choices[0].delta.content:
                 break
@@ -156,8 +197,10 @@ def test_sdk_stream_close_aborts(ops_server, ops_http, tiny):
     after = metrics(ops_http)
     assert metric(after, "llmp_generation_tokens_total") - metric(before, "llmp_generation_tokens_total") < LONG / 2
     abort = {"finished_reason": "abort"}
-    assert metric(after, "llmp_request_success_total", **abort) - metric(before, "llmp_request_success_total",
-                                                                          **abort) == 1
+    assert (
+        metric(after, "llmp_request_success_total", **abort) - metric(before, "llmp_request_success_total", **abort)
+        == 1
+    )
 
 
 def test_disconnect_right_after_the_role_chunk(ops_http):
@@ -179,7 +222,8 @@ def test_disconnect_right_after_the_role_chunk(ops_http):
     assert metric(after, "llmp_generation_tokens_total") - metric(before, "llmp_generation_tokens_total") < LONG
     abort = {"finished_reason": "abort"}
     counted = metric(after, "llmp_request_success_total") - metric(before, "llmp_request_success_total")
-    aborted = metric(after, "llmp_request_success_total", **abort) - metric(before, "llmp_request_success_total",
-                                                                             **abort)
+    aborted = metric(after, "llmp_request_success_total", **abort) - metric(
+        before, "llmp_request_success_total", **abort
+    )
     assert counted == aborted <= 3
     assert metric(after, "llmp_request_failure_total") == metric(before, "llmp_request_failure_total")

@@ -42,17 +42,21 @@ def test_malformed_json(http, route):
     assert_error(response, 400)
 
 
-@pytest.mark.parametrize("fields", [
-    {"messages": "hello"},
-    {"max_tokens": "many"},
-    {"temperature": "hot"},
-    {"n": 1.5},
-    {"stop": 3},
-    {"logit_bias": ["a"]},
-    {"stream": "yes please"},
-    {"messages": [{"content": "no role"}]},
-    {"messages": [{"role": "user", "content": 42}]},
-], ids=lambda f: "-".join(map(str, f)))
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"messages": "hello"},
+        {"max_tokens": "many"},
+        {"temperature": "hot"},
+        {"n": 1.5},
+        {"stop": 3},
+        {"logit_bias": ["a"]},
+        {"stream": "yes please"},
+        {"messages": [{"content": "no role"}]},
+        {"messages": [{"role": "user", "content": 42}]},
+    ],
+    ids=lambda f: "-".join(map(str, f)),
+)
 def test_wrong_types(http, fields):
     error = assert_error(chat(http, **fields), 400)
     assert error["type"] == "invalid_request_error"
@@ -82,8 +86,11 @@ def test_body_not_an_object(http):
 
 def test_wrong_content_type(http):
     body = json.dumps({"messages": MESSAGES, "max_tokens": 2})
-    error = assert_error(http.post("/v1/chat/completions", content=body, headers={"Content-Type": "text/plain"}), 400,
-                         contains="text/plain")
+    error = assert_error(
+        http.post("/v1/chat/completions", content=body, headers={"Content-Type": "text/plain"}),
+        400,
+        contains="text/plain",
+    )
     assert error["type"] == "invalid_request_error"
     form = http.post("/v1/completions", data={"prompt": "x"})  # application/x-www-form-urlencoded
     assert_error(form, 400)
@@ -102,7 +109,7 @@ def test_chunked_body_over_the_limit(http):
 
     def chunks():
         for i in range(0, len(payload), 8192):
-            yield payload[i:i + 8192]
+            yield payload[i : i + 8192]
 
     response = http.post("/v1/chat/completions", content=chunks(), headers={"Content-Type": "application/json"})
     assert_error(response, 413)
@@ -132,8 +139,11 @@ def test_max_tokens_above_max_model_len(http):
 def test_prompt_plus_max_tokens_beyond_the_context(http):
     response = completion(http, prompt=[5] * 500, max_tokens=20)
     error = assert_error(response, 400, contains="maximum context length is 512")
-    assert "520" in error["message"] and "500 in the input" in error["message"] and "20 for the completion" in \
-        error["message"]
+    assert (
+        "520" in error["message"]
+        and "500 in the input" in error["message"]
+        and "20 for the completion" in error["message"]
+    )
 
 
 def test_prompt_longer_than_a_short_context(auth_server):
@@ -159,26 +169,42 @@ def test_prompt_longer_than_a_short_context(auth_server):
         short_chat = [{"role": "user", "content": "hi"}]
         chat = http.post("/v1/chat/completions", json={"messages": short_chat, "ignore_eos": True})  # no max_tokens
         usage = chat.json()["usage"]
-        assert usage["total_tokens"] == SHORT_CONTEXT and usage["completion_tokens"] == SHORT_CONTEXT - usage[
-            "prompt_tokens"]
+        assert (
+            usage["total_tokens"] == SHORT_CONTEXT
+            and usage["completion_tokens"] == SHORT_CONTEXT - usage["prompt_tokens"]
+        )
 
 
 # -- sampling values ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("field", "value"), [
-    ("temperature", -1), ("top_p", 2), ("top_p", 0), ("max_tokens", 0), ("max_tokens", -5), ("top_k", -2),
-    ("min_p", 1.5), ("presence_penalty", 3), ("frequency_penalty", -3), ("repetition_penalty", 0),
-    ("min_tokens", -1), ("n", 0),
-])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("temperature", -1),
+        ("top_p", 2),
+        ("top_p", 0),
+        ("max_tokens", 0),
+        ("max_tokens", -5),
+        ("top_k", -2),
+        ("min_p", 1.5),
+        ("presence_penalty", 3),
+        ("frequency_penalty", -3),
+        ("repetition_penalty", 0),
+        ("min_tokens", -1),
+        ("n", 0),
+    ],
+)
 @pytest.mark.parametrize("route", ["chat", "completions"])
 def test_out_of_range_sampling_values(http, route, field, value):
     response = (chat if route == "chat" else completion)(http, **{field: value})
     assert_error(response, 400, param=field, contains=field)
 
 
-@pytest.mark.parametrize("field", ["temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
-                                   "repetition_penalty", "logit_bias"])
+@pytest.mark.parametrize(
+    "field",
+    ["temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias"],
+)
 def test_nan_sampling_values_are_refused(http, field):
     """NaN compares false with every bound, so range checks of the form ``value < low`` let it through."""
     value = '{"5": NaN}' if field == "logit_bias" else "NaN"  # Python's json (the server's) reads NaN
@@ -187,13 +213,17 @@ def test_nan_sampling_values_are_refused(http, field):
     assert_error(response, 400, param=field)
 
 
-@pytest.mark.parametrize("fields", [{"top_k": 10**20}, {"priority": 10**30}, {"stop_token_ids": [10**20]}],
-                         ids=["top_k", "priority", "stop_token_ids"])
+@pytest.mark.parametrize(
+    "fields",
+    [{"top_k": 10**20}, {"priority": 10**30}, {"stop_token_ids": [10**20]}],
+    ids=["top_k", "priority", "stop_token_ids"],
+)
 def test_huge_integers_are_refused(server, fields):
     """Past 2**64 msgpack cannot encode the engine request: once a 500 (OverflowError in AsyncLLM._send)."""
     # a fresh connection: were it a 500, the server would close the connection it came on
-    response = httpx.post(f"{server.url}/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 2, **fields},
-                          timeout=60)
+    response = httpx.post(
+        f"{server.url}/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 2, **fields}, timeout=60
+    )
     assert response.status_code != 500, response.text
     assert_error(response, 400, param=next(iter(fields)))
 
@@ -202,10 +232,16 @@ def test_top_k_past_int64_does_not_kill_the_server(tiny):
     """2**63 fits msgpack's uint64 but not the engine's int64: once, the engine process died of it and took the
     server down (503, then connection refused). Its own server, so a regression cannot take the shared one."""
     with serving(tiny.path) as victim:
-        response = httpx.post(f"{victim.url}/v1/chat/completions",
-                              json={"messages": MESSAGES, "max_tokens": 2, "top_k": 2**63}, timeout=60)
-        after = httpx.post(f"{victim.url}/v1/completions", json={"prompt": "x", "max_tokens": 1}, timeout=60) \
-            if victim.process.poll() is None else None
+        response = httpx.post(
+            f"{victim.url}/v1/chat/completions",
+            json={"messages": MESSAGES, "max_tokens": 2, "top_k": 2**63},
+            timeout=60,
+        )
+        after = (
+            httpx.post(f"{victim.url}/v1/completions", json={"prompt": "x", "max_tokens": 1}, timeout=60)
+            if victim.process.poll() is None
+            else None
+        )
         assert response.status_code == 400, response.text
         assert after is not None and after.status_code == 200
 
@@ -247,13 +283,18 @@ def test_non_text_content_part(http):
 
 
 def test_request_chat_template_needs_trust(http):
-    assert_error(chat(http, chat_template="{{ messages[0]['content'] }}"), 400, param="chat_template",
-                 contains="--trust-request-chat-template")
+    assert_error(
+        chat(http, chat_template="{{ messages[0]['content'] }}"),
+        400,
+        param="chat_template",
+        contains="--trust-request-chat-template",
+    )
 
 
 def test_continue_final_message_with_generation_prompt(http):
-    assert_error(chat(http, continue_final_message=True, add_generation_prompt=True), 400,
-                 param="continue_final_message")
+    assert_error(
+        chat(http, continue_final_message=True, add_generation_prompt=True), 400, param="continue_final_message"
+    )
 
 
 def test_tool_choice_without_tools(http):
@@ -262,23 +303,35 @@ def test_tool_choice_without_tools(http):
 
 
 def test_invalid_structured_outputs(http):
-    assert_error(chat(http, response_format={"type": "json_schema", "json_schema": {"name": "x"}}), 400,
-                 param="response_format")
+    assert_error(
+        chat(http, response_format={"type": "json_schema", "json_schema": {"name": "x"}}), 400, param="response_format"
+    )
     assert_error(chat(http, response_format={"type": "xml"}), 400, param="response_format")
     assert_error(chat(http, structured_outputs={"regex": "[a-"}), 400, contains="Unclosed")
     assert_error(chat(http, structured_outputs={"json": {"type": "foo"}}), 400, contains="not a valid JSON schema")
     assert_error(chat(http, structured_outputs={"grammar": "root ::= nothing"}), 400, contains="not defined")
     assert_error(chat(http, structured_outputs={"regex": "a", "choice": ["b"]}), 400, param="structured_outputs")
-    assert_error(chat(http, structured_outputs={"choice": ["a"]}, response_format={"type": "json_object"}), 400,
-                 param="structured_outputs")
+    assert_error(
+        chat(http, structured_outputs={"choice": ["a"]}, response_format={"type": "json_object"}),
+        400,
+        param="structured_outputs",
+    )
     assert_error(chat(http, structured_outputs={"pattern": "a"}), 400, param="structured_outputs")
 
 
 def test_unknown_fields_are_ignored(http):
     plain = chat(http, temperature=0, max_tokens=6, ignore_eos=True)
     messages = [{"role": "user", "content": "The quick brown fox", "vendor_field": {"a": 1}, "cache_control": "x"}]
-    extra_fields = chat(http, messages=messages, temperature=0, max_tokens=6, ignore_eos=True,
-                        some_vendor_option=True, metadata={"k": "v"}, store=False)
+    extra_fields = chat(
+        http,
+        messages=messages,
+        temperature=0,
+        max_tokens=6,
+        ignore_eos=True,
+        some_vendor_option=True,
+        metadata={"k": "v"},
+        store=False,
+    )
     assert extra_fields.status_code == 200, extra_fields.text
     assert extra_fields.json()["choices"][0]["message"] == plain.json()["choices"][0]["message"]
 
@@ -295,8 +348,11 @@ def test_text_parts_equal_string_content(http):
 
 
 def test_null_content_is_an_empty_message(http):
-    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None}, {"role": "user",
-                                                                                               "content": "more"}]
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None},
+        {"role": "user", "content": "more"},
+    ]
     assert chat(http, messages=messages).status_code == 200
 
 

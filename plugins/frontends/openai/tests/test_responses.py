@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-
 import time
 from collections.abc import Iterator
 
@@ -47,19 +46,27 @@ def test_a_response_equals_the_chat_completion_of_the_same_conversation(client, 
 
 def test_instructions_and_input_items_render_as_system_and_user_messages(client, tiny):
     items = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Zürich"}]}]
-    response = client.responses.create(model=tiny.name, instructions="Be brief.", input=items,
-                                       max_output_tokens=8, **GREEDY)
-    expected = chat_text(client, tiny, [{"role": "system", "content": "Be brief."},
-                                        {"role": "user", "content": "Zürich"}], 8)
+    response = client.responses.create(
+        model=tiny.name, instructions="Be brief.", input=items, max_output_tokens=8, **GREEDY
+    )
+    expected = chat_text(
+        client, tiny, [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Zürich"}], 8
+    )
     assert response.output_text == expected
-    as_string = client.responses.create(model=tiny.name, instructions="Be brief.", input="Zürich",
-                                        max_output_tokens=8, **GREEDY)
+    as_string = client.responses.create(
+        model=tiny.name, instructions="Be brief.", input="Zürich", max_output_tokens=8, **GREEDY
+    )
     assert as_string.output_text == expected
 
 
 def test_a_response_that_ends_by_itself_is_completed(client, tiny):
-    response = client.responses.create(model=tiny.name, input="hi", max_output_tokens=200, temperature=0,
-                                       extra_body={"stop": [" "], "include_stop_str_in_output": False})
+    response = client.responses.create(
+        model=tiny.name,
+        input="hi",
+        max_output_tokens=200,
+        temperature=0,
+        extra_body={"stop": [" "], "include_stop_str_in_output": False},
+    )
     assert response.status in ("completed", "incomplete")
     if response.usage.output_tokens < 200:
         assert response.status == "completed" and response.incomplete_details is None
@@ -67,13 +74,22 @@ def test_a_response_that_ends_by_itself_is_completed(client, tiny):
 
 def test_the_streamed_events_follow_the_grammar_and_spell_the_whole_text(client, tiny):
     whole = client.responses.create(model=tiny.name, input="Paged attention", max_output_tokens=12, **GREEDY)
-    events = list(client.responses.create(model=tiny.name, input="Paged attention", max_output_tokens=12,
-                                          stream=True, **GREEDY))
+    events = list(
+        client.responses.create(model=tiny.name, input="Paged attention", max_output_tokens=12, stream=True, **GREEDY)
+    )
     kinds = [e.type for e in events]
-    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
-                         "response.content_part.added"]
-    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
-                          "response.incomplete"]
+    assert kinds[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert kinds[-4:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.incomplete",
+    ]
     assert set(kinds[4:-4]) == {"response.output_text.delta"}
     assert [e.sequence_number for e in events] == list(range(len(events)))
     text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
@@ -94,11 +110,11 @@ def test_without_the_store_nothing_is_kept(client, http, tiny):
 
 def test_unsupported_requests_are_refused(http, tiny):
     schema = {"format": {"type": "json_schema", "name": "x"}}  # no schema
-    assert_error(http.post("/v1/responses", json={"model": tiny.name, "input": "hi", "text": schema}), 400,
-                 param="text")
+    assert_error(
+        http.post("/v1/responses", json={"model": tiny.name, "input": "hi", "text": schema}), 400, param="text"
+    )
     web = [{"type": "web_search"}]
-    assert_error(http.post("/v1/responses", json={"model": tiny.name, "input": "hi", "tools": web}), 400,
-                 param="tools")
+    assert_error(http.post("/v1/responses", json={"model": tiny.name, "input": "hi", "tools": web}), 400, param="tools")
     tools = [{"type": "function", "name": "f", "parameters": {"type": "object"}}]
     body = {"model": tiny.name, "input": "hi", "tools": tools, "tool_choice": "auto"}
     assert_error(http.post("/v1/responses", json=body), 400, param="tool_choice")
@@ -121,15 +137,20 @@ def test_stored_responses_are_retrieved_and_continued(store, tiny):
     first = store.responses.create(model=tiny.name, input="The quick brown fox", max_output_tokens=6, **GREEDY)
     again = store.responses.retrieve(first.id)
     assert again.id == first.id and again.output_text == first.output_text
-    follow = store.responses.create(model=tiny.name, input="jumps", previous_response_id=first.id,
-                                    max_output_tokens=6, **GREEDY)
-    history = [{"role": "user", "content": "The quick brown fox"},
-               {"role": "assistant", "content": first.output_text}, {"role": "user", "content": "jumps"}]
+    follow = store.responses.create(
+        model=tiny.name, input="jumps", previous_response_id=first.id, max_output_tokens=6, **GREEDY
+    )
+    history = [
+        {"role": "user", "content": "The quick brown fox"},
+        {"role": "assistant", "content": first.output_text},
+        {"role": "user", "content": "jumps"},
+    ]
     assert follow.output_text == chat_text(store, tiny, history, 6)
     assert follow.previous_response_id == first.id
     # branches from the same response are independent
-    other = store.responses.create(model=tiny.name, input="sleeps", previous_response_id=first.id,
-                                   max_output_tokens=6, **GREEDY)
+    other = store.responses.create(
+        model=tiny.name, input="sleeps", previous_response_id=first.id, max_output_tokens=6, **GREEDY
+    )
     history[-1] = {"role": "user", "content": "sleeps"}
     assert other.output_text == chat_text(store, tiny, history, 6)
 

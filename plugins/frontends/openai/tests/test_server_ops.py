@@ -9,7 +9,15 @@ import httpx
 import openai
 import pytest
 from openai_frontend_support import (
-    ALIAS, API_KEY, OK_ORIGIN, ROOT_PATH, SHORT_CONTEXT, assert_error, metric, metrics, wait_idle,
+    ALIAS,
+    API_KEY,
+    OK_ORIGIN,
+    ROOT_PATH,
+    SHORT_CONTEXT,
+    assert_error,
+    metric,
+    metrics,
+    wait_idle,
 )
 
 from llmp import __version__
@@ -69,8 +77,9 @@ def test_root_path_sdk(ops_server, tiny):
 
 
 def test_request_id_is_echoed(http):
-    response = http.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 1},
-                         headers={"X-Request-Id": "my-request-7"})
+    response = http.post(
+        "/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 1}, headers={"X-Request-Id": "my-request-7"}
+    )
     assert response.headers["x-request-id"] == "my-request-7"
     assert response.json()["id"] == "chatcmpl-my-request-7"
     assert http.get("/health", headers={"X-Request-Id": "probe-1"}).headers["x-request-id"] == "probe-1"
@@ -78,8 +87,12 @@ def test_request_id_is_echoed(http):
 
 def test_request_id_is_made_when_missing(http):
     ids = []
-    for response in (http.post("/v1/completions", json={"prompt": "x", "max_tokens": 1}), http.get("/v1/models"),
-                     http.get("/health"), http.get("/no-such-route")):
+    for response in (
+        http.post("/v1/completions", json={"prompt": "x", "max_tokens": 1}),
+        http.get("/v1/models"),
+        http.get("/health"),
+        http.get("/no-such-route"),
+    ):
         assert re.fullmatch(r"[0-9a-f]{32}", response.headers["x-request-id"]), response.headers
         ids.append(response.headers["x-request-id"])
     assert len(set(ids)) == len(ids)
@@ -88,8 +101,12 @@ def test_request_id_is_made_when_missing(http):
 def test_request_id_on_errors_and_streams(http):
     error = http.post("/v1/chat/completions", json={"messages": []}, headers={"X-Request-Id": "bad-1"})
     assert error.status_code == 400 and error.headers["x-request-id"] == "bad-1"
-    with http.stream("POST", "/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 2, "stream": True},
-                     headers={"X-Request-Id": "stream-1"}) as response:
+    with http.stream(
+        "POST",
+        "/v1/chat/completions",
+        json={"messages": MESSAGES, "max_tokens": 2, "stream": True},
+        headers={"X-Request-Id": "stream-1"},
+    ) as response:
         assert response.headers["x-request-id"] == "stream-1"
         assert response.headers["content-type"].startswith("text/event-stream")
         assert '"id":"chatcmpl-stream-1"' in response.read().decode()
@@ -99,9 +116,14 @@ def test_request_id_on_errors_and_streams(http):
 
 
 def preflight(http, origin):
-    return http.options("/v1/chat/completions", headers={
-        "Origin": origin, "Access-Control-Request-Method": "POST",
-        "Access-Control-Request-Headers": "authorization,content-type"})
+    return http.options(
+        "/v1/chat/completions",
+        headers={
+            "Origin": origin,
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization,content-type",
+        },
+    )
 
 
 def test_cors_preflight_from_an_allowed_origin(ops_http):
@@ -149,8 +171,11 @@ AUTH_ROUTES = [
 ]
 
 
-@pytest.mark.parametrize("key", [None, "wrong", API_KEY.lower(), API_KEY.upper(), API_KEY + "x", API_KEY[:-1], ""],
-                         ids=["none", "wrong", "lower", "upper", "longer", "shorter", "empty"])
+@pytest.mark.parametrize(
+    "key",
+    [None, "wrong", API_KEY.lower(), API_KEY.upper(), API_KEY + "x", API_KEY[:-1], ""],
+    ids=["none", "wrong", "lower", "upper", "longer", "shorter", "empty"],
+)
 @pytest.mark.parametrize(("method", "path", "body"), AUTH_ROUTES, ids=[r[1] for r in AUTH_ROUTES])
 def test_wrong_or_missing_key_is_refused(auth_http, key, method, path, body):
     headers = {} if key is None else {"Authorization": f"Bearer {key}".strip()}
@@ -209,8 +234,11 @@ def test_served_model_name_alias(auth_server, tiny):
 
 
 def test_alias_is_echoed_for_an_empty_model(auth_http):
-    response = auth_http.post("/v1/chat/completions", json={"model": "", "messages": MESSAGES, "max_tokens": 1},
-                              headers={"Authorization": f"Bearer {API_KEY}"})
+    response = auth_http.post(
+        "/v1/chat/completions",
+        json={"model": "", "messages": MESSAGES, "max_tokens": 1},
+        headers={"Authorization": f"Bearer {API_KEY}"},
+    )
     assert response.status_code == 200 and response.json()["model"] == ALIAS
 
 
@@ -222,23 +250,37 @@ def test_metrics_label_is_the_alias(auth_http):
 
 
 def test_logprobs_as_token_ids(ops_http, tiny):
-    body = {"prompt": "The quick brown fox", "max_tokens": 6, "temperature": 0, "ignore_eos": True, "logprobs": 3,
-            "return_token_ids": True}
+    body = {
+        "prompt": "The quick brown fox",
+        "max_tokens": 6,
+        "temperature": 0,
+        "ignore_eos": True,
+        "logprobs": 3,
+        "return_token_ids": True,
+    }
     choice = ops_http.post("/v1/completions", json=body).json()["choices"][0]
     logprobs = choice["logprobs"]
     assert logprobs["tokens"] == [f"token_id:{t}" for t in choice["token_ids"]]
-    for token, value, top in zip(logprobs["tokens"], logprobs["token_logprobs"], logprobs["top_logprobs"],
-                                 strict=True):
+    for token, value, top in zip(logprobs["tokens"], logprobs["token_logprobs"], logprobs["top_logprobs"], strict=True):
         assert len(top) in (3, 4), top  # the top 3, and the sampled token if it is not among them
         assert top[token] == value == max(top.values())  # greedy: the sampled token is the most likely
     zero = ops_http.post("/v1/completions", json={**body, "logprobs": 0}).json()["choices"][0]["logprobs"]
-    assert all(top == {token: value} for token, value, top in
-               zip(zero["tokens"], zero["token_logprobs"], zero["top_logprobs"], strict=True))
+    assert all(
+        top == {token: value}
+        for token, value, top in zip(zero["tokens"], zero["token_logprobs"], zero["top_logprobs"], strict=True)
+    )
 
 
 def test_chat_logprobs_as_token_ids(ops_http):
-    body = {"messages": MESSAGES, "max_tokens": 4, "temperature": 0, "ignore_eos": True, "logprobs": True,
-            "top_logprobs": 3, "return_token_ids": True}
+    body = {
+        "messages": MESSAGES,
+        "max_tokens": 4,
+        "temperature": 0,
+        "ignore_eos": True,
+        "logprobs": True,
+        "top_logprobs": 3,
+        "return_token_ids": True,
+    }
     choice = ops_http.post("/v1/chat/completions", json=body).json()["choices"][0]
     content = choice["logprobs"]["content"]
     assert [e["token"] for e in content] == [f"token_id:{t}" for t in choice["token_ids"]]
@@ -252,9 +294,16 @@ def test_metrics_are_prometheus_text(ops_http):
     response = ops_http.get("/metrics")
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain")
-    for name in ("llmp_num_requests_running", "llmp_num_requests_waiting", "llmp_kv_cache_usage_perc",
-                 "llmp_prompt_tokens_total", "llmp_generation_tokens_total", "llmp_time_to_first_token_seconds_count",
-                 "llmp_inter_token_latency_seconds_count", "llmp_e2e_request_latency_seconds_count"):
+    for name in (
+        "llmp_num_requests_running",
+        "llmp_num_requests_waiting",
+        "llmp_kv_cache_usage_perc",
+        "llmp_prompt_tokens_total",
+        "llmp_generation_tokens_total",
+        "llmp_time_to_first_token_seconds_count",
+        "llmp_inter_token_latency_seconds_count",
+        "llmp_e2e_request_latency_seconds_count",
+    ):
         assert re.search(rf"^{name}\{{", response.text, re.M), name
     assert ops_http.get(f"{ROOT_PATH}/metrics").status_code == 200
 

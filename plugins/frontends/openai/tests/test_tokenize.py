@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 from openai_frontend_support import assert_error
 
-TEXTS = ["The quick brown fox jumps over the lazy dog.", "Café, naïve, Zürich; 東京 🙂",
-         "def add(a, b):\n    return a"]
+TEXTS = ["The quick brown fox jumps over the lazy dog.", "Café, naïve, Zürich; 東京 🙂", "def add(a, b):\n    return a"]
 
 
 @pytest.mark.parametrize("text", TEXTS)

@@ -9,7 +9,8 @@ from llmp.api import FrontendSpec
 @hookimpl
 def llmp_register_frontends() -> Iterator[FrontendSpec]:
     yield FrontendSpec(
-        name="sagemaker", impl="llmp_frontend_sagemaker.frontend:SageMakerFrontend",
+        name="sagemaker",
+        impl="llmp_frontend_sagemaker.frontend:SageMakerFrontend",
         description="SageMaker: POST /invocations routed by body shape (messages: chat, prompt: completion, "
         "input: embeddings); GET /ping is the server's",
     )

@@ -12,11 +12,12 @@ import uuid
 from typing import Any
 
 from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
 from llmp.sampling_params import SamplingParams
 from llmp.server.app import until_disconnected
 from llmp.server.errors import bad_request, validation_message
 from llmp.server.frontend_kit import FrontendKit, engine_request_id
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 
 class _Sampling(BaseModel):
@@ -55,8 +56,12 @@ class EmbeddingBody(BaseModel):
 class SageMakerFrontend(FrontendKit):
     def http_router(self) -> APIRouter:
         router = APIRouter()
-        router.add_api_route("/invocations", self.invocations, methods=["POST"],
-                             summary="SageMaker inference: chat (messages), completion (prompt) or embeddings (input)")
+        router.add_api_route(
+            "/invocations",
+            self.invocations,
+            methods=["POST"],
+            summary="SageMaker inference: chat (messages), completion (prompt) or embeddings (input)",
+        )
         return router
 
     async def serve(self) -> None:  # HTTP only: the shared server runs the routes
@@ -76,8 +81,10 @@ class SageMakerFrontend(FrontendKit):
         elif "input" in body:
             kind, handler = EmbeddingBody, self.embeddings
         else:
-            raise bad_request("cannot tell the request type: give 'messages' (chat completion), 'prompt' "
-                              "(completion) or 'input' (embeddings)")
+            raise bad_request(
+                "cannot tell the request type: give 'messages' (chat completion), 'prompt' "
+                "(completion) or 'input' (embeddings)"
+            )
         try:
             parsed = kind.model_validate(body)
         except ValidationError as exc:
@@ -86,8 +93,10 @@ class SageMakerFrontend(FrontendKit):
         self.check_model(parsed.model)
         wanted = "embed" if kind is EmbeddingBody else "generate"
         if wanted != self.task:
-            raise bad_request(f"this server's model does not {'embed' if wanted == 'embed' else 'generate'}: "
-                              f"send {'input' if self.task == 'embed' else 'messages or prompt'}")
+            raise bad_request(
+                f"this server's model does not {'embed' if wanted == 'embed' else 'generate'}: "
+                f"send {'input' if self.task == 'embed' else 'messages or prompt'}"
+            )
         if getattr(parsed, "stream", False):
             raise bad_request("streaming is not supported on /invocations", "stream")
         return await until_disconnected(request, handler(parsed))
@@ -101,20 +110,42 @@ class SageMakerFrontend(FrontendKit):
         text, ids = await self.conversation_prompt(conversation, body)
         requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         seq, prompt_len = await self._generate(text, ids, body, requested)
-        return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-                "model": self.model_name,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": seq.text},
-                             "logprobs": None, "finish_reason": seq.finish_reason, "stop_reason": seq.stop_reason}],
-                "usage": _usage(prompt_len, len(seq.token_ids))}
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": seq.text},
+                    "logprobs": None,
+                    "finish_reason": seq.finish_reason,
+                    "stop_reason": seq.stop_reason,
+                }
+            ],
+            "usage": _usage(prompt_len, len(seq.token_ids)),
+        }
 
     async def completion(self, body: CompletionBody) -> dict[str, Any]:
         [(text, ids)] = await self.prompt_inputs(body.prompt, "prompt", body.add_special_tokens)
         seq, prompt_len = await self._generate(text, ids, body, body.max_tokens)
-        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-                "model": self.model_name,
-                "choices": [{"index": 0, "text": seq.text, "logprobs": None, "finish_reason": seq.finish_reason,
-                             "stop_reason": seq.stop_reason}],
-                "usage": _usage(prompt_len, len(seq.token_ids))}
+        return {
+            "id": f"cmpl-{uuid.uuid4().hex}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": [
+                {
+                    "index": 0,
+                    "text": seq.text,
+                    "logprobs": None,
+                    "finish_reason": seq.finish_reason,
+                    "stop_reason": seq.stop_reason,
+                }
+            ],
+            "usage": _usage(prompt_len, len(seq.token_ids)),
+        }
 
     async def _generate(self, text: str | None, ids: list[int], body: _Sampling, requested: int | None) -> Any:
         self.check_stop(body.stop)
@@ -122,13 +153,19 @@ class SageMakerFrontend(FrontendKit):
         d = self.defaults
         try:
             params = SamplingParams(
-                temperature=_or(body.temperature, d.get("temperature", 1.0)), top_p=_or(body.top_p, d.get("top_p", 1.0)),
-                top_k=_or(body.top_k, d.get("top_k", 0)), seed=body.seed, max_tokens=max_tokens, stop=body.stop)
+                temperature=_or(body.temperature, d.get("temperature", 1.0)),
+                top_p=_or(body.top_p, d.get("top_p", 1.0)),
+                top_k=_or(body.top_k, d.get("top_k", 0)),
+                seed=body.seed,
+                max_tokens=max_tokens,
+                stop=body.stop,
+            )
         except ValueError as exc:
             raise bad_request(str(exc)) from None
         final = None
-        async for final in self.engine.generate({"prompt": text, "prompt_token_ids": ids}, params,
-                                                engine_request_id("sagemaker")):
+        async for final in self.engine.generate(
+            {"prompt": text, "prompt_token_ids": ids}, params, engine_request_id("sagemaker")
+        ):
             pass
         return final.outputs[0], len(ids)
 
@@ -140,8 +177,9 @@ class SageMakerFrontend(FrontendKit):
         inputs = [ids for _, ids in await self.prompt_inputs(body.input, "input", True)]
         for ids in inputs:
             if len(ids) > self.max_model_len:
-                raise bad_request(f"an input is {len(ids)} tokens long; this model takes at most "
-                                  f"{self.max_model_len}", "input")
+                raise bad_request(
+                    f"an input is {len(ids)} tokens long; this model takes at most {self.max_model_len}", "input"
+                )
         try:
             params = PoolingParams(normalize=body.normalize, dimensions=body.dimensions)
         except ValueError as exc:
@@ -159,9 +197,12 @@ class SageMakerFrontend(FrontendKit):
             for task in tasks:
                 task.cancel()
         tokens = sum(map(len, inputs))
-        return {"object": "list", "model": self.model_name,
-                "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)],
-                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+        return {
+            "object": "list",
+            "model": self.model_name,
+            "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)],
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
 
 
 def _message(message: Any, index: int) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from llmp.testing import LiveServer, save_tiny_llama, serving
 
 API_KEY = "Secret-Key-42"

@@ -23,11 +23,16 @@ def test_messages_is_a_chat_completion(http, model_dir):
     [choice] = got["choices"]
     assert choice["message"] == {"role": "assistant", "content": want["choices"][0]["message"]["content"]}
     assert choice["message"]["content"]
-    assert (choice["finish_reason"], choice["stop_reason"]) == (want["choices"][0]["finish_reason"],
-                                                                want["choices"][0]["stop_reason"])
+    assert (choice["finish_reason"], choice["stop_reason"]) == (
+        want["choices"][0]["finish_reason"],
+        want["choices"][0]["stop_reason"],
+    )
     assert got["usage"] == want["usage"]
-    parts = {"messages": [MESSAGES[0], {"role": "user", "content": [{"type": "text", "text": "The quick brown fox"}]}],
-             "max_tokens": 12, "temperature": 0}
+    parts = {
+        "messages": [MESSAGES[0], {"role": "user", "content": [{"type": "text", "text": "The quick brown fox"}]}],
+        "max_tokens": 12,
+        "temperature": 0,
+    }
     assert post(http, "/invocations", parts)["choices"][0]["message"] == choice["message"]
 
 
@@ -38,8 +43,15 @@ def test_prompt_is_a_completion(http):
     assert got["object"] == "text_completion" and got["id"].startswith("cmpl-")
     assert got["choices"][0]["text"] == want["choices"][0]["text"] and got["choices"][0]["text"]
     assert got["choices"][0]["finish_reason"] == "length" == want["choices"][0]["finish_reason"]
-    assert got["usage"] == want["usage"] == {"prompt_tokens": want["usage"]["prompt_tokens"], "completion_tokens": 10,
-                                             "total_tokens": want["usage"]["prompt_tokens"] + 10}
+    assert (
+        got["usage"]
+        == want["usage"]
+        == {
+            "prompt_tokens": want["usage"]["prompt_tokens"],
+            "completion_tokens": 10,
+            "total_tokens": want["usage"]["prompt_tokens"] + 10,
+        }
+    )
     ids = post(http, "/tokenize", {"prompt": "Paged attention keeps"})["tokens"]
     by_ids = post(http, "/invocations", {**body, "prompt": ids})
     assert by_ids["choices"][0]["text"] == got["choices"][0]["text"]
@@ -50,7 +62,7 @@ def test_stop_string(http):
     full = post(http, "/invocations", body)["choices"][0]["text"]
     stop = full[5:8]
     got = post(http, "/invocations", {**body, "stop": [stop]})["choices"][0]
-    assert (got["text"], got["finish_reason"], got["stop_reason"]) == (full[:full.index(stop)], "stop", stop)
+    assert (got["text"], got["finish_reason"], got["stop_reason"]) == (full[: full.index(stop)], "stop", stop)
 
 
 def test_bad_bodies(http):

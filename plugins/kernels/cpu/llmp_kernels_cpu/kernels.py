@@ -28,8 +28,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from llmp.api import AttentionMetadata
 from llmp_kernels_torch.kernels import TorchKernels, _causal_mask
+
+from llmp.api import AttentionMetadata
 
 # Packed for a batch of this many rows: oneDNN's layout for it serves 1 to 1024 rows within a few percent.
 _PACK_FOR_ROWS = 32
@@ -78,7 +79,9 @@ def keep_freed_memory(mmap_threshold: int = 32 << 20, trim_threshold: int = 512 
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
     libc = ctypes.CDLL(None)
-    return bool(libc.mallopt(_M_MMAP_THRESHOLD, mmap_threshold)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, trim_threshold))
+    return bool(libc.mallopt(_M_MMAP_THRESHOLD, mmap_threshold)) and bool(
+        libc.mallopt(_M_TRIM_THRESHOLD, trim_threshold)
+    )
 
 
 def native_matmul(dtype: torch.dtype) -> bool:
@@ -148,8 +151,9 @@ def decode_groups(decodes: list[int], seq_lens: list[int]) -> list[list[int]]:
     return [*groups, current] if groups else [decodes]  # one group keeps the batch order: no scatter
 
 
-def _plan_decode(metadata: AttentionMetadata, members: list[int], seq_lens: list[int], starts: list[int] | None,
-                 block_size: int) -> DecodePlan:
+def _plan_decode(
+    metadata: AttentionMetadata, members: list[int], seq_lens: list[int], starts: list[int] | None, block_size: int
+) -> DecodePlan:
     # starts is None when the members are every row of the batch, in order
     lengths = metadata.seq_lens[members].long() if starts is not None else metadata.seq_lens.long()
     longest = max(seq_lens[r] for r in members)
@@ -216,8 +220,9 @@ def _decode(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, plan: Dec
     return out.reshape(requests, heads, dim)
 
 
-def _prefill(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, window: int | None, scale: float,
-             count: int = 1) -> torch.Tensor:
+def _prefill(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, window: int | None, scale: float, count: int = 1
+) -> torch.Tensor:
     # q: [G * Q, H, D], the last Q positions of G chunks; keys, values: [G * L, Hkv, D]. 4-D inputs:
     # with 3-D ones SDPA takes its slow math kernel on CPU instead of the flash kernel.
     q_len, seq_len = q.shape[0] // count, keys.shape[0] // count
@@ -288,7 +293,9 @@ class _Mirrors:
         entry = self.entries.pop(name)
         self.bytes -= 2 * entry.keys.numel() * entry.keys.element_size()
 
-    def keys_values(self, k_flat: torch.Tensor, v_flat: torch.Tensor, plan: DecodePlan) -> tuple[torch.Tensor, torch.Tensor]:
+    def keys_values(
+        self, k_flat: torch.Tensor, v_flat: torch.Tensor, plan: DecodePlan
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``[R, L, Hkv, D]`` keys and values of the group's contexts, padded to its longest."""
         requests, length = plan.lengths.shape[0], plan.length
         name = (k_flat.data_ptr(), plan.key)
@@ -405,7 +412,9 @@ class CpuKernels(TorchKernels):
         tokens, heads, dim = q.shape
         x = torch.empty(tokens, heads + k.shape[1], dim, dtype=torch.float32)
         x[:, :heads], x[:, heads:] = q, k
-        swapped = x.view(tokens, -1, 2, dim // 2).roll(1, 2).view(x.shape)  # roll: 0.58 ms vs flip 0.82 at 2048 tokens, alone
+        swapped = (
+            x.view(tokens, -1, 2, dim // 2).roll(1, 2).view(x.shape)
+        )  # roll: 0.58 ms vs flip 0.82 at 2048 tokens, alone
         out = x.mul_(cos).add_(swapped.mul_(sin)).to(q.dtype)
         return out[:, :heads], out[:, heads:]
 
@@ -419,8 +428,13 @@ class CpuKernels(TorchKernels):
         v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v.to(v_cache.dtype))
 
     def paged_attention(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, metadata: AttentionMetadata,
-        scale: float, softcap: float | None = None,
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        scale: float,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         if softcap is not None or q.device.type != "cpu":  # SDPA cannot cap scores: the reference's explicit softmax
             return super().paged_attention(q, k_cache, v_cache, metadata, scale, softcap)
@@ -431,12 +445,15 @@ class CpuKernels(TorchKernels):
             return _decode(q, *self._mirrors.keys_values(k_flat, v_flat, decode), decode, scale)
         out = torch.empty_like(q)
         for decode in plan.decodes:
-            out[decode.rows] = _decode(q[decode.rows], *self._mirrors.keys_values(k_flat, v_flat, decode), decode, scale)
+            out[decode.rows] = _decode(
+                q[decode.rows], *self._mirrors.keys_values(k_flat, v_flat, decode), decode, scale
+            )
         for group in plan.prefills:
             keys, values = k_flat.index_select(0, group.slots), v_flat.index_select(0, group.slots)
             if group.rows is None:
-                out[group.first : group.end] = _prefill(q[group.first : group.end], keys, values,
-                                                        metadata.sliding_window, scale)
+                out[group.first : group.end] = _prefill(
+                    q[group.first : group.end], keys, values, metadata.sliding_window, scale
+                )
             else:
                 out[group.rows] = _prefill(q[group.rows], keys, values, metadata.sliding_window, scale, group.count)
         return out

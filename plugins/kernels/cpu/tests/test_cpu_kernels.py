@@ -13,10 +13,11 @@ import sys
 
 import pytest
 import torch
-from llmp import registry
-from llmp.api import AttentionMetadata, KernelSet, PacksLinear
 from llmp_kernels_cpu.kernels import CpuKernels, PackedLinear, UpcastLinear, decode_groups, native_matmul, plan_step
 from llmp_kernels_torch.kernels import TorchKernels
+
+from llmp import registry
+from llmp.api import AttentionMetadata, KernelSet, PacksLinear
 
 REF = TorchKernels()
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
@@ -60,16 +61,24 @@ def test_upcast_linear_rounds_a_float32_product_once(rows):
     assert out.dtype == torch.bfloat16
     expected = torch.nn.functional.linear(x.float(), weight.float(), b.float())
     # float32 sums in another order differ in the last bits; after rounding to bf16 at most one step apart
-    torch.testing.assert_close(out.float(), expected.bfloat16().float(), atol=1e-5, rtol=2 ** -7)
-    assert (out.float() - expected).abs().max() <= expected.abs().max() * 2 ** -8 + 1e-6
+    torch.testing.assert_close(out.float(), expected.bfloat16().float(), atol=1e-5, rtol=2**-7)
+    assert (out.float() - expected).abs().max() <= expected.abs().max() * 2**-8 + 1e-6
 
 
 def test_float32_weights_stay_on_f_linear():
     assert CpuKernels().pack_linear(torch.randn(8, 4), None) is None
 
 
-def _batch(dtype: torch.dtype, lens: list[int], qlens: list[int], window: int | None, block: int = 4,
-           heads: int = 6, kv_heads: int = 2, dim: int = 16):
+def _batch(
+    dtype: torch.dtype,
+    lens: list[int],
+    qlens: list[int],
+    window: int | None,
+    block: int = 4,
+    heads: int = 6,
+    kv_heads: int = 2,
+    dim: int = 16,
+):
     """A mixed batch over a NaN-filled paged cache whose earlier positions are written."""
     gen = torch.Generator().manual_seed(sum(lens) + len(lens))
     num_blocks = sum(-(-n // block) for n in lens) + 4
@@ -88,8 +97,15 @@ def _batch(dtype: torch.dtype, lens: list[int], qlens: list[int], window: int | 
     block_tables = torch.zeros(len(lens), max(map(len, tables)), dtype=torch.int32)
     for i, table in enumerate(tables):
         block_tables[i, : len(table)] = torch.tensor(table)
-    metadata = AttentionMetadata(torch.tensor(starts, dtype=torch.int32), torch.tensor(lens, dtype=torch.int32),
-                                 block_tables, torch.tensor(slots), max(qlens), max(lens), window)
+    metadata = AttentionMetadata(
+        torch.tensor(starts, dtype=torch.int32),
+        torch.tensor(lens, dtype=torch.int32),
+        block_tables,
+        torch.tensor(slots),
+        max(qlens),
+        max(lens),
+        window,
+    )
     tokens = starts[-1]
     qkv = [torch.randn(tokens, n, dim, generator=gen).to(dtype) for n in (heads, kv_heads, kv_heads)]
     return metadata, k_cache, v_cache, qkv
@@ -103,10 +119,14 @@ BATCHES = {
     "equal chunks after a shared prefix": ([21, 9, 21, 21, 6], [5, 1, 5, 5, 6]),
     "equal whole prompts": ([6, 6, 6], [6, 6, 6]),
     # enough decodes of spread lengths to split into length groups, with a prefill chunk between them
-    "decodes in length groups": ([40, 3, 38, 7, 12, 33, 9, 25, 18, 30, 5, 22, 14, 36, 11, 27, 8, 20, 16, 31, 29],
-                                 [1] * 10 + [4] + [1] * 10),
-    "decodes in length groups only": ([40, 3, 38, 7, 12, 33, 9, 25, 18, 30, 5, 22, 14, 36, 11, 27, 8, 20, 16, 31],
-                                      [1] * 20),
+    "decodes in length groups": (
+        [40, 3, 38, 7, 12, 33, 9, 25, 18, 30, 5, 22, 14, 36, 11, 27, 8, 20, 16, 31, 29],
+        [1] * 10 + [4] + [1] * 10,
+    ),
+    "decodes in length groups only": (
+        [40, 3, 38, 7, 12, 33, 9, 25, 18, 30, 5, 22, 14, 36, 11, 27, 8, 20, 16, 31],
+        [1] * 20,
+    ),
 }
 
 
@@ -123,7 +143,9 @@ def test_write_and_attend_match_the_reference(dtype, window, batch):
         out = kernels.paged_attention(q, kc, vc, metadata, scale=16**-0.5)
         results.append((kc, vc, out))
     (ref_k, ref_v, ref_out), (k_out, v_out, out) = results
-    assert torch.equal(k_out.nan_to_num(7), ref_k.nan_to_num(7)) and torch.equal(v_out.nan_to_num(7), ref_v.nan_to_num(7))
+    assert torch.equal(k_out.nan_to_num(7), ref_k.nan_to_num(7)) and torch.equal(
+        v_out.nan_to_num(7), ref_v.nan_to_num(7)
+    )
     assert not out.isnan().any()
     torch.testing.assert_close(out, ref_out, atol=TOL[dtype], rtol=TOL[dtype])
 
@@ -153,8 +175,18 @@ def test_a_step_is_planned_once_for_every_layer(monkeypatch):
     for _layer in range(3):
         kernels.paged_attention(q, k_cache, v_cache, metadata, scale=0.25)
     assert len(calls) == 1
-    kernels.paged_attention(q, k_cache, v_cache, AttentionMetadata(*[getattr(metadata, f) for f in (
-        "query_start_loc", "seq_lens", "block_tables", "slot_mapping", "max_query_len", "max_seq_len")]), scale=0.25)
+    kernels.paged_attention(
+        q,
+        k_cache,
+        v_cache,
+        AttentionMetadata(
+            *[
+                getattr(metadata, f)
+                for f in ("query_start_loc", "seq_lens", "block_tables", "slot_mapping", "max_query_len", "max_seq_len")
+            ]
+        ),
+        scale=0.25,
+    )
     assert len(calls) == 2  # a new step's metadata is planned again
 
 
@@ -216,7 +248,16 @@ def test_a_bfloat16_engine_packs_its_linears_and_agrees_with_the_reference(tmp_p
         else:
             assert all(m.packed is None for m in linears)
         outs = llm.generate(prompts, params)
-        logprobs[kernels] = [dict(zip(o.outputs[0].logprobs[0].keys(), (lp.logprob for lp in o.outputs[0].logprobs[0].values()), strict=True)) for o in outs]
+        logprobs[kernels] = [
+            dict(
+                zip(
+                    o.outputs[0].logprobs[0].keys(),
+                    (lp.logprob for lp in o.outputs[0].logprobs[0].values()),
+                    strict=True,
+                )
+            )
+            for o in outs
+        ]
         llm.shutdown() if hasattr(llm, "shutdown") else None
     for ref, got in zip(logprobs["torch"], logprobs["cpu"], strict=True):
         common = set(ref) & set(got)
@@ -244,15 +285,23 @@ def _decode_steps(dtype: torch.dtype, lens: list[int], steps: int, leaves: dict[
         width = max(len(t) for t in tables)
         block_tables = torch.tensor([tables[r] + [0] * (width - len(tables[r])) for r in alive], dtype=torch.int32)
         slots = [tables[r][(n - 1) // block] * block + (n - 1) % block for r, n in zip(alive, seq_lens, strict=True)]
-        metadata = AttentionMetadata(torch.arange(len(alive) + 1, dtype=torch.int32), torch.tensor(seq_lens, dtype=torch.int32),
-                                     block_tables, torch.tensor(slots), 1, max(seq_lens))
+        metadata = AttentionMetadata(
+            torch.arange(len(alive) + 1, dtype=torch.int32),
+            torch.tensor(seq_lens, dtype=torch.int32),
+            block_tables,
+            torch.tensor(slots),
+            1,
+            max(seq_lens),
+        )
         qkv = [torch.randn(len(alive), n, dim, generator=gen).to(dtype) for n in (heads, kv_heads, kv_heads)]
         batches.append((metadata, qkv))
     return caches, batches
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("lens", [[9, 17, 5, 30], [40, 3, 38, 7, 12, 33, 9, 25, 18, 30, 5, 22, 14, 36, 11, 27, 8, 20, 16, 31]])
+@pytest.mark.parametrize(
+    "lens", [[9, 17, 5, 30], [40, 3, 38, 7, 12, 33, 9, 25, 18, 30, 5, 22, 14, 36, 11, 27, 8, 20, 16, 31]]
+)
 def test_decode_groups_carried_across_steps_match_the_reference(dtype, lens):
     # request 1 leaves at step 3: its group is gathered again, the others keep appending
     (ref_k0, ref_v0, ref_k1, ref_v1), batches = _decode_steps(dtype, lens, steps=7, leaves={1: 3})
@@ -346,4 +395,4 @@ def test_rms_norm_matches_the_reference(dtype, with_residual):
         if dtype == torch.float32:
             assert torch.equal(g, r)  # the reference's bits
         else:
-            torch.testing.assert_close(g.float(), r.float(), atol=0, rtol=2 ** -7)  # a bfloat16 rounding apart
+            torch.testing.assert_close(g.float(), r.float(), atol=0, rtol=2**-7)  # a bfloat16 rounding apart

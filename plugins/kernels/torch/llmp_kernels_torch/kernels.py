@@ -96,8 +96,14 @@ def _gather(
 
 
 def _decode(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, metadata: AttentionMetadata,
-    requests: list[int], seq_lens: list[int], scale: float, softcap: float | None,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    metadata: AttentionMetadata,
+    requests: list[int],
+    seq_lens: list[int],
+    scale: float,
+    softcap: float | None,
 ) -> torch.Tensor:
     # q: [B, H, D], one row per request; keys padded to the longest sequence
     block_size = k_cache.shape[1]
@@ -128,7 +134,12 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 def _attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_len: int, window: int | None, scale: float,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    seq_len: int,
+    window: int | None,
+    scale: float,
     softcap: float | None,
 ) -> torch.Tensor:
     # q: [Q, H, D] are the last Q positions of the sequence; k, v: [L, Hkv, D]
@@ -147,7 +158,9 @@ def _sdpa(
 ) -> torch.Tensor:
     # q: [..., H, Q, D]; k, v: [..., Hkv, L, D]; mask: bool, broadcast to [..., H, Q, L]
     if softcap is None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=q.shape[-3] != k.shape[-3])
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, scale=scale, enable_gqa=q.shape[-3] != k.shape[-3]
+        )
     # SDPA cannot cap scores: the explicit softmax, in float32 as Gemma 2 computes it
     groups = q.shape[-3] // k.shape[-3]
     k, v = k.repeat_interleave(groups, dim=-3), v.repeat_interleave(groups, dim=-3)

@@ -6,10 +6,10 @@ import math
 
 import pytest
 import torch
+from llmp_kernels_torch.kernels import TorchKernels
 
 from llmp import registry
 from llmp.api import AttentionMetadata, KernelSet
-from llmp_kernels_torch.kernels import TorchKernels
 from llmp.modeling.rope import cos_sin_table, inverse_frequencies
 
 K = TorchKernels()
@@ -61,8 +61,13 @@ def test_rotary_matches_rotate_half_formula(rotary_dim):
 
 
 def test_llama3_rope_scaling_keeps_high_and_slows_low_frequencies():
-    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 8192}
+    scaling = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
     plain, scaled = inverse_frequencies(128, 500000.0), inverse_frequencies(128, 500000.0, scaling)
     wavelen = 2 * math.pi / plain
     high = wavelen < 8192 / 4.0
@@ -111,7 +116,10 @@ def test_paged_attention_mixed_prefill_and_decode(window, dtype):
     for cached, new in requests:
         total = cached + new
         blocks = [free.pop() for _ in range(-(-total // block_size))]
-        keys, values = torch.randn(total, kv_heads, head_dim, dtype=dtype), torch.randn(total, kv_heads, head_dim, dtype=dtype)
+        keys, values = (
+            torch.randn(total, kv_heads, head_dim, dtype=dtype),
+            torch.randn(total, kv_heads, head_dim, dtype=dtype),
+        )
         flat = [blocks[p // block_size] * block_size + p % block_size for p in range(total)]
         K.write_kv(keys[:cached], values[:cached], k_cache, v_cache, torch.tensor(flat[:cached], dtype=torch.long))
         slots += flat[cached:]

@@ -23,6 +23,7 @@ def round_to(x, dtype: tl.constexpr):
         x = bits.to(tl.float32, bitcast=True)
     return x.to(dtype)
 
+
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -30,12 +31,15 @@ def check_tensors(op: str, **tensors: torch.Tensor) -> torch.device:
     """Same device for all; CPU only under the interpreter; unit stride in the last dimension."""
     devices = {t.device for t in tensors.values()}
     if len(devices) != 1:
-        raise ValueError(f"{op}: tensors are on different devices: "
-                         + ", ".join(f"{n}={t.device}" for n, t in tensors.items()))
+        raise ValueError(
+            f"{op}: tensors are on different devices: " + ", ".join(f"{n}={t.device}" for n, t in tensors.items())
+        )
     device = devices.pop()
     if device.type == "cpu" and not INTERPRET:
-        raise ValueError(f"{op}: CPU tensors need Triton's interpreter (set TRITON_INTERPRET=1 before importing "
-                         "triton); use the torch kernel set on CPU")
+        raise ValueError(
+            f"{op}: CPU tensors need Triton's interpreter (set TRITON_INTERPRET=1 before importing "
+            "triton); use the torch kernel set on CPU"
+        )
     for name, t in tensors.items():
         if t.dim() and t.stride(-1) != 1:
             raise ValueError(f"{op}: {name} must be contiguous in its last dimension, got strides {t.stride()}")

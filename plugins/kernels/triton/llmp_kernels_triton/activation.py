@@ -29,7 +29,9 @@ def _gated_kernel(x_ptr, out_ptr, d, x_stride, GELU: tl.constexpr, BLOCK: tl.con
         act = gate / (1.0 + tl.exp(tl.minimum(-gate, 80.0)))  # clamped: silu(x < -80) is 0 either way
     # rounded to the input dtype before the multiply, as torch's `act(gate) * up` is
     dtype = out_ptr.dtype.element_ty
-    tl.store(out_ptr + row * d + cols, round_to(round_to(act, dtype).to(tl.float32) * up.to(tl.float32), dtype), mask=mask)
+    tl.store(
+        out_ptr + row * d + cols, round_to(round_to(act, dtype).to(tl.float32) * up.to(tl.float32), dtype), mask=mask
+    )
 
 
 def _gated(op: str, x: torch.Tensor, gelu: bool) -> torch.Tensor:

@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from llmp.api import AttentionMetadata
 
+from llmp.api import AttentionMetadata
 from llmp_kernels_triton._common import check_float, check_shape, check_tensors, round_to
 from llmp_kernels_triton.activation import tanh
 
@@ -37,11 +37,31 @@ def _find_request(q_start_ptr, pid, n_requests, BLOCK_Q: tl.constexpr):
 
 @triton.jit
 def _paged_attention_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, q_start_ptr, seq_lens_ptr, block_tables_ptr,
-    n_requests, n_kv_heads, q_stride_t, q_stride_h, bt_stride, scale, softcap, window,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, TILE_N: tl.constexpr,
-    USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr, F32: tl.constexpr,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    out_ptr,
+    q_start_ptr,
+    seq_lens_ptr,
+    block_tables_ptr,
+    n_requests,
+    n_kv_heads,
+    q_stride_t,
+    q_stride_h,
+    bt_stride,
+    scale,
+    softcap,
+    window,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    TILE_N: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    USE_SOFTCAP: tl.constexpr,
+    F32: tl.constexpr,
 ):
     pid = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -111,14 +131,19 @@ def _paged_attention_kernel(
 
 
 def paged_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, metadata: AttentionMetadata, scale: float,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    metadata: AttentionMetadata,
+    scale: float,
     softcap: float | None = None,
 ) -> torch.Tensor:
     """Causal attention of q [T, H, D] over caches [B, S, Hkv, D] for the batch in ``metadata``; [T, H, D]."""
     op = "paged_attention"
     if q.dim() != 3 or k_cache.dim() != 4:
-        raise ValueError(f"{op}: q must be [T, H, D] and k_cache [B, S, Hkv, D], "
-                         f"got {list(q.shape)} and {list(k_cache.shape)}")
+        raise ValueError(
+            f"{op}: q must be [T, H, D] and k_cache [B, S, Hkv, D], got {list(q.shape)} and {list(k_cache.shape)}"
+        )
     tokens, heads, head_dim = q.shape
     _, block_size, kv_heads, _ = k_cache.shape
     check_shape(op, "k_cache", k_cache, (None, None, kv_heads, head_dim))
@@ -136,8 +161,15 @@ def paged_attention(
     if metadata.sliding_window is not None and metadata.sliding_window < 1:
         raise ValueError(f"{op}: sliding_window must be >= 1, got {metadata.sliding_window}")
     check_float(op, q=q, k_cache=k_cache, v_cache=v_cache)
-    device = check_tensors(op, q=q, k_cache=k_cache, v_cache=v_cache, query_start_loc=metadata.query_start_loc,
-                           seq_lens=metadata.seq_lens, block_tables=metadata.block_tables)
+    device = check_tensors(
+        op,
+        q=q,
+        k_cache=k_cache,
+        v_cache=v_cache,
+        query_start_loc=metadata.query_start_loc,
+        seq_lens=metadata.seq_lens,
+        block_tables=metadata.block_tables,
+    )
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if not tokens or not requests:
         return out
@@ -150,11 +182,30 @@ def paged_attention(
     tile_n = 64 if d_pad <= 128 else 32
     grid = (tokens // block_q + requests, kv_heads)
     _paged_attention_kernel[grid](
-        q, k_cache, v_cache, out, metadata.query_start_loc, metadata.seq_lens, metadata.block_tables,
-        requests, kv_heads, q.stride(0), q.stride(1), metadata.block_tables.stride(0), scale,
-        softcap or 0.0, metadata.sliding_window or 0,
-        GROUP=group, HEAD_DIM=head_dim, D_PAD=d_pad, BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_Q=block_q,
-        TILE_N=tile_n, USE_WINDOW=metadata.sliding_window is not None, USE_SOFTCAP=softcap is not None,
+        q,
+        k_cache,
+        v_cache,
+        out,
+        metadata.query_start_loc,
+        metadata.seq_lens,
+        metadata.block_tables,
+        requests,
+        kv_heads,
+        q.stride(0),
+        q.stride(1),
+        metadata.block_tables.stride(0),
+        scale,
+        softcap or 0.0,
+        metadata.sliding_window or 0,
+        GROUP=group,
+        HEAD_DIM=head_dim,
+        D_PAD=d_pad,
+        BLOCK_SIZE=block_size,
+        BLOCK_M=block_m,
+        BLOCK_Q=block_q,
+        TILE_N=tile_n,
+        USE_WINDOW=metadata.sliding_window is not None,
+        USE_SOFTCAP=softcap is not None,
         F32=device.type == "cpu" or q.dtype == torch.float32,
     )
     return out

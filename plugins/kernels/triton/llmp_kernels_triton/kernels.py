@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import torch
-from llmp.api import AttentionMetadata
 
+from llmp.api import AttentionMetadata
 from llmp_kernels_triton import activation, attention, kv_write, rms_norm, rotary
 from llmp_kernels_triton._common import INTERPRET
 
@@ -15,8 +15,10 @@ class TritonKernels:
     def __init__(self) -> None:
         # Fail at engine start, not at the first launch deep inside a forward pass
         if not INTERPRET and not torch.cuda.is_available():
-            raise RuntimeError("the triton kernel set needs a CUDA device (or TRITON_INTERPRET=1 set before "
-                               "triton is imported, for tests); use --kernels torch on CPU")
+            raise RuntimeError(
+                "the triton kernel set needs a CUDA device (or TRITON_INTERPRET=1 set before "
+                "triton is imported, for tests); use --kernels torch on CPU"
+            )
 
     def rms_norm(
         self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
@@ -35,13 +37,22 @@ class TritonKernels:
         return activation.gelu_tanh_and_mul(x)
 
     def write_kv(
-        self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+        self,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
         slot_mapping: torch.Tensor,
     ) -> None:
         kv_write.write_kv(k, v, k_cache, v_cache, slot_mapping)
 
     def paged_attention(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, metadata: AttentionMetadata,
-        scale: float, softcap: float | None = None,
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        scale: float,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         return attention.paged_attention(q, k_cache, v_cache, metadata, scale, softcap)

@@ -10,8 +10,21 @@ from llmp_kernels_triton._common import check_float, check_shape, check_tensors,
 
 
 @triton.jit
-def _write_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, n_heads, k_stride_t, k_stride_h,
-                     v_stride_t, v_stride_h, HEAD_DIM: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr):
+def _write_kv_kernel(
+    k_ptr,
+    v_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_ptr,
+    n_heads,
+    k_stride_t,
+    k_stride_h,
+    v_stride_t,
+    v_stride_h,
+    HEAD_DIM: tl.constexpr,
+    H_PAD: tl.constexpr,
+    D_PAD: tl.constexpr,
+):
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + t).to(tl.int64)
     h = tl.arange(0, H_PAD)
@@ -26,8 +39,9 @@ def _write_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, n_heads, 
     tl.store(v_cache_ptr + dst, round_to(v.to(tl.float32), v_cache_ptr.dtype.element_ty), mask=mask)
 
 
-def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
+def write_kv(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
     """k, v [T, Hkv, D] into caches [B, S, Hkv, D] at ``slot_mapping`` [T] (block * S + offset)."""
     op = "write_kv"
     if k_cache.dim() != 4:
@@ -45,6 +59,17 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     check_tensors(op, k=k, v=v, k_cache=k_cache, v_cache=v_cache, slot_mapping=slot_mapping)
     if k.shape[0]:
         _write_kv_kernel[(k.shape[0],)](
-            k, v, k_cache, v_cache, slot_mapping, kv_heads, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            HEAD_DIM=head_dim, H_PAD=triton.next_power_of_2(kv_heads), D_PAD=triton.next_power_of_2(head_dim),
+            k,
+            v,
+            k_cache,
+            v_cache,
+            slot_mapping,
+            kv_heads,
+            k.stride(0),
+            k.stride(1),
+            v.stride(0),
+            v.stride(1),
+            HEAD_DIM=head_dim,
+            H_PAD=triton.next_power_of_2(kv_heads),
+            D_PAD=triton.next_power_of_2(head_dim),
         )

@@ -10,8 +10,21 @@ from llmp_kernels_triton._common import check_float, check_tensors, round_to
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, n_rows, n_cols, x_stride, res_stride, eps,
-                     HAS_RESIDUAL: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+def _rms_norm_kernel(
+    x_ptr,
+    res_ptr,
+    w_ptr,
+    out_ptr,
+    sum_ptr,
+    n_rows,
+    n_cols,
+    x_stride,
+    res_stride,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
@@ -26,8 +39,11 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, n_rows, n_cols, x_
     # the reference rounds the normalised value to x's dtype before the weight multiplies it
     normed = round_to(x32 * inv_rms[:, None], x_ptr.dtype.element_ty).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
-    tl.store(out_ptr + rows[:, None] * n_cols + cols[None, :], round_to(normed * w[None, :], out_ptr.dtype.element_ty),
-             mask=mask)
+    tl.store(
+        out_ptr + rows[:, None] * n_cols + cols[None, :],
+        round_to(normed * w[None, :], out_ptr.dtype.element_ty),
+        mask=mask,
+    )
 
 
 def rms_norm(
@@ -39,8 +55,10 @@ def rms_norm(
     if weight.shape != (n,):
         raise ValueError(f"{op}: weight must have shape [{n}], got {list(weight.shape)}")
     if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
-        raise ValueError(f"{op}: residual must match x (shape {list(x.shape)}, {x.dtype}), "
-                         f"got {list(residual.shape)}, {residual.dtype}")
+        raise ValueError(
+            f"{op}: residual must match x (shape {list(x.shape)}, {x.dtype}), "
+            f"got {list(residual.shape)}, {residual.dtype}"
+        )
     check_float(op, x=x, weight=weight)
     x2, weight = x.reshape(-1, n), weight.contiguous()
     r2 = x2 if residual is None else residual.reshape(-1, n)  # without a residual: an unused stand-in
@@ -52,7 +70,20 @@ def rms_norm(
     per_program = max(1, min(16, 2048 // block))  # small rows (q/k norms) share a program
     grid = (triton.cdiv(rows, per_program),)
     if rows:
-        _rms_norm_kernel[grid](x2, r2, weight, out, summed, rows, n, x2.stride(0), r2.stride(0), eps,
-                               HAS_RESIDUAL=residual is not None, ROWS=per_program, BLOCK=block,
-                               num_warps=min(16, max(1, block * per_program // 256)))
+        _rms_norm_kernel[grid](
+            x2,
+            r2,
+            weight,
+            out,
+            summed,
+            rows,
+            n,
+            x2.stride(0),
+            r2.stride(0),
+            eps,
+            HAS_RESIDUAL=residual is not None,
+            ROWS=per_program,
+            BLOCK=block,
+            num_warps=min(16, max(1, block * per_program // 256)),
+        )
     return out if residual is None else (out, summed)

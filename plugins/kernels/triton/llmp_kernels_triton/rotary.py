@@ -10,9 +10,21 @@ from llmp_kernels_triton._common import check_float, check_shape, check_tensors,
 
 
 @triton.jit
-def _rotate_heads(x_ptr, out_ptr, t, n_heads, stride_t, stride_h, cos, sin,
-                  HEAD_DIM: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr, H_PAD: tl.constexpr,
-                  PASS_PAD: tl.constexpr):
+def _rotate_heads(
+    x_ptr,
+    out_ptr,
+    t,
+    n_heads,
+    stride_t,
+    stride_h,
+    cos,
+    sin,
+    HEAD_DIM: tl.constexpr,
+    HALF: tl.constexpr,
+    HALF_PAD: tl.constexpr,
+    H_PAD: tl.constexpr,
+    PASS_PAD: tl.constexpr,
+):
     # all heads of token t: [H_PAD, HALF_PAD] tiles of the two halves of the rotated dims
     h = tl.arange(0, H_PAD)
     j = tl.arange(0, HALF_PAD)
@@ -31,19 +43,38 @@ def _rotate_heads(x_ptr, out_ptr, t, n_heads, stride_t, stride_h, cos, sin,
 
 
 @triton.jit
-def _rotary_kernel(pos_ptr, q_ptr, k_ptr, q_out_ptr, k_out_ptr, cs_ptr, n_q_heads, n_k_heads,
-                   q_stride_t, q_stride_h, k_stride_t, k_stride_h, cs_stride,
-                   HEAD_DIM: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
-                   HQ_PAD: tl.constexpr, HK_PAD: tl.constexpr, PASS_PAD: tl.constexpr):
+def _rotary_kernel(
+    pos_ptr,
+    q_ptr,
+    k_ptr,
+    q_out_ptr,
+    k_out_ptr,
+    cs_ptr,
+    n_q_heads,
+    n_k_heads,
+    q_stride_t,
+    q_stride_h,
+    k_stride_t,
+    k_stride_h,
+    cs_stride,
+    HEAD_DIM: tl.constexpr,
+    HALF: tl.constexpr,
+    HALF_PAD: tl.constexpr,
+    HQ_PAD: tl.constexpr,
+    HK_PAD: tl.constexpr,
+    PASS_PAD: tl.constexpr,
+):
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + t).to(tl.int64)
     j = tl.arange(0, HALF_PAD)
     cos = tl.load(cs_ptr + pos * cs_stride + j, mask=j < HALF, other=0.0)
     sin = tl.load(cs_ptr + pos * cs_stride + HALF + j, mask=j < HALF, other=0.0)
-    _rotate_heads(q_ptr, q_out_ptr, t, n_q_heads, q_stride_t, q_stride_h, cos, sin,
-                  HEAD_DIM, HALF, HALF_PAD, HQ_PAD, PASS_PAD)
-    _rotate_heads(k_ptr, k_out_ptr, t, n_k_heads, k_stride_t, k_stride_h, cos, sin,
-                  HEAD_DIM, HALF, HALF_PAD, HK_PAD, PASS_PAD)
+    _rotate_heads(
+        q_ptr, q_out_ptr, t, n_q_heads, q_stride_t, q_stride_h, cos, sin, HEAD_DIM, HALF, HALF_PAD, HQ_PAD, PASS_PAD
+    )
+    _rotate_heads(
+        k_ptr, k_out_ptr, t, n_k_heads, k_stride_t, k_stride_h, cos, sin, HEAD_DIM, HALF, HALF_PAD, HK_PAD, PASS_PAD
+    )
 
 
 def rotary(
@@ -58,8 +89,10 @@ def rotary(
     check_shape(op, "positions", positions, (tokens,))
     rot = cos_sin.shape[-1] if cos_sin.dim() == 2 else -1
     if cos_sin.dtype != torch.float32 or rot % 2 or not 0 < rot <= head_dim:
-        raise ValueError(f"{op}: cos_sin must be float32 [max_pos, R] with even R <= head_dim {head_dim}, "
-                         f"got {cos_sin.dtype} {list(cos_sin.shape)}")
+        raise ValueError(
+            f"{op}: cos_sin must be float32 [max_pos, R] with even R <= head_dim {head_dim}, "
+            f"got {cos_sin.dtype} {list(cos_sin.shape)}"
+        )
     if positions.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"{op}: positions must be int32 or int64, got {positions.dtype}")
     check_float(op, q=q, k=k)
@@ -69,10 +102,24 @@ def rotary(
     if tokens:
         half, passed = rot // 2, head_dim - rot
         _rotary_kernel[(tokens,)](
-            positions, q, k, q_out, k_out, cos_sin, q.shape[1], k.shape[1],
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos_sin.stride(0),
-            HEAD_DIM=head_dim, HALF=half, HALF_PAD=triton.next_power_of_2(half),
-            HQ_PAD=triton.next_power_of_2(q.shape[1]), HK_PAD=triton.next_power_of_2(k.shape[1]),
+            positions,
+            q,
+            k,
+            q_out,
+            k_out,
+            cos_sin,
+            q.shape[1],
+            k.shape[1],
+            q.stride(0),
+            q.stride(1),
+            k.stride(0),
+            k.stride(1),
+            cos_sin.stride(0),
+            HEAD_DIM=head_dim,
+            HALF=half,
+            HALF_PAD=triton.next_power_of_2(half),
+            HQ_PAD=triton.next_power_of_2(q.shape[1]),
+            HK_PAD=triton.next_power_of_2(k.shape[1]),
             PASS_PAD=triton.next_power_of_2(passed) if passed else 0,
         )
     return q_out, k_out

@@ -34,29 +34,91 @@ def main() -> None:
         ("fp32", True, True, True, 4, 80, 16),  # float32 (exact dot) and a padded head size
     ):
         ptr = f"*{dtype}"
-        build(attention._paged_attention_kernel,
-              dict(q_ptr=ptr, k_cache_ptr=ptr, v_cache_ptr=ptr, out_ptr=ptr, q_start_ptr="*i32",
-                   seq_lens_ptr="*i32", block_tables_ptr="*i32", n_requests=i32, n_kv_heads=i32, q_stride_t=i32,
-                   q_stride_h=i32, bt_stride=i32, scale="fp32", softcap="fp32", window=i32),
-              dict(GROUP=group, HEAD_DIM=head_dim, D_PAD=triton.next_power_of_2(head_dim), BLOCK_SIZE=16,
-                   BLOCK_M=block_m, BLOCK_Q=block_m // group, TILE_N=64, USE_WINDOW=window, USE_SOFTCAP=softcap,
-                   F32=f32))
-    norm_types = dict(x_ptr=bf16, res_ptr=bf16, w_ptr=bf16, out_ptr=bf16, sum_ptr=bf16, n_rows=i32, n_cols=i32,
-                      x_stride=i32, res_stride=i32, eps="fp32")
+        build(
+            attention._paged_attention_kernel,
+            dict(
+                q_ptr=ptr,
+                k_cache_ptr=ptr,
+                v_cache_ptr=ptr,
+                out_ptr=ptr,
+                q_start_ptr="*i32",
+                seq_lens_ptr="*i32",
+                block_tables_ptr="*i32",
+                n_requests=i32,
+                n_kv_heads=i32,
+                q_stride_t=i32,
+                q_stride_h=i32,
+                bt_stride=i32,
+                scale="fp32",
+                softcap="fp32",
+                window=i32,
+            ),
+            dict(
+                GROUP=group,
+                HEAD_DIM=head_dim,
+                D_PAD=triton.next_power_of_2(head_dim),
+                BLOCK_SIZE=16,
+                BLOCK_M=block_m,
+                BLOCK_Q=block_m // group,
+                TILE_N=64,
+                USE_WINDOW=window,
+                USE_SOFTCAP=softcap,
+                F32=f32,
+            ),
+        )
+    norm_types = dict(
+        x_ptr=bf16,
+        res_ptr=bf16,
+        w_ptr=bf16,
+        out_ptr=bf16,
+        sum_ptr=bf16,
+        n_rows=i32,
+        n_cols=i32,
+        x_stride=i32,
+        res_stride=i32,
+        eps="fp32",
+    )
     build(rms_norm._rms_norm_kernel, norm_types, dict(HAS_RESIDUAL=True, ROWS=2, BLOCK=1024))
     build(rms_norm._rms_norm_kernel, norm_types, dict(HAS_RESIDUAL=False, ROWS=16, BLOCK=128))
-    build(rotary._rotary_kernel,
-          dict(pos_ptr="*i64", q_ptr=bf16, k_ptr=bf16, q_out_ptr=bf16, k_out_ptr=bf16, cs_ptr="*fp32",
-               n_q_heads=i32, n_k_heads=i32, q_stride_t=i32, q_stride_h=i32, k_stride_t=i32, k_stride_h=i32,
-               cs_stride=i32),
-          dict(HEAD_DIM=128, HALF=32, HALF_PAD=32, HQ_PAD=16, HK_PAD=8, PASS_PAD=64))
+    build(
+        rotary._rotary_kernel,
+        dict(
+            pos_ptr="*i64",
+            q_ptr=bf16,
+            k_ptr=bf16,
+            q_out_ptr=bf16,
+            k_out_ptr=bf16,
+            cs_ptr="*fp32",
+            n_q_heads=i32,
+            n_k_heads=i32,
+            q_stride_t=i32,
+            q_stride_h=i32,
+            k_stride_t=i32,
+            k_stride_h=i32,
+            cs_stride=i32,
+        ),
+        dict(HEAD_DIM=128, HALF=32, HALF_PAD=32, HQ_PAD=16, HK_PAD=8, PASS_PAD=64),
+    )
     for gelu in (False, True):
-        build(activation._gated_kernel, dict(x_ptr=bf16, out_ptr=bf16, d=i32, x_stride=i32),
-              dict(GELU=gelu, BLOCK=1024))
-    build(kv_write._write_kv_kernel,
-          dict(k_ptr=bf16, v_ptr=bf16, k_cache_ptr=bf16, v_cache_ptr=bf16, slot_ptr="*i64", n_heads=i32,
-               k_stride_t=i32, k_stride_h=i32, v_stride_t=i32, v_stride_h=i32),
-          dict(HEAD_DIM=128, H_PAD=8, D_PAD=128))
+        build(
+            activation._gated_kernel, dict(x_ptr=bf16, out_ptr=bf16, d=i32, x_stride=i32), dict(GELU=gelu, BLOCK=1024)
+        )
+    build(
+        kv_write._write_kv_kernel,
+        dict(
+            k_ptr=bf16,
+            v_ptr=bf16,
+            k_cache_ptr=bf16,
+            v_cache_ptr=bf16,
+            slot_ptr="*i64",
+            n_heads=i32,
+            k_stride_t=i32,
+            k_stride_h=i32,
+            v_stride_t=i32,
+            v_stride_h=i32,
+        ),
+        dict(HEAD_DIM=128, H_PAD=8, D_PAD=128),
+    )
 
 
 if __name__ == "__main__":

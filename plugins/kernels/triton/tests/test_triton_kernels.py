@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from llmp_kernels_torch.kernels import TorchKernels
+from llmp_kernels_triton.kernels import TritonKernels
+
 from llmp import registry
 from llmp.api import AttentionMetadata, KernelSet
 from llmp.modeling.rope import cos_sin_table
-from llmp_kernels_torch.kernels import TorchKernels
-from llmp_kernels_triton.kernels import TritonKernels
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 REF, TRI = TorchKernels(), TritonKernels()
@@ -50,8 +51,9 @@ def test_registered_for_cuda_and_satisfies_the_contract():
 def test_without_cuda_or_interpreter_the_set_refuses_to_start():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     code = "from llmp_kernels_triton.kernels import TritonKernels; TritonKernels()"
-    result = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, env=env,
-                            timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", code], check=False, capture_output=True, text=True, env=env, timeout=120
+    )
     assert result.returncode != 0 and "needs a CUDA device" in result.stderr
 
 
@@ -59,8 +61,9 @@ def test_every_kernel_compiles_for_sm90_without_a_gpu():
     # the interpreter never compiles: this runs triton's real pipeline (bundled ptxas) down to cubins
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     script = Path(__file__).with_name("compile_for_gpu.py")
-    result = subprocess.run([sys.executable, str(script)], check=False, capture_output=True, text=True, env=env,
-                            timeout=300)
+    result = subprocess.run(
+        [sys.executable, str(script)], check=False, capture_output=True, text=True, env=env, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("ok ") == 9
 
@@ -133,8 +136,14 @@ def test_launchers_reject_bad_inputs_clearly():
     with pytest.raises(ValueError, match="float32, float16 or bfloat16"):
         TRI.silu_and_mul(torch.ones(2, 4, dtype=torch.int64, device=DEVICE))
     cache = torch.zeros(4, 4, 3, 16, device=DEVICE)
-    meta = AttentionMetadata(torch.tensor([0, 4], dtype=torch.int32), torch.tensor([4], dtype=torch.int32),
-                             torch.zeros(1, 1, dtype=torch.int32), torch.arange(4), 4, 4)
+    meta = AttentionMetadata(
+        torch.tensor([0, 4], dtype=torch.int32),
+        torch.tensor([4], dtype=torch.int32),
+        torch.zeros(1, 1, dtype=torch.int32),
+        torch.arange(4),
+        4,
+        4,
+    )
     with pytest.raises(ValueError, match=r"query heads \(4\) must be a multiple of KV heads \(3\)"):
         TRI.paged_attention(q, cache, cache, meta, 0.25)
 
@@ -155,11 +164,17 @@ def build_batch(requests, heads, kv_heads, head_dim, block_size, dtype, window=N
     for cached, new in requests:
         total = cached + new
         blocks = [free.pop() for _ in range(-(-total // block_size))]
-        flat = torch.tensor([blocks[p // block_size] * block_size + p % block_size for p in range(total)],
-                            device=DEVICE)
+        flat = torch.tensor(
+            [blocks[p // block_size] * block_size + p % block_size for p in range(total)], device=DEVICE
+        )
         # the cached prefix and this step's tokens are all written before attention runs
-        REF.write_kv(rand(total, kv_heads, head_dim, dtype=dtype), rand(total, kv_heads, head_dim, dtype=dtype),
-                     k_cache, v_cache, flat)
+        REF.write_kv(
+            rand(total, kv_heads, head_dim, dtype=dtype),
+            rand(total, kv_heads, head_dim, dtype=dtype),
+            k_cache,
+            v_cache,
+            flat,
+        )
         slots.append(flat[cached:])
         qs.append(rand(new, heads, head_dim, dtype=dtype))
         tables.append(blocks + [unused] * (max_blocks - len(blocks)))  # padding points at a NaN block
@@ -169,7 +184,9 @@ def build_batch(requests, heads, kv_heads, head_dim, block_size, dtype, window=N
         query_start_loc=torch.tensor(starts, dtype=torch.int32, device=DEVICE),
         seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE),
         block_tables=torch.tensor(tables, dtype=torch.int32, device=DEVICE),
-        slot_mapping=torch.cat(slots), max_query_len=max(n for _, n in requests), max_seq_len=max(seq_lens),
+        slot_mapping=torch.cat(slots),
+        max_query_len=max(n for _, n in requests),
+        max_seq_len=max(seq_lens),
         sliding_window=window,
     )
     return torch.cat(qs), k_cache, v_cache, meta
@@ -221,9 +238,18 @@ def test_paged_attention_half_precision(dtype, window, softcap):
 MODELS = {
     "llama": ("LlamaForCausalLM", "llmp_models_llama", {}),
     "qwen3-qk-norm": ("Qwen3ForCausalLM", "llmp_models_qwen", dict(head_dim=16)),
-    "gemma2-window-softcap-gelu": ("Gemma2ForCausalLM", "llmp_models_gemma", dict(
-        head_dim=16, sliding_window=8, query_pre_attn_scalar=24, attn_logit_softcapping=2.0,
-        final_logit_softcapping=3.0, qk_scale=6.0)),
+    "gemma2-window-softcap-gelu": (
+        "Gemma2ForCausalLM",
+        "llmp_models_gemma",
+        dict(
+            head_dim=16,
+            sliding_window=8,
+            query_pre_attn_scalar=24,
+            attn_logit_softcapping=2.0,
+            final_logit_softcapping=3.0,
+            qk_scale=6.0,
+        ),
+    ),
 }
 
 

@@ -45,8 +45,10 @@ class BertSelfAttention(nn.Module):
 
     def forward(self, hidden: torch.Tensor, starts: list[int]) -> torch.Tensor:
         tokens = hidden.shape[0]
-        q, k, v = (proj(hidden).view(tokens, self.num_heads, self.head_dim).transpose(0, 1)
-                   for proj in (self.query, self.key, self.value))  # [H, T, D]
+        q, k, v = (
+            proj(hidden).view(tokens, self.num_heads, self.head_dim).transpose(0, 1)
+            for proj in (self.query, self.key, self.value)
+        )  # [H, T, D]
         out = torch.empty_like(q)
         for start, end in zip(starts, starts[1:]):  # each request attends only to itself
             out[:, start:end] = F.scaled_dot_product_attention(q[:, start:end], k[:, start:end], v[:, start:end])
@@ -120,7 +122,9 @@ class BertModel(nn.Module):
     def attention_layers(self) -> list:
         return []  # no KV cache
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: AttentionMetadata
+    ) -> torch.Tensor:
         starts = attn_metadata.query_start_loc.tolist()
         hidden = self.embeddings(input_ids, positions)
         for layer in self.encoder.layer:

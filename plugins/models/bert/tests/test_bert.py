@@ -19,8 +19,14 @@ def tiny_bert(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.
 
     path = tmp_path_factory.mktemp("tiny-bert")
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=400, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=128, max_position_embeddings=128)
+    config = BertConfig(
+        vocab_size=400,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=128,
+    )
     model = BertModel(config).eval()
     model.save_pretrained(path)
     tiny_tokenizer().save_pretrained(path)
@@ -58,11 +64,15 @@ def test_sentence_transformers_config_selects_mean_pooling_and_normalisation(tin
         (st / file.name).write_bytes(file.read_bytes())
     (st / "1_Pooling").mkdir()
     (st / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True}))
-    (st / "modules.json").write_text(json.dumps([
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
-    ]))
+    (st / "modules.json").write_text(
+        json.dumps(
+            [
+                {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+                {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+            ]
+        )
+    )
     llm = LLM(str(st), dtype="float32")
     ids = prompts(1)[0]
     [output] = llm.embed({"prompt_token_ids": ids}, use_tqdm=False)

@@ -36,7 +36,9 @@ class GemmaRMSNorm(nn.Module):
         if residual is not None:
             x = x + residual
         x32 = x.float()
-        out = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps) * (1.0 + self.weight.float())).to(x.dtype)
+        out = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps) * (1.0 + self.weight.float())).to(
+            x.dtype
+        )
         return out if residual is None else (out, x)
 
 
@@ -88,13 +90,21 @@ class Gemma2DecoderLayer(nn.Module):
 
 class Gemma2ForCausalLM(GemmaForCausalLM):
     def make_layer(self, config: Any, kernels: KernelSet, index: int, window: int | None) -> nn.Module:
-        return Gemma2DecoderLayer(config, self.make_attention(config, kernels, index, window),
-                                  self.make_mlp(config, kernels, index))
+        return Gemma2DecoderLayer(
+            config, self.make_attention(config, kernels, index, window), self.make_mlp(config, kernels, index)
+        )
 
     def make_attention(self, config: Any, kernels: KernelSet, index: int, window: int | None) -> nn.Module:
         bias = bool(getattr(config, "attention_bias", False))
-        return DecoderAttention(config, kernels, sliding_window=window, qkv_bias=bias, o_bias=bias,
-                                scale=config.query_pre_attn_scalar**-0.5, softcap=config.attn_logit_softcapping)
+        return DecoderAttention(
+            config,
+            kernels,
+            sliding_window=window,
+            qkv_bias=bias,
+            o_bias=bias,
+            scale=config.query_pre_attn_scalar**-0.5,
+            softcap=config.attn_logit_softcapping,
+        )
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         logits = super().compute_logits(hidden_states)

@@ -8,24 +8,36 @@ import pytest
 
 from llmp.testing import assert_greedy_parity, engine_greedy, mixed_prompts, save_tiny_model
 
-GEMMA2 = dict(head_dim=16, sliding_window=8, query_pre_attn_scalar=24, attn_logit_softcapping=2.0,
-              final_logit_softcapping=3.0, attn_implementation="eager", qk_scale=6.0)
+GEMMA2 = dict(
+    head_dim=16,
+    sliding_window=8,
+    query_pre_attn_scalar=24,
+    attn_logit_softcapping=2.0,
+    final_logit_softcapping=3.0,
+    attn_implementation="eager",
+    qk_scale=6.0,
+)
 
 
 @pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])
 def test_gemma_matches_transformers(tmp_path, tie):
-    model = save_tiny_model(tmp_path, "GemmaForCausalLM", seed=2, head_dim=16, tie_word_embeddings=tie,
-                            logit_scale=1.0 if tie else 8.0)
+    model = save_tiny_model(
+        tmp_path, "GemmaForCausalLM", seed=2, head_dim=16, tie_word_embeddings=tie, logit_scale=1.0 if tie else 8.0
+    )
     prompts = mixed_prompts(6, seed=2)
     got, llm = engine_greedy(tmp_path, prompts, enable_prefix_caching=False)
     assert type(llm.engine.executor.runner.model).__name__ == "GemmaForCausalLM"
     assert_greedy_parity(model, prompts, got)
 
 
-@pytest.mark.parametrize("options", [
-    dict(enable_prefix_caching=False),
-    dict(max_num_batched_tokens=16),
-], ids=["batched", "chunked-prefill"])
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(enable_prefix_caching=False),
+        dict(max_num_batched_tokens=16),
+    ],
+    ids=["batched", "chunked-prefill"],
+)
 def test_gemma2_matches_transformers(tmp_path, options):
     model = save_tiny_model(tmp_path, "Gemma2ForCausalLM", seed=3, **GEMMA2)
     prompts = mixed_prompts(6, seed=3)

@@ -20,12 +20,6 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Modul
     return path, save_tiny_llama(path, qk_scale=4.0)  # sharp attention: a wrong key or position shows
 
 
-
-
-
-
-
-
 def test_batch_of_mixed_lengths_matches_transformers(tiny):
     path, model = tiny
     prompts = mixed_prompts()
@@ -76,8 +70,13 @@ def test_tied_embeddings_and_sharded_checkpoint(tmp_path):
 
 
 def test_grouped_query_attention_and_llama3_rope(tmp_path):
-    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 64}
+    scaling = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
     model = save_tiny_llama(tmp_path, seed=6, num_attention_heads=8, num_key_value_heads=2, rope_scaling=scaling)
     prompts = mixed_prompts(count=4, seed=6)
     got, _ = engine_greedy(tmp_path, prompts)

@@ -22,8 +22,14 @@ class MistralForCausalLM(DecoderForCausalLM):
 
 class MixtralForCausalLM(DecoderForCausalLM):
     def make_mlp(self, config: Any, kernels: KernelSet, index: int) -> nn.Module:
-        return SparseMoE(config.hidden_size, config.intermediate_size, config.num_local_experts,
-                         config.num_experts_per_tok, renormalize=True, kernels=kernels)
+        return SparseMoE(
+            config.hidden_size,
+            config.intermediate_size,
+            config.num_local_experts,
+            config.num_experts_per_tok,
+            renormalize=True,
+            kernels=kernels,
+        )
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         # Mixtral checkpoints call the MoE block "block_sparse_moe"

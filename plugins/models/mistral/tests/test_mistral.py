@@ -15,10 +15,14 @@ WINDOW = 8  # far shorter than the prompts (3-60 tokens) plus 24 new tokens, so 
 MIXTRAL = dict(num_local_experts=4, num_experts_per_tok=2)
 
 
-@pytest.mark.parametrize("options", [
-    dict(enable_prefix_caching=False),
-    dict(max_num_batched_tokens=16),  # chunked prefill: chunks attend across the window boundary
-], ids=["batched", "chunked-prefill"])
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(enable_prefix_caching=False),
+        dict(max_num_batched_tokens=16),  # chunked prefill: chunks attend across the window boundary
+    ],
+    ids=["batched", "chunked-prefill"],
+)
 def test_mistral_sliding_window_matches_transformers(tmp_path, options):
     model = save_tiny_model(tmp_path, "MistralForCausalLM", seed=3, sliding_window=WINDOW, qk_scale=4.0)
     prompts = mixed_prompts(6, seed=3)
@@ -39,7 +43,9 @@ def test_mistral_prefix_caching_matches_transformers(tmp_path):
     assert got[0] == got_rest[0]
 
 
-@pytest.mark.parametrize("extra", [{}, dict(num_experts_per_tok=1, num_local_experts=3)], ids=["top2-of-4", "top1-of-3"])
+@pytest.mark.parametrize(
+    "extra", [{}, dict(num_experts_per_tok=1, num_local_experts=3)], ids=["top2-of-4", "top1-of-3"]
+)
 def test_mixtral_matches_transformers(tmp_path, extra):
     model = save_tiny_model(tmp_path, "MixtralForCausalLM", seed=5, qk_scale=4.0, **{**MIXTRAL, **extra})
     prompts = mixed_prompts(6, seed=5)

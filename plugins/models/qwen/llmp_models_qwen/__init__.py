@@ -13,13 +13,30 @@ _MODULE = "llmp_models_qwen.model"
 
 @hookimpl
 def llmp_register_models() -> Iterator[ModelSpec]:
-    yield ModelSpec(name="Qwen2ForCausalLM", impl=f"{_MODULE}:Qwen2ForCausalLM",
-                    description="Qwen2 and Qwen2.5 causal LMs (bias on the QKV projection).")
-    yield ModelSpec(name="Qwen3ForCausalLM", impl=f"{_MODULE}:Qwen3ForCausalLM",
-                    description="Qwen3 dense causal LMs (RMSNorm on each head's q and k).")
-    yield ModelSpec(name="Qwen3MoeForCausalLM", impl=f"{_MODULE}:Qwen3MoeForCausalLM",
-                    description="Qwen3 mixture-of-experts causal LMs (Qwen3-30B-A3B, Qwen3-235B-A22B).")
-    yield ModelSpec(name="Qwen2Model", impl=f"{_MODULE}:Qwen2Model", tasks=("embed",),
-                    description="A Qwen2 base model used for embeddings (gte-Qwen2; last-token pooling).")
-    yield ModelSpec(name="Qwen3Model", impl=f"{_MODULE}:Qwen3Model", tasks=("embed",),
-                    description="A Qwen3 base model used for embeddings (Qwen3-Embedding; last-token pooling).")
+    yield ModelSpec(
+        name="Qwen2ForCausalLM",
+        impl=f"{_MODULE}:Qwen2ForCausalLM",
+        description="Qwen2 and Qwen2.5 causal LMs (bias on the QKV projection).",
+    )
+    yield ModelSpec(
+        name="Qwen3ForCausalLM",
+        impl=f"{_MODULE}:Qwen3ForCausalLM",
+        description="Qwen3 dense causal LMs (RMSNorm on each head's q and k).",
+    )
+    yield ModelSpec(
+        name="Qwen3MoeForCausalLM",
+        impl=f"{_MODULE}:Qwen3MoeForCausalLM",
+        description="Qwen3 mixture-of-experts causal LMs (Qwen3-30B-A3B, Qwen3-235B-A22B).",
+    )
+    yield ModelSpec(
+        name="Qwen2Model",
+        impl=f"{_MODULE}:Qwen2Model",
+        tasks=("embed",),
+        description="A Qwen2 base model used for embeddings (gte-Qwen2; last-token pooling).",
+    )
+    yield ModelSpec(
+        name="Qwen3Model",
+        impl=f"{_MODULE}:Qwen3Model",
+        tasks=("embed",),
+        description="A Qwen3 base model used for embeddings (Qwen3-Embedding; last-token pooling).",
+    )

@@ -28,12 +28,21 @@ class Qwen3ForCausalLM(DecoderForCausalLM):
 
 class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
     def make_mlp(self, config: Any, kernels: KernelSet, index: int) -> nn.Module:
-        sparse = (index not in (getattr(config, "mlp_only_layers", None) or []) and config.num_experts > 0
-                  and (index + 1) % config.decoder_sparse_step == 0)
+        sparse = (
+            index not in (getattr(config, "mlp_only_layers", None) or [])
+            and config.num_experts > 0
+            and (index + 1) % config.decoder_sparse_step == 0
+        )
         if not sparse:
             return GatedMLP(config.hidden_size, config.intermediate_size, False, kernels)
-        return SparseMoE(config.hidden_size, config.moe_intermediate_size, config.num_experts,
-                         config.num_experts_per_tok, renormalize=bool(config.norm_topk_prob), kernels=kernels)
+        return SparseMoE(
+            config.hidden_size,
+            config.moe_intermediate_size,
+            config.num_experts,
+            config.num_experts_per_tok,
+            renormalize=bool(config.norm_topk_prob),
+            kernels=kernels,
+        )
 
 
 Qwen2Model = embedding_variant(Qwen2ForCausalLM)

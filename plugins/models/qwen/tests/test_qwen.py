@@ -21,7 +21,10 @@ CASES = {
     "qwen3": ("Qwen3ForCausalLM", dict(head_dim=32)),
     "qwen3-attention-bias": ("Qwen3ForCausalLM", dict(head_dim=16, attention_bias=True)),
     "qwen3-moe": ("Qwen3MoeForCausalLM", dict(MOE, norm_topk_prob=True, mlp_only_layers=[1])),
-    "qwen3-moe-unnormalised-sparse-step": ("Qwen3MoeForCausalLM", dict(MOE, norm_topk_prob=False, decoder_sparse_step=2)),
+    "qwen3-moe-unnormalised-sparse-step": (
+        "Qwen3MoeForCausalLM",
+        dict(MOE, norm_topk_prob=False, decoder_sparse_step=2),
+    ),
 }
 
 
@@ -88,11 +91,15 @@ def test_sentence_transformers_config_makes_a_causal_lm_embed(tmp_path):
     model = save_tiny_model(tmp_path, "Qwen3ForCausalLM", seed=13, head_dim=16)
     (tmp_path / "1_Pooling").mkdir()
     (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_lasttoken": True}))
-    (tmp_path / "modules.json").write_text(json.dumps([
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
-    ]))
+    (tmp_path / "modules.json").write_text(
+        json.dumps(
+            [
+                {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+                {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+            ]
+        )
+    )
     prompts = mixed_prompts(3, seed=13)
     llm = LLM(str(tmp_path), dtype="float32", block_size=4)
     assert llm.engine.info.options["task"] == "embed"

@@ -40,8 +40,10 @@ class UnsupportedArchitectureError(UnknownComponentError, ModelLoadError):
 
     def __init__(self, architectures: list[str], native: Mapping[str, str]) -> None:
         super().__init__("model", ", ".join(architectures), native)
-        self.args = (f"{self.args[0]}; transformers {transformers.__version__} has no such class either "
-                     "(the transformers fallback runs no remote code)",)
+        self.args = (
+            f"{self.args[0]}; transformers {transformers.__version__} has no such class either "
+            "(the transformers fallback runs no remote code)",
+        )
 
 
 @dataclass
@@ -66,9 +68,16 @@ _current_step: ContextVar[_Step] = ContextVar("llmp_transformers_step")
 
 
 def paged_attention_forward(
-    module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any,
-    scaling: float | None = None, dropout: float = 0.0, sliding_window: int | None = None,
-    softcap: float | None = None, **kwargs: Any,
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: Any,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention-function contract: q [1, H, T, D], k, v [1, Hkv, T, D] -> ([1, T, H, D], None)."""
     try:
@@ -86,8 +95,10 @@ def paged_attention_forward(
     k_cache, v_cache = layer.kv_cache
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # [T, heads, D]
     if k.shape[1:] != k_cache.shape[2:] or v.shape[1:] != v_cache.shape[2:]:
-        raise RuntimeError(f"layer {index} has k/v heads of shape {tuple(k.shape[1:])}; "
-                           f"its cache, sized from the config, holds {tuple(k_cache.shape[2:])}")
+        raise RuntimeError(
+            f"layer {index} has k/v heads of shape {tuple(k.shape[1:])}; "
+            f"its cache, sized from the config, holds {tuple(k_cache.shape[2:])}"
+        )
     metadata = step.metadata
     if sliding_window != metadata.sliding_window:  # per layer: models mix sliding and full layers
         metadata = dataclasses.replace(metadata, sliding_window=sliding_window)
@@ -124,17 +135,23 @@ class TransformersForCausalLM(nn.Module):
         cls, model_dir: Path, config: Any, kernels: KernelSet, dtype: torch.dtype, device: torch.device
     ) -> TransformersForCausalLM:
         if tp_size() > 1:
-            raise ValueError("the transformers fallback runs on one rank only; "
-                             "use tensor_parallel_size=1 or a model with a native plugin")
+            raise ValueError(
+                "the transformers fallback runs on one rank only; "
+                "use tensor_parallel_size=1 or a model with a native plugin"
+            )
         model_cls = _causal_lm_class(config)
         if not getattr(model_cls, "_supports_attention_backend", False):
-            raise ModelLoadError(f"{model_cls.__name__} cannot run on llmp's KV cache: transformers does not let it "
-                                 "use a custom attention function (_supports_attention_backend is False)")
+            raise ModelLoadError(
+                f"{model_cls.__name__} cannot run on llmp's KV cache: transformers does not let it "
+                "use a custom attention function (_supports_attention_backend is False)"
+            )
         text_config = config.get_text_config()
         kinds = {*(getattr(text_config, "layer_types", None) or ()), *(getattr(text_config, "block_types", None) or ())}
         if stateful := sorted(kinds - _ATTENTION_LAYER_TYPES):
-            raise ModelLoadError(f"{model_cls.__name__} has {', '.join(stateful)} layers, whose state the "
-                                 "transformers fallback does not keep; only attention layers are supported")
+            raise ModelLoadError(
+                f"{model_cls.__name__} has {', '.join(stateful)} layers, whose state the "
+                "transformers fallback does not keep; only attention layers are supported"
+            )
         hf_model = model_cls.from_pretrained(model_dir, dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION)
         return cls(hf_model.to(device), kernels)
 
@@ -173,8 +190,11 @@ def _causal_lm_class(config: Any) -> type[PreTrainedModel]:
     if names:  # named, but not by transformers: a remote-code model, or one newer than this transformers
         from llmp import registry
 
-        native = {s.name: s.distribution for s in registry.components("model").values()
-                  if getattr(s, "model_impl", "native") == "native"}
+        native = {
+            s.name: s.distribution
+            for s in registry.components("model").values()
+            if getattr(s, "model_impl", "native") == "native"
+        }
         raise UnsupportedArchitectureError(names, native)
     from transformers.models.auto.auto_factory import _get_model_class
 

@@ -33,17 +33,35 @@ def gpt2() -> torch.nn.Module:  # learned absolute positions, tied LM head, Conv
 def phi3() -> torch.nn.Module:  # fused qkv, partial rotary, a sliding window shorter than most prompts
     from transformers import Phi3Config, Phi3ForCausalLM
 
-    return Phi3ForCausalLM(Phi3Config(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=256, sliding_window=20, partial_rotary_factor=0.5, **SMALL))
+    return Phi3ForCausalLM(
+        Phi3Config(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+            sliding_window=20,
+            partial_rotary_factor=0.5,
+            **SMALL,
+        )
+    )
 
 
 def gpt_neox() -> torch.nn.Module:  # parallel residual, rotary on a quarter of each head
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
-    return GPTNeoXForCausalLM(GPTNeoXConfig(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, rotary_pct=0.25,
-        max_position_embeddings=256, **SMALL))
+    return GPTNeoXForCausalLM(
+        GPTNeoXConfig(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            rotary_pct=0.25,
+            max_position_embeddings=256,
+            **SMALL,
+        )
+    )
 
 
 def save_tiny(path: Path, build: Callable[[], torch.nn.Module], seed: int = 0) -> torch.nn.Module:
@@ -73,12 +91,6 @@ def tiny_gpt2(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.
 def tiny_phi3(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Module]:
     path = tmp_path_factory.mktemp("phi3")
     return path, save_tiny(path, phi3, seed=2)
-
-
-
-
-
-
 
 
 def model_spec(llm: LLM):

@@ -127,7 +127,7 @@ class ThinkingReasoningParser:
             if not final:
                 stop -= min(held_back(text, (self.end_marker,)), len(text) - begin)
             return ReasoningParse(text[begin:stop], before)
-        return ReasoningParse(text[begin:end], before + text[end + len(self.end_marker):])
+        return ReasoningParse(text[begin:end], before + text[end + len(self.end_marker) :])
 
     def _parse_anywhere(self, text: str, final: bool) -> ReasoningParse:
         content: list[str] = []
@@ -180,7 +180,7 @@ class ThinkingReasoningParser:
             if token == start_id:
                 return True
             if token == end_id:
-                return None if any(t in self._turn_ids for t in ids[pos + 1:]) else False
+                return None if any(t in self._turn_ids for t in ids[pos + 1 :]) else False
         return None
 
     def _state_by_text(self, text: str) -> bool | None:
@@ -189,5 +189,5 @@ class ThinkingReasoningParser:
             return None
         if start > end:
             return True
-        tail = text[end + len(self.end_marker):]
+        tail = text[end + len(self.end_marker) :]
         return None if any(t in tail for t in self._turn_texts) else False

@@ -69,8 +69,9 @@ def prompt_ids(tokenizer: Any, template: str, messages: list[dict[str, Any]], **
     from llmp.chat_template import render_chat
 
     continue_final = kwargs.pop("continue_final_message", False)
-    text = render_chat(tokenizer, messages, chat_template=template, continue_final_message=continue_final,
-                       chat_template_kwargs=kwargs)
+    text = render_chat(
+        tokenizer, messages, chat_template=template, continue_final_message=continue_final, chat_template_kwargs=kwargs
+    )
     return tokenizer.encode(text, add_special_tokens=False)
 
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from llmp import registry
-from llmp.api import ReasoningParse
 from llmp_parsers_reasoning.deepseek_r1 import DeepSeekR1ReasoningParser
 from llmp_parsers_reasoning.mistral import MistralReasoningParser
 from llmp_parsers_reasoning.qwen3 import Qwen3ReasoningParser
+
+from llmp import registry
+from llmp.api import ReasoningParse
 
 PARSERS = [DeepSeekR1ReasoningParser, Qwen3ReasoningParser, MistralReasoningParser]
 PIECES = ["<think>", "</think>", "[THINK]", "[/THINK]", "<th", "[/", "\n", "a", " é"]
@@ -46,9 +47,14 @@ def test_prompt_closed_reasoning_is_all_content(parser_class) -> None:
         )
 
 
-@pytest.mark.parametrize("name, parser_class", [
-    ("deepseek_r1", DeepSeekR1ReasoningParser), ("qwen3", Qwen3ReasoningParser), ("mistral", MistralReasoningParser),
-])
+@pytest.mark.parametrize(
+    "name, parser_class",
+    [
+        ("deepseek_r1", DeepSeekR1ReasoningParser),
+        ("qwen3", Qwen3ReasoningParser),
+        ("mistral", MistralReasoningParser),
+    ],
+)
 def test_registered(name, parser_class) -> None:
     assert registry.load_component("reasoning_parser", name) is parser_class
     spec = registry.get_component("reasoning_parser", name)

@@ -3,23 +3,29 @@
 from __future__ import annotations
 
 import pytest
-from llmp.api import ReasoningParse
 from llmp_parsers_reasoning.qwen3 import Qwen3ReasoningParser
 from reasoning_parsers_support import check, stream_chunks
+
+from llmp.api import ReasoningParse
 
 # (text, in_reasoning, reasoning, content): Qwen3 writes <think> itself (in_reasoning None: the prompt
 # says nothing); Qwen3-2507 thinking templates open it in the prompt (True).
 CASES = {
     "reasoning-then-answer": (
-        ("<think>\nThe user greets me. I should greet back and offer help.\n</think>\n\n"
-         "Hello! How can I help you today?"),
+        (
+            "<think>\nThe user greets me. I should greet back and offer help.\n</think>\n\n"
+            "Hello! How can I help you today?"
+        ),
         None,
         "\nThe user greets me. I should greet back and offer help.\n",
         "\n\nHello! How can I help you today?",
     ),
     "cut-off-by-max-tokens": ("<think>\nLet me count: 1, 2, 3", None, "\nLet me count: 1, 2, 3", ""),
     "prompt-opened-2507": (
-        "Okay, 6 * 7 is 42.\n</think>\n\nThe answer is 42.", True, "Okay, 6 * 7 is 42.\n", "\n\nThe answer is 42.",
+        "Okay, 6 * 7 is 42.\n</think>\n\nThe answer is 42.",
+        True,
+        "Okay, 6 * 7 is 42.\n",
+        "\n\nThe answer is 42.",
     ),
     "prompt-opened-cut-off": ("Okay, 6 * 7 is", True, "Okay, 6 * 7 is", ""),
     "prompt-opened-model-repeats-start": ("<think>\nOkay.\n</think>\n\nDone.", True, "\nOkay.\n", "\n\nDone."),
@@ -34,11 +40,15 @@ CASES = {
     "whitespace-before-start-marker": ("\n<think>r</think>\nrest", None, "r", "\nrest"),
     "unicode": (
         "<think>\n用户在问首都。東京 🙂\n</think>\n\n答え：東京 🚀 Zürich",
-        None, "\n用户在问首都。東京 🙂\n", "\n\n答え：東京 🚀 Zürich",
+        None,
+        "\n用户在问首都。東京 🙂\n",
+        "\n\n答え：東京 🚀 Zürich",
     ),
     "answer-mentions-markers": (
         "<think>\nshort\n</think>\n\nWrap it in <think>...</think> tags.",
-        None, "\nshort\n", "\n\nWrap it in <think>...</think> tags.",
+        None,
+        "\nshort\n",
+        "\n\nWrap it in <think>...</think> tags.",
     ),
 }
 

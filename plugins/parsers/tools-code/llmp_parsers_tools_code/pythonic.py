@@ -38,7 +38,6 @@ from typing import Any
 
 from llmp.api import ParsedToolCall, ToolCallParse
 from llmp.parsing import skip_whitespace
-
 from llmp_parsers_tools_code._arguments import NotALiteral, arguments_text, json_pair, python_literal
 
 _NAME = re.compile(r"[^\W\d]\w*")
@@ -120,7 +119,7 @@ def _parse_arguments(text: str, pos: int, pairs: list[str], final: bool) -> tupl
         if end is None:
             if final and completion is not None:  # cut off: complete the value if that makes a literal
                 closers, drop = completion
-                _add_pair(pairs, keyword.group(), text[start:n - drop] + closers)
+                _add_pair(pairs, keyword.group(), text[start : n - drop] + closers)
             return False, pos
         if text[end] not in ",)" or not _add_pair(pairs, keyword.group(), text[start:end]):
             return False, pos

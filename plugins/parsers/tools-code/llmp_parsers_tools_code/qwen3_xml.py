@@ -52,7 +52,6 @@ from typing import Any
 
 from llmp.api import ParsedToolCall, ToolCallParse
 from llmp.parsing import held_back
-
 from llmp_parsers_tools_code._arguments import NotALiteral, arguments_text, json_pair, python_literal
 
 TOOL_CALL = "<tool_call>"
@@ -87,7 +86,7 @@ class Qwen3XMLToolParser:
     def parse(self, text: str, *, final: bool, tools: Sequence[Mapping[str, Any]] = ()) -> ToolCallParse:
         first, _ = _find_first(text, _STARTS, 0)
         if first < 0:
-            return ToolCallParse(content=text if final else text[:len(text) - held_back(text, _STARTS)])
+            return ToolCallParse(content=text if final else text[: len(text) - held_back(text, _STARTS)])
         calls = _parse_calls(text, first, final, tools)
         if not calls:
             return ToolCallParse(content=text if final else text[:first])
@@ -147,7 +146,7 @@ def _parse_body(
         if value_end < 0:
             if final and name:  # cut off: the value as far as it was generated
                 raw = text[value_start:]
-                _add_pair(pairs, name, raw[:len(raw) - held_back(raw, _VALUE_ENDS)], properties)
+                _add_pair(pairs, name, raw[: len(raw) - held_back(raw, _VALUE_ENDS)], properties)
             return False, len(text)
         if name:
             _add_pair(pairs, name, text[value_start:value_end], properties)

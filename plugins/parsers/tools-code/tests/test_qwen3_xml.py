@@ -5,22 +5,31 @@ from __future__ import annotations
 import json
 
 import pytest
-from llmp.testing import assert_streams_agree
 from llmp_parsers_tools_code.qwen3_xml import Qwen3XMLToolParser, convert_value
+
+from llmp.testing import assert_streams_agree
 
 PARSER = Qwen3XMLToolParser(None)
 
 
 def tool(name: str, **properties: dict) -> dict:
-    return {"type": "function", "function": {
-        "name": name, "description": f"the {name} tool",
-        "parameters": {"type": "object", "properties": properties, "required": list(properties)[:1]},
-    }}
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": f"the {name} tool",
+            "parameters": {"type": "object", "properties": properties, "required": list(properties)[:1]},
+        },
+    }
 
 
 TOOLS = [
-    tool("get_current_weather", city={"type": "string"}, state={"type": "string"},
-         unit={"type": "string", "enum": ["fahrenheit", "celsius"]}),
+    tool(
+        "get_current_weather",
+        city={"type": "string"},
+        state={"type": "string"},
+        unit={"type": "string", "enum": ["fahrenheit", "celsius"]},
+    ),
     tool("calculate_area", shape={"type": "string"}, dimensions={"type": "object"}, precision={"type": "integer"}),
     tool("write_file", path={"type": "string"}, content={"type": "string"}),
     tool("list_files"),
@@ -39,49 +48,123 @@ CODE = 'if a < b and "<x>" != c:\n    print(f"{a}\\n<done>")\n'
 # id, completion, content, [(name, arguments as a dict)]
 CASES = [
     ("single", DALLAS, "", [("get_current_weather", DALLAS_ARGS)]),
-    ("content_before", "Sure! Let me check the weather for you." + DALLAS, "Sure! Let me check the weather for you.",
-     [("get_current_weather", DALLAS_ARGS)]),
-    ("content_before_with_newline", "Let me check:\n" + DALLAS, "Let me check:\n",
-     [("get_current_weather", DALLAS_ARGS)]),
-    ("several", DALLAS + "\n" + call("get_current_weather", ("city", "Orlando"), ("state", "FL")), "",
-     [("get_current_weather", DALLAS_ARGS), ("get_current_weather", {"city": "Orlando", "state": "FL"})]),
-    ("typed_multiline_object",
-     call("calculate_area", ("shape", "rectangle"), ("dimensions", '{"width": 10, \n "height": [20, {"d": null}]}'),
-          ("precision", "2")), "",
-     [("calculate_area", {"shape": "rectangle", "dimensions": {"width": 10, "height": [20, {"d": None}]},
-                          "precision": 2})]),
-    ("code_with_angle_brackets_and_newlines", call("write_file", ("path", "a.py"), ("content", CODE)), "",
-     [("write_file", {"path": "a.py", "content": CODE})]),
-    ("quotes_and_escapes", call("write_file", ("path", 'C:\\tmp\\"x".txt'), ("content", "it's \\n not a newline")), "",
-     [("write_file", {"path": 'C:\\tmp\\"x".txt', "content": "it's \\n not a newline"})]),
-    ("unicode", "好的，我来查。" + call("get_current_weather", ("city", "Zürich 東京 🙂"), ("state", "ZH")),
-     "好的，我来查。",
-     [("get_current_weather", {"city": "Zürich 東京 🙂", "state": "ZH"})]),
+    (
+        "content_before",
+        "Sure! Let me check the weather for you." + DALLAS,
+        "Sure! Let me check the weather for you.",
+        [("get_current_weather", DALLAS_ARGS)],
+    ),
+    (
+        "content_before_with_newline",
+        "Let me check:\n" + DALLAS,
+        "Let me check:\n",
+        [("get_current_weather", DALLAS_ARGS)],
+    ),
+    (
+        "several",
+        DALLAS + "\n" + call("get_current_weather", ("city", "Orlando"), ("state", "FL")),
+        "",
+        [("get_current_weather", DALLAS_ARGS), ("get_current_weather", {"city": "Orlando", "state": "FL"})],
+    ),
+    (
+        "typed_multiline_object",
+        call(
+            "calculate_area",
+            ("shape", "rectangle"),
+            ("dimensions", '{"width": 10, \n "height": [20, {"d": null}]}'),
+            ("precision", "2"),
+        ),
+        "",
+        [
+            (
+                "calculate_area",
+                {"shape": "rectangle", "dimensions": {"width": 10, "height": [20, {"d": None}]}, "precision": 2},
+            )
+        ],
+    ),
+    (
+        "code_with_angle_brackets_and_newlines",
+        call("write_file", ("path", "a.py"), ("content", CODE)),
+        "",
+        [("write_file", {"path": "a.py", "content": CODE})],
+    ),
+    (
+        "quotes_and_escapes",
+        call("write_file", ("path", 'C:\\tmp\\"x".txt'), ("content", "it's \\n not a newline")),
+        "",
+        [("write_file", {"path": 'C:\\tmp\\"x".txt', "content": "it's \\n not a newline"})],
+    ),
+    (
+        "unicode",
+        "好的，我来查。" + call("get_current_weather", ("city", "Zürich 東京 🙂"), ("state", "ZH")),
+        "好的，我来查。",
+        [("get_current_weather", {"city": "Zürich 東京 🙂", "state": "ZH"})],
+    ),
     ("no_arguments", "<tool_call>\n<function=list_files>\n</function>\n</tool_call>", "", [("list_files", {})]),
-    ("no_call", "This is a test response without any tool calls", "This is a test response without any tool calls",
-     []),
+    ("no_call", "This is a test response without any tool calls", "This is a test response without any tool calls", []),
     ("less_than_in_content", "Use a <b>bold</b> tag when x < 3.", "Use a <b>bold</b> tag when x < 3.", []),
-    ("without_tool_call_wrapper", ("<function=get_current_weather>\n<parameter=city>\nDallas\n</parameter>\n"
-     "<parameter=state>\nTX\n</parameter>\n</function>"), "",
-     [("get_current_weather", {"city": "Dallas", "state": "TX"})]),
-    ("missing_parameter_end", ("Checking:\n<tool_call>\n<function=get_current_weather>\n<parameter=city>\nDallas\n"
-     "<parameter=state>\nTX\n</parameter>\n</function>\n</tool_call>"), "Checking:\n",
-     [("get_current_weather", {"city": "Dallas", "state": "TX"})]),
-    ("missing_function_end", ("<tool_call>\n<function=list_files>\n</tool_call>\n<tool_call>\n<function=write_file>\n"
-     "<parameter=path>\nx\n</parameter>\n</tool_call>"), "", [("list_files", {}), ("write_file", {"path": "x"})]),
-    ("cut_in_value", ("<tool_call>\n<function=write_file>\n<parameter=path>\nmain.py\n</parameter>\n"
-     "<parameter=content>\nimport os\nprint(os.getcwd())\n</param"), "",
-     [("write_file", {"path": "main.py", "content": "import os\nprint(os.getcwd())"})]),
-    ("cut_in_typed_value", ("<tool_call>\n<function=calculate_area>\n<parameter=shape>\nsquare\n</parameter>\n"
-     "<parameter=precision>\n12"), "", [("calculate_area", {"shape": "square", "precision": 12})]),
-    ("cut_in_parameter_name", ("<tool_call>\n<function=get_current_weather>\n<parameter=city>\nDallas\n</parameter>\n"
-     "<parameter=sta"), "", [("get_current_weather", {"city": "Dallas"})]),
-    ("cut_before_function_end", DALLAS[:DALLAS.index("</function>")], "", [("get_current_weather", DALLAS_ARGS)]),
-    ("cut_in_function_name_is_content", "Let me check.<tool_call>\n<function=get_curr",
-     "Let me check.<tool_call>\n<function=get_curr", []),
+    (
+        "without_tool_call_wrapper",
+        (
+            "<function=get_current_weather>\n<parameter=city>\nDallas\n</parameter>\n"
+            "<parameter=state>\nTX\n</parameter>\n</function>"
+        ),
+        "",
+        [("get_current_weather", {"city": "Dallas", "state": "TX"})],
+    ),
+    (
+        "missing_parameter_end",
+        (
+            "Checking:\n<tool_call>\n<function=get_current_weather>\n<parameter=city>\nDallas\n"
+            "<parameter=state>\nTX\n</parameter>\n</function>\n</tool_call>"
+        ),
+        "Checking:\n",
+        [("get_current_weather", {"city": "Dallas", "state": "TX"})],
+    ),
+    (
+        "missing_function_end",
+        (
+            "<tool_call>\n<function=list_files>\n</tool_call>\n<tool_call>\n<function=write_file>\n"
+            "<parameter=path>\nx\n</parameter>\n</tool_call>"
+        ),
+        "",
+        [("list_files", {}), ("write_file", {"path": "x"})],
+    ),
+    (
+        "cut_in_value",
+        (
+            "<tool_call>\n<function=write_file>\n<parameter=path>\nmain.py\n</parameter>\n"
+            "<parameter=content>\nimport os\nprint(os.getcwd())\n</param"
+        ),
+        "",
+        [("write_file", {"path": "main.py", "content": "import os\nprint(os.getcwd())"})],
+    ),
+    (
+        "cut_in_typed_value",
+        ("<tool_call>\n<function=calculate_area>\n<parameter=shape>\nsquare\n</parameter>\n<parameter=precision>\n12"),
+        "",
+        [("calculate_area", {"shape": "square", "precision": 12})],
+    ),
+    (
+        "cut_in_parameter_name",
+        ("<tool_call>\n<function=get_current_weather>\n<parameter=city>\nDallas\n</parameter>\n<parameter=sta"),
+        "",
+        [("get_current_weather", {"city": "Dallas"})],
+    ),
+    ("cut_before_function_end", DALLAS[: DALLAS.index("</function>")], "", [("get_current_weather", DALLAS_ARGS)]),
+    (
+        "cut_in_function_name_is_content",
+        "Let me check.<tool_call>\n<function=get_curr",
+        "Let me check.<tool_call>\n<function=get_curr",
+        [],
+    ),
     ("cut_after_tool_call_is_content", "One moment.\n<tool_call>\n", "One moment.\n<tool_call>\n", []),
-    ("text_after_calls_is_ignored", DALLAS + "\nI will wait for the result.", "",
-     [("get_current_weather", DALLAS_ARGS)]),
+    (
+        "text_after_calls_is_ignored",
+        DALLAS + "\nI will wait for the result.",
+        "",
+        [("get_current_weather", DALLAS_ARGS)],
+    ),
 ]
 
 
@@ -110,7 +193,9 @@ def test_prefixes_report_only_what_cannot_change() -> None:
     assert parse(head) == ("", [("get_current_weather", "{")])
     assert parse(head + "</parameter>") == ("", [("get_current_weather", '{"city": "Dallas"')])
     assert parse(head + "</parameter>\n<parameter=state>\nTX\n</parameter>\n</function>") == (
-        "", [("get_current_weather", '{"city": "Dallas", "state": "TX"}')])
+        "",
+        [("get_current_weather", '{"city": "Dallas", "state": "TX"}')],
+    )
 
 
 def test_final_closes_a_cut_off_call_as_streamed() -> None:
@@ -125,46 +210,57 @@ def test_final_closes_a_cut_off_call_as_streamed() -> None:
 
 TYPED = tool(
     "typed",
-    count={"type": "integer"}, ratio={"type": "number"}, price={"type": "number"}, flag={"type": "boolean"},
-    options={"type": "object"}, items={"type": "array", "items": {"type": "string"}}, zip={"type": "string"},
-    maybe={"anyOf": [{"type": "integer"}, {"type": "null"}]}, listed={"type": ["integer", "null"]},
-    note={"type": ["string", "null"]}, anything={"description": "no type"}, custom={"type": "uuid"},
+    count={"type": "integer"},
+    ratio={"type": "number"},
+    price={"type": "number"},
+    flag={"type": "boolean"},
+    options={"type": "object"},
+    items={"type": "array", "items": {"type": "string"}},
+    zip={"type": "string"},
+    maybe={"anyOf": [{"type": "integer"}, {"type": "null"}]},
+    listed={"type": ["integer", "null"]},
+    note={"type": ["string", "null"]},
+    anything={"description": "no type"},
+    custom={"type": "uuid"},
     choice={"enum": ["1", "2"]},
 )
 
 
-@pytest.mark.parametrize(("param", "raw", "expected"), [
-    ("count", "42", 42),
-    ("count", " -7 ", -7),
-    ("count", "forty", "forty"),
-    ("ratio", "3.14", 3.14),
-    ("ratio", "1e-3", 0.001),
-    ("price", "10", 10),
-    ("price", "NaN", "NaN"),
-    ("flag", "true", True),
-    ("flag", "False", False),
-    ("flag", "yes", "yes"),
-    ("options", '{"key": "value", "n": [1, 2]}', {"key": "value", "n": [1, 2]}),
-    ("options", "{'key': 'value', 'ok': True}", {"key": "value", "ok": True}),
-    ("options", "{not json", "{not json"),
-    ("items", '["a", "b", "c"]', ["a", "b", "c"]),
-    ("zip", "02134", "02134"),
-    ("zip", "12.50", "12.50"),
-    ("zip", "null", "null"),
-    ("zip", "  padded  ", "  padded  "),
-    ("count", "null", None),
-    ("maybe", "5", 5),
-    ("maybe", "None", None),
-    ("listed", "42", 42),
-    ("note", "null", None),
-    ("note", "hello", "hello"),
-    ("anything", '{"a": 1}', {"a": 1}),
-    ("anything", "plain words", "plain words"),
-    ("custom", "123", 123),
-    ("custom", "3f2a-77", "3f2a-77"),
-    ("choice", "1", "1"),
-    ("undeclared", "123", "123"),
-])
+@pytest.mark.parametrize(
+    ("param", "raw", "expected"),
+    [
+        ("count", "42", 42),
+        ("count", " -7 ", -7),
+        ("count", "forty", "forty"),
+        ("ratio", "3.14", 3.14),
+        ("ratio", "1e-3", 0.001),
+        ("price", "10", 10),
+        ("price", "NaN", "NaN"),
+        ("flag", "true", True),
+        ("flag", "False", False),
+        ("flag", "yes", "yes"),
+        ("options", '{"key": "value", "n": [1, 2]}', {"key": "value", "n": [1, 2]}),
+        ("options", "{'key': 'value', 'ok': True}", {"key": "value", "ok": True}),
+        ("options", "{not json", "{not json"),
+        ("items", '["a", "b", "c"]', ["a", "b", "c"]),
+        ("zip", "02134", "02134"),
+        ("zip", "12.50", "12.50"),
+        ("zip", "null", "null"),
+        ("zip", "  padded  ", "  padded  "),
+        ("count", "null", None),
+        ("maybe", "5", 5),
+        ("maybe", "None", None),
+        ("listed", "42", 42),
+        ("note", "null", None),
+        ("note", "hello", "hello"),
+        ("anything", '{"a": 1}', {"a": 1}),
+        ("anything", "plain words", "plain words"),
+        ("custom", "123", 123),
+        ("custom", "3f2a-77", "3f2a-77"),
+        ("choice", "1", "1"),
+        ("undeclared", "123", "123"),
+    ],
+)
 def test_schema_typed_values(param: str, raw: str, expected: object) -> None:
     text = f"<tool_call>\n<function=typed>\n<parameter={param}>\n{raw}\n</parameter>\n</function>\n</tool_call>"
     whole = PARSER.parse(text, final=True, tools=[TYPED])
@@ -178,16 +274,23 @@ def test_without_tools_values_stay_strings() -> None:
     text = call("calculate_area", ("shape", "circle"), ("precision", "3"), ("dimensions", '{"radius": 15.5}'))
     whole = PARSER.parse(text, final=True)
     assert json.loads(whole.calls[0].arguments) == {
-        "shape": "circle", "precision": "3", "dimensions": '{"radius": 15.5}'}
+        "shape": "circle",
+        "precision": "3",
+        "dimensions": '{"radius": 15.5}',
+    }
 
 
 def test_typed_values_stream_like_the_whole() -> None:
-    text = "Computing.\n" + call("calculate_area", ("shape", "circle"), ("dimensions", '{"radius": 15.5}'),
-                                ("precision", "3"))
+    text = "Computing.\n" + call(
+        "calculate_area", ("shape", "circle"), ("dimensions", '{"radius": 15.5}'), ("precision", "3")
+    )
     message = assert_streams_agree(text, tool_parser=PARSER, tools=TOOLS)
     assert message.content == "Computing.\n"
-    assert json.loads(message.tool_calls[0].arguments) == {"shape": "circle", "dimensions": {"radius": 15.5},
-                                                           "precision": 3}
+    assert json.loads(message.tool_calls[0].arguments) == {
+        "shape": "circle",
+        "dimensions": {"radius": 15.5},
+        "precision": 3,
+    }
 
 
 def test_convert_value_without_a_schema_entry() -> None:

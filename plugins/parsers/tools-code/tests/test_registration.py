@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from llmp import registry
-from llmp.api import ToolCallParse
 from llmp_parsers_tools_code.pythonic import PythonicToolParser
 from llmp_parsers_tools_code.qwen3_xml import Qwen3XMLToolParser
+
+from llmp import registry
+from llmp.api import ToolCallParse
 
 
 @pytest.mark.parametrize(("name", "cls"), [("pythonic", PythonicToolParser), ("qwen3_xml", Qwen3XMLToolParser)])

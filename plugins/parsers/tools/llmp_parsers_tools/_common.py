@@ -154,17 +154,17 @@ def arguments_so_far(text: str, start: int, scan: ValueScan, stops: Sequence[str
     """
     if text[start] in "{[":
         if scan.end is not None:
-            return text[start:scan.end]
+            return text[start : scan.end]
         if scan.stop is not None:
-            return text[start:scan.stop].rstrip(WHITESPACE)
+            return text[start : scan.stop].rstrip(WHITESPACE)
         tail = text[start:]
         if final:
             return tail
         if not scan.in_string:
-            tail = tail[:len(tail) - held_back(tail, stops)].rstrip(WHITESPACE)
+            tail = tail[: len(tail) - held_back(tail, stops)].rstrip(WHITESPACE)
         return tail
     if scan.end is not None:
-        return convert_scalar_arguments(text[start:scan.end])
+        return convert_scalar_arguments(text[start : scan.end])
     return text[start:] if final else ""
 
 
@@ -208,8 +208,13 @@ class ObjectScan:
 
 
 def scan_call_object(
-    text: str, start: int, *, final: bool, stops: Sequence[str] = (),
-    name_keys: Sequence[str] = ("name",), argument_keys: Sequence[str] = ("arguments", "parameters"),
+    text: str,
+    start: int,
+    *,
+    final: bool,
+    stops: Sequence[str] = (),
+    name_keys: Sequence[str] = ("name",),
+    argument_keys: Sequence[str] = ("arguments", "parameters"),
 ) -> ObjectScan:
     """Read the call object whose ``{`` is at ``text[start]``.
 
@@ -245,7 +250,7 @@ def scan_call_object(
         key_scan = scan_value(text, pos)
         if key_scan.end is None:
             return result
-        key = _loads(text[pos:key_scan.end])
+        key = _loads(text[pos : key_scan.end])
         pos = skip_whitespace(text, key_scan.end)
         if pos >= n:
             return result
@@ -260,7 +265,7 @@ def scan_call_object(
         if key in argument_keys and result.arguments is None:
             result.arguments = arguments_so_far(text, pos, scan, stops, final)
         elif key in name_keys and result.name is None and text[pos] == '"' and scan.end is not None:
-            name = _loads(text[pos:scan.end])
+            name = _loads(text[pos : scan.end])
             if isinstance(name, str) and name:
                 result.name = name
         if scan.stop is not None:
@@ -307,6 +312,6 @@ class ContentBuilder:
         if final:
             keep = gap if gap.strip(WHITESPACE) or not self.calls_seen else ""
         else:
-            visible = gap[:len(gap) - held]
+            visible = gap[: len(gap) - held]
             keep = visible if visible.strip(WHITESPACE) else ""
         return "".join(self.parts) + keep

@@ -40,7 +40,6 @@ from typing import Any
 
 from llmp.api import ParsedToolCall, ToolCallParse
 from llmp.parsing import held_back, skip_whitespace
-
 from llmp_parsers_tools._common import (
     ContentBuilder,
     arguments_so_far,

@@ -35,7 +35,6 @@ from typing import Any
 
 from llmp.api import ParsedToolCall, ToolCallParse
 from llmp.parsing import skip_whitespace
-
 from llmp_parsers_tools._common import ContentBuilder, scan_call_object
 
 PYTHON_TAG = "<|python_tag|>"

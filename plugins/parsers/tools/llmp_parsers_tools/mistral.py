@@ -46,7 +46,6 @@ from typing import Any
 
 from llmp.api import ParsedToolCall, ToolCallParse
 from llmp.parsing import held_back, skip_whitespace
-
 from llmp_parsers_tools._common import (
     ContentBuilder,
     arguments_so_far,
@@ -131,9 +130,7 @@ class MistralToolParser:
             pos = obj.end
 
     @staticmethod
-    def _named(
-        text: str, cursor: int, final: bool, content: ContentBuilder, calls: list[ParsedToolCall]
-    ) -> int | None:
+    def _named(text: str, cursor: int, final: bool, content: ContentBuilder, calls: list[ParsedToolCall]) -> int | None:
         """Read ``name[CALL_ID]id[ARGS]{...}`` (v11+); where the text after it begins, or None when the
         text so far ends inside it."""
         n = len(text)

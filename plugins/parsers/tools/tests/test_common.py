@@ -47,7 +47,12 @@ def test_arguments_so_far(text: str, final: bool, expected: str) -> None:
 def test_call_object_in_either_order_and_not_fooled_by_nested_names() -> None:
     text = '{"arguments": {"name": "inner", "x": [1]}, "id": 7, "name": "outer"}'
     scan = scan_call_object(text, 0, final=False)
-    assert (scan.name, scan.arguments, scan.state, scan.end) == ("outer", '{"name": "inner", "x": [1]}', "closed", len(text))
+    assert (scan.name, scan.arguments, scan.state, scan.end) == (
+        "outer",
+        '{"name": "inner", "x": [1]}',
+        "closed",
+        len(text),
+    )
     partial = scan_call_object('{"name": "outer", "arguments": {"x": ', 0, final=False)
     assert (partial.name, partial.arguments, partial.state) == ("outer", '{"x":', "open")
     assert scan_call_object('{"name": "f" x', 0, final=False).state == "bad"

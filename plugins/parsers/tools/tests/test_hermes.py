@@ -12,7 +12,8 @@ CASES = [
     Case(
         "single",
         f'<tool_call>\n{{"name": "get_current_weather", "arguments": {WEATHER}}}\n</tool_call>',
-        "", [("get_current_weather", WEATHER)],
+        "",
+        [("get_current_weather", WEATHER)],
     ),
     Case(
         "several",  # Qwen2.5 / Qwen3: one block per call, a newline between
@@ -29,7 +30,8 @@ CASES = [
         "text_before",
         "I'll check the weather for you.\n\n"
         '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
-        "I'll check the weather for you.\n\n", [("get_weather", '{"city": "Paris"}')],
+        "I'll check the weather for you.\n\n",
+        [("get_weather", '{"city": "Paris"}')],
     ),
     Case(
         "nested",  # objects in arrays, braces, quotes, escapes and both markers inside strings
@@ -37,17 +39,23 @@ CASES = [
         '"files": [{"path": "C:\\\\tmp\\\\a.py", "lines": [1, 2]}, {"path": "<tool_call>"}], '
         '"opts": {"deep": [true, null, -1.5e3]}}}\n</tool_call>',
         "",
-        [("run", (
-            '{"code": "print(\\"{}\\".format(x))  # </tool_call>", '
-            '"files": [{"path": "C:\\\\tmp\\\\a.py", "lines": [1, 2]}, {"path": "<tool_call>"}], '
-            '"opts": {"deep": [true, null, -1.5e3]}}'
-        ))],
+        [
+            (
+                "run",
+                (
+                    '{"code": "print(\\"{}\\".format(x))  # </tool_call>", '
+                    '"files": [{"path": "C:\\\\tmp\\\\a.py", "lines": [1, 2]}, {"path": "<tool_call>"}], '
+                    '"opts": {"deep": [true, null, -1.5e3]}}'
+                ),
+            )
+        ],
     ),
     Case(
         "unicode",
         'Voilà ☀️ :\n<tool_call>\n{"name": "translate", "arguments": {"text": "Grüß Gott — 東京 🙂", '
         '"target": "日本語"}}\n</tool_call>',
-        "Voilà ☀️ :\n", [("translate", '{"text": "Grüß Gott — 東京 🙂", "target": "日本語"}')],
+        "Voilà ☀️ :\n",
+        [("translate", '{"text": "Grüß Gott — 東京 🙂", "target": "日本語"}')],
     ),
     Case(
         "no_call",  # "<tool_calls>" starts like the marker but is not it
@@ -57,37 +65,45 @@ CASES = [
     Case(
         "cut_off_by_max_tokens",
         '<tool_call>\n{"name": "get_weather", "arguments": {"city": "San Fran',
-        "", [("get_weather", '{"city": "San Fran')], complete=False,
+        "",
+        [("get_weather", '{"city": "San Fran')],
+        complete=False,
     ),
     Case(
         "empty_arguments",
         '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>',
-        "", [("get_time", "{}")],
+        "",
+        [("get_time", "{}")],
     ),
     Case(
         "arguments_before_name",  # and "name" inside the arguments
         '<tool_call>\n{"arguments": {"name": "John Doe"}, "name": "get_age"}\n</tool_call>',
-        "", [("get_age", '{"name": "John Doe"}')],
+        "",
+        [("get_age", '{"name": "John Doe"}')],
     ),
     Case(
         "text_after",
         '<tool_call>\n{"name": "send", "arguments": {"to": "bob"}}\n</tool_call>\nI have sent it.',
-        "\nI have sent it.", [("send", '{"to": "bob"}')],
+        "\nI have sent it.",
+        [("send", '{"to": "bob"}')],
     ),
     Case(
         "arguments_as_json_string",  # unwrapped: the arguments are the JSON text inside
         '<tool_call>{"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\"}"}</tool_call>',
-        "", [("get_weather", '{"city": "Paris"}')],
+        "",
+        [("get_weather", '{"city": "Paris"}')],
     ),
     Case(
         "null_arguments",
         '<tool_call>{"name": "get_time", "arguments": null}</tool_call>',
-        "", [("get_time", "{}")],
+        "",
+        [("get_time", "{}")],
     ),
     Case(
         "no_arguments_key",
         '<tool_call>{"name": "get_time"}</tool_call>',
-        "", [("get_time", "{}")],
+        "",
+        [("get_time", "{}")],
     ),
     Case(
         "malformed_block_is_content",
@@ -102,13 +118,17 @@ CASES = [
     Case(
         "unterminated_string_keeps_what_was_streamed",
         '<tool_call>{"name": "f", "arguments": {"a": "x}}</tool_call>',
-        "", [("f", '{"a": "x}}</tool_call>')], complete=False,
+        "",
+        [("f", '{"a": "x}}</tool_call>')],
+        complete=False,
     ),
     Case(
         "missing_brace_ends_at_closing_tag",
         '<tool_call>{"name": "f", "arguments": {"a": 1</tool_call>\n<tool_call>{"name": "g", "arguments": {}}'
         "</tool_call>",
-        "", [("f", '{"a": 1'), ("g", "{}")], complete=False,
+        "",
+        [("f", '{"a": 1'), ("g", "{}")],
+        complete=False,
     ),
 ]
 

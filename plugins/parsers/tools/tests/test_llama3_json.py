@@ -10,12 +10,14 @@ CASES = [
     Case(
         "single",
         '{"name": "get_weather", "parameters": {"city": "San Francisco", "metric": "celsius"}}',
-        "", [("get_weather", '{"city": "San Francisco", "metric": "celsius"}')],
+        "",
+        [("get_weather", '{"city": "San Francisco", "metric": "celsius"}')],
     ),
     Case(
         "python_tag",
         '<|python_tag|>{"name": "searchCVE", "parameters": {"cve_id": "CVE-2024-1234"}}',
-        "", [("searchCVE", '{"cve_id": "CVE-2024-1234"}')],
+        "",
+        [("searchCVE", '{"cve_id": "CVE-2024-1234"}')],
     ),
     Case(
         "several",
@@ -27,22 +29,29 @@ CASES = [
     Case(
         "several_after_python_tag_with_arguments_key",
         '<|python_tag|>{"name": "add", "arguments": {"a": 1, "b": 2}};{"name": "mul", "arguments": {"a": 3}}',
-        "", [("add", '{"a": 1, "b": 2}'), ("mul", '{"a": 3}')],
+        "",
+        [("add", '{"a": 1, "b": 2}'), ("mul", '{"a": 3}')],
     ),
     Case(
         "nested",  # objects in arrays, braces, ';', quotes, escapes and the tag inside strings
         '{"name": "run", "parameters": {"code": "if (x) { y(); } // \\"q\\" <|python_tag|>", '
         '"items": [{"id": 1, "tags": ["a;b", "{c}"]}, {"id": 2, "path": "C:\\\\dir"}], "n": null}}',
         "",
-        [("run", (
-            '{"code": "if (x) { y(); } // \\"q\\" <|python_tag|>", '
-            '"items": [{"id": 1, "tags": ["a;b", "{c}"]}, {"id": 2, "path": "C:\\\\dir"}], "n": null}'
-        ))],
+        [
+            (
+                "run",
+                (
+                    '{"code": "if (x) { y(); } // \\"q\\" <|python_tag|>", '
+                    '"items": [{"id": 1, "tags": ["a;b", "{c}"]}, {"id": 2, "path": "C:\\\\dir"}], "n": null}'
+                ),
+            )
+        ],
     ),
     Case(
         "unicode",
         '{"name": "translate", "parameters": {"text": "Grüß Gott — 東京 🙂", "to": "日本語"}}',
-        "", [("translate", '{"text": "Grüß Gott — 東京 🙂", "to": "日本語"}')],
+        "",
+        [("translate", '{"text": "Grüß Gott — 東京 🙂", "to": "日本語"}')],
     ),
     Case("no_call", "Hello! How can I help you today? {not a call}", "Hello! How can I help you today? {not a call}"),
     Case(
@@ -53,17 +62,21 @@ CASES = [
     Case(
         "cut_off_by_max_tokens",
         '<|python_tag|>{"name": "get_weather", "parameters": {"city": "San Fr',
-        "", [("get_weather", '{"city": "San Fr')], complete=False,
+        "",
+        [("get_weather", '{"city": "San Fr')],
+        complete=False,
     ),
     Case(
         "empty_parameters",
         '{"name": "get_current_time", "parameters": {}}',
-        "", [("get_current_time", "{}")],
+        "",
+        [("get_current_time", "{}")],
     ),
     Case(
         "parameters_before_name",
         '{"parameters": {"name": "John Doe"}, "name": "get_age"}',
-        "", [("get_age", '{"name": "John Doe"}')],
+        "",
+        [("get_age", '{"name": "John Doe"}')],
     ),
     Case(
         "json_answer_is_content",
@@ -78,12 +91,14 @@ CASES = [
     Case(
         "trailing_separator_dropped",
         '{"name": "a", "parameters": {"x": 1}};\n',
-        "", [("a", '{"x": 1}')],
+        "",
+        [("a", '{"x": 1}')],
     ),
     Case(
         "text_after",
         '{"name": "a", "parameters": {"x": 1}}\n\nI called a.',
-        "\n\nI called a.", [("a", '{"x": 1}')],
+        "\n\nI called a.",
+        [("a", '{"x": 1}')],
     ),
 ]
 

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+
 from llmp import registry
 from llmp.api import ToolCallParse
 
