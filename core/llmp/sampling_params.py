@@ -13,6 +13,37 @@ from typing import Any
 CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 
 
+class SamplingParamsError(ValueError):
+    """An invalid sampling parameter; ``field`` names it as the request spells it (``top_p``,
+    ``logit_bias[42]``, ``max_tokens``), so a front-end maps it to its protocol's 400 without
+    reading the message."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def resolve_max_tokens(max_tokens: int | None, prompt_len: int, max_model_len: int) -> int:
+    """The number of tokens a request may generate: ``max_tokens``, or (unset) the rest of the context.
+
+    The one rule for ``max_tokens=None``; raises :class:`SamplingParamsError` when the prompt
+    and ``max_tokens`` do not fit in ``max_model_len``.
+    """
+    if max_tokens is not None and max_tokens > max_model_len:
+        raise SamplingParamsError(
+            "max_tokens", f"max_tokens={max_tokens} cannot be greater than max_model_len={max_model_len}"
+        )
+    wanted = max_tokens if max_tokens is not None else 1
+    if prompt_len + wanted > max_model_len:
+        raise SamplingParamsError(
+            "input_tokens",
+            f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+            f"{prompt_len + wanted} tokens ({prompt_len} in the input, {wanted} for the completion). "
+            "Please reduce the length of the input or of max_tokens.",
+        )
+    return max_tokens if max_tokens is not None else max_model_len - prompt_len
+
+
 @dataclass(slots=True)
 class StructuredOutputsParams:
     """Constrain a request's output (vLLM's ``structured_outputs``): exactly one of
