@@ -73,6 +73,16 @@ class DuplicateComponentError(LLMPError):
         )
 
 
+class RequestValidationError(LLMPError, ValueError):
+    """A request the engine will not run; ``field`` names the offending field as the request
+    spells it (``top_p``, ``priority``), so a front-end answers its protocol's 400 naming that
+    field without reading the message."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 class EngineDeadError(LLMPError):
     """The engine (or one of its workers) has died; no request can complete."""
 

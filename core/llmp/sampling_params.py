@@ -10,17 +10,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmp.api import RequestValidationError
+
 CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 
 
-class SamplingParamsError(ValueError):
+class SamplingParamsError(RequestValidationError):
     """An invalid sampling parameter; ``field`` names it as the request spells it (``top_p``,
-    ``logit_bias[42]``, ``max_tokens``), so a front-end maps it to its protocol's 400 without
-    reading the message."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field
+    ``logit_bias[42]``, ``max_tokens``)."""
 
 
 def resolve_max_tokens(max_tokens: int | None, prompt_len: int, max_model_len: int) -> int:
