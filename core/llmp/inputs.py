@@ -1,8 +1,45 @@
-"""What a prompt may be, for every entry point (``LLM``, ``AsyncLLM``, the engine)."""
+"""The prompt record every entry point hands the engine (``LLM``, ``AsyncLLM``, the
+engine-process messages, ``LLMEngine``): what the caller gave, in one shape."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-PromptType = str | Mapping[str, Any]  # text, or {"prompt_token_ids": [...]} (optionally with "prompt")
+
+@dataclass(slots=True)
+class Prompt:
+    """One prompt: its text, its token ids, or both.
+
+    With ``token_ids`` the engine runs them as given and reports ``text`` back as
+    the output's ``prompt``; with ``text`` alone the engine tokenizes it, adding the
+    tokenizer's special tokens (BOS) unless ``add_special_tokens`` is False (a chat
+    template's output already holds them).
+    """
+
+    text: str | None = None
+    token_ids: list[int] | None = None
+    add_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        if self.text is None and self.token_ids is None:
+            raise TypeError("a prompt needs its text or its token ids")
+
+
+PromptType = str | Mapping[str, Any] | Prompt
+"""What a caller may pass as a prompt: text, ``{"prompt_token_ids": [...]}`` (optionally with
+``"prompt"``, its text), ``{"prompt": text}``, or a :class:`Prompt`."""
+
+
+def as_prompt(prompt: PromptType) -> Prompt:
+    """The :class:`Prompt` of any accepted form; ``TypeError`` for anything else."""
+    if isinstance(prompt, Prompt):
+        return prompt
+    if isinstance(prompt, str):
+        return Prompt(text=prompt)
+    if isinstance(prompt, Mapping) and "prompt_token_ids" in prompt:
+        return Prompt(text=prompt.get("prompt"), token_ids=list(prompt["prompt_token_ids"]))
+    if isinstance(prompt, Mapping) and isinstance(prompt.get("prompt"), str):
+        return Prompt(text=prompt["prompt"])
+    raise TypeError(f"a prompt is a string or a dict with 'prompt' or 'prompt_token_ids', got {type(prompt).__name__}")

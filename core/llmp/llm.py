@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from llmp.engine.config import EngineConfig
-from llmp.engine.llm_engine import LLMEngine, PromptType
+from llmp.inputs import Prompt, PromptType, as_prompt
 from llmp.outputs import PoolingRequestOutput, RequestOutput
 from llmp.pooling_params import PoolingParams
 from llmp.sampling_params import SamplingParams
@@ -24,7 +24,14 @@ class LLM:
     """
 
     def __init__(self, model: str | None = None, **engine_options: Any) -> None:
-        self.engine = LLMEngine(EngineConfig(model=model, **engine_options))
+        config = EngineConfig(model=model, **engine_options)
+        from llmp.engine.process_settings import apply_engine_process_settings
+
+        apply_engine_process_settings()
+        from llmp.engine.llm_engine import LLMEngine  # loads torch: after the settings
+        from llmp.model_files.resolve import resolve_model
+
+        self.engine = LLMEngine(config, resolve_model(config))
         self._ids = itertools.count()
 
     def get_tokenizer(self) -> Any:
@@ -38,10 +45,9 @@ class LLM:
         use_tqdm: bool = True,
         priority: Sequence[int] | None = None,
     ) -> list[RequestOutput]:
-        """Generate for every prompt (text or ``{"prompt_token_ids": [...]}``); outputs in input order."""
-        if isinstance(prompts, str | Mapping):
-            prompts = [prompts]
-        prompts = list(prompts)
+        """Generate for every prompt (text, ``{"prompt_token_ids": [...]}`` or a
+        :class:`~llmp.inputs.Prompt`); outputs in input order."""
+        prompts = _prompt_list(prompts)
         params = self._params_per_prompt(sampling_params, len(prompts))
         if priority is not None and len(priority) != len(prompts):
             raise ValueError(f"priority has {len(priority)} entries for {len(prompts)} prompts")
@@ -65,8 +71,7 @@ class LLM:
     ) -> list[PoolingRequestOutput]:
         """One embedding per prompt (embedding models only), in input order:
         ``outputs.embedding`` is a list of floats."""
-        if isinstance(prompts, str | Mapping):
-            prompts = [prompts]
+        prompts = _prompt_list(prompts)
         ids = []
         try:
             for prompt in prompts:
@@ -95,7 +100,7 @@ class LLM:
         """Render each conversation with the model's chat template, then generate."""
         conversations = [messages] if messages and isinstance(messages[0], Mapping) else list(messages)
         prompts = [
-            {"prompt": text, "prompt_token_ids": self.engine.tokenizer.encode(text, add_special_tokens=False)}
+            Prompt(text=text, add_special_tokens=False)  # the template already holds the special tokens
             for text in (
                 self.render_chat(
                     c, chat_template, add_generation_prompt, continue_final_message, tools, chat_template_kwargs
@@ -167,6 +172,13 @@ class LLM:
                 engine.shutdown()
         except Exception:  # interpreter teardown: hook modules may already be gone
             pass
+
+
+def _prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[Prompt]:
+    """Every prompt as a :class:`Prompt`: a bad one is a TypeError before any is queued."""
+    if isinstance(prompts, str | Mapping | Prompt):
+        prompts = [prompts]
+    return [as_prompt(prompt) for prompt in prompts]
 
 
 class _Progress:

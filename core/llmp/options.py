@@ -1,10 +1,10 @@
 """Typed option records: each option's default and help text are written here, once.
 
-A field declared with :func:`option` is a command-line option: ``llmp serve`` (and
-every command built from these records) generates ``--flag-name`` from the field
-name, reads ``LLMP_<FIELD>`` and the ``--config`` YAML key of the same name, and
-shows the help text. A field without ``help`` is filled in at run time and is not
-an option.
+A field declared with :func:`option` is a command-line option: every command built
+from these records (``llmp serve``, ``llmp bench``, ``llmp mcp``, plugin commands;
+see :mod:`llmp.cli.options`) generates ``--flag-name`` from the field name, reads
+``LLMP_<FIELD>`` and the ``--config`` YAML key of the same name, and shows the help
+text. A field without ``help`` is filled in at run time and is not an option.
 
 This module is the ground floor: it imports nothing from llmp and no CLI library.
 """
@@ -26,14 +26,69 @@ def option(
 ) -> Any:
     """A dataclass field that is also a command-line option.
 
-    ``help`` is the ``--help`` text; ``flag`` overrides the generated ``--field-name``;
-    ``short`` adds a short alias (``-tp``); further keywords are kept as metadata
-    for the command generator (for example ``cli=False`` to keep a field off the CLI).
+    ``help`` is the ``--help`` text (required: a field without it is no option);
+    ``flag`` overrides the generated ``--field-name`` (``"--json/--no-json"``);
+    ``short`` adds a short alias (``-tp``). Further keywords are kept as metadata
+    for the command generator:
+
+    - ``argument=True``: a positional argument rather than an option;
+    - ``name="..."``: the option's public name (flag, ``LLMP_*`` variable and YAML
+      key) when it differs from the field name;
+    - ``scale=N``: the option is given in units of N of the field (GiB of a byte count);
+    - ``ge=``, ``gt=``: the least value allowed (inclusive, exclusive);
+    - ``metavar="..."``: the value's name in ``--help``.
+
+    A bool option with default ``True`` gets a ``--no-...`` form; one with default
+    ``False`` is a plain switch. A ``tuple[str, ...]`` option is repeatable, and a
+    comma-separated ``LLMP_*`` value gives several items.
     """
     meta = {"help": help, "flag": flag, "short": short, **metadata}
     if factory is not MISSING:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerOptions:
+    """How ``llmp serve`` listens and guards its HTTP server (the engine and request options are elsewhere)."""
+
+    frontend: tuple[str, ...] = option(("openai",), "Front-end plugin to mount (repeatable; default openai).")
+    host: str = option("127.0.0.1", "Address to bind; 0.0.0.0 for every interface.")
+    port: int = option(8000, "Port to bind.")
+    api_key: tuple[str, ...] = option((), "Require 'Authorization: Bearer KEY' on every inference route (repeatable).")
+    served_model_name: tuple[str, ...] = option((), "Public model name(s); the first is echoed in responses.")
+    allowed_origins: tuple[str, ...] = option((), "CORS origin allowed to call the API (repeatable; default none).")
+    allow_credentials: bool = option(False, "CORS: allow credentials.")
+    root_path: str = option("", "Path prefix when behind a path-routing proxy.")
+    max_request_body_bytes: int = option(2 << 20, "Larger request bodies get 413.", ge=0)
+    max_queue_len: int | None = option(
+        1024, "Model requests that may wait beyond --max-num-seqs running ones; more are refused at once.", ge=0
+    )
+    overload_status: int = option(503, "Status of a refusal at capacity: 503 (Retry-After) or 429.")
+    request_timeout: float | None = option(
+        None, "Seconds a request may wait and run before it is aborted (408); default: no limit.", ge=0
+    )
+    health_check_timeout: float = option(
+        5.0, "/ready and /health fail if the engine does not answer a ping within this many seconds.", ge=0
+    )
+    header_timeout: float = option(
+        10.0, "Seconds a connection has to send a request's headers (against slowloris); 0: no limit.", ge=0
+    )
+    allowed_hosts: tuple[str, ...] = option(
+        (),
+        "Host header names accepted (repeatable); default: loopback names when "
+        "bound to loopback (against DNS rebinding), else any.",
+    )
+    disable_fastapi_docs: bool = option(False, "No /docs, /redoc, /openapi.json.")
+    shutdown_timeout: float = option(
+        10.0, "Seconds in-flight requests get to finish on SIGTERM before they are aborted (0: at once).", ge=0
+    )
+    log_level: str = option("info", "debug, info, warning or error.")
+    disable_access_log: bool = option(False, "No per-request log lines.")
+
+    def __post_init__(self) -> None:
+        if self.overload_status not in (429, 503):
+            raise ValueError(f"overload_status must be 503 (the default) or 429, got {self.overload_status}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,7 +116,7 @@ class FrontendOptions:
     )
     max_logprobs: int = option(20, "Cap on logprobs, top_logprobs and prompt_logprobs.")
     max_n: int = option(128, "Cap on n (choices per request).")
-    max_stop_sequences: int = option(64, "Cap on the number of stop strings in a request.")
+    max_stop_sequences: int = option(64, "Cap on the number of stop strings in a request.", ge=0)
     tool_call_parser: str | None = option(
         None,
         "Tool-call parser plugin (hermes, llama3_json, mistral, pythonic, qwen3_xml, deepseek_v3, ...): "

@@ -23,7 +23,6 @@ from llmp.api import (
 
 HOOK_FOR_KIND: dict[str, str] = {
     "model": "llmp_register_models",
-    "attention_backend": "llmp_register_attention_backends",
     "kernels": "llmp_register_kernels",
     "executor": "llmp_register_executors",
     "frontend": "llmp_register_frontends",
@@ -153,7 +152,7 @@ def all_components() -> dict[str, dict[str, ComponentSpec]]:
     return {kind: components(kind) for kind in KINDS}
 
 
-def select_model(architectures: list[str], model_impl: str = "auto") -> ComponentSpec:
+def select_model(architectures: list[str], model_impl: str) -> ComponentSpec:
     """The model record serving the first of ``architectures`` that one claims.
 
     ``model_impl`` ``"native"`` or ``"transformers"`` restricts the choice;

@@ -1,7 +1,8 @@
 """Sampling parameters of one request, with vLLM's names, defaults and ranges.
 
-Every invalid value raises ``ValueError`` naming the field and its allowed
-range, before any work is queued.
+Every invalid value raises :class:`SamplingParamsError` (a ``ValueError``) with
+the field's name in ``field`` and its allowed range in the message, before any
+work is queued.
 """
 
 from __future__ import annotations
@@ -67,19 +68,24 @@ class StructuredOutputsParams:
     def __post_init__(self) -> None:
         given = [name for name in CONSTRAINTS if getattr(self, name) not in (None, False)]
         if len(given) != 1:
-            raise ValueError(
+            raise SamplingParamsError(
+                "structured_outputs",
                 "structured_outputs takes exactly one constraint of json, regex, choice, grammar, "
-                f"json_object and structural_tag; got {', '.join(given) or 'none'}"
+                f"json_object and structural_tag; got {', '.join(given) or 'none'}",
             )
         if self.choice is not None and (not self.choice or not all(isinstance(c, str) for c in self.choice)):
-            raise ValueError("structured_outputs.choice must be a non-empty list of strings")
+            raise SamplingParamsError(
+                "structured_outputs", "structured_outputs.choice must be a non-empty list of strings"
+            )
         for name in ("regex", "grammar", "structural_tag"):
             value = getattr(self, name)
             blank = not value if name == "regex" else not (value or "").strip()  # a regex of blanks is a regex
             if value is not None and (not isinstance(value, str) or blank):
-                raise ValueError(f"structured_outputs.{name} must be a non-empty string")
+                raise SamplingParamsError("structured_outputs", f"structured_outputs.{name} must be a non-empty string")
         if self.json is not None and not isinstance(self.json, str | dict):
-            raise ValueError("structured_outputs.json must be a JSON schema (an object or its text)")
+            raise SamplingParamsError(
+                "structured_outputs", "structured_outputs.json must be a JSON schema (an object or its text)"
+            )
 
     @property
     def kind(self) -> str:
@@ -107,9 +113,11 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None  # banned words; the engine bans their token sequences
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     structured_outputs: StructuredOutputsParams | None = None
+    bad_words: list[str] | None = None  # words the output must not contain (banned as token sequences)
     stop_strings: list[str] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
@@ -138,55 +146,69 @@ class SamplingParams:
             _at_least("max_tokens", self.max_tokens, 1)
         _at_least("min_tokens", self.min_tokens, 0)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise ValueError(f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}")
+            raise SamplingParamsError(
+                "min_tokens", f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}"
+            )
         if any(not isinstance(s, str) or not s for s in self.stop_strings):
-            raise ValueError(f"stop must be a non-empty string or a list of them, got {self.stop!r}")
+            raise SamplingParamsError("stop", f"stop must be a non-empty string or a list of them, got {self.stop!r}")
         for token in self.stop_token_ids:
-            _at_least("stop_token_ids[]", token, 0)
+            _at_least("stop_token_ids", token, 0, label="stop_token_ids[]")
         if self.logprobs is not None:
             _at_least("logprobs", self.logprobs, 0)
         if self.prompt_logprobs is not None:
             _at_least("prompt_logprobs", self.prompt_logprobs, 0)
         for token, bias in (self.logit_bias or {}).items():
-            _at_least("logit_bias key", token, 0)
-            _between(f"logit_bias[{token}]", bias, -100.0, 100.0)
+            _at_least("logit_bias", token, 0, label="logit_bias key")
+            _between("logit_bias", bias, -100.0, 100.0, label=f"logit_bias[{token}]")
         if self.allowed_token_ids is not None:
             if not self.allowed_token_ids:
-                raise ValueError("allowed_token_ids must not be empty when given")
+                raise SamplingParamsError("allowed_token_ids", "allowed_token_ids must not be empty when given")
             for token in self.allowed_token_ids:
-                _at_least("allowed_token_ids[]", token, 0)
+                _at_least("allowed_token_ids", token, 0, label="allowed_token_ids[]")
+        if self.bad_words is not None and (
+            not isinstance(self.bad_words, list) or not all(isinstance(w, str) and w for w in self.bad_words)
+        ):
+            raise SamplingParamsError(
+                "bad_words", f"bad_words must be a list of non-empty strings, got {self.bad_words!r}"
+            )
 
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # what the engine's messages and tensors hold
 
+# The checks below raise SamplingParamsError for ``field``; ``label`` is how the message names the
+# value when it is part of the field (``logit_bias[42]``).
 
-def _number(name: str, value: object) -> float:
+
+def _number(field: str, value: object, label: str | None = None) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
+        raise SamplingParamsError(field, f"{label or field} must be a finite number, got {value!r}")
     return float(value)
 
 
-def _integer(name: str, value: object) -> int:
+def _integer(field: str, value: object, label: str | None = None) -> int:
+    name = label or field
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
+        raise SamplingParamsError(field, f"{name} must be an integer, got {value!r}")
     if not INT64_MIN <= value <= INT64_MAX:
-        raise ValueError(f"{name} must fit in 64 bits ({INT64_MIN} to {INT64_MAX}), got {value!r}")
+        raise SamplingParamsError(field, f"{name} must fit in 64 bits ({INT64_MIN} to {INT64_MAX}), got {value!r}")
     return value
 
 
-def _at_least(name: str, value: object, low: float, note: str = "") -> None:
-    number = _integer(name, value) if isinstance(low, int) else _number(name, value)
+def _at_least(field: str, value: object, low: float, note: str = "", label: str | None = None) -> None:
+    number = _integer(field, value, label) if isinstance(low, int) else _number(field, value, label)
     if number < low:
-        raise ValueError(f"{name} must be >= {low}{note}, got {value!r}")
+        raise SamplingParamsError(field, f"{label or field} must be >= {low}{note}, got {value!r}")
 
 
-def _greater(name: str, value: object, low: float) -> None:
-    if _number(name, value) <= low:
-        raise ValueError(f"{name} must be > {low}, got {value!r}")
+def _greater(field: str, value: object, low: float) -> None:
+    if _number(field, value) <= low:
+        raise SamplingParamsError(field, f"{field} must be > {low}, got {value!r}")
 
 
-def _between(name: str, value: object, low: float, high: float, low_open: bool = False) -> None:
-    number = _number(name, value)
+def _between(
+    field: str, value: object, low: float, high: float, low_open: bool = False, label: str | None = None
+) -> None:
+    number = _number(field, value, label)
     if number > high or number < low or (low_open and number == low):
         bracket = "(" if low_open else "["
-        raise ValueError(f"{name} must be in {bracket}{low}, {high}], got {value!r}")
+        raise SamplingParamsError(field, f"{label or field} must be in {bracket}{low}, {high}], got {value!r}")

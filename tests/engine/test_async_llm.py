@@ -14,6 +14,8 @@ import pytest
 
 from llmp import LLM, AsyncLLM, SamplingParams
 from llmp.api import EngineDeadError
+from llmp.inputs import Prompt
+from llmp.sampling_params import SamplingParamsError
 from llmp.testing import pid_alive, save_tiny_llama
 
 OPTIONS = dict(dtype="float32", block_size=4, max_model_len=256)
@@ -81,9 +83,30 @@ def test_bad_requests_raise_into_the_caller_and_the_engine_keeps_going(engine):
             await collect(engine, {"prompt_token_ids": [5, 10_000]})
         with pytest.raises(TypeError):
             await collect(engine, 42)
+        # the engine's typed refusal crosses the process boundary with its field
+        with pytest.raises(SamplingParamsError, match="maximum context length is 256") as too_long:
+            await collect(engine, {"prompt_token_ids": [5] * 300})
+        assert too_long.value.field == "input_tokens"
         return await collect(engine, PROMPTS[1])
 
     assert asyncio.run(run())[2] == "length"
+
+
+def test_a_prompt_record_reaches_the_engine_whole(engine):
+    tokenizer = engine.get_tokenizer()
+    record = Prompt(text="The quick", add_special_tokens=False)
+
+    async def run():
+        async for output in engine.generate(record, GREEDY):
+            last = output
+        async for output in engine.generate(Prompt(text="shown", token_ids=[5, 6, 7]), GREEDY):
+            given = output
+        return last, given
+
+    last, given = asyncio.run(run())
+    assert last.prompt == "The quick"
+    assert last.prompt_token_ids == tokenizer.encode("The quick", add_special_tokens=False)
+    assert (given.prompt, given.prompt_token_ids) == ("shown", [5, 6, 7])
 
 
 def test_abort_mid_stream_frees_the_requests_blocks(engine):

@@ -39,11 +39,11 @@ def free_order(kv: BlockKVCacheManager) -> list[int]:
 @pytest.mark.parametrize(("num_blocks", "block_size"), [(0, 4), (4, 0), (-1, 4)])
 def test_rejects_non_positive_sizes(num_blocks: int, block_size: int) -> None:
     with pytest.raises(ValueError, match="must be >= 1"):
-        BlockKVCacheManager(num_blocks, block_size)
+        BlockKVCacheManager(num_blocks, block_size, True)
 
 
 def test_fresh_manager_is_empty() -> None:
-    kv = BlockKVCacheManager(8, BS)
+    kv = BlockKVCacheManager(8, BS, True)
     assert kv.num_free_blocks == 8
     assert kv.usage == 0.0
     assert kv.ref_counts == [0] * 8
@@ -56,7 +56,7 @@ def test_fresh_manager_is_empty() -> None:
 
 @pytest.mark.parametrize(("num_tokens", "num_blocks"), [(1, 1), (4, 1), (5, 2), (8, 2), (9, 3), (10, 3)])
 def test_allocate_gives_ceil_of_tokens_over_block_size(num_tokens: int, num_blocks: int) -> None:
-    kv = BlockKVCacheManager(10, BS)
+    kv = BlockKVCacheManager(10, BS, True)
     r = req(list(range(1, num_tokens + 1)))
     new = kv.allocate_slots(r, num_tokens)
     assert new is not None and len(new) == num_blocks
@@ -68,7 +68,7 @@ def test_allocate_gives_ceil_of_tokens_over_block_size(num_tokens: int, num_bloc
 
 
 def test_decode_allocates_a_block_only_when_the_last_one_is_full() -> None:
-    kv = BlockKVCacheManager(10, BS)
+    kv = BlockKVCacheManager(10, BS, True)
     r = req(list(range(1, 7)))  # 6 tokens -> 2 blocks, 2 free slots in the last
     assert len(kv.allocate_slots(r, 6)) == 2
     r.num_computed_tokens = 6
@@ -85,7 +85,7 @@ def test_decode_allocates_a_block_only_when_the_last_one_is_full() -> None:
 
 
 def test_allocate_returns_none_and_changes_nothing_when_out_of_blocks() -> None:
-    kv = BlockKVCacheManager(3, BS)
+    kv = BlockKVCacheManager(3, BS, True)
     a = req(list(range(1, 9)))  # 2 blocks
     prefill(kv, a)
     b = req(list(range(50, 59)))  # 9 tokens -> 3 blocks, only 1 free
@@ -99,7 +99,7 @@ def test_allocate_returns_none_and_changes_nothing_when_out_of_blocks() -> None:
 
 
 def test_allocate_with_cached_blocks_does_not_count_them_as_free_room() -> None:
-    kv = BlockKVCacheManager(3, BS)
+    kv = BlockKVCacheManager(3, BS, True)
     a = req(list(range(1, 9)))  # 2 full blocks, cached after free
     prefill(kv, a)
     kv.free(a)
@@ -122,7 +122,7 @@ def test_allocate_with_cached_blocks_does_not_count_them_as_free_room() -> None:
 
 
 def test_allocation_never_evicts_the_cached_blocks_it_reuses() -> None:
-    kv = BlockKVCacheManager(3, BS)
+    kv = BlockKVCacheManager(3, BS, True)
     a = req([1, 2, 3, 4, 5, 6, 7, 8])  # 2 cached blocks
     x = req([31, 32, 33, 34])  # 1 cached block
     prefill(kv, a)
@@ -142,7 +142,7 @@ def test_allocation_never_evicts_the_cached_blocks_it_reuses() -> None:
 
 
 def test_usage_counts_blocks_in_use() -> None:
-    kv = BlockKVCacheManager(10, BS)
+    kv = BlockKVCacheManager(10, BS, True)
     a = req(list(range(1, 11)))  # 3 blocks
     prefill(kv, a)
     assert kv.usage == pytest.approx(0.3)
@@ -159,7 +159,7 @@ def test_usage_counts_blocks_in_use() -> None:
 
 
 def test_second_request_reuses_a_two_block_prefix() -> None:
-    kv = BlockKVCacheManager(10, BS)
+    kv = BlockKVCacheManager(10, BS, True)
     a = req([1, 2, 3, 4, 5, 6, 7, 8, 9])  # 2 full blocks + 1 token
     blocks, num_cached = prefill(kv, a)
     assert (blocks, num_cached) == ([], 0)
@@ -181,7 +181,7 @@ def test_second_request_reuses_a_two_block_prefix() -> None:
 
 
 def test_prefix_hit_stops_at_the_first_differing_block() -> None:
-    kv = BlockKVCacheManager(10, BS)
+    kv = BlockKVCacheManager(10, BS, True)
     a = req(list(range(1, 13)) + [99])  # 3 full blocks
     prefill(kv, a)
     b = req([1, 2, 3, 4, 5, 6, 7, 0, 9, 10, 11, 12, 99])  # block 1 differs, block 2 equal
@@ -192,7 +192,7 @@ def test_prefix_hit_stops_at_the_first_differing_block() -> None:
 
 @pytest.mark.parametrize(("num_tokens", "max_hit_blocks"), [(8, 1), (12, 2), (9, 2), (4, 0)])
 def test_at_least_one_token_is_left_to_compute(num_tokens: int, max_hit_blocks: int) -> None:
-    kv = BlockKVCacheManager(10, BS)
+    kv = BlockKVCacheManager(10, BS, True)
     prompt = list(range(1, num_tokens + 1))
     a = req(prompt)
     prefill(kv, a)
@@ -204,7 +204,7 @@ def test_at_least_one_token_is_left_to_compute(num_tokens: int, max_hit_blocks: 
 
 
 def test_shared_blocks_survive_freeing_one_owner() -> None:
-    kv = BlockKVCacheManager(10, BS)
+    kv = BlockKVCacheManager(10, BS, True)
     a = req([1, 2, 3, 4, 5, 6, 7, 8, 9])
     prefill(kv, a)
     b = req([1, 2, 3, 4, 5, 6, 7, 8, 30, 31])
@@ -226,7 +226,7 @@ def test_shared_blocks_survive_freeing_one_owner() -> None:
 
 
 def test_freed_cached_blocks_stay_findable_until_evicted() -> None:
-    kv = BlockKVCacheManager(10, BS)
+    kv = BlockKVCacheManager(10, BS, True)
     a = req([1, 2, 3, 4, 5, 6, 7, 8, 9])
     prefill(kv, a)
     first_two = a.block_ids[:2]
@@ -246,7 +246,7 @@ def test_freed_cached_blocks_stay_findable_until_evicted() -> None:
 
 
 def test_partial_last_block_is_not_cached() -> None:
-    kv = BlockKVCacheManager(10, BS)
+    kv = BlockKVCacheManager(10, BS, True)
     a = req([1, 2, 3, 4, 5, 6])  # block 1 holds 2 of 4 tokens
     prefill(kv, a)
     assert kv.block_hash[a.block_ids[0]] is not None
@@ -256,7 +256,7 @@ def test_partial_last_block_is_not_cached() -> None:
 
 
 def test_block_is_cached_once_decode_fills_it() -> None:
-    kv = BlockKVCacheManager(10, BS)
+    kv = BlockKVCacheManager(10, BS, True)
     a = req([1, 2, 3, 4, 5, 6, 7])
     prefill(kv, a)
     assert len(kv.cached) == 1
@@ -272,7 +272,7 @@ def test_block_is_cached_once_decode_fills_it() -> None:
 
 
 def test_hash_collision_with_different_tokens_is_not_a_hit() -> None:
-    kv = BlockKVCacheManager(10, BS)
+    kv = BlockKVCacheManager(10, BS, True)
     a = req([1, 2, 3, 4, 5, 6, 7, 8, 9])
     prefill(kv, a)
     hits_before = kv.prefix_cache_hits
@@ -285,7 +285,7 @@ def test_hash_collision_with_different_tokens_is_not_a_hit() -> None:
 
 
 def test_hash_collision_on_a_later_block_stops_the_hit_there() -> None:
-    kv = BlockKVCacheManager(10, BS)
+    kv = BlockKVCacheManager(10, BS, True)
     a = req([1, 2, 3, 4, 5, 6, 7, 8, 9])
     prefill(kv, a)
     b = req([1, 2, 3, 4, 60, 61, 62, 63, 9])  # block 0 really equal, block 1 differs
@@ -296,7 +296,7 @@ def test_hash_collision_on_a_later_block_stops_the_hit_there() -> None:
 
 
 def test_reset_prefix_cache() -> None:
-    kv = BlockKVCacheManager(10, BS)
+    kv = BlockKVCacheManager(10, BS, True)
     a = req([1, 2, 3, 4, 5, 6, 7, 8, 9])
     prefill(kv, a)
     assert kv.reset_prefix_cache() is False  # a still holds blocks
@@ -329,7 +329,7 @@ def test_prefix_caching_disabled_gives_no_hits() -> None:
 
 
 def test_least_recently_freed_is_evicted_first_and_tail_before_head() -> None:
-    kv = BlockKVCacheManager(4, BS)
+    kv = BlockKVCacheManager(4, BS, True)
     a = req([1, 2, 3, 4, 5, 6, 7, 8])  # 2 full blocks
     b = req([21, 22, 23, 24, 25, 26, 27, 28])  # 2 full blocks
     prefill(kv, a)
@@ -358,7 +358,7 @@ def test_least_recently_freed_is_evicted_first_and_tail_before_head() -> None:
 
 
 def test_reused_cached_block_moves_to_the_back_of_the_lru() -> None:
-    kv = BlockKVCacheManager(4, BS)
+    kv = BlockKVCacheManager(4, BS, True)
     a = req([1, 2, 3, 4, 5])  # block a0 cached, a1 partial
     b = req([21, 22, 23, 24, 25])
     prefill(kv, a)
@@ -376,7 +376,7 @@ def test_reused_cached_block_moves_to_the_back_of_the_lru() -> None:
 
 
 def test_blocks_without_hash_are_reused_before_cached_ones() -> None:
-    kv = BlockKVCacheManager(4, BS)
+    kv = BlockKVCacheManager(4, BS, True)
     b = req([21, 22, 23, 24, 25, 26, 27, 28])  # 2 cached blocks
     a = req([1, 2, 3, 4, 5, 6])  # a0 cached, a1 partial (no hash)
     prefill(kv, b)
@@ -397,7 +397,7 @@ def test_blocks_without_hash_are_reused_before_cached_ones() -> None:
 
 
 def test_never_used_blocks_are_taken_before_cached_ones() -> None:
-    kv = BlockKVCacheManager(4, BS)
+    kv = BlockKVCacheManager(4, BS, True)
     a = req([1, 2, 3, 4, 5])
     prefill(kv, a)
     a0 = a.block_ids[0]
@@ -409,7 +409,7 @@ def test_never_used_blocks_are_taken_before_cached_ones() -> None:
 
 
 def test_evicted_block_forgets_its_hash() -> None:
-    kv = BlockKVCacheManager(1, BS)
+    kv = BlockKVCacheManager(1, BS, True)
     a = req([1, 2, 3, 4])
     prefill(kv, a)
     (a0,) = a.block_ids
@@ -427,7 +427,7 @@ def test_evicted_block_forgets_its_hash() -> None:
 
 
 def test_chunk_ending_on_a_block_boundary_caches_only_written_blocks() -> None:
-    kv = BlockKVCacheManager(10, BS)
+    kv = BlockKVCacheManager(10, BS, True)
     a = req(list(range(1, 11)))  # 10 tokens, 2 full blocks
     new = kv.allocate_slots(a, 4)  # first chunk: exactly block 0
     assert len(new) == 1
@@ -436,7 +436,7 @@ def test_chunk_ending_on_a_block_boundary_caches_only_written_blocks() -> None:
 
 
 def test_chunk_ending_inside_a_block_does_not_cache_that_block() -> None:
-    kv = BlockKVCacheManager(10, BS)
+    kv = BlockKVCacheManager(10, BS, True)
     a = req(list(range(1, 11)))  # 10 tokens, 2 full blocks
     blocks, num_cached = kv.get_computed_blocks(a)  # as the scheduler does before allocating
     assert (blocks, num_cached) == ([], 0)

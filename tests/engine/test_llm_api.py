@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
 from llmp import LLM, SamplingParams, hookimpl
-from llmp.testing import hf_greedy, registered, save_tiny_llama
+from llmp.inputs import Prompt
+from llmp.sampling_params import SamplingParamsError
+from llmp.testing import hf_greedy, registered, save_tiny_llama, tiny_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -129,11 +132,40 @@ def test_max_tokens_none_runs_to_the_context_limit(tiny):
     [output] = llm.generate({"prompt_token_ids": [5, 6, 7, 8, 9]}, params, use_tqdm=False)
     assert len(output.outputs[0].token_ids) == 35
     assert output.outputs[0].finish_reason == "length"
+    # an explicit max_tokens past the context is no error offline: it ends at the context, as in vLLM
+    params = SamplingParams(temperature=0.0, max_tokens=100, ignore_eos=True)
+    [output] = llm.generate({"prompt_token_ids": [5, 6, 7, 8, 9]}, params, use_tqdm=False)
+    assert len(output.outputs[0].token_ids) == 35 and output.outputs[0].finish_reason == "length"
+
+
+def test_prompt_records_keep_text_ids_and_the_special_tokens_choice(tiny, tmp_path):
+    from tokenizers import processors
+
+    model_dir = tmp_path / "bos"
+    shutil.copytree(tiny[0], model_dir)
+    tokenizer = tiny_tokenizer()  # the same vocabulary, now adding <s> (id 0) in front of every text
+    tokenizer._tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
+    tokenizer.save_pretrained(model_dir)
+    llm = LLM(str(model_dir), dtype="float32", max_model_len=64)
+    plain, templated = llm.generate(
+        [Prompt(text="The quick"), Prompt(text="<s>The quick", add_special_tokens=False)], GREEDY, use_tqdm=False
+    )
+    assert plain.prompt_token_ids[0] == 0 and plain.prompt_token_ids == templated.prompt_token_ids
+    assert (plain.prompt, templated.prompt) == ("The quick", "<s>The quick")
+    [chat] = llm.chat([{"role": "user", "content": "hi"}], GREEDY, use_tqdm=False)
+    assert chat.prompt_token_ids.count(0) == 2  # the template's own two <s>: no BOS added in front
+    [given] = llm.generate(Prompt(text="shown", token_ids=[5, 6, 7]), GREEDY, use_tqdm=False)
+    assert (given.prompt, given.prompt_token_ids) == ("shown", [5, 6, 7])
+    with pytest.raises(TypeError, match="text or its token ids"):
+        Prompt()
 
 
 def test_bad_prompts_raise_clear_errors_and_leave_the_engine_working(llm):
-    with pytest.raises(ValueError, match="max_model_len is 256"):
+    with pytest.raises(SamplingParamsError, match="maximum context length is 256 tokens") as too_long:
         llm.generate({"prompt_token_ids": [5] * 300}, GREEDY, use_tqdm=False)
+    assert too_long.value.field == "input_tokens"
+    with pytest.raises(SamplingParamsError, match="maximum context length is 256 tokens"):  # none left to generate
+        llm.generate({"prompt_token_ids": [5] * 256}, GREEDY, use_tqdm=False)
     with pytest.raises(ValueError, match="empty"):
         llm.generate({"prompt_token_ids": []}, GREEDY, use_tqdm=False)
     with pytest.raises(ValueError, match=r"token id 400 is out of range \[0, 400\)"):

@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from llmp import plugins
-from llmp.modeling.model_config import PlainConfig, _cache_file, load_model_config, load_plain_config
+from llmp.engine.config import EngineConfig
+from llmp.model_files.config import PlainConfig, _cache_file, load_plain_config, transformers_config
+from llmp.model_files.resolve import resolve_model
 from llmp.testing import save_tiny_model
 
 
@@ -63,14 +65,17 @@ def test_a_changed_config_is_read_again_and_a_damaged_entry_is_replaced(tmp_path
     assert json.loads(_cache_file(tmp_path / "m").read_text())["values"]["rms_norm_eps"] == 0.125
 
 
-def test_native_models_get_the_plain_config_and_the_fallback_the_transformers_one(tmp_path):
+def test_the_resolved_model_carries_the_plain_config_and_the_selected_implementation(tmp_path):
     from transformers import PretrainedConfig
 
     save_tiny_model(tmp_path / "llama", "LlamaForCausalLM")
-    spec, config = load_model_config(tmp_path / "llama")
-    assert spec.model_impl == "native" and isinstance(config, PlainConfig)
-    spec, config = load_model_config(tmp_path / "llama", "transformers")
-    assert spec.model_impl == "transformers" and isinstance(config, PretrainedConfig)
+    native = resolve_model(EngineConfig(model=str(tmp_path / "llama")))
+    assert native.spec.model_impl == "native" and isinstance(native.config, PlainConfig)
+    assert native.architectures == ("LlamaForCausalLM",) and native.task == "generate"
+    fallback = resolve_model(EngineConfig(model=str(tmp_path / "llama"), model_impl="transformers"))
+    assert fallback.spec.model_impl == "transformers" and isinstance(fallback.config, PlainConfig)
+    # the fallback's runner reads transformers' own object (its model classes take nothing else)
+    assert isinstance(transformers_config(fallback.model_dir), PretrainedConfig)
 
 
 def test_a_cached_start_imports_no_transformers_config(tmp_path):

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from llmp import LLM
-from llmp.modeling.files import ModelLoadError, resolve_model, weight_files
+from llmp.api import ModelLoadError
+from llmp.model_files.lookup import find_model_dir
+from llmp.model_files.weights import weight_files
 from llmp.testing import save_tiny_llama
 
 
@@ -91,12 +93,12 @@ def test_config_that_does_not_match_the_weights_names_the_weight(tmp_path, chang
 
 def test_unknown_paths_and_names_say_what_was_tried(tmp_path):
     with pytest.raises(ModelLoadError, match="not a directory with config.json"):
-        resolve_model(tmp_path / "nowhere")
+        find_model_dir(tmp_path / "nowhere")
     (tmp_path / "empty").mkdir()
     with pytest.raises(ModelLoadError, match="holds no config.json"):
-        resolve_model(tmp_path / "empty")
+        find_model_dir(tmp_path / "empty")
     with pytest.raises(ModelLoadError, match="not a .gguf file"):
-        resolve_model("some-org/some-model-that-is-not-cached")
+        find_model_dir("some-org/some-model-that-is-not-cached")
 
 
 def test_corrupt_gguf_is_named(tmp_path, monkeypatch):
@@ -104,7 +106,7 @@ def test_corrupt_gguf_is_named(tmp_path, monkeypatch):
     bad = tmp_path / "broken.gguf"
     bad.write_bytes(b"GGUF" + b"\x00" * 60)
     with pytest.raises(ModelLoadError, match="broken.gguf"):
-        resolve_model(bad)
+        find_model_dir(bad)
     assert not list((tmp_path / "cache").rglob("*.safetensors"))  # nothing half-written is kept
 
 

@@ -427,3 +427,51 @@ def test_logprobs_of_sampled_tokens_in_a_batch():
         torch.testing.assert_close(torch.tensor(entry.logprobs), raw[i, [token] + top.indices.tolist()])
         assert entry.ranks[0] == int((raw[i] > raw[i, token]).sum()) + 1
         assert entry.ranks[1:] == [1, 2]
+
+
+def banning(output: list[int], sequences: list[list[int]], **params) -> Request:
+    request = make(output=output, **params)
+    request.bad_words_token_ids = sequences
+    return request
+
+
+def test_bad_words_ban_single_tokens_always_and_a_sequence_s_last_token_after_its_prefix():
+    logits = torch.tensor([[5.0, 4.0, 3.0, 2.0, 1.0]] * 4)
+    requests = [
+        banning([], [[0]], temperature=0.0),  # a one-token word: banned from the first token on
+        banning([3], [[3, 0]], temperature=0.0),  # the output ends with the prefix: 0 is banned
+        banning([3, 4], [[3, 0]], temperature=0.0),  # the prefix is not at the end: nothing is banned
+        banning([1], [[2, 1, 0]], temperature=0.0),  # longer than the output allows: nothing is banned
+    ]
+    assert sample(logits, requests).token_ids == [1, 1, 0, 0]
+
+
+def test_bad_words_hold_for_random_sampling():
+    torch.manual_seed(0)
+    requests = [banning([], [[0], [1]], temperature=1.0) for _ in range(2000)]
+    tokens = sample(torch.tensor([[3.0, 3.0, 0.0, 0.0, 0.0]]).repeat(2000, 1), requests).token_ids
+    assert 0 not in tokens and 1 not in tokens and set(tokens) == {2, 3, 4}
+
+
+def test_bad_words_token_ids_follow_vllm():
+    from llmp.api import RequestValidationError
+    from llmp.engine.sampler import bad_words_token_ids
+    from llmp.testing import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+
+    def encode(text: str) -> list[int]:
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    # "cache" starts a text as one sequence and follows a space as another of the same length
+    assert encode("cache")[0] != encode(" cache")[0] and len(encode("cache")) == len(encode(" cache")) == 2
+    assert bad_words_token_ids(["cache", "  cache"], tokenizer, 400) == [encode("cache"), encode(" cache")] * 2
+    # "fox" after a space is one token, not two: it is banned only as written (vLLM's rule)
+    assert len(encode("fox")) == 2 and len(encode(" fox")) == 1
+    assert bad_words_token_ids([" fox"], tokenizer, 400) == [encode("fox")]
+    with pytest.raises(RequestValidationError, match="vocabulary size is 10") as info:
+        bad_words_token_ids(["fox"], tokenizer, 10)
+    assert info.value.field == "bad_words"
+    with pytest.raises(RequestValidationError) as info:
+        bad_words_token_ids([" "], tokenizer, 400)
+    assert info.value.field == "bad_words"

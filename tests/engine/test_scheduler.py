@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable, Iterator
 
 import pytest
 
+from llmp.api import RequestValidationError
+from llmp.engine.config import EngineConfig
 from llmp.engine.kv_cache import BlockKVCacheManager
 from llmp.engine.request import Request, RequestStatus
-from llmp.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from llmp.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, check_priority
 from llmp.sampling_params import SamplingParams
 
 BS = 4  # block size used throughout
@@ -45,8 +48,11 @@ def make(
     )
 
 
+DEFAULTS = SchedulerConfig.from_engine_config(EngineConfig(), max_model_len=4096)
+
+
 def make_scheduler(num_blocks: int = 64, *, prefix_caching: bool = True, **config) -> Scheduler:
-    return Scheduler(SchedulerConfig(**config), BlockKVCacheManager(num_blocks, BS, prefix_caching))
+    return Scheduler(dataclasses.replace(DEFAULTS, **config), BlockKVCacheManager(num_blocks, BS, prefix_caching))
 
 
 def default_token(request: Request) -> int:
@@ -100,11 +106,21 @@ def ids(out: SchedulerOutput) -> list[str]:
 
 def test_config_rejects_bad_values() -> None:
     with pytest.raises(ValueError, match="policy"):
-        SchedulerConfig(policy="lifo")
+        dataclasses.replace(DEFAULTS, policy="lifo")
     with pytest.raises(ValueError):
-        SchedulerConfig(max_num_seqs=0)
+        dataclasses.replace(DEFAULTS, max_num_seqs=0)
     with pytest.raises(ValueError):
-        SchedulerConfig(max_num_batched_tokens=0)
+        dataclasses.replace(DEFAULTS, max_num_batched_tokens=0)
+
+
+def test_config_comes_from_the_engine_config() -> None:
+    engine = EngineConfig(max_num_seqs=7, max_num_batched_tokens=64, enable_chunked_prefill=False)
+    engine.scheduling_policy = "priority"
+    config = SchedulerConfig.from_engine_config(engine, max_model_len=128)
+    assert config == SchedulerConfig(
+        max_num_seqs=7, max_num_batched_tokens=64, max_model_len=128, enable_chunked_prefill=False, policy="priority"
+    )
+    assert DEFAULTS.max_num_seqs == EngineConfig().max_num_seqs and DEFAULTS.policy == "fcfs"
 
 
 # -- requests ----------------------------------------------------------------
@@ -297,6 +313,30 @@ def test_priority_preemption_picks_the_lowest_priority_running_request() -> None
     assert s.num_preemptions == 1 and low.num_preemptions == 1
     assert s.waiting == [low]
     assert len(a.block_ids) == 2
+
+
+def test_priority_preemption_breaks_ties_by_latest_arrival() -> None:
+    s = make_scheduler(num_blocks=3, policy="priority")
+    a = make("a", 1, priority=0, arrival=1.0)
+    early = make("early", 1, priority=5, arrival=2.0)
+    late = make("late", 1, priority=5, arrival=3.0)
+    for request in (a, late, early):
+        s.add_request(request)
+    step(s)
+    assert [r.request_id for r in s.running] == ["a", "early", "late"]
+    for _ in range(4):
+        out, _ = step(s)
+        if out.preempted:
+            break
+    assert out.preempted == [late, early]  # equal priority: the later arrival goes first
+
+
+def test_nonzero_priority_needs_the_priority_policy() -> None:
+    check_priority(0, "fcfs")
+    check_priority(-3, "priority")
+    with pytest.raises(RequestValidationError, match="Got priority 2 but Priority scheduling is not enabled") as info:
+        check_priority(2, "fcfs")
+    assert info.value.field == "priority"
 
 
 def test_priority_preemption_never_leaves_the_victim_scheduled() -> None:

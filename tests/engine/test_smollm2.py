@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from llmp import LLM, SamplingParams
-from llmp.modeling.files import DEFAULT_MODEL, PACKAGED_MODELS, resolve_model
+from llmp.model_files.lookup import DEFAULT_MODEL, PACKAGED_MODELS, find_model_dir
 from llmp.testing import hf_greedy
 
 pytestmark = pytest.mark.slow
@@ -53,13 +53,14 @@ def test_chat_answers_a_simple_question(llm):
 
 
 def test_default_model_is_smollm2_and_loads_from_the_conversion_cache():
-    converted = resolve_model(None)  # converts the GGUF if no earlier test did
+    converted = find_model_dir(None)  # converts the GGUF if no earlier test did
     assert (converted / "model.safetensors").is_file() and (converted / "tokenizer.json").is_file()
     llm = LLM()
-    assert llm.engine.hf_config.architectures == ["LlamaForCausalLM"]
-    assert llm.engine.hf_config.num_hidden_layers == 30
+    assert llm.engine.model.architectures == ("LlamaForCausalLM",)
+    assert llm.engine.model.config.num_hidden_layers == 30
+    assert llm.engine.model.dtype == "bfloat16"
     assert llm.engine.executor.runner.dtype.__str__() == "torch.bfloat16"
-    assert llm.engine.model_dir == converted
+    assert llm.engine.model.model_dir == converted
     assert llm.engine.startup_seconds < 10  # a cached conversion is plain safetensors: no GGUF parsing
 
 

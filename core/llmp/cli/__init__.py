@@ -2,7 +2,9 @@
 
 Every sub-command, the built-in ones included, is a ``CommandSpec`` from the
 ``llmp_register_commands`` hook. Only the command being run is imported, so
-``llmp plugins list`` never pays for ``llmp serve``'s imports.
+``llmp plugins list`` never pays for ``llmp serve``'s imports. A command plugin
+declares its options as a record and builds its command with
+:func:`llmp.cli.options.options_command`.
 """
 
 from __future__ import annotations
@@ -15,14 +17,6 @@ from typer.core import TyperGroup
 
 from llmp import __version__, plugins, registry
 from llmp.api import API_VERSION, CommandSpec, LLMPError
-
-ConfigOption: Any = typer.Option(
-    None,
-    "--config",
-    envvar="LLMP_CONFIG",
-    help="YAML file of option: value pairs (command line and LLMP_* variables win).",
-    dir_okay=False,
-)
 
 
 class PluginCommandGroup(TyperGroup):

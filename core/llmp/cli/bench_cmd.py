@@ -10,19 +10,17 @@ commands.
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 import typer
-from pydantic import Field
 
-from llmp.cli import ConfigOption
 from llmp.cli.bench_offline import latency, throughput
-from llmp.config import CommandSettings, load_settings
+from llmp.cli.bench_report import ReportOptions, emit_report, percentile
+from llmp.cli.options import options_command
+from llmp.options import option
 
 app = typer.Typer(
     help="Benchmarks: `llmp bench serve` load-tests an OpenAI-compatible server; `llmp bench throughput` and "
@@ -45,89 +43,47 @@ WORDS = tuple(
 )
 
 
-class BenchServeSettings(CommandSettings):
-    base_url: str = "http://127.0.0.1:8000"
-    endpoint: str = "/v1/completions"
-    model: str | None = None
-    api_key: str | None = None
-    dataset: Literal["random", "prefix"] = "random"
-    num_prompts: int = Field(100, ge=1)
-    input_len: int = Field(128, ge=1)
-    output_len: int = Field(64, ge=1)
-    prefix_len: int = Field(128, ge=0)
-    request_rate: float = Field(math.inf, gt=0)
-    max_concurrency: int | None = Field(None, ge=1)
-    seed: int = 0
-    json_output: bool = False
-    save_result: Path | None = None
+@dataclass(frozen=True, kw_only=True)
+class BenchServeSettings:
+    base_url: str = option("http://127.0.0.1:8000", "The server, without /v1.")
+    endpoint: str = option("/v1/completions", "/v1/completions or /v1/chat/completions (any path ending so).")
+    model: str | None = option(None, "Model to ask (default: the first of GET /v1/models).")
+    api_key: str | None = option(None, "Sent as 'Authorization: Bearer KEY' (default: $OPENAI_API_KEY).")
+    dataset: Literal["random", "prefix"] = option(
+        "random", "random: random words; prefix: one shared prefix, then random words."
+    )
+    num_prompts: int = option(100, "Requests to send.", ge=1)
+    input_len: int = option(128, "Random words per prompt (about as many tokens).", ge=1)
+    output_len: int = option(64, "max_tokens of each request (EOS is ignored).", ge=1)
+    prefix_len: int = option(128, "prefix dataset: words of the prefix all prompts share.", ge=0)
+    request_rate: float = option(math.inf, "Requests per second, Poisson arrivals; inf sends all at once.", gt=0)
+    max_concurrency: int | None = option(None, "Most requests in flight at once.", ge=1)
+    seed: int = option(0, "Seed of the prompts and the arrival times.")
 
 
 @app.command("serve")
-def serve(
-    ctx: typer.Context,
-    base_url: str = typer.Option("http://127.0.0.1:8000", "--base-url", help="The server, without /v1."),
-    endpoint: str = typer.Option(
-        "/v1/completions", "--endpoint", help="/v1/completions or /v1/chat/completions (any path ending so)."
-    ),
-    model: str | None = typer.Option(None, "--model", help="Model to ask (default: the first of GET /v1/models)."),
-    api_key: str | None = typer.Option(
-        None, "--api-key", help="Sent as 'Authorization: Bearer KEY' (default: $OPENAI_API_KEY)."
-    ),
-    dataset: str = typer.Option(
-        "random", "--dataset", help="random: random words; prefix: one shared prefix, then random words."
-    ),
-    num_prompts: int = typer.Option(100, "--num-prompts", help="Requests to send."),
-    input_len: int = typer.Option(128, "--input-len", help="Random words per prompt (about as many tokens)."),
-    output_len: int = typer.Option(64, "--output-len", help="max_tokens of each request (EOS is ignored)."),
-    prefix_len: int = typer.Option(128, "--prefix-len", help="prefix dataset: words of the prefix all prompts share."),
-    request_rate: float = typer.Option(
-        math.inf, "--request-rate", help="Requests per second, Poisson arrivals; inf sends all at once."
-    ),
-    max_concurrency: int | None = typer.Option(None, "--max-concurrency", help="Most requests in flight at once."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the prompts and the arrival times."),
-    json_output: bool = typer.Option(False, "--json/--no-json", help="Print the result as JSON, not a table."),
-    save_result: Path | None = typer.Option(None, "--save-result", help="Also write the result as JSON to this file."),
-    config: Path | None = ConfigOption,
-) -> None:
+@options_command
+def serve(load: BenchServeSettings, output: ReportOptions) -> None:
     """Load-test an OpenAI-compatible server (llmp, vLLM, ...) and report throughput and latencies."""
     import asyncio
 
     from llmp.cli.sse import ServerError
 
-    settings = load_settings(BenchServeSettings, ctx)
     try:
-        report = asyncio.run(run_benchmark(settings))
+        report = asyncio.run(run_benchmark(load))
     except ServerError as exc:
         print(f"llmp: error: {exc}", file=sys.stderr)
         raise typer.Exit(1) from None
     except KeyboardInterrupt:
         print("llmp: interrupted", file=sys.stderr)
         raise typer.Exit(130) from None
-    emit_report(report, settings.json_output, settings.save_result, print_table)
+    emit_report(report, output, print_table)
     if report["failed"]:
         raise typer.Exit(1)  # a load test with failures must not pass for a clean one in scripts
 
 
 app.command("throughput")(throughput)  # after serve: the group lists its commands in this order
 app.command("latency")(latency)
-
-
-def emit_report(report: dict[str, Any], json_output: bool, save_result: Path | None, print_table: Any) -> None:
-    """Print a benchmark's report as JSON or as its table; also save it when asked."""
-    if json_output:
-        typer.echo(json.dumps(report, indent=2))
-    else:
-        print_table(report)
-    if save_result is not None:
-        save_report(report, save_result)
-
-
-def save_report(report: dict[str, Any], path: Path) -> None:
-    try:
-        path.write_text(json.dumps(report, indent=2) + "\n")
-    except OSError as exc:  # after the report is printed, so a long run is not lost to a typo in the path
-        print(f"llmp: error: cannot write {path}: {exc.strerror or exc}", file=sys.stderr)
-        raise typer.Exit(1) from None
 
 
 # -- the requests -----------------------------------------------------------------
@@ -273,15 +229,6 @@ async def send_all(
 
 
 # -- the report -------------------------------------------------------------------
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The q-th percentile with linear interpolation between ranks (numpy's default)."""
-    ordered = sorted(values)
-    position = (len(ordered) - 1) * q / 100
-    low = int(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 def latency_stats(name: str, seconds: list[float]) -> dict[str, float | None]:

@@ -10,161 +10,67 @@ functions: this module is imported whenever the CLI lists commands.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 
 import typer
-from pydantic import Field
 
-from llmp.cli import ConfigOption
-from llmp.config import CommandSettings, load_settings
+from llmp.cli.bench_report import ReportOptions, emit_report, percentile
+from llmp.cli.options import Select, options_command
+from llmp.engine.config import EngineConfig
+from llmp.options import option
 
 PERCENTILES = (10, 25, 50, 75, 90, 99)
 WARMUP_PROMPTS = 4  # requests of the throughput warm-up
 WARMUP_TOKENS = 4  # their output tokens
 
-
-class BenchEngineSettings(CommandSettings):
-    """The engine options of the offline benchmarks (the same names and defaults as ``llmp serve``)."""
-
-    model: str | None = None
-    executor: str = "uniproc"
-    tensor_parallel_size: int = Field(1, ge=1)
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
-    max_model_len: int | None = Field(None, ge=2)
-    max_num_seqs: int = Field(256, ge=1)
-    max_num_batched_tokens: int = Field(2048, ge=1)
-    enable_prefix_caching: bool = True
-    enable_chunked_prefill: bool = True
-    kv_cache_memory_gib: float = Field(4.0, gt=0)
-    block_size: int = Field(16, ge=1)
-    kernels: str | None = None
-    model_impl: Literal["auto", "native", "transformers"] = "auto"
-    num_threads: int | None = Field(None, ge=1)
-    seed: int = 0
-    json_output: bool = False
-    save_result: Path | None = None
+# The engine options of ``llmp serve`` but --task: the benchmarks generate.
+BenchEngine = Annotated[
+    EngineConfig, Select(omit=("task",), help={"seed": "Seed of the engine and of the random prompts."})
+]
 
 
-class BenchThroughputSettings(BenchEngineSettings):
-    dataset: Literal["random", "mixed", "prefix"] = "random"
-    num_prompts: int = Field(64, ge=1)
-    input_len: int = Field(128, ge=1)
-    output_len: int = Field(64, ge=1)
-    min_input_len: int | None = Field(None, ge=1)
-    min_output_len: int | None = Field(None, ge=1)
-    prefix_len: int = Field(128, ge=0)
-
-
-class BenchLatencySettings(BenchEngineSettings):
-    batch_size: int = Field(8, ge=1)
-    input_len: int = Field(32, ge=1)
-    output_len: int = Field(128, ge=1)
-    num_iters_warmup: int = Field(1, ge=0)
-    num_iters: int = Field(5, ge=1)
-
-
-# -- the options both commands share (one OptionInfo may default several commands' parameters) --
-
-ModelArgument: Any = typer.Argument(
-    None, help="Model directory, .gguf file or Hugging Face id in the local cache; default SmolLM2-135M-Instruct."
-)
-ExecutorOption: Any = typer.Option("uniproc", help="Executor plugin: uniproc, mp or ray.")
-TensorParallelOption: Any = typer.Option(1, "--tensor-parallel-size", "-tp", help="Tensor-parallel workers.")
-DtypeOption: Any = typer.Option("auto", help="auto, bfloat16, float16 or float32.")
-MaxModelLenOption: Any = typer.Option(None, help="Context length (default: the model's, capped by the KV cache).")
-MaxNumSeqsOption: Any = typer.Option(256, help="Most sequences in one step.")
-MaxNumBatchedTokensOption: Any = typer.Option(2048, help="Most tokens in one step.")
-PrefixCachingOption: Any = typer.Option(True, "--enable-prefix-caching/--no-enable-prefix-caching")
-ChunkedPrefillOption: Any = typer.Option(True, "--enable-chunked-prefill/--no-enable-chunked-prefill")
-KvCacheOption: Any = typer.Option(4.0, help="Memory for the KV cache, in GiB.")
-BlockSizeOption: Any = typer.Option(16, help="Tokens per KV-cache block.")
-KernelsOption: Any = typer.Option(None, help="Kernel set (default: the best for the device).")
-ModelImplOption: Any = typer.Option("auto", help="auto, native or transformers.")
-NumThreadsOption: Any = typer.Option(None, help="Torch threads of the engine (default: all cores).")
-SeedOption: Any = typer.Option(0, help="Seed of the engine and of the random prompts.")
-JsonOption: Any = typer.Option(False, "--json/--no-json", help="Print the result as JSON, not a table.")
-SaveResultOption: Any = typer.Option(None, "--save-result", help="Also write the result as JSON to this file.")
-
-
-def throughput(
-    ctx: typer.Context,
-    model: str | None = ModelArgument,
-    dataset: str = typer.Option(
+@dataclass(frozen=True, kw_only=True)
+class ThroughputWorkload:
+    dataset: Literal["random", "mixed", "prefix"] = option(
         "random",
-        "--dataset",
-        help="random: fixed lengths; mixed: lengths uniform between the min and max ones; "
+        "random: fixed lengths; mixed: lengths uniform between the min and max ones; "
         "prefix: one shared prefix, then each prompt's own tokens.",
-    ),
-    num_prompts: int = typer.Option(64, "--num-prompts", help="Requests, all given to one generate call."),
-    input_len: int = typer.Option(128, "--input-len", help="Prompt tokens (mixed: the most; prefix: after it)."),
-    output_len: int = typer.Option(64, "--output-len", help="Output tokens of each request (mixed: the most)."),
-    min_input_len: int | None = typer.Option(
-        None, "--min-input-len", help="mixed: the fewest prompt tokens (default: half of --input-len)."
-    ),
-    min_output_len: int | None = typer.Option(
-        None, "--min-output-len", help="mixed: the fewest output tokens (default: half of --output-len)."
-    ),
-    prefix_len: int = typer.Option(128, "--prefix-len", help="prefix: tokens of the prefix all prompts share."),
-    executor: str = ExecutorOption,
-    tensor_parallel_size: int = TensorParallelOption,
-    dtype: str = DtypeOption,
-    max_model_len: int | None = MaxModelLenOption,
-    max_num_seqs: int = MaxNumSeqsOption,
-    max_num_batched_tokens: int = MaxNumBatchedTokensOption,
-    enable_prefix_caching: bool = PrefixCachingOption,
-    enable_chunked_prefill: bool = ChunkedPrefillOption,
-    kv_cache_memory_gib: float = KvCacheOption,
-    block_size: int = BlockSizeOption,
-    kernels: str | None = KernelsOption,
-    model_impl: str = ModelImplOption,
-    num_threads: int | None = NumThreadsOption,
-    seed: int = SeedOption,
-    json_output: bool = JsonOption,
-    save_result: Path | None = SaveResultOption,
-    config: Path | None = ConfigOption,
-) -> None:
+    )
+    num_prompts: int = option(64, "Requests, all given to one generate call.", ge=1)
+    input_len: int = option(128, "Prompt tokens (mixed: the most; prefix: after it).", ge=1)
+    output_len: int = option(64, "Output tokens of each request (mixed: the most).", ge=1)
+    min_input_len: int | None = option(None, "mixed: the fewest prompt tokens (default: half of --input-len).", ge=1)
+    min_output_len: int | None = option(None, "mixed: the fewest output tokens (default: half of --output-len).", ge=1)
+    prefix_len: int = option(128, "prefix: tokens of the prefix all prompts share.", ge=0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LatencyWorkload:
+    batch_size: int = option(8, "Prompts generated together in each iteration.", ge=1)
+    input_len: int = option(32, "Prompt tokens.", ge=1)
+    output_len: int = option(128, "Output tokens of each prompt.", ge=1)
+    num_iters_warmup: int = option(1, "Untimed iterations first.", ge=0)
+    num_iters: int = option(5, "Timed iterations.", ge=1)
+
+
+@options_command(one_line_errors=True)
+def throughput(engine: BenchEngine, workload: ThroughputWorkload, output: ReportOptions) -> None:
     """Offline throughput: generate for every prompt in one batch and report tokens per second."""
-    settings = _settings(BenchThroughputSettings, ctx)
-    check_throughput(settings, settings.max_model_len, "--max-model-len")
-    report = _interruptible(run_throughput, settings)
-    _emit(report, settings, print_throughput_table)
+    check_throughput(workload, engine.max_model_len, "--max-model-len")
+    report = _interruptible(run_throughput, engine, workload)
+    emit_report(report, output, print_throughput_table)
 
 
-def latency(
-    ctx: typer.Context,
-    model: str | None = ModelArgument,
-    batch_size: int = typer.Option(8, "--batch-size", help="Prompts generated together in each iteration."),
-    input_len: int = typer.Option(32, "--input-len", help="Prompt tokens."),
-    output_len: int = typer.Option(128, "--output-len", help="Output tokens of each prompt."),
-    num_iters_warmup: int = typer.Option(1, "--num-iters-warmup", help="Untimed iterations first."),
-    num_iters: int = typer.Option(5, "--num-iters", help="Timed iterations."),
-    executor: str = ExecutorOption,
-    tensor_parallel_size: int = TensorParallelOption,
-    dtype: str = DtypeOption,
-    max_model_len: int | None = MaxModelLenOption,
-    max_num_seqs: int = MaxNumSeqsOption,
-    max_num_batched_tokens: int = MaxNumBatchedTokensOption,
-    enable_prefix_caching: bool = PrefixCachingOption,
-    enable_chunked_prefill: bool = ChunkedPrefillOption,
-    kv_cache_memory_gib: float = KvCacheOption,
-    block_size: int = BlockSizeOption,
-    kernels: str | None = KernelsOption,
-    model_impl: str = ModelImplOption,
-    num_threads: int | None = NumThreadsOption,
-    seed: int = SeedOption,
-    json_output: bool = JsonOption,
-    save_result: Path | None = SaveResultOption,
-    config: Path | None = ConfigOption,
-) -> None:
+@options_command(one_line_errors=True)
+def latency(engine: BenchEngine, workload: LatencyWorkload, output: ReportOptions) -> None:
     """Offline latency: time one batch end to end, and its prefill alone, over several iterations."""
-    settings = _settings(BenchLatencySettings, ctx)
-    check_latency(settings, settings.max_model_len, "--max-model-len")
-    report = _interruptible(run_latency, settings)
-    _emit(report, settings, print_latency_table)
+    check_latency(workload, engine.max_model_len, "--max-model-len")
+    report = _interruptible(run_latency, engine, workload)
+    emit_report(report, output, print_latency_table)
 
 
-# -- settings and errors -------------------------------------------------------------
+# -- usage errors ------------------------------------------------------------------------
 
 
 def usage_error(message: str) -> typer.Exit:
@@ -173,79 +79,66 @@ def usage_error(message: str) -> typer.Exit:
     return typer.Exit(2)
 
 
-def _settings(settings_cls: type[Any], ctx: typer.Context) -> Any:
-    try:
-        return load_settings(settings_cls, ctx)
-    except typer.BadParameter as exc:  # one line, not click's usage panel
-        raise usage_error(exc.message) from None
-
-
-def check_throughput(settings: BenchThroughputSettings, max_model_len: int | None, limit: str) -> None:
+def check_throughput(workload: ThroughputWorkload, max_model_len: int | None, limit: str) -> None:
     """Usage errors of the workload; with ``max_model_len`` (named ``limit``), the longest request must fit it."""
-    if settings.dataset == "mixed":
-        min_in, min_out = mixed_bounds(settings)
-        if min_in > settings.input_len:
-            raise usage_error(f"--min-input-len ({min_in}) must be <= --input-len ({settings.input_len})")
-        if min_out > settings.output_len:
-            raise usage_error(f"--min-output-len ({min_out}) must be <= --output-len ({settings.output_len})")
-    prefix = settings.prefix_len if settings.dataset == "prefix" else 0
-    longest = prefix + settings.input_len + settings.output_len
+    if workload.dataset == "mixed":
+        min_in, min_out = mixed_bounds(workload)
+        if min_in > workload.input_len:
+            raise usage_error(f"--min-input-len ({min_in}) must be <= --input-len ({workload.input_len})")
+        if min_out > workload.output_len:
+            raise usage_error(f"--min-output-len ({min_out}) must be <= --output-len ({workload.output_len})")
+    prefix = workload.prefix_len if workload.dataset == "prefix" else 0
+    longest = prefix + workload.input_len + workload.output_len
     if max_model_len is not None and longest > max_model_len:
         what = "--prefix-len + --input-len + --output-len" if prefix else "--input-len + --output-len"
         raise usage_error(f"{what} ({longest}) exceeds {limit} ({max_model_len})")
 
 
-def check_latency(settings: BenchLatencySettings, max_model_len: int | None, limit: str) -> None:
-    longest = settings.input_len + settings.output_len
+def check_latency(workload: LatencyWorkload, max_model_len: int | None, limit: str) -> None:
+    longest = workload.input_len + workload.output_len
     if max_model_len is not None and longest > max_model_len:
         raise usage_error(f"--input-len + --output-len ({longest}) exceeds {limit} ({max_model_len})")
 
 
-def mixed_bounds(settings: BenchThroughputSettings) -> tuple[int, int]:
+def mixed_bounds(workload: ThroughputWorkload) -> tuple[int, int]:
     """The fewest prompt and output tokens of the mixed dataset (default: half the most, at least 1)."""
-    min_in = settings.min_input_len if settings.min_input_len is not None else max(1, settings.input_len // 2)
-    min_out = settings.min_output_len if settings.min_output_len is not None else max(1, settings.output_len // 2)
+    min_in = workload.min_input_len if workload.min_input_len is not None else max(1, workload.input_len // 2)
+    min_out = workload.min_output_len if workload.min_output_len is not None else max(1, workload.output_len // 2)
     return min_in, min_out
 
 
-def _interruptible(run: Any, settings: Any) -> dict[str, Any]:
+def _interruptible(run: Any, engine: EngineConfig, workload: Any) -> dict[str, Any]:
     try:
-        return run(settings)
+        return run(engine, workload)
     except KeyboardInterrupt:
         print("llmp: interrupted", file=sys.stderr)
         raise typer.Exit(130) from None
 
 
-def _emit(report: dict[str, Any], settings: BenchEngineSettings, print_table: Any) -> None:
-    from llmp.cli.bench_cmd import emit_report
-
-    emit_report(report, settings.json_output, settings.save_result, print_table)
-
-
 # -- the workloads (pure: no engine, no torch) -------------------------------------------
 
 
-def throughput_lengths(settings: BenchThroughputSettings) -> list[tuple[int, int]]:
+def throughput_lengths(workload: ThroughputWorkload, seed: int) -> list[tuple[int, int]]:
     """(own prompt tokens, output tokens) of each request, seeded: the prefix dataset's prefix is not counted."""
     import random
 
-    if settings.dataset != "mixed":
-        return [(settings.input_len, settings.output_len)] * settings.num_prompts
-    rng = random.Random(settings.seed)
-    min_in, min_out = mixed_bounds(settings)
+    if workload.dataset != "mixed":
+        return [(workload.input_len, workload.output_len)] * workload.num_prompts
+    rng = random.Random(seed)
+    min_in, min_out = mixed_bounds(workload)
     return [
-        (rng.randint(min_in, settings.input_len), rng.randint(min_out, settings.output_len))
-        for _ in range(settings.num_prompts)
+        (rng.randint(min_in, workload.input_len), rng.randint(min_out, workload.output_len))
+        for _ in range(workload.num_prompts)
     ]
 
 
-def throughput_workload(settings: BenchThroughputSettings, pool: list[int]) -> list[tuple[list[int], int]]:
+def throughput_workload(workload: ThroughputWorkload, seed: int, pool: list[int]) -> list[tuple[list[int], int]]:
     """(prompt token ids, output tokens) of each request, token ids drawn from ``pool``."""
     import random
 
-    rng = random.Random(settings.seed + 1)  # its own stream: the lengths do not depend on the vocabulary
-    prefix = rng.choices(pool, k=settings.prefix_len) if settings.dataset == "prefix" else []
-    return [(prefix + rng.choices(pool, k=own), out) for own, out in throughput_lengths(settings)]
+    rng = random.Random(seed + 1)  # its own stream: the lengths do not depend on the vocabulary
+    prefix = rng.choices(pool, k=workload.prefix_len) if workload.dataset == "prefix" else []
+    return [(prefix + rng.choices(pool, k=own), out) for own, out in throughput_lengths(workload, seed)]
 
 
 def random_prompts(rng: Any, pool: list[int], count: int, length: int) -> list[dict[str, list[int]]]:
@@ -255,38 +148,18 @@ def random_prompts(rng: Any, pool: list[int], count: int, length: int) -> list[d
 # -- the engine ---------------------------------------------------------------------------
 
 
-def engine_options(settings: BenchEngineSettings) -> dict[str, Any]:
-    """``LLM(**options)`` of the settings (as ``llmp serve`` builds its engine)."""
-    return {
-        "executor": settings.executor,
-        "tensor_parallel_size": settings.tensor_parallel_size,
-        "dtype": settings.dtype,
-        "max_model_len": settings.max_model_len,
-        "max_num_seqs": settings.max_num_seqs,
-        "max_num_batched_tokens": settings.max_num_batched_tokens,
-        "enable_prefix_caching": settings.enable_prefix_caching,
-        "enable_chunked_prefill": settings.enable_chunked_prefill,
-        "kv_cache_memory_bytes": int(settings.kv_cache_memory_gib * (1 << 30)),
-        "block_size": settings.block_size,
-        "kernels": settings.kernels,
-        "model_impl": settings.model_impl,
-        "task": "generate",
-        "num_threads": settings.num_threads,
-        "seed": settings.seed,
-    }
-
-
-def load_engine(settings: BenchEngineSettings, command: str) -> tuple[Any, float]:
-    """``LLM(model, **options)`` and the seconds it took; a model or option it refuses is a usage error."""
+def load_engine(engine: EngineConfig, command: str) -> tuple[Any, float]:
+    """``LLM`` of ``engine`` (generating) and the seconds it took; a model or option it refuses is a usage error."""
+    import dataclasses
     import time
 
     from llmp.api import LLMPError
     from llmp.llm import LLM
 
-    print(f"llmp bench {command}: loading {settings.model or 'the default model'}", file=sys.stderr)
+    print(f"llmp bench {command}: loading {engine.model or 'the default model'}", file=sys.stderr)
     start = time.perf_counter()
     try:
-        llm = LLM(settings.model, **engine_options(settings))
+        llm = LLM(engine.model, **dataclasses.replace(engine, task="generate").keywords())
     except (LLMPError, ValueError, OSError) as exc:
         raise usage_error(f"cannot load the engine: {exc}") from None
     return llm, time.perf_counter() - start
@@ -328,26 +201,26 @@ def exact(output_len: int) -> Any:
     return SamplingParams(temperature=0.0, max_tokens=output_len, min_tokens=output_len, ignore_eos=True)
 
 
-def run_throughput(settings: BenchThroughputSettings) -> dict[str, Any]:
+def run_throughput(engine: EngineConfig, workload: ThroughputWorkload) -> dict[str, Any]:
     """Warm up, then time one ``generate`` of every request."""
     import contextlib
     import random
     import time
 
     with contextlib.redirect_stdout(sys.stderr):  # stdout carries the report alone
-        llm, load_s = load_engine(settings, "throughput")
+        llm, load_s = load_engine(engine, "throughput")
         try:
-            check_throughput(settings, llm.engine.max_model_len, "the engine's max_model_len")
+            check_throughput(workload, llm.engine.max_model_len, "the engine's max_model_len")
             pool = token_pool(llm)
-            workload = throughput_workload(settings, pool)
+            requests = throughput_workload(workload, engine.seed, pool)
             # Warm-up: prompts of their own (the prefix cache must not hold the timed prompts), as long as the first.
             warm = random_prompts(
-                random.Random(settings.seed + 2), pool, min(WARMUP_PROMPTS, settings.num_prompts), len(workload[0][0])
+                random.Random(engine.seed + 2), pool, min(WARMUP_PROMPTS, workload.num_prompts), len(requests[0][0])
             )
-            llm.generate(warm, exact(min(WARMUP_TOKENS, settings.output_len)), use_tqdm=False)
-            prompts = [{"prompt_token_ids": ids} for ids, _ in workload]
-            params = [exact(out) for _, out in workload]
-            print(f"llmp bench throughput: {len(prompts)} requests ({settings.dataset} dataset)", file=sys.stderr)
+            llm.generate(warm, exact(min(WARMUP_TOKENS, workload.output_len)), use_tqdm=False)
+            prompts = [{"prompt_token_ids": ids} for ids, _ in requests]
+            params = [exact(out) for _, out in requests]
+            print(f"llmp bench throughput: {len(prompts)} requests ({workload.dataset} dataset)", file=sys.stderr)
             start = time.perf_counter()
             outputs = llm.generate(prompts, params, use_tqdm=False)
             elapsed = time.perf_counter() - start
@@ -358,11 +231,11 @@ def run_throughput(settings: BenchThroughputSettings) -> dict[str, Any]:
     output_tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
     report: dict[str, Any] = {
         **facts,
-        "dataset": settings.dataset,
-        "num_prompts": settings.num_prompts,
-        "input_len": settings.input_len,
-        "output_len": settings.output_len,
-        "seed": settings.seed,
+        "dataset": workload.dataset,
+        "num_prompts": workload.num_prompts,
+        "input_len": workload.input_len,
+        "output_len": workload.output_len,
+        "seed": engine.seed,
         "elapsed_s": elapsed,
         "num_requests": len(outputs),
         "total_prompt_tokens": prompt_tokens,
@@ -377,50 +250,48 @@ def run_throughput(settings: BenchThroughputSettings) -> dict[str, Any]:
         "requests_per_second": len(outputs) / elapsed,
         "tokens_per_second": (prompt_tokens + output_tokens) / elapsed,
     }
-    if settings.dataset == "mixed":
-        report["min_input_len"], report["min_output_len"] = mixed_bounds(settings)
-    if settings.dataset == "prefix":
-        report["prefix_len"] = settings.prefix_len
+    if workload.dataset == "mixed":
+        report["min_input_len"], report["min_output_len"] = mixed_bounds(workload)
+    if workload.dataset == "prefix":
+        report["prefix_len"] = workload.prefix_len
     return report
 
 
-def run_latency(settings: BenchLatencySettings) -> dict[str, Any]:
+def run_latency(engine: EngineConfig, workload: LatencyWorkload) -> dict[str, Any]:
     """Per iteration: the batch's prefill alone (one output token), then the whole batch, each timed."""
     import contextlib
     import random
     import statistics
     import time
 
-    from llmp.cli.bench_cmd import percentile
-
     with contextlib.redirect_stdout(sys.stderr):
-        llm, load_s = load_engine(settings, "latency")
+        llm, load_s = load_engine(engine, "latency")
         try:
-            check_latency(settings, llm.engine.max_model_len, "the engine's max_model_len")
+            check_latency(workload, llm.engine.max_model_len, "the engine's max_model_len")
             pool = token_pool(llm)
-            rng = random.Random(settings.seed)
-            prefill_params, full_params = exact(1), exact(settings.output_len)
+            rng = random.Random(engine.seed)
+            prefill_params, full_params = exact(1), exact(workload.output_len)
 
             def timed(params: Any) -> float:
                 # fresh prompts every time: a batch seen before would come back from the prefix cache
-                prompts = random_prompts(rng, pool, settings.batch_size, settings.input_len)
+                prompts = random_prompts(rng, pool, workload.batch_size, workload.input_len)
                 start = time.perf_counter()
                 outputs = llm.generate(prompts, params, use_tqdm=False)
                 seconds = time.perf_counter() - start
                 produced = [len(c.token_ids) for o in outputs for c in o.outputs]
-                if produced != [params.max_tokens] * settings.batch_size:
+                if produced != [params.max_tokens] * workload.batch_size:
                     raise RuntimeError(f"the engine produced {produced} tokens, not {params.max_tokens} each")
                 return seconds
 
-            for _ in range(settings.num_iters_warmup):
+            for _ in range(workload.num_iters_warmup):
                 timed(prefill_params)
                 timed(full_params)
             print(
-                f"llmp bench latency: {settings.num_iters} iterations of a batch of {settings.batch_size}",
+                f"llmp bench latency: {workload.num_iters} iterations of a batch of {workload.batch_size}",
                 file=sys.stderr,
             )
             prefills, latencies = [], []
-            for _ in range(settings.num_iters):
+            for _ in range(workload.num_iters):
                 prefills.append(timed(prefill_params))
                 latencies.append(timed(full_params))
             facts = engine_facts(llm, load_s)
@@ -429,16 +300,16 @@ def run_latency(settings: BenchLatencySettings) -> dict[str, Any]:
     avg_latency = statistics.fmean(latencies)
     avg_prefill = statistics.fmean(prefills)
     decode_s = avg_latency - avg_prefill
-    decode_tokens = settings.batch_size * (settings.output_len - 1)
-    timed_decode = settings.output_len > 1 and decode_s > 0  # else no decode step, or noise hid it
+    decode_tokens = workload.batch_size * (workload.output_len - 1)
+    timed_decode = workload.output_len > 1 and decode_s > 0  # else no decode step, or noise hid it
     return {
         **facts,
-        "batch_size": settings.batch_size,
-        "input_len": settings.input_len,
-        "output_len": settings.output_len,
-        "num_iters_warmup": settings.num_iters_warmup,
-        "num_iters": settings.num_iters,
-        "seed": settings.seed,
+        "batch_size": workload.batch_size,
+        "input_len": workload.input_len,
+        "output_len": workload.output_len,
+        "num_iters_warmup": workload.num_iters_warmup,
+        "num_iters": workload.num_iters,
+        "seed": engine.seed,
         "avg_latency_s": avg_latency,
         "avg_latency": avg_latency,  # vLLM's name
         "latencies": latencies,
@@ -446,7 +317,7 @@ def run_latency(settings: BenchLatencySettings) -> dict[str, Any]:
         "avg_prefill_s": avg_prefill,
         "prefill_latencies": prefills,
         "decode_tokens_per_s": decode_tokens / decode_s if timed_decode else None,
-        "per_token_latency_ms": decode_s / (settings.output_len - 1) * 1000 if timed_decode else None,
+        "per_token_latency_ms": decode_s / (workload.output_len - 1) * 1000 if timed_decode else None,
     }
 
 

@@ -8,87 +8,59 @@ inside functions: this module is imported whenever the CLI lists commands.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import typer
-from pydantic import Field
 
-from llmp.cli import ConfigOption
+from llmp.cli.options import options_command
 from llmp.cli.sse import ServerError, api_key_or_env, chunk_text, first_model, stream_chunks
-from llmp.config import CommandSettings, load_settings
+from llmp.options import option
 
-DEFAULT_URL = "http://127.0.0.1:8000/v1"
 EXIT_WORDS = {"exit", "quit"}
 
 
-class ClientSettings(CommandSettings):
-    url: str = DEFAULT_URL
-    model_name: str | None = None
-    api_key: str | None = None
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0)
-    quick: str | None = None
+@dataclass(frozen=True, kw_only=True)
+class ClientOptions:
+    """The server to talk to and the sampling options of both clients."""
+
+    url: str = option("http://127.0.0.1:8000/v1", "Base URL of the OpenAI-compatible API.")
+    model_name: str | None = option(None, "Model to ask (default: the first id of GET URL/models).")
+    api_key: str | None = option(None, "Sent as 'Authorization: Bearer KEY' (default: $OPENAI_API_KEY).")
+    max_tokens: int | None = option(None, "Most tokens per reply (default: the server's).", ge=1)
+    temperature: float | None = option(None, "Sampling temperature (default: the server's).", ge=0)
 
 
-class ChatSettings(ClientSettings):
-    system_prompt: str | None = None
+@dataclass(frozen=True, kw_only=True)
+class ChatOptions:
+    system_prompt: str | None = option(None, "A system message opening the chat.")
+    quick: str | None = option(None, "Send one message, print the reply and exit.", short="-q", metavar="MSG")
 
 
-class CompleteSettings(ClientSettings):
-    pass
+@dataclass(frozen=True, kw_only=True)
+class CompleteOptions:
+    quick: str | None = option(
+        None, "Complete one prompt, print the completion and exit.", short="-q", metavar="PROMPT"
+    )
 
 
-# Options shared by both commands (typer reads them from each function's defaults).
-UrlOption: Any = typer.Option(DEFAULT_URL, "--url", help="Base URL of the OpenAI-compatible API.")
-ModelNameOption: Any = typer.Option(
-    None, "--model-name", help="Model to ask (default: the first id of GET URL/models)."
-)
-ApiKeyOption: Any = typer.Option(
-    None, "--api-key", help="Sent as 'Authorization: Bearer KEY' (default: $OPENAI_API_KEY)."
-)
-MaxTokensOption: Any = typer.Option(None, "--max-tokens", help="Most tokens per reply (default: the server's).")
-TemperatureOption: Any = typer.Option(None, "--temperature", help="Sampling temperature (default: the server's).")
-
-
-def chat(
-    ctx: typer.Context,
-    url: str = UrlOption,
-    model_name: str | None = ModelNameOption,
-    api_key: str | None = ApiKeyOption,
-    system_prompt: str | None = typer.Option(None, "--system-prompt", help="A system message opening the chat."),
-    max_tokens: int | None = MaxTokensOption,
-    temperature: float | None = TemperatureOption,
-    quick: str | None = typer.Option(
-        None, "-q", "--quick", metavar="MSG", help="Send one message, print the reply and exit."
-    ),
-    config: Path | None = ConfigOption,
-) -> None:
+@options_command
+def chat(client: ClientOptions, session: ChatOptions) -> None:
     """Chat with a model on an OpenAI-compatible server; one line of stdin per turn, until EOF or 'exit'."""
-    _run(load_settings(ChatSettings, ctx), chat=True)
+    _run(client, session.quick, session.system_prompt, chat=True)
 
 
-def complete(
-    ctx: typer.Context,
-    url: str = UrlOption,
-    model_name: str | None = ModelNameOption,
-    api_key: str | None = ApiKeyOption,
-    max_tokens: int | None = MaxTokensOption,
-    temperature: float | None = TemperatureOption,
-    quick: str | None = typer.Option(
-        None, "-q", "--quick", metavar="PROMPT", help="Complete one prompt, print the completion and exit."
-    ),
-    config: Path | None = ConfigOption,
-) -> None:
+@options_command
+def complete(client: ClientOptions, session: CompleteOptions) -> None:
     """Complete prompts with a model on an OpenAI-compatible server; one line of stdin per prompt."""
-    _run(load_settings(CompleteSettings, ctx), chat=False)
+    _run(client, session.quick, None, chat=False)
 
 
-def _run(settings: ClientSettings, chat: bool) -> None:
+def _run(options: ClientOptions, quick: str | None, system_prompt: str | None, chat: bool) -> None:
     import asyncio
 
     try:
-        asyncio.run(_session(settings, chat))
+        asyncio.run(_session(options, quick, system_prompt, chat))
     except ServerError as exc:
         print(f"llmp: error: {exc}", file=sys.stderr)
         raise typer.Exit(1) from None
@@ -97,17 +69,17 @@ def _run(settings: ClientSettings, chat: bool) -> None:
         raise typer.Exit(130) from None
 
 
-async def _session(settings: ClientSettings, chat: bool) -> None:
+async def _session(options: ClientOptions, quick: str | None, system_prompt: str | None, chat: bool) -> None:
     import httpx
 
-    url = settings.url.rstrip("/")
-    api_key = api_key_or_env(settings.api_key)
+    url = options.url.rstrip("/")
+    api_key = api_key_or_env(options.api_key)
     # Replies may take minutes to finish, but each chunk should come within the read timeout.
     async with httpx.AsyncClient(timeout=httpx.Timeout(300.0, connect=10.0)) as client:
-        model = settings.model_name or await first_model(client, f"{url}/models", api_key)
-        conversation = _Conversation(client, url, model, api_key, settings, chat)
-        if settings.quick is not None:
-            await conversation.send(settings.quick)
+        model = options.model_name or await first_model(client, f"{url}/models", api_key)
+        conversation = _Conversation(client, url, model, api_key, options, system_prompt, chat)
+        if quick is not None:
+            await conversation.send(quick)
         else:
             await _repl(conversation)
 
@@ -141,12 +113,18 @@ class _Conversation:
     """Sends turns and streams replies; for chat it keeps the history so later turns see earlier ones."""
 
     def __init__(
-        self, client: Any, url: str, model: str, api_key: str | None, settings: ClientSettings, chat: bool
+        self,
+        client: Any,
+        url: str,
+        model: str,
+        api_key: str | None,
+        options: ClientOptions,
+        system_prompt: str | None,
+        chat: bool,
     ) -> None:
-        self.client, self.model, self.api_key, self.settings, self.chat = client, model, api_key, settings, chat
+        self.client, self.model, self.api_key, self.options, self.chat = client, model, api_key, options, chat
         self.endpoint = f"{url}/chat/completions" if chat else f"{url}/completions"
-        system = getattr(settings, "system_prompt", None)
-        self.history: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
+        self.history: list[dict[str, str]] = [{"role": "system", "content": system_prompt}] if system_prompt else []
 
     async def send(self, text: str) -> str:
         if self.chat:
@@ -160,10 +138,10 @@ class _Conversation:
 
     async def _stream(self, body: dict[str, Any]) -> str:
         payload = {"model": self.model, "stream": True, **body}
-        if self.settings.max_tokens is not None:
-            payload["max_tokens"] = self.settings.max_tokens
-        if self.settings.temperature is not None:
-            payload["temperature"] = self.settings.temperature
+        if self.options.max_tokens is not None:
+            payload["max_tokens"] = self.options.max_tokens
+        if self.options.temperature is not None:
+            payload["temperature"] = self.options.temperature
         parts: list[str] = []
         try:
             async for chunk in stream_chunks(self.client, self.endpoint, payload, self.api_key):

@@ -7,6 +7,7 @@ import json
 import os
 import platform
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,14 +15,15 @@ import typer
 
 from llmp import __version__, plugins
 from llmp.api import API_VERSION
-from llmp.cli import ConfigOption
-from llmp.config import CommandSettings, load_settings
+from llmp.cli.options import options_command
+from llmp.options import option
 
 LIBRARIES = ("torch", "transformers", "triton", "tokenizers", "safetensors", "numpy", "pluggy", "stevedore")
 
 
-class CollectEnvSettings(CommandSettings):
-    json_output: bool = False
+@dataclass(frozen=True, kw_only=True)
+class CollectEnvOptions:
+    json_output: bool = option(False, "Print JSON.", flag="--json/--no-json")
 
 
 def _version(distribution: str) -> str | None:
@@ -85,13 +87,9 @@ def environment_report() -> dict[str, Any]:
     }
 
 
-def collect_env(
-    ctx: typer.Context,
-    json_output: bool = typer.Option(False, "--json/--no-json", help="Print JSON."),
-    config: Path | None = ConfigOption,
-) -> None:
+@options_command
+def collect_env(settings: CollectEnvOptions) -> None:
     """Report llmp, Python and library versions, CPU/GPU, memory and installed plugins."""
-    settings = load_settings(CollectEnvSettings, ctx)
     report = environment_report()
     if settings.json_output:
         typer.echo(json.dumps(report, indent=2))

@@ -7,26 +7,29 @@ triton stay out of the process.
 from __future__ import annotations
 
 import json
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import typer
 
 from llmp import plugins, registry
 from llmp.api import KINDS
-from llmp.cli import ConfigOption
-from llmp.config import CommandSettings, load_settings
+from llmp.cli.options import options_command
+from llmp.options import option
 
 app = typer.Typer(help="List and inspect plugins.", no_args_is_help=True)
 
 
-class PluginsListSettings(CommandSettings):
-    json_output: bool = False
-    kind: str | None = None
+@dataclass(frozen=True, kw_only=True)
+class PluginsListOptions:
+    json_output: bool = option(False, "Print JSON instead of a table.", flag="--json/--no-json")
+    kind: str | None = option(None, f"Only plugins providing this kind: {', '.join(KINDS)}.")
 
 
-class PluginsShowSettings(CommandSettings):
-    json_output: bool = False
+@dataclass(frozen=True, kw_only=True)
+class PluginsShowOptions:
+    name: str = option(help="Plugin name, as in `llmp plugins list`.", argument=True)
+    json_output: bool = option(False, "Print JSON.", flag="--json/--no-json")
 
 
 def _details(spec: Any) -> dict[str, Any]:
@@ -86,14 +89,9 @@ def describe_plugins() -> list[dict[str, Any]]:
 
 
 @app.command("list")
-def list_plugins(
-    ctx: typer.Context,
-    json_output: bool = typer.Option(False, "--json/--no-json", help="Print JSON instead of a table."),
-    kind: str | None = typer.Option(None, "--kind", help=f"Only plugins providing this kind: {', '.join(KINDS)}."),
-    config: Path | None = ConfigOption,
-) -> None:
+@options_command
+def list_plugins(settings: PluginsListOptions) -> None:
     """List every plugin, its kinds, components, distribution, version and status."""
-    settings = load_settings(PluginsListSettings, ctx)
     if settings.kind is not None and settings.kind not in KINDS:
         raise typer.BadParameter(f"unknown kind {settings.kind!r}; kinds are: {', '.join(KINDS)}", param_hint="--kind")
     rows = describe_plugins()
@@ -121,19 +119,14 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
 
 
 @app.command("show")
-def show_plugin(
-    ctx: typer.Context,
-    name: str = typer.Argument(..., help="Plugin name, as in `llmp plugins list`."),
-    json_output: bool = typer.Option(False, "--json/--no-json", help="Print JSON."),
-    config: Path | None = ConfigOption,
-) -> None:
+@options_command
+def show_plugin(settings: PluginsShowOptions) -> None:
     """Show one plugin: hooks, components, module path and, if broken, its error and traceback."""
-    settings = load_settings(PluginsShowSettings, ctx)
     rows = {r["name"]: r for r in describe_plugins()}
-    if name not in rows:
+    if settings.name not in rows:
         known = ", ".join(sorted(rows)) or "none"
-        raise typer.BadParameter(f"no plugin named {name!r}; plugins: {known}", param_hint="NAME")
-    row = rows[name]
+        raise typer.BadParameter(f"no plugin named {settings.name!r}; plugins: {known}", param_hint="NAME")
+    row = rows[settings.name]
     if settings.json_output:
         typer.echo(json.dumps(row, indent=2))
         return

@@ -18,11 +18,11 @@ from typing import Any
 import msgspec
 import zmq
 
-from llmp.api import LLMPError
+from llmp.api import LLMPError, RequestValidationError, ResolvedModel
 from llmp.engine import protocol as msg
 from llmp.engine.config import EngineConfig
 from llmp.outputs import RequestOutput
-from llmp.sampling_params import StructuredOutputsParams
+from llmp.sampling_params import SamplingParamsError, StructuredOutputsParams
 
 log = logging.getLogger("llmp.engine")
 IDLE_POLL_MS = 500
@@ -30,9 +30,15 @@ IDLE_POLL_MS = 500
 
 class EngineCoreLoop:
     def __init__(
-        self, config: EngineConfig, input_address: str, output_address: str, context: zmq.Context | None = None
+        self,
+        config: EngineConfig,
+        model: ResolvedModel,
+        input_address: str,
+        output_address: str,
+        context: zmq.Context | None = None,
     ) -> None:
         self.config = config
+        self.model = model
         self.context = context or zmq.Context()
         self.input = self.context.socket(zmq.PULL)
         self.input.connect(input_address)
@@ -48,7 +54,7 @@ class EngineCoreLoop:
         from llmp.engine.llm_engine import LLMEngine
 
         try:
-            self.engine = LLMEngine(self.config)
+            self.engine = LLMEngine(self.config, self.model)
         except Exception as exc:
             self.send(msg.EngineFailed(f"the engine failed to start: {type(exc).__name__}: {exc}"))
             raise SystemExit(1) from None  # reported to the client, which prints it once: no traceback here
@@ -57,7 +63,7 @@ class EngineCoreLoop:
                 {
                     **self.engine.info.options,
                     "model": self.engine.info.model,
-                    "model_dir": str(self.engine.model_dir),
+                    "model_dir": str(self.model.model_dir),
                     "kernels": self.engine.info.kernels,
                 }
             )
@@ -93,11 +99,7 @@ class EngineCoreLoop:
 
     def _handle(self, message: Any) -> None:
         if isinstance(message, msg.AddRequest):
-            prompt = (
-                {"prompt_token_ids": message.prompt_token_ids, "prompt": message.prompt}
-                if message.prompt_token_ids is not None
-                else message.prompt
-            )
+            prompt = message.prompt
             try:
                 if message.pooling is not None:
                     self.engine.add_request(
@@ -106,7 +108,8 @@ class EngineCoreLoop:
                 else:
                     self.engine.add_request(message.request_id, prompt, message.params, message.priority, message.delta)
             except (ValueError, TypeError, LLMPError) as exc:
-                self.send(msg.RequestFailed(message.request_id, _error_type(exc), str(exc)))
+                field = exc.field if isinstance(exc, RequestValidationError) else None
+                self.send(msg.RequestFailed(message.request_id, _error_type(exc), str(exc), field))
             except Exception as exc:  # an input nobody foresaw fails its request, never the engine
                 log.error("request %s was refused:\n%s", message.request_id, traceback.format_exc())
                 self.engine.abort_request([message.request_id])
@@ -168,21 +171,26 @@ def engine_stats(engine: Any) -> dict[str, Any]:
 
 
 def _error_type(exc: BaseException) -> str:
-    for kind in (ValueError, TypeError):
+    for kind in (SamplingParamsError, RequestValidationError, ValueError, TypeError):
         if isinstance(exc, kind):
             return kind.__name__
     return "LLMPError"
 
 
-def engine_process_main(config: EngineConfig, input_address: str, output_address: str, parent_pid: int) -> None:
+def engine_process_main(
+    config: EngineConfig, model: ResolvedModel, input_address: str, output_address: str, parent_pid: int
+) -> None:
     """Entry point of the engine process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the front-end, which shuts us down
     signal.signal(signal.SIGTERM, _exit_cleanly)  # unwinds through engine.shutdown(), which stops the workers
     threading.Thread(target=exit_with_parent, args=(parent_pid,), daemon=True).start()
+    from llmp.engine.process_settings import apply_engine_process_settings
+
+    apply_engine_process_settings()  # before a plugin or the engine loads torch
     from llmp import plugins
 
     plugins.load_plugins()
-    loop = EngineCoreLoop(config, input_address, output_address)
+    loop = EngineCoreLoop(config, model, input_address, output_address)
     try:
         loop.run()
     finally:
@@ -199,8 +207,8 @@ def _main() -> None:
     import pickle
     import sys
 
-    config, input_address, output_address, parent_pid = pickle.load(sys.stdin.buffer)
-    engine_process_main(config, input_address, output_address, parent_pid)
+    config, model, input_address, output_address, parent_pid = pickle.load(sys.stdin.buffer)
+    engine_process_main(config, model, input_address, output_address, parent_pid)
 
 
 def exit_with_parent(parent_pid: int) -> None:

@@ -7,23 +7,20 @@ only loads the model, holds the KV cache and runs forward passes.
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
+from llmp.api import ResolvedModel
 from llmp.engine.config import EngineConfig
 from llmp.engine.model_runner import ModelRunner, StepInputs, StepLogits
 
 
 class UniprocExecutor:
-    def __init__(self, config: EngineConfig, model_dir: Path, hf_config: Any) -> None:
+    def __init__(self, config: EngineConfig, model: ResolvedModel) -> None:
         if config.tensor_parallel_size != 1:
             raise ValueError(
                 f"the uniproc executor runs one rank, not {config.tensor_parallel_size}; "
                 "use the mp or ray executor for tensor parallelism"
             )
-        self.runner = ModelRunner(config, model_dir, hf_config)
+        self.runner = ModelRunner(config, model)
         self.kernels_name = self.runner.kernels_spec.name
-        self.dtype = self.runner.dtype
         self.load_seconds = self.runner.load_seconds
 
     def bytes_per_block(self) -> int:

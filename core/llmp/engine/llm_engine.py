@@ -10,70 +10,56 @@ import copy
 import dataclasses
 import json
 import time
-from collections.abc import Mapping, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 from llmp import plugins, registry
-from llmp.api import EngineInfo, FinishedRequestStats, SchedulerStats
+from llmp.api import EngineInfo, FinishedRequestStats, ResolvedModel, SchedulerStats
 from llmp.engine.config import EngineConfig
 from llmp.engine.model_runner import prepare_inputs, sample_step
 from llmp.engine.output_processor import OutputProcessor, RequestState
 from llmp.engine.request import Request, RequestStatus
-from llmp.engine.sampler import Sampler
-from llmp.engine.scheduler import SchedulerConfig
-from llmp.inputs import PromptType  # noqa: F401  (re-exported)
+from llmp.engine.sampler import Sampler, bad_words_token_ids
+from llmp.engine.scheduler import SchedulerConfig, check_priority
+from llmp.engine.stat_loggers import StatLoggers
+from llmp.inputs import Prompt, PromptType, as_prompt
 from llmp.outputs import EmbeddingOutput, PoolingRequestOutput, RequestOutput
 from llmp.pooling_params import PoolingParams
-from llmp.sampling_params import SamplingParams, StructuredOutputsParams
-
-
-def resolve_task(requested: str, model_spec: Any, model_dir: Any) -> str:
-    """``generate`` or ``embed``: what the engine does with the model.
-
-    ``auto`` embeds with models that only embed and with causal LMs shipped as
-    sentence-transformers models (Qwen3-Embedding); otherwise it generates.
-    """
-    from llmp.modeling.pooling import has_sentence_transformers_config
-
-    tasks = getattr(model_spec, "tasks", ("generate",))
-    if requested == "auto":
-        return "embed" if "generate" not in tasks or has_sentence_transformers_config(model_dir) else "generate"
-    if requested == "generate" and "generate" not in tasks:
-        raise ValueError(f"the {model_spec.name} model produces embeddings; it cannot generate text (task='generate')")
-    return requested
+from llmp.sampling_params import SamplingParams, StructuredOutputsParams, resolve_max_tokens
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, stat_loggers: Sequence[Any] = ()) -> None:
+    """The engine of one model. ``model`` is resolved by the caller
+    (``llmp.model_files.resolve.resolve_model(config)``), once."""
+
+    def __init__(self, config: EngineConfig, model: ResolvedModel) -> None:
         import torch
 
-        from llmp.modeling.files import load_tokenizer, resolve_model
-        from llmp.modeling.model_config import load_model_config
+        from llmp.model_files.tokenizer import load_tokenizer
 
         self.config = config
+        self.model = model
         started = time.perf_counter()
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         self.pm = plugins.load_plugins()
-        model_dir = resolve_model(config.model)
-        self.model_dir = model_dir
-        model_spec, self.hf_config = load_model_config(model_dir, config.model_impl)
-        self.tokenizer = load_tokenizer(config.tokenizer or model_dir)
-        self.task = resolve_task(config.task, model_spec, model_dir)
+        self.tokenizer = load_tokenizer(model.tokenizer)
+        self.task = model.task
         if self.task == "embed":
             from llmp.modeling.pooling import Pooler, as_pooling_model
 
-            model_cls = as_pooling_model(model_spec.load(), "embed")
+            model_cls = as_pooling_model(model.spec.load(), "embed")
             pooler = Pooler.from_model_dir(
-                model_dir, getattr(model_cls, "default_pooling", "cls"), getattr(model_cls, "default_normalize", False)
+                model.model_dir,
+                getattr(model_cls, "default_pooling", "cls"),
+                getattr(model_cls, "default_normalize", False),
             )
             # each embedding is computed whole in one step: no prefix reuse, no chunks
-            config = dataclasses.replace(config, enable_prefix_caching=False, task="embed")
+            config = dataclasses.replace(config, enable_prefix_caching=False)
             self.config = config
             self.default_normalize = pooler.normalize
         executor_cls = registry.load_component("executor", config.executor)
-        self.executor = executor_cls(config, model_dir, self.hf_config)
+        self.executor = executor_cls(config, model)
         num_blocks = self._num_kv_blocks()
         self.max_model_len = self._max_model_len(num_blocks)
         self.executor.allocate_kv_cache(num_blocks)
@@ -81,13 +67,7 @@ class LLMEngine:
         self.kv_manager = registry.load_component("kv_manager", config.kv_manager)(
             num_blocks, config.block_size, config.enable_prefix_caching
         )
-        scheduler_config = SchedulerConfig(
-            max_num_seqs=config.max_num_seqs,
-            max_num_batched_tokens=max(config.max_num_batched_tokens, 1),
-            max_model_len=self.max_model_len,
-            enable_chunked_prefill=config.enable_chunked_prefill,
-            policy=config.scheduling_policy,
-        )
+        scheduler_config = SchedulerConfig.from_engine_config(config, self.max_model_len)
         if not config.enable_chunked_prefill and config.max_num_batched_tokens < self.max_model_len:
             raise ValueError(
                 f"without chunked prefill, max_num_batched_tokens ({config.max_num_batched_tokens}) "
@@ -95,15 +75,14 @@ class LLMEngine:
             )
         self.scheduler = registry.load_component("scheduler", config.scheduler)(scheduler_config, self.kv_manager)
         self.eos_token_ids = self._eos_token_ids()
-        self.vocab_size = self.hf_config.vocab_size
+        self.vocab_size = model.config.vocab_size
         self.outputs = OutputProcessor(self.tokenizer)
         self._grammars: Any = None  # structured_output.GrammarCompiler, made on the first constrained request
         self.pooling: dict[str, tuple[str | None, Request]] = {}  # embedding requests in flight
-        self.stat_loggers = list(stat_loggers)
         self.num_steps = 0
         self.startup_seconds = time.perf_counter() - started
         self.info = EngineInfo(
-            model=str(config.model or model_dir),
+            model=model.name,
             executor=config.executor,
             kernels=self.executor.kernels_name,
             scheduler=config.scheduler,
@@ -112,12 +91,13 @@ class LLMEngine:
             options={
                 "max_model_len": self.max_model_len,
                 "num_kv_blocks": num_blocks,
-                "dtype": str(self.executor.dtype),
+                "dtype": model.dtype,
                 "tensor_parallel_size": config.tensor_parallel_size,
                 "task": self.task,
                 "vocab_size": self.vocab_size,
             },
         )
+        self.stat_loggers = StatLoggers(self.info)
         self.pm.hook.llmp_engine_started(info=self.info)
         self._stopped = False
 
@@ -126,7 +106,7 @@ class LLMEngine:
     def _num_kv_blocks(self) -> int:
         if self.config.num_kv_blocks is not None:
             return self.config.num_kv_blocks
-        context = self.config.max_model_len or getattr(self.hf_config, "max_position_embeddings", 4096)
+        context = self.config.max_model_len or self.model.context_len
         enough = -(-context * self.config.max_num_seqs // self.config.block_size)  # every sequence at full length
         per_block = self.executor.bytes_per_block()
         if per_block == 0:  # a model without a KV cache (an encoder): blocks only count tokens
@@ -141,7 +121,7 @@ class LLMEngine:
         return int(min(blocks, enough))
 
     def _max_model_len(self, num_blocks: int) -> int:
-        model_len = getattr(self.hf_config, "max_position_embeddings", None) or 4096
+        model_len = self.model.context_len
         pool = num_blocks * self.config.block_size
         if self.config.max_model_len is not None:
             if self.config.max_model_len > model_len:
@@ -159,10 +139,10 @@ class LLMEngine:
 
     def _eos_token_ids(self) -> frozenset[int]:
         # the union of the config's, the tokenizer's and generation_config.json's end tokens
-        sources = [getattr(self.hf_config, "eos_token_id", None), getattr(self.tokenizer, "eos_token_id", None)]
+        sources = [getattr(self.model.config, "eos_token_id", None), getattr(self.tokenizer, "eos_token_id", None)]
         try:
             sources.append(
-                json.loads((Path(self.model_dir) / "generation_config.json").read_text()).get("eos_token_id")
+                json.loads((self.model.model_dir / "generation_config.json").read_text()).get("eos_token_id")
             )
         except (OSError, ValueError, AttributeError):  # none, unreadable, or not an object
             pass
@@ -173,16 +153,11 @@ class LLMEngine:
 
     # -- requests ----------------------------------------------------------
 
-    def tokenize_prompt(self, prompt: PromptType) -> tuple[str | None, list[int]]:
-        if isinstance(prompt, str):
-            return prompt, self.tokenizer.encode(prompt)
-        if isinstance(prompt, Mapping) and "prompt_token_ids" in prompt:
-            return prompt.get("prompt"), list(prompt["prompt_token_ids"])
-        if isinstance(prompt, Mapping) and "prompt" in prompt:
-            return prompt["prompt"], self.tokenizer.encode(prompt["prompt"])
-        raise TypeError(
-            f"a prompt is a string or a dict with 'prompt' or 'prompt_token_ids', got {type(prompt).__name__}"
-        )
+    def tokenize_prompt(self, prompt: Prompt) -> list[int]:
+        """The prompt's token ids: as given, else its text tokenized."""
+        if prompt.token_ids is not None:
+            return prompt.token_ids
+        return self.tokenizer.encode(prompt.text, add_special_tokens=prompt.add_special_tokens)
 
     def add_request(
         self,
@@ -195,17 +170,23 @@ class LLMEngine:
     ) -> None:
         """Queue a request. ``delta=True``: its outputs carry only what is new since the last one.
         With ``pooling_params`` (embedding models only) it is an embedding request."""
+        prompt = as_prompt(prompt)
         if request_id in self.outputs.states or request_id in self.pooling:
             raise ValueError(f"request id {request_id!r} is already in use")
+        check_priority(priority, self.config.scheduling_policy)
         if self.task == "embed" or pooling_params is not None:
             self._add_pooling_request(request_id, prompt, params, priority, pooling_params)
             return
         params = params or SamplingParams()
-        text, token_ids = self.tokenize_prompt(prompt)
+        token_ids = self.tokenize_prompt(prompt)
         self._validate_prompt(token_ids, params)
-        max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len - len(token_ids)
+        # the rest of the context (the one max_tokens=None rule; a prompt leaving no room is a SamplingParamsError).
+        # An explicit max_tokens past it is no error offline: the request ends at the context ("length"), as in vLLM.
+        room = resolve_max_tokens(None, len(token_ids), self.max_model_len)
+        max_tokens = params.max_tokens if params.max_tokens is not None else room
         compiled = self._compile_grammar(params.structured_outputs)
-        state = RequestState(request_id, text, token_ids, params, delta=delta)
+        bad_words = bad_words_token_ids(params.bad_words, self.tokenizer, self.vocab_size) if params.bad_words else []
+        state = RequestState(request_id, prompt.text, token_ids, params, delta=delta)
         requests = []
         for index in range(params.n):
             child_params = params
@@ -220,6 +201,7 @@ class LLMEngine:
                 eos_token_ids=self.eos_token_ids,
                 priority=priority,
                 max_tokens=max_tokens,
+                bad_words_token_ids=bad_words,
             )
             if compiled is not None:
                 request.grammar = self._grammars.state(compiled, params.structured_outputs.after_token_ids)
@@ -244,25 +226,23 @@ class LLMEngine:
     def _add_pooling_request(
         self,
         request_id: str,
-        prompt: PromptType,
+        prompt: Prompt,
         params: SamplingParams | None,
         priority: int,
         pooling_params: PoolingParams | None,
     ) -> None:
-        model = self.info.model if hasattr(self, "info") else self.model_dir
+        model = self.model.name
         if self.task != "embed":
             raise ValueError(f"the model {model} generates text; it does not produce embeddings")
         if params is not None:
             raise ValueError(f"the model {model} produces embeddings; it cannot generate text")
         pooling_params = pooling_params or PoolingParams()
-        text, token_ids = self.tokenize_prompt(prompt)
-        if not token_ids:
-            raise ValueError("the prompt is empty: it must hold at least one token")
-        limit = min(self.max_model_len, self.config.max_num_batched_tokens)
+        token_ids = self.tokenize_prompt(prompt)
+        self._validate_prompt(token_ids, SamplingParams())
+        limit = min(self.max_model_len, self.config.max_num_batched_tokens)  # computed whole, in one step
         if len(token_ids) > limit:
             raise ValueError(f"the input is {len(token_ids)} tokens long; this embedding model takes at most {limit}")
-        self._validate_prompt(token_ids, SamplingParams(), allow_full=True)
-        hidden = self.hf_config.hidden_size
+        hidden = self.model.config.hidden_size
         if pooling_params.dimensions is not None and pooling_params.dimensions > hidden:
             raise ValueError(f"dimensions {pooling_params.dimensions} exceeds the model's embedding size {hidden}")
         request = Request(
@@ -273,17 +253,12 @@ class LLMEngine:
             max_tokens=1,
             pooling_params=pooling_params,
         )
-        self.pooling[request_id] = (text, request)
+        self.pooling[request_id] = (prompt.text, request)
         self.scheduler.add_request(request)
 
-    def _validate_prompt(self, token_ids: list[int], params: SamplingParams, allow_full: bool = False) -> None:
+    def _validate_prompt(self, token_ids: list[int], params: SamplingParams) -> None:
         if not token_ids:
             raise ValueError("the prompt is empty: it must hold at least one token")
-        if len(token_ids) > self.max_model_len or (len(token_ids) == self.max_model_len and not allow_full):
-            raise ValueError(
-                f"the prompt is {len(token_ids)} tokens long, but max_model_len is {self.max_model_len}: "
-                "it must be shorter, to leave room for at least one generated token"
-            )
         bad = next((t for t in token_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size), None)
         if bad is not None:
             raise ValueError(f"prompt token id {bad!r} is out of range [0, {self.vocab_size})")
@@ -326,7 +301,10 @@ class LLMEngine:
         step_logits = self.executor.execute_model(inputs)
         if step_logits.pooled is not None:
             self.num_steps += 1
-            return self._finish_pooling(scheduled, step_logits.pooled)
+            pooled = self._finish_pooling(scheduled, step_logits.pooled)
+            if self.stat_loggers:
+                self._log_pooling_stats(scheduled)
+            return pooled
         result = sample_step(self.sampler, scheduled, step_logits, prompt_targets)
         self.num_steps += 1
         self.scheduler.update_from_output(scheduled, result.sampled)
@@ -378,8 +356,8 @@ class LLMEngine:
             )
         return outputs
 
-    def _log_stats(self, outputs: list[RequestOutput], states: dict[str, RequestState]) -> None:
-        stats = SchedulerStats(
+    def _scheduler_stats(self) -> SchedulerStats:
+        return SchedulerStats(
             num_running=self.scheduler.num_running,
             num_waiting=self.scheduler.num_waiting,
             kv_cache_usage=self.kv_manager.usage,
@@ -387,9 +365,28 @@ class LLMEngine:
             prefix_cache_hits=self.kv_manager.prefix_cache_hits,
             num_preemptions=self.scheduler.num_preemptions,
         )
+
+    def _log_pooling_stats(self, scheduled: Any) -> None:
+        self.stat_loggers.record_step(self._scheduler_stats())
         now = time.monotonic()
-        for logger in self.stat_loggers:
-            logger.record_step(stats)
+        for item in scheduled.scheduled:  # an embedding finishes in the step that computes it
+            request = item.request
+            self.stat_loggers.record_finished(
+                FinishedRequestStats(
+                    request_id=request.request_id,
+                    finish_reason=request.status.finish_reason,
+                    num_prompt_tokens=request.num_prompt_tokens,
+                    num_generation_tokens=0,
+                    num_cached_tokens=max(request.num_cached_tokens, 0),
+                    queued_seconds=(request.first_scheduled_time or now) - request.arrival_time,
+                    time_to_first_token_seconds=None,
+                    end_to_end_seconds=now - request.arrival_time,
+                )
+            )
+
+    def _log_stats(self, outputs: list[RequestOutput], states: dict[str, RequestState]) -> None:
+        self.stat_loggers.record_step(self._scheduler_stats())
+        now = time.monotonic()
         for output in outputs:
             if not output.finished:
                 continue
@@ -407,8 +404,7 @@ class LLMEngine:
                 else None,
                 end_to_end_seconds=now - state.arrival_time,
             )
-            for logger in self.stat_loggers:
-                logger.record_finished(record)
+            self.stat_loggers.record_finished(record)
 
     def shutdown(self) -> None:
         if not self._stopped:

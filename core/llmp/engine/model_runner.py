@@ -9,20 +9,19 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from llmp import registry
-from llmp.api import AttentionMetadata, PacksLinear
+from llmp.api import AttentionMetadata, PacksLinear, ResolvedModel
 from llmp.engine.config import EngineConfig
 from llmp.engine.sampler import Sampler, TokenLogprobs, gather_logprobs
 from llmp.engine.scheduler import SchedulerOutput
-from llmp.modeling.files import iter_weights
+from llmp.model_files.weights import iter_weights
 
-_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 @dataclass(slots=True)
@@ -32,42 +31,22 @@ class ModelRunnerOutput:
     prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)  # request id -> new positions
 
 
-def resolve_dtype(requested: str, hf_config: Any) -> torch.dtype:
-    if requested != "auto":
-        return _DTYPES[requested]
-    configured = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
-    configured = str(configured).removeprefix("torch.") if configured is not None else None
-    return _DTYPES.get(configured, torch.float32 if configured == "float32" else torch.bfloat16)
-
-
-def architectures(hf_config: Any) -> list[str]:
-    """The config's architectures, or the causal LM class transformers maps its model_type to."""
-    names = list(getattr(hf_config, "architectures", None) or [])
-    if not names:
-        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-        fallback = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(getattr(hf_config, "model_type", ""))
-        names = [fallback] if isinstance(fallback, str) else []
-    return names
-
-
 class ModelRunner:
-    def __init__(self, config: EngineConfig, model_dir: Path, hf_config: Any) -> None:
+    def __init__(self, config: EngineConfig, resolved: ResolvedModel) -> None:
         self.config = config
         self.device = torch.device(config.device)
-        self.dtype = resolve_dtype(config.dtype, hf_config)
+        self.dtype = TORCH_DTYPES[resolved.dtype]
         started = time.perf_counter()
         self.kernels_spec = registry.select_kernels(config.kernels, self.device.type)
         self.kernels = self.kernels_spec.load()()
-        self.model_spec = registry.select_model(architectures(hf_config), config.model_impl)
         from llmp.modeling.pooling import Pooler, as_pooling_model
 
-        model_cls = as_pooling_model(self.model_spec.load(), config.task)
-        self.model = self._load_model(model_cls, model_dir, hf_config)
+        model_cls = as_pooling_model(resolved.spec.load(), resolved.task)
+        self.model = self._load_model(model_cls, resolved)
         self.pooler = None
         if getattr(self.model, "is_pooling_model", False):
             self.pooler = Pooler.from_model_dir(
-                model_dir,
+                resolved.model_dir,
                 getattr(self.model, "default_pooling", "last"),
                 getattr(self.model, "default_normalize", False),
             )
@@ -75,9 +54,16 @@ class ModelRunner:
         self.block_size = config.block_size
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
 
-    def _load_model(self, model_cls: Any, model_dir: Path, hf_config: Any) -> Any:
+    def _load_model(self, model_cls: Any, resolved: ResolvedModel) -> Any:
+        if resolved.spec.model_impl == "native":
+            hf_config = resolved.config
+        else:  # transformers' model classes take transformers' own config object
+            from llmp.model_files.config import transformers_config
+
+            hf_config = transformers_config(resolved.model_dir)
         if hasattr(model_cls, "load_pretrained"):  # a model that reads its own files (the transformers fallback)
-            return model_cls.load_pretrained(model_dir, hf_config, self.kernels, self.dtype, self.device).eval()
+            loaded = model_cls.load_pretrained(resolved.model_dir, hf_config, self.kernels, self.dtype, self.device)
+            return loaded.eval()
         with torch.device("meta"):
             model = model_cls(hf_config, self.kernels)
         # what Module.to_empty does, with torch.empty: empty_like of a meta tensor goes through
@@ -85,7 +71,7 @@ class ModelRunner:
         model = model.to(dtype=self.dtype)._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=self.device))
         if hasattr(model, "tie_weights"):
             model.tie_weights()
-        model.load_weights(iter_weights(model_dir))
+        model.load_weights(iter_weights(resolved.model_dir))
         if isinstance(self.kernels, PacksLinear):
             from llmp.modeling.layers import pack_linear_layers
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import msgspec
 
+from llmp.inputs import Prompt
 from llmp.outputs import PoolingRequestOutput, RequestOutput
 from llmp.pooling_params import PoolingParams
 from llmp.sampling_params import SamplingParams
@@ -17,8 +18,7 @@ from llmp.sampling_params import SamplingParams
 
 class AddRequest(msgspec.Struct, tag=True):
     request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int] | None
+    prompt: Prompt
     params: SamplingParams
     priority: int = 0
     delta: bool = True
@@ -48,8 +48,9 @@ class Outputs(msgspec.Struct, tag=True):
 
 class RequestFailed(msgspec.Struct, tag=True):
     request_id: str
-    error_type: str  # ValueError, TypeError or LLMPError: re-raised as that type in the caller
-    message: str
+    error_type: str  # SamplingParamsError, RequestValidationError, ValueError, TypeError or LLMPError
+    message: str  # re-raised in the caller as error_type(message), or error_type(field, message)
+    field: str | None = None  # a RequestValidationError's field
 
 
 class UtilityResult(msgspec.Struct, tag=True):

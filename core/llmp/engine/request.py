@@ -58,6 +58,7 @@ class Request:
     pooling_params: Any = None  # set for an embedding request: computed whole, in one step, then pooled
     generator: Any = None  # torch.Generator of a seeded request, made on its first sample
     grammar: Any = None  # structured_output.GrammarState of a constrained request
+    bad_words_token_ids: list[list[int]] = field(default_factory=list)  # see sampler.bad_words_token_ids
 
     def __post_init__(self) -> None:
         self.all_token_ids: list[int] = list(self.prompt_token_ids)

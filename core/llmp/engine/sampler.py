@@ -1,6 +1,7 @@
 """Turns logits into tokens, applying every sampling parameter in one batched pass.
 
-Order, as in vLLM: the structured-output grammar mask, allowed tokens, logit bias and the ``min_tokens`` ban;
+Order, as in vLLM: the structured-output grammar mask, allowed tokens, bad words, logit bias and the
+``min_tokens`` ban;
 then repetition, frequency and presence penalties (greedy rows included);
 then temperature, min-p, top-k and top-p; then a draw. Logprobs are those of
 the raw model distribution. Only rows that use a feature pay for it.
@@ -9,9 +10,11 @@ the raw model distribution. Only rows that use a feature pay for it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from llmp.api import RequestValidationError
 from llmp.engine.request import Request
 
 
@@ -102,6 +105,7 @@ def _plain_greedy(request: Request) -> bool:
         and params.allowed_token_ids is None
         and not params.logit_bias
         and not _bans_tokens(request)
+        and not request.bad_words_token_ids
         and params.repetition_penalty == 1.0
         and not params.frequency_penalty
         and not params.presence_penalty
@@ -130,6 +134,38 @@ def _bans_tokens(request: Request) -> bool:
     return bool(params.stop_token_ids) or not params.ignore_eos
 
 
+def bad_words_token_ids(bad_words: list[str], tokenizer: Any, vocab_size: int) -> list[list[int]]:
+    """The token sequences ``bad_words`` bans, as vLLM builds them: each word (leading whitespace
+    stripped) as the start of a text, and also after a space when that gives a different first
+    token and the same number of tokens (so the word is banned mid-text too)."""
+    sequences: list[list[int]] = []
+    for word in bad_words:
+        as_start = tokenizer.encode(word.lstrip(), add_special_tokens=False)
+        if not as_start:
+            raise RequestValidationError("bad_words", f"bad word {word!r} has no tokens")
+        sequences.append(as_start)
+        after_space = tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
+        if after_space[0] != as_start[0] and len(after_space) == len(as_start):
+            sequences.append(after_space)
+    bad = sorted({t for ids in sequences for t in ids if not 0 <= t < vocab_size})
+    if bad:
+        raise RequestValidationError(
+            "bad_words",
+            f"The model vocabulary size is {vocab_size}, but the following tokens were specified as bad: {bad}. "
+            f"All token id values should be integers satisfying: 0 <= token_id < {vocab_size}.",
+        )
+    return sequences
+
+
+def _ban_bad_words(row: torch.Tensor, request: Request) -> None:
+    # a sequence's last token is banned when the output ends with the rest of it (vLLM: output tokens only)
+    output = request.output_token_ids
+    for ids in request.bad_words_token_ids:
+        prefix = len(ids) - 1
+        if prefix <= len(output) and (prefix == 0 or output[-prefix:] == ids[:-1]):
+            row[ids[-1]] = float("-inf")
+
+
 def _apply_masks_and_bias(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
     vocab = logits.shape[-1]
     for i, request in enumerate(requests):
@@ -139,6 +175,8 @@ def _apply_masks_and_bias(logits: torch.Tensor, requests: list[Request]) -> torc
             keep = logits[i, allowed]
             logits[i] = float("-inf")
             logits[i, allowed] = keep
+        if request.bad_words_token_ids:
+            _ban_bad_words(logits[i], request)
         if params.logit_bias:
             ids = torch.tensor([t for t in params.logit_bias if t < vocab], dtype=torch.long)
             logits[i, ids] += torch.tensor([params.logit_bias[t] for t in ids.tolist()])

@@ -6,6 +6,10 @@ cache; each step hands out up to ``max_num_batched_tokens`` tokens, running
 requests first, so decodes, prefill chunks and prefix-cache hits follow one
 rule. When the KV cache runs out, the lowest-ranked running request is
 preempted: its blocks are freed and it is recomputed later.
+
+Under the ``priority`` policy the queue is ordered by (priority, arrival), lower
+value first, and the victim of a preemption is the running request that comes
+last in that order; under ``fcfs`` a request may not ask for a priority (vLLM).
 """
 
 from __future__ import annotations
@@ -15,23 +19,46 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from llmp.api import RequestValidationError
+from llmp.engine.config import EngineConfig
 from llmp.engine.kv_cache import BlockKVCacheManager
 from llmp.engine.request import Request, RequestStatus
+
+POLICIES = ("fcfs", "priority")
+
+
+def check_priority(priority: int, policy: str) -> None:
+    """vLLM's rule: a request's ``priority`` must stay 0 unless the priority policy is on."""
+    if priority != 0 and policy != "priority":
+        raise RequestValidationError("priority", f"Got priority {priority} but Priority scheduling is not enabled.")
 
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
-    max_model_len: int = 4096
-    enable_chunked_prefill: bool = True
-    policy: str = "fcfs"  # or "priority": lower value first, then arrival
+    """The scheduler's share of :class:`EngineConfig` (its defaults live there), with the
+    context length the engine settled on."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    enable_chunked_prefill: bool
+    policy: str  # fcfs | priority (lower value first, then arrival)
 
     def __post_init__(self) -> None:
-        if self.policy not in ("fcfs", "priority"):
+        if self.policy not in POLICIES:
             raise ValueError(f"scheduling policy must be 'fcfs' or 'priority', got {self.policy!r}")
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
+
+    @classmethod
+    def from_engine_config(cls, config: EngineConfig, max_model_len: int) -> SchedulerConfig:
+        return cls(
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=max(config.max_num_batched_tokens, 1),
+            max_model_len=max_model_len,
+            enable_chunked_prefill=config.enable_chunked_prefill,
+            policy=config.scheduling_policy,
+        )
 
 
 @dataclass(slots=True)

@@ -4,34 +4,33 @@ runs forward passes. The ``mp`` executor runs it in a process, the ``ray`` execu
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
+from llmp.api import ResolvedModel
 from llmp.engine.config import EngineConfig
 
 
 class Worker:
-    def __init__(self, config: EngineConfig, model_dir: str, rank: int, world_size: int, init_method: str) -> None:
+    def __init__(
+        self, config: EngineConfig, model: ResolvedModel, rank: int, world_size: int, init_method: str
+    ) -> None:
         import torch
 
         from llmp import plugins
         from llmp.engine.model_runner import ModelRunner
-        from llmp.modeling.model_config import load_model_config
         from llmp.modeling.parallel import init_tensor_parallel
 
         threads = config.num_threads or max(1, (os.cpu_count() or 1) // world_size)
         torch.set_num_threads(threads)
         init_tensor_parallel(rank, world_size, init_method)
-        plugins.load_plugins()
+        plugins.load_plugins()  # the kernel sets; the model was selected once, by the caller
         self.rank = rank
-        _, model_config = load_model_config(model_dir, config.model_impl)
-        self.runner = ModelRunner(config, Path(model_dir), model_config)
+        self.runner = ModelRunner(config, model)
 
     def describe(self) -> dict[str, Any]:
         return {
             "rank": self.rank,
             "kernels_name": self.runner.kernels_spec.name,
-            "dtype": str(self.runner.dtype).removeprefix("torch."),
             "bytes_per_block": self.runner.bytes_per_block(),
             "load_seconds": self.runner.load_seconds,
             "pid": os.getpid(),

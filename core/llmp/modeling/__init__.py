@@ -1,3 +1,3 @@
 """What every model plugin shares: building blocks on the paged KV cache
-(:mod:`llmp.modeling.layers`) and model files (:mod:`llmp.modeling.files`:
-Hugging Face directories, safetensors, GGUF)."""
+(:mod:`llmp.modeling.layers`, :mod:`llmp.modeling.decoder`, :mod:`llmp.modeling.moe`).
+Model files (lookup, GGUF conversion, weights) live in :mod:`llmp.model_files`."""

@@ -17,8 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from llmp.api import AttentionMetadata, KernelSet
-from llmp.modeling.files import ModelLoadError
+from llmp.api import AttentionMetadata, KernelSet, ModelLoadError
 from llmp.modeling.parallel import all_gather, all_reduce, divide, tp_rank, tp_size
 from llmp.modeling.rope import cos_sin_table
 

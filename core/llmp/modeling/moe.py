@@ -11,8 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from llmp.api import KernelSet
-from llmp.modeling.files import ModelLoadError
+from llmp.api import KernelSet, ModelLoadError
 from llmp.modeling.layers import column_slice
 from llmp.modeling.parallel import all_reduce
 

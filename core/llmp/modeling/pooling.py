@@ -54,15 +54,6 @@ class Pooler:
         return pooled
 
 
-def has_sentence_transformers_config(model_dir: Path) -> bool:
-    """Whether the directory is a sentence-transformers model (its ``modules.json`` has a pooling module)."""
-    try:
-        modules = json.loads((model_dir / "modules.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return any(str(m.get("type", "")).endswith("Pooling") for m in modules if isinstance(m, dict))
-
-
 def as_pooling_model(model_cls: type, task: str) -> type:
     """``model_cls`` itself, or for ``task="embed"`` on a causal LM of the shared layers, its
     embedding variant (hidden states pooled, no LM head)."""

@@ -65,11 +65,14 @@ class RequestTimeoutError(APIError):
 
 
 def as_api_error(exc: BaseException) -> APIError:
-    """How any failure of a request is reported: bad input 400, a dead engine 503, else 500."""
-    from llmp.api import EngineDeadError
+    """How any failure of a request is reported: bad input 400 (naming the field of a
+    :class:`~llmp.api.RequestValidationError`), a dead engine 503, else 500."""
+    from llmp.api import EngineDeadError, RequestValidationError
 
     if isinstance(exc, APIError):
         return exc
+    if isinstance(exc, RequestValidationError):
+        return APIError(400, str(exc), param=exc.field)
     if isinstance(exc, ValueError | TypeError):
         return APIError(400, str(exc))
     if isinstance(exc, EngineDeadError):

@@ -1,9 +1,14 @@
 """What every front-end does between its protocol and the engine: the request checks
-(model name, token ids, caps, stop strings, context length), chat-template rendering
-that keeps special-token text literal, and tokenization off the event loop.
+(model name, token ids, caps, stop strings, context length), the one way a request
+becomes :class:`~llmp.sampling_params.SamplingParams` (:meth:`FrontendKit.sampling_params`),
+chat-template rendering that keeps special-token text literal, and tokenization off the
+event loop.
 
 A front-end plugin subclasses :class:`FrontendKit` (or holds one) and adds its routes
-and its protocol's shapes; errors are raised as :class:`llmp.server.errors.APIError`.
+and its protocol's shapes: a handler maps its protocol's field names into a
+:class:`SamplingRequest`. Errors are raised as :class:`llmp.server.errors.APIError`;
+:func:`llmp.server.errors.as_api_error` turns any other failure into one (a
+:class:`~llmp.api.RequestValidationError` into a 400 naming its field).
 """
 
 from __future__ import annotations
@@ -14,10 +19,12 @@ import re
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args
 
-from llmp.sampling_params import StructuredOutputsParams
+from llmp.api import RequestValidationError
+from llmp.options import FrontendOptions
+from llmp.sampling_params import SamplingParams, SamplingParamsError, StructuredOutputsParams, resolve_max_tokens
 from llmp.server.errors import APIError, bad_request
 
 MAX_STOP_LENGTH = 1024
@@ -34,24 +41,66 @@ def json_text(payload: Any) -> str:
     return text
 
 
+# OpenAI's reasoning_effort values, and those vLLM adds; a chat template reads the one it is given
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
+REASONING_EFFORTS = get_args(ReasoningEffort)
+
+
+@dataclass(kw_only=True)
+class SamplingRequest:
+    """A request's sampling fields under :class:`SamplingParams`'s names, as a protocol handler maps
+    them; ``None`` is unset: the model's generation-config default (``--generation-config auto``)
+    for the fields in :data:`GENERATION_DEFAULTS`, else SamplingParams's own default.
+
+    ``max_tokens=None`` is the rest of the context (at most the generation config's
+    ``max_new_tokens``). ``names`` maps a field to the request's own name for it
+    (``max_tokens`` -> ``max_completion_tokens``), so errors name what was sent.
+    """
+
+    n: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None
+    max_tokens: int | None = None
+    min_tokens: int = 0
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    logit_bias: Mapping[str, float] | Mapping[int, float] | None = None  # keys: token ids (JSON: as text)
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    structured_outputs: StructuredOutputsParams | None = None
+    names: Mapping[str, str] = field(default_factory=dict)
+
+
 class FrontendKit:
     """The engine client, the served names and limits, and the shared checks and conversions."""
 
-    def __init__(self, engine: Any, options: Mapping[str, Any]) -> None:
+    def __init__(self, engine: Any, options: FrontendOptions) -> None:
         self.engine = engine
         self.options = options
-        self.model_names: list[str] = list(options["served_model_names"])
+        self.model_names: list[str] = list(options.served_model_names)
         self.model_name = self.model_names[0]
-        self.max_model_len: int = options["max_model_len"]
+        self.max_model_len = options.max_model_len
         self.vocab_size: int | None = engine.info.get("vocab_size")
-        self.task = options.get("task", "generate")
+        self.task = options.task
         self.tokenizer = engine.get_tokenizer()
         self.control_texts = control_texts(self.tokenizer)
-        self.defaults = generation_defaults(options.get("model_root"), options.get("generation_config", "auto"))
+        self.defaults = generation_defaults(options.model_root, options.generation_config)
         self.created = int(time.time())
-        self.tool_parser = _load_parser("tool_parser", options.get("tool_call_parser"), self.tokenizer)
-        self.reasoning_parser = _load_parser("reasoning_parser", options.get("reasoning_parser"), self.tokenizer)
-        self.auto_tools = bool(options.get("enable_auto_tool_choice")) and self.tool_parser is not None
+        self.tool_parser = _load_parser("tool_parser", options.tool_call_parser, self.tokenizer)
+        self.reasoning_parser = _load_parser("reasoning_parser", options.reasoning_parser, self.tokenizer)
+        self.auto_tools = options.enable_auto_tool_choice and self.tool_parser is not None
 
     # -- checks ---------------------------------------------------------------------
 
@@ -68,27 +117,27 @@ class FrontendKit:
     def check_caps(
         self, n: int, logprobs: int | None, prompt_logprobs: int | None, logprobs_param: str = "logprobs"
     ) -> None:
-        cap = self.options.get("max_n", 128)
+        cap = self.options.max_n
         if n > cap:
             raise bad_request(f"n must be at most {cap} (--max-n), got {n}", "n")
-        limit = self.options.get("max_logprobs", 20)
+        limit = self.options.max_logprobs
         for name, value in ((logprobs_param, logprobs), ("prompt_logprobs", prompt_logprobs)):
             if value is not None and limit >= 0 and value > limit:
                 raise bad_request(f"{name}={value} exceeds the server's limit of {limit} (--max-logprobs)", name)
 
-    def check_stop(self, stop: str | list[str] | None) -> None:
+    def check_stop(self, stop: str | list[str] | None, param: str = "stop") -> None:
         """Stop strings are searched in every new piece of text: their number and length are bounded."""
         strings = [stop] if isinstance(stop, str) else list(stop or [])
-        cap = self.options.get("max_stop_sequences", 64)
+        cap = self.options.max_stop_sequences
         if len(strings) > cap:
             raise bad_request(
-                f"at most {cap} stop strings are allowed (--max-stop-sequences), got {len(strings)}", "stop"
+                f"at most {cap} stop strings are allowed (--max-stop-sequences), got {len(strings)}", param
             )
         longest = max(map(len, strings), default=0)
         if longest > MAX_STOP_LENGTH:
-            raise bad_request(f"a stop string may be at most {MAX_STOP_LENGTH} characters long, got {longest}", "stop")
+            raise bad_request(f"a stop string may be at most {MAX_STOP_LENGTH} characters long, got {longest}", param)
         if any(s == "" for s in strings):
-            raise bad_request("stop strings must not be empty", "stop")
+            raise bad_request("stop strings must not be empty", param)
 
     # -- tools, reasoning and structured outputs ---------------------------------------
 
@@ -192,8 +241,8 @@ class FrontendKit:
             }
             try:
                 return StructuredOutputsParams(**fields)
-            except (ValueError, TypeError) as exc:
-                raise bad_request(str(exc), "structured_outputs") from None
+            except SamplingParamsError as exc:
+                raise bad_request(str(exc), exc.field) from None
         if kind == "text":
             return None
         if kind == "json_object":
@@ -228,23 +277,66 @@ class FrontendKit:
         parsers = (plan.tool_parser, plan.reasoning_parser)
         return requested and not any(getattr(p, "keep_special_tokens", False) for p in parsers if p is not None)
 
-    def resolve_max_tokens(self, requested: int | None, prompt_len: int, param: str = "max_tokens") -> int:
-        """``max_tokens`` (called ``param`` in the request) checked against the context; unset, the rest of it."""
-        limit = self.max_model_len
-        if requested is not None and requested > limit:
-            raise bad_request(f"{param}={requested} cannot be greater than max_model_len={limit}", param)
-        wanted = requested if requested is not None else 1
-        if prompt_len + wanted > limit:
-            raise bad_request(
-                f"This model's maximum context length is {limit} tokens. However, you requested "
-                f"{prompt_len + wanted} tokens ({prompt_len} in the input, {wanted} for the completion). "
-                "Please reduce the length of the input or of max_tokens.",
-                "input_tokens",
+    # -- sampling ------------------------------------------------------------------------
+
+    def sampling_params(self, request: SamplingRequest, prompt_len: int) -> SamplingParams:
+        """The engine's sampling parameters of a request whose prompt is ``prompt_len`` tokens long:
+        the server's caps, stop-string and token-id checks, the generation-config defaults, and
+        ``max_tokens`` resolved against the context. Every invalid value is a 400 naming the field
+        as the request spells it."""
+        names = request.names
+        n = 1 if request.n is None else request.n
+        self.check_caps(n, request.logprobs, request.prompt_logprobs, logprobs_param=names.get("logprobs", "logprobs"))
+        self.check_stop(request.stop, names.get("stop", "stop"))
+        logit_bias = None
+        if request.logit_bias:
+            try:
+                logit_bias = {int(k): v for k, v in request.logit_bias.items()}
+            except (TypeError, ValueError):
+                raise bad_request("logit_bias keys must be token ids", names.get("logit_bias", "logit_bias")) from None
+            self.check_token_ids(list(logit_bias), names.get("logit_bias", "logit_bias"))
+        self.check_token_ids(request.allowed_token_ids or [], names.get("allowed_token_ids", "allowed_token_ids"))
+        # unset: the model's generation config, else SamplingParams's default
+        defaulted = {
+            name: self.defaults.get(name) if getattr(request, name) is None else getattr(request, name)
+            for name in GENERATION_DEFAULTS
+            if name != "max_new_tokens"
+        }
+        given = {
+            name: getattr(request, name)
+            for name in ("n", "presence_penalty", "frequency_penalty")
+            if getattr(request, name) is not None
+        }
+        try:
+            max_tokens = resolve_max_tokens(request.max_tokens, prompt_len, self.max_model_len)
+            if request.max_tokens is None and self.defaults.get("max_new_tokens") is not None:
+                max_tokens = min(self.defaults["max_new_tokens"], max_tokens)
+            params = SamplingParams(
+                **{name: value for name, value in defaulted.items() if value is not None},
+                **given,
+                seed=request.seed,
+                max_tokens=max_tokens,
+                min_tokens=request.min_tokens,
+                stop=request.stop,
+                stop_token_ids=request.stop_token_ids,
+                ignore_eos=request.ignore_eos,
+                include_stop_str_in_output=request.include_stop_str_in_output,
+                logprobs=request.logprobs,
+                prompt_logprobs=request.prompt_logprobs,
+                logit_bias=logit_bias,
+                allowed_token_ids=request.allowed_token_ids,
+                bad_words=request.bad_words,
+                skip_special_tokens=request.skip_special_tokens,
+                spaces_between_special_tokens=request.spaces_between_special_tokens,
+                structured_outputs=request.structured_outputs,
             )
-        default = self.defaults.get("max_new_tokens")
-        if requested is None and default is not None:
-            return min(default, limit - prompt_len)
-        return requested if requested is not None else limit - prompt_len
+        except RequestValidationError as exc:
+            raise field_error(exc, names) from None
+        if params.n > 1 and params.is_greedy:
+            raise bad_request(
+                "n > 1 needs sampling: with temperature 0 every choice would be the same", names.get("n", "n")
+            )
+        return params
 
     async def conversation_prompt(
         self, conversation: list[dict[str, Any]], body: Any, tools: Any = None
@@ -252,7 +344,8 @@ class FrontendKit:
         """The rendered conversation (messages as dicts with text ``content``) and its token ids.
 
         ``body`` supplies the optional request fields ``chat_template``, ``chat_template_kwargs``,
-        ``add_generation_prompt``, ``continue_final_message`` and ``add_special_tokens``. Text in a
+        ``reasoning_effort`` (a template variable, as in vLLM), ``documents``, ``add_generation_prompt``,
+        ``continue_final_message`` and ``add_special_tokens``. Text in a
         message that spells a special token (``<|im_end|>``) stays text: it is tokenized as such,
         never as the control token, so a user cannot forge turns.
         """
@@ -291,15 +384,16 @@ class FrontendKit:
         from llmp.chat_template import render_chat
 
         template = getattr(body, "chat_template", None)
-        if template is not None and not self.options.get("trust_request_chat_template"):
+        if template is not None and not self.options.trust_request_chat_template:
             raise bad_request(
                 "Refused request with untrusted chat template: start the server with "
                 "--trust-request-chat-template to allow one",
                 "chat_template",
             )
         kwargs = getattr(body, "chat_template_kwargs", None)
-        if kwargs and not self.options.get("trust_request_chat_template"):
+        if kwargs and not self.options.trust_request_chat_template:
             self._check_template_kwargs(kwargs, template)
+        variables = {**(kwargs or {}), **reasoning_variables(getattr(body, "reasoning_effort", None), kwargs)}
         if getattr(body, "continue_final_message", False) and getattr(body, "add_generation_prompt", False):
             raise bad_request(
                 "continue_final_message and add_generation_prompt cannot both be true; "
@@ -311,11 +405,12 @@ class FrontendKit:
                 render_chat,
                 self.tokenizer,
                 conversation,
-                chat_template=template or self.options.get("chat_template"),
+                chat_template=template or self.options.chat_template,
                 add_generation_prompt=getattr(body, "add_generation_prompt", True),
                 continue_final_message=getattr(body, "continue_final_message", False),
                 tools=tools,
-                chat_template_kwargs=getattr(body, "chat_template_kwargs", None),
+                documents=getattr(body, "documents", None),
+                chat_template_kwargs=variables,
                 model_name=f"the model {self.model_name}",
             )
         except APIError:
@@ -330,7 +425,7 @@ class FrontendKit:
         cannot reach transformers' own arguments (``tokenize``) or anything else."""
         from llmp.chat_template import template_variables
 
-        known = template_variables(self.tokenizer, template or self.options.get("chat_template"))
+        known = template_variables(self.tokenizer, template or self.options.chat_template)
         unknown = sorted(set(kwargs) - known)
         if unknown:
             allowed = ", ".join(sorted(known)) or "none"
@@ -461,6 +556,26 @@ def generation_defaults(model_dir: str | None, source: str) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return {k: config[k] for k in GENERATION_DEFAULTS if isinstance(config.get(k), int | float)}
+
+
+def field_error(exc: RequestValidationError, names: Mapping[str, str]) -> APIError:
+    """The 400 of an invalid field, named (in ``param`` and the message) as the request spells it."""
+    param = names.get(exc.field, exc.field)
+    message = str(exc)
+    if param != exc.field and message.startswith(exc.field):
+        message = param + message[len(exc.field) :]
+    return bad_request(message, param)
+
+
+def reasoning_variables(effort: str | None, kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The chat-template variables of a request's ``reasoning_effort`` (as vLLM sets them): the value
+    itself, and ``enable_thinking`` (off for ``none``) unless ``chat_template_kwargs`` sets it."""
+    if effort is None:
+        return {}
+    variables: dict[str, Any] = {"reasoning_effort": effort}
+    if "enable_thinking" not in (kwargs or {}):
+        variables["enable_thinking"] = effort != "none"
+    return variables
 
 
 def engine_request_id(prefix: str) -> str:

@@ -15,26 +15,31 @@ from pathlib import Path
 from typing import Any
 
 from llmp.api import LLMPError
-from llmp.modeling.files import DEFAULT_MODEL, load_tokenizer, resolve_model
+from llmp.model_files.lookup import DEFAULT_MODEL
+from llmp.options import FrontendOptions, ServerOptions
 from llmp.server.app import LOOPBACK_HOSTS, Limits, ServerState, build_app, with_light_json
 from llmp.server.metrics import MeteredEngine, ServerMetrics
+from llmp.server.settings import ServeSettings
 
 log = logging.getLogger("llmp.server")
 ENGINE_WATCH_S = 0.5
 SHUTDOWN_GRACE_S = 3.0
 
 
-def run(settings: Any) -> int:
+def run(settings: ServeSettings) -> int:
     """Serve until interrupted; the exit status (0 after a clean shutdown)."""
     started = time.monotonic()
-    logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=settings.server.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    from llmp.model_files.resolve import resolve_model
+
     try:
-        frontends = _frontend_specs(settings.frontend)
-        _check_parsers(settings)
-        chat_template = _chat_template(settings.chat_template)
-        model_dir = resolve_model(settings.model)
-        sock = _bind(settings.host, settings.port)
-    except LLMPError as exc:
+        frontends = _frontend_specs(settings.server.frontend)
+        _check_parsers(settings.frontend)
+        chat_template = _chat_template(settings.frontend.chat_template)
+        # the model, resolved once (a GGUF file converted) before the port is bound; the engine takes the record
+        model = resolve_model(settings.engine)
+        sock = _bind(settings.server.host, settings.server.port)
+    except (ValueError, TypeError, LLMPError) as exc:
         print(f"llmp serve: {exc}", file=sys.stderr)
         return 2
     # Start-up time is mostly imports: the engine process starts first, and this process imports
@@ -43,13 +48,13 @@ def run(settings: Any) -> int:
     from llmp.async_llm import AsyncLLM
 
     try:
-        starting = AsyncLLM(str(model_dir), engine_mode="process", wait=False, **engine_options(settings))
+        starting = AsyncLLM(model, engine_mode="process", wait=False, **settings.engine.keywords())
     except (ValueError, TypeError, LLMPError) as exc:
         print(f"llmp serve: {exc}", file=sys.stderr)
         return 2
     starter = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="llmp-start")
     engine = starter.submit(_wait_ready, starting)
-    tokenizer = starter.submit(_load_tokenizer, model_dir)
+    tokenizer = starter.submit(_load_tokenizer, model.tokenizer)
     starter.shutdown(wait=False)
     try:
         classes = [(name, spec.load()) for name, spec in frontends]
@@ -64,30 +69,32 @@ def _wait_ready(engine: Any) -> Any:
     return engine
 
 
-def _load_tokenizer(model_dir: Path) -> Any:
+def _load_tokenizer(path: str) -> Any:
+    from llmp.model_files.tokenizer import load_tokenizer
+
     started = time.monotonic()
-    tokenizer = load_tokenizer(model_dir)
+    tokenizer = load_tokenizer(path)
     log.debug("tokenizer loaded in %.2f s (in a thread)", time.monotonic() - started)
     return tokenizer
 
 
-def _frontend_specs(names: list[str]) -> list[tuple[str, Any]]:
+def _frontend_specs(names: tuple[str, ...]) -> list[tuple[str, Any]]:
     from llmp import plugins, registry
 
     plugins.load_plugins()
     return [(name, registry.get_component("frontend", name)) for name in dict.fromkeys(names)]
 
 
-def _check_parsers(settings: Any) -> None:
+def _check_parsers(options: FrontendOptions) -> None:
     """Parser names resolve before the engine starts; auto tool choice needs a parser."""
     from llmp import registry
 
-    if settings.enable_auto_tool_choice and not settings.tool_call_parser:
+    if options.enable_auto_tool_choice and not options.tool_call_parser:
         raise LLMPError("--enable-auto-tool-choice needs --tool-call-parser NAME (see `llmp plugins list`)")
-    if settings.tool_call_parser:
-        registry.get_component("tool_parser", settings.tool_call_parser)
-    if settings.reasoning_parser:
-        registry.get_component("reasoning_parser", settings.reasoning_parser)
+    if options.tool_call_parser:
+        registry.get_component("tool_parser", options.tool_call_parser)
+    if options.reasoning_parser:
+        registry.get_component("reasoning_parser", options.reasoning_parser)
 
 
 def _chat_template(value: str | None) -> str | None:
@@ -114,56 +121,28 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def engine_options(settings: Any) -> dict[str, Any]:
-    return dict(
-        executor=settings.executor,
-        tensor_parallel_size=settings.tensor_parallel_size,
-        ray_address=settings.ray_address,
-        dtype=settings.dtype,
-        max_model_len=settings.max_model_len,
-        max_num_seqs=settings.max_num_seqs,
-        max_num_batched_tokens=settings.max_num_batched_tokens,
-        enable_prefix_caching=settings.enable_prefix_caching,
-        enable_chunked_prefill=settings.enable_chunked_prefill,
-        kv_cache_memory_bytes=int(settings.kv_cache_memory_gib * (1 << 30)),
-        block_size=settings.block_size,
-        kernels=settings.kernels,
-        model_impl=settings.model_impl,
-        task=settings.task,
-        num_threads=settings.num_threads,
-        seed=settings.seed,
+def frontend_options(settings: Any, served_names: list[str], chat_template: str | None, info: dict) -> Any:
+    """The front-ends' :class:`~llmp.options.FrontendOptions`: the request options as ``llmp serve``
+    read them (``settings.frontend``), completed with the engine's facts and the server's address,
+    keys and body limit (front-ends with their own port listen on the same host, behind the same keys)."""
+    from dataclasses import replace
+
+    server = settings.server
+    return replace(
+        settings.frontend,
+        served_model_names=tuple(served_names),
+        model_root=str(info.get("model_dir", "")),
+        max_model_len=info["max_model_len"],
+        task=info.get("task", "generate"),
+        chat_template=chat_template,  # the template text, read from a --chat-template file
+        host=server.host,
+        api_keys=tuple(server.api_key),
+        max_request_body_bytes=server.max_request_body_bytes,
     )
 
 
-def frontend_options(settings: Any, served_names: list[str], chat_template: str | None, info: dict) -> dict:
-    return {
-        "served_model_names": served_names,
-        "model_root": info.get("model_dir", ""),
-        "max_model_len": info["max_model_len"],
-        "task": info.get("task", "generate"),
-        "chat_template": chat_template,
-        "trust_request_chat_template": settings.trust_request_chat_template,
-        "response_role": settings.response_role,
-        "max_logprobs": settings.max_logprobs,
-        "max_n": settings.max_n,
-        "max_stop_sequences": settings.max_stop_sequences,
-        "tool_call_parser": settings.tool_call_parser,
-        "enable_auto_tool_choice": settings.enable_auto_tool_choice,
-        "reasoning_parser": settings.reasoning_parser,
-        "exclude_tools_when_tool_choice_none": settings.exclude_tools_when_tool_choice_none,
-        # for front-ends serving their own protocol on their own port (grpc): the same keys guard it
-        "host": settings.host,
-        "grpc_port": settings.grpc_port,
-        "api_keys": list(settings.api_key),
-        "return_tokens_as_token_ids": settings.return_tokens_as_token_ids,
-        "enable_force_include_usage": settings.enable_force_include_usage,
-        "enable_store": settings.enable_store,
-        "generation_config": settings.generation_config,
-    }
-
-
 async def _serve(
-    settings: Any,
+    settings: ServeSettings,
     frontends: list[tuple[str, type]],
     chat_template: str | None,
     sock: socket.socket,
@@ -175,29 +154,30 @@ async def _serve(
 
     state = ServerState()
     state.started = started
-    served_names = settings.served_model_name or [settings.model or DEFAULT_MODEL]
+    http = settings.server
+    served_names = list(http.served_model_name) or [settings.engine.model or DEFAULT_MODEL]
     metrics = ServerMetrics(served_names[0])
     app = build_app(
         state,
-        api_keys=settings.api_key,
-        allowed_origins=settings.allowed_origins,
-        allow_credentials=settings.allow_credentials,
+        api_keys=list(http.api_key),
+        allowed_origins=list(http.allowed_origins),
+        allow_credentials=http.allow_credentials,
         limits=gate_limits(settings),
-        root_path=settings.root_path,
-        docs=not settings.disable_fastapi_docs,
+        root_path=http.root_path,
+        docs=not http.disable_fastapi_docs,
         metrics=metrics,
-        health_timeout=settings.health_check_timeout,
+        health_timeout=http.health_check_timeout,
     )
     config = uvicorn.Config(
         app,
-        log_level=settings.log_level.lower(),
-        access_log=not settings.disable_access_log,
+        log_level=http.log_level.lower(),
+        access_log=not http.disable_access_log,
         # in-flight requests are aborted at --shutdown-timeout; the grace lets their last chunks out
-        timeout_graceful_shutdown=settings.shutdown_timeout + SHUTDOWN_GRACE_S,
+        timeout_graceful_shutdown=http.shutdown_timeout + SHUTDOWN_GRACE_S,
         lifespan="off",
-        http=_header_timeout_protocol(settings.header_timeout),
+        http=_header_timeout_protocol(http.header_timeout),
     )
-    server = _server_class()(config, state, settings.shutdown_timeout)
+    server = _server_class()(config, state, http.shutdown_timeout)
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     log.debug("HTTP server starting after %.2f s", time.monotonic() - started)
     loaded = None
@@ -216,9 +196,7 @@ async def _serve(
         await _warm_up(loaded)
         log.debug("warmed up after %.2f s", time.monotonic() - started)
         limits = gate_limits(settings)
-        engine = MeteredEngine(
-            loaded, metrics, settings.request_timeout, limits.max_in_flight, settings.overload_status
-        )
+        engine = MeteredEngine(loaded, metrics, http.request_timeout, limits.max_in_flight, http.overload_status)
         options = frontend_options(settings, served_names, chat_template, loaded.info)
         tasks = _mount(app, state, engine, frontends, options)
         for task in tasks:
@@ -226,7 +204,7 @@ async def _serve(
         state.engine = engine
         if state.phase == "warming_up":  # not interrupted meanwhile
             state.phase = "ready"
-        _print_ready(settings, served_names[0], time.monotonic() - state.started, frontends)
+        _print_ready(http, served_names[0], time.monotonic() - state.started, frontends)
         watcher = asyncio.create_task(_watch_engine(state, server))
         await serving
         watcher.cancel()
@@ -251,12 +229,14 @@ async def _finish(serving: asyncio.Task, status: int) -> int:
     return status
 
 
-async def _load_engine(settings: Any, starting: concurrent.futures.Future, server: Any, serving: asyncio.Task) -> Any:
+async def _load_engine(
+    settings: ServeSettings, starting: concurrent.futures.Future, server: Any, serving: asyncio.Task
+) -> Any:
     """Wait for the engine while the HTTP server answers probes, with rich progress meanwhile."""
     from rich.console import Console
 
     console = Console(stderr=True)
-    name = settings.model or "the default model (SmolLM2-135M-Instruct)"
+    name = settings.engine.model or "the default model (SmolLM2-135M-Instruct)"
     loading = asyncio.wrap_future(starting)
     started = time.monotonic()
     with console.status(f"Loading {name} …") as status:
@@ -297,16 +277,15 @@ async def _warm_up(engine: Any) -> None:
         raise LLMPError(f"the warm-up request failed: {type(exc).__name__}: {exc}") from None
 
 
-def gate_limits(settings: Any) -> Limits:
+def gate_limits(settings: ServeSettings) -> Limits:
     """What the gate refuses, from the serve settings."""
-    in_flight = None if settings.max_queue_len is None else settings.max_num_seqs + settings.max_queue_len
-    hosts = [h.lower() for h in settings.allowed_hosts] or (
-        sorted(LOOPBACK_HOSTS) if _is_loopback(settings.host) else None
-    )
+    http = settings.server
+    in_flight = None if http.max_queue_len is None else settings.engine.max_num_seqs + http.max_queue_len
+    hosts = [h.lower() for h in http.allowed_hosts] or (sorted(LOOPBACK_HOSTS) if _is_loopback(http.host) else None)
     return Limits(
-        max_body_bytes=settings.max_request_body_bytes,
+        max_body_bytes=http.max_request_body_bytes,
         max_in_flight=in_flight,
-        overload_status=settings.overload_status,
+        overload_status=http.overload_status,
         allowed_hosts=frozenset(hosts) if hosts else None,
     )
 
@@ -412,11 +391,11 @@ def _server_class() -> type:
 
 
 def _mount(
-    app: Any, state: ServerState, engine: Any, frontends: list[tuple[str, type]], options: dict
+    app: Any, state: ServerState, engine: Any, frontends: list[tuple[str, type]], options: Any
 ) -> list[asyncio.Task]:
     tasks = []
     for name, cls in frontends:
-        frontend = cls(engine, dict(options))
+        frontend = cls(engine, options)
         for prefix in getattr(frontend, "error_paths", ()):  # errors on its paths take its protocol's shape
             state.error_renderers.append((prefix, frontend.render_error))
         router = frontend.http_router()
@@ -447,9 +426,9 @@ async def _watch_engine(state: ServerState, server: Any) -> None:
             return
 
 
-def _print_ready(settings: Any, model_name: str, seconds: float, frontends: list[tuple[str, type]]) -> None:
-    host = settings.host if settings.host not in ("0.0.0.0", "::") else "127.0.0.1"
-    url = f"http://{host}:{settings.port}{settings.root_path}"
+def _print_ready(http: ServerOptions, model_name: str, seconds: float, frontends: list[tuple[str, type]]) -> None:
+    host = http.host if http.host not in ("0.0.0.0", "::") else "127.0.0.1"
+    url = f"http://{host}:{http.port}{http.root_path}"
     names = ", ".join(name for name, _ in frontends)
     print(
         f"llmp: ready in {seconds:.1f} s: serving {model_name} at {url} ({names}; docs at {url}/docs)",

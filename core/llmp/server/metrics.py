@@ -198,18 +198,21 @@ class MeteredEngine:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
 
-    async def generate(
+    def generate(
         self, prompt: Any, params: Any = None, request_id: str | None = None, **kwargs: Any
     ) -> AsyncIterator[Any]:
+        # the engine checks the request now (a refusal is a 400 before any stream starts); it runs when iterated
+        outputs = self._engine.generate(prompt, params, request_id, **kwargs)
+        return self._metered_generate(outputs, kwargs.get("delta", False))
+
+    async def _metered_generate(self, outputs: AsyncIterator[Any], delta: bool) -> AsyncIterator[Any]:
         m = self.metrics
         self._admit()
         arrival = last = time.perf_counter()
         seen: dict[int, int] = {}  # tokens so far per sequence index
-        delta = kwargs.get("delta", False)
         output = None
         failed = False
         try:
-            outputs = self._engine.generate(prompt, params, request_id, **kwargs)
             async for output in _before_deadline(outputs, self.request_timeout, m.timeouts.inc):
                 new = 0
                 for seq in output.outputs:
@@ -243,14 +246,17 @@ class MeteredEngine:
             elif not failed:  # the caller stopped reading (perhaps before any output): the engine aborts it
                 m.success.labels(finished_reason="abort", **m.label).inc()
 
-    async def encode(
+    def encode(
         self, prompt: Any, pooling_params: Any = None, request_id: str | None = None, **kwargs: Any
     ) -> AsyncIterator[Any]:
+        outputs = self._engine.encode(prompt, pooling_params, request_id, **kwargs)  # checked now, as generate
+        return self._metered_encode(outputs)
+
+    async def _metered_encode(self, outputs: AsyncIterator[Any]) -> AsyncIterator[Any]:
         m = self.metrics
         self._admit()
         arrival = time.perf_counter()
         try:
-            outputs = self._engine.encode(prompt, pooling_params, request_id, **kwargs)
             async for output in _before_deadline(outputs, self.request_timeout, m.timeouts.inc):
                 m.prompt_tokens.inc(len(output.prompt_token_ids))
                 m.request_prompt_tokens.observe(len(output.prompt_token_ids))

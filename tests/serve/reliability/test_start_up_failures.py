@@ -90,6 +90,7 @@ def test_an_engine_start_up_failure_is_reported_once_without_a_traceback(tiny_mo
     the failure to its client and exit non-zero quietly; the client prints the one line."""
     from llmp.engine import protocol as msg
     from llmp.engine.config import EngineConfig
+    from llmp.model_files.resolve import resolve_model
 
     folder = tempfile.mkdtemp(prefix="llmp-rel-")
     in_address, out_address = f"ipc://{folder}/in", f"ipc://{folder}/out"
@@ -103,7 +104,7 @@ def test_an_engine_start_up_failure_is_reported_once_without_a_traceback(tiny_mo
         [sys.executable, "-m", "llmp.engine.core_proc"], stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=env
     )
     try:
-        process.stdin.write(pickle.dumps((config, in_address, out_address, os.getpid())))
+        process.stdin.write(pickle.dumps((config, resolve_model(config), in_address, out_address, os.getpid())))
         process.stdin.close()
         assert outputs.poll(60_000), "the engine reported nothing"
         message = msg.from_engine_decoder.decode(outputs.recv())

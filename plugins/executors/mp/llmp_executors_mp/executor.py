@@ -15,12 +15,11 @@ import sys
 import tempfile
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 import zmq
 
-from llmp.api import EngineDeadError
+from llmp.api import EngineDeadError, ResolvedModel
 from llmp.engine.config import EngineConfig
 
 POLL_MS = 100
@@ -33,7 +32,7 @@ def free_port() -> int:
 
 
 class MultiprocExecutor:
-    def __init__(self, config: EngineConfig, model_dir: Path, hf_config: Any) -> None:
+    def __init__(self, config: EngineConfig, model: ResolvedModel) -> None:
         self.world_size = config.tensor_parallel_size
         self.timeout = config.worker_timeout_s
         self.context = zmq.Context()
@@ -52,7 +51,7 @@ class MultiprocExecutor:
             process = subprocess.Popen([sys.executable, "-m", "llmp_executors_mp.worker"], stdin=subprocess.PIPE)
             args = (
                 config,
-                str(model_dir),
+                model,
                 rank,
                 self.world_size,
                 init_method,
@@ -70,9 +69,6 @@ class MultiprocExecutor:
             raise
         first = described[0]
         self.kernels_name = first["kernels_name"]
-        import torch
-
-        self.dtype = getattr(torch, first["dtype"])
         self.load_seconds = max(d["load_seconds"] for d in described.values())
         self._bytes_per_block = first["bytes_per_block"]
         self.worker_pids = [described[r]["pid"] for r in range(self.world_size)]

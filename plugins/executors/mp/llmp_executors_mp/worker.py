@@ -21,7 +21,7 @@ from llmp.engine.core_proc import exit_with_parent
 
 
 def main() -> None:
-    config, model_dir, rank, world_size, init_method, commands_address, results_address, parent_pid = pickle.load(
+    config, model, rank, world_size, init_method, commands_address, results_address, parent_pid = pickle.load(
         sys.stdin.buffer
     )
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the engine decides when workers stop
@@ -38,7 +38,7 @@ def main() -> None:
     try:
         from llmp.engine.worker import Worker
 
-        worker = Worker(config, model_dir, rank, world_size, init_method)
+        worker = Worker(config, model, rank, world_size, init_method)
         reply(True, worker.describe())
         while True:
             method, args = pickle.loads(commands.recv())

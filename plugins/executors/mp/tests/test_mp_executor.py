@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import shutil
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from llmp import LLM, AsyncLLM, SamplingParams
-from llmp.api import EngineDeadError
-from llmp.testing import pid_alive, save_tiny_llama
+from llmp import LLM, AsyncLLM, SamplingParams, hookimpl
+from llmp.api import EngineDeadError, ModelSpec
+from llmp.testing import pid_alive, registered, save_tiny_llama
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
 PROMPTS = [{"prompt_token_ids": [5 + i, 17, 42 + 3 * i, 99, 7 * i + 3]} for i in range(8)]
@@ -126,3 +130,47 @@ def test_sigterm_to_the_engine_process_stops_its_workers(gqa_model):
         time.sleep(0.1)
     assert not any(pid_alive(p) for p in worker_pids)
     engine.shutdown()
+
+
+class CallerOnlyArchitecture:
+    """A model plugin registered in the test's process only: the engine process and the workers
+    load their plugins from entry points and never see it, so a second look-up there would fail."""
+
+    @hookimpl
+    def llmp_register_models(self):
+        return [ModelSpec(name="CallerOnlyForCausalLM", impl="llmp_models_llama.model:LlamaForCausalLM")]
+
+
+def test_the_model_is_resolved_once_by_the_caller_and_handed_to_every_worker(gqa_model, reference, tmp_path):
+    model_dir = shutil.copytree(gqa_model, tmp_path / "caller-only")
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**config, "architectures": ["CallerOnlyForCausalLM"]}))
+    elsewhere = subprocess.run(  # any other process: the architecture is unknown there
+        [sys.executable, "-c", "from llmp import registry; registry.select_model(['CallerOnlyForCausalLM'], 'native')"],
+        capture_output=True,
+        text=True,
+    )
+    assert elsewhere.returncode != 0 and "UnknownComponentError" in elsewhere.stderr
+    with registered(CallerOnlyArchitecture(), "caller-only-architecture"):
+        engine = AsyncLLM(
+            str(model_dir),
+            dtype="float32",
+            max_model_len=128,
+            model_impl="native",
+            executor="mp",
+            tensor_parallel_size=2,
+        )
+    try:
+        assert engine.model.spec.name == "CallerOnlyForCausalLM" and engine.model.model_dir == model_dir
+
+        async def run() -> list[list[int]]:
+            async def one(prompt) -> list[int]:
+                async for output in engine.generate(prompt, GREEDY):
+                    last = output
+                return last.outputs[0].token_ids
+
+            return list(await asyncio.gather(*(one(p) for p in PROMPTS)))
+
+        assert asyncio.run(run()) == reference  # the engine process and both workers ran the caller's choice
+    finally:
+        engine.shutdown()

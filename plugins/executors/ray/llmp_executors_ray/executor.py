@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import socket
-from pathlib import Path
 from typing import Any
 
 import ray
@@ -19,7 +18,7 @@ from ray.exceptions import GetTimeoutError, RayError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from llmp.api import EngineDeadError
+from llmp.api import EngineDeadError, ResolvedModel
 from llmp.engine.config import EngineConfig
 
 HEALTH_TIMEOUT_S = 10.0
@@ -37,10 +36,10 @@ class WorkerActor:
             s.bind((ip, 0))
             return f"tcp://{ip}:{s.getsockname()[1]}"
 
-    def start(self, config: EngineConfig, model_dir: str, rank: int, world_size: int, init_method: str) -> dict:
+    def start(self, config: EngineConfig, model: ResolvedModel, rank: int, world_size: int, init_method: str) -> dict:
         from llmp.engine.worker import Worker
 
-        self.worker = Worker(config, model_dir, rank, world_size, init_method)
+        self.worker = Worker(config, model, rank, world_size, init_method)
         return self.worker.describe()
 
     def call(self, method: str, *args: Any) -> Any:
@@ -51,7 +50,7 @@ class WorkerActor:
 
 
 class RayExecutor:
-    def __init__(self, config: EngineConfig, model_dir: Path, hf_config: Any) -> None:
+    def __init__(self, config: EngineConfig, model: ResolvedModel) -> None:
         self.world_size = config.tensor_parallel_size
         self.timeout = config.worker_timeout_s
         self._connected = False  # True when this executor called ray.init (and so disconnects at shutdown)
@@ -84,7 +83,7 @@ class RayExecutor:
             init_method = self._get(self.actors[0].rendezvous_address.remote(), HEALTH_TIMEOUT_S * 6)
             described = self._get(
                 [
-                    a.start.remote(config, str(model_dir), rank, self.world_size, init_method)
+                    a.start.remote(config, model, rank, self.world_size, init_method)
                     for rank, a in enumerate(self.actors)
                 ],
                 max(self.timeout, 600),
@@ -93,10 +92,7 @@ class RayExecutor:
             self.shutdown()
             raise
         first = described[0]
-        import torch
-
         self.kernels_name = first["kernels_name"]
-        self.dtype = getattr(torch, first["dtype"])
         self.load_seconds = max(d["load_seconds"] for d in described)
         self._bytes_per_block = first["bytes_per_block"]
         self.worker_pids = [d["pid"] for d in described]

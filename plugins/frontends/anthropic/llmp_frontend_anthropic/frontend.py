@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from llmp.sampling_params import SamplingParams, StructuredOutputsParams
 from llmp.server.app import request_id_of, until_disconnected
 from llmp.server.errors import APIError, as_api_error, bad_request
-from llmp.server.frontend_kit import FrontendKit, OutputPlan, engine_request_id, json_text
+from llmp.server.frontend_kit import FrontendKit, OutputPlan, SamplingRequest, engine_request_id, json_text
 from llmp_frontend_anthropic import protocol as p
 
 ERROR_PATHS = ("/v1/messages",)
@@ -133,21 +133,18 @@ class AnthropicFrontend(FrontendKit):
         constraint: StructuredOutputsParams | None = None,
         skip_special_tokens: bool = True,
     ) -> SamplingParams:
-        self.check_stop(body.stop_sequences)
-        max_tokens = self.resolve_max_tokens(body.max_tokens, prompt_len)
-        defaults = self.defaults
-        try:
-            return SamplingParams(
-                temperature=_or(body.temperature, defaults.get("temperature", 1.0)),
-                top_p=_or(body.top_p, defaults.get("top_p", 1.0)),
-                top_k=_or(body.top_k, defaults.get("top_k", 0)),
-                max_tokens=max_tokens,
-                stop=body.stop_sequences or None,
-                structured_outputs=constraint,
-                skip_special_tokens=skip_special_tokens,
-            )
-        except ValueError as exc:
-            raise bad_request(str(exc)) from None
+        """The engine's sampling parameters (the kit's one path, under Anthropic's field names)."""
+        request = SamplingRequest(
+            temperature=body.temperature,
+            top_p=body.top_p,
+            top_k=body.top_k,
+            max_tokens=body.max_tokens,
+            stop=body.stop_sequences or None,
+            structured_outputs=constraint,
+            skip_special_tokens=skip_special_tokens,
+            names={"stop": "stop_sequences"},
+        )
+        return super().sampling_params(request, prompt_len)
 
 
 class MessageRun:
@@ -473,7 +470,3 @@ def _stop_reason(seq: Any, called: bool = False) -> tuple[str, str | None]:
     if isinstance(seq.stop_reason, str):
         return "stop_sequence", seq.stop_reason
     return "end_turn", None
-
-
-def _or(value: Any, default: Any) -> Any:
-    return default if value is None else value

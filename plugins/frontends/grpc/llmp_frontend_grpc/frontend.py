@@ -1,10 +1,9 @@
 """The gRPC front-end: service ``llmp.v1.Llmp`` (``llmp.proto``) over the engine, on its own port.
 
-It returns no HTTP router: ``serve`` runs a ``grpc.aio`` server until the launcher cancels it.
-The port is ``options["grpc_port"]``, else ``$LLMP_GRPC_PORT``, else 50051; the host is
-``options["grpc_host"]``, else the HTTP server's ``options["host"]``, else 127.0.0.1. API keys are
-``options["api_keys"]``, else ``$LLMP_API_KEY`` (comma-separated): with any, every RPC but
-``Health`` needs the metadata ``authorization: Bearer <key>``.
+It returns no HTTP router: ``serve`` runs a ``grpc.aio`` server until the launcher cancels it,
+on the HTTP server's host at ``--grpc-port`` (``LLMP_GRPC_PORT``), behind the server's API keys
+(``--api-key``, ``LLMP_API_KEY``): with any, every RPC but ``Health`` needs the metadata
+``authorization: Bearer <key>``.
 """
 
 from __future__ import annotations
@@ -15,24 +14,21 @@ import functools
 import hashlib
 import hmac
 import logging
-import os
-import re
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from types import SimpleNamespace
 from typing import Any
 
 import grpc
 
+from llmp.options import FrontendOptions
 from llmp.sampling_params import SamplingParams
 from llmp.server.errors import APIError, as_api_error, bad_request
-from llmp.server.frontend_kit import FrontendKit, engine_request_id
+from llmp.server.frontend_kit import FrontendKit, SamplingRequest, engine_request_id
 from llmp_frontend_grpc import llmp_pb2 as pb
 from llmp_frontend_grpc import llmp_pb2_grpc as pb_grpc
 
 log = logging.getLogger("llmp.frontend.grpc")
 
-DEFAULT_PORT = 50051
-DEFAULT_HOST = "127.0.0.1"
 STOP_GRACE_S = 1.0  # in-flight RPCs get this long once the server shuts down
 
 STATUS_CODES = {
@@ -57,11 +53,11 @@ def status_code(status: int) -> grpc.StatusCode:
 class GrpcFrontend(FrontendKit):
     """Translates ``llmp.v1.Llmp`` calls into engine requests (see ``llmp.api.Frontend``)."""
 
-    def __init__(self, engine: Any, options: Mapping[str, Any]) -> None:
+    def __init__(self, engine: Any, options: FrontendOptions) -> None:
         super().__init__(engine, options)
-        self.port = int(options.get("grpc_port") or os.environ.get("LLMP_GRPC_PORT") or DEFAULT_PORT)
-        self.host = str(options.get("grpc_host") or options.get("host") or DEFAULT_HOST)
-        self.key_digests = [hashlib.sha256(k.encode()).digest() for k in api_keys(options)]
+        self.port = options.grpc_port
+        self.host = options.host
+        self.key_digests = [hashlib.sha256(k.strip().encode()).digest() for k in options.api_keys if k.strip()]
         self.server: grpc.aio.Server | None = None
 
     def http_router(self) -> None:
@@ -134,29 +130,22 @@ class GrpcFrontend(FrontendKit):
         body = SimpleNamespace(add_generation_prompt=True, add_special_tokens=add_special_tokens)
         return await self.conversation_prompt(conversation, body)
 
-    def sampling_params(self, request: Any, prompt_len: int) -> SamplingParams:
-        def given(name: str, default: Any) -> Any:
-            return getattr(request, name) if request.HasField(name) else default
+    def generate_params(self, request: Any, prompt_len: int) -> SamplingParams:
+        """A ``GenerateRequest``'s sampling parameters (the kit's one path; unset fields are ``None``)."""
 
-        stop = list(request.stop)
-        self.check_stop(stop)
-        max_tokens = self.resolve_max_tokens(given("max_tokens", None), prompt_len)
-        d = self.defaults
-        try:
-            return SamplingParams(
-                temperature=given("temperature", d.get("temperature", 1.0)),
-                top_p=given("top_p", d.get("top_p", 1.0)),
-                top_k=given("top_k", d.get("top_k", 0)),
-                min_p=d.get("min_p", 0.0),
-                repetition_penalty=d.get("repetition_penalty", 1.0),
-                seed=given("seed", None),
-                max_tokens=max_tokens,
-                stop=stop or None,
-                ignore_eos=request.ignore_eos,
-            )
-        except ValueError as exc:
-            match = re.match(r"[a-z_]+", str(exc))
-            raise bad_request(str(exc), match.group(0) if match else None) from None
+        def given(name: str) -> Any:
+            return getattr(request, name) if request.HasField(name) else None
+
+        sampling = SamplingRequest(
+            temperature=given("temperature"),
+            top_p=given("top_p"),
+            top_k=given("top_k"),
+            seed=given("seed"),
+            max_tokens=given("max_tokens"),
+            stop=list(request.stop) or None,
+            ignore_eos=request.ignore_eos,
+        )
+        return self.sampling_params(sampling, prompt_len)
 
     async def start(self, request: Any, delta: bool) -> tuple[AsyncIterator[Any], int]:
         """The checked request started in the engine: its outputs and the prompt's length."""
@@ -164,7 +153,7 @@ class GrpcFrontend(FrontendKit):
             raise APIError(501, f"this server runs the {self.task!r} task: Generate is not available")
         self.check_model(request.model or None)
         prompt, ids = await self.prompt(request)
-        params = self.sampling_params(request, len(ids))
+        params = self.generate_params(request, len(ids))
         return self.engine.generate(prompt, params, engine_request_id("grpc"), delta=delta), len(ids)
 
     def response(self, seq: Any, prompt_tokens: int | None = None, completion_tokens: int = 0) -> Any:
@@ -183,14 +172,6 @@ class GrpcFrontend(FrontendKit):
                 )
             )
         return message
-
-
-def api_keys(options: Mapping[str, Any]) -> list[str]:
-    """``options["api_keys"]`` (a list, or a comma-separated string), else ``$LLMP_API_KEY``."""
-    keys = options.get("api_keys") or os.environ.get("LLMP_API_KEY") or []
-    if isinstance(keys, str):
-        keys = keys.split(",")
-    return [k.strip() for k in keys if k and k.strip()]
 
 
 # -- the service -------------------------------------------------------------------
@@ -280,7 +261,7 @@ class LlmpServicer(pb_grpc.LlmpServicer):
     @_unary()
     async def ListModels(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         fe = self.fe
-        root = fe.options.get("model_root") or ""
+        root = fe.options.model_root
         return pb.ListModelsResponse(
             models=[pb.Model(id=name, root=root or name, max_model_len=fe.max_model_len) for name in fe.model_names]
         )

@@ -17,14 +17,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from pydantic import BaseModel, Field
 
-from llmp.sampling_params import SamplingParams
-from llmp.server.errors import APIError, as_api_error, bad_request
-from llmp.server.frontend_kit import FrontendKit, engine_request_id
+from llmp.options import FrontendOptions
+from llmp.server.errors import APIError, as_api_error
+from llmp.server.frontend_kit import FrontendKit, SamplingRequest, engine_request_id
 
 log = logging.getLogger("llmp.frontend.mcp")
 
@@ -51,7 +51,7 @@ Temperature = Annotated[
 class McpFrontend(FrontendKit):
     """Tools over the engine client (see ``llmp.api.Frontend``)."""
 
-    def __init__(self, engine: Any, options: Mapping[str, Any]) -> None:
+    def __init__(self, engine: Any, options: FrontendOptions) -> None:
         super().__init__(engine, options)
         self.server = self.build_server()
         self._manager: Any = None
@@ -151,21 +151,9 @@ class McpFrontend(FrontendKit):
         stop: list[str] | str | None,
         prefix: str,
     ) -> str:
-        self.check_stop(stop)
-        limit = self.resolve_max_tokens(max_tokens, len(ids))
-        d = self.defaults
-        try:
-            params = SamplingParams(
-                temperature=d.get("temperature", 1.0) if temperature is None else temperature,
-                top_p=d.get("top_p", 1.0),
-                top_k=d.get("top_k", 0),
-                min_p=d.get("min_p", 0.0),
-                repetition_penalty=d.get("repetition_penalty", 1.0),
-                max_tokens=limit,
-                stop=stop,
-            )
-        except ValueError as exc:
-            raise bad_request(str(exc)) from None
+        params = self.sampling_params(
+            SamplingRequest(max_tokens=max_tokens, temperature=temperature, stop=stop), len(ids)
+        )
         final = None
         async for output in self.engine.generate(
             {"prompt": text, "prompt_token_ids": ids}, params, engine_request_id(prefix)
@@ -182,7 +170,7 @@ class McpFrontend(FrontendKit):
             "name": name,
             "max_model_len": self.max_model_len,
             "task": self.task,
-            "root": self.options.get("model_root") or name,
+            "root": self.options.model_root or name,
             "vocab_size": self.vocab_size,
         }
 
@@ -210,7 +198,7 @@ class McpFrontend(FrontendKit):
             stateless_http=True,
             json_response=True,
             # the gate has already bounded the body (--max-request-body-bytes): no second, smaller cap
-            max_request_body_size=self.options.get("max_request_body_bytes") or (1 << 30),
+            max_request_body_size=self.options.max_request_body_bytes,
             transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
         )
         self._manager = self.server.session_manager

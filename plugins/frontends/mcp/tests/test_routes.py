@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
+from llmp.options import FrontendOptions
 from llmp.server.app import Limits, ServerState, build_app
 
 INIT = {
@@ -52,7 +53,9 @@ def responses() -> dict[str, Any]:
             metrics=None,
             health_timeout=5,
         )
-        app.include_router(McpFrontend(engine, {"served_model_names": ["m"], "max_model_len": 64}).http_router())
+        app.include_router(
+            McpFrontend(engine, FrontendOptions(served_model_names=("m",), max_model_len=64)).http_router()
+        )
         tokenize = {
             "jsonrpc": "2.0",
             "id": 2,

@@ -37,8 +37,8 @@ class ChatCompletion:
         self.fe, self.body, self.request = fe, body, request
         self.id = fe.new_id(request, "chatcmpl", body)
         self.created = int(time.time())
-        self.role = fe.options.get("response_role", "assistant")
-        self.as_ids = fe.options.get("return_tokens_as_token_ids", False)
+        self.role = fe.options.response_role
+        self.as_ids = fe.options.return_tokens_as_token_ids
 
     async def run(self) -> Any:
         fe, body = self.fe, self.body
@@ -50,7 +50,7 @@ class ChatCompletion:
         constraint = fe.structured_outputs(body.response_format, body.structured_outputs)
         if body.top_logprobs is not None and not body.logprobs:
             raise bad_request("top_logprobs needs logprobs to be true", "top_logprobs")
-        hide_tools = body.tool_choice == "none" and fe.options.get("exclude_tools_when_tool_choice_none")
+        hide_tools = body.tool_choice == "none" and fe.options.exclude_tools_when_tool_choice_none
         text, self.prompt_ids = await fe.chat_prompt(body.messages, body, tools=None if hide_tools else body.tools)
         self.plan, constraint = fe.output_plan(
             self.prompt_ids,
@@ -64,12 +64,12 @@ class ChatCompletion:
         await fe.check_constraint(constraint, _constraint_param(body))
         field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
         requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        max_tokens = fe.resolve_max_tokens(requested, len(self.prompt_ids), field)
         self.top = (body.top_logprobs or 0) if body.logprobs else None
         self.params = fe.sampling_params(
             body,
-            max_tokens,
-            self.top,
+            len(self.prompt_ids),
+            max_tokens=requested,
+            logprobs=self.top,
             structured_outputs=constraint,
             skip_special_tokens=fe.skip_special_tokens(self.plan, body.skip_special_tokens),
             names={"max_tokens": field, "logprobs": "top_logprobs"},
@@ -143,7 +143,7 @@ class ChatCompletion:
 
     async def stream(self) -> AsyncIterator[str]:
         options = self.body.stream_options
-        force = self.fe.options.get("enable_force_include_usage", False)
+        force = self.fe.options.enable_force_include_usage
         include_usage = force or bool(options and options.include_usage)
         continuous = force or bool(options and options.continuous_usage_stats)
         prompt_len, generated = len(self.prompt_ids), [0] * self.params.n

@@ -33,7 +33,7 @@ class Completion:
         self.fe, self.body, self.request = fe, body, request
         self.id = fe.new_id(request, "cmpl", body)
         self.created = int(time.time())
-        self.as_ids = fe.options.get("return_tokens_as_token_ids", False)
+        self.as_ids = fe.options.return_tokens_as_token_ids
 
     async def run(self) -> Any:
         fe, body = self.fe, self.body
@@ -50,8 +50,9 @@ class Completion:
         await fe.check_constraint(constraint, "structured_outputs" if body.structured_outputs else "response_format")
         self.params = []
         for _, ids in self.prompts:
-            max_tokens = fe.resolve_max_tokens(body.max_tokens, len(ids))
-            params = fe.sampling_params(body, max_tokens, body.logprobs, structured_outputs=constraint)
+            params = fe.sampling_params(
+                body, len(ids), max_tokens=body.max_tokens, logprobs=body.logprobs, structured_outputs=constraint
+            )
             if echo_logprobs and params.prompt_logprobs is None:
                 params.prompt_logprobs = body.logprobs
             self.params.append(params)
@@ -134,7 +135,7 @@ class Completion:
 
     async def stream(self) -> AsyncIterator[str]:
         options = self.body.stream_options
-        force = self.fe.options.get("enable_force_include_usage", False)
+        force = self.fe.options.enable_force_include_usage
         include_usage = force or bool(options and options.include_usage)
         continuous = force or bool(options and options.continuous_usage_stats)
         prompt_tokens = sum(len(ids) for _, ids in self.prompts)

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from llmp.options import FrontendOptions
 from llmp.sampling_params import SamplingParams, StructuredOutputsParams
 from llmp.server.app import request_id_of, until_disconnected
 from llmp.server.errors import as_api_error, bad_request
-from llmp.server.frontend_kit import FrontendKit, json_text
+from llmp.server.frontend_kit import FrontendKit, SamplingRequest, json_text
 from llmp_frontend_openai import protocol as p
 from llmp_frontend_openai.logprobs import TokenBytes
 
@@ -33,7 +33,7 @@ def sse_error(exc: BaseException) -> str:
 class OpenAIFrontend(FrontendKit):
     """Thin translators between the OpenAI API and the engine client (see ``llmp.api.Frontend``)."""
 
-    def __init__(self, engine: Any, options: Mapping[str, Any]) -> None:
+    def __init__(self, engine: Any, options: FrontendOptions) -> None:
         super().__init__(engine, options)
         self.token_bytes = TokenBytes(self.tokenizer)
 
@@ -64,7 +64,7 @@ class OpenAIFrontend(FrontendKit):
                 "object": "model",
                 "created": self.created,
                 "owned_by": "llmp",
-                "root": self.options.get("model_root") or name,
+                "root": self.options.model_root or name,
                 "parent": None,
                 "max_model_len": self.max_model_len,
             }
@@ -106,61 +106,43 @@ class OpenAIFrontend(FrontendKit):
     def sampling_params(
         self,
         body: p.SamplingFields,
-        max_tokens: int,
-        logprobs: int | None,
+        prompt_len: int,
         *,
+        max_tokens: int | None,
+        logprobs: int | None,
         structured_outputs: StructuredOutputsParams | None = None,
         skip_special_tokens: bool | None = None,
         names: Mapping[str, str] | None = None,
     ) -> SamplingParams:
-        """The engine's sampling parameters; ``names`` maps a SamplingParams field to the request's
-        own name for it (``max_tokens`` -> ``max_completion_tokens``), so errors name what was sent."""
-        names = names or {}
-        n = body.n if body.n is not None else 1
-        self.check_caps(n, logprobs, body.prompt_logprobs, logprobs_param=names.get("logprobs", "logprobs"))
-        self.check_stop(body.stop)
-        try:
-            logit_bias = {int(k): v for k, v in (body.logit_bias or {}).items()}
-        except ValueError:
-            raise bad_request("logit_bias keys must be token ids", "logit_bias") from None
-        self.check_token_ids(list(logit_bias), "logit_bias")
-        self.check_token_ids(body.allowed_token_ids or [], "allowed_token_ids")
-        defaults = self.defaults
-        temperature = _or(body.temperature, defaults.get("temperature", 1.0))
-        if n > 1 and temperature == 0:
-            raise bad_request("n > 1 needs sampling: with temperature 0 every choice would be the same", "n")
-        try:
-            return SamplingParams(
-                n=n,
-                temperature=temperature,
-                top_p=_or(body.top_p, defaults.get("top_p", 1.0)),
-                top_k=_or(body.top_k, defaults.get("top_k", 0)),
-                min_p=_or(body.min_p, defaults.get("min_p", 0.0)),
-                presence_penalty=_or(body.presence_penalty, 0.0),
-                frequency_penalty=_or(body.frequency_penalty, 0.0),
-                repetition_penalty=_or(body.repetition_penalty, defaults.get("repetition_penalty", 1.0)),
-                seed=body.seed,
-                max_tokens=max_tokens,
-                min_tokens=body.min_tokens,
-                stop=body.stop,
-                stop_token_ids=body.stop_token_ids,
-                ignore_eos=body.ignore_eos,
-                include_stop_str_in_output=body.include_stop_str_in_output,
-                logprobs=logprobs,
-                prompt_logprobs=body.prompt_logprobs,
-                logit_bias=logit_bias or None,
-                allowed_token_ids=body.allowed_token_ids,
-                skip_special_tokens=body.skip_special_tokens if skip_special_tokens is None else skip_special_tokens,
-                spaces_between_special_tokens=body.spaces_between_special_tokens,
-                structured_outputs=structured_outputs,
-            )
-        except ValueError as exc:
-            message = str(exc)
-            match = re.match(r"[a-z_]+", message)
-            param = match.group(0) if match else None
-            if param in names:
-                message, param = names[param] + message[len(param) :], names[param]
-            raise bad_request(message, param) from None
+        """The engine's sampling parameters of a chat, completion or response request (the kit's one
+        path); ``names`` maps a SamplingParams field to the request's own name for it."""
+        request = SamplingRequest(
+            n=body.n,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            top_k=body.top_k,
+            min_p=body.min_p,
+            repetition_penalty=body.repetition_penalty,
+            presence_penalty=body.presence_penalty,
+            frequency_penalty=body.frequency_penalty,
+            seed=body.seed,
+            max_tokens=max_tokens,
+            min_tokens=body.min_tokens,
+            stop=body.stop,
+            stop_token_ids=body.stop_token_ids,
+            ignore_eos=body.ignore_eos,
+            include_stop_str_in_output=body.include_stop_str_in_output,
+            logprobs=logprobs,
+            prompt_logprobs=body.prompt_logprobs,
+            logit_bias=body.logit_bias,
+            allowed_token_ids=body.allowed_token_ids,
+            bad_words=body.bad_words,
+            skip_special_tokens=body.skip_special_tokens if skip_special_tokens is None else skip_special_tokens,
+            spaces_between_special_tokens=body.spaces_between_special_tokens,
+            structured_outputs=structured_outputs,
+            names=names or {},
+        )
+        return super().sampling_params(request, prompt_len)
 
     # -- responses ----------------------------------------------------------------
 
@@ -183,10 +165,6 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
-
-
-def _or(value: Any, default: Any) -> Any:
-    return default if value is None else value
 
 
 def _message_dict(message: p.ChatMessage) -> dict[str, Any]:

@@ -1,8 +1,9 @@
 """Request bodies of the OpenAI API, with vLLM's extra fields.
 
 Unknown fields are accepted and ignored, as OpenAI clients send vendor keys
-freely. Values are range-checked by ``SamplingParams`` (one place for the
-rules), not here; here only types and the int64 range of ``seed``.
+freely (vLLM does the same); every declared field is acted on or refused with a
+400. Values are range-checked by ``SamplingParams`` (one place for the rules),
+not here; here only types and the int64 range of ``seed``.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
+
+from llmp.server.frontend_kit import ReasoningEffort
 
 INT64 = 2**63
 
@@ -50,6 +53,7 @@ class SamplingFields(OpenAIModel):
     spaces_between_special_tokens: bool = True
     prompt_logprobs: StrictInt | None = None
     allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None  # banned from the output (as token sequences)
     echo: bool = False
     return_token_ids: bool = False
     priority: int = Field(0, ge=-INT64, le=INT64 - 1)
@@ -73,7 +77,7 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = True
-    reasoning_effort: str | None = None
+    reasoning_effort: ReasoningEffort | None = None  # a chat-template variable (gpt-oss, Qwen, Granite read it)
     include_reasoning: bool = True
     # vLLM's prompt-building extras
     add_generation_prompt: bool = True
@@ -122,6 +126,11 @@ class DetokenizeRequest(OpenAIModel):
     tokens: list[int]
 
 
+class Reasoning(OpenAIModel):
+    effort: ReasoningEffort | None = None  # a chat-template variable, as chat's reasoning_effort
+    summary: str | None = None  # the reasoning is returned whole (reasoning_text), never summarised
+
+
 class ResponsesRequest(SamplingFields):
     input: str | list[dict[str, Any]]
     instructions: str | None = None
@@ -130,7 +139,7 @@ class ResponsesRequest(SamplingFields):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = True
     text: dict[str, Any] | None = None
-    reasoning: dict[str, Any] | None = None
+    reasoning: Reasoning | None = None
     store: bool = True
     background: bool = False
     previous_response_id: str | None = None
@@ -138,3 +147,8 @@ class ResponsesRequest(SamplingFields):
     top_logprobs: StrictInt | None = None
     metadata: dict[str, str] | None = None
     truncation: str | None = "disabled"
+
+    @property
+    def reasoning_effort(self) -> str | None:
+        """``reasoning.effort``, which the chat template reads as chat's ``reasoning_effort``."""
+        return self.reasoning.effort if self.reasoning is not None else None

@@ -29,7 +29,7 @@ STORE_SIZE = 1024
 
 
 def add_routes(router: APIRouter, fe: OpenAIFrontend) -> None:
-    store = ResponseStore(STORE_SIZE) if fe.options.get("enable_store") else None
+    store = ResponseStore(STORE_SIZE) if fe.options.enable_store else None
 
     async def create_response(body: p.ResponsesRequest, request: Request) -> Any:
         run = await ResponseRun.prepare(fe, body, store)
@@ -118,6 +118,7 @@ class ResponseRun:
     async def prepare(cls, fe: OpenAIFrontend, body: p.ResponsesRequest, store: ResponseStore | None) -> ResponseRun:
         fe.check_model(body.model)
         fe.check_unsupported(body)
+        _check_responses_fields(body)
         tools, tool_choice = _chat_tools(body)
         fe.check_tools(tools, tool_choice)
         fmt = dict((body.text or {}).get("format") or {"type": "text"})
@@ -145,17 +146,17 @@ class ResponseRun:
         )
         run.items = OutputItems(run.plan, run.message_id)
         await fe.check_constraint(constraint, "tool_choice" if tool_choice not in (None, "none", "auto") else "text")
-        max_tokens = fe.resolve_max_tokens(body.max_output_tokens, len(run.prompt_ids), "max_output_tokens")
-        top_logprobs = getattr(body, "top_logprobs", None)
-        limit = fe.options.get("max_logprobs", 20)
+        top_logprobs = body.top_logprobs
+        limit = fe.options.max_logprobs
         if top_logprobs is not None and limit >= 0 and top_logprobs > limit:  # held to the cap chat has
             raise bad_request(
                 f"top_logprobs={top_logprobs} exceeds the server's limit of {limit} (--max-logprobs)", "top_logprobs"
             )
         run.params = fe.sampling_params(
             body,
-            max_tokens,
-            None,
+            len(run.prompt_ids),
+            max_tokens=body.max_output_tokens,
+            logprobs=None,
             structured_outputs=constraint,
             skip_special_tokens=fe.skip_special_tokens(run.plan, body.skip_special_tokens),
             names={"max_tokens": "max_output_tokens"},
@@ -405,6 +406,31 @@ class OutputItems:
                 "response.content_part.added",
                 {"item_id": self.message_id, "output_index": index, "content_index": 0, "part": part},
             )
+
+
+# what Responses clients (Codex) send routinely: reasoning items carry their text, nothing is encrypted
+INCLUDABLE = frozenset({"reasoning.encrypted_content"})
+
+
+def _check_responses_fields(body: p.ResponsesRequest) -> None:
+    """Chat and completions fields the Responses API has no place for, and outputs this server
+    cannot add, are refused rather than dropped."""
+    for name, given in (
+        ("response_format", body.response_format is not None),
+        ("echo", body.echo),
+        ("prompt_logprobs", body.prompt_logprobs is not None),
+        ("return_token_ids", body.return_token_ids),
+    ):
+        if given:
+            hint = "; give text.format" if name == "response_format" else ""
+            raise bad_request(f"{name} is not a field of the Responses API{hint}", name)
+    unknown = sorted(set(body.include or ()) - INCLUDABLE)
+    if unknown:
+        raise bad_request(
+            f"include {', '.join(map(repr, unknown))} is not supported (this server can include: "
+            f"{', '.join(sorted(INCLUDABLE))})",
+            "include",
+        )
 
 
 def _chat_tools(body: p.ResponsesRequest) -> tuple[list[dict[str, Any]] | None, Any]:

@@ -14,13 +14,16 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from llmp.sampling_params import SamplingParams
 from llmp.server.app import until_disconnected
 from llmp.server.errors import bad_request, validation_message
-from llmp.server.frontend_kit import FrontendKit, engine_request_id
+from llmp.server.frontend_kit import FrontendKit, ReasoningEffort, SamplingRequest, engine_request_id
 
 
 class _Sampling(BaseModel):
+    """The sampling fields of OpenAI's chat and completion bodies (with vLLM's extras) that a single,
+    non-streamed, text-only answer can honour; the others are refused (``UNSUPPORTED``), unknown keys
+    ignored."""
+
     model_config = ConfigDict(extra="ignore")
 
     model: str | None = None
@@ -28,15 +31,43 @@ class _Sampling(BaseModel):
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    logit_bias: dict[str, float] | None = None
+    bad_words: list[str] | None = None
     stream: bool = False
+
+
+# OpenAI (and vLLM) request fields whose answer /invocations has no place for: a 400, never dropped
+UNSUPPORTED = (
+    "n",
+    "logprobs",
+    "top_logprobs",
+    "prompt_logprobs",
+    "tools",
+    "tool_choice",
+    "response_format",
+    "structured_outputs",
+    "echo",
+    "suffix",
+    "best_of",
+    "stream_options",
+    "return_token_ids",
+)
 
 
 class ChatBody(_Sampling):
     messages: list[dict[str, Any]]
     max_completion_tokens: int | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: ReasoningEffort | None = None
 
 
 class CompletionBody(_Sampling):
@@ -90,6 +121,13 @@ class SageMakerFrontend(FrontendKit):
         except ValidationError as exc:
             message, param = validation_message(list(exc.errors()))
             raise bad_request(message, param) from None
+        unsupported = None if kind is EmbeddingBody else _unsupported(body)
+        if unsupported:
+            raise bad_request(
+                f"{unsupported} is not supported on /invocations (one text answer per request); "
+                "use the OpenAI routes (--frontend openai)",
+                unsupported,
+            )
         self.check_model(parsed.model)
         wanted = "embed" if kind is EmbeddingBody else "generate"
         if wanted != self.task:
@@ -148,20 +186,28 @@ class SageMakerFrontend(FrontendKit):
         }
 
     async def _generate(self, text: str | None, ids: list[int], body: _Sampling, requested: int | None) -> Any:
-        self.check_stop(body.stop)
-        max_tokens = self.resolve_max_tokens(requested, len(ids))
-        d = self.defaults
-        try:
-            params = SamplingParams(
-                temperature=_or(body.temperature, d.get("temperature", 1.0)),
-                top_p=_or(body.top_p, d.get("top_p", 1.0)),
-                top_k=_or(body.top_k, d.get("top_k", 0)),
+        name = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) is not None else "max_tokens"
+        params = self.sampling_params(
+            SamplingRequest(
+                temperature=body.temperature,
+                top_p=body.top_p,
+                top_k=body.top_k,
+                min_p=body.min_p,
+                repetition_penalty=body.repetition_penalty,
+                presence_penalty=body.presence_penalty,
+                frequency_penalty=body.frequency_penalty,
                 seed=body.seed,
-                max_tokens=max_tokens,
+                max_tokens=requested,
+                min_tokens=body.min_tokens,
                 stop=body.stop,
-            )
-        except ValueError as exc:
-            raise bad_request(str(exc)) from None
+                stop_token_ids=body.stop_token_ids,
+                ignore_eos=body.ignore_eos,
+                logit_bias=body.logit_bias,
+                bad_words=body.bad_words,
+                names={"max_tokens": name},
+            ),
+            len(ids),
+        )
         final = None
         async for final in self.engine.generate(
             {"prompt": text, "prompt_token_ids": ids}, params, engine_request_id("sagemaker")
@@ -205,6 +251,12 @@ class SageMakerFrontend(FrontendKit):
         }
 
 
+def _unsupported(body: dict[str, Any]) -> str | None:
+    """The first field of ``UNSUPPORTED`` given with a value other than its default."""
+    defaults = {"n": (None, 1)}
+    return next((name for name in UNSUPPORTED if body.get(name) not in defaults.get(name, (None, False))), None)
+
+
 def _message(message: Any, index: int) -> dict[str, Any]:
     if not isinstance(message, dict) or not isinstance(message.get("role"), str):
         raise bad_request(f"messages.{index} must be an object with a role", "messages")
@@ -225,7 +277,3 @@ def _message(message: Any, index: int) -> dict[str, Any]:
 
 def _usage(prompt: int, completion: int) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-
-
-def _or(value: Any, default: Any) -> Any:
-    return default if value is None else value

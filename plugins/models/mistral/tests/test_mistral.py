@@ -57,7 +57,7 @@ def test_mixtral_matches_transformers(tmp_path, extra):
 def test_mixtral_checkpoint_missing_an_expert_is_refused(tmp_path):
     from safetensors.torch import load_file, save_file
 
-    from llmp.modeling.files import ModelLoadError
+    from llmp.api import ModelLoadError
 
     save_tiny_model(tmp_path, "MixtralForCausalLM", seed=6, **MIXTRAL)
     weights = load_file(tmp_path / "model.safetensors")

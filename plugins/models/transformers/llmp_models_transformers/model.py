@@ -23,8 +23,7 @@ import transformers
 from torch import nn
 from transformers import AttentionInterface, AutoModelForCausalLM, PreTrainedModel
 
-from llmp.api import AttentionMetadata, KernelSet, UnknownComponentError
-from llmp.modeling.files import ModelLoadError
+from llmp.api import AttentionMetadata, KernelSet, ModelLoadError, UnknownComponentError
 from llmp.modeling.parallel import tp_size
 
 ATTN_IMPLEMENTATION = "llmp"

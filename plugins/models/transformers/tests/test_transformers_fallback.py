@@ -12,8 +12,7 @@ import pytest
 import torch
 
 from llmp import LLM, SamplingParams
-from llmp.api import UnknownComponentError
-from llmp.modeling.files import ModelLoadError
+from llmp.api import ModelLoadError, UnknownComponentError
 from llmp.testing import assert_greedy_parity, engine_greedy, mixed_prompts, save_tiny_llama, tiny_tokenizer
 
 NEW_TOKENS = 24
@@ -94,7 +93,7 @@ def tiny_phi3(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.
 
 
 def model_spec(llm: LLM):
-    return llm.engine.executor.runner.model_spec
+    return llm.engine.model.spec
 
 
 def test_batch_of_mixed_lengths_matches_transformers(tiny):

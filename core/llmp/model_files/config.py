@@ -5,7 +5,8 @@ transformers 5's configuration module imports ``torch.distributed.tensor`` and
 sympy. Native models only read attributes, so they get a :class:`PlainConfig`:
 every attribute of transformers' config object (the class defaults filled in),
 dumped once per ``config.json`` and transformers version to llmp's cache and
-read back as JSON afterwards. The transformers fallback gets the real object.
+read back as JSON afterwards. The transformers fallback gets the real object
+(:func:`transformers_config`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from llmp.modeling.files import cache_dir
+from llmp.model_files import cache_dir
 
 
 class PlainConfig:
@@ -56,7 +57,7 @@ def load_plain_config(model_dir: str | os.PathLike) -> PlainConfig:
             return PlainConfig(entry["values"], entry["aliases"])
         except (OSError, ValueError, KeyError, TypeError):
             pass  # not cached yet, or a damaged entry: read it through transformers
-    config = _transformers_config(model_dir)
+    config = transformers_config(model_dir)
     text = json.dumps({"values": config.to_dict(), "aliases": dict(getattr(config, "attribute_map", {}))}, default=str)
     if cached is not None:
         _write_atomically(cached, text)
@@ -64,26 +65,31 @@ def load_plain_config(model_dir: str | os.PathLike) -> PlainConfig:
     return PlainConfig(entry["values"], entry["aliases"])
 
 
-def load_model_config(model_dir: str | os.PathLike, model_impl: str = "auto") -> tuple[Any, Any]:
-    """``(model_spec, config)``: the model plugin that serves the directory and the config it gets.
-
-    Native models get a :class:`PlainConfig`; the transformers fallback gets
-    transformers' own config object, which it hands to transformers' model classes.
-    """
-    from llmp import registry
-    from llmp.engine.model_runner import architectures
-
-    config = load_plain_config(model_dir)
-    spec = registry.select_model(architectures(config), model_impl)
-    if spec.model_impl != "native":
-        config = _transformers_config(Path(model_dir))
-    return spec, config
-
-
-def _transformers_config(model_dir: Path) -> Any:
+def transformers_config(model_dir: str | os.PathLike) -> Any:
+    """transformers' own config object (what the transformers fallback hands its model classes)."""
     from transformers import AutoConfig
 
     return AutoConfig.from_pretrained(model_dir)
+
+
+def architectures(config: Any) -> list[str]:
+    """The config's architectures, or the causal LM class transformers maps its model_type to."""
+    names = list(getattr(config, "architectures", None) or [])
+    if not names:
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+        fallback = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(getattr(config, "model_type", ""))
+        names = [fallback] if isinstance(fallback, str) else []
+    return names
+
+
+def has_sentence_transformers_config(model_dir: Path) -> bool:
+    """Whether the directory is a sentence-transformers model (its ``modules.json`` has a pooling module)."""
+    try:
+        modules = json.loads((model_dir / "modules.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return any(str(m.get("type", "")).endswith("Pooling") for m in modules if isinstance(m, dict))
 
 
 def _cache_file(model_dir: Path) -> Path | None:

@@ -1,0 +1,68 @@
+"""Resolving the model an engine serves, once, into a :class:`~llmp.api.ResolvedModel`.
+
+``LLM``, ``AsyncLLM`` (in the caller's process) and ``llmp serve`` call
+:func:`resolve_model`; the engine, its executor, workers and model runners
+take the record as is, so lookup, GGUF conversion and model selection happen
+once per engine, not once per process.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from llmp import registry
+from llmp.api import ModelSpec, ModelTask, ResolvedModel
+from llmp.model_files.config import architectures, has_sentence_transformers_config, load_plain_config
+from llmp.model_files.lookup import find_model_dir
+
+if TYPE_CHECKING:
+    from llmp.engine.config import EngineConfig
+
+DTYPES = ("bfloat16", "float16", "float32")
+
+
+def resolve_model(config: EngineConfig) -> ResolvedModel:
+    """Find the model of ``config`` (converting a GGUF file), read its config and select
+    the model implementation serving it.
+
+    Raises ``ModelLoadError`` (no such model), ``UnknownComponentError`` (no plugin serves
+    its architecture) or ``ValueError`` (a task or ``model_impl`` the model cannot take).
+    """
+    model_dir = find_model_dir(config.model)
+    hf_config = load_plain_config(model_dir)
+    names = architectures(hf_config)
+    spec = registry.select_model(names, config.model_impl)
+    return ResolvedModel(
+        name=str(config.model or model_dir),
+        model_dir=model_dir,
+        tokenizer=str(config.tokenizer or model_dir),
+        config=hf_config,
+        architectures=tuple(names),
+        spec=spec,
+        task=resolve_task(config.task, spec, has_sentence_transformers_config(model_dir)),
+        dtype=resolve_dtype(config.dtype, hf_config),
+        context_len=getattr(hf_config, "max_position_embeddings", None) or 4096,
+    )
+
+
+def resolve_task(requested: str, spec: ModelSpec, sentence_transformers: bool) -> ModelTask:
+    """``generate`` or ``embed``: what the engine does with the model.
+
+    ``auto`` embeds with models that only embed and with causal LMs shipped as
+    sentence-transformers models (Qwen3-Embedding); otherwise it generates.
+    """
+    tasks = getattr(spec, "tasks", ("generate",))
+    if requested == "auto":
+        return "embed" if "generate" not in tasks or sentence_transformers else "generate"
+    if requested == "generate" and "generate" not in tasks:
+        raise ValueError(f"the {spec.name} model produces embeddings; it cannot generate text (task='generate')")
+    return requested  # type: ignore[return-value]  # EngineConfig checked it is generate or embed
+
+
+def resolve_dtype(requested: str, hf_config: Any) -> str:
+    """The dtype of weights and KV cache: the one requested, else the config's (bfloat16 when it names none)."""
+    if requested != "auto":
+        return requested
+    configured = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+    configured = str(configured).removeprefix("torch.") if configured is not None else None
+    return configured if configured in DTYPES else "bfloat16"

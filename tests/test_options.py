@@ -1,0 +1,243 @@
+"""Options declared once: the generated commands follow their records, and engine defaults are not repeated.
+
+The commands are built by typer exactly as ``llmp`` builds them; the option sources
+(command line, ``LLMP_*``, YAML) are exercised through ``llmp.config`` and, for the
+engine options of ``llmp serve``, through the real CLI in a subprocess.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import typing
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+from llmp_frontend_mcp.cli import mcp
+
+from llmp.cli.bench_cmd import serve as bench_serve
+from llmp.cli.bench_offline import latency, throughput
+from llmp.cli.client_cmd import chat, complete
+from llmp.cli.env_cmd import collect_env
+from llmp.cli.plugins_cmd import list_plugins, show_plugin
+from llmp.cli.serve_cmd import serve
+from llmp.config import OptionError, Select, load_records
+from llmp.engine.config import EngineConfig
+from llmp.options import ServerOptions
+from llmp.testing import run_llmp
+
+REPO = Path(__file__).resolve().parents[1]
+COMMANDS = {
+    "serve": serve,
+    "bench throughput": throughput,
+    "bench latency": latency,
+    "bench serve": bench_serve,
+    "mcp": mcp,
+    "plugins list": list_plugins,
+    "plugins show": show_plugin,
+    "collect-env": collect_env,
+    "chat": chat,
+    "complete": complete,
+}
+
+
+def click_params(function: Any) -> dict[str, Any]:
+    holder = typer.Typer(add_completion=False)  # as `llmp` builds its commands
+    holder.command()(function)
+    return {p.name: p for p in typer.main.get_command(holder).params}
+
+
+def record_fields(record: Any) -> list[tuple[dataclasses.Field, str]]:
+    """The option fields of a command parameter's record, with the help text this command shows."""
+    select = Select()
+    if typing.get_origin(record) is typing.Annotated:
+        record, select = typing.get_args(record)
+    return [
+        (f, select.help.get(f.name, f.metadata["help"]))
+        for f in dataclasses.fields(record)
+        if f.metadata.get("help") and (select.only is None or f.name in select.only) and f.name not in select.omit
+    ]
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_generated_command_matches_its_records(name: str) -> None:
+    command = COMMANDS[name]
+    params = click_params(command)
+    hints = typing.get_type_hints(command.function, include_extras=True)
+    expected = {"config"}
+    for record in hints.values():
+        if record is type(None):
+            continue
+        for f, help_text in record_fields(record):
+            option = f.metadata.get("name") or f.name
+            expected.add(option)
+            param = params[option]
+            assert param.help == help_text, option
+            default = f.default
+            if f.default_factory is not dataclasses.MISSING:
+                default = f.default_factory()
+            if f.metadata.get("scale"):
+                default = default / f.metadata["scale"]
+            if f.metadata.get("argument"):
+                assert param.param_type_name == "argument" and param.required == (default is dataclasses.MISSING)
+                continue
+            flag = f.metadata.get("flag") or "--" + option.replace("_", "-")
+            assert flag.split("/")[0] in param.opts, (option, param.opts)
+            if f.metadata.get("short"):
+                assert f.metadata["short"] in param.opts
+            if isinstance(default, tuple):  # repeatable; the record's default applies when none is given
+                assert param.multiple and param.default is None, option
+            else:
+                assert param.default == default, option
+            if default is True:
+                assert param.secondary_opts == ["--no-" + flag[2:]], option
+    assert set(params) == expected
+
+
+# Every flag of these commands before they were generated, with its default: none may go or change.
+FLAGS_BEFORE = {
+    "serve": """--allow-credentials=False --allowed-hosts=None --allowed-origins=None --api-key=None --block-size=16
+        --chat-template=None --disable-access-log=False --disable-fastapi-docs=False --dtype='auto'
+        --enable-auto-tool-choice=False --enable-chunked-prefill/--no-enable-chunked-prefill=True
+        --enable-force-include-usage=False --enable-prefix-caching/--no-enable-prefix-caching=True
+        --enable-store=False --exclude-tools-when-tool-choice-none=False --executor='uniproc' --frontend=None
+        --generation-config='auto' --grpc-port=50051 --header-timeout=10.0 --health-check-timeout=5.0
+        --host='127.0.0.1' --kernels=None --kv-cache-memory-gib=4.0 --log-level='info' --max-logprobs=20
+        --max-model-len=None --max-n=128 --max-num-batched-tokens=2048 --max-num-seqs=256 --max-queue-len=1024
+        --max-request-body-bytes=2097152 --max-stop-sequences=64 --model-impl='auto' --num-threads=None
+        --overload-status=503 --port=8000 --ray-address=None --reasoning-parser=None --request-timeout=None
+        --response-role='assistant' --return-tokens-as-token-ids=False --root-path='' --seed=0
+        --served-model-name=None --shutdown-timeout=10.0 --task='auto' --tensor-parallel-size/-tp=1
+        --tool-call-parser=None --trust-request-chat-template=False""",
+    "bench throughput": """--block-size=16 --dataset='random' --dtype='auto'
+        --enable-chunked-prefill/--no-enable-chunked-prefill=True
+        --enable-prefix-caching/--no-enable-prefix-caching=True
+        --executor='uniproc' --input-len=128 --json/--no-json=False --kernels=None --kv-cache-memory-gib=4.0
+        --max-model-len=None --max-num-batched-tokens=2048 --max-num-seqs=256 --min-input-len=None
+        --min-output-len=None --model-impl='auto' --num-prompts=64 --num-threads=None --output-len=64
+        --prefix-len=128 --save-result=None --seed=0 --tensor-parallel-size/-tp=1""",
+    "bench latency": """--batch-size=8 --block-size=16 --dtype='auto'
+        --enable-chunked-prefill/--no-enable-chunked-prefill=True
+        --enable-prefix-caching/--no-enable-prefix-caching=True
+        --executor='uniproc' --input-len=32 --json/--no-json=False --kernels=None --kv-cache-memory-gib=4.0
+        --max-model-len=None --max-num-batched-tokens=2048 --max-num-seqs=256 --model-impl='auto' --num-iters=5
+        --num-iters-warmup=1 --num-threads=None --output-len=128 --save-result=None --seed=0
+        --tensor-parallel-size/-tp=1""",
+    "mcp": """--chat-template=None --dtype='auto' --generation-config='auto' --kv-cache-memory-gib=4.0
+        --log-level='warning' --max-model-len=None --max-num-seqs=256 --max-stop-sequences=64 --num-threads=None
+        --seed=0 --served-model-name=None""",
+}
+
+
+@pytest.mark.parametrize("name", FLAGS_BEFORE)
+def test_every_flag_of_before_is_still_there_with_its_default(name: str) -> None:
+    now = {}
+    for param in click_params(COMMANDS[name]).values():
+        if param.param_type_name == "option":
+            now["/".join(param.opts + param.secondary_opts)] = repr(param.default)
+    for item in FLAGS_BEFORE[name].split():
+        flags, default = item.split("=", 1)
+        assert now.get(flags) == default, (name, flags, now.get(flags), default)
+
+
+def test_engine_option_defaults_are_written_once() -> None:
+    """An engine option's default is written in EngineConfig alone: not again in a CLI, a component or a plugin."""
+    # the same name meaning something else: the tiny test model's weights seed, bench serve's prompt seed
+    elsewhere = {("core/llmp/testing.py", "seed"), ("core/llmp/cli/bench_cmd.py", "seed")}
+    sources = [p for root in ("core", "plugins") for p in (REPO / root).rglob("*.py") if "tests" not in p.parts]
+    repeats = []
+    for f in dataclasses.fields(EngineConfig):
+        if f.default is dataclasses.MISSING or f.default is None:
+            continue
+        names = "|".join({f.name, f.metadata.get("name") or f.name})
+        value = "|".join(_literals(f.default))
+        # `name: type = value`, `name=value`, `name = option(value`, `"name": value`
+        pattern = re.compile(
+            rf"""["']?\b(?:{names})\b["']?\s*(?::[^=\n]*)?[=:]\s*(?:[\w.]+\(\s*)?(?:{value})(?![\w.])"""
+        )
+        for path in sources:
+            relative = path.relative_to(REPO).as_posix()
+            if relative == "core/llmp/engine/config.py" or (relative, f.name) in elsewhere:
+                continue
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                match = pattern.search(line)
+                if match and not _in_string(line[: match.start()]):
+                    repeats.append(f"{relative}:{number}: {line.strip()}")
+    assert not repeats, "engine defaults written again:\n" + "\n".join(repeats)
+
+
+def _in_string(before: str) -> bool:
+    """Whether a match starting after ``before`` lies inside a string literal (a message, not code)."""
+    return before.count('"') % 2 == 1 or before.count("'") % 2 == 1
+
+
+def _literals(value: Any) -> list[str]:
+    """How a default may be spelt in source."""
+    if isinstance(value, bool):
+        return [str(value)]
+    if isinstance(value, int):
+        spelt = [str(value)]
+        if value >= 1 << 30 and value % (1 << 30) == 0:
+            gib = value >> 30
+            spelt += [
+                rf"{gib}\s*<<\s*30",
+                rf"{gib}\s*\*\s*\(?1\s*<<\s*30",
+                rf"{gib}\.0",
+                rf"{gib}\s*\*\s*2\s*\*\*\s*30",
+            ]
+        return spelt
+    if isinstance(value, float):
+        return [re.escape(repr(value)), rf"{int(value)}\b(?!\.)"] if value.is_integer() else [re.escape(repr(value))]
+    if isinstance(value, str):
+        return [rf"[\"']{re.escape(value)}[\"']"]
+    return []
+
+
+# -- where values come from -------------------------------------------------------------------
+
+
+def test_command_line_beats_environment_beats_yaml_beats_default(tmp_path: Path) -> None:
+    config = tmp_path / "llmp.yaml"
+    config.write_text("max-num-seqs: 8\nmax_num_batched_tokens: 64\nport: 9000\nkv-cache-memory-gib: 0.5\n")
+    records = {"engine": EngineConfig, "server": ServerOptions}
+    built = load_records(records, {}, config, environ={})
+    engine, server = built["engine"], built["server"]
+    assert (engine.max_num_seqs, engine.max_num_batched_tokens, server.port) == (8, 64, 9000)
+    assert engine.kv_cache_memory_bytes == 1 << 29  # given in GiB, kept in bytes
+    assert engine.block_size == EngineConfig().block_size  # set nowhere: the record's default
+    built = load_records(records, {}, config, environ={"LLMP_MAX_NUM_SEQS": "4", "LLMP_API_KEY": "a, b"})
+    assert built["engine"].max_num_seqs == 4 and built["engine"].max_num_batched_tokens == 64
+    assert built["server"].api_key == ("a", "b")  # a repeatable option's variable splits at commas
+    built = load_records(records, {"max_num_seqs": 2}, config, environ={"LLMP_MAX_NUM_SEQS": "4"})
+    assert built["engine"].max_num_seqs == 2
+
+
+@pytest.mark.parametrize(
+    ("environ", "words"),
+    [
+        ({"LLMP_OVERLOAD_STATUS": "500"}, ("overload_status", "503", "429")),
+        ({"LLMP_REQUEST_TIMEOUT": "-1"}, ("request_timeout", "greater than or equal to 0")),
+        ({"LLMP_MAX_NUM_SEQS": "many"}, ("max_num_seqs", "integer")),
+        ({"LLMP_MAX_NUM_SEQS": "0"}, ("max_num_seqs", ">= 1")),
+        ({"LLMP_KV_CACHE_MEMORY_GIB": "0"}, ("kv_cache_memory_gib", "greater than 0")),
+    ],
+)
+def test_bad_values_name_their_option(environ: dict[str, str], words: tuple[str, ...]) -> None:
+    with pytest.raises(OptionError) as caught:
+        load_records({"engine": EngineConfig, "server": ServerOptions}, {}, environ=environ)
+    for word in words:
+        assert word in caught.value.message
+
+
+def test_serve_reads_engine_options_from_environment_and_yaml(tmp_path: Path) -> None:
+    """Through the real CLI: a bad engine value from either source stops `llmp serve` before it starts anything."""
+    from_env = run_llmp("serve", "--port", "1", env={"LLMP_MAX_NUM_SEQS": "0"}, check=False)
+    assert from_env.returncode == 2 and "max_num_seqs must be >= 1" in from_env.stderr
+    config = tmp_path / "llmp.yaml"
+    config.write_text("max-num-seqs: 0\n")
+    from_yaml = run_llmp("serve", "--port", "1", "--config", str(config), check=False)
+    assert from_yaml.returncode == 2 and "max_num_seqs must be >= 1" in from_yaml.stderr
+    overloaded = run_llmp("serve", "--port", "1", "--overload-status", "500", check=False)
+    assert overloaded.returncode == 2 and "overload_status must be 503" in overloaded.stderr
