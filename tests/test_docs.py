@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import inspect
+import os
 import re
 from pathlib import Path
 
@@ -70,3 +72,66 @@ def test_the_parser_guides_example_streams_as_it_parses():
     assert message.content == "Hi " and [(c.name, c.arguments) for c in message.tool_calls] == [
         ("f", '{"a": [1, "}"]}')
     ]
+
+
+def guide_section(title: str) -> str:
+    return GUIDE.read_text().split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_public_modules_table_is_api_public_modules():
+    from llmp.api import PUBLIC_MODULES
+
+    rows = re.findall(r"^\| `([\w.]+)` \|", guide_section("Public modules"), flags=re.MULTILINE)
+    assert rows == list(PUBLIC_MODULES)
+    # and the API module's docstring lists the same modules
+    import llmp.api
+
+    assert re.findall(r"^``([\w.]+)``\s", llmp.api.__doc__, flags=re.MULTILINE) == list(PUBLIC_MODULES)
+
+
+def test_the_front_end_example_is_the_echo_fixture():
+    code = guide_section("Writing a front-end").split("```python\n")[1].split("```")[0]
+    fixture = (REPO / "tests" / "fixtures" / "llmp-frontend-echo" / "llmp_frontend_echo.py").read_text()
+    assert code.split("class EchoFrontend")[1] == fixture.split("class EchoFrontend")[1].rstrip("\n") + "\n"
+    # the guide imports what the fixture imports (bar the fixture's registration hook's)
+    imported = {source: _imported_names(source) for source in (code, fixture)}
+    assert imported[code] and imported[code] <= imported[fixture]
+
+
+def test_the_command_example_runs_as_the_guide_shows(tmp_path, monkeypatch):
+    import sys
+    import types
+
+    import typer
+    from typer.testing import CliRunner
+
+    section = guide_section("Adding commands")
+    code = section.split("```python\n# llmp_command_greet/cli.py\n")[1].split("```")[0]
+    module = types.ModuleType("llmp_command_greet_cli")
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    exec(compile(code, "plugins.md", "exec"), module.__dict__)
+    app = typer.Typer(add_completion=False)
+    app.command()(module.greet)
+    for var in [v for v in os.environ if v.startswith("LLMP_")]:
+        monkeypatch.delenv(var)
+    monkeypatch.chdir(tmp_path)
+    transcript = section.split("```console\n")[1].split("```")[0]
+    runs = re.findall(r"^\$ (.+)\n((?:[^$].*\n)*)", transcript, flags=re.MULTILINE)
+    assert len(runs) == 4
+    for command, expected in runs:
+        if command.startswith("printf"):
+            (tmp_path / "greet.yaml").write_text("name: yaml\ntimes: 1\n")
+            continue
+        words = command.split()
+        env = dict(word.split("=", 1) for word in words[: words.index("llmp")])
+        args = words[words.index("greet") + 1 :]
+        result = CliRunner().invoke(app, args, env=env)
+        assert result.exit_code == 0, result.output
+        assert result.output == expected, command
+
+
+def _imported_names(source: str) -> set[tuple[str | None, str]]:
+    tree = ast.parse(source)
+    return {
+        (node.module, alias.name) for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) for alias in node.names
+    }

@@ -3,7 +3,9 @@
 Importing this package is cheap: it imports no torch, transformers or triton, and it changes
 no process-wide setting (an engine's thread settings are applied where the engine starts:
 ``llmp.engine.process_settings``).
-Plugin authors import from :mod:`llmp.api` and use :data:`hookimpl`.
+Users import ``LLM``, ``AsyncLLM``, ``SamplingParams`` and the rest of ``__all__`` from here;
+plugins mark hook implementations with :data:`hookimpl`. The modules plugins may import are
+listed in :data:`llmp.api.PUBLIC_MODULES` (and ``docs/plugins.md``).
 """
 
 from typing import Any
@@ -18,6 +20,7 @@ __all__ = [
     "CompletionOutput",
     "PoolingParams",
     "PoolingRequestOutput",
+    "Prompt",
     "RequestOutput",
     "SamplingParams",
     "StructuredOutputsParams",
@@ -33,6 +36,7 @@ _LAZY = {
     "RequestOutput": "llmp.outputs",
     "CompletionOutput": "llmp.outputs",
     "PoolingParams": "llmp.pooling_params",
+    "Prompt": "llmp.inputs",
     "PoolingRequestOutput": "llmp.outputs",
 }
 

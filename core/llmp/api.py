@@ -1,9 +1,35 @@
-"""The public API for plugin authors: records, contracts and errors.
+"""The versioned plugin API: records, contracts, payloads and errors.
 
-Plugins import from this module and nowhere else in ``llmp``. It follows
-semantic versioning through ``API_VERSION``: while the major version is 0,
-a minor bump may change a contract, and the changelog in ``docs/plugins.md``
-says how.
+The supported surface of llmp is the modules in :data:`PUBLIC_MODULES`; a plugin (and
+its tests) imports from those and nowhere else in ``llmp``, and everything else may change
+without notice:
+
+============================ ================================= ==========================================
+module                       for                               what it holds
+============================ ================================= ==========================================
+``llmp``                     users and every plugin            ``LLM``, ``AsyncLLM``, ``SamplingParams``,
+                                                               ``PoolingParams``, ``Prompt``, outputs,
+                                                               ``hookimpl``
+``llmp.api``                 every plugin                      records, contracts, payloads, typed errors,
+                                                               ``ResolvedModel``
+``llmp.options``             programs, commands, executors     ``EngineConfig``, ``ServerOptions``,
+                                                               ``FrontendOptions``, ``option()``
+``llmp.cli.options``         command plugins                   ``options_command``, ``Select``
+``llmp.frontend``            front-end plugins                 ``FrontendKit``, ``APIError`` and the error
+                                                               helpers, HTTP helpers, ``render_chat``
+``llmp.parsing``             parser plugins                    text helpers (``held_back`` ...),
+                                                               ``MessageStream``
+``llmp.modeling``            model plugins                     model building blocks (its submodules:
+                                                               ``layers``, ``decoder``, ``moe`` ...)
+``llmp.executor``            executor plugins                  ``Worker``, ``exit_with_parent``
+``llmp.registry``            plugins using other components    looking components up by kind and name
+``llmp.plugins``             programs and tests                in-process ``register``/``unregister``
+``llmp.testing``             plugin tests                      the test kit
+============================ ================================= ==========================================
+
+This module follows semantic versioning through :data:`API_VERSION`: while the major
+version is 0, a minor bump may change a contract, and the changelog in
+``docs/plugins.md`` says how.
 
 Three kinds of things live here:
 
@@ -13,7 +39,7 @@ Three kinds of things live here:
   implementation is imported only when the component is selected.
 * **Contracts** (``Protocol`` classes): what the object behind a record must
   look like. They are structural; a plugin does not need to subclass them.
-* **Errors**: typed exceptions the kernel raises about plugins.
+* **Errors**: typed exceptions the kernel raises about plugins and requests.
 
 Nothing here imports torch, transformers or triton; tensor types appear only
 as ``Any`` so this module stays cheap to import.
@@ -28,9 +54,79 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
-from llmp.options import FrontendOptions
+from llmp.options import EngineConfig, FrontendOptions
 
-API_VERSION = "0.1"
+__all__ = [
+    "API_VERSION",
+    "AttentionMetadata",
+    "CommandSpec",
+    "ComponentImportError",
+    "ComponentSpec",
+    "DuplicateComponentError",
+    "EngineClient",
+    "EngineDeadError",
+    "EngineInfo",
+    "Executor",
+    "ExecutorSpec",
+    "FinishedRequestStats",
+    "Frontend",
+    "FrontendSpec",
+    "KINDS",
+    "KVCacheManager",
+    "KVManagerSpec",
+    "KernelSet",
+    "KernelSetSpec",
+    "LLMPError",
+    "Model",
+    "ModelLoadError",
+    "ModelSpec",
+    "ModelTask",
+    "PUBLIC_MODULES",
+    "PacksLinear",
+    "ParsedToolCall",
+    "PluginLoadError",
+    "ReasoningParse",
+    "ReasoningParser",
+    "ReasoningParserSpec",
+    "RequestValidationError",
+    "ResolvedModel",
+    "SPEC_TYPES",
+    "Scheduler",
+    "SchedulerSpec",
+    "SchedulerStats",
+    "StatLogger",
+    "StatLoggerSpec",
+    "Tensor",
+    "ToolCallParse",
+    "ToolParser",
+    "ToolParserSpec",
+    "UnknownComponentError",
+    "is_public_module",
+    "resolve_reference",
+]
+
+API_VERSION = "0.2"
+
+PUBLIC_MODULES = (
+    "llmp",
+    "llmp.api",
+    "llmp.options",
+    "llmp.cli.options",
+    "llmp.frontend",
+    "llmp.parsing",
+    "llmp.modeling",
+    "llmp.executor",
+    "llmp.registry",
+    "llmp.plugins",
+    "llmp.testing",
+)
+"""The modules of llmp's supported surface (``llmp.modeling`` with its submodules)."""
+
+
+def is_public_module(name: str) -> bool:
+    """Whether plugins may import module ``name`` (a dotted module path under ``llmp``)."""
+    return name in PUBLIC_MODULES or name.startswith("llmp.modeling.")
+
 
 Tensor = Any  # torch.Tensor, kept as Any so importing the API never imports torch
 
@@ -542,13 +638,16 @@ class KVCacheManager(Protocol):
 class Executor(Protocol):
     """Starts model workers and runs forward passes on them.
 
-    Built as ``Executor(config, model)`` (an ``llmp.engine.config.EngineConfig``
-    and the :class:`ResolvedModel`, which it hands to every worker as is:
-    workers never look the model up again). The engine prepares each step's
+    Built as ``Executor(config, model)`` (the engine's
+    :class:`~llmp.options.EngineConfig` and the :class:`ResolvedModel`, which it
+    hands to every worker as is: workers never look the model up again; see
+    :mod:`llmp.executor` for the worker). The engine prepares each step's
     inputs and samples from the returned logits, so an executor only runs the model.
     """
 
     kernels_name: str  # the kernel set the workers selected
+
+    def __init__(self, config: EngineConfig, model: ResolvedModel) -> None: ...
 
     def bytes_per_block(self) -> int:
         """KV-cache bytes one block takes on one worker."""
@@ -578,7 +677,8 @@ class EngineClient(Protocol):
     ``generate``/``encode`` check the request when called (raising
     ``RequestValidationError``), before the first iteration, so a front-end can
     answer 400 before it starts a stream. Leaving their loop early aborts the
-    request in the engine.
+    request in the engine. A prompt is an ``llmp.Prompt`` (the front-end kit's
+    ``prompt_inputs`` and ``conversation_prompt`` make them) or text.
     """
 
     info: Mapping[str, Any]
@@ -610,7 +710,7 @@ class Frontend(Protocol):
     ``api_keys`` (the server's ``--api-key`` values, which must guard it too).
     HTTP front-ends return a FastAPI ``APIRouter`` from
     ``http_router``; the shared server mounts it behind its API key, CORS,
-    request-id and body-limit middleware, and renders ``llmp.server.errors.APIError``
+    request-id and body-limit middleware, and renders ``llmp.frontend.APIError``
     (and a :class:`RequestValidationError`, from the engine or ``SamplingParams``,
     as a 400 naming its ``field``).
     Others (gRPC) return ``None``. Every front-end's ``serve`` runs as a task

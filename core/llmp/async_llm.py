@@ -27,9 +27,9 @@ import zmq
 
 from llmp.api import EngineDeadError, LLMPError, RequestValidationError, ResolvedModel
 from llmp.engine import protocol as msg
-from llmp.engine.config import EngineConfig
 from llmp.engine.scheduler import check_priority
 from llmp.inputs import Prompt, PromptType, as_prompt
+from llmp.options import EngineConfig
 from llmp.outputs import PoolingRequestOutput, RequestOutput
 from llmp.pooling_params import PoolingParams
 from llmp.sampling_params import SamplingParams, SamplingParamsError

@@ -95,7 +95,8 @@ def llmp_register_executors() -> Iterable[ExecutorSpec]:
     """Register executors (``--executor NAME``).
 
     Called once per process, when an executor is looked up or plugins are
-    listed. The implementation must satisfy :class:`llmp.api.Executor`.
+    listed. The implementation must satisfy :class:`llmp.api.Executor`; its
+    workers are :class:`llmp.executor.Worker` ranks.
 
     :return: :class:`llmp.api.ExecutorSpec` records.
 
@@ -220,9 +221,10 @@ def llmp_register_commands() -> Iterable[CommandSpec]:
 
     Called once per process, when the CLI starts. ``impl`` resolves to a
     ``typer.Typer`` (a group such as ``llmp plugins``) or a function (one
-    command). Options should have a matching field in a settings class
-    (``llmp.config.CommandSettings``) so they can also come from ``LLMP_*``
-    variables and ``--config`` files.
+    command). Declare a command's options as an option record (fields made
+    with ``llmp.options.option``) and generate the command with
+    ``llmp.cli.options.options_command``, so every option also comes from
+    ``LLMP_*`` variables and ``--config`` files.
 
     :return: :class:`llmp.api.CommandSpec` records.
 

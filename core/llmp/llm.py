@@ -6,8 +6,8 @@ import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from llmp.engine.config import EngineConfig
 from llmp.inputs import Prompt, PromptType, as_prompt
+from llmp.options import EngineConfig
 from llmp.outputs import PoolingRequestOutput, RequestOutput
 from llmp.pooling_params import PoolingParams
 from llmp.sampling_params import SamplingParams
@@ -19,7 +19,7 @@ class LLM:
     """An engine in this process, for batches of prompts.
 
     ``LLM()`` serves the default model (SmolLM2-135M-Instruct). Any keyword of
-    :class:`llmp.engine.config.EngineConfig` is accepted, e.g. ``dtype``,
+    :class:`llmp.options.EngineConfig` is accepted, e.g. ``dtype``,
     ``max_model_len``, ``enable_prefix_caching``, ``max_num_seqs``, ``kernels``.
     """
 

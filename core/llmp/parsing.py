@@ -16,6 +16,20 @@ from typing import Any
 
 from llmp.api import ParsedToolCall, ReasoningParser, ToolCallParse, ToolParser
 
+__all__ = [
+    "MessageDelta",
+    "MessageStream",
+    "NamedToolCallParser",
+    "ParsedMessage",
+    "RequiredToolCallsParser",
+    "ToolCallDelta",
+    "ToolCallMessage",
+    "held_back",
+    "json_value_end",
+    "new_tool_call_id",
+    "skip_whitespace",
+]
+
 # -- text helpers --------------------------------------------------------------
 
 

@@ -31,6 +31,8 @@ import pluggy
 from llmp import hookspecs
 from llmp.api import PluginLoadError
 
+__all__ = ["PluginRecord", "get_record", "load_plugins", "plugin_records", "register", "unregister"]
+
 log = logging.getLogger("llmp.plugins")
 
 ENTRY_POINT_GROUP = "llmp"

@@ -21,6 +21,16 @@ from llmp.api import (
     UnknownComponentError,
 )
 
+__all__ = [
+    "all_components",
+    "components",
+    "conflicts",
+    "get_component",
+    "load_component",
+    "select_kernels",
+    "select_model",
+]
+
 HOOK_FOR_KIND: dict[str, str] = {
     "model": "llmp_register_models",
     "kernels": "llmp_register_kernels",

@@ -117,7 +117,6 @@ class SamplingParams:
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     structured_outputs: StructuredOutputsParams | None = None
-    bad_words: list[str] | None = None  # words the output must not contain (banned as token sequences)
     stop_strings: list[str] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:

@@ -1,14 +1,50 @@
-"""Helpers for testing llmp and its plugins against the real CLI and real installs."""
+"""The test kit for llmp and its plugins: real CLI runs, real installs, real servers, tiny models.
+
+- Packaging and registration: :func:`run_llmp`, :func:`pip_install_target`, :func:`registered`.
+- Tiny models and parity with transformers: :func:`tiny_tokenizer`, :func:`save_tiny_model`,
+  :func:`save_tiny_llama`, :func:`mixed_prompts`, :func:`engine_greedy`,
+  :func:`assert_greedy_parity`, :func:`hf_greedy`; embeddings: :func:`minilm_dir`,
+  :func:`sentence_transformers_reference`.
+- Servers: :func:`serving` and :class:`LiveServer` (a real ``llmp serve`` on loopback),
+  :func:`frontend_app` (a front-end's routes on the server's app, in-process),
+  :func:`assert_openai_error`, :func:`free_port`, :func:`pid_alive`.
+- Parsers: :func:`assert_streams_agree`.
+
+Importing this module is cheap; each helper imports what it needs (torch, transformers) itself.
+"""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+__all__ = [
+    "TINY_DECODER",
+    "LiveServer",
+    "assert_greedy_parity",
+    "assert_openai_error",
+    "assert_streams_agree",
+    "engine_greedy",
+    "free_port",
+    "frontend_app",
+    "hf_greedy",
+    "minilm_dir",
+    "mixed_prompts",
+    "pid_alive",
+    "pip_install_target",
+    "registered",
+    "run_llmp",
+    "save_tiny_llama",
+    "save_tiny_model",
+    "sentence_transformers_reference",
+    "serving",
+    "tiny_tokenizer",
+]
 
 
 def run_llmp(
@@ -353,6 +389,30 @@ def serving(
         yield server
     finally:
         server.stop()
+
+
+def frontend_app(frontend: Any, *, api_keys: Sequence[str] = ()) -> Any:
+    """The ASGI app of ``llmp serve`` (the gate, the API key, error rendering, the docs) with
+    ``frontend``'s HTTP routes mounted as the server mounts them, ready: for in-process tests
+    through ``httpx.ASGITransport``, with no engine process and no port."""
+    from llmp.server.app import Limits, ServerState, build_app, with_light_json
+
+    state = ServerState()
+    state.phase, state.engine = "ready", object()
+    app = build_app(
+        state,
+        api_keys=list(api_keys),
+        allowed_origins=[],
+        allow_credentials=False,
+        limits=Limits(),
+        root_path="",
+        docs=True,
+        metrics=None,
+    )
+    for prefix in getattr(frontend, "error_paths", ()):
+        state.error_renderers.append((prefix, frontend.render_error))
+    app.include_router(with_light_json(frontend.http_router()))
+    return app
 
 
 def assert_streams_agree(

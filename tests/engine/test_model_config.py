@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from llmp import plugins
-from llmp.engine.config import EngineConfig
 from llmp.model_files.config import PlainConfig, _cache_file, load_plain_config, transformers_config
 from llmp.model_files.resolve import resolve_model
+from llmp.options import EngineConfig
 from llmp.testing import save_tiny_model
 
 

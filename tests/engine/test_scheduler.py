@@ -9,10 +9,10 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from llmp.api import RequestValidationError
-from llmp.engine.config import EngineConfig
 from llmp.engine.kv_cache import BlockKVCacheManager
 from llmp.engine.request import Request, RequestStatus
 from llmp.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, check_priority
+from llmp.options import EngineConfig
 from llmp.sampling_params import SamplingParams
 
 BS = 4  # block size used throughout

@@ -17,8 +17,7 @@ import typer
 
 from llmp.cli.bench_report import ReportOptions, emit_report, percentile
 from llmp.cli.options import Select, options_command
-from llmp.engine.config import EngineConfig
-from llmp.options import option
+from llmp.options import EngineConfig, option
 
 PERCENTILES = (10, 25, 50, 75, 90, 99)
 WARMUP_PROMPTS = 4  # requests of the throughput warm-up

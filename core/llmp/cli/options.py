@@ -24,7 +24,7 @@ variables and the YAML file (see :mod:`llmp.config`)::
 
 Register ``greet`` with ``CommandSpec(name="greet", impl="my_plugin.cli:greet")``.
 A command taking part of a shared record selects it with
-``Annotated[EngineConfig, Select(omit=("task",))]`` (:class:`llmp.config.Select`).
+``Annotated[EngineConfig, Select(omit=("task",))]`` (``EngineConfig`` from :mod:`llmp.options`).
 """
 
 from __future__ import annotations

@@ -9,8 +9,7 @@ from __future__ import annotations
 import typer
 
 from llmp.cli.options import options_command
-from llmp.engine.config import EngineConfig
-from llmp.options import FrontendOptions, ServerOptions
+from llmp.options import EngineConfig, FrontendOptions, ServerOptions
 
 
 @options_command

@@ -20,7 +20,7 @@ import zmq
 
 from llmp.api import LLMPError, RequestValidationError, ResolvedModel
 from llmp.engine import protocol as msg
-from llmp.engine.config import EngineConfig
+from llmp.options import EngineConfig
 from llmp.outputs import RequestOutput
 from llmp.sampling_params import SamplingParamsError, StructuredOutputsParams
 

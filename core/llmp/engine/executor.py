@@ -8,8 +8,8 @@ only loads the model, holds the KV cache and runs forward passes.
 from __future__ import annotations
 
 from llmp.api import ResolvedModel
-from llmp.engine.config import EngineConfig
 from llmp.engine.model_runner import ModelRunner, StepInputs, StepLogits
+from llmp.options import EngineConfig
 
 
 class UniprocExecutor:

@@ -15,7 +15,6 @@ from typing import Any
 
 from llmp import plugins, registry
 from llmp.api import EngineInfo, FinishedRequestStats, ResolvedModel, SchedulerStats
-from llmp.engine.config import EngineConfig
 from llmp.engine.model_runner import prepare_inputs, sample_step
 from llmp.engine.output_processor import OutputProcessor, RequestState
 from llmp.engine.request import Request, RequestStatus
@@ -23,6 +22,7 @@ from llmp.engine.sampler import Sampler, bad_words_token_ids
 from llmp.engine.scheduler import SchedulerConfig, check_priority
 from llmp.engine.stat_loggers import StatLoggers
 from llmp.inputs import Prompt, PromptType, as_prompt
+from llmp.options import EngineConfig
 from llmp.outputs import EmbeddingOutput, PoolingRequestOutput, RequestOutput
 from llmp.pooling_params import PoolingParams
 from llmp.sampling_params import SamplingParams, StructuredOutputsParams, resolve_max_tokens

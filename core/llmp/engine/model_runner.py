@@ -16,10 +16,10 @@ import torch
 
 from llmp import registry
 from llmp.api import AttentionMetadata, PacksLinear, ResolvedModel
-from llmp.engine.config import EngineConfig
 from llmp.engine.sampler import Sampler, TokenLogprobs, gather_logprobs
 from llmp.engine.scheduler import SchedulerOutput
 from llmp.model_files.weights import iter_weights
+from llmp.options import EngineConfig
 
 TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 

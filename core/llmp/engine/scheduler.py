@@ -20,9 +20,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from llmp.api import RequestValidationError
-from llmp.engine.config import EngineConfig
 from llmp.engine.kv_cache import BlockKVCacheManager
 from llmp.engine.request import Request, RequestStatus
+from llmp.options import EngineConfig
 
 POLICIES = ("fcfs", "priority")
 

@@ -7,7 +7,7 @@ import os
 from typing import Any
 
 from llmp.api import ResolvedModel
-from llmp.engine.config import EngineConfig
+from llmp.options import EngineConfig
 
 
 class Worker:

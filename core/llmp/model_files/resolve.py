@@ -16,7 +16,7 @@ from llmp.model_files.config import architectures, has_sentence_transformers_con
 from llmp.model_files.lookup import find_model_dir
 
 if TYPE_CHECKING:
-    from llmp.engine.config import EngineConfig
+    from llmp.options import EngineConfig
 
 DTYPES = ("bfloat16", "float16", "float32")
 

@@ -31,6 +31,16 @@ from llmp.modeling.layers import (
     load_weights,
 )
 
+__all__ = [
+    "DecoderAttention",
+    "DecoderForCausalLM",
+    "DecoderLayer",
+    "DecoderModel",
+    "embedding_variant",
+    "layer_windows",
+    "rope_settings",
+]
+
 
 def rope_settings(config: Any) -> tuple[float, dict[str, Any] | None]:
     """``(theta, scaling)`` from a config of any transformers version (rope_parameters or rope_theta/rope_scaling)."""

@@ -21,6 +21,26 @@ from llmp.api import AttentionMetadata, KernelSet, ModelLoadError
 from llmp.modeling.parallel import all_gather, all_reduce, divide, tp_rank, tp_size
 from llmp.modeling.rope import cos_sin_table
 
+__all__ = [
+    "CausalLM",
+    "ColumnParallelLinear",
+    "GatedMLP",
+    "MergedLinear",
+    "PackableLinear",
+    "PagedAttention",
+    "ParallelLMHead",
+    "RMSNorm",
+    "RotaryEmbedding",
+    "RowParallelLinear",
+    "Slice",
+    "VocabParallelEmbedding",
+    "column_slice",
+    "kv_head_slice",
+    "load_weights",
+    "pack_linear_layers",
+    "with_window",
+]
+
 
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float, kernels: KernelSet) -> None:

@@ -15,6 +15,8 @@ from llmp.api import KernelSet, ModelLoadError
 from llmp.modeling.layers import column_slice
 from llmp.modeling.parallel import all_reduce
 
+__all__ = ["FusedExperts", "SparseMoE"]
+
 
 class FusedExperts(nn.Module):
     """``w13`` [E, 2I, N] (each expert's gate rows, then up rows) and ``w2`` [E, N, I],

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+__all__ = ["all_gather", "all_reduce", "divide", "init_tensor_parallel", "tp_rank", "tp_size"]
+
 
 @dataclass
 class _TensorParallel:

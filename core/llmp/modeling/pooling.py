@@ -9,6 +9,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+__all__ = ["POOLING_TYPES", "Pooler", "as_pooling_model", "finish_embedding"]
+
 POOLING_TYPES = ("mean", "cls", "last")
 
 

@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+__all__ = ["cos_sin_table", "inverse_frequencies"]
+
 
 def inverse_frequencies(rotary_dim: int, base: float, scaling: Mapping[str, Any] | None = None) -> torch.Tensor:
     """Per-pair inverse frequencies [rotary_dim / 2], with ``rope_scaling`` applied."""

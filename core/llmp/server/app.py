@@ -13,7 +13,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -23,10 +23,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from llmp import __version__
 from llmp.api import EngineDeadError
-from llmp.server.errors import APIError, as_api_error, error_body, validation_message
+from llmp.frontend.errors import APIError, as_api_error, error_body, validation_message
 
 log = logging.getLogger("llmp.server")
-T = TypeVar("T")
 
 PROBE_PATHS = frozenset({"/health", "/ready", "/live", "/ping", "/version", "/metrics"})
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
@@ -343,34 +342,6 @@ class RequestIdMiddleware:
             await send(message)
 
         await self.app(scope, receive, send_with_id)
-
-
-def request_id_of(request: Request) -> str:
-    return request.scope.get("state", {}).get("request_id") or uuid.uuid4().hex
-
-
-async def until_disconnected(request: Request, work: Awaitable[T]) -> T:
-    """Await ``work``, cancelling it if the client goes away (which aborts its engine requests)."""
-    task = asyncio.ensure_future(work)
-
-    async def watch() -> None:
-        while True:
-            message = await request.receive()
-            if message["type"] == "http.disconnect":
-                return
-
-    watcher = asyncio.ensure_future(watch())
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:
-        task.cancel()
-        raise
-    finally:
-        watcher.cancel()
-    if not task.done():
-        task.cancel()
-        raise asyncio.CancelledError("the client disconnected")
-    return task.result()
 
 
 def build_app(

@@ -11,11 +11,10 @@ import socket
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from llmp.api import LLMPError
-from llmp.model_files.lookup import DEFAULT_MODEL
+from llmp.frontend.startup import frontend_options, read_chat_template, served_model_names
 from llmp.options import FrontendOptions, ServerOptions
 from llmp.server.app import LOOPBACK_HOSTS, Limits, ServerState, build_app, with_light_json
 from llmp.server.metrics import MeteredEngine, ServerMetrics
@@ -35,7 +34,7 @@ def run(settings: ServeSettings) -> int:
     try:
         frontends = _frontend_specs(settings.server.frontend)
         _check_parsers(settings.frontend)
-        chat_template = _chat_template(settings.frontend.chat_template)
+        chat_template = read_chat_template(settings.frontend.chat_template)
         # the model, resolved once (a GGUF file converted) before the port is bound; the engine takes the record
         model = resolve_model(settings.engine)
         sock = _bind(settings.server.host, settings.server.port)
@@ -97,17 +96,6 @@ def _check_parsers(options: FrontendOptions) -> None:
         registry.get_component("reasoning_parser", options.reasoning_parser)
 
 
-def _chat_template(value: str | None) -> str | None:
-    if value is None:
-        return None
-    path = Path(value)
-    if len(value) < 4096 and ("{" not in value) and path.is_file():
-        return path.read_text()
-    if "{" not in value:
-        raise LLMPError(f"--chat-template {value!r} is neither a readable file nor template text")
-    return value
-
-
 def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -119,26 +107,6 @@ def _bind(host: str, port: int) -> socket.socket:
         raise LLMPError(f"cannot listen on {host}:{port}: {exc.strerror} (choose another --port or --host)") from None
     sock.set_inheritable(True)
     return sock
-
-
-def frontend_options(settings: Any, served_names: list[str], chat_template: str | None, info: dict) -> Any:
-    """The front-ends' :class:`~llmp.options.FrontendOptions`: the request options as ``llmp serve``
-    read them (``settings.frontend``), completed with the engine's facts and the server's address,
-    keys and body limit (front-ends with their own port listen on the same host, behind the same keys)."""
-    from dataclasses import replace
-
-    server = settings.server
-    return replace(
-        settings.frontend,
-        served_model_names=tuple(served_names),
-        model_root=str(info.get("model_dir", "")),
-        max_model_len=info["max_model_len"],
-        task=info.get("task", "generate"),
-        chat_template=chat_template,  # the template text, read from a --chat-template file
-        host=server.host,
-        api_keys=tuple(server.api_key),
-        max_request_body_bytes=server.max_request_body_bytes,
-    )
 
 
 async def _serve(
@@ -155,7 +123,7 @@ async def _serve(
     state = ServerState()
     state.started = started
     http = settings.server
-    served_names = list(http.served_model_name) or [settings.engine.model or DEFAULT_MODEL]
+    served_names = served_model_names(http.served_model_name, settings.engine.model)
     metrics = ServerMetrics(served_names[0])
     app = build_app(
         state,
@@ -197,7 +165,16 @@ async def _serve(
         log.debug("warmed up after %.2f s", time.monotonic() - started)
         limits = gate_limits(settings)
         engine = MeteredEngine(loaded, metrics, http.request_timeout, limits.max_in_flight, http.overload_status)
-        options = frontend_options(settings, served_names, chat_template, loaded.info)
+        options = frontend_options(
+            settings.frontend,
+            loaded.info,
+            served_names,
+            chat_template=chat_template,  # the template text, read from a --chat-template file
+            # front-ends with their own port listen on the same host, behind the same keys
+            host=http.host,
+            api_keys=tuple(http.api_key),
+            max_request_body_bytes=http.max_request_body_bytes,
+        )
         tasks = _mount(app, state, engine, frontends, options)
         for task in tasks:
             task.add_done_callback(lambda done: _frontend_stopped(done, state, server))
@@ -262,9 +239,9 @@ async def _load_engine(
 async def _warm_up(engine: Any) -> None:
     """One tiny request through the whole path, so the first client does not pay for first-call
     allocations, and readiness means a request has actually succeeded."""
-    from llmp import SamplingParams
+    from llmp import Prompt, SamplingParams
 
-    prompt = {"prompt_token_ids": [0]}
+    prompt = Prompt(token_ids=[0])
     try:
         if engine.info.get("task") == "embed":
             async for _ in engine.encode(prompt, request_id="llmp-warm-up"):

@@ -129,7 +129,7 @@ async def _before_deadline(outputs: AsyncIterator[Any], timeout: float | None, o
         async for output in outputs:
             yield output
         return
-    from llmp.server.errors import RequestTimeoutError
+    from llmp.frontend.errors import RequestTimeoutError
 
     deadline = time.monotonic() + timeout
     iterator = outputs.__aiter__()
@@ -170,7 +170,7 @@ class MeteredEngine:
     def check_capacity(self, count: int, param: str | None = None) -> None:
         """Refuse, before any of them starts, a request that needs ``count`` engine requests
         (a list of prompts): 400 if it can never fit, the overload status if it cannot fit now."""
-        from llmp.server.errors import APIError
+        from llmp.frontend.errors import APIError
 
         if self.capacity is None:
             return

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from llmp.engine.config import EngineConfig
-from llmp.options import FrontendOptions, ServerOptions
+from llmp.options import EngineConfig, FrontendOptions, ServerOptions
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -89,8 +89,8 @@ def test_an_engine_start_up_failure_is_reported_once_without_a_traceback(tiny_mo
     """The engine process alone (as the server starts it), with a configuration it refuses: it must report
     the failure to its client and exit non-zero quietly; the client prints the one line."""
     from llmp.engine import protocol as msg
-    from llmp.engine.config import EngineConfig
     from llmp.model_files.resolve import resolve_model
+    from llmp.options import EngineConfig
 
     folder = tempfile.mkdtemp(prefix="llmp-rel-")
     in_address, out_address = f"ipc://{folder}/in", f"ipc://{folder}/out"

@@ -20,7 +20,7 @@ from typing import Any
 import zmq
 
 from llmp.api import EngineDeadError, ResolvedModel
-from llmp.engine.config import EngineConfig
+from llmp.options import EngineConfig
 
 POLL_MS = 100
 

@@ -17,7 +17,7 @@ import traceback
 
 import zmq
 
-from llmp.engine.core_proc import exit_with_parent
+from llmp.executor import exit_with_parent
 
 
 def main() -> None:
@@ -36,7 +36,7 @@ def main() -> None:
         results.send(pickle.dumps((rank, ok, payload), protocol=pickle.HIGHEST_PROTOCOL))
 
     try:
-        from llmp.engine.worker import Worker
+        from llmp.executor import Worker
 
         worker = Worker(config, model, rank, world_size, init_method)
         reply(True, worker.describe())

@@ -1,6 +1,6 @@
 """The ``ray`` executor: one Ray actor per tensor-parallel rank.
 
-The actors run the same :class:`llmp.engine.worker.Worker` as the ``mp``
+The actors run the same :class:`llmp.executor.Worker` as the ``mp``
 executor's processes; Ray places them (a placement group of one bundle per
 rank), ships each step's inputs through its object store, and reports a dead
 actor as an error on the pending call. The model directory must exist at the
@@ -19,7 +19,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from llmp.api import EngineDeadError, ResolvedModel
-from llmp.engine.config import EngineConfig
+from llmp.options import EngineConfig
 
 HEALTH_TIMEOUT_S = 10.0
 
@@ -37,7 +37,7 @@ class WorkerActor:
             return f"tcp://{ip}:{s.getsockname()[1]}"
 
     def start(self, config: EngineConfig, model: ResolvedModel, rank: int, world_size: int, init_method: str) -> dict:
-        from llmp.engine.worker import Worker
+        from llmp.executor import Worker
 
         self.worker = Worker(config, model, rank, world_size, init_method)
         return self.worker.describe()

@@ -16,10 +16,19 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from llmp.sampling_params import SamplingParams, StructuredOutputsParams
-from llmp.server.app import request_id_of, until_disconnected
-from llmp.server.errors import APIError, as_api_error, bad_request
-from llmp.server.frontend_kit import FrontendKit, OutputPlan, SamplingRequest, engine_request_id, json_text
+from llmp import Prompt, SamplingParams, StructuredOutputsParams
+from llmp.frontend import (
+    APIError,
+    FrontendKit,
+    OutputPlan,
+    SamplingRequest,
+    as_api_error,
+    bad_request,
+    engine_request_id,
+    json_text,
+    request_id_of,
+    until_disconnected,
+)
 from llmp_frontend_anthropic import protocol as p
 
 ERROR_PATHS = ("/v1/messages",)
@@ -95,8 +104,8 @@ class AnthropicFrontend(FrontendKit):
         return await MessageRun(self, body, request).run()
 
     async def count_tokens(self, body: p.CountTokensRequest) -> dict[str, int]:
-        _, ids = await self.prompt(body)
-        return {"input_tokens": len(ids)}
+        prompt = await self.prompt(body)
+        return {"input_tokens": len(prompt.token_ids)}
 
     # -- shared conversions ---------------------------------------------------------
 
@@ -104,8 +113,8 @@ class AnthropicFrontend(FrontendKit):
         if name and name not in self.model_names:  # FrontendKit's check, Anthropic's wording
             raise APIError(404, f"model: {name} (this server serves: {', '.join(self.model_names)})", param="model")
 
-    async def prompt(self, body: p.MessagesBase) -> tuple[str, list[int]]:
-        """The rendered conversation and its token ids."""
+    async def prompt(self, body: p.MessagesBase) -> Prompt:
+        """The engine's prompt: the rendered conversation and its token ids."""
         self.check_model(body.model)
         if not body.messages:
             raise bad_request("messages: at least one message is required", "messages")
@@ -157,14 +166,15 @@ class MessageRun:
 
     async def run(self) -> Any:
         fe, body = self.fe, self.body
-        text, self.prompt_ids = await fe.prompt(body)
+        prompt = await fe.prompt(body)
+        self.prompt_ids = prompt.token_ids
         tools, tool_choice = fe.tools(body)
         parallel = not (body.tool_choice or {}).get("disable_parallel_tool_use", False)
         self.plan, constraint = fe.output_plan(self.prompt_ids, tools, tool_choice, parallel_tool_calls=parallel)
         await fe.check_constraint(constraint, "tool_choice")
         self.params = fe.sampling_params(body, len(self.prompt_ids), constraint, fe.skip_special_tokens(self.plan))
         self.outputs = fe.engine.generate(
-            {"prompt": text, "prompt_token_ids": self.prompt_ids},
+            prompt,
             self.params,
             engine_request_id("msg"),
             delta=body.stream,

@@ -20,10 +20,9 @@ from typing import Any
 
 import grpc
 
+from llmp import Prompt, SamplingParams
+from llmp.frontend import APIError, FrontendKit, SamplingRequest, as_api_error, bad_request, engine_request_id
 from llmp.options import FrontendOptions
-from llmp.sampling_params import SamplingParams
-from llmp.server.errors import APIError, as_api_error, bad_request
-from llmp.server.frontend_kit import FrontendKit, SamplingRequest, engine_request_id
 from llmp_frontend_grpc import llmp_pb2 as pb
 from llmp_frontend_grpc import llmp_pb2_grpc as pb_grpc
 
@@ -107,21 +106,21 @@ class GrpcFrontend(FrontendKit):
         # compare against every key, so the time taken does not tell which one nearly matched
         return sum(hmac.compare_digest(digest, key) for key in self.key_digests) > 0
 
-    async def prompt(self, request: Any) -> tuple[dict[str, Any], list[int]]:
-        """The engine prompt of a ``GenerateRequest`` or ``TokenizeRequest``, and its token ids."""
+    async def prompt(self, request: Any) -> Prompt:
+        """The engine's prompt of a ``GenerateRequest`` or ``TokenizeRequest``."""
         kind = request.WhichOneof("input")
         add = request.add_special_tokens if request.HasField("add_special_tokens") else None
         if kind == "text":
-            [(text, ids)] = await self.prompt_inputs(request.text, "text", True if add is None else add)
+            [prompt] = await self.prompt_inputs(request.text, "text", True if add is None else add)
         elif kind == "token_ids":
-            [(text, ids)] = await self.prompt_inputs(list(request.token_ids.ids), "token_ids", False)
+            [prompt] = await self.prompt_inputs(list(request.token_ids.ids), "token_ids", False)
         elif kind == "chat":
-            text, ids = await self.chat_prompt(request.chat, bool(add))
+            prompt = await self.chat_prompt(request.chat, bool(add))
         else:
             raise bad_request("give the prompt as one of text, token_ids or chat", "input")
-        return {"prompt": text, "prompt_token_ids": ids}, ids
+        return prompt
 
-    async def chat_prompt(self, chat: Any, add_special_tokens: bool) -> tuple[str, list[int]]:
+    async def chat_prompt(self, chat: Any, add_special_tokens: bool) -> Prompt:
         if not chat.messages:
             raise bad_request("chat.messages must not be empty", "chat.messages")
         if any(not m.role for m in chat.messages):
@@ -152,9 +151,9 @@ class GrpcFrontend(FrontendKit):
         if self.task != "generate":
             raise APIError(501, f"this server runs the {self.task!r} task: Generate is not available")
         self.check_model(request.model or None)
-        prompt, ids = await self.prompt(request)
-        params = self.generate_params(request, len(ids))
-        return self.engine.generate(prompt, params, engine_request_id("grpc"), delta=delta), len(ids)
+        prompt = await self.prompt(request)
+        params = self.generate_params(request, len(prompt.token_ids))
+        return self.engine.generate(prompt, params, engine_request_id("grpc"), delta=delta), len(prompt.token_ids)
 
     def response(self, seq: Any, prompt_tokens: int | None = None, completion_tokens: int = 0) -> Any:
         """A ``GenerateResponse`` of (a delta of) a sequence; with usage when ``prompt_tokens`` is given."""
@@ -253,7 +252,7 @@ class LlmpServicer(pb_grpc.LlmpServicer):
         kind = request.WhichOneof("input")
         add = request.add_special_tokens if request.HasField("add_special_tokens") else None
         if kind == "chat":
-            _, ids = await fe.chat_prompt(request.chat, bool(add))
+            ids = (await fe.chat_prompt(request.chat, bool(add))).token_ids
         else:  # text, "" included
             ids = await fe.encode(request.text, True if add is None else add)
         return pb.TokenizeResponse(token_ids=ids, count=len(ids), max_model_len=fe.max_model_len)

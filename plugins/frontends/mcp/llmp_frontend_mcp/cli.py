@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from llmp.cli.options import Select, options_command
-from llmp.engine.config import EngineConfig
-from llmp.options import FrontendOptions, option
+from llmp.options import EngineConfig, FrontendOptions, option
 
 # The engine options of ``llmp serve`` but --task (the MCP tools generate), and of its request options those
 # the MCP tools use.
@@ -43,8 +41,13 @@ def run(engine_config: EngineConfig, request: FrontendOptions, server: McpOption
 
     logging.basicConfig(level=server.log_level.upper(), stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     from llmp.api import LLMPError
+    from llmp.frontend import read_chat_template
 
-    chat_template = _chat_template(request.chat_template)  # a bad value fails before the engine starts
+    try:
+        chat_template = read_chat_template(request.chat_template)  # a bad value fails before the engine starts
+    except LLMPError as exc:
+        print(f"llmp mcp: {exc}", file=sys.stderr)
+        return 2
     try:
         engine = _start_engine(engine_config)
     except (LLMPError, ValueError, TypeError, OSError) as exc:
@@ -63,7 +66,7 @@ def _start_engine(config: EngineConfig) -> Any:
     it) can never write into the protocol stream."""
     import os
 
-    from llmp.async_llm import AsyncLLM
+    from llmp import AsyncLLM
 
     sys.stdout.flush()
     saved = os.dup(1)
@@ -79,29 +82,12 @@ def _start_engine(config: EngineConfig) -> Any:
 async def _serve(
     engine_config: EngineConfig, request: FrontendOptions, server: McpOptions, engine: Any, chat_template: str | None
 ) -> int:
-    from llmp.model_files.lookup import DEFAULT_MODEL
+    from llmp.frontend import frontend_options, served_model_names
     from llmp_frontend_mcp.frontend import McpFrontend
 
-    info = engine.info
-    from dataclasses import replace
-
-    options = replace(
-        request,
-        served_model_names=tuple(server.served_model_name or [engine_config.model or DEFAULT_MODEL]),
-        model_root=str(info.get("model_dir", "")),
-        max_model_len=info["max_model_len"],
-        task=info.get("task", "generate"),
-        chat_template=chat_template,  # the template text, read from a --chat-template file
-    )
+    names = served_model_names(server.served_model_name, engine_config.model)
+    # chat_template: the template text, read from a --chat-template file
+    options = frontend_options(request, engine.info, names, chat_template=chat_template)
     frontend = McpFrontend(engine, options)
     await frontend.server.run_stdio_async()  # until the client closes stdin
     return 0
-
-
-def _chat_template(value: str | None) -> str | None:
-    if value is None or "{" in value:
-        return value
-    path = Path(value)
-    if not path.is_file():
-        raise typer.BadParameter(f"--chat-template {value!r} is neither a readable file nor template text")
-    return path.read_text()

@@ -22,9 +22,9 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, Field
 
+from llmp import Prompt
+from llmp.frontend import APIError, FrontendKit, SamplingRequest, as_api_error, engine_request_id
 from llmp.options import FrontendOptions
-from llmp.server.errors import APIError, as_api_error
-from llmp.server.frontend_kit import FrontendKit, SamplingRequest, engine_request_id
 
 log = logging.getLogger("llmp.frontend.mcp")
 
@@ -112,8 +112,8 @@ class McpFrontend(FrontendKit):
         stop: Annotated[list[str] | str | None, Field(description="Stop strings, not included in the text")] = None,
     ) -> str:
         async def run() -> str:
-            ((text, ids),) = await self.prompt_inputs(prompt, "prompt", True)  # as /v1/completions
-            return await self._complete(text, ids, max_tokens, temperature, stop, "mcp-gen")
+            [record] = await self.prompt_inputs(prompt, "prompt", True)  # as /v1/completions
+            return await self._complete(record, max_tokens, temperature, stop, "mcp-gen")
 
         return await _as_tool(run)
 
@@ -126,8 +126,8 @@ class McpFrontend(FrontendKit):
     ) -> str:
         async def run() -> str:
             conversation = [m.model_dump() for m in messages]
-            text, ids = await self.conversation_prompt(conversation, None)  # as /v1/chat/completions
-            return await self._complete(text, ids, max_tokens, temperature, stop, "mcp-chat")
+            record = await self.conversation_prompt(conversation, None)  # as /v1/chat/completions
+            return await self._complete(record, max_tokens, temperature, stop, "mcp-chat")
 
         return await _as_tool(run)
 
@@ -144,20 +144,17 @@ class McpFrontend(FrontendKit):
 
     async def _complete(
         self,
-        text: str | None,
-        ids: list[int],
+        prompt: Prompt,
         max_tokens: int | None,
         temperature: float | None,
         stop: list[str] | str | None,
         prefix: str,
     ) -> str:
         params = self.sampling_params(
-            SamplingRequest(max_tokens=max_tokens, temperature=temperature, stop=stop), len(ids)
+            SamplingRequest(max_tokens=max_tokens, temperature=temperature, stop=stop), len(prompt.token_ids)
         )
         final = None
-        async for output in self.engine.generate(
-            {"prompt": text, "prompt_token_ids": ids}, params, engine_request_id(prefix)
-        ):
+        async for output in self.engine.generate(prompt, params, engine_request_id(prefix)):
             final = output
         if final is None or not final.outputs:
             raise APIError(500, "the engine returned no output")

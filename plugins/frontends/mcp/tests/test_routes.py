@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from llmp.options import FrontendOptions
-from llmp.server.app import Limits, ServerState, build_app
+from llmp.testing import frontend_app
 
 INIT = {
     "jsonrpc": "2.0",
@@ -40,22 +40,8 @@ def responses() -> dict[str, Any]:
     engine = TokenizerOnlyEngine()
 
     async def main() -> dict[str, Any]:
-        state = ServerState()
-        state.phase, state.engine = "ready", object()
-        app = build_app(
-            state,
-            api_keys=["k"],
-            allowed_origins=[],
-            allow_credentials=False,
-            limits=Limits(max_body_bytes=1 << 20, max_in_flight=None, overload_status=503, allowed_hosts=None),
-            root_path="",
-            docs=True,
-            metrics=None,
-            health_timeout=5,
-        )
-        app.include_router(
-            McpFrontend(engine, FrontendOptions(served_model_names=("m",), max_model_len=64)).http_router()
-        )
+        frontend = McpFrontend(engine, FrontendOptions(served_model_names=("m",), max_model_len=64))
+        app = frontend_app(frontend, api_keys=["k"])
         tokenize = {
             "jsonrpc": "2.0",
             "id": 2,

@@ -8,11 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
 
-from llmp.server.errors import bad_request
-from llmp.server.frontend_kit import engine_request_id
+from llmp.frontend import bad_request, engine_request_id
 from llmp_frontend_openai import protocol as p
-from llmp_frontend_openai.frontend import DONE, sse, sse_error, usage
 from llmp_frontend_openai.logprobs import chat_logprobs, prompt_logprobs
+from llmp_frontend_openai.wire import DONE, sse, sse_error, usage
 
 if TYPE_CHECKING:
     from llmp_frontend_openai.frontend import OpenAIFrontend
@@ -51,7 +50,8 @@ class ChatCompletion:
         if body.top_logprobs is not None and not body.logprobs:
             raise bad_request("top_logprobs needs logprobs to be true", "top_logprobs")
         hide_tools = body.tool_choice == "none" and fe.options.exclude_tools_when_tool_choice_none
-        text, self.prompt_ids = await fe.chat_prompt(body.messages, body, tools=None if hide_tools else body.tools)
+        prompt = await fe.chat_prompt(body.messages, body, tools=None if hide_tools else body.tools)
+        self.prompt_ids = prompt.token_ids
         self.plan, constraint = fe.output_plan(
             self.prompt_ids,
             body.tools,
@@ -76,7 +76,7 @@ class ChatCompletion:
         )
         self.echo = _echo_text(body, self.role)
         self.outputs = fe.engine.generate(
-            {"prompt": text, "prompt_token_ids": self.prompt_ids},
+            prompt,
             self.params,
             engine_request_id("chatcmpl"),
             priority=body.priority,

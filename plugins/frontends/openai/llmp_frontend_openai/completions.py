@@ -9,11 +9,10 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
 
-from llmp.server.errors import bad_request
-from llmp.server.frontend_kit import engine_request_id
+from llmp.frontend import bad_request, engine_request_id
 from llmp_frontend_openai import protocol as p
-from llmp_frontend_openai.frontend import DONE, sse, sse_error, usage
 from llmp_frontend_openai.logprobs import completion_logprobs, prompt_logprobs
+from llmp_frontend_openai.wire import DONE, sse, sse_error, usage
 
 if TYPE_CHECKING:
     from llmp_frontend_openai.frontend import OpenAIFrontend
@@ -49,9 +48,13 @@ class Completion:
         constraint = fe.structured_outputs(body.response_format, body.structured_outputs)
         await fe.check_constraint(constraint, "structured_outputs" if body.structured_outputs else "response_format")
         self.params = []
-        for _, ids in self.prompts:
+        for prompt in self.prompts:
             params = fe.sampling_params(
-                body, len(ids), max_tokens=body.max_tokens, logprobs=body.logprobs, structured_outputs=constraint
+                body,
+                len(prompt.token_ids),
+                max_tokens=body.max_tokens,
+                logprobs=body.logprobs,
+                structured_outputs=constraint,
             )
             if echo_logprobs and params.prompt_logprobs is None:
                 params.prompt_logprobs = body.logprobs
@@ -61,13 +64,13 @@ class Completion:
             fe.engine.check_capacity(len(self.prompts), "prompt")
         self.streams = [
             fe.engine.generate(
-                {"prompt": text, "prompt_token_ids": ids},
+                prompt,
                 params,
                 engine_request_id("cmpl"),
                 priority=body.priority,
                 delta=bool(body.stream),
             )
-            for (text, ids), params in zip(self.prompts, self.params, strict=True)
+            for prompt, params in zip(self.prompts, self.params, strict=True)
         ]
         return await fe.respond(self.request, bool(body.stream), self.stream if body.stream else self.whole)
 
@@ -82,7 +85,7 @@ class Completion:
                 choices.append(
                     self._choice(prompt_index, final, seq, seq.text, seq.token_ids, seq.logprobs, echo=self.body.echo)
                 )
-        prompt_tokens = sum(len(ids) for _, ids in self.prompts)
+        prompt_tokens = sum(len(prompt.token_ids) for prompt in self.prompts)
         response = {
             "id": self.id,
             "object": "text_completion",
@@ -118,7 +121,7 @@ class Completion:
                 [*prompt_ids, *token_ids], [*entries, *logprobs], self.body.logprobs, self.as_ids, self._decode_one
             )
         if self.body.return_token_ids:
-            choice["prompt_token_ids"] = self.prompts[prompt_index][1]
+            choice["prompt_token_ids"] = self.prompts[prompt_index].token_ids
             choice["token_ids"] = token_ids
         if self.body.prompt_logprobs is not None:
             choice["prompt_logprobs"] = prompt_logprobs(final.prompt_logprobs)
@@ -128,8 +131,9 @@ class Completion:
         return self.fe.tokenizer.decode([token_id])
 
     def _prompt_text(self, prompt_index: int) -> tuple[str, list[int]]:
-        text, ids = self.prompts[prompt_index]
-        return (text if text is not None else self.fe.tokenizer.decode(ids)), ids
+        prompt = self.prompts[prompt_index]
+        ids = prompt.token_ids
+        return (prompt.text if prompt.text is not None else self.fe.tokenizer.decode(ids)), ids
 
     # -- streamed ----------------------------------------------------------------
 
@@ -138,7 +142,7 @@ class Completion:
         force = self.fe.options.enable_force_include_usage
         include_usage = force or bool(options and options.include_usage)
         continuous = force or bool(options and options.continuous_usage_stats)
-        prompt_tokens = sum(len(ids) for _, ids in self.prompts)
+        prompt_tokens = sum(len(prompt.token_ids) for prompt in self.prompts)
         generated = 0
         echoed: set[tuple[int, int]] = set()
         done: set[tuple[int, int]] = set()

@@ -9,10 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
 
-from llmp.pooling_params import PoolingParams
-from llmp.server.app import until_disconnected
-from llmp.server.errors import bad_request
-from llmp.server.frontend_kit import engine_request_id
+from llmp import PoolingParams, Prompt
+from llmp.frontend import bad_request, engine_request_id, until_disconnected
 from llmp_frontend_openai import protocol as p
 
 if TYPE_CHECKING:
@@ -32,7 +30,7 @@ def add_routes(router: APIRouter, fe: OpenAIFrontend) -> None:
             {"object": "embedding", "index": i, "embedding": _encode(v, body.encoding_format)}
             for i, v in enumerate(vectors)
         ]
-        tokens = sum(len(ids) for ids in inputs)
+        tokens = sum(len(prompt.token_ids) for prompt in inputs)
         return {
             "object": "list",
             "data": data,
@@ -46,9 +44,10 @@ def add_routes(router: APIRouter, fe: OpenAIFrontend) -> None:
 EMBED_WINDOW = 64
 
 
-async def _inputs(fe: OpenAIFrontend, body: p.EmbeddingRequest) -> list[list[int]]:
+async def _inputs(fe: OpenAIFrontend, body: p.EmbeddingRequest) -> list[Prompt]:
     out = []
-    for _, ids in await fe.prompt_inputs(body.input, "input", True):
+    for prompt in await fe.prompt_inputs(body.input, "input", True):
+        ids = prompt.token_ids
         limit = body.truncate_prompt_tokens
         if limit is not None and limit > 0 and len(ids) > limit:
             ids = ids[-limit:]
@@ -56,24 +55,22 @@ async def _inputs(fe: OpenAIFrontend, body: p.EmbeddingRequest) -> list[list[int
             raise bad_request(
                 f"an input is {len(ids)} tokens long; this model takes at most {fe.max_model_len}", "input"
             )
-        out.append(ids)
+        out.append(Prompt(token_ids=ids))  # the ids alone: truncation may have cut the text
     return out
 
 
-async def _embed_all(fe: OpenAIFrontend, inputs: list[list[int]], params: PoolingParams, priority: int) -> list:
+async def _embed_all(fe: OpenAIFrontend, inputs: list[Prompt], params: PoolingParams, priority: int) -> list:
     # a long list of inputs goes to the engine a window at a time, so it never holds more than
     # EMBED_WINDOW of one request's inputs (admission control counts engine requests)
     window = asyncio.Semaphore(EMBED_WINDOW)
 
-    async def one(ids: list[int]) -> list[float]:
+    async def one(prompt: Prompt) -> list[float]:
         async with window:
-            async for output in fe.engine.encode(
-                {"prompt_token_ids": ids}, params, engine_request_id("embd"), priority=priority
-            ):
+            async for output in fe.engine.encode(prompt, params, engine_request_id("embd"), priority=priority):
                 return output.outputs.embedding
         raise RuntimeError("the embedding request was aborted")
 
-    tasks = [asyncio.ensure_future(one(ids)) for ids in inputs]
+    tasks = [asyncio.ensure_future(one(prompt)) for prompt in inputs]
     try:
         return await asyncio.gather(*tasks)
     finally:

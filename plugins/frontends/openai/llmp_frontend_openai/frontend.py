@@ -10,24 +10,17 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from llmp import Prompt, SamplingParams, StructuredOutputsParams
+from llmp.frontend import (
+    FrontendKit,
+    SamplingRequest,
+    bad_request,
+    request_id_of,
+    until_disconnected,
+)
 from llmp.options import FrontendOptions
-from llmp.sampling_params import SamplingParams, StructuredOutputsParams
-from llmp.server.app import request_id_of, until_disconnected
-from llmp.server.errors import as_api_error, bad_request
-from llmp.server.frontend_kit import FrontendKit, SamplingRequest, json_text
 from llmp_frontend_openai import protocol as p
 from llmp_frontend_openai.logprobs import TokenBytes
-
-DONE = "data: [DONE]\n\n"
-
-
-def sse(payload: Mapping[str, Any]) -> str:
-    return f"data: {json_text(payload)}\n\n"
-
-
-def sse_error(exc: BaseException) -> str:
-    """An in-band error event: after the headers went out, the status can only travel in the stream."""
-    return sse(as_api_error(exc).body())
 
 
 class OpenAIFrontend(FrontendKit):
@@ -77,7 +70,7 @@ class OpenAIFrontend(FrontendKit):
         if (body.prompt is None) == (body.messages is None):
             raise bad_request("give either 'prompt' or 'messages'", "prompt")
         if body.messages is not None:
-            _, ids = await self.chat_prompt(body.messages, body, tools=body.tools)
+            ids = (await self.chat_prompt(body.messages, body, tools=body.tools)).token_ids
         else:
             add = True if body.add_special_tokens is None else body.add_special_tokens
             ids = await asyncio.to_thread(self.tokenizer.encode, body.prompt, add_special_tokens=add)
@@ -97,10 +90,8 @@ class OpenAIFrontend(FrontendKit):
         if body.stream and body.prompt_logprobs is not None:
             raise bad_request("prompt_logprobs is not available when streaming", "prompt_logprobs")
 
-    async def chat_prompt(
-        self, messages: Sequence[p.ChatMessage], body: Any, tools: Any = None
-    ) -> tuple[str, list[int]]:
-        """The rendered chat and its token ids (see ``FrontendKit.conversation_prompt``)."""
+    async def chat_prompt(self, messages: Sequence[p.ChatMessage], body: Any, tools: Any = None) -> Prompt:
+        """The engine's prompt of a chat: its rendered text and token ids (``FrontendKit.conversation_prompt``)."""
         return await self.conversation_prompt([_message_dict(m) for m in messages], body, tools)
 
     def sampling_params(
@@ -157,14 +148,6 @@ class OpenAIFrontend(FrontendKit):
                 make(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
             )
         return JSONResponse(await until_disconnected(request, make()))
-
-
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    }
 
 
 def _message_dict(message: p.ChatMessage) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
-from llmp.server.frontend_kit import ReasoningEffort
+from llmp.frontend import ReasoningEffort
 
 INT64 = 2**63
 

@@ -17,9 +17,15 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
-from llmp.server.app import until_disconnected
-from llmp.server.errors import APIError, bad_request, error_body
-from llmp.server.frontend_kit import OutputPlan, engine_request_id, json_text
+from llmp.frontend import (
+    APIError,
+    OutputPlan,
+    bad_request,
+    engine_request_id,
+    error_body,
+    json_text,
+    until_disconnected,
+)
 from llmp_frontend_openai import protocol as p
 
 if TYPE_CHECKING:
@@ -136,7 +142,8 @@ class ResponseRun:
         run = cls(fe, body, store)
         run.messages = _history(store, body.previous_response_id) + _input_messages(body)
         conversation = ([{"role": "system", "content": body.instructions}] if body.instructions else []) + run.messages
-        text, run.prompt_ids = await fe.chat_prompt([p.ChatMessage(**m) for m in conversation], body, tools=tools)
+        prompt = await fe.chat_prompt([p.ChatMessage(**m) for m in conversation], body, tools=tools)
+        run.prompt_ids = prompt.token_ids
         run.plan, constraint = fe.output_plan(
             run.prompt_ids,
             tools,
@@ -164,7 +171,7 @@ class ResponseRun:
         if run.params.n != 1:
             raise bad_request("n is not a field of the Responses API", "n")
         run.outputs = fe.engine.generate(
-            {"prompt": text, "prompt_token_ids": run.prompt_ids},
+            prompt,
             run.params,
             engine_request_id("resp"),
             priority=body.priority,

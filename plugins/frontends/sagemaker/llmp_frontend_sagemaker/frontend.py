@@ -14,9 +14,16 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from llmp.server.app import until_disconnected
-from llmp.server.errors import bad_request, validation_message
-from llmp.server.frontend_kit import FrontendKit, ReasoningEffort, SamplingRequest, engine_request_id
+from llmp import Prompt
+from llmp.frontend import (
+    FrontendKit,
+    ReasoningEffort,
+    SamplingRequest,
+    bad_request,
+    engine_request_id,
+    until_disconnected,
+    validation_message,
+)
 
 
 class _Sampling(BaseModel):
@@ -145,9 +152,9 @@ class SageMakerFrontend(FrontendKit):
         if not body.messages:
             raise bad_request("messages must hold at least one message", "messages")
         conversation = [_message(m, i) for i, m in enumerate(body.messages)]
-        text, ids = await self.conversation_prompt(conversation, body)
+        prompt = await self.conversation_prompt(conversation, body)
         requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        seq, prompt_len = await self._generate(text, ids, body, requested)
+        seq, prompt_len = await self._generate(prompt, body, requested)
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex}",
             "object": "chat.completion",
@@ -166,8 +173,8 @@ class SageMakerFrontend(FrontendKit):
         }
 
     async def completion(self, body: CompletionBody) -> dict[str, Any]:
-        [(text, ids)] = await self.prompt_inputs(body.prompt, "prompt", body.add_special_tokens)
-        seq, prompt_len = await self._generate(text, ids, body, body.max_tokens)
+        [prompt] = await self.prompt_inputs(body.prompt, "prompt", body.add_special_tokens)
+        seq, prompt_len = await self._generate(prompt, body, body.max_tokens)
         return {
             "id": f"cmpl-{uuid.uuid4().hex}",
             "object": "text_completion",
@@ -185,7 +192,7 @@ class SageMakerFrontend(FrontendKit):
             "usage": _usage(prompt_len, len(seq.token_ids)),
         }
 
-    async def _generate(self, text: str | None, ids: list[int], body: _Sampling, requested: int | None) -> Any:
+    async def _generate(self, prompt: Prompt, body: _Sampling, requested: int | None) -> Any:
         name = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) is not None else "max_tokens"
         params = self.sampling_params(
             SamplingRequest(
@@ -206,43 +213,42 @@ class SageMakerFrontend(FrontendKit):
                 bad_words=body.bad_words,
                 names={"max_tokens": name},
             ),
-            len(ids),
+            len(prompt.token_ids),
         )
         final = None
-        async for final in self.engine.generate(
-            {"prompt": text, "prompt_token_ids": ids}, params, engine_request_id("sagemaker")
-        ):
+        async for final in self.engine.generate(prompt, params, engine_request_id("sagemaker")):
             pass
-        return final.outputs[0], len(ids)
+        return final.outputs[0], len(prompt.token_ids)
 
     # -- embeddings ---------------------------------------------------------------
 
     async def embeddings(self, body: EmbeddingBody) -> dict[str, Any]:
-        from llmp.pooling_params import PoolingParams
+        from llmp import PoolingParams
 
-        inputs = [ids for _, ids in await self.prompt_inputs(body.input, "input", True)]
-        for ids in inputs:
-            if len(ids) > self.max_model_len:
+        inputs = await self.prompt_inputs(body.input, "input", True)
+        for prompt in inputs:
+            if len(prompt.token_ids) > self.max_model_len:
                 raise bad_request(
-                    f"an input is {len(ids)} tokens long; this model takes at most {self.max_model_len}", "input"
+                    f"an input is {len(prompt.token_ids)} tokens long; this model takes at most {self.max_model_len}",
+                    "input",
                 )
         try:
             params = PoolingParams(normalize=body.normalize, dimensions=body.dimensions)
         except ValueError as exc:
             raise bad_request(str(exc), "dimensions") from None
 
-        async def one(ids: list[int]) -> list[float]:
-            async for output in self.engine.encode({"prompt_token_ids": ids}, params, engine_request_id("embd")):
+        async def one(prompt: Prompt) -> list[float]:
+            async for output in self.engine.encode(prompt, params, engine_request_id("embd")):
                 return output.outputs.embedding
             raise RuntimeError("the embedding request was aborted")
 
-        tasks = [asyncio.ensure_future(one(ids)) for ids in inputs]
+        tasks = [asyncio.ensure_future(one(prompt)) for prompt in inputs]
         try:
             vectors = await asyncio.gather(*tasks)
         finally:
             for task in tasks:
                 task.cancel()
-        tokens = sum(map(len, inputs))
+        tokens = sum(len(prompt.token_ids) for prompt in inputs)
         return {
             "object": "list",
             "model": self.model_name,

@@ -66,7 +66,7 @@ def make_tokenizer(marker_tokens: bool) -> Any:
 
 def prompt_ids(tokenizer: Any, template: str, messages: list[dict[str, Any]], **kwargs: Any) -> list[int]:
     """The prompt's token ids as the server makes them: render the template, then encode the text."""
-    from llmp.chat_template import render_chat
+    from llmp.frontend import render_chat
 
     continue_final = kwargs.pop("continue_final_message", False)
     text = render_chat(

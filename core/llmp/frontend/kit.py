@@ -6,8 +6,8 @@ event loop.
 
 A front-end plugin subclasses :class:`FrontendKit` (or holds one) and adds its routes
 and its protocol's shapes: a handler maps its protocol's field names into a
-:class:`SamplingRequest`. Errors are raised as :class:`llmp.server.errors.APIError`;
-:func:`llmp.server.errors.as_api_error` turns any other failure into one (a
+:class:`SamplingRequest`. Errors are raised as :class:`llmp.frontend.APIError`;
+:func:`llmp.frontend.as_api_error` turns any other failure into one (a
 :class:`~llmp.api.RequestValidationError` into a 400 naming its field).
 """
 
@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from llmp.api import RequestValidationError
+from llmp.frontend.errors import APIError, bad_request
+from llmp.inputs import Prompt
 from llmp.options import FrontendOptions
 from llmp.sampling_params import SamplingParams, SamplingParamsError, StructuredOutputsParams, resolve_max_tokens
-from llmp.server.errors import APIError, bad_request
 
 MAX_STOP_LENGTH = 1024
 
@@ -338,10 +339,9 @@ class FrontendKit:
             )
         return params
 
-    async def conversation_prompt(
-        self, conversation: list[dict[str, Any]], body: Any, tools: Any = None
-    ) -> tuple[str, list[int]]:
-        """The rendered conversation (messages as dicts with text ``content``) and its token ids.
+    async def conversation_prompt(self, conversation: list[dict[str, Any]], body: Any, tools: Any = None) -> Prompt:
+        """The engine's prompt of a conversation (messages as dicts with text ``content``): the
+        rendered text and its token ids.
 
         ``body`` supplies the optional request fields ``chat_template``, ``chat_template_kwargs``,
         ``reasoning_effort`` (a template variable, as in vLLM), ``documents``, ``add_generation_prompt``,
@@ -356,10 +356,10 @@ class FrontendKit:
         add_special = bool(getattr(body, "add_special_tokens", False))
         literal = {i: m["content"] for i, m in enumerate(conversation) if self._spells_control(m["content"])}
         if not literal:
-            return text, await self.encode(text, add_special)
+            return Prompt(text, await self.encode(text, add_special))
         marked = [{**m, "content": marker(i)} if i in literal else m for i, m in enumerate(conversation)]
         rendered = await self._render(marked, body, tools)
-        return text, await asyncio.to_thread(self._encode_literal, rendered, literal, add_special)
+        return Prompt(text, await asyncio.to_thread(self._encode_literal, rendered, literal, add_special))
 
     def _spells_control(self, content: str) -> bool:
         return any(token in content for token in self.control_texts)
@@ -436,10 +436,9 @@ class FrontendKit:
                 "chat_template_kwargs",
             )
 
-    async def prompt_inputs(
-        self, value: Any, param: str, add_special_tokens: bool
-    ) -> list[tuple[str | None, list[int]]]:
-        """Text and token ids of each prompt of a ``str | list[str] | list[int] | list[list[int]]`` field."""
+    async def prompt_inputs(self, value: Any, param: str, add_special_tokens: bool) -> list[Prompt]:
+        """The engine's prompt of each item of a ``str | list[str] | list[int] | list[list[int]]``
+        field: its token ids, and its text when it was given as text."""
         if isinstance(value, str) or (value and all(isinstance(t, int) for t in value)):
             value = [value]
         if not value:
@@ -453,7 +452,7 @@ class FrontendKit:
                 text, ids = None, list(item)
             if not ids or item == "":  # "" is empty even when the tokenizer adds BOS/CLS
                 raise bad_request(f"{param} must not hold an empty string or list", param)
-            prompts.append((text, ids))
+            prompts.append(Prompt(text, ids))
         return prompts
 
     async def encode(self, text: str, add_special_tokens: bool) -> list[int]:

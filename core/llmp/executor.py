@@ -1,0 +1,20 @@
+"""What an executor plugin (:class:`llmp.api.Executor`) builds on.
+
+An executor is built as ``Executor(config, model)`` with the engine's
+:class:`llmp.options.EngineConfig` and the :class:`llmp.api.ResolvedModel` (picklable: send
+both to the workers as they are). Each tensor-parallel rank runs one :class:`Worker`, in a
+process (``mp``) or an actor (``ray``): ``Worker(config, model, rank, world_size, init_method)``
+joins the group and loads its slice of the model; then ``describe()``,
+``allocate_kv_cache(num_blocks)`` and ``execute_model(inputs)`` (every rank runs the step, rank 0
+returns the logits). A worker process should run :func:`exit_with_parent` in a daemon thread,
+so that it never outlives a killed engine.
+
+The implementation lives in the engine (``llmp.engine``); this module is its supported face.
+"""
+
+from __future__ import annotations
+
+from llmp.engine.core_proc import exit_with_parent
+from llmp.engine.worker import Worker
+
+__all__ = ["Worker", "exit_with_parent"]

@@ -1,0 +1,58 @@
+"""The front-end kit: what a front-end plugin (:class:`llmp.api.Frontend`) builds on.
+
+- :class:`FrontendKit`: the engine client, the served names and limits, and the shared
+  request handling: checks (model name, token ids, caps, stop strings), prompts as
+  :class:`llmp.Prompt` records (``prompt_inputs``, ``conversation_prompt``: chat templates
+  rendered with special-token text kept literal), the one way a request becomes
+  ``SamplingParams`` (``sampling_params`` from a :class:`SamplingRequest`), tools, reasoning
+  and structured outputs (``output_plan``, :class:`OutputPlan`).
+- Errors: raise :class:`APIError` (``bad_request`` for a 400); :func:`as_api_error` turns any
+  other failure into one (a :class:`llmp.api.RequestValidationError` into a 400 naming its field).
+  :func:`error_body` is the OpenAI error object; :func:`validation_message` sums up pydantic's errors.
+- HTTP handlers: :func:`until_disconnected` (cancel work when the client leaves),
+  :func:`request_id_of` (the response's ``X-Request-Id``), :func:`engine_request_id`,
+  :func:`json_text` (a stream event's JSON).
+- A front-end run by its own command (``llmp mcp``): :func:`read_chat_template`,
+  :func:`served_model_names` and :func:`frontend_options` build its
+  :class:`~llmp.options.FrontendOptions` as ``llmp serve`` does; :func:`render_chat`
+  renders a conversation with the model's chat template.
+
+Importing this package loads no torch and no web framework.
+"""
+
+from __future__ import annotations
+
+from llmp.chat_template import render_chat
+from llmp.frontend.errors import APIError, as_api_error, bad_request, error_body, validation_message
+from llmp.frontend.http import request_id_of, until_disconnected
+from llmp.frontend.kit import (
+    REASONING_EFFORTS,
+    FrontendKit,
+    OutputPlan,
+    ReasoningEffort,
+    SamplingRequest,
+    engine_request_id,
+    json_text,
+)
+from llmp.frontend.startup import frontend_options, read_chat_template, served_model_names
+
+__all__ = [
+    "REASONING_EFFORTS",
+    "APIError",
+    "FrontendKit",
+    "OutputPlan",
+    "ReasoningEffort",
+    "SamplingRequest",
+    "as_api_error",
+    "bad_request",
+    "engine_request_id",
+    "error_body",
+    "frontend_options",
+    "json_text",
+    "read_chat_template",
+    "render_chat",
+    "request_id_of",
+    "served_model_names",
+    "until_disconnected",
+    "validation_message",
+]
