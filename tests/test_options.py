@@ -8,6 +8,7 @@ engine options of ``llmp serve``, through the real CLI in a subprocess.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import re
 import typing
 from pathlib import Path
@@ -24,7 +25,7 @@ from llmp.cli.env_cmd import collect_env
 from llmp.cli.plugins_cmd import list_plugins, show_plugin
 from llmp.cli.serve_cmd import serve
 from llmp.config import OptionError, Select, load_records
-from llmp.options import EngineConfig, ServerOptions
+from llmp.options import EngineConfig, FrontendOptions, ServerOptions
 from llmp.testing import run_llmp
 
 REPO = Path(__file__).resolve().parents[1]
@@ -141,30 +142,80 @@ def test_every_flag_of_before_is_still_there_with_its_default(name: str) -> None
         assert now.get(flags) == default, (name, flags, now.get(flags), default)
 
 
-def test_engine_option_defaults_are_written_once() -> None:
-    """An engine option's default is written in EngineConfig alone: not again in a CLI, a component or a plugin."""
-    # the same name meaning something else: the tiny test model's weights seed, bench serve's prompt seed
-    elsewhere = {("core/llmp/testing.py", "seed"), ("core/llmp/cli/bench_cmd.py", "seed")}
-    sources = [p for root in ("core", "plugins") for p in (REPO / root).rglob("*.py") if "tests" not in p.parts]
+# Defaults too common to tell a repeat from another use of the same name: not scanned for the server's
+# records (EngineConfig's are all scanned; none of them is repeated).
+COMMON = (False, True, 0, 1, "", (), "auto")
+# the same name meaning something else: the tiny test model's weights seed, bench serve's prompt seed,
+# the engine task the offline benchmarks set (not the front-end's)
+ELSEWHERE = {
+    ("EngineConfig", "core/llmp/testing.py", "seed"),
+    ("EngineConfig", "core/llmp/cli/bench_cmd.py", "seed"),
+    ("FrontendOptions", "core/llmp/cli/bench_offline.py", "task"),
+}
+
+
+@pytest.mark.parametrize(
+    ("record", "skipped"),
+    [(EngineConfig, ()), (ServerOptions, COMMON), (FrontendOptions, COMMON)],
+    ids=["EngineConfig", "ServerOptions", "FrontendOptions"],
+)
+def test_option_defaults_are_written_once(record: type, skipped: tuple) -> None:
+    """An option's default is written in its record alone: not again in a CLI, a component, a plugin
+    or another record (FrontendOptions's copy of a ServerOptions default)."""
+    sources = {
+        p.relative_to(REPO).as_posix(): p.read_text()
+        for root in ("core", "plugins")
+        for p in (REPO / root).rglob("*.py")
+        if "tests" not in p.parts
+    }
+    # the record's own declarations are where its defaults belong: blanked, keeping line numbers
+    lines, first = inspect.getsourcelines(record)
+    options = sources["core/llmp/options.py"].splitlines()
+    options[first - 1 : first - 1 + len(lines)] = [""] * len(lines)
+    sources["core/llmp/options.py"] = "\n".join(options)
+    repeats = default_repeats(record, skipped, sources)
+    assert not repeats, f"{record.__name__} defaults written again:\n" + "\n".join(repeats)
+
+
+def test_the_defaults_check_sees_a_repeat() -> None:
+    sources = {
+        "a.py": "class Limits:\n    overload_status: int = 503\n",
+        "b.py": "serve(max_request_body_bytes=2 << 20)\nprint('the cap max_request_body_bytes=2 << 20')\n",
+        "c.py": "host = '127.0.0.1'\nallow_credentials=False\n",
+    }
+    assert sorted(default_repeats(ServerOptions, COMMON, sources)) == [
+        "a.py:2: overload_status: int = 503",
+        "b.py:1: serve(max_request_body_bytes=2 << 20)",
+        "c.py:1: host = '127.0.0.1'",
+    ]
+
+
+def default_repeats(record: type, skipped: tuple, sources: dict[str, str]) -> list[str]:
+    """``path:line: text`` of every line of ``sources`` (text by path) that sets one of ``record``'s
+    field names to its default: ``name: type = value``, ``name=value``, ``name = option(value``,
+    ``"name": value``; not inside a string, and not the defaults in ``skipped``."""
     repeats = []
-    for f in dataclasses.fields(EngineConfig):
-        if f.default is dataclasses.MISSING or f.default is None:
+    for f in dataclasses.fields(record):
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if default is dataclasses.MISSING or default is None:
+            continue
+        if any(default == common and type(default) is type(common) for common in skipped):
+            continue
+        spellings = _literals(default)
+        if not spellings:
             continue
         names = "|".join({f.name, f.metadata.get("name") or f.name})
-        value = "|".join(_literals(f.default))
-        # `name: type = value`, `name=value`, `name = option(value`, `"name": value`
         pattern = re.compile(
-            rf"""["']?\b(?:{names})\b["']?\s*(?::[^=\n]*)?[=:]\s*(?:[\w.]+\(\s*)?(?:{value})(?![\w.])"""
+            rf"""["']?\b(?:{names})\b["']?\s*(?::[^=\n]*)?[=:]\s*(?:option\(\s*)?(?:{"|".join(spellings)})(?![\w.])"""
         )
-        for path in sources:
-            relative = path.relative_to(REPO).as_posix()
-            if relative == "core/llmp/options.py" or (relative, f.name) in elsewhere:
+        for path, text in sources.items():
+            if (record.__name__, path, f.name) in ELSEWHERE:
                 continue
-            for number, line in enumerate(path.read_text().splitlines(), 1):
+            for number, line in enumerate(text.splitlines(), 1):
                 match = pattern.search(line)
                 if match and not _in_string(line[: match.start()]):
-                    repeats.append(f"{relative}:{number}: {line.strip()}")
-    assert not repeats, "engine defaults written again:\n" + "\n".join(repeats)
+                    repeats.append(f"{path}:{number}: {line.strip()}")
+    return repeats
 
 
 def _in_string(before: str) -> bool:
@@ -178,14 +229,16 @@ def _literals(value: Any) -> list[str]:
         return [str(value)]
     if isinstance(value, int):
         spelt = [str(value)]
+        for shift in (30, 20, 10):  # GiB, MiB, KiB
+            if value >= 1 << shift and value % (1 << shift) == 0:
+                count = value >> shift
+                spelt += [
+                    rf"{count}\s*<<\s*{shift}",
+                    rf"{count}\s*\*\s*\(?1\s*<<\s*{shift}",
+                    rf"{count}\s*\*\s*2\s*\*\*\s*{shift}",
+                ]
         if value >= 1 << 30 and value % (1 << 30) == 0:
-            gib = value >> 30
-            spelt += [
-                rf"{gib}\s*<<\s*30",
-                rf"{gib}\s*\*\s*\(?1\s*<<\s*30",
-                rf"{gib}\.0",
-                rf"{gib}\s*\*\s*2\s*\*\*\s*30",
-            ]
+            spelt.append(rf"{value >> 30}\.0")  # an option given in GiB
         return spelt
     if isinstance(value, float):
         return [re.escape(repr(value)), rf"{int(value)}\b(?!\.)"] if value.is_integer() else [re.escape(repr(value))]
@@ -240,3 +293,27 @@ def test_serve_reads_engine_options_from_environment_and_yaml(tmp_path: Path) ->
     assert from_yaml.returncode == 2 and "max_num_seqs must be >= 1" in from_yaml.stderr
     overloaded = run_llmp("serve", "--port", "1", "--overload-status", "500", check=False)
     assert overloaded.returncode == 2 and "overload_status must be 503" in overloaded.stderr
+
+
+@pytest.mark.parametrize("source", ["command line", "environment"])
+def test_a_value_outside_an_options_choices_stops_serve_at_once_in_one_line(source: str) -> None:
+    """A closed set (a Literal field) is checked with the other values, before anything starts."""
+    args, env = (
+        (["--scheduling-policy", "lifo"], {}) if source == "command line" else ([], {"LLMP_SCHEDULING_POLICY": "lifo"})
+    )
+    result = run_llmp("serve", "--port", "1", *args, env=env, check=False)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert lines[0].startswith("llmp: error:") and "scheduling_policy" in lines[0] and "'priority'" in lines[0]
+
+
+def test_choices_are_shown_and_checked_for_programs_too() -> None:
+    assert click_params(serve)["scheduling_policy"].metavar == "[fcfs|priority]"
+    assert click_params(serve)["model_impl"].metavar == "[auto|native|transformers]"
+    for field, value in (("scheduling_policy", "lifo"), ("model_impl", "jax"), ("task", "rank"), ("dtype", "int8")):
+        with pytest.raises(ValueError, match=rf"^{field} must be .* or .*, got '{value}'$"):
+            EngineConfig(**{field: value})
+    with pytest.raises(ValueError, match="log_level must be debug, info, warning or error, got 'loud'"):
+        ServerOptions(log_level="loud")
+    with pytest.raises(ValueError, match="generation_config must be auto or none"):
+        FrontendOptions(generation_config="vllm")

@@ -89,3 +89,41 @@ def test_outputs_shape():
     completion = CompletionOutput(index=0, text="hi", token_ids=[1, 2], finish_reason="stop", stop_reason="\n")
     output = RequestOutput("r1", "p", [5], [completion], finished=True)
     assert completion.finished() and output.outputs[0].stop_reason == "\n"
+
+
+def test_an_error_names_its_field_as_the_request_spells_it():
+    """A front-end gets the message in its protocol's words from the error itself (no rewriting)."""
+    with pytest.raises(SamplingParamsError) as caught:
+        SamplingParams(max_tokens=0)
+    assert (caught.value.field, str(caught.value)) == ("max_tokens", "max_tokens must be >= 1, got 0")
+    assert caught.value.message_for("max_completion_tokens") == "max_completion_tokens must be >= 1, got 0"
+    with pytest.raises(SamplingParamsError) as caught:
+        SamplingParams(stop=["stop must", ""])  # a value spelling the field stays as sent
+    assert caught.value.message_for("stop_sequences") == (
+        "stop_sequences must be a non-empty string or a list of them, got ['stop must', '']"
+    )
+    with pytest.raises(SamplingParamsError) as caught:
+        resolve_max_tokens(600, 10, 512)
+    assert caught.value.message_for("max_output_tokens") == (
+        "max_output_tokens=600 cannot be greater than max_model_len=512"
+    )
+
+
+def test_a_sampling_request_takes_a_bodys_declared_fields_by_name():
+    from pydantic import BaseModel, ConfigDict
+
+    from llmp.frontend import SamplingRequest
+
+    class Body(BaseModel):
+        model_config = ConfigDict(extra="allow")
+        temperature: float | None = None
+        max_completion_tokens: int | None = None
+        structured_outputs: dict | None = None
+        ignore_eos: bool = False
+
+    body = Body(temperature=0.5, max_completion_tokens=7, structured_outputs={"regex": "a"}, ignore_eos=True, seed=3)
+    request = SamplingRequest.from_body(body, max_tokens=body.max_completion_tokens, names={"max_tokens": "mct"})
+    assert (request.temperature, request.ignore_eos, request.max_tokens) == (0.5, True, 7)
+    assert request.seed is None  # an extra key the client sent is not a declared field: not read
+    assert request.structured_outputs is None  # the compiled constraint is the handler's to give
+    assert request.names == {"max_tokens": "mct"}

@@ -84,6 +84,7 @@ __all__ = [
     "PUBLIC_MODULES",
     "PacksLinear",
     "ParsedToolCall",
+    "PoolingConfig",
     "PluginLoadError",
     "ReasoningParse",
     "ReasoningParser",
@@ -173,13 +174,23 @@ class DuplicateComponentError(LLMPError):
 
 
 class RequestValidationError(LLMPError, ValueError):
-    """A request the engine will not run; ``field`` names the offending field as the request
-    spells it (``top_p``, ``priority``), so a front-end answers its protocol's 400 naming that
-    field without reading the message."""
+    """A request the engine will not run; ``field`` names the offending field (``top_p``,
+    ``priority``), so a front-end answers its protocol's 400 naming that field without
+    reading the message.
 
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
+    ``message`` is the text, or a function making it from the field's name: a front-end
+    whose protocol spells the field otherwise (``max_completion_tokens`` for ``max_tokens``)
+    gets the message in its own words from :meth:`message_for`.
+    """
+
+    def __init__(self, field: str, message: str | Callable[[str], str]) -> None:
         self.field = field
+        self._message = message
+        super().__init__(self.message_for(field))
+
+    def message_for(self, name: str) -> str:
+        """The message, naming the field ``name`` where it names the field."""
+        return self._message(name) if callable(self._message) else self._message
 
 
 class EngineDeadError(LLMPError):
@@ -372,6 +383,16 @@ KINDS: tuple[str, ...] = tuple(SPEC_TYPES)
 # --------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class PoolingConfig:
+    """How an embedding model's hidden states become its embedding: the sentence-transformers
+    configuration of the model directory (``modules.json``), else the model class's
+    ``default_pooling`` and ``default_normalize``."""
+
+    pooling_type: Literal["mean", "cls", "last"]
+    normalize: bool  # the default of a request that does not say
+
+
 @dataclass(frozen=True, kw_only=True)
 class ResolvedModel:
     """The model an engine serves, resolved once where the engine is asked for
@@ -391,6 +412,7 @@ class ResolvedModel:
     task: ModelTask  # what the engine does with it
     dtype: Literal["bfloat16", "float16", "float32"]  # of the weights and the KV cache
     context_len: int  # the model's context (max_position_embeddings; 4096 when config.json has none)
+    pooling: PoolingConfig | None = None  # task "embed" only
 
 
 # --------------------------------------------------------------------------
@@ -413,7 +435,7 @@ class EngineInfo:
 
 @dataclass(frozen=True, slots=True)
 class FinishedRequestStats:
-    """Figures of one finished request, handed to stat loggers."""
+    """Figures of one request that ended (finished or aborted), handed to stat loggers."""
 
     request_id: str
     finish_reason: str | None
@@ -824,6 +846,10 @@ class ReasoningParser(Protocol):
 class StatLogger(Protocol):
     """Receives figures from the engine; called directly, never through pluggy."""
 
-    def record_step(self, stats: SchedulerStats) -> None: ...
+    def record_step(self, stats: SchedulerStats) -> None:
+        """After every engine step."""
+        ...
 
-    def record_finished(self, stats: FinishedRequestStats) -> None: ...
+    def record_finished(self, stats: FinishedRequestStats) -> None:
+        """Once for every request that ends: finished (``stop``, ``length``) or aborted (``abort``)."""
+        ...

@@ -66,8 +66,8 @@ class AsyncLLM:
     is ready (model loaded); the options are those of ``LLM``. The model is
     resolved here, in the caller's process, unless ``model`` is already a
     :class:`~llmp.api.ResolvedModel` (``resolve_model`` of an ``EngineConfig`` with
-    the same options, as ``llmp serve`` makes it); ``self.model`` holds the record,
-    and the engine process takes it as is.
+    the same options, as ``llmp serve`` makes it: a ``ValueError`` names an option the
+    record does not match); ``self.model`` holds the record, and the engine process takes it as is.
     """
 
     def __init__(
@@ -81,10 +81,11 @@ class AsyncLLM:
     ) -> None:
         if engine_mode not in ("process", "thread"):
             raise ValueError(f"engine_mode must be 'process' or 'thread', got {engine_mode!r}")
-        from llmp.model_files.resolve import resolve_model
+        from llmp.model_files.resolve import check_resolved, resolve_model
 
         if isinstance(model, ResolvedModel):
             self.config = EngineConfig(model=model.name, **engine_options)
+            check_resolved(model, self.config)
             self.model = model
         else:
             self.config = EngineConfig(model=None if model is None else str(model), **engine_options)
@@ -241,16 +242,25 @@ class AsyncLLM:
             except zmq.Again:  # a PUSH socket without peers would block for ever
                 raise EngineDeadError("the engine is not connected (it has exited)") from None
 
-    def _open_stream(self, prompt: PromptType, request_id: str | None, pooling: bool) -> tuple[str, Prompt, _Stream]:
-        if self.errored is not None:
-            raise self.errored
+    def _check_request(self, prompt: PromptType, request_id: str | None, priority: int) -> tuple[str, Prompt]:
+        """What :meth:`generate` and :meth:`encode` check when called: the prompt's type, the
+        priority and a free request id. Nothing is registered or sent until the first iteration."""
+        check_priority(priority, self.config.scheduling_policy)
         request_id = request_id or uuid.uuid4().hex
+        self._check_free(request_id)
+        return request_id, as_prompt(prompt)
+
+    def _check_free(self, request_id: str) -> None:
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in use")
-        record = as_prompt(prompt)
+
+    def _open_stream(self, request_id: str, pooling: bool) -> _Stream:
+        if self.errored is not None:
+            raise self.errored
+        self._check_free(request_id)  # another stream may have started with it since the call
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), pooling=pooling)
         self._streams[request_id] = stream
-        return request_id, record, stream
+        return stream
 
     def generate(
         self,
@@ -265,15 +275,17 @@ class AsyncLLM:
         ``delta=True`` only what is new. Ends after the finished output. Leaving the
         loop early (break, cancellation) aborts the request in the engine.
 
-        The request is checked when this is called, not at the first iteration, so a
-        server answers a refused request with a 400 before it starts a stream."""
-        check_priority(priority, self.config.scheduling_policy)
-        return self._generate(prompt, params, request_id, priority, delta)
+        The request is checked when this is called (the prompt, the priority, a request id
+        in use), not at the first iteration, so a server answers a refused request with a 400
+        before it starts a stream. It reaches the engine at the first iteration: a generator
+        never iterated sends and holds nothing."""
+        request_id, record = self._check_request(prompt, request_id, priority)
+        return self._generate(record, params, request_id, priority, delta)
 
     async def _generate(
-        self, prompt: PromptType, params: SamplingParams | None, request_id: str | None, priority: int, delta: bool
+        self, record: Prompt, params: SamplingParams | None, request_id: str, priority: int, delta: bool
     ) -> AsyncIterator[RequestOutput]:
-        request_id, record, stream = self._open_stream(prompt, request_id, pooling=False)
+        stream = self._open_stream(request_id, pooling=False)
         finished = False
         try:
             self._send(msg.AddRequest(request_id, record, params or SamplingParams(), priority, delta))
@@ -301,13 +313,13 @@ class AsyncLLM:
     ) -> AsyncIterator[PoolingRequestOutput]:
         """The embedding of ``prompt`` (embedding models only): one finished output,
         or none if the request is aborted. Checked when called, as :meth:`generate`."""
-        check_priority(priority, self.config.scheduling_policy)
-        return self._encode(prompt, pooling_params, request_id, priority)
+        request_id, record = self._check_request(prompt, request_id, priority)
+        return self._encode(record, pooling_params, request_id, priority)
 
     async def _encode(
-        self, prompt: PromptType, pooling_params: PoolingParams | None, request_id: str | None, priority: int
+        self, record: Prompt, pooling_params: PoolingParams | None, request_id: str, priority: int
     ) -> AsyncIterator[PoolingRequestOutput]:
-        request_id, record, stream = self._open_stream(prompt, request_id, pooling=True)
+        stream = self._open_stream(request_id, pooling=True)
         done = False
         try:
             self._send(

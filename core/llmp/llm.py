@@ -18,7 +18,7 @@ Conversation = Sequence[Mapping[str, Any]]
 class LLM:
     """An engine in this process, for batches of prompts.
 
-    ``LLM()`` serves the default model (SmolLM2-135M-Instruct). Any keyword of
+    ``LLM()`` serves the default model (``llmp.options.DEFAULT_MODEL``). Any keyword of
     :class:`llmp.options.EngineConfig` is accepted, e.g. ``dtype``,
     ``max_model_len``, ``enable_prefix_caching``, ``max_num_seqs``, ``kernels``.
     """

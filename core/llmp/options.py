@@ -17,10 +17,19 @@ This module is the ground floor: it imports nothing from llmp and no CLI library
 
 from __future__ import annotations
 
+import typing
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any
+from typing import Any, Literal
 
-__all__ = ["EngineConfig", "FrontendOptions", "ServerOptions", "option"]
+__all__ = ["DEFAULT_MODEL", "EngineConfig", "FrontendOptions", "ServerOptions", "option"]
+
+DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"  # what ``model=None`` serves (a packaged GGUF)
+
+Dtype = Literal["auto", "bfloat16", "float16", "float32"]
+SchedulingPolicy = Literal["fcfs", "priority"]
+ModelImpl = Literal["auto", "native", "transformers"]
+Task = Literal["auto", "generate", "embed"]
+LogLevel = Literal["debug", "info", "warning", "error"]
 
 
 def option(
@@ -68,7 +77,8 @@ class EngineConfig:
 
     model: str | None = option(
         None,
-        "Model directory, .gguf file or Hugging Face id in the local cache; default SmolLM2-135M-Instruct.",
+        "Model directory, .gguf file or Hugging Face id in the local cache; "
+        f"default {DEFAULT_MODEL.rpartition('/')[2]}.",
         argument=True,
     )
     tokenizer: str | None = None  # defaults to the model's directory
@@ -76,11 +86,16 @@ class EngineConfig:
     executor: str = option("uniproc", "Executor plugin: uniproc, mp or ray.")
     tensor_parallel_size: int = option(1, "Tensor-parallel workers.", short="-tp")
     ray_address: str | None = option(None, "Ray cluster for --executor ray (default: RAY_ADDRESS).")
-    dtype: str = option("auto", "auto, bfloat16, float16 or float32.")
+    dtype: Dtype = option("auto", "auto, bfloat16, float16 or float32.")
     max_model_len: int | None = option(None, "Context length (default: the model's, capped by the KV cache).")
     max_num_seqs: int = option(256, "Most sequences in one step.")
     max_num_batched_tokens: int = option(2048, "Most tokens in one step.")
-    scheduling_policy: str = option("fcfs", "fcfs (arrival order) or priority (a request's priority, lower first).")
+    scheduling_policy: SchedulingPolicy = option(
+        "fcfs",
+        "fcfs: arrival order. priority: waiting requests ordered by (priority, arrival), lower value "
+        "first; when the KV cache is full the running request last in that order is preempted "
+        "(a waiting request never preempts a running one).",
+    )
     enable_prefix_caching: bool = option(True, "Reuse the KV cache of a shared prompt prefix.")
     enable_chunked_prefill: bool = option(True, "Split long prompts over several steps.")
     kv_cache_memory_bytes: int = option(
@@ -89,10 +104,10 @@ class EngineConfig:
     num_kv_blocks: int | None = None  # overrides kv_cache_memory_bytes
     block_size: int = option(16, "Tokens per KV-cache block.")
     kernels: str | None = option(None, "Kernel set (default: the best for the device).")
-    model_impl: str = option(
+    model_impl: ModelImpl = option(
         "auto", "auto (native when a plugin provides the architecture, else transformers), native or transformers."
     )
-    task: str = option("auto", "auto, generate or embed (serve a causal LM's pooled hidden states on /v1/embeddings).")
+    task: Task = option("auto", "auto, generate or embed (serve a causal LM's pooled hidden states on /v1/embeddings).")
     num_threads: int | None = option(None, "Torch threads of the engine (default: all cores).")
     seed: int = option(0, "Engine seed for requests without one.")
     scheduler: str = "default"  # scheduler plugin
@@ -101,10 +116,7 @@ class EngineConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.dtype not in ("auto", "bfloat16", "float16", "float32"):
-            raise ValueError(f"dtype must be auto, bfloat16, float16 or float32, got {self.dtype!r}")
-        if self.task not in ("auto", "generate", "embed"):
-            raise ValueError(f"task must be auto, generate or embed, got {self.task!r}")
+        _check_choices(self)
         for name in ("block_size", "tensor_parallel_size", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -155,10 +167,11 @@ class ServerOptions:
     shutdown_timeout: float = option(
         10.0, "Seconds in-flight requests get to finish on SIGTERM before they are aborted (0: at once).", ge=0
     )
-    log_level: str = option("info", "debug, info, warning or error.")
+    log_level: LogLevel = option("info", "debug, info, warning or error.")
     disable_access_log: bool = option(False, "No per-request log lines.")
 
     def __post_init__(self) -> None:
+        _check_choices(self)
         if self.overload_status not in (429, 503):
             raise ValueError(f"overload_status must be 503 (the default) or 429, got {self.overload_status}")
 
@@ -175,15 +188,16 @@ class FrontendOptions:
     served_model_names: tuple[str, ...] = ()  # the first is echoed in responses
     model_root: str = ""  # the model's directory (or GGUF file), for /v1/models' root and generation_config.json
     max_model_len: int = 0
-    task: str = "generate"  # generate | embed
-    host: str = "127.0.0.1"  # the HTTP server's address: front-ends with their own port listen there too
+    task: Literal["generate", "embed"] = "generate"
+    # the HTTP server's address (None: no server filled it in): front-ends with their own port listen there too
+    host: str | None = None
     api_keys: tuple[str, ...] = ()  # the server's --api-key values: front-ends with their own port check them
-    max_request_body_bytes: int = 2 << 20
+    max_request_body_bytes: int | None = None  # the server's cap on a request body (None: no server in front)
     # request handling (llmp serve options)
     chat_template: str | None = option(None, "Chat template: a file path or the template text.")
     trust_request_chat_template: bool = option(False, "Allow a request's own chat_template (off: 400).")
     response_role: str = option("assistant", "Role of generated chat messages.")
-    generation_config: str = option(
+    generation_config: Literal["auto", "none"] = option(
         "auto", "auto: sampling defaults from the model's generation_config.json; none: llmp's defaults."
     )
     max_logprobs: int = option(20, "Cap on logprobs, top_logprobs and prompt_logprobs.")
@@ -205,3 +219,29 @@ class FrontendOptions:
     enable_force_include_usage: bool = option(False, "Usage on every streamed chunk.")
     enable_store: bool = option(False, "Keep /v1/responses results in memory (GET, previous_response_id).")
     grpc_port: int = option(50051, "Port of the grpc front-end (--frontend grpc), on --host.")
+
+    def __post_init__(self) -> None:
+        _check_choices(self)
+
+
+_CHOICES: dict[type, dict[str, tuple[Any, ...]]] = {}
+
+
+def _check_choices(record: Any) -> None:
+    """``ValueError`` naming the field when a ``Literal``-typed field of ``record`` holds another value
+    (the command line and ``LLMP_*`` are checked before a record is built; a program is checked here)."""
+    cls = type(record)
+    if cls not in _CHOICES:
+        hints = typing.get_type_hints(cls)
+        _CHOICES[cls] = {
+            f.name: typing.get_args(hints[f.name]) for f in fields(cls) if typing.get_origin(hints[f.name]) is Literal
+        }
+    for name, choices in _CHOICES[cls].items():
+        value = getattr(record, name)
+        if value not in choices:
+            raise ValueError(f"{name} must be {_alternatives(choices)}, got {value!r}")
+
+
+def _alternatives(choices: tuple[Any, ...]) -> str:
+    names = [str(c) for c in choices]
+    return f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else names[0]

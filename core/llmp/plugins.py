@@ -153,11 +153,17 @@ def _load_entry_points(pm: pluggy.PluginManager) -> None:
     def on_failure(_manager: Any, ep: importlib.metadata.EntryPoint, exc: BaseException) -> None:
         record_failure(ep.name, exc, "importing")
 
+    def on_missing(names: Any) -> None:  # seen by importlib.metadata, not by stevedore: never drop one silently
+        for name in names:
+            record_failure(name, LookupError(f"entry point {name!r} disappeared while loading"), "discovering")
+
+    # stevedore caches a group's entry points per process; a (re)load must see the installed set as it is now
+    NamedExtensionManager.ENTRY_POINT_CACHE.pop(ENTRY_POINT_GROUP, None)
     manager = NamedExtensionManager(
         ENTRY_POINT_GROUP,
         names=wanted,
         on_load_failure_callback=on_failure,
-        on_missing_entrypoints_callback=None,
+        on_missing_entrypoints_callback=on_missing,
     )
     loaded = {ext.name: ext.plugin for ext in manager}
     # Kernel defaults first, then the rest by name: a stable order for hooks and conflicts.

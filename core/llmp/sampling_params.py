@@ -17,8 +17,8 @@ CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object", "structural_
 
 
 class SamplingParamsError(RequestValidationError):
-    """An invalid sampling parameter; ``field`` names it as the request spells it (``top_p``,
-    ``logit_bias[42]``, ``max_tokens``)."""
+    """An invalid sampling parameter; ``field`` names it (``top_p``, ``logit_bias``,
+    ``max_tokens``), and ``message_for(name)`` is the message naming it ``name``."""
 
 
 def resolve_max_tokens(max_tokens: int | None, prompt_len: int, max_model_len: int) -> int:
@@ -29,7 +29,7 @@ def resolve_max_tokens(max_tokens: int | None, prompt_len: int, max_model_len: i
     """
     if max_tokens is not None and max_tokens > max_model_len:
         raise SamplingParamsError(
-            "max_tokens", f"max_tokens={max_tokens} cannot be greater than max_model_len={max_model_len}"
+            "max_tokens", lambda name: f"{name}={max_tokens} cannot be greater than max_model_len={max_model_len}"
         )
     wanted = max_tokens if max_tokens is not None else 1
     if prompt_len + wanted > max_model_len:
@@ -146,10 +146,12 @@ class SamplingParams:
         _at_least("min_tokens", self.min_tokens, 0)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise SamplingParamsError(
-                "min_tokens", f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}"
+                "min_tokens", lambda name: f"{name} must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}"
             )
         if any(not isinstance(s, str) or not s for s in self.stop_strings):
-            raise SamplingParamsError("stop", f"stop must be a non-empty string or a list of them, got {self.stop!r}")
+            raise SamplingParamsError(
+                "stop", lambda name: f"{name} must be a non-empty string or a list of them, got {self.stop!r}"
+            )
         for token in self.stop_token_ids:
             _at_least("stop_token_ids", token, 0, label="stop_token_ids[]")
         if self.logprobs is not None:
@@ -161,47 +163,48 @@ class SamplingParams:
             _between("logit_bias", bias, -100.0, 100.0, label=f"logit_bias[{token}]")
         if self.allowed_token_ids is not None:
             if not self.allowed_token_ids:
-                raise SamplingParamsError("allowed_token_ids", "allowed_token_ids must not be empty when given")
+                raise SamplingParamsError("allowed_token_ids", lambda name: f"{name} must not be empty when given")
             for token in self.allowed_token_ids:
                 _at_least("allowed_token_ids", token, 0, label="allowed_token_ids[]")
         if self.bad_words is not None and (
             not isinstance(self.bad_words, list) or not all(isinstance(w, str) and w for w in self.bad_words)
         ):
             raise SamplingParamsError(
-                "bad_words", f"bad_words must be a list of non-empty strings, got {self.bad_words!r}"
+                "bad_words", lambda name: f"{name} must be a list of non-empty strings, got {self.bad_words!r}"
             )
 
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # what the engine's messages and tensors hold
 
 # The checks below raise SamplingParamsError for ``field``; ``label`` is how the message names the
-# value when it is part of the field (``logit_bias[42]``).
+# value when it is part of the field (``logit_bias[42]``), else the message names the field itself.
 
 
 def _number(field: str, value: object, label: str | None = None) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise SamplingParamsError(field, f"{label or field} must be a finite number, got {value!r}")
+        raise SamplingParamsError(field, lambda name: f"{label or name} must be a finite number, got {value!r}")
     return float(value)
 
 
 def _integer(field: str, value: object, label: str | None = None) -> int:
-    name = label or field
     if isinstance(value, bool) or not isinstance(value, int):
-        raise SamplingParamsError(field, f"{name} must be an integer, got {value!r}")
+        raise SamplingParamsError(field, lambda name: f"{label or name} must be an integer, got {value!r}")
     if not INT64_MIN <= value <= INT64_MAX:
-        raise SamplingParamsError(field, f"{name} must fit in 64 bits ({INT64_MIN} to {INT64_MAX}), got {value!r}")
+        raise SamplingParamsError(
+            field, lambda name: f"{label or name} must fit in 64 bits ({INT64_MIN} to {INT64_MAX}), got {value!r}"
+        )
     return value
 
 
 def _at_least(field: str, value: object, low: float, note: str = "", label: str | None = None) -> None:
     number = _integer(field, value, label) if isinstance(low, int) else _number(field, value, label)
     if number < low:
-        raise SamplingParamsError(field, f"{label or field} must be >= {low}{note}, got {value!r}")
+        raise SamplingParamsError(field, lambda name: f"{label or name} must be >= {low}{note}, got {value!r}")
 
 
 def _greater(field: str, value: object, low: float) -> None:
     if _number(field, value) <= low:
-        raise SamplingParamsError(field, f"{field} must be > {low}, got {value!r}")
+        raise SamplingParamsError(field, lambda name: f"{name} must be > {low}, got {value!r}")
 
 
 def _between(
@@ -210,4 +213,6 @@ def _between(
     number = _number(field, value, label)
     if number > high or number < low or (low_open and number == low):
         bracket = "(" if low_open else "["
-        raise SamplingParamsError(field, f"{label or field} must be in {bracket}{low}, {high}], got {value!r}")
+        raise SamplingParamsError(
+            field, lambda name: f"{label or name} must be in {bracket}{low}, {high}], got {value!r}"
+        )

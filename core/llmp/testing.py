@@ -395,8 +395,10 @@ def frontend_app(frontend: Any, *, api_keys: Sequence[str] = ()) -> Any:
     """The ASGI app of ``llmp serve`` (the gate, the API key, error rendering, the docs) with
     ``frontend``'s HTTP routes mounted as the server mounts them, ready: for in-process tests
     through ``httpx.ASGITransport``, with no engine process and no port."""
+    from llmp.options import ServerOptions
     from llmp.server.app import Limits, ServerState, build_app, with_light_json
 
+    server = ServerOptions()  # llmp serve's defaults
     state = ServerState()
     state.phase, state.engine = "ready", object()
     app = build_app(
@@ -404,10 +406,11 @@ def frontend_app(frontend: Any, *, api_keys: Sequence[str] = ()) -> Any:
         api_keys=list(api_keys),
         allowed_origins=[],
         allow_credentials=False,
-        limits=Limits(),
+        limits=Limits(max_body_bytes=server.max_request_body_bytes, overload_status=server.overload_status),
         root_path="",
         docs=True,
         metrics=None,
+        health_timeout=server.health_check_timeout,
     )
     for prefix in getattr(frontend, "error_paths", ()):
         state.error_renderers.append((prefix, frontend.render_error))

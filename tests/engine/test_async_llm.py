@@ -156,15 +156,31 @@ def test_cancelling_the_consumer_aborts_the_request(engine):
     assert after["num_running"] == 0 and after["kv_cache_usage"] == 0.0
 
 
-def test_duplicate_request_ids_are_refused(engine):
+def test_duplicate_request_ids_are_refused_when_called(engine):
     async def run():
         first = engine.generate(PROMPTS[4], GREEDY, request_id="same")
         await first.__anext__()
         with pytest.raises(ValueError, match="already in use"):
-            await engine.generate(PROMPTS[5], GREEDY, request_id="same").__anext__()
+            engine.generate(PROMPTS[5], GREEDY, request_id="same")  # at the call, before any iteration
         await first.aclose()
 
     asyncio.run(run())
+
+
+def test_a_request_is_checked_when_called_and_sent_only_when_iterated(engine):
+    async def run():
+        with pytest.raises(TypeError):
+            engine.generate(42, GREEDY)
+        with pytest.raises(TypeError):
+            engine.encode(42)
+        untouched = [engine.generate(PROMPTS[6], GREEDY, request_id=f"idle-{i}") for i in range(3)]
+        streams, stats = dict(engine._streams), await engine.stats()
+        del untouched
+        return streams, stats, await collect(engine, PROMPTS[6], request_id="idle-0")  # the id is still free
+
+    streams, stats, (_, tokens, reason) = asyncio.run(run())
+    assert streams == {} and stats["num_running"] == stats["num_waiting"] == 0
+    assert reason == "length" and len(tokens) == GREEDY.max_tokens
 
 
 def test_thread_mode_runs_the_same_engine_in_process(model_dir):
@@ -238,3 +254,19 @@ def test_a_model_that_fails_to_load_raises_at_start(tmp_path):
     (tmp_path / "config.json").write_text('{"architectures": ["LlamaForCausalLM"], "model_type": "llama"}')
     with pytest.raises(EngineDeadError, match="failed to start"):
         AsyncLLM(str(tmp_path), **OPTIONS)
+
+
+def test_a_resolved_model_must_match_the_options(model_dir):
+    """A record resolved under other options is refused before any engine starts."""
+    from llmp.model_files.resolve import resolve_model
+    from llmp.options import EngineConfig
+
+    resolved = resolve_model(EngineConfig(model=str(model_dir), dtype="float32"))
+    for options, named in (
+        ({"dtype": "bfloat16"}, "dtype"),
+        ({"task": "embed"}, "task"),
+        ({"model_impl": "transformers"}, "model_impl"),
+        ({"tokenizer": "/elsewhere"}, "tokenizer"),
+    ):
+        with pytest.raises(ValueError, match=f"the resolved model has {named} "):
+            AsyncLLM(resolved, **{**OPTIONS, **options})

@@ -53,3 +53,20 @@ def test_a_generative_model_refuses_embedding_requests(tmp_path):
     llm = LLM(str(tmp_path), dtype="float32", max_model_len=64)
     with pytest.raises(ValueError, match="does not produce embeddings"):
         llm.embed("hello", use_tqdm=False)
+
+
+def test_the_pooling_is_resolved_once_with_the_model(tmp_path):
+    """From the sentence-transformers files when the model has them, else the model class's defaults;
+    only for the embed task. The engine and every runner take it from the record."""
+    from llmp.api import PoolingConfig
+    from llmp.model_files.resolve import resolve_model
+    from llmp.options import EngineConfig
+
+    assert resolve_model(EngineConfig(model=str(MINILM))).pooling == PoolingConfig("mean", True)
+    save_tiny_llama(tmp_path)
+    assert resolve_model(EngineConfig(model=str(tmp_path))).pooling is None  # it generates
+    decoder = resolve_model(EngineConfig(model=str(tmp_path), task="embed"))
+    assert decoder.pooling == PoolingConfig("last", True)  # a causal LM's embedding variant
+    llm = LLM(decoder.name, task="embed", dtype="float32", max_model_len=64)
+    assert llm.engine.default_normalize is True
+    assert llm.engine.executor.runner.pooler.pooling_type == "last"

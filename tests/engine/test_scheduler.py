@@ -104,18 +104,20 @@ def ids(out: SchedulerOutput) -> list[str]:
 # -- config ------------------------------------------------------------------
 
 
-def test_config_rejects_bad_values() -> None:
-    with pytest.raises(ValueError, match="policy"):
-        dataclasses.replace(DEFAULTS, policy="lifo")
-    with pytest.raises(ValueError):
-        dataclasses.replace(DEFAULTS, max_num_seqs=0)
-    with pytest.raises(ValueError):
-        dataclasses.replace(DEFAULTS, max_num_batched_tokens=0)
+def test_the_engine_config_rejects_what_the_scheduler_cannot_take() -> None:
+    """The scheduler's values come from EngineConfig, which checks them once."""
+    with pytest.raises(ValueError, match="scheduling_policy must be fcfs or priority, got 'lifo'"):
+        EngineConfig(scheduling_policy="lifo")
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        EngineConfig(max_num_seqs=0)
+    with pytest.raises(ValueError, match="max_num_batched_tokens"):
+        EngineConfig(max_num_batched_tokens=0)
 
 
 def test_config_comes_from_the_engine_config() -> None:
-    engine = EngineConfig(max_num_seqs=7, max_num_batched_tokens=64, enable_chunked_prefill=False)
-    engine.scheduling_policy = "priority"
+    engine = EngineConfig(
+        max_num_seqs=7, max_num_batched_tokens=64, enable_chunked_prefill=False, scheduling_policy="priority"
+    )
     config = SchedulerConfig.from_engine_config(engine, max_model_len=128)
     assert config == SchedulerConfig(
         max_num_seqs=7, max_num_batched_tokens=64, max_model_len=128, enable_chunked_prefill=False, policy="priority"
@@ -354,6 +356,21 @@ def test_priority_preemption_never_leaves_the_victim_scheduled() -> None:
     assert low.status == RequestStatus.PREEMPTED
     assert all(item.request is not low for item in out.scheduled)
     assert low.output_token_ids == outputs_before
+
+
+def test_a_waiting_request_never_preempts_a_running_one() -> None:
+    """As in vLLM: priority orders the queue and picks the victim when a running request needs
+    blocks; a waiting request of higher priority waits for free blocks."""
+    s = make_scheduler(num_blocks=2, policy="priority")
+    low = make("low", BS + 1, priority=9, max_tokens=BS)  # two blocks, which its decodes fit in
+    s.add_request(low)
+    step(s)
+    high = make("high", 1, priority=0)
+    s.add_request(high)
+    for _ in range(2):
+        out, _ = step(s)
+        assert out.preempted == [] and ids(out) == ["low"]
+    assert s.running == [low] and s.waiting == [high] and s.num_preemptions == 0
 
 
 # -- preemption by recompute -------------------------------------------------

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from llmp import LLM, SamplingParams
-from llmp.model_files.lookup import DEFAULT_MODEL, PACKAGED_MODELS, find_model_dir
+from llmp.model_files.lookup import PACKAGED_MODELS, find_model_dir
+from llmp.options import DEFAULT_MODEL
 from llmp.testing import hf_greedy
 
 pytestmark = pytest.mark.slow

@@ -120,3 +120,23 @@ def test_embedding_steps_and_requests_are_logged_too(model_dir):
     assert counter.steps == llm.engine.num_steps > 0
     assert sorted(s.request_id for s in counter.finished) == sorted(o.request_id for o in outputs)
     assert all(s.num_generation_tokens == 0 and s.finish_reason == "stop" for s in counter.finished)
+
+
+def test_aborted_requests_are_reported_with_finish_reason_abort(model_dir):
+    """Aborts count too (a Prometheus-style logger counts them): a running and a waiting request."""
+    with registered(CountingOnly(), "counting"):
+        llm = LLM(str(model_dir), max_num_seqs=1, **OPTIONS)
+    engine, counter = llm.engine, Counting.built[-1]
+    long = SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True)
+    engine.add_request("running", "The quick", long)
+    engine.add_request("waiting", "Paged attention", long)
+    engine.step()
+    engine.step()
+    engine.abort_request(["running", "waiting"])
+    by_id = {s.request_id: s for s in counter.finished}
+    assert sorted(by_id) == ["running", "waiting"] and len(counter.finished) == 2
+    assert by_id["running"].finish_reason == by_id["waiting"].finish_reason == "abort"
+    assert by_id["running"].num_generation_tokens == 2 and by_id["waiting"].num_generation_tokens == 0
+    assert by_id["waiting"].time_to_first_token_seconds is None
+    engine.abort_request("running")  # already ended: reported once
+    assert len(counter.finished) == 2

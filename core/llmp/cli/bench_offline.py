@@ -171,7 +171,7 @@ def engine_facts(llm: Any, load_s: float) -> dict[str, Any]:
     return {
         "model": info.model,
         "kernels": info.kernels,
-        "dtype": str(info.options.get("dtype", "")).removeprefix("torch."),
+        "dtype": info.options["dtype"],
         "executor": info.executor,
         "max_model_len": llm.engine.max_model_len,
         # torch threads of this process, where the uniproc executor runs the model (other executors: their own)

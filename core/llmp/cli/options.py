@@ -103,24 +103,25 @@ def _source(ctx: typer.Context, name: str) -> str:
 
 def _parameter(spec: OptionSpec, panels: bool) -> inspect.Parameter:
     """The typer parameter of one option."""
-    value_type = spec.value_type
+    value_type, metavar = spec.value_type, spec.metavar
     if spec.repeatable:
         annotation: Any = list[typing.get_args(value_type)[0]] | None
     elif typing.get_origin(value_type) is Literal:  # checked with the other values, for one kind of error
         annotation = type(typing.get_args(value_type)[0])
+        metavar = metavar or "[" + "|".join(map(str, typing.get_args(value_type))) + "]"
     else:
         annotation = value_type
     if spec.optional and not spec.repeatable:
         annotation = annotation | None
     default = ... if spec.default is MISSING else None if spec.repeatable else spec.default
     if spec.argument:
-        info = typer.Argument(default, help=spec.help, metavar=spec.metavar)
+        info = typer.Argument(default, help=spec.help, metavar=metavar)
     else:
         info = typer.Option(
             default,
             *_declarations(spec),
             help=spec.help,
-            metavar=spec.metavar,
+            metavar=metavar,
             rich_help_panel=f"{spec.record.replace('_', ' ').capitalize()} options" if panels else None,
         )
     return inspect.Parameter(spec.name, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=annotation)

@@ -46,18 +46,10 @@ class LLMEngine:
         self.tokenizer = load_tokenizer(model.tokenizer)
         self.task = model.task
         if self.task == "embed":
-            from llmp.modeling.pooling import Pooler, as_pooling_model
-
-            model_cls = as_pooling_model(model.spec.load(), "embed")
-            pooler = Pooler.from_model_dir(
-                model.model_dir,
-                getattr(model_cls, "default_pooling", "cls"),
-                getattr(model_cls, "default_normalize", False),
-            )
             # each embedding is computed whole in one step: no prefix reuse, no chunks
             config = dataclasses.replace(config, enable_prefix_caching=False)
             self.config = config
-            self.default_normalize = pooler.normalize
+            self.default_normalize = model.pooling.normalize
         executor_cls = registry.load_component("executor", config.executor)
         self.executor = executor_cls(config, model)
         num_blocks = self._num_kv_blocks()
@@ -277,6 +269,8 @@ class LLMEngine:
             if request_id in self.pooling:
                 text, request = self.pooling.pop(request_id)
                 self.scheduler.abort_requests([request_id])
+                if self.stat_loggers:
+                    self._record_finished_pooling(request)
                 continue
             state = self.outputs.state_of(request_id)
             if state is None:
@@ -284,7 +278,10 @@ class LLMEngine:
             for seq in state.sequences:
                 self.scheduler.abort_requests([seq.request.request_id])
                 self.outputs.finish(seq, RequestStatus.FINISHED_ABORTED.value)
-            finished.append(self.outputs.make_output(state, state.delta))
+            output = self.outputs.make_output(state, state.delta)
+            if self.stat_loggers:  # aborted requests are counted too, with finish_reason "abort"
+                self._record_finished(output, state)
+            finished.append(output)
         return finished
 
     def has_unfinished_requests(self) -> bool:
@@ -368,31 +365,21 @@ class LLMEngine:
 
     def _log_pooling_stats(self, scheduled: Any) -> None:
         self.stat_loggers.record_step(self._scheduler_stats())
-        now = time.monotonic()
         for item in scheduled.scheduled:  # an embedding finishes in the step that computes it
-            request = item.request
-            self.stat_loggers.record_finished(
-                FinishedRequestStats(
-                    request_id=request.request_id,
-                    finish_reason=request.status.finish_reason,
-                    num_prompt_tokens=request.num_prompt_tokens,
-                    num_generation_tokens=0,
-                    num_cached_tokens=max(request.num_cached_tokens, 0),
-                    queued_seconds=(request.first_scheduled_time or now) - request.arrival_time,
-                    time_to_first_token_seconds=None,
-                    end_to_end_seconds=now - request.arrival_time,
-                )
-            )
+            self._record_finished_pooling(item.request)
 
     def _log_stats(self, outputs: list[RequestOutput], states: dict[str, RequestState]) -> None:
         self.stat_loggers.record_step(self._scheduler_stats())
-        now = time.monotonic()
         for output in outputs:
-            if not output.finished:
-                continue
-            state = states[output.request_id]
-            first = state.sequences[0].request
-            record = FinishedRequestStats(
+            if output.finished:
+                self._record_finished(output, states[output.request_id])
+
+    def _record_finished(self, output: RequestOutput, state: RequestState) -> None:
+        """The figures of a finished (or aborted) generation request, to the stat loggers."""
+        now = time.monotonic()
+        first = state.sequences[0].request
+        self.stat_loggers.record_finished(
+            FinishedRequestStats(
                 request_id=output.request_id,
                 finish_reason=output.outputs[0].finish_reason,
                 num_prompt_tokens=len(output.prompt_token_ids),
@@ -404,7 +391,23 @@ class LLMEngine:
                 else None,
                 end_to_end_seconds=now - state.arrival_time,
             )
-            self.stat_loggers.record_finished(record)
+        )
+
+    def _record_finished_pooling(self, request: Request) -> None:
+        """The figures of a finished (or aborted) embedding request, to the stat loggers."""
+        now = time.monotonic()
+        self.stat_loggers.record_finished(
+            FinishedRequestStats(
+                request_id=request.request_id,
+                finish_reason=request.status.finish_reason,
+                num_prompt_tokens=request.num_prompt_tokens,
+                num_generation_tokens=0,
+                num_cached_tokens=max(request.num_cached_tokens, 0),
+                queued_seconds=(request.first_scheduled_time or now) - request.arrival_time,
+                time_to_first_token_seconds=None,
+                end_to_end_seconds=now - request.arrival_time,
+            )
+        )
 
     def shutdown(self) -> None:
         if not self._stopped:

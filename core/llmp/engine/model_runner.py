@@ -43,13 +43,8 @@ class ModelRunner:
 
         model_cls = as_pooling_model(resolved.spec.load(), resolved.task)
         self.model = self._load_model(model_cls, resolved)
-        self.pooler = None
-        if getattr(self.model, "is_pooling_model", False):
-            self.pooler = Pooler.from_model_dir(
-                resolved.model_dir,
-                getattr(self.model, "default_pooling", "last"),
-                getattr(self.model, "default_normalize", False),
-            )
+        pooling = resolved.pooling  # resolved with the model (task "embed")
+        self.pooler = Pooler(pooling.pooling_type, pooling.normalize) if pooling is not None else None
         self.load_seconds = time.perf_counter() - started
         self.block_size = config.block_size
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []

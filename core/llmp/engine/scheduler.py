@@ -7,9 +7,19 @@ requests first, so decodes, prefill chunks and prefix-cache hits follow one
 rule. When the KV cache runs out, the lowest-ranked running request is
 preempted: its blocks are freed and it is recomputed later.
 
-Under the ``priority`` policy the queue is ordered by (priority, arrival), lower
-value first, and the victim of a preemption is the running request that comes
-last in that order; under ``fcfs`` a request may not ask for a priority (vLLM).
+Policies (``EngineConfig.scheduling_policy``), as in vLLM v1's scheduler:
+
+- ``fcfs``: the waiting queue is in arrival order, and the victim of a preemption is
+  the running request admitted last. A request may not ask for a priority other than 0
+  (a :class:`~llmp.api.RequestValidationError` on ``priority``, vLLM's message).
+- ``priority``: the waiting queue is ordered by (priority, arrival time), lower value
+  first, so a request with a lower value is admitted before those queued ahead of it;
+  the victim of a preemption is the running request that comes last in that order
+  (the highest value, then the latest arrival). Priority acts only there: a waiting
+  request never preempts a running one, and no request is admitted in a step that
+  preempted.
+
+A preempted request goes back to the waiting queue in its place by that order.
 """
 
 from __future__ import annotations
@@ -22,12 +32,10 @@ from dataclasses import dataclass, field
 from llmp.api import RequestValidationError
 from llmp.engine.kv_cache import BlockKVCacheManager
 from llmp.engine.request import Request, RequestStatus
-from llmp.options import EngineConfig
-
-POLICIES = ("fcfs", "priority")
+from llmp.options import EngineConfig, SchedulingPolicy
 
 
-def check_priority(priority: int, policy: str) -> None:
+def check_priority(priority: int, policy: SchedulingPolicy) -> None:
     """vLLM's rule: a request's ``priority`` must stay 0 unless the priority policy is on."""
     if priority != 0 and policy != "priority":
         raise RequestValidationError("priority", f"Got priority {priority} but Priority scheduling is not enabled.")
@@ -35,26 +43,20 @@ def check_priority(priority: int, policy: str) -> None:
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
-    """The scheduler's share of :class:`EngineConfig` (its defaults live there), with the
+    """The scheduler's share of :class:`EngineConfig` (its defaults and checks live there), with the
     context length the engine settled on."""
 
     max_num_seqs: int
     max_num_batched_tokens: int
     max_model_len: int
     enable_chunked_prefill: bool
-    policy: str  # fcfs | priority (lower value first, then arrival)
-
-    def __post_init__(self) -> None:
-        if self.policy not in POLICIES:
-            raise ValueError(f"scheduling policy must be 'fcfs' or 'priority', got {self.policy!r}")
-        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
-            raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
+    policy: SchedulingPolicy
 
     @classmethod
     def from_engine_config(cls, config: EngineConfig, max_model_len: int) -> SchedulerConfig:
         return cls(
             max_num_seqs=config.max_num_seqs,
-            max_num_batched_tokens=max(config.max_num_batched_tokens, 1),
+            max_num_batched_tokens=config.max_num_batched_tokens,
             max_model_len=max_model_len,
             enable_chunked_prefill=config.enable_chunked_prefill,
             policy=config.scheduling_policy,
@@ -88,6 +90,8 @@ class SchedulerOutput:
 
 
 class Scheduler:
+    """The default scheduler: one token budget per step, the policy of the module docstring."""
+
     def __init__(self, config: SchedulerConfig, kv_manager: BlockKVCacheManager) -> None:
         self.config = config
         self.kv = kv_manager

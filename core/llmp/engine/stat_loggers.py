@@ -13,8 +13,8 @@ log = logging.getLogger("llmp.engine")
 class StatLoggers:
     """The stat loggers of one engine, built from the registry when it starts.
 
-    The engine calls ``record_step`` once per step and ``record_finished`` once per finished
-    request: plain method calls, no pluggy. A logger that raises (when built or when called)
+    The engine calls ``record_step`` once per step and ``record_finished`` once per request that
+    ends, aborted ones included: plain method calls, no pluggy. A logger that raises (when built or when called)
     is reported once, with its traceback, and dropped: figures are never worth the engine.
     """
 

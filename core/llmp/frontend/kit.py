@@ -19,7 +19,7 @@ import re
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal, get_args
 
 from llmp.api import RequestValidationError
@@ -56,6 +56,7 @@ class SamplingRequest:
     ``max_tokens=None`` is the rest of the context (at most the generation config's
     ``max_new_tokens``). ``names`` maps a field to the request's own name for it
     (``max_tokens`` -> ``max_completion_tokens``), so errors name what was sent.
+    Build one from a request body with :meth:`from_body`.
     """
 
     n: int | None = None
@@ -82,6 +83,22 @@ class SamplingRequest:
     spaces_between_special_tokens: bool = True
     structured_outputs: StructuredOutputsParams | None = None
     names: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_body(cls, body: Any, **overrides: Any) -> SamplingRequest:
+        """The sampling fields of a request body: each field the body declares under this record's
+        name (a pydantic model's declared fields, never the extra keys a client sent; else any
+        attribute), then ``overrides``, which set the fields the protocol names or means otherwise
+        (``max_tokens`` from ``max_completion_tokens``, ``logprobs`` from ``top_logprobs``) and
+        ``names``. ``structured_outputs`` is never read from the body: it is the constraint the
+        handler compiled (from ``response_format``, tools ...)."""
+        declared = getattr(type(body), "model_fields", None)
+        has = (lambda name: name in declared) if declared is not None else (lambda name: hasattr(body, name))
+        taken = {name: getattr(body, name) for name in _BODY_FIELDS if has(name)}
+        return cls(**{**taken, **overrides})
+
+
+_BODY_FIELDS = tuple(f.name for f in fields(SamplingRequest) if f.name not in ("structured_outputs", "names"))
 
 
 class FrontendKit:
@@ -297,40 +314,19 @@ class FrontendKit:
                 raise bad_request("logit_bias keys must be token ids", names.get("logit_bias", "logit_bias")) from None
             self.check_token_ids(list(logit_bias), names.get("logit_bias", "logit_bias"))
         self.check_token_ids(request.allowed_token_ids or [], names.get("allowed_token_ids", "allowed_token_ids"))
-        # unset: the model's generation config, else SamplingParams's default
-        defaulted = {
-            name: self.defaults.get(name) if getattr(request, name) is None else getattr(request, name)
-            for name in GENERATION_DEFAULTS
-            if name != "max_new_tokens"
-        }
-        given = {
-            name: getattr(request, name)
-            for name in ("n", "presence_penalty", "frequency_penalty")
-            if getattr(request, name) is not None
-        }
+        # every field under SamplingParams's name; unset (None): the model's generation config for
+        # those it sets, else SamplingParams's default
+        values = {f.name: getattr(request, f.name) for f in fields(request) if f.name != "names"}
+        for name in GENERATION_DEFAULTS:
+            if name in values and values[name] is None:
+                values[name] = self.defaults.get(name)
+        values["logit_bias"] = logit_bias
         try:
             max_tokens = resolve_max_tokens(request.max_tokens, prompt_len, self.max_model_len)
             if request.max_tokens is None and self.defaults.get("max_new_tokens") is not None:
                 max_tokens = min(self.defaults["max_new_tokens"], max_tokens)
-            params = SamplingParams(
-                **{name: value for name, value in defaulted.items() if value is not None},
-                **given,
-                seed=request.seed,
-                max_tokens=max_tokens,
-                min_tokens=request.min_tokens,
-                stop=request.stop,
-                stop_token_ids=request.stop_token_ids,
-                ignore_eos=request.ignore_eos,
-                include_stop_str_in_output=request.include_stop_str_in_output,
-                logprobs=request.logprobs,
-                prompt_logprobs=request.prompt_logprobs,
-                logit_bias=logit_bias,
-                allowed_token_ids=request.allowed_token_ids,
-                bad_words=request.bad_words,
-                skip_special_tokens=request.skip_special_tokens,
-                spaces_between_special_tokens=request.spaces_between_special_tokens,
-                structured_outputs=request.structured_outputs,
-            )
+            values["max_tokens"] = max_tokens
+            params = SamplingParams(**{name: value for name, value in values.items() if value is not None})
         except RequestValidationError as exc:
             raise field_error(exc, names) from None
         if params.n > 1 and params.is_greedy:
@@ -560,10 +556,7 @@ def generation_defaults(model_dir: str | None, source: str) -> dict[str, Any]:
 def field_error(exc: RequestValidationError, names: Mapping[str, str]) -> APIError:
     """The 400 of an invalid field, named (in ``param`` and the message) as the request spells it."""
     param = names.get(exc.field, exc.field)
-    message = str(exc)
-    if param != exc.field and message.startswith(exc.field):
-        message = param + message[len(exc.field) :]
-    return bad_request(message, param)
+    return bad_request(exc.message_for(param), param)
 
 
 def reasoning_variables(effort: str | None, kwargs: Mapping[str, Any] | None) -> dict[str, Any]:

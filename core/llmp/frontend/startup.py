@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from llmp.api import LLMPError
-from llmp.model_files.lookup import DEFAULT_MODEL
-from llmp.options import FrontendOptions
+from llmp.options import DEFAULT_MODEL, FrontendOptions
 
 
 def read_chat_template(value: str | None) -> str | None:

@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from llmp.api import PoolingConfig
 from llmp.model_files import cache_dir
 
 
@@ -81,6 +82,31 @@ def architectures(config: Any) -> list[str]:
         fallback = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(getattr(config, "model_type", ""))
         names = [fallback] if isinstance(fallback, str) else []
     return names
+
+
+def sentence_transformers_pooling(model_dir: Path, default: PoolingConfig) -> PoolingConfig:
+    """The pooling that ``modules.json`` and its pooling module's config set; ``default`` without them.
+
+    As in sentence-transformers, a directory with ``modules.json`` normalizes only when it lists a
+    ``Normalize`` module."""
+    try:
+        modules = json.loads((model_dir / "modules.json").read_text())
+    except OSError:
+        return default
+    pooling_type, normalize = default.pooling_type, False
+    for module in modules:
+        kind = module.get("type", "")
+        if kind.endswith("Pooling"):
+            settings = json.loads((model_dir / module["path"] / "config.json").read_text())
+            if settings.get("pooling_mode_mean_tokens"):
+                pooling_type = "mean"
+            elif settings.get("pooling_mode_cls_token"):
+                pooling_type = "cls"
+            elif settings.get("pooling_mode_lasttoken"):
+                pooling_type = "last"
+        elif kind.endswith("Normalize"):
+            normalize = True
+    return PoolingConfig(pooling_type, normalize)
 
 
 def has_sentence_transformers_config(model_dir: Path) -> bool:

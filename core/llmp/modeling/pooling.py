@@ -1,10 +1,8 @@
-"""Pooling hidden states into one embedding per sequence, configured the sentence-transformers way."""
+"""Pooling hidden states into one embedding per sequence (configured by :class:`llmp.api.PoolingConfig`)."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -16,30 +14,10 @@ POOLING_TYPES = ("mean", "cls", "last")
 
 @dataclass(frozen=True)
 class Pooler:
-    pooling_type: str = "cls"
-    normalize: bool = False
+    """Pools a step's hidden states, as :class:`llmp.api.PoolingConfig` (resolved with the model) says."""
 
-    @classmethod
-    def from_model_dir(cls, model_dir: Path, default: str, default_normalize: bool = False) -> Pooler:
-        """Read ``modules.json`` and the pooling module's config when present; else the defaults."""
-        modules_file = model_dir / "modules.json"
-        if not modules_file.is_file():
-            return cls(default, normalize=default_normalize)
-        modules = json.loads(modules_file.read_text())
-        pooling_type, normalize = default, False
-        for module in modules:
-            kind = module.get("type", "")
-            if kind.endswith("Pooling"):
-                settings = json.loads((model_dir / module["path"] / "config.json").read_text())
-                if settings.get("pooling_mode_mean_tokens"):
-                    pooling_type = "mean"
-                elif settings.get("pooling_mode_cls_token"):
-                    pooling_type = "cls"
-                elif settings.get("pooling_mode_lasttoken"):
-                    pooling_type = "last"
-            elif kind.endswith("Normalize"):
-                normalize = True
-        return cls(pooling_type, normalize)
+    pooling_type: str
+    normalize: bool
 
     def __call__(self, hidden: torch.Tensor, query_start_loc: list[int]) -> list[torch.Tensor]:
         """One float32 vector per sequence of the flattened ``hidden`` [T, N]."""

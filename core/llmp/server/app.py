@@ -88,14 +88,14 @@ class BodyTooLarge(Exception):
     pass
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Limits:
-    """What the gate refuses before any route runs."""
+    """What the gate refuses before any route runs (the values of ``ServerOptions``: see ``launch.gate_limits``)."""
 
-    max_body_bytes: int = 2 << 20
+    max_body_bytes: int
     max_json_depth: int = 64
     max_in_flight: int | None = None  # model requests at once (running + queued); None = no bound
-    overload_status: int = 503  # or 429, for clients that only back off on that
+    overload_status: int  # 503, or 429 for clients that only back off on that
     allowed_hosts: frozenset[str] | None = None  # Host header names accepted; None = any
 
 
@@ -354,7 +354,7 @@ def build_app(
     root_path: str,
     docs: bool,
     metrics: Any,
-    health_timeout: float = 5.0,
+    health_timeout: float,
 ) -> FastAPI:
     app = FastAPI(
         title="llmp",

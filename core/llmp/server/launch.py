@@ -15,7 +15,7 @@ from typing import Any
 
 from llmp.api import LLMPError
 from llmp.frontend.startup import frontend_options, read_chat_template, served_model_names
-from llmp.options import FrontendOptions, ServerOptions
+from llmp.options import DEFAULT_MODEL, FrontendOptions, ServerOptions
 from llmp.server.app import LOOPBACK_HOSTS, Limits, ServerState, build_app, with_light_json
 from llmp.server.metrics import MeteredEngine, ServerMetrics
 from llmp.server.settings import ServeSettings
@@ -164,7 +164,13 @@ async def _serve(
         await _warm_up(loaded)
         log.debug("warmed up after %.2f s", time.monotonic() - started)
         limits = gate_limits(settings)
-        engine = MeteredEngine(loaded, metrics, http.request_timeout, limits.max_in_flight, http.overload_status)
+        engine = MeteredEngine(
+            loaded,
+            metrics,
+            request_timeout=http.request_timeout,
+            capacity=limits.max_in_flight,
+            overload_status=http.overload_status,
+        )
         options = frontend_options(
             settings.frontend,
             loaded.info,
@@ -213,7 +219,7 @@ async def _load_engine(
     from rich.console import Console
 
     console = Console(stderr=True)
-    name = settings.engine.model or "the default model (SmolLM2-135M-Instruct)"
+    name = settings.engine.model or f"the default model ({DEFAULT_MODEL})"
     loading = asyncio.wrap_future(starting)
     started = time.monotonic()
     with console.status(f"Loading {name} …") as status:
@@ -368,7 +374,7 @@ def _server_class() -> type:
 
 
 def _mount(
-    app: Any, state: ServerState, engine: Any, frontends: list[tuple[str, type]], options: Any
+    app: Any, state: ServerState, engine: MeteredEngine, frontends: list[tuple[str, type]], options: FrontendOptions
 ) -> list[asyncio.Task]:
     tasks = []
     for name, cls in frontends:

@@ -157,9 +157,10 @@ class MeteredEngine:
         self,
         engine: Any,
         metrics: ServerMetrics,
-        request_timeout: float | None = None,
-        capacity: int | None = None,
-        overload_status: int = 503,
+        *,
+        request_timeout: float | None,
+        capacity: int | None,
+        overload_status: int,
     ) -> None:
         self._engine = engine
         self.metrics = metrics

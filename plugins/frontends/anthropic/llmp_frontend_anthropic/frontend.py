@@ -143,11 +143,8 @@ class AnthropicFrontend(FrontendKit):
         skip_special_tokens: bool = True,
     ) -> SamplingParams:
         """The engine's sampling parameters (the kit's one path, under Anthropic's field names)."""
-        request = SamplingRequest(
-            temperature=body.temperature,
-            top_p=body.top_p,
-            top_k=body.top_k,
-            max_tokens=body.max_tokens,
+        request = SamplingRequest.from_body(
+            body,
             stop=body.stop_sequences or None,
             structured_outputs=constraint,
             skip_special_tokens=skip_special_tokens,

@@ -21,6 +21,7 @@ from typing import Any
 import grpc
 
 from llmp import Prompt, SamplingParams
+from llmp.api import LLMPError
 from llmp.frontend import APIError, FrontendKit, SamplingRequest, as_api_error, bad_request, engine_request_id
 from llmp.options import FrontendOptions
 from llmp_frontend_grpc import llmp_pb2 as pb
@@ -54,6 +55,8 @@ class GrpcFrontend(FrontendKit):
 
     def __init__(self, engine: Any, options: FrontendOptions) -> None:
         super().__init__(engine, options)
+        if options.host is None:
+            raise LLMPError("the grpc front-end listens on the server's host: FrontendOptions.host must be set")
         self.port = options.grpc_port
         self.host = options.host
         self.key_digests = [hashlib.sha256(k.strip().encode()).digest() for k in options.api_keys if k.strip()]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 
@@ -26,7 +26,9 @@ McpRequests = Annotated[FrontendOptions, Select(only=("chat_template", "generati
 @dataclass(frozen=True, kw_only=True)
 class McpOptions:
     served_model_name: tuple[str, ...] = option((), "Public model name(s), listed by the llmp://models resource.")
-    log_level: str = option("warning", "Log level of the messages written to stderr.")
+    log_level: Literal["debug", "info", "warning", "error"] = option(
+        "warning", "Log level of the messages written to stderr."
+    )
 
 
 @options_command

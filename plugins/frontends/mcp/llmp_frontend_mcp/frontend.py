@@ -190,12 +190,14 @@ class McpFrontend(FrontendKit):
         # stateless: every POST is a whole exchange, so no session outlives a request or a restart;
         # JSON responses rather than SSE streams (tools answer once). Host and Origin are the
         # gate's job (--allowed-hosts, CORS), so the SDK's own DNS-rebinding check is off.
+        # the gate has already bounded the body (--max-request-body-bytes): no second, smaller cap
+        # (with no server in front, the SDK's own cap)
+        body_cap = self.options.max_request_body_bytes
         self.server.streamable_http_app(
             streamable_http_path=MCP_PATH,
             stateless_http=True,
             json_response=True,
-            # the gate has already bounded the body (--max-request-body-bytes): no second, smaller cap
-            max_request_body_size=self.options.max_request_body_bytes,
+            **({"max_request_body_size": body_cap} if body_cap is not None else {}),
             transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
         )
         self._manager = self.server.session_manager

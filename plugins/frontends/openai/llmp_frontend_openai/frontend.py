@@ -107,29 +107,11 @@ class OpenAIFrontend(FrontendKit):
     ) -> SamplingParams:
         """The engine's sampling parameters of a chat, completion or response request (the kit's one
         path); ``names`` maps a SamplingParams field to the request's own name for it."""
-        request = SamplingRequest(
-            n=body.n,
-            temperature=body.temperature,
-            top_p=body.top_p,
-            top_k=body.top_k,
-            min_p=body.min_p,
-            repetition_penalty=body.repetition_penalty,
-            presence_penalty=body.presence_penalty,
-            frequency_penalty=body.frequency_penalty,
-            seed=body.seed,
+        request = SamplingRequest.from_body(
+            body,
             max_tokens=max_tokens,
-            min_tokens=body.min_tokens,
-            stop=body.stop,
-            stop_token_ids=body.stop_token_ids,
-            ignore_eos=body.ignore_eos,
-            include_stop_str_in_output=body.include_stop_str_in_output,
             logprobs=logprobs,
-            prompt_logprobs=body.prompt_logprobs,
-            logit_bias=body.logit_bias,
-            allowed_token_ids=body.allowed_token_ids,
-            bad_words=body.bad_words,
             skip_special_tokens=body.skip_special_tokens if skip_special_tokens is None else skip_special_tokens,
-            spaces_between_special_tokens=body.spaces_between_special_tokens,
             structured_outputs=structured_outputs,
             names=names or {},
         )

@@ -2,6 +2,10 @@
 
 ``messages`` -> a chat completion, ``prompt`` -> a completion, ``input`` -> embeddings, each
 answered whole in OpenAI's JSON shape (streaming is refused). ``GET /ping`` is the core server's.
+
+The bodies are those of the OpenAI routes (as vLLM's ``/invocations`` takes them): every field
+is acted on as there, or refused with a 400 naming it (``UNSUPPORTED``) when a single text
+answer has no place for it; keys no OpenAI route knows are ignored, as vLLM ignores them.
 """
 
 from __future__ import annotations
@@ -27,8 +31,8 @@ from llmp.frontend import (
 
 
 class _Sampling(BaseModel):
-    """The sampling fields of OpenAI's chat and completion bodies (with vLLM's extras) that a single,
-    non-streamed, text-only answer can honour; the others are refused (``UNSUPPORTED``), unknown keys
+    """The fields of OpenAI's chat and completion bodies (with vLLM's extras) that a single,
+    non-streamed, text-only answer honours; the others are refused (``UNSUPPORTED``), unknown keys
     ignored."""
 
     model_config = ConfigDict(extra="ignore")
@@ -47,12 +51,20 @@ class _Sampling(BaseModel):
     stop_token_ids: list[int] | None = None
     min_tokens: int = 0
     ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
     logit_bias: dict[str, float] | None = None
+    allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    priority: int = 0  # needs --scheduling-policy priority unless 0
+    request_id: str | None = None  # the response's id
     stream: bool = False
+    user: str | None = None  # OpenAI's end-user tag: no effect on the answer, on any route
 
 
-# OpenAI (and vLLM) request fields whose answer /invocations has no place for: a 400, never dropped
+# OpenAI (and vLLM) request fields whose answer /invocations has no place for: a 400, never dropped.
+# Each is refused when given a value other than its defaults (null and false, unless _DEFAULTS says).
 UNSUPPORTED = (
     "n",
     "logprobs",
@@ -60,21 +72,35 @@ UNSUPPORTED = (
     "prompt_logprobs",
     "tools",
     "tool_choice",
+    "parallel_tool_calls",
     "response_format",
     "structured_outputs",
+    "include_reasoning",
     "echo",
     "suffix",
     "best_of",
     "stream_options",
     "return_token_ids",
 )
+EMBEDDING_UNSUPPORTED = ("encoding_format", "truncate_prompt_tokens")
+_DEFAULTS = {
+    "n": (None, 1),
+    "parallel_tool_calls": (None, True),
+    "include_reasoning": (None, True),
+    "encoding_format": (None, "float"),
+}
 
 
 class ChatBody(_Sampling):
     messages: list[dict[str, Any]]
     max_completion_tokens: int | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
     reasoning_effort: ReasoningEffort | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False
+    documents: list[dict[str, str]] | None = None
+    chat_template: str | None = None  # needs --trust-request-chat-template
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class CompletionBody(_Sampling):
@@ -89,6 +115,8 @@ class EmbeddingBody(BaseModel):
     input: str | list[str] | list[int] | list[list[int]]
     normalize: bool | None = None
     dimensions: int | None = Field(default=None, ge=1)
+    priority: int = 0
+    user: str | None = None
 
 
 class SageMakerFrontend(FrontendKit):
@@ -128,7 +156,7 @@ class SageMakerFrontend(FrontendKit):
         except ValidationError as exc:
             message, param = validation_message(list(exc.errors()))
             raise bad_request(message, param) from None
-        unsupported = None if kind is EmbeddingBody else _unsupported(body)
+        unsupported = _unsupported(body, EMBEDDING_UNSUPPORTED if kind is EmbeddingBody else UNSUPPORTED)
         if unsupported:
             raise bad_request(
                 f"{unsupported} is not supported on /invocations (one text answer per request); "
@@ -156,7 +184,7 @@ class SageMakerFrontend(FrontendKit):
         requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         seq, prompt_len = await self._generate(prompt, body, requested)
         return {
-            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "id": f"chatcmpl-{body.request_id or uuid.uuid4().hex}",
             "object": "chat.completion",
             "created": int(time.time()),
             "model": self.model_name,
@@ -176,7 +204,7 @@ class SageMakerFrontend(FrontendKit):
         [prompt] = await self.prompt_inputs(body.prompt, "prompt", body.add_special_tokens)
         seq, prompt_len = await self._generate(prompt, body, body.max_tokens)
         return {
-            "id": f"cmpl-{uuid.uuid4().hex}",
+            "id": f"cmpl-{body.request_id or uuid.uuid4().hex}",
             "object": "text_completion",
             "created": int(time.time()),
             "model": self.model_name,
@@ -195,28 +223,10 @@ class SageMakerFrontend(FrontendKit):
     async def _generate(self, prompt: Prompt, body: _Sampling, requested: int | None) -> Any:
         name = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) is not None else "max_tokens"
         params = self.sampling_params(
-            SamplingRequest(
-                temperature=body.temperature,
-                top_p=body.top_p,
-                top_k=body.top_k,
-                min_p=body.min_p,
-                repetition_penalty=body.repetition_penalty,
-                presence_penalty=body.presence_penalty,
-                frequency_penalty=body.frequency_penalty,
-                seed=body.seed,
-                max_tokens=requested,
-                min_tokens=body.min_tokens,
-                stop=body.stop,
-                stop_token_ids=body.stop_token_ids,
-                ignore_eos=body.ignore_eos,
-                logit_bias=body.logit_bias,
-                bad_words=body.bad_words,
-                names={"max_tokens": name},
-            ),
-            len(prompt.token_ids),
+            SamplingRequest.from_body(body, max_tokens=requested, names={"max_tokens": name}), len(prompt.token_ids)
         )
         final = None
-        async for final in self.engine.generate(prompt, params, engine_request_id("sagemaker")):
+        async for final in self.engine.generate(prompt, params, engine_request_id("sagemaker"), priority=body.priority):
             pass
         return final.outputs[0], len(prompt.token_ids)
 
@@ -238,7 +248,7 @@ class SageMakerFrontend(FrontendKit):
             raise bad_request(str(exc), "dimensions") from None
 
         async def one(prompt: Prompt) -> list[float]:
-            async for output in self.engine.encode(prompt, params, engine_request_id("embd")):
+            async for output in self.engine.encode(prompt, params, engine_request_id("embd"), priority=body.priority):
                 return output.outputs.embedding
             raise RuntimeError("the embedding request was aborted")
 
@@ -257,10 +267,9 @@ class SageMakerFrontend(FrontendKit):
         }
 
 
-def _unsupported(body: dict[str, Any]) -> str | None:
-    """The first field of ``UNSUPPORTED`` given with a value other than its default."""
-    defaults = {"n": (None, 1)}
-    return next((name for name in UNSUPPORTED if body.get(name) not in defaults.get(name, (None, False))), None)
+def _unsupported(body: dict[str, Any], names: tuple[str, ...]) -> str | None:
+    """The first field of ``names`` given with a value other than its defaults."""
+    return next((name for name in names if body.get(name) not in _DEFAULTS.get(name, (None, False))), None)
 
 
 def _message(message: Any, index: int) -> dict[str, Any]:

@@ -90,3 +90,70 @@ def test_api_key(auth_server):
         ok = c.post("/invocations", json=body, headers={"Authorization": f"Bearer {API_KEY}"})
         assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
         assert c.get("/ping").status_code == 200  # probes stay open
+
+
+def test_every_openai_field_is_honoured_or_refused():
+    """The bodies are OpenAI's (as vLLM's /invocations takes them): no field of theirs is dropped silently."""
+    from llmp_frontend_openai import protocol as openai
+    from llmp_frontend_sagemaker.frontend import (
+        EMBEDDING_UNSUPPORTED,
+        UNSUPPORTED,
+        ChatBody,
+        CompletionBody,
+        EmbeddingBody,
+    )
+
+    for theirs, ours, refused in (
+        (openai.ChatCompletionRequest, ChatBody, UNSUPPORTED),
+        (openai.CompletionRequest, CompletionBody, UNSUPPORTED),
+        (openai.EmbeddingRequest, EmbeddingBody, EMBEDDING_UNSUPPORTED),
+    ):
+        dropped = set(theirs.model_fields) - set(ours.model_fields) - set(refused)
+        assert not dropped, f"{ours.__name__} drops {sorted(dropped)}"
+        assert not set(ours.model_fields) & set(refused)
+
+
+def test_vllm_fields_act_as_on_the_openai_routes(http):
+    base = {"prompt": "Paged attention keeps", "max_tokens": 12, "temperature": 0}
+    full = post(http, "/invocations", base)["choices"][0]["text"]
+    stop = full[4:7]
+    for extra in (
+        {"stop": [stop], "include_stop_str_in_output": True},
+        {"allowed_token_ids": [5, 6, 7]},
+        {"skip_special_tokens": False, "spaces_between_special_tokens": False, "min_tokens": 3, "ignore_eos": True},
+    ):
+        body = {**base, **extra}
+        got = post(http, "/invocations", body)["choices"][0]
+        want = post(http, "/v1/completions", body)["choices"][0]
+        assert (got["text"], got["finish_reason"]) == (want["text"], want["finish_reason"]), extra
+    assert post(http, "/invocations", {**base, "stop": [stop], "include_stop_str_in_output": True})["choices"][0][
+        "text"
+    ].endswith(stop)
+    chat = {
+        "messages": [*MESSAGES, {"role": "assistant", "content": "It"}],
+        "max_tokens": 6,
+        "temperature": 0,
+        "add_generation_prompt": False,
+        "continue_final_message": True,
+        "request_id": "mine",
+    }
+    got = post(http, "/invocations", chat)
+    want = post(http, "/v1/chat/completions", chat)
+    assert got["id"] == "chatcmpl-mine"
+    assert got["choices"][0]["message"]["content"] == want["choices"][0]["message"]["content"]
+    assert got["usage"] == want["usage"]
+
+
+def test_fields_the_server_refuses_are_a_400_naming_them(http):
+    base = {"prompt": "x", "max_tokens": 2}
+    # priority needs --scheduling-policy priority, as on the OpenAI routes (and in vLLM)
+    assert post(http, "/invocations", {**base, "priority": 1}, 400)["error"]["param"] == "priority"
+    chat = {"messages": MESSAGES, "max_tokens": 2, "chat_template": "{{ messages }}"}
+    assert post(http, "/invocations", chat, 400)["error"]["param"] == "chat_template"  # untrusted by default
+    for field, value in (("n", 2), ("logprobs", 2), ("include_reasoning", False), ("parallel_tool_calls", False)):
+        error = post(http, "/invocations", {**base, field: value}, 400)["error"]
+        assert error["param"] == field and "not supported on /invocations" in error["message"], field
+    for field, value in (("n", 1), ("include_reasoning", True), ("some_vendor_key", 1)):
+        assert post(http, "/invocations", {**base, field: value})["choices"][0]["text"] is not None, field
+    error = post(http, "/invocations", {"input": "x", "encoding_format": "base64"}, 400)["error"]
+    assert error["param"] == "encoding_format"
