@@ -22,6 +22,8 @@ module                       for                               what it holds
 ``llmp.modeling``            model plugins                     model building blocks (its submodules:
                                                                ``layers``, ``decoder``, ``moe`` ...)
 ``llmp.executor``            executor plugins                  ``Worker``, ``exit_with_parent``
+``llmp.scheduling``          scheduler and KV-manager plugins  ``SchedulerConfig``, ``Request``,
+                                                               ``SchedulerOutput`` ...
 ``llmp.registry``            plugins using other components    looking components up by kind and name
 ``llmp.plugins``             programs and tests                in-process ``register``/``unregister``
 ``llmp.testing``             plugin tests                      the test kit
@@ -117,6 +119,7 @@ PUBLIC_MODULES = (
     "llmp.parsing",
     "llmp.modeling",
     "llmp.executor",
+    "llmp.scheduling",
     "llmp.registry",
     "llmp.plugins",
     "llmp.testing",
@@ -596,8 +599,8 @@ class Scheduler(Protocol):
     """Decides which requests run in each engine step, within a token budget.
 
     Built as ``Scheduler(config, kv_manager)`` with a
-    ``llmp.engine.scheduler.SchedulerConfig``; requests are
-    ``llmp.engine.request.Request`` objects.
+    ``llmp.scheduling.SchedulerConfig``; requests are
+    ``llmp.scheduling.Request`` objects (see :mod:`llmp.scheduling`).
     """
 
     num_preemptions: int
@@ -631,7 +634,8 @@ class Scheduler(Protocol):
 class KVCacheManager(Protocol):
     """Owns KV blocks: allocation, freeing and prefix caching.
 
-    Built as ``KVCacheManager(num_blocks, block_size, enable_prefix_caching)``.
+    Built as ``KVCacheManager(num_blocks, block_size, enable_prefix_caching)``; it works on
+    ``llmp.scheduling.Request`` objects.
     """
 
     prefix_cache_queries: int  # prompt tokens looked up, cumulative
@@ -678,8 +682,9 @@ class Executor(Protocol):
     def allocate_kv_cache(self, num_blocks: int) -> None: ...
 
     def execute_model(self, inputs: Any) -> Any:
-        """Run one step (``llmp.engine.model_runner.StepInputs``) on every worker;
-        return rank 0's ``StepLogits``."""
+        """Run one step on every worker: ``inputs`` is the engine's step record, picklable and
+        opaque to the executor, handed to each ``Worker.execute_model`` as is; return what rank 0's
+        worker returns."""
         ...
 
     def check_health(self) -> None:

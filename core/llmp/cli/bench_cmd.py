@@ -22,11 +22,7 @@ from llmp.cli.bench_report import ReportOptions, emit_report, percentile
 from llmp.cli.options import options_command
 from llmp.options import option
 
-app = typer.Typer(
-    help="Benchmarks: `llmp bench serve` load-tests an OpenAI-compatible server; `llmp bench throughput` and "
-    "`llmp bench latency` time the engine in this process.",
-    no_args_is_help=True,
-)
+app = typer.Typer(no_args_is_help=True)  # its help is the CommandSpec's (llmp/builtins/commands.py)
 
 # Common English words: most are one token in real tokenizers, so N words are about N tokens.
 WORDS = tuple(

@@ -10,38 +10,43 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import typer
 
 from llmp.cli.options import Select, options_command
-from llmp.options import EngineConfig, FrontendOptions, option
+from llmp.options import EngineConfig, FrontendOptions, LogLevel, ServerOptions, option
 
 # The engine options of ``llmp serve`` but --task (the MCP tools generate), and of its request options those
 # the MCP tools use.
 McpEngine = Annotated[EngineConfig, Select(omit=("task",))]
 McpRequests = Annotated[FrontendOptions, Select(only=("chat_template", "generation_config", "max_stop_sequences"))]
+McpNames = Annotated[
+    ServerOptions,
+    Select(
+        only=("served_model_name",),
+        help={"served_model_name": "Public model name(s), listed by the llmp://models resource."},
+    ),
+]
 
 
 @dataclass(frozen=True, kw_only=True)
-class McpOptions:
-    served_model_name: tuple[str, ...] = option((), "Public model name(s), listed by the llmp://models resource.")
-    log_level: Literal["debug", "info", "warning", "error"] = option(
-        "warning", "Log level of the messages written to stderr."
-    )
+class McpLogging:
+    # quieter than serve's: an MCP client shows the server's stderr to its user
+    log_level: LogLevel = option("warning", "Log level of the messages written to stderr.")
 
 
 @options_command
-def mcp(engine: McpEngine, request: McpRequests, server: McpOptions) -> None:
+def mcp(engine: McpEngine, request: McpRequests, names: McpNames, logs: McpLogging) -> None:
     """Serve a model to an MCP client over stdio: tools generate, chat and tokenize, resource llmp://models."""
-    raise typer.Exit(run(engine, request, server))
+    raise typer.Exit(run(engine, request, names, logs))
 
 
-def run(engine_config: EngineConfig, request: FrontendOptions, server: McpOptions) -> int:
+def run(engine_config: EngineConfig, request: FrontendOptions, names: ServerOptions, logs: McpLogging) -> int:
     import asyncio
     import logging
 
-    logging.basicConfig(level=server.log_level.upper(), stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logs.log_level.upper(), stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     from llmp.api import LLMPError
     from llmp.frontend import read_chat_template
 
@@ -56,7 +61,7 @@ def run(engine_config: EngineConfig, request: FrontendOptions, server: McpOption
         print(f"llmp mcp: cannot start the engine: {exc}", file=sys.stderr)
         return 2
     try:
-        return asyncio.run(_serve(engine_config, request, server, engine, chat_template))
+        return asyncio.run(_serve(engine_config, request, names, engine, chat_template))
     except KeyboardInterrupt:
         return 130
     finally:
@@ -82,7 +87,7 @@ def _start_engine(config: EngineConfig) -> Any:
 
 
 async def _serve(
-    engine_config: EngineConfig, request: FrontendOptions, server: McpOptions, engine: Any, chat_template: str | None
+    engine_config: EngineConfig, request: FrontendOptions, server: ServerOptions, engine: Any, chat_template: str | None
 ) -> int:
     from llmp.frontend import frontend_options, served_model_names
     from llmp_frontend_mcp.frontend import McpFrontend
