@@ -130,3 +130,32 @@ def test_dtype_is_applied_to_weights_and_cache(tmp_path, dtype):
     assert all(str(k.dtype) == f"torch.{dtype}" for k, _ in runner.kv_caches)
     with pytest.raises(ValueError, match="dtype must be"):
         LLM(str(tmp_path), dtype="int8")
+
+
+def test_two_processes_converting_one_gguf_file_together_both_get_the_finished_directory(tmp_path):
+    """Servers and test workers may start on the same file at once: one converts, the other waits
+    for it; neither deletes the directory the other is loading from."""
+    import os
+    import subprocess
+    import sys
+
+    from llmp.model_files.lookup import DEFAULT_MODEL, _packaged_model
+
+    gguf_file = _packaged_model(DEFAULT_MODEL)  # the packaged default model's .gguf file
+    script = (
+        "import sys; from pathlib import Path; from llmp.model_files.gguf import convert_gguf; "
+        "out = convert_gguf(Path(sys.argv[1])); "
+        "assert (out / '.complete').is_file() and (out / 'config.json').is_file(); "
+        "import os; print(out, os.stat(out).st_ino)"
+    )
+    env = {**os.environ, "LLMP_CACHE_DIR": str(tmp_path / "cache")}
+    runs = [
+        subprocess.Popen([sys.executable, "-c", script, str(gguf_file)], env=env, stdout=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    outputs = [run.communicate(timeout=300)[0].strip() for run in runs]
+    assert [run.returncode for run in runs] == [0, 0]
+    directory, inode = outputs[0].split()
+    # the same directory for both, never replaced under the one that finished first
+    assert outputs[0] == outputs[1] and os.stat(directory).st_ino == int(inode)
+    assert not list((tmp_path / "cache" / "gguf").glob("*.partial-*"))

@@ -7,6 +7,7 @@ every later load reads plain safetensors and needs no GGUF parsing.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -46,19 +47,26 @@ def convert_gguf(path: Path) -> Path:
     target = cache_dir() / "gguf" / f"{path.stem}-{key}"
     if (target / ".complete").is_file():
         return target
-    partial = target.with_name(target.name + f".partial-{os.getpid()}")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    try:
-        _write_hf_dir(path, partial)
-        (partial / ".complete").touch()
-        shutil.rmtree(target, ignore_errors=True)
-        os.replace(partial, target)
-    except Exception as exc:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # one converter at a time (servers and test workers may start on the same file together);
+    # the others wait and then find the finished directory, which nobody replaces once complete
+    with open(target.with_name(target.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (target / ".complete").is_file():
+            return target
+        partial = target.with_name(target.name + f".partial-{os.getpid()}")
         shutil.rmtree(partial, ignore_errors=True)
-        if isinstance(exc, ModelLoadError):
-            raise
-        raise ModelLoadError(f"cannot convert GGUF file {path}: {exc}") from exc
+        partial.mkdir(parents=True)
+        try:
+            _write_hf_dir(path, partial)
+            (partial / ".complete").touch()
+            shutil.rmtree(target, ignore_errors=True)  # an incomplete leftover of a killed converter
+            os.replace(partial, target)
+        except Exception as exc:
+            shutil.rmtree(partial, ignore_errors=True)
+            if isinstance(exc, ModelLoadError):
+                raise
+            raise ModelLoadError(f"cannot convert GGUF file {path}: {exc}") from exc
     return target
 
 
