@@ -179,10 +179,11 @@ class AsyncLLM:
         while not self._closed:
             try:
                 ready = self._output.poll(WATCH_INTERVAL_MS)
-            except zmq.ZMQError:  # socket closed by shutdown
+                frame = self._output.recv() if ready else None
+            except zmq.ZMQError:  # socket closed by shutdown (between the poll and the recv, too)
                 return
-            if ready:
-                self._dispatch(msg.from_engine_decoder.decode(self._output.recv()))
+            if frame is not None:
+                self._dispatch(msg.from_engine_decoder.decode(frame))
             elif not self._engine_alive() and not self._closed:
                 self._fail_all(f"the engine process died ({self._exit_description()})")
                 return
