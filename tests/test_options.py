@@ -317,3 +317,14 @@ def test_choices_are_shown_and_checked_for_programs_too() -> None:
         ServerOptions(log_level="loud")
     with pytest.raises(ValueError, match="generation_config must be auto or none"):
         FrontendOptions(generation_config="vllm")
+
+
+def test_a_yaml_key_no_command_takes_is_refused_and_one_of_another_command_is_passed_over(tmp_path: Path) -> None:
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("max-num-seqz: 8\n")
+    refused = run_llmp("serve", "--port", "1", "--config", str(typo), check=False)
+    assert refused.returncode == 2 and "max_num_seqz (did you mean max_num_seqs?)" in refused.stderr
+    shared = tmp_path / "shared.yaml"
+    shared.write_text("max-num-seqs: 8\nkind: model\n")  # a serve option and a plugins-list option
+    listed = run_llmp("plugins", "list", "--config", str(shared))
+    assert "ignoring options not used by this command" in listed.stderr and "max_num_seqs" in listed.stderr

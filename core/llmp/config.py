@@ -28,6 +28,8 @@ from dataclasses import MISSING, dataclass
 from pathlib import Path
 from typing import Annotated, Any, Union
 
+from llmp.options import EngineConfig, FrontendOptions, ServerOptions
+
 
 class OptionError(ValueError):
     """A value from the command line, the environment or the YAML file that cannot be used."""
@@ -222,7 +224,7 @@ def _convert(spec: OptionSpec, raw: Any) -> Any:
 
 
 def read_yaml(path: Path, names: set[str]) -> dict[str, Any]:
-    """The YAML mapping in ``path`` by option name; keys that are not in ``names`` are reported and dropped."""
+    """The YAML mapping in ``path`` by option name, for a command taking ``names``; see below for other keys."""
     import yaml
 
     try:
@@ -235,6 +237,17 @@ def read_yaml(path: Path, names: set[str]) -> dict[str, Any]:
         raise OptionError(f"config file {path} must hold a mapping of option: value", "--config")
     values = {str(key).replace("-", "_"): value for key, value in data.items()}
     unknown = sorted(set(values) - names - {"config"})
+    # one file may serve several commands (LLMP_CONFIG): options of llmp's shared records that this
+    # command does not take are passed over with a note; any other key is a typo, refused as vLLM does
+    shared = {f.name for record in (EngineConfig, ServerOptions, FrontendOptions) for f in dataclasses.fields(record)}
+    typos = [key for key in unknown if key not in shared]
+    if typos:
+        from difflib import get_close_matches
+
+        hints = [
+            f"{key} (did you mean {close[0]}?)" if (close := get_close_matches(key, names, 1)) else key for key in typos
+        ]
+        raise OptionError(f"config file {path} has unknown options: {', '.join(hints)}", "--config")
     if unknown:
         print(f"llmp: ignoring options not used by this command in {path}: {', '.join(unknown)}", file=sys.stderr)
-    return {k: v for k, v in values.items() if k in names}
+    return {key: value for key, value in values.items() if key in names}

@@ -49,6 +49,8 @@ class LLM:
         :class:`~llmp.inputs.Prompt`); outputs in input order."""
         prompts = _prompt_list(prompts)
         params = self._params_per_prompt(sampling_params, len(prompts))
+        if isinstance(priority, str | bytes) or (priority is not None and not isinstance(priority, Sequence)):
+            raise TypeError(f"priority must be a sequence of integers, one per prompt, got {priority!r}")
         if priority is not None and len(priority) != len(prompts):
             raise ValueError(f"priority has {len(priority)} entries for {len(prompts)} prompts")
         ids = []

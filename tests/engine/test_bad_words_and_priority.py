@@ -121,3 +121,14 @@ def test_async_llm_refuses_priority_under_fcfs_before_queuing(model_dir):
         assert asyncio.run(run(priority, 3))[-1].finished
     finally:
         priority.shutdown()
+
+
+def test_a_priority_that_is_not_an_integer_is_refused_offline_as_on_the_server():
+    from llmp.api import RequestValidationError
+    from llmp.engine.scheduler import check_priority
+
+    for bad in (1.5, "1", True):
+        with pytest.raises(RequestValidationError) as caught:
+            check_priority(bad, "priority")
+        assert caught.value.field == "priority"
+    check_priority(-3, "priority")

@@ -37,6 +37,8 @@ from llmp.options import EngineConfig, SchedulingPolicy
 
 def check_priority(priority: int, policy: SchedulingPolicy) -> None:
     """vLLM's rule: a request's ``priority`` must stay 0 unless the priority policy is on."""
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise RequestValidationError("priority", f"priority must be an integer, got {priority!r}")
     if priority != 0 and policy != "priority":
         raise RequestValidationError("priority", f"Got priority {priority} but Priority scheduling is not enabled.")
 
