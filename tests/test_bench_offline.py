@@ -282,13 +282,13 @@ def assert_usage_error(result: Any, *words: str) -> None:
 @pytest.mark.parametrize(
     ("args", "words"),
     [
-        (("latency", "--batch-size", "0"), ("batch_size", "greater than or equal to 1")),
-        (("latency", "--num-iters", "0"), ("num_iters",)),
+        (("latency", "--batch-size", "0"), ("--batch-size", ">= 1")),
+        (("latency", "--num-iters", "0"), ("--num-iters",)),
         (("latency", "--max-model-len", "64", "--input-len", "40", "--output-len", "40"), ("80", "64")),
-        (("throughput", "--dataset", "sharegpt"), ("dataset",)),
+        (("throughput", "--dataset", "sharegpt"), ("--dataset",)),
         (("throughput", "--dataset", "mixed", "--input-len", "8", "--min-input-len", "9"), ("--min-input-len", "9")),
         (("throughput", "--dataset", "prefix", "--prefix-len", "60", "--max-model-len", "100"), ("252", "100")),
-        (("throughput", "--dtype", "float8"), ("dtype",)),
+        (("throughput", "--dtype", "float8"), ("--dtype",)),
     ],
 )
 def test_invalid_options_are_one_line_usage_errors(model_dir: str, args: tuple[str, ...], words: tuple[str]) -> None:

@@ -53,7 +53,7 @@ def assert_clean_run(report: dict[str, Any], num_prompts: int) -> None:
 def test_completions_with_a_concurrency_cap(server: LiveServer, tmp_path: Path) -> None:
     saved = tmp_path / "result.json"
     report, _ = bench(
-        "--base-url", server.url, "--num-prompts", "8", "--max-concurrency", "4", *SMALL, "--save-result", str(saved)
+        "--url", server.url, "--num-prompts", "8", "--max-concurrency", "4", *SMALL, "--save-result", str(saved)
     )
     assert_clean_run(report, 8)
     assert report["max_concurrency"] == 4 and report["request_rate"] == "inf"
@@ -80,25 +80,63 @@ def test_chat_endpoint_with_the_prefix_dataset(server: LiveServer) -> None:
 
 
 def test_poisson_arrivals_and_the_table(server: LiveServer) -> None:
-    report, _ = bench("--base-url", server.url, "--request-rate", "20", "--num-prompts", "6", *SMALL)
+    report, _ = bench("--url", server.url, "--request-rate", "20", "--num-prompts", "6", *SMALL)
     assert_clean_run(report, 6)
     assert report["request_rate"] == 20
-    table = run_llmp("bench", "serve", "--base-url", server.url, "--num-prompts", "2", *SMALL).stdout
+    table = run_llmp("bench", "serve", "--url", server.url, "--num-prompts", "2", *SMALL).stdout
     for label in ("Successful requests", "Output token throughput", "Time to first token", "End-to-end latency"):
         assert label in table
+
+
+def on_a_terminal(*args: str) -> tuple[str, str, int]:
+    """``llmp ARGS`` with stderr on a pseudo-terminal: what the terminal showed, stdout, the exit status."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    master, slave = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLMP_")} | {"TERM": "xterm", "COLUMNS": "100"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "llmp", *args], stdout=subprocess.PIPE, stderr=slave, env=env, text=True
+    )
+    os.close(slave)
+    screen = b""
+    while True:
+        try:
+            data = os.read(master, 4096)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        screen += data
+    stdout = process.stdout.read() if process.stdout else ""
+    os.close(master)
+    return screen.decode(errors="replace"), stdout, process.wait(60)
+
+
+def test_progress_shows_on_a_terminal_and_the_report_is_unchanged(server: LiveServer) -> None:
+    screen, stdout, status = on_a_terminal(
+        "bench", "serve", "--url", server.url, "--num-prompts", "6", "--max-concurrency", "2", *SMALL, "--json"
+    )
+    assert status == 0, screen
+    assert "6/6" in screen and "output tok/s" in screen and "requests" in screen  # the bar, at its end
+    assert_clean_run(json.loads(stdout), 6)
+    piped = run_llmp("bench", "serve", "--url", server.url, "--num-prompts", "2", *SMALL, "--json")
+    assert "tok/s" not in piped.stderr  # no bar off a terminal (and no plain line in so short a run)
 
 
 def test_a_dead_server_counts_every_request_as_failed(tmp_path: Path) -> None:
     dead = f"http://127.0.0.1:{free_port()}"
     unwritable = tmp_path / "no-such-dir" / "result.json"
     report, result = bench(
-        "--base-url", dead, "--model", "any", "--num-prompts", "5", "--save-result", str(unwritable), check=False
+        "--url", dead, "--model", "any", "--num-prompts", "5", "--save-result", str(unwritable), check=False
     )
     assert result.returncode == 1
     assert report["successful"] == 0 and report["failed"] == 5
     assert "Connection refused" in report["first_error"] and report["mean_ttft_ms"] is None
     assert f"llmp: error: cannot write {unwritable}" in result.stderr  # and the report above still printed
-    unnamed = run_llmp("bench", "serve", "--base-url", dead, check=False)  # the model lookup fails first
+    unnamed = run_llmp("bench", "serve", "--url", dead, check=False)  # the model lookup fails first
     assert unnamed.returncode == 1 and "Traceback" not in unnamed.stderr
     assert unnamed.stderr.strip().splitlines()[-1].startswith("llmp: error: cannot connect to ")
 

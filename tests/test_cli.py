@@ -108,7 +108,7 @@ def test_option_sources_command_line_then_env_then_yaml(tmp_path):
 
 def test_bad_config_sources_are_clear_errors(tmp_path):
     bad_type = run_llmp("plugins", "list", env={"LLMP_JSON_OUTPUT": "maybe"}, check=False)
-    assert bad_type.returncode == 2 and "json_output" in bad_type.stderr
+    assert bad_type.returncode == 2 and "LLMP_JSON_OUTPUT must be true or false" in bad_type.stderr
     not_yaml = tmp_path / "bad.yaml"
     not_yaml.write_text("- just\n- a list\n")
     result = run_llmp("plugins", "list", "--config", str(not_yaml), check=False)

@@ -173,7 +173,7 @@ def test_a_wrong_url_is_one_line_and_a_failure() -> None:
 
 def test_an_unknown_model_is_one_line_and_a_failure(server: LiveServer) -> None:
     result = run_llmp(
-        "chat", "--url", server.api_url, "--model-name", "no-such-model", "-q", "hi", env=WITH_KEY, check=False
+        "chat", "--url", server.api_url, "--model", "no-such-model", "-q", "hi", env=WITH_KEY, check=False
     )
     assert_one_line_error(result, "HTTP 404 from", "no-such-model")
 
@@ -196,7 +196,7 @@ def test_the_api_key_is_sent_as_a_bearer_token(server: LiveServer) -> None:
         "complete", "--url", server.api_url, "--max-tokens", MAX_TOKENS, "-q", "hi", env={"OPENAI_API_KEY": KEY}
     )
     assert from_openai_variable.stdout.strip()
-    for extra in ((), ("--model-name", "anything")):  # refused at GET /models, and at the chat request itself
+    for extra in ((), ("--model", "anything")):  # refused at GET /models, and at the chat request itself
         refused = run_llmp("chat", "--url", server.api_url, *extra, "-q", "hi", env={"OPENAI_API_KEY": ""}, check=False)
         assert_one_line_error(refused, "HTTP 401 from")
     wrong = run_llmp("chat", "--url", server.api_url, "--api-key", "nope", "-q", "hi", check=False)
@@ -209,4 +209,4 @@ def test_options_come_from_a_config_file(server: LiveServer, tmp_path: Path) -> 
     out = run_llmp("complete", "--config", str(config), "-q", "The quick brown fox", env={"OPENAI_API_KEY": ""})
     assert out.stdout == unstreamed(server, "completions", prompt="The quick brown fox") + "\n"
     bad = run_llmp("chat", "--max-tokens", "0", "-q", "hi", check=False)
-    assert bad.returncode == 2 and "max_tokens" in bad.stderr
+    assert bad.returncode == 2 and "--max-tokens" in bad.stderr

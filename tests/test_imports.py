@@ -35,6 +35,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "llmp.outputs",
             "llmp.hookspecs",
             "llmp.config",
+            "llmp.progress",  # log set-up and progress bars: stdlib only, rich and torch imported when used
         ),
     ),
     ("plugins", ("llmp.plugins", "llmp.registry", "llmp.builtins")),

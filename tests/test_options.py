@@ -22,6 +22,7 @@ from llmp.cli.bench_cmd import serve as bench_serve
 from llmp.cli.bench_offline import latency, throughput
 from llmp.cli.client_cmd import chat, complete
 from llmp.cli.env_cmd import collect_env
+from llmp.cli.option_checks import option_problems
 from llmp.cli.plugins_cmd import list_plugins, show_plugin
 from llmp.cli.serve_cmd import serve
 from llmp.config import OptionError, Select, load_records
@@ -267,32 +268,55 @@ def test_command_line_beats_environment_beats_yaml_beats_default(tmp_path: Path)
 
 
 @pytest.mark.parametrize(
-    ("environ", "words"),
+    ("environ", "message"),
     [
-        ({"LLMP_OVERLOAD_STATUS": "500"}, ("overload_status", "503", "429")),
-        ({"LLMP_REQUEST_TIMEOUT": "-1"}, ("request_timeout", "greater than or equal to 0")),
-        ({"LLMP_MAX_NUM_SEQS": "many"}, ("max_num_seqs", "integer")),
-        ({"LLMP_MAX_NUM_SEQS": "0"}, ("max_num_seqs", ">= 1")),
-        ({"LLMP_KV_CACHE_MEMORY_GIB": "0"}, ("kv_cache_memory_gib", "greater than 0")),
+        ({"LLMP_OVERLOAD_STATUS": "500"}, "LLMP_OVERLOAD_STATUS must be 503 or 429, got 500"),
+        ({"LLMP_REQUEST_TIMEOUT": "-1"}, "LLMP_REQUEST_TIMEOUT must be >= 0, got -1"),
+        ({"LLMP_MAX_NUM_SEQS": "many"}, "LLMP_MAX_NUM_SEQS must be an integer, got 'many'"),
+        ({"LLMP_MAX_NUM_SEQS": "0"}, "LLMP_MAX_NUM_SEQS must be >= 1, got 0"),
+        ({"LLMP_KV_CACHE_MEMORY_GIB": "0"}, "LLMP_KV_CACHE_MEMORY_GIB must be > 0, got 0"),
+        ({"LLMP_PORT": "99999"}, "LLMP_PORT must be between 0 and 65535, got 99999"),
+        ({"LLMP_ENABLE_PREFIX_CACHING": "maybe"}, "LLMP_ENABLE_PREFIX_CACHING must be true or false, got 'maybe'"),
+        (
+            {"LLMP_DTYPE": "bf16"},
+            "LLMP_DTYPE must be auto, bfloat16, float16 or float32, got 'bf16' (did you mean bfloat16?)",
+        ),
+        ({"LLMP_EXECUTOR": "uniprc"}, "LLMP_EXECUTOR: no executor plugin 'uniprc' (did you mean uniproc?)"),
+        ({"LLMP_TENSOR_PARALLEL_SIZE": "2"}, "LLMP_TENSOR_PARALLEL_SIZE 2 needs an executor that runs several ranks"),
     ],
 )
-def test_bad_values_name_their_option(environ: dict[str, str], words: tuple[str, ...]) -> None:
+def test_bad_values_name_their_option_as_set(environ: dict[str, str], message: str) -> None:
+    """A value from the environment names its variable (the command line names the flag: test_cli_validation)."""
     with pytest.raises(OptionError) as caught:
-        load_records({"engine": EngineConfig, "server": ServerOptions}, {}, environ=environ)
-    for word in words:
-        assert word in caught.value.message
+        load_records({"engine": EngineConfig, "server": ServerOptions}, {}, environ=environ, check=option_problems)
+    assert caught.value.message.startswith(message)
+
+
+def test_bounds_and_choices_are_declared_on_the_options() -> None:
+    """Constraints are data on the option records, and programs building a record meet the same ones."""
+    ports = {f.name: f.metadata for f in dataclasses.fields(ServerOptions)}["port"]
+    assert (ports["ge"], ports["le"]) == (0, 65535)
+    for record, field, value, message in (
+        (ServerOptions, "port", 70000, "port must be between 0 and 65535, got 70000"),
+        (ServerOptions, "overload_status", 500, "overload_status must be 503 or 429, got 500"),
+        (EngineConfig, "max_num_seqs", 0, "max_num_seqs must be >= 1, got 0"),
+        (EngineConfig, "kv_cache_memory_bytes", 0, "kv_cache_memory_bytes must be > 0, got 0"),
+        (FrontendOptions, "max_n", 0, "max_n must be >= 1, got 0"),
+    ):
+        with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+            record(**{field: value})
 
 
 def test_serve_reads_engine_options_from_environment_and_yaml(tmp_path: Path) -> None:
     """Through the real CLI: a bad engine value from either source stops `llmp serve` before it starts anything."""
     from_env = run_llmp("serve", "--port", "1", env={"LLMP_MAX_NUM_SEQS": "0"}, check=False)
-    assert from_env.returncode == 2 and "max_num_seqs must be >= 1" in from_env.stderr
+    assert from_env.returncode == 2 and "LLMP_MAX_NUM_SEQS must be >= 1, got 0" in from_env.stderr
     config = tmp_path / "llmp.yaml"
     config.write_text("max-num-seqs: 0\n")
     from_yaml = run_llmp("serve", "--port", "1", "--config", str(config), check=False)
-    assert from_yaml.returncode == 2 and "max_num_seqs must be >= 1" in from_yaml.stderr
+    assert from_yaml.returncode == 2 and f"max-num-seqs in {config} must be >= 1, got 0" in from_yaml.stderr
     overloaded = run_llmp("serve", "--port", "1", "--overload-status", "500", check=False)
-    assert overloaded.returncode == 2 and "overload_status must be 503" in overloaded.stderr
+    assert overloaded.returncode == 2 and "--overload-status must be 503 or 429, got 500" in overloaded.stderr
 
 
 @pytest.mark.parametrize("source", ["command line", "environment"])
@@ -304,12 +328,13 @@ def test_a_value_outside_an_options_choices_stops_serve_at_once_in_one_line(sour
     result = run_llmp("serve", "--port", "1", *args, env=env, check=False)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1, result.stderr
-    assert lines[0].startswith("llmp: error:") and "scheduling_policy" in lines[0] and "'priority'" in lines[0]
+    name = "--scheduling-policy" if source == "command line" else "LLMP_SCHEDULING_POLICY"
+    assert lines[0] == f"llmp: error: {name} must be fcfs or priority, got 'lifo'"
 
 
 def test_choices_are_shown_and_checked_for_programs_too() -> None:
-    assert click_params(serve)["scheduling_policy"].metavar == "[fcfs|priority]"
-    assert click_params(serve)["model_impl"].metavar == "[auto|native|transformers]"
+    assert click_params(serve)["scheduling_policy"].metavar == "{fcfs,priority}"
+    assert click_params(serve)["model_impl"].metavar == "{auto,native,transformers}"
     for field, value in (("scheduling_policy", "lifo"), ("model_impl", "jax"), ("task", "rank"), ("dtype", "int8")):
         with pytest.raises(ValueError, match=rf"^{field} must be .* or .*, got '{value}'$"):
             EngineConfig(**{field: value})
@@ -323,7 +348,7 @@ def test_a_yaml_key_no_command_takes_is_refused_and_one_of_another_command_is_pa
     typo = tmp_path / "typo.yaml"
     typo.write_text("max-num-seqz: 8\n")
     refused = run_llmp("serve", "--port", "1", "--config", str(typo), check=False)
-    assert refused.returncode == 2 and "max_num_seqz (did you mean max_num_seqs?)" in refused.stderr
+    assert refused.returncode == 2 and "max-num-seqz (did you mean max-num-seqs?)" in refused.stderr
     shared = tmp_path / "shared.yaml"
     shared.write_text("max-num-seqs: 8\nkind: model\n")  # a serve option and a plugins-list option
     listed = run_llmp("plugins", "list", "--config", str(shared))

@@ -460,6 +460,8 @@ class SchedulerStats:
     prefix_cache_queries: int
     prefix_cache_hits: int
     num_preemptions: int
+    num_prompt_tokens: int = 0  # prompt tokens computed in this step (prefill chunks, recomputes included)
+    num_generation_tokens: int = 0  # tokens sampled in this step
 
 
 # --------------------------------------------------------------------------

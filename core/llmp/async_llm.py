@@ -13,6 +13,7 @@ import atexit
 import concurrent.futures
 import dataclasses
 import itertools
+import logging
 import os
 import tempfile
 import threading
@@ -32,6 +33,7 @@ from llmp.inputs import Prompt, PromptType, as_prompt
 from llmp.options import EngineConfig
 from llmp.outputs import PoolingRequestOutput, RequestOutput
 from llmp.pooling_params import PoolingParams
+from llmp.progress import LEVELS, configure_logging
 from llmp.sampling_params import SamplingParams, SamplingParamsError
 
 _ERROR_TYPES: dict[str, type[Exception]] = {"ValueError": ValueError, "TypeError": TypeError, "LLMPError": LLMPError}
@@ -81,6 +83,7 @@ class AsyncLLM:
     ) -> None:
         if engine_mode not in ("process", "thread"):
             raise ValueError(f"engine_mode must be 'process' or 'thread', got {engine_mode!r}")
+        configure_logging()  # the engine reports its start-up and statistics (llmp.progress)
         from llmp.model_files.resolve import check_resolved, resolve_model
 
         if isinstance(model, ResolvedModel):
@@ -450,7 +453,10 @@ class EngineProcess:
         import subprocess
         import sys
 
-        self.popen = subprocess.Popen([sys.executable, "-m", "llmp.engine.core_proc"], stdin=subprocess.PIPE)
+        # the engine process logs at this process's level (llmp.progress), to the same stderr
+        level = logging.getLevelName(logging.getLogger("llmp").getEffectiveLevel()).lower()
+        env = {**os.environ, **({"LLMP_LOG_LEVEL": level} if level in LEVELS else {})}
+        self.popen = subprocess.Popen([sys.executable, "-m", "llmp.engine.core_proc"], stdin=subprocess.PIPE, env=env)
         self.pid = self.popen.pid
         self.popen.stdin.write(pickle.dumps(args))
         self.popen.stdin.close()

@@ -19,25 +19,27 @@ and turns an :class:`OptionError` into a usage error.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import sys
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass
+from difflib import get_close_matches
 from pathlib import Path
-from typing import Annotated, Any, Union
+from typing import Annotated, Any, Literal, Union
 
-from llmp.options import EngineConfig, FrontendOptions, ServerOptions
+from llmp.options import EngineConfig, FrontendOptions, ServerOptions, alternatives, bounds_problem
 
 
 class OptionError(ValueError):
-    """A value from the command line, the environment or the YAML file that cannot be used."""
+    """A value from the command line, the environment or the YAML file that cannot be used;
+    the message names the option as the user gave it (``--max-model-len``, ``LLMP_PORT``, a YAML key)."""
 
-    def __init__(self, message: str, param_hint: str | None = None) -> None:
+    def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
-        self.param_hint = param_hint
 
 
 @dataclass(frozen=True)
@@ -67,13 +69,21 @@ class OptionSpec:
     short: str | None = None
     argument: bool = False
     scale: float | None = None  # the option's unit, in units of the field
-    ge: float | None = None
-    gt: float | None = None
+    bounds: Mapping[str, float] = dataclasses.field(default_factory=dict)  # ge, gt, le, lt; in the option's units
+    component: str | None = None  # the registry kind its value names
+    panel: str | None = None
     metavar: str | None = None
 
     @property
     def env(self) -> str:
         return "LLMP_" + self.name.upper()
+
+    @property
+    def flag_name(self) -> str:
+        """How the command line names it: ``--max-model-len`` (``MODEL`` for an argument)."""
+        if self.argument:
+            return self.metavar or self.name.upper()
+        return (self.flag or "--" + self.name.replace("_", "-")).split("/")[0]
 
     @property
     def value_type(self) -> Any:
@@ -85,6 +95,11 @@ class OptionSpec:
             rest = [a for a in args if a is not type(None)]
             return rest[0] if len(rest) == 1 else Union[tuple(rest)]  # noqa: UP007
         return self.type
+
+    @property
+    def choices(self) -> tuple[Any, ...] | None:
+        """The values of a closed set (a ``Literal`` type), else ``None``."""
+        return typing.get_args(self.value_type) if typing.get_origin(self.value_type) is Literal else None
 
     @property
     def optional(self) -> bool:
@@ -135,8 +150,9 @@ def record_options(param: str, record: Any) -> list[OptionSpec]:
                 short=meta.get("short"),
                 argument=meta.get("argument", False),
                 scale=scale,
-                ge=meta.get("ge"),
-                gt=meta.get("gt"),
+                bounds={k: meta[k] for k in ("ge", "gt", "le", "lt") if meta.get(k) is not None},
+                component=meta.get("component"),
+                panel=meta.get("panel"),
                 metavar=meta.get("metavar"),
             )
         )
@@ -154,100 +170,178 @@ def command_options(records: Mapping[str, Any]) -> list[OptionSpec]:
     return specs
 
 
+Check = Callable[[list["OptionSpec"], Mapping[str, "Setting"]], list[str]]
+
+
 def load_records(
     records: Mapping[str, Any],
     given: Mapping[str, Any],
     config_file: Path | None = None,
     environ: Mapping[str, str] | None = None,
+    check: Check | None = None,
 ) -> dict[str, Any]:
     """Each record of ``records`` built from its options' values.
 
     ``given`` holds the options given on the command line (by option name); the
     environment (``os.environ`` by default) and ``config_file`` fill in the rest.
-    Raises :class:`OptionError` for a value that cannot be used.
+    Every value is checked against its option's declaration (type, bounds, choices)
+    before any record is built, then by ``check``, which returns what else is wrong
+    (the commands check the plugins that options name: :mod:`llmp.cli.option_checks`).
+    An :class:`OptionError` names each bad option as its source does.
     """
     specs = command_options(records)
     environ = os.environ if environ is None else environ
     variables = {key.upper(): value for key, value in environ.items() if key.upper().startswith("LLMP_")}
     values = resolve(specs, given, config_file, variables)
+    problems = check(specs, values) if check is not None else []
+    if problems:
+        raise OptionError("; ".join(problems))
     built = {}
     for param, record in records.items():
         cls = typing.get_args(record)[0] if typing.get_origin(record) is Annotated else record
-        fields = {s.field: values[s.name] for s in specs if s.record == param and s.name in values}
+        fields = {s.field: values[s.name].value for s in specs if s.record == param and s.name in values}
         try:
             built[param] = cls(**fields)
-        except (ValueError, TypeError) as exc:
-            raise OptionError(f"invalid settings: {exc}") from None
+        except (ValueError, TypeError) as exc:  # a rule of the record's own, beyond its options' declarations
+            raise OptionError(str(exc)) from None
     return built
+
+
+@dataclass(frozen=True)
+class Setting:
+    """An option's value, in the field's units, and where it was set (for messages)."""
+
+    value: Any
+    source: str  # "--max-model-len", "LLMP_MAX_MODEL_LEN", "max-model-len in llmp.yaml"
+
+    @staticmethod
+    def default(spec: OptionSpec) -> Setting:
+        """An option set by no source: its default, named by its flag."""
+        return Setting(spec.default, spec.flag_name)
 
 
 def resolve(
     specs: list[OptionSpec], given: Mapping[str, Any], config_file: Path | None, environ: Mapping[str, str]
-) -> dict[str, Any]:
-    """The field value of every option set by a source, by option name; the others are left out.
+) -> dict[str, Setting]:
+    """The checked value of every option set by a source, by option name; the others are left out.
 
-    ``environ`` holds the ``LLMP_*`` variables with upper-case names.
+    ``environ`` holds the ``LLMP_*`` variables with upper-case names. Raises
+    :class:`OptionError` listing every problem, each naming its option as set.
     """
     from_file = read_yaml(config_file, {s.name for s in specs}) if config_file else {}
     values, problems = {}, []
     for spec in specs:
         if spec.name in given:
-            raw = given[spec.name]
+            raw, source = given[spec.name], spec.flag_name
         elif spec.env in environ:
-            raw = environ[spec.env]
+            raw, source = environ[spec.env], spec.env
         elif spec.name in from_file:
-            raw = from_file[spec.name]
+            key, raw = from_file[spec.name]
+            source = f"{key} in {config_file}"
         else:
             continue
         try:
-            values[spec.name] = _convert(spec, raw)
+            values[spec.name] = Setting(convert(spec, raw), source)
         except ValueError as exc:
-            problems.append(f"{spec.name}: {exc}")
+            problems.append(f"{source} {exc}")
     if problems:
-        raise OptionError(f"invalid settings: {'; '.join(problems)}")
+        raise OptionError("; ".join(problems))
     return values
 
 
-def _convert(spec: OptionSpec, raw: Any) -> Any:
-    """``raw`` checked against the option's type and bounds, in the field's units."""
-    from pydantic import Field, TypeAdapter, ValidationError
-
+def convert(spec: OptionSpec, raw: Any) -> Any:
+    """``raw`` (text from the command line or the environment, or a YAML value) as the option's
+    value in the field's units; ``ValueError("must be ..., got ...")`` when it is not one."""
     if raw is None and spec.optional:
         return None
-    if spec.repeatable and isinstance(raw, str):
-        raw = [part.strip() for part in raw.split(",") if part.strip()]
-    try:
-        value = TypeAdapter(Annotated[spec.value_type, Field(ge=spec.ge, gt=spec.gt)]).validate_python(raw)
-    except ValidationError as exc:
-        raise ValueError("; ".join(err["msg"] for err in exc.errors())) from None
+    if spec.repeatable:
+        items = [part.strip() for part in raw.split(",") if part.strip()] if isinstance(raw, str) else raw
+        if not isinstance(items, list | tuple):
+            raise ValueError(f"must be a list, got {raw!r}")
+        return tuple(_scalar(spec, item) for item in items)
+    value = _scalar(spec, raw)
+    if spec.choices is None:
+        problem = bounds_problem(value, spec.bounds)
+        if problem:
+            raise ValueError(f"{problem}, got {value:g}" if isinstance(value, float) else f"{problem}, got {value}")
     return int(value * spec.scale) if spec.scale is not None else value
 
 
-def read_yaml(path: Path, names: set[str]) -> dict[str, Any]:
-    """The YAML mapping in ``path`` by option name, for a command taking ``names``; see below for other keys."""
+def _scalar(spec: OptionSpec, raw: Any) -> Any:
+    kind = typing.get_args(spec.value_type)[0] if spec.repeatable else spec.value_type
+    text = str(raw).strip()
+    if spec.choices is not None:
+        for choice in spec.choices:
+            if text == str(choice):
+                return choice
+        words = [c for c in spec.choices if isinstance(c, str)]  # a number near another is no typo
+        close = get_close_matches(text, words, 1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        shown = repr(text) if words else text
+        raise ValueError(f"must be {alternatives(spec.choices)}, got {shown}{hint}")
+    if kind is bool:
+        if isinstance(raw, bool):
+            return raw
+        if text.lower() in _TRUE | _FALSE:
+            return text.lower() in _TRUE
+        raise ValueError(f"must be true or false, got {_shown(raw)}")
+    if kind is int:
+        if isinstance(raw, bool) or isinstance(raw, float) or not isinstance(raw, int | str):
+            raise ValueError(f"must be an integer, got {_shown(raw)}")
+        try:
+            return int(text)
+        except ValueError:
+            raise ValueError(f"must be an integer, got {_shown(raw)}") from None
+    if kind is float:
+        try:
+            value = float(text) if not isinstance(raw, bool) else math.nan
+        except ValueError:
+            value = math.nan
+        if math.isnan(value):
+            raise ValueError(f"must be a number, got {_shown(raw)}")
+        return value
+    if isinstance(raw, dict | list | tuple):
+        raise ValueError(f"must be a single value, got {_shown(raw)}")
+    return Path(text) if kind is Path else str(raw)
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _shown(raw: Any) -> str:
+    return repr(raw) if isinstance(raw, str) else str(raw)
+
+
+def read_yaml(path: Path, names: set[str]) -> dict[str, tuple[str, Any]]:
+    """The YAML mapping in ``path`` by option name, each with its key as written, for a command
+    taking ``names``; see below for other keys."""
     import yaml
 
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except OSError as exc:
-        raise OptionError(f"cannot read config file {path}: {exc.strerror}", "--config") from exc
+        raise OptionError(f"--config {path}: cannot read it: {exc.strerror}") from exc
     except yaml.YAMLError as exc:
-        raise OptionError(f"config file {path} is not valid YAML: {exc}", "--config") from exc
+        where = getattr(exc, "problem_mark", None)
+        line = f" (line {where.line + 1})" if where is not None else ""
+        raise OptionError(f"--config {path} is not valid YAML{line}: {getattr(exc, 'problem', exc)}") from exc
     if not isinstance(data, dict):
-        raise OptionError(f"config file {path} must hold a mapping of option: value", "--config")
-    values = {str(key).replace("-", "_"): value for key, value in data.items()}
+        raise OptionError(f"--config {path} must hold a mapping of option: value")
+    values = {str(key).replace("-", "_"): (str(key), value) for key, value in data.items()}
     unknown = sorted(set(values) - names - {"config"})
     # one file may serve several commands (LLMP_CONFIG): options of llmp's shared records that this
     # command does not take are passed over with a note; any other key is a typo, refused as vLLM does
     shared = {f.name for record in (EngineConfig, ServerOptions, FrontendOptions) for f in dataclasses.fields(record)}
     typos = [key for key in unknown if key not in shared]
     if typos:
-        from difflib import get_close_matches
-
         hints = [
-            f"{key} (did you mean {close[0]}?)" if (close := get_close_matches(key, names, 1)) else key for key in typos
+            f"{values[key][0]} (did you mean {close[0].replace('_', '-')}?)"
+            if (close := get_close_matches(key, names, 1))
+            else values[key][0]
+            for key in typos
         ]
-        raise OptionError(f"config file {path} has unknown options: {', '.join(hints)}", "--config")
+        raise OptionError(f"--config {path} has unknown options: {', '.join(hints)}")
     if unknown:
         print(f"llmp: ignoring options not used by this command in {path}: {', '.join(unknown)}", file=sys.stderr)
     return {key: value for key, value in values.items() if key in names}

@@ -10,6 +10,7 @@ from llmp.inputs import Prompt, PromptType, as_prompt
 from llmp.options import EngineConfig
 from llmp.outputs import PoolingRequestOutput, RequestOutput
 from llmp.pooling_params import PoolingParams
+from llmp.progress import bars_enabled, configure_logging
 from llmp.sampling_params import SamplingParams
 
 Conversation = Sequence[Mapping[str, Any]]
@@ -21,10 +22,17 @@ class LLM:
     ``LLM()`` serves the default model (``llmp.options.DEFAULT_MODEL``). Any keyword of
     :class:`llmp.options.EngineConfig` is accepted, e.g. ``dtype``,
     ``max_model_len``, ``enable_prefix_caching``, ``max_num_seqs``, ``kernels``.
+
+    Start-up is reported on stderr as in vLLM (see :mod:`llmp.progress`): INFO lines for
+    each phase, a bar while weights load (on a terminal), a summary line; ``LLMP_LOG_LEVEL=warning``
+    quiets it. The periodic statistics line is off here, as in vLLM's ``LLM``: turn it on by
+    passing ``disable_log_stats`` as false.
     """
 
     def __init__(self, model: str | None = None, **engine_options: Any) -> None:
+        engine_options.setdefault("disable_log_stats", True)  # offline, the generate bar tells the progress
         config = EngineConfig(model=model, **engine_options)
+        configure_logging()
         from llmp.engine.process_settings import apply_engine_process_settings
 
         apply_engine_process_settings()
@@ -147,7 +155,7 @@ class LLM:
 
     def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         finished: dict[str, RequestOutput] = {}
-        progress = _Progress(len(request_ids)) if use_tqdm and len(request_ids) > 1 else None
+        progress = _Progress(len(request_ids)) if use_tqdm and len(request_ids) > 1 and bars_enabled() else None
         try:
             while len(finished) < len(request_ids) and self.engine.has_unfinished_requests():
                 for output in self.engine.step():
@@ -184,9 +192,10 @@ def _prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[Prompt]:
 
 
 class _Progress:
-    """A rich progress bar: prompts done and output tokens per second."""
+    """A rich progress bar on stderr: prompts done and output tokens per second."""
 
     def __init__(self, total: int) -> None:
+        from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self.progress = Progress(
@@ -196,6 +205,7 @@ class _Progress:
             TimeElapsedColumn(),
             TextColumn("{task.fields[rate]}"),
             transient=False,
+            console=Console(stderr=True, force_terminal=True),  # bars_enabled() said a bar is wanted
         )
         self.task = self.progress.add_task("generate", total=total, rate="")
         self.tokens = 0

@@ -18,18 +18,23 @@ This module is the ground floor: it imports nothing from llmp and no CLI library
 from __future__ import annotations
 
 import typing
+from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Literal
 
-__all__ = ["DEFAULT_MODEL", "EngineConfig", "FrontendOptions", "ServerOptions", "option"]
+__all__ = ["DEFAULT_MODEL", "PANELS", "EngineConfig", "FrontendOptions", "ServerOptions", "option"]
 
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"  # what ``model=None`` serves (a packaged GGUF)
+# The --help panels of llmp's own options, in the order they are shown; a plugin's option may
+# name another panel (shown after these), and an option naming none is in its record's panel.
+PANELS = ("Model", "Engine", "Parallelism", "Server", "Security and limits", "Tools and reasoning", "Front-ends")
 
 Dtype = Literal["auto", "bfloat16", "float16", "float32"]
 SchedulingPolicy = Literal["fcfs", "priority"]
 ModelImpl = Literal["auto", "native", "transformers"]
 Task = Literal["auto", "generate", "embed"]
 LogLevel = Literal["debug", "info", "warning", "error"]
+OverloadStatus = Literal[503, 429]
 
 
 def option(
@@ -52,8 +57,17 @@ def option(
     - ``name="..."``: the option's public name (flag, ``LLMP_*`` variable and YAML
       key) when it differs from the field name;
     - ``scale=N``: the option is given in units of N of the field (GiB of a byte count);
-    - ``ge=``, ``gt=``: the least value allowed (inclusive, exclusive);
+    - ``ge=``, ``gt=``, ``le=``, ``lt=``: the bounds of the value, in the option's units
+      (``ge=0, le=65535`` for a port; ``gt=0, le=1`` for a fraction);
+    - ``component="kind"``: the value names a registered component of that kind
+      (``"executor"``, ``"tool_parser"`` ...), checked against the registry when parsed;
+    - ``panel="..."``: the ``--help`` panel listing the option (default: one panel per record
+      a command takes, titled after its parameter; "Options" for a command of one record);
     - ``metavar="..."``: the value's name in ``--help``.
+
+    Bounds and choices (a ``Literal`` type) are checked wherever the value comes from: the
+    command line, ``LLMP_*``, the YAML file (naming the flag, the variable or the key), and a
+    program building the record (naming the field).
 
     A bool option with default ``True`` gets a ``--no-...`` form; one with default
     ``False`` is a plain switch. A ``tuple[str, ...]`` option is repeatable, and a
@@ -80,52 +94,69 @@ class EngineConfig:
         "Model directory, .gguf file or Hugging Face id in the local cache; "
         f"default {DEFAULT_MODEL.rpartition('/')[2]}.",
         argument=True,
+        metavar="MODEL",
+        panel="Model",
     )
     tokenizer: str | None = None  # defaults to the model's directory
-    device: str = option("cpu", "Device the model runs on: cpu or cuda.")
-    executor: str = option("uniproc", "Executor plugin: uniproc, mp or ray.")
-    tensor_parallel_size: int = option(1, "Tensor-parallel workers.", short="-tp")
-    ray_address: str | None = option(None, "Ray cluster for --executor ray (default: RAY_ADDRESS).")
-    dtype: Dtype = option("auto", "auto, bfloat16, float16 or float32.")
-    max_model_len: int | None = option(None, "Context length (default: the model's, capped by the KV cache).")
-    max_num_seqs: int = option(256, "Most sequences in one step.")
-    max_num_batched_tokens: int = option(2048, "Most tokens in one step.")
+    device: str = option("cpu", "Device the model runs on: cpu or cuda.", metavar="DEVICE", panel="Engine")
+    executor: str = option("uniproc", "Executor plugin: uniproc, mp or ray.", component="executor", panel="Parallelism")
+    tensor_parallel_size: int = option(
+        1, "Tensor-parallel workers (more than 1 needs --executor mp or ray).", short="-tp", ge=1, panel="Parallelism"
+    )
+    ray_address: str | None = option(
+        None, "Ray cluster for --executor ray (default: RAY_ADDRESS).", metavar="ADDRESS", panel="Parallelism"
+    )
+    dtype: Dtype = option("auto", "Data type of the weights and the KV cache.", panel="Model")
+    max_model_len: int | None = option(
+        None, "Context length (default: the model's, capped by the KV cache).", ge=2, panel="Model"
+    )
+    max_num_seqs: int = option(256, "Most sequences in one step.", ge=1, panel="Engine")
+    max_num_batched_tokens: int = option(2048, "Most tokens in one step.", ge=1, panel="Engine")
     scheduling_policy: SchedulingPolicy = option(
         "fcfs",
         "fcfs: arrival order. priority: waiting requests ordered by (priority, arrival), lower value "
         "first; when the KV cache is full the running request last in that order is preempted "
         "(a waiting request never preempts a running one).",
+        panel="Engine",
     )
-    enable_prefix_caching: bool = option(True, "Reuse the KV cache of a shared prompt prefix.")
-    enable_chunked_prefill: bool = option(True, "Split long prompts over several steps.")
+    enable_prefix_caching: bool = option(True, "Reuse the KV cache of a shared prompt prefix.", panel="Engine")
+    enable_chunked_prefill: bool = option(True, "Split long prompts over several steps.", panel="Engine")
     kv_cache_memory_bytes: int = option(
-        4 << 30, "Memory for the KV cache, in GiB.", name="kv_cache_memory_gib", scale=1 << 30, gt=0
+        4 << 30,
+        "Memory for the KV cache, in GiB.",
+        name="kv_cache_memory_gib",
+        scale=1 << 30,
+        gt=0,
+        metavar="GIB",
+        panel="Engine",
     )
     num_kv_blocks: int | None = None  # overrides kv_cache_memory_bytes
-    block_size: int = option(16, "Tokens per KV-cache block.")
-    kernels: str | None = option(None, "Kernel set (default: the best for the device).")
-    model_impl: ModelImpl = option(
-        "auto", "auto (native when a plugin provides the architecture, else transformers), native or transformers."
+    block_size: int = option(16, "Tokens per KV-cache block.", ge=1, panel="Engine")
+    kernels: str | None = option(
+        None, "Kernel set plugin (default: the best for the device).", component="kernels", panel="Engine"
     )
-    task: Task = option("auto", "auto, generate or embed (serve a causal LM's pooled hidden states on /v1/embeddings).")
-    num_threads: int | None = option(None, "Torch threads of the engine (default: all cores).")
-    seed: int = option(0, "Engine seed for requests without one.")
+    model_impl: ModelImpl = option(
+        "auto",
+        "auto (native when a plugin provides the architecture, else transformers), native or transformers.",
+        panel="Model",
+    )
+    task: Task = option(
+        "auto", "auto, generate or embed (serve a causal LM's pooled hidden states on /v1/embeddings).", panel="Model"
+    )
+    num_threads: int | None = option(None, "Torch threads of the engine (default: all cores).", ge=1, panel="Engine")
+    seed: int = option(0, "Engine seed for requests without one.", panel="Engine")
+    disable_log_stats: bool = option(
+        False,
+        "No periodic engine statistics line (throughput, running/waiting, KV cache, prefix-cache hits).",
+        panel="Engine",
+    )
     scheduler: str = "default"  # scheduler plugin
     kv_manager: str = "default"  # KV-cache manager plugin
     worker_timeout_s: float = 300.0  # a worker silent this long in a step is taken for dead
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _check_choices(self)
-        for name in ("block_size", "tensor_parallel_size", "max_num_seqs", "max_num_batched_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.kv_cache_memory_bytes <= 0:
-            raise ValueError(f"kv_cache_memory_bytes must be > 0, got {self.kv_cache_memory_bytes}")
-        if self.num_threads is not None and self.num_threads < 1:
-            raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
-        if self.max_model_len is not None and self.max_model_len < 2:
-            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        check_fields(self)
 
     def keywords(self) -> dict[str, Any]:
         """This config as ``LLM``/``AsyncLLM`` keywords, the model aside: ``AsyncLLM(model, **config.keywords())``."""
@@ -136,44 +167,75 @@ class EngineConfig:
 class ServerOptions:
     """How ``llmp serve`` listens and guards its HTTP server (the engine and request options are elsewhere)."""
 
-    frontend: tuple[str, ...] = option(("openai",), "Front-end plugin to mount (repeatable; default openai).")
-    host: str = option("127.0.0.1", "Address to bind; 0.0.0.0 for every interface.")
-    port: int = option(8000, "Port to bind.")
-    api_key: tuple[str, ...] = option((), "Require 'Authorization: Bearer KEY' on every inference route (repeatable).")
-    served_model_name: tuple[str, ...] = option((), "Public model name(s); the first is echoed in responses.")
-    allowed_origins: tuple[str, ...] = option((), "CORS origin allowed to call the API (repeatable; default none).")
-    allow_credentials: bool = option(False, "CORS: allow credentials.")
-    root_path: str = option("", "Path prefix when behind a path-routing proxy.")
-    max_request_body_bytes: int = option(2 << 20, "Larger request bodies get 413.", ge=0)
-    max_queue_len: int | None = option(
-        1024, "Model requests that may wait beyond --max-num-seqs running ones; more are refused at once.", ge=0
+    frontend: tuple[str, ...] = option(
+        ("openai",), "Front-end plugin to mount (repeatable; default openai).", component="frontend", panel="Front-ends"
     )
-    overload_status: int = option(503, "Status of a refusal at capacity: 503 (Retry-After) or 429.")
+    host: str = option("127.0.0.1", "Address to bind; 0.0.0.0 for every interface.", metavar="ADDRESS", panel="Server")
+    port: int = option(8000, "Port to bind (0: any free port).", ge=0, le=65535, panel="Server")
+    api_key: tuple[str, ...] = option(
+        (),
+        "Require 'Authorization: Bearer KEY' on every inference route (repeatable).",
+        metavar="KEY",
+        panel="Security and limits",
+    )
+    served_model_name: tuple[str, ...] = option(
+        (), "Public model name(s); the first is echoed in responses.", metavar="NAME", panel="Model"
+    )
+    allowed_origins: tuple[str, ...] = option(
+        (),
+        "CORS origin allowed to call the API (repeatable; default none).",
+        metavar="ORIGIN",
+        panel="Security and limits",
+    )
+    allow_credentials: bool = option(False, "CORS: allow credentials.", panel="Security and limits")
+    root_path: str = option("", "Path prefix when behind a path-routing proxy.", metavar="PATH", panel="Server")
+    max_request_body_bytes: int = option(2 << 20, "Larger request bodies get 413.", ge=0, panel="Security and limits")
+    max_queue_len: int | None = option(
+        1024,
+        "Model requests that may wait beyond --max-num-seqs running ones; more are refused at once.",
+        ge=0,
+        panel="Security and limits",
+    )
+    overload_status: OverloadStatus = option(
+        503, "Status of a refusal at capacity: 503 (Retry-After) or 429.", panel="Security and limits"
+    )
     request_timeout: float | None = option(
-        None, "Seconds a request may wait and run before it is aborted (408); default: no limit.", ge=0
+        None,
+        "Seconds a request may wait and run before it is aborted (408); default: no limit.",
+        ge=0,
+        panel="Security and limits",
     )
     health_check_timeout: float = option(
-        5.0, "/ready and /health fail if the engine does not answer a ping within this many seconds.", ge=0
+        5.0,
+        "/ready and /health fail if the engine does not answer a ping within this many seconds.",
+        ge=0,
+        panel="Server",
     )
     header_timeout: float = option(
-        10.0, "Seconds a connection has to send a request's headers (against slowloris); 0: no limit.", ge=0
+        10.0,
+        "Seconds a connection has to send a request's headers (against slowloris); 0: no limit.",
+        ge=0,
+        panel="Security and limits",
     )
     allowed_hosts: tuple[str, ...] = option(
         (),
         "Host header names accepted (repeatable); default: loopback names when "
         "bound to loopback (against DNS rebinding), else any.",
+        metavar="HOST",
+        panel="Security and limits",
     )
-    disable_fastapi_docs: bool = option(False, "No /docs, /redoc, /openapi.json.")
+    disable_fastapi_docs: bool = option(False, "No /docs, /redoc, /openapi.json.", panel="Server")
     shutdown_timeout: float = option(
-        10.0, "Seconds in-flight requests get to finish on SIGTERM before they are aborted (0: at once).", ge=0
+        10.0,
+        "Seconds in-flight requests get to finish on SIGTERM before they are aborted (0: at once).",
+        ge=0,
+        panel="Server",
     )
-    log_level: LogLevel = option("info", "debug, info, warning or error.")
-    disable_access_log: bool = option(False, "No per-request log lines.")
+    log_level: LogLevel = option("info", "Server log level.", panel="Server")
+    disable_access_log: bool = option(False, "No per-request log lines.", panel="Server")
 
     def __post_init__(self) -> None:
-        _check_choices(self)
-        if self.overload_status not in (429, 503):
-            raise ValueError(f"overload_status must be 503 (the default) or 429, got {self.overload_status}")
+        check_fields(self)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -194,54 +256,126 @@ class FrontendOptions:
     api_keys: tuple[str, ...] = ()  # the server's --api-key values: front-ends with their own port check them
     max_request_body_bytes: int | None = None  # the server's cap on a request body (None: no server in front)
     # request handling (llmp serve options)
-    chat_template: str | None = option(None, "Chat template: a file path or the template text.")
-    trust_request_chat_template: bool = option(False, "Allow a request's own chat_template (off: 400).")
-    response_role: str = option("assistant", "Role of generated chat messages.")
-    generation_config: Literal["auto", "none"] = option(
-        "auto", "auto: sampling defaults from the model's generation_config.json; none: llmp's defaults."
+    chat_template: str | None = option(
+        None, "Chat template: a file path or the template text.", metavar="TEMPLATE", panel="Model"
     )
-    max_logprobs: int = option(20, "Cap on logprobs, top_logprobs and prompt_logprobs.")
-    max_n: int = option(128, "Cap on n (choices per request).")
-    max_stop_sequences: int = option(64, "Cap on the number of stop strings in a request.", ge=0)
+    trust_request_chat_template: bool = option(
+        False, "Allow a request's own chat_template (off: 400).", panel="Security and limits"
+    )
+    response_role: str = option("assistant", "Role of generated chat messages.", metavar="ROLE", panel="Front-ends")
+    generation_config: Literal["auto", "none"] = option(
+        "auto", "auto: sampling defaults from the model's generation_config.json; none: llmp's defaults.", panel="Model"
+    )
+    max_logprobs: int = option(
+        20, "Cap on logprobs, top_logprobs and prompt_logprobs.", ge=0, panel="Security and limits"
+    )
+    max_n: int = option(128, "Cap on n (choices per request).", ge=1, panel="Security and limits")
+    max_stop_sequences: int = option(
+        64, "Cap on the number of stop strings in a request.", ge=0, panel="Security and limits"
+    )
     tool_call_parser: str | None = option(
         None,
         "Tool-call parser plugin (hermes, llama3_json, mistral, pythonic, qwen3_xml, deepseek_v3, ...): "
         "needed for tool_choice auto, required or named.",
+        component="tool_parser",
+        metavar="NAME",
+        panel="Tools and reasoning",
     )
     enable_auto_tool_choice: bool = option(
-        False, "Let the model decide to call tools (tool_choice auto); needs --tool-call-parser."
+        False,
+        "Let the model decide to call tools (tool_choice auto); needs --tool-call-parser.",
+        panel="Tools and reasoning",
     )
     reasoning_parser: str | None = option(
-        None, "Reasoning parser plugin (deepseek_r1, qwen3, mistral, ...): reasoning goes to message.reasoning."
+        None,
+        "Reasoning parser plugin (deepseek_r1, qwen3, mistral, ...): reasoning goes to message.reasoning.",
+        component="reasoning_parser",
+        metavar="NAME",
+        panel="Tools and reasoning",
     )
-    exclude_tools_when_tool_choice_none: bool = option(False, "With tool_choice none, keep tools out of the prompt.")
-    return_tokens_as_token_ids: bool = option(False, "Logprob tokens as 'token_id:N'.")
-    enable_force_include_usage: bool = option(False, "Usage on every streamed chunk.")
-    enable_store: bool = option(False, "Keep /v1/responses results in memory (GET, previous_response_id).")
-    grpc_port: int = option(50051, "Port of the grpc front-end (--frontend grpc), on --host.")
+    exclude_tools_when_tool_choice_none: bool = option(
+        False, "With tool_choice none, keep tools out of the prompt.", panel="Tools and reasoning"
+    )
+    return_tokens_as_token_ids: bool = option(False, "Logprob tokens as 'token_id:N'.", panel="Front-ends")
+    enable_force_include_usage: bool = option(False, "Usage on every streamed chunk.", panel="Front-ends")
+    enable_store: bool = option(
+        False, "Keep /v1/responses results in memory (GET, previous_response_id).", panel="Front-ends"
+    )
+    grpc_port: int = option(
+        50051, "Port of the grpc front-end (--frontend grpc), on --host.", ge=0, le=65535, panel="Front-ends"
+    )
 
     def __post_init__(self) -> None:
-        _check_choices(self)
+        check_fields(self)
 
 
-_CHOICES: dict[type, dict[str, tuple[Any, ...]]] = {}
+def check_fields(record: Any) -> None:
+    """``ValueError`` naming the field when an option field of ``record`` holds a value its
+    declaration refuses: outside its ``Literal`` choices or its bounds (``ge``, ``gt``, ``le``, ``lt``).
+    Commands check the values they read before building a record, naming the flag (``llmp.config``)."""
+    for f, choices, optional in _declared(type(record)):
+        value = getattr(record, f.name)
+        if value is None and optional:
+            continue
+        if choices is not None:
+            if value not in choices:
+                raise ValueError(f"{f.name} must be {alternatives(choices)}, got {value!r}")
+            continue
+        scale = f.metadata.get("scale") or 1
+        problem = bounds_problem(value / scale if isinstance(value, int | float) else value, f.metadata)
+        if problem:
+            raise ValueError(f"{f.name} {problem}, got {value!r}")
 
 
-def _check_choices(record: Any) -> None:
-    """``ValueError`` naming the field when a ``Literal``-typed field of ``record`` holds another value
-    (the command line and ``LLMP_*`` are checked before a record is built; a program is checked here)."""
-    cls = type(record)
-    if cls not in _CHOICES:
-        hints = typing.get_type_hints(cls)
-        _CHOICES[cls] = {
-            f.name: typing.get_args(hints[f.name]) for f in fields(cls) if typing.get_origin(hints[f.name]) is Literal
-        }
-    for name, choices in _CHOICES[cls].items():
-        value = getattr(record, name)
-        if value not in choices:
-            raise ValueError(f"{name} must be {_alternatives(choices)}, got {value!r}")
+def bounds_problem(value: Any, bounds: Mapping[str, Any]) -> str | None:
+    """``"must be >= 1"`` (or between, or ...) when ``value`` breaks the ``ge``/``gt``/``le``/``lt``
+    of ``bounds`` (an option's metadata, in the option's units); ``None`` when it keeps them."""
+    ge, gt, le, lt = (bounds.get(k) for k in ("ge", "gt", "le", "lt"))
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    kept = (
+        (ge is None or value >= ge)
+        and (gt is None or value > gt)
+        and (le is None or value <= le)
+        and (lt is None or value < lt)
+    )
+    if kept:
+        return None
+    if ge is not None and le is not None:
+        return f"must be between {_number(ge)} and {_number(le)}"
+    parts = [
+        f"{sign} {_number(bound)}"
+        for sign, bound in ((">=", ge), (">", gt), ("<=", le), ("<", lt))
+        if bound is not None
+    ]
+    return "must be " + " and ".join(parts)
 
 
-def _alternatives(choices: tuple[Any, ...]) -> str:
+def alternatives(choices: tuple[Any, ...]) -> str:
+    """``"a, b or c"``."""
     names = [str(c) for c in choices]
     return f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else names[0]
+
+
+def _number(value: float) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+_DECLARED: dict[type, list[tuple[Any, tuple[Any, ...] | None, bool]]] = {}
+
+
+def _declared(cls: type) -> list[tuple[Any, tuple[Any, ...] | None, bool]]:
+    """The option fields of ``cls`` that declare choices or bounds: each with its choices (None: bounds)
+    and whether it may be None."""
+    if cls not in _DECLARED:
+        hints = typing.get_type_hints(cls)
+        declared = []
+        for f in fields(cls):
+            hint = hints[f.name]
+            optional = type(None) in typing.get_args(hint)
+            if typing.get_origin(hint) is Literal:
+                declared.append((f, typing.get_args(hint), optional))
+            elif any(f.metadata.get(k) is not None for k in ("ge", "gt", "le", "lt")):
+                declared.append((f, None, optional))
+        _DECLARED[cls] = declared
+    return _DECLARED[cls]

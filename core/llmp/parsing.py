@@ -214,7 +214,12 @@ class NamedToolCallParser:
 
 
 class RequiredToolCallsParser:
-    """``tool_choice: required``: the completion is a JSON array of ``{"name": ..., "parameters": {...}}``."""
+    """``tool_choice: required``: the completion is a JSON array of ``{"name": ..., "parameters": {...}}``.
+
+    A call appears once its name is complete, with its arguments as far as they were generated. A
+    final text cut short (``max_tokens``) before a call's name is content, as vLLM returns an
+    array it cannot parse: the whole text when no call was made, else the unfinished object.
+    """
 
     keep_special_tokens = False
 
@@ -222,7 +227,7 @@ class RequiredToolCallsParser:
         calls: list[ParsedToolCall] = []
         pos = skip_whitespace(text, 0)
         if not text.startswith("[", pos):
-            return ToolCallParse("", calls)
+            return ToolCallParse(text.strip() if final else "", calls)
         pos += 1
         while True:
             pos = skip_whitespace(text, pos)
@@ -230,12 +235,15 @@ class RequiredToolCallsParser:
                 pos = skip_whitespace(text, pos + 1)
             if not text.startswith("{", pos):
                 break
+            start = pos
             call, pos = _scan_call_object(text, pos + 1)
             if call is not None:
                 calls.append(call)
-            if pos is None:
+            if pos is None:  # the text ends inside this object
+                if final and call is None:
+                    return ToolCallParse(text[start:] if calls else text.strip(), calls)
                 break
-        return ToolCallParse("", calls)
+        return ToolCallParse(text.strip() if final and not calls else "", calls)
 
 
 def _scan_call_object(text: str, pos: int) -> tuple[ParsedToolCall | None, int | None]:

@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 
 from llmp import LLM, SamplingParams
-from llmp.model_files.lookup import PACKAGED_MODELS, find_model_dir
+from llmp.model_files.lookup import find_model_dir
+from llmp.model_files.packaged import packaged_model
 from llmp.options import DEFAULT_MODEL
 from llmp.testing import hf_greedy
 
 pytestmark = pytest.mark.slow
-PACKAGE, GGUF_FILE = PACKAGED_MODELS[DEFAULT_MODEL]
+PACKAGE, GGUF_FILE = packaged_model(DEFAULT_MODEL).package, packaged_model(DEFAULT_MODEL).path
 PROMPTS = [
     "The capital of France is",
     "def fibonacci(n):",

@@ -16,13 +16,23 @@ def llmp_register_commands() -> Iterator[CommandSpec]:
     yield CommandSpec(
         name="collect-env", impl="llmp.cli.env_cmd:collect_env", help="Report versions, hardware and plugins."
     )
+    where = (
+        "MODEL (a directory, .gguf file or Hub id) starts an engine in this process; without it the client "
+        "talks to the server at --url (default http://127.0.0.1:8000). Not both."
+    )
     yield CommandSpec(
-        name="chat", impl="llmp.cli.client_cmd:chat", help="Chat with a model on an OpenAI-compatible server."
+        name="chat",
+        impl="llmp.cli.client_cmd:chat",
+        help="Chat with a model on a server, or run MODEL here.\n\n"
+        f"{where} At a terminal: Ctrl-C stops a reply, Ctrl-D or /exit quits, /help lists the commands "
+        "(/clear, /system TEXT, /save FILE). Piped stdin: one message per line until EOF.",
     )
     yield CommandSpec(
         name="complete",
         impl="llmp.cli.client_cmd:complete",
-        help="Complete prompts with a model on an OpenAI-compatible server.",
+        help="Complete prompts with a model on a server, or run MODEL here.\n\n"
+        f"{where} One prompt per line, each on its own. At a terminal: Ctrl-C stops a completion, "
+        "Ctrl-D or /exit quits.",
     )
     yield CommandSpec(
         name="bench",

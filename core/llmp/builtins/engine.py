@@ -1,4 +1,5 @@
-"""Built-in engine components: the default scheduler and KV-cache manager, the uniproc executor.
+"""Built-in engine components: the default scheduler and KV-cache manager, the uniproc executor,
+the ``logging`` stat logger.
 
 They are registered through the same hooks a third-party replacement uses.
 """
@@ -6,7 +7,10 @@ They are registered through the same hooks a third-party replacement uses.
 from collections.abc import Iterator
 
 from llmp import hookimpl
-from llmp.api import ExecutorSpec, KVManagerSpec, SchedulerSpec
+from llmp.api import ExecutorSpec, KVManagerSpec, SchedulerSpec, StatLoggerSpec
+
+# the periodic statistics line's logger: the one --disable-log-stats leaves out
+LOGGING_STAT_LOGGER = "logging"
 
 
 @hookimpl
@@ -34,4 +38,14 @@ def llmp_register_executors() -> Iterator[ExecutorSpec]:
         name="uniproc",
         impl="llmp.engine.executor:UniprocExecutor",
         description="The model runs in the engine process (no tensor parallelism).",
+    )
+
+
+@hookimpl
+def llmp_register_stat_loggers() -> Iterator[StatLoggerSpec]:
+    yield StatLoggerSpec(
+        name=LOGGING_STAT_LOGGER,
+        impl="llmp.engine.log_stats:LoggingStatLogger",
+        description="Logs prompt and generation throughput, running and waiting requests, KV-cache usage and "
+        "prefix-cache hit rate every 10 s while the engine works (--disable-log-stats turns it off).",
     )

@@ -17,10 +17,14 @@ from typer.core import TyperGroup
 
 from llmp import __version__, plugins, registry
 from llmp.api import API_VERSION, CommandSpec, LLMPError
+from llmp.cli.help import format_help, use_llmp_help
 
 
 class PluginCommandGroup(TyperGroup):
     """A click group that lists and builds sub-commands from the command registry."""
+
+    def format_help(self, ctx: typer.Context, formatter: Any) -> None:
+        format_help(self, ctx, formatter)
 
     def list_commands(self, ctx: typer.Context) -> list[str]:
         return sorted(registry.components("command"))
@@ -30,10 +34,12 @@ class PluginCommandGroup(TyperGroup):
         if spec is None:
             return None
         try:
-            return _build_command(spec)
+            command = _build_command(spec)
         except Exception as exc:  # a broken command must not break the others
             plugins.record_failure(spec.plugin, exc, f"building command {cmd_name!r}")
-            return _broken_command(spec, exc)
+            command = _broken_command(spec, exc)
+        use_llmp_help(command)
+        return command
 
 
 def _build_command(spec: CommandSpec) -> Any:
@@ -90,10 +96,23 @@ def _root(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of ``llmp`` and ``python -m llmp``."""
+    """Entry point of ``llmp`` and ``python -m llmp``. A usage error, from click or from a
+    command, is one ``llmp: error: ...`` line on stderr and status 2."""
     try:
         plugins.load_plugins()
-        app(args=argv, prog_name="llmp")
+        status = app(args=argv, prog_name="llmp", standalone_mode=False)
+    except typer.TyperException as exc:  # click's errors (typer's copy of click)
+        if type(exc).__name__ == "NoArgsIsHelpError":  # a bare group: its help, and status 2
+            typer.echo(exc.format_message())
+            sys.exit(2)
+        ctx = getattr(exc, "ctx", None)
+        hint = f" (see '{ctx.command_path} --help')" if ctx is not None and exc.exit_code == 2 else ""
+        print(f"llmp: error: {' '.join(exc.format_message().split())}{hint}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        print("Aborted!", file=sys.stderr)
+        sys.exit(1)
     except LLMPError as exc:
         print(f"llmp: error: {exc}", file=sys.stderr)
         sys.exit(2)
+    sys.exit(status if isinstance(status, int) else 0)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -19,7 +20,8 @@ import typer
 
 from llmp.cli.bench_offline import latency, throughput
 from llmp.cli.bench_report import ReportOptions, emit_report, percentile
-from llmp.cli.options import options_command
+from llmp.cli.options import options_command, usage_error
+from llmp.cli.sse import DEFAULT_URL
 from llmp.options import option
 
 app = typer.Typer(no_args_is_help=True)  # its help is the CommandSpec's (llmp/builtins/commands.py)
@@ -41,10 +43,17 @@ WORDS = tuple(
 
 @dataclass(frozen=True, kw_only=True)
 class BenchServeSettings:
-    base_url: str = option("http://127.0.0.1:8000", "The server, without /v1.")
-    endpoint: str = option("/v1/completions", "/v1/completions or /v1/chat/completions (any path ending so).")
-    model: str | None = option(None, "Model to ask (default: the first of GET /v1/models).")
-    api_key: str | None = option(None, "Sent as 'Authorization: Bearer KEY' (default: $OPENAI_API_KEY).")
+    # --base-url: vLLM's name for it, accepted too
+    url: str = option(
+        DEFAULT_URL, "The server: http://HOST:PORT, with or without /v1.", short="--base-url", metavar="URL"
+    )
+    endpoint: str = option(
+        "/v1/completions", "/v1/completions or /v1/chat/completions (the /v1 optional), under --url."
+    )
+    model: str | None = option(None, "Model to ask (default: the first of GET URL/v1/models).", metavar="NAME")
+    api_key: str | None = option(
+        None, "Sent as 'Authorization: Bearer KEY'; LLMP_API_KEY comes before OPENAI_API_KEY.", metavar="KEY"
+    )
     dataset: Literal["random", "prefix"] = option(
         "random", "random: random words; prefix: one shared prefix, then random words."
     )
@@ -63,8 +72,12 @@ def serve(load: BenchServeSettings, output: ReportOptions) -> None:
     """Load-test an OpenAI-compatible server (llmp, vLLM, ...) and report throughput and latencies."""
     import asyncio
 
-    from llmp.cli.sse import ServerError
+    from llmp.cli.sse import ServerError, api_url
 
+    try:
+        api_url(load.url)
+    except ServerError as exc:  # a usage error, before anything is sent
+        raise usage_error(str(exc)) from None
     try:
         report = asyncio.run(run_benchmark(load))
     except ServerError as exc:
@@ -115,13 +128,14 @@ def is_chat(endpoint: str) -> bool:
     return endpoint.rstrip("/").endswith("/chat/completions")
 
 
-def models_path(endpoint: str) -> str:
-    """``/v1/completions`` -> ``/v1/models``: the model list lives beside the endpoint."""
-    path = endpoint.rstrip("/")
-    for suffix in ("/chat/completions", "/completions"):
-        if path.endswith(suffix):
-            return path[: -len(suffix)] + "/models"
-    return "/v1/models"
+def endpoint_url(settings: BenchServeSettings) -> str:
+    """The URL requests go to: ``--endpoint`` under the API base of ``--url``, the ``/v1`` counted once."""
+    from llmp.cli.sse import api_url
+
+    path = "/" + settings.endpoint.strip().lstrip("/")
+    if path == "/v1" or path.startswith("/v1/"):
+        path = path[3:]
+    return api_url(settings.url) + path
 
 
 def request_payload(settings: BenchServeSettings, model: str, prompt: str) -> dict[str, Any]:
@@ -139,8 +153,11 @@ def request_payload(settings: BenchServeSettings, model: str, prompt: str) -> di
     }
 
 
-async def timed_request(client: Any, url: str, payload: dict[str, Any], api_key: str | None) -> RequestResult:
-    """Send one streaming request, timing the first content chunk and the gaps between later ones."""
+async def timed_request(
+    client: Any, url: str, payload: dict[str, Any], api_key: str | None, on_output: Callable[[], None] | None = None
+) -> RequestResult:
+    """Send one streaming request, timing the first content chunk and the gaps between later ones;
+    ``on_output`` is called at each chunk of output."""
     import time
 
     from llmp.cli.sse import ServerError, chunk_text, stream_chunks
@@ -156,6 +173,8 @@ async def timed_request(client: Any, url: str, payload: dict[str, Any], api_key:
             # output: text, or the last chunk (its tokens may all have been ones that decode to no text)
             if not chunk_text(chunk) and not any(c.get("finish_reason") for c in chunk.get("choices") or ()):
                 continue
+            if on_output is not None:
+                on_output()
             if chunks == 0:
                 result.ttft = now - start
             else:
@@ -178,16 +197,15 @@ async def run_benchmark(settings: BenchServeSettings) -> dict[str, Any]:
     """Look up the model unless named, send every request, and summarize what they measured."""
     import httpx
 
-    from llmp.cli.sse import api_key_or_env, first_model
+    from llmp.cli.sse import api_key_or_env, api_url, first_model
 
     api_key = api_key_or_env(settings.api_key)
-    base = settings.base_url.rstrip("/")
-    url = base + "/" + settings.endpoint.lstrip("/")
+    url = endpoint_url(settings)
     in_flight = settings.max_concurrency or settings.num_prompts
     # Enough pooled connections for every request allowed in flight; a slow chunk may take minutes, none forever.
     limits = httpx.Limits(max_connections=in_flight, max_keepalive_connections=in_flight)
     async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(600.0, connect=30.0, pool=None)) as client:
-        model = settings.model or await first_model(client, base + models_path(settings.endpoint), api_key)
+        model = settings.model or await first_model(client, api_url(settings.url) + "/models", api_key)
         prompts = make_prompts(settings)
         print(
             f"llmp bench serve: {len(prompts)} requests to {url} (model {model}, request rate "
@@ -210,18 +228,88 @@ async def send_all(
     semaphore = asyncio.Semaphore(settings.max_concurrency or len(payloads))
     arrivals = random.Random(settings.seed + 1)  # its own stream: the rate does not change the prompts
 
+    progress = LoadProgress(len(payloads))
+
     async def limited(payload: dict[str, Any]) -> RequestResult:
         async with semaphore:  # TTFT counts from sending, not from waiting for a free slot
-            return await timed_request(client, url, payload, api_key)
+            result = await timed_request(client, url, payload, api_key, progress.output)
+        progress.finished(result)
+        return result
 
     start = time.perf_counter()
     tasks = []
-    for i, payload in enumerate(payloads):
-        if i and math.isfinite(settings.request_rate):
-            await asyncio.sleep(arrivals.expovariate(settings.request_rate))
-        tasks.append(asyncio.create_task(limited(payload)))
-    results = await asyncio.gather(*tasks)
+    try:
+        for i, payload in enumerate(payloads):
+            if i and math.isfinite(settings.request_rate):
+                await asyncio.sleep(arrivals.expovariate(settings.request_rate))
+            tasks.append(asyncio.create_task(limited(payload)))
+        results = await asyncio.gather(*tasks)
+    finally:
+        progress.close()
     return list(results), time.perf_counter() - start
+
+
+class LoadProgress:
+    """How far the load has got, on stderr while it runs: at a terminal a rich bar (requests done of
+    all, output tokens per second so far), else a plain line at most every ``PLAIN_LINE_EVERY_S``.
+    Output tokens are counted as streamed chunks, one token each; the report counts them exactly."""
+
+    PLAIN_LINE_EVERY_S = 10.0
+
+    def __init__(self, total: int) -> None:
+        import time
+
+        from rich.console import Console
+
+        self.total, self.done, self.failed, self.tokens = total, 0, 0, 0
+        self.start = self.last_line = time.perf_counter()
+        console = Console(stderr=True)
+        self.bar: Any = None
+        if console.is_terminal:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(
+                TextColumn("requests"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[rate]}"),
+                TimeElapsedColumn(),
+                console=console,
+            )
+            self.task = self.bar.add_task("requests", total=total, rate=self._rate())
+            self.bar.start()
+
+    def output(self) -> None:
+        self.tokens += 1
+        self._show()
+
+    def finished(self, result: RequestResult) -> None:
+        self.done += 1
+        self.failed += not result.ok
+        self._show()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, completed=self.done, rate=self._rate())
+            self.bar.stop()
+
+    def _rate(self) -> str:
+        import time
+
+        elapsed = max(time.perf_counter() - self.start, 1e-9)
+        failed = f", {self.failed} failed" if self.failed else ""
+        return f"{self.tokens / elapsed:.1f} output tok/s{failed}"
+
+    def _show(self) -> None:
+        import time
+
+        if self.bar is not None:
+            self.bar.update(self.task, completed=self.done, rate=self._rate())
+            return
+        now = time.perf_counter()
+        if now - self.last_line >= self.PLAIN_LINE_EVERY_S:
+            self.last_line = now
+            print(f"llmp bench serve: {self.done}/{self.total} requests done, {self._rate()}", file=sys.stderr)
 
 
 # -- the report -------------------------------------------------------------------

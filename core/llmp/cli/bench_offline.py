@@ -53,7 +53,7 @@ class LatencyWorkload:
     num_iters: int = option(5, "Timed iterations.", ge=1)
 
 
-@options_command(one_line_errors=True)
+@options_command
 def throughput(engine: BenchEngine, workload: ThroughputWorkload, output: ReportOptions) -> None:
     """Offline throughput: generate for every prompt in one batch and report tokens per second."""
     check_throughput(workload, engine.max_model_len, "--max-model-len")
@@ -61,7 +61,7 @@ def throughput(engine: BenchEngine, workload: ThroughputWorkload, output: Report
     emit_report(report, output, print_throughput_table)
 
 
-@options_command(one_line_errors=True)
+@options_command
 def latency(engine: BenchEngine, workload: LatencyWorkload, output: ReportOptions) -> None:
     """Offline latency: time one batch end to end, and its prefill alone, over several iterations."""
     check_latency(workload, engine.max_model_len, "--max-model-len")

@@ -1,4 +1,9 @@
-"""``llmp collect-env``: what to paste into a bug report."""
+"""``llmp collect-env``: what to paste into a bug report.
+
+Plain text by default: ``## section`` headings and ``key: value`` lines, which
+read the same in a terminal, a fenced code block or a Markdown issue. ``--json``
+gives the same report as one object.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +24,8 @@ from llmp.cli.options import options_command
 from llmp.options import option
 
 LIBRARIES = ("torch", "transformers", "triton", "tokenizers", "safetensors", "numpy", "pluggy", "stevedore")
+# the /proc/cpuinfo flags that decide which matmul and attention paths a CPU can take
+CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_fp16")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,6 +40,17 @@ def _version(distribution: str) -> str | None:
         return None
 
 
+def _torch() -> Any:
+    """torch, or None when it is missing or broken (a broken install is reported, not crashed on)."""
+    if _version("torch") is None:
+        return None
+    try:
+        import torch
+    except Exception:
+        return None
+    return torch
+
+
 def _cpu() -> dict[str, Any]:
     model = platform.processor() or platform.machine()
     flags: list[str] = []
@@ -44,8 +62,12 @@ def _cpu() -> dict[str, Any]:
                 flags = line.split(":", 1)[1].split()
     except OSError:
         pass
-    simd = sorted(f for f in flags if f.startswith(("avx512", "avx2", "amx")))
-    return {"model": model, "logical_cores": os.cpu_count(), "usable_cores": len(os.sched_getaffinity(0)), "simd": simd}
+    return {
+        "model": model,
+        "logical_cores": os.cpu_count(),
+        "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "flags": [flag for flag in CPU_FLAGS if flag in flags],
+    }
 
 
 def _memory_gib() -> float | None:
@@ -55,29 +77,103 @@ def _memory_gib() -> float | None:
         return None
 
 
-def _gpus() -> dict[str, Any]:
-    if _version("torch") is None:
-        return {"available": False, "reason": "torch is not installed"}
-    try:
-        import torch
-    except Exception as exc:  # a broken torch install is worth reporting, not crashing on
-        return {"available": False, "reason": f"import torch failed: {exc}"}
+def _torch_build(torch: Any) -> dict[str, Any]:
+    if torch is None:
+        return {"version": _version("torch"), "error": "torch is not installed or does not import"}
+    if torch.version.cuda:
+        build = f"cuda {torch.version.cuda}"
+    elif getattr(torch.version, "hip", None):
+        build = f"rocm {torch.version.hip}"
+    else:
+        build = "cpu"
+    return {
+        "version": torch.__version__,
+        "build": build,
+        "debug": bool(torch.version.debug),
+        "threads": torch.get_num_threads(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "mkldnn": torch.backends.mkldnn.is_available(),
+        "onednn_bf16": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+        "onednn_fp16": bool(torch.ops.mkldnn._is_mkldnn_fp16_supported()),
+    }
+
+
+def _gpus(torch: Any) -> dict[str, Any]:
+    if torch is None:
+        return {"available": False, "reason": "no usable torch"}
     if not torch.cuda.is_available():
-        return {"available": False, "torch_cuda": torch.version.cuda}
-    devices = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    return {"available": True, "torch_cuda": torch.version.cuda, "devices": devices}
+        reason = "torch is a CPU build" if not torch.version.cuda else "no CUDA device visible"
+        return {"available": False, "reason": reason}
+    devices = [
+        f"{torch.cuda.get_device_name(i)} (sm_{''.join(map(str, torch.cuda.get_device_capability(i)))})"
+        for i in range(torch.cuda.device_count())
+    ]
+    return {"available": True, "devices": devices}
+
+
+def _engine(cpu: dict[str, Any], build: dict[str, Any]) -> dict[str, Any]:
+    """What ``llmp serve`` / ``LLM()`` would choose with no options: the default model's dtype, the
+    kernel set for the default device and the instruction-set path it takes. A failing part is
+    reported as an ``*_error`` entry: the rest of the report still helps."""
+    from llmp import registry
+    from llmp.options import DEFAULT_MODEL, EngineConfig
+
+    try:
+        config = EngineConfig()
+    except Exception as exc:
+        return {"model": DEFAULT_MODEL, "error": f"{type(exc).__name__}: {exc}"}
+    report: dict[str, Any] = {"model": DEFAULT_MODEL, "device": config.device}
+    try:
+        from llmp.model_files.resolve import resolve_model
+
+        report["dtype"] = resolve_model(config).dtype
+    except Exception as exc:  # the default model is not installed, say
+        report["dtype"] = None
+        report["dtype_error"] = f"{type(exc).__name__}: {exc}"
+    try:
+        spec = registry.select_kernels(config.kernels, config.device)
+        report["kernels"] = spec.name
+        report["kernels_plugin"] = spec.plugin
+        reported = getattr(spec.load(), "isa", None)  # a kernel set may say which ISA path it takes
+    except Exception as exc:
+        report["kernels"] = None
+        report["kernels_error"] = f"{type(exc).__name__}: {exc}"
+        reported = None
+    report["isa_path"] = (
+        reported if isinstance(reported, str) else _isa_path(config.device, report.get("dtype"), cpu, build)
+    )
+    return report
+
+
+def _isa_path(device: str, dtype: str | None, cpu: dict[str, Any], build: dict[str, Any]) -> str:
+    """The instruction set the matmuls run on, from torch's view of the machine."""
+    if device != "cpu" or "cpu_capability" not in build:
+        return f"{device} (no ISA details)"
+    base = f"{build['cpu_capability']} (torch)"
+    if dtype in ("bfloat16", "float16"):
+        short = "bf16" if dtype == "bfloat16" else "fp16"
+        if build[f"onednn_{short}"]:
+            units = [f for f in cpu["flags"] if f in (f"amx_{short}", f"avx512_{short}")]
+            return f"{base}, oneDNN {short} native ({', '.join(units) or 'supported'})"
+        return f"{base}, {short} upcast to float32 (no native oneDNN {short} on this CPU)"
+    return f"{base}, float32"
 
 
 def environment_report() -> dict[str, Any]:
+    torch = _torch()
+    cpu = _cpu()
+    build = _torch_build(torch)
     return {
         "llmp": __version__,
         "plugin_api": API_VERSION,
         "python": sys.version.split()[0],
         "executable": sys.executable,
         "platform": platform.platform(),
-        "cpu": _cpu(),
+        "torch": build,
+        "cpu": cpu,
         "memory_gib": _memory_gib(),
-        "gpu": _gpus(),
+        "gpu": _gpus(torch),
+        "engine": _engine(cpu, build),
         "libraries": {name: _version(name) for name in LIBRARIES},
         "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(("LLMP_", "CUDA_VISIBLE", "OMP_"))},
         "plugins": [
@@ -87,23 +183,41 @@ def environment_report() -> dict[str, Any]:
     }
 
 
+def format_report(report: dict[str, Any]) -> str:
+    """The report as ``## section`` headings and ``key: value`` lines (no tables, no colour)."""
+    lines = ["# llmp environment", ""]
+
+    def section(title: str, values: dict[str, Any]) -> None:
+        lines.append(f"## {title}")
+        lines.extend(f"{key}: {_plain(value)}" for key, value in values.items())
+        lines.append("")
+
+    section("llmp", {k: report[k] for k in ("llmp", "plugin_api", "python", "executable", "platform")})
+    section("default engine", report["engine"])
+    section("torch", report["torch"])
+    section("cpu", {**report["cpu"], "memory_gib": report["memory_gib"]})
+    section("gpu", report["gpu"])
+    section("libraries", {k: v or "not installed" for k, v in report["libraries"].items()})
+    section("environment (LLMP_*, CUDA_VISIBLE*, OMP_*)", report["env"] or {"variables": "none set"})
+    plugins_by_name = sorted(report["plugins"], key=lambda p: p["name"])
+    section("plugins", {p["name"]: f"{p['status']} ({p['distribution']} {p['version']})" for p in plugins_by_name})
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _plain(value: Any) -> str:
+    if isinstance(value, list | tuple):
+        return " ".join(map(str, value)) or "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return "-" if value is None else str(value)
+
+
 @options_command
 def collect_env(settings: CollectEnvOptions) -> None:
-    """Report llmp, Python and library versions, CPU/GPU, memory and installed plugins."""
+    """Report llmp, Python, torch and library versions, CPU/GPU, memory, what the default engine would
+    choose (kernel set, ISA path, dtype) and the installed plugins, as plain text for bug reports."""
     report = environment_report()
     if settings.json_output:
         typer.echo(json.dumps(report, indent=2))
         return
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title="llmp environment", show_header=False)
-    table.add_column("item", style="bold")
-    table.add_column("value")
-    for key, value in report.items():
-        if key == "plugins":
-            value = ", ".join(f"{p['name']} ({p['distribution']} {p['version']}, {p['status']})" for p in value)
-        elif isinstance(value, dict):
-            value = ", ".join(f"{k}={v}" for k, v in value.items())
-        table.add_row(key, str(value))
-    Console().print(table)
+    typer.echo(format_report(report), nl=False)

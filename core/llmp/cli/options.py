@@ -35,13 +35,14 @@ import typing
 from collections.abc import Callable
 from dataclasses import MISSING
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import typer
 
+from llmp.cli.option_checks import option_problems
 from llmp.config import OptionError, OptionSpec, Select, command_options, load_records
 
-__all__ = ["OptionError", "Select", "options_command"]
+__all__ = ["OptionError", "Select", "options_command", "usage_error"]
 
 ConfigOption: Any = typer.Option(
     None,
@@ -49,51 +50,54 @@ ConfigOption: Any = typer.Option(
     envvar="LLMP_CONFIG",
     help="YAML file of option: value pairs (command line and LLMP_* variables win).",
     dir_okay=False,
+    metavar="FILE",
 )
 _EXPLICIT = {"COMMANDLINE", "PROMPT"}  # ParameterSource names; the enum itself is not public in typer
 
 
-def options_command(function: Callable | None = None, *, one_line_errors: bool = False) -> Any:
+def usage_error(message: str) -> typer.Exit:
+    """Print ``llmp: error: MESSAGE`` (one line, on stderr) and return the exit to raise (status 2):
+    how every command refuses what it was given, before it starts anything."""
+    print(f"llmp: error: {' '.join(message.split())}", file=sys.stderr)
+    return typer.Exit(2)
+
+
+def options_command(function: Callable) -> Any:
     """A typer command function generated from ``function``'s option-record parameters.
 
-    ``one_line_errors``: a bad value is one ``llmp: error: ...`` line and status 2,
-    rather than click's usage panel. The generated function keeps ``function`` as
-    ``.function`` and the options as ``.options`` (a list of :class:`llmp.config.OptionSpec`).
+    Every value, from any source, is checked before ``function`` runs; a bad one is one
+    ``llmp: error: ...`` line naming the option as it was given, and status 2. In
+    ``--help`` each option is listed in its ``panel`` (see :func:`llmp.options.option`).
+    The generated function keeps ``function`` as ``.function`` and the options as
+    ``.options`` (a list of :class:`llmp.config.OptionSpec`).
     """
+    hints = typing.get_type_hints(function, include_extras=True)
+    records = {name: hints[name] for name in inspect.signature(function).parameters}
+    specs = command_options(records)
+    record_panels = len(records) > 1
 
-    def generate(function: Callable) -> Any:
-        hints = typing.get_type_hints(function, include_extras=True)
-        records = {name: hints[name] for name in inspect.signature(function).parameters}
-        specs = command_options(records)
-        panels = len(records) > 1
+    def command(ctx: typer.Context, **params: Any) -> Any:
+        given = {s.name: params[s.name] for s in specs if _source(ctx, s.name) in _EXPLICIT}
+        config = params.get("config")
+        try:
+            built = load_records(records, given, Path(config) if config else None, check=option_problems)
+        except OptionError as exc:
+            raise usage_error(exc.message) from None
+        return function(**built)
 
-        def command(ctx: typer.Context, **params: Any) -> Any:
-            given = {s.name: params[s.name] for s in specs if _source(ctx, s.name) in _EXPLICIT}
-            config = params.get("config")
-            try:
-                built = load_records(records, given, Path(config) if config else None)
-            except OptionError as exc:
-                if one_line_errors:
-                    print(f"llmp: error: {exc.message}", file=sys.stderr)
-                    raise typer.Exit(2) from None
-                raise typer.BadParameter(exc.message, ctx=ctx, param_hint=exc.param_hint) from None
-            return function(**built)
-
-        parameters = [inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)]
-        parameters += [_parameter(spec, panels) for spec in specs]
-        parameters.append(
-            inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, default=ConfigOption, annotation=Path | None)
-        )
-        command.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
-        command.__annotations__ = {p.name: p.annotation for p in parameters}
-        command.__name__ = command.__qualname__ = function.__name__
-        command.__doc__ = function.__doc__
-        command.__module__ = function.__module__
-        command.function = function  # type: ignore[attr-defined]
-        command.options = specs  # type: ignore[attr-defined]
-        return command
-
-    return generate(function) if function is not None else generate
+    parameters = [inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)]
+    parameters += [_parameter(spec, record_panels) for spec in specs]
+    parameters.append(
+        inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, default=ConfigOption, annotation=Path | None)
+    )
+    command.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+    command.__annotations__ = {p.name: p.annotation for p in parameters}
+    command.__name__ = command.__qualname__ = function.__name__
+    command.__doc__ = function.__doc__
+    command.__module__ = function.__module__
+    command.function = function  # type: ignore[attr-defined]
+    command.options = specs  # type: ignore[attr-defined]
+    return command
 
 
 def _source(ctx: typer.Context, name: str) -> str:
@@ -101,30 +105,38 @@ def _source(ctx: typer.Context, name: str) -> str:
     return source.name if source is not None else ""
 
 
-def _parameter(spec: OptionSpec, panels: bool) -> inspect.Parameter:
-    """The typer parameter of one option."""
-    value_type, metavar = spec.value_type, spec.metavar
-    if spec.repeatable:
-        annotation: Any = list[typing.get_args(value_type)[0]] | None
-    elif typing.get_origin(value_type) is Literal:  # checked with the other values, for one kind of error
-        annotation = type(typing.get_args(value_type)[0])
-        metavar = metavar or "[" + "|".join(map(str, typing.get_args(value_type))) + "]"
+def _parameter(spec: OptionSpec, record_panels: bool) -> inspect.Parameter:
+    """The typer parameter of one option. Values reach the command as text (a switch as a bool) and
+    are converted and checked with those from ``LLMP_*`` and the YAML file, for one kind of message."""
+    if spec.value_type is bool:
+        annotation: Any = bool
+    elif spec.repeatable:
+        annotation = list[str] | None
     else:
-        annotation = value_type
-    if spec.optional and not spec.repeatable:
-        annotation = annotation | None
+        annotation = str | None
     default = ... if spec.default is MISSING else None if spec.repeatable else spec.default
+    panel = spec.panel or (spec.record.replace("_", " ").capitalize() if record_panels else None)
+    metavar = None if annotation is bool else spec.metavar or _metavar(spec)
     if spec.argument:
-        info = typer.Argument(default, help=spec.help, metavar=metavar)
+        info = typer.Argument(default, help=spec.help, metavar=metavar, rich_help_panel=panel)
     else:
-        info = typer.Option(
-            default,
-            *_declarations(spec),
-            help=spec.help,
-            metavar=metavar,
-            rich_help_panel=f"{spec.record.replace('_', ' ').capitalize()} options" if panels else None,
-        )
+        info = typer.Option(default, *_declarations(spec), help=spec.help, metavar=metavar, rich_help_panel=panel)
     return inspect.Parameter(spec.name, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=annotation)
+
+
+def _metavar(spec: OptionSpec) -> str:
+    """The value's name in ``--help``: a closed set's values, ``N`` for a number, ``NAME`` for a
+    plugin, else the option's last word (``--root-path PATH``, ``--host HOST``); never a type."""
+    if spec.choices is not None:
+        return "{" + ",".join(map(str, spec.choices)) + "}"
+    if spec.argument:
+        return spec.name.upper()
+    if spec.component is not None:
+        return "NAME"
+    kind = typing.get_args(spec.value_type)[0] if spec.repeatable else spec.value_type
+    if kind in (int, float):
+        return "N"
+    return "PATH" if kind is Path else spec.name.rpartition("_")[2].upper()
 
 
 def _declarations(spec: OptionSpec) -> list[str]:

@@ -7,6 +7,7 @@ triton stay out of the process.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,7 +92,10 @@ def describe_plugins() -> list[dict[str, Any]]:
 @app.command("list")
 @options_command
 def list_plugins(settings: PluginsListOptions) -> None:
-    """List every plugin, its kinds, components, distribution, version and status."""
+    """List every component by kind (name, plugin, what it is) and any broken plugin.
+
+    `llmp plugins show NAME` gives one plugin's distribution, version, hooks and errors; --json gives
+    every plugin with all of it."""
     if settings.kind is not None and settings.kind not in KINDS:
         raise typer.BadParameter(f"unknown kind {settings.kind!r}; kinds are: {', '.join(KINDS)}", param_hint="--kind")
     rows = describe_plugins()
@@ -100,22 +104,112 @@ def list_plugins(settings: PluginsListOptions) -> None:
     if settings.json_output:
         typer.echo(json.dumps([{k: v for k, v in r.items() if k != "tracebacks"} for r in rows], indent=2))
         return
-    _print_table(rows)
+    _print_listing(rows, settings.kind)
 
 
-def _print_table(rows: list[dict[str, Any]]) -> None:
+@dataclass(frozen=True)
+class _Row:
+    kind: str
+    name: str
+    plugin: str
+    ok: bool
+    description: str
+
+
+def _rows(plugins_described: list[dict[str, Any]], kind: str | None) -> list[_Row]:
+    """One row per component, in KINDS order, then by name (a ``*`` wildcard last)."""
+    rows = [
+        _Row(c["kind"], c["name"], p["name"], p["status"] == "ok", _summary(c))
+        for p in plugins_described
+        for c in p["components"]
+        if kind is None or c["kind"] == kind
+    ]
+    return sorted(rows, key=lambda r: (KINDS.index(r.kind), r.name == "*", r.name.casefold(), r.plugin))
+
+
+def _summary(component: dict[str, Any]) -> str:
+    details = component.get("details", {})
+    text = component.get("description") or details.get("help") or ""
+    text = " ".join(text.split("\n\n", 1)[0].split())  # the first paragraph, on one line
+    tasks = details.get("tasks")
+    if tasks and "generate" not in tasks:
+        text = f"[{'/'.join(tasks)}] {text}"
+    return text
+
+
+def _print_listing(plugins_described: list[dict[str, Any]], kind: str | None) -> None:
+    """Kinds as headings, one component per line. Names and plugins are never cut (they are what
+    users type); descriptions are cut to the terminal's width (``COLUMNS``) instead."""
+    import shutil
+    import textwrap
+
     from rich.console import Console
-    from rich.table import Table
+    from rich.text import Text
 
-    table = Table(title="llmp plugins")
-    # names are never cut (they are what users type); the component list wraps instead
-    for column in ("plugin", "components", "distribution", "version", "status"):
-        table.add_column(column, no_wrap=column != "components", overflow="fold")
-    for r in rows:
-        components = "\n".join(f"{c['kind']} {c['name']}" for c in r["components"]) or "-"
-        status = "[green]ok[/]" if r["status"] == "ok" else "[red]broken[/]"
-        table.add_row(r["name"], components, r["distribution"], r["version"], status)
-    Console().print(table)
+    console = Console(highlight=False, soft_wrap=True)
+    rows = _rows(plugins_described, kind)
+    broken = [p for p in plugins_described if p["status"] != "ok"]
+    if not rows and not broken:
+        message = f"no plugins match --kind {kind}" if kind else "no plugins are loaded"
+        limit = os.environ.get("LLMP_LOAD_PLUGINS")
+        if limit is not None:
+            message += f" (LLMP_LOAD_PLUGINS={limit!r} limits the plugins loaded)"
+        console.print(message, markup=False)
+        return
+    width = shutil.get_terminal_size().columns
+    name_width = max((len(r.name) for r in rows), default=0)
+    plugin_width = max((len(r.plugin) for r in rows), default=0)
+    room = width - 1 - (2 + name_width + 2 + plugin_width)  # one column spare: no wrap at the edge
+    current = None
+    for row in rows:
+        if row.kind != current:
+            if current is not None:
+                console.print()
+            console.print(Text(row.kind, style="bold"))
+            current = row.kind
+        line = Text("  " + row.name.ljust(name_width) + "  ")
+        line.append(row.plugin.ljust(plugin_width), style=None if row.ok else "red")
+        if row.description and room >= 14:  # narrower than that, a description says nothing
+            description = Text("  " + row.description)
+            description.truncate(room, overflow="ellipsis")
+            line.append_text(description)
+        line.rstrip()
+        console.print(line)
+    notes = [_wildcard_note(row, plugins_described) for row in rows if row.name == "*"]
+    shown = len({r.plugin for r in rows})
+    status = "all ok" if not broken else f"{len(broken)} broken"
+    notes.append(
+        f"{_count(len(rows), 'component')} from {_count(shown, 'plugin')}, {status}. `llmp plugins show NAME` "
+        "gives a plugin's distribution, version, hooks and errors; --json gives all of it, --kind KIND one kind."
+    )
+    for note in notes:
+        console.print()
+        console.print(
+            "\n".join(textwrap.wrap(note, max(width - 1, 40), break_on_hyphens=False, break_long_words=False)),
+            markup=False,
+        )
+    for plugin in broken:
+        error = (plugin["errors"] or ["no error recorded"])[0].splitlines()[0]
+        label = Text(f"broken plugin {plugin['name']} ({plugin['distribution']}): ", style="red")
+        console.print(label + Text(error))
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
+def _wildcard_note(row: _Row, plugins_described: list[dict[str, Any]]) -> str:
+    """What a ``*`` component stands for: every name no other plugin of its kind claims."""
+    component = next(
+        c for p in plugins_described if p["name"] == row.plugin for c in p["components"] if c["name"] == "*"
+    )
+    if row.kind == "model":
+        via = " through transformers" if component["details"].get("model_impl") == "transformers" else ""
+        return (
+            f"model *: the fallback. {row.plugin} serves any architecture that no model plugin above "
+            f"names{via} (--model-impl transformers uses it for every model)."
+        )
+    return f"{row.kind} *: the fallback. {row.plugin} serves any {row.kind} name no other plugin provides."
 
 
 @app.command("show")

@@ -12,7 +12,7 @@ from llmp.cli.options import options_command
 from llmp.options import EngineConfig, FrontendOptions, ServerOptions
 
 
-@options_command(one_line_errors=True)  # a bad value stops it at once, in one line
+@options_command
 def serve(engine: EngineConfig, server: ServerOptions, request: FrontendOptions) -> None:
     """Serve a model over HTTP: OpenAI-compatible by default (chat, completions, embeddings, responses)."""
     from llmp.server.launch import run

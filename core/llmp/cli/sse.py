@@ -11,6 +11,9 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import urlsplit
+
+DEFAULT_URL = "http://127.0.0.1:8000"  # where ``llmp serve`` listens by default
 
 
 class ServerError(Exception):
@@ -19,6 +22,24 @@ class ServerError(Exception):
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(" ".join(message.split()))  # one line, whatever the server sent
         self.status = status
+
+
+def api_url(url: str) -> str:
+    """The OpenAI API base of a client's ``--url``, whichever form was given.
+
+    ``http://host:port``, ``http://host:port/``, ``http://host:port/v1`` and ``.../v1/``
+    all give ``http://host:port/v1``; a path in front stays (``http://proxy/llm`` gives
+    ``http://proxy/llm/v1``) and ``host:port`` alone gets ``http://``. Every client command
+    (``llmp chat``, ``llmp complete``, ``llmp bench serve``) reads its URL through this.
+    """
+    url = url.strip()
+    if "://" not in url:
+        url = "http://" + url
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ServerError(f"--url {url!r} is not a server address such as {DEFAULT_URL}")
+    url = url.rstrip("/")
+    return url if url.endswith("/v1") else url + "/v1"
 
 
 def api_key_or_env(api_key: str | None) -> str | None:
@@ -30,6 +51,24 @@ def api_key_or_env(api_key: str | None) -> str | None:
 
 def auth_headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def _http_error(url: str, status: int, body: bytes) -> ServerError:
+    """One line naming the status, the URL tried and the server's message; a 404 says what to try."""
+    detail = _error_detail(body)
+    if status == 404:
+        models = url.rpartition("/v1/")[0] + "/v1/models" if "/v1/" in url else None
+        if "model" in detail.lower() and models:
+            detail += f" (GET {models} lists the models it serves; name one with --model)"
+        else:
+            api = url.rpartition("/v1")[0] + "/v1" if "/v1" in url else _root(url)
+            detail += f" (no OpenAI API answers under {api}; check --url: http://HOST:PORT, with or without /v1)"
+    return ServerError(f"HTTP {status} from {url}: {detail}", status)
+
+
+def _root(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"
 
 
 def _error_detail(body: bytes) -> str:
@@ -51,7 +90,10 @@ def _transport_error(url: str, exc: Exception) -> ServerError:
     import httpx
 
     if isinstance(exc, httpx.ConnectError):
-        return ServerError(f"cannot connect to {url}: {_root_cause(exc)}")
+        reason = _root_cause(exc)
+        if reason == "Connection refused":
+            reason += f": no server is running at {_root(url)} (start one with `llmp serve MODEL`, or check --url)"
+        return ServerError(f"cannot connect to {url}: {reason}")
     if isinstance(exc, httpx.TimeoutException):
         return ServerError(f"timed out waiting for {url} ({type(exc).__name__})")
     return ServerError(f"request to {url} failed: {type(exc).__name__}: {exc}")
@@ -79,9 +121,7 @@ async def get_json(client: Any, url: str, api_key: str | None) -> Any:
     except httpx.HTTPError as exc:
         raise _transport_error(url, exc) from None
     if response.status_code != 200:
-        raise ServerError(
-            f"HTTP {response.status_code} from {url}: {_error_detail(response.content)}", response.status_code
-        )
+        raise _http_error(url, response.status_code, response.content)
     try:
         return response.json()
     except ValueError:
@@ -110,8 +150,7 @@ async def stream_chunks(
     try:
         async with client.stream("POST", url, json=payload, headers=auth_headers(api_key)) as response:
             if response.status_code != 200:
-                detail = _error_detail(await response.aread())
-                raise ServerError(f"HTTP {response.status_code} from {url}: {detail}", response.status_code)
+                raise _http_error(url, response.status_code, await response.aread())
             async for line in response.aiter_lines():
                 if not line.startswith("data:"):
                     continue  # blank separators, ": keep-alive" comments, "event:" fields

@@ -180,10 +180,14 @@ def _error_type(exc: BaseException) -> str:
 def engine_process_main(
     config: EngineConfig, model: ResolvedModel, input_address: str, output_address: str, parent_pid: int
 ) -> None:
-    """Entry point of the engine process."""
+    """Entry point of the engine process; it logs to the stderr it inherits, at ``LLMP_LOG_LEVEL``
+    (its parent sets it to its own level)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the front-end, which shuts us down
     signal.signal(signal.SIGTERM, _exit_cleanly)  # unwinds through engine.shutdown(), which stops the workers
     threading.Thread(target=exit_with_parent, args=(parent_pid,), daemon=True).start()
+    from llmp.progress import configure_logging
+
+    configure_logging()
     from llmp.engine.process_settings import apply_engine_process_settings
 
     apply_engine_process_settings()  # before a plugin or the engine loads torch
@@ -194,6 +198,9 @@ def engine_process_main(
     try:
         loop.run()
     finally:
+        # exiting already (the parent stops us once it has read why): a SIGTERM now would raise
+        # SystemExit inside whatever runs, a socket's __del__, and print a stray traceback
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         loop.close()
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import logging
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -25,7 +26,10 @@ from llmp.inputs import Prompt, PromptType, as_prompt
 from llmp.options import EngineConfig
 from llmp.outputs import EmbeddingOutput, PoolingRequestOutput, RequestOutput
 from llmp.pooling_params import PoolingParams
+from llmp.progress import engine_summary, human_bytes, isa_path
 from llmp.sampling_params import SamplingParams, StructuredOutputsParams, resolve_max_tokens
+
+log = logging.getLogger("llmp.engine")
 
 
 class LLMEngine:
@@ -51,11 +55,19 @@ class LLMEngine:
             self.config = config
             self.default_normalize = model.pooling.normalize
         executor_cls = registry.load_component("executor", config.executor)
+        log.info("loading %s (%s, %s) on %s", model.name, model.architectures[0], model.dtype, config.device)
         self.executor = executor_cls(config, model)
         num_blocks = self._num_kv_blocks()
         self.max_model_len = self._max_model_len(num_blocks)
+        if per_block := self.executor.bytes_per_block():  # an encoder has no cache to build
+            log.info(
+                "building the KV cache: %d blocks of %d tokens (%s)",
+                num_blocks,
+                config.block_size,
+                human_bytes(num_blocks * per_block),
+            )
         self.executor.allocate_kv_cache(num_blocks)
-        self.sampler = Sampler()
+        self.sampler = Sampler(config.seed)
         self.kv_manager = registry.load_component("kv_manager", config.kv_manager)(
             num_blocks, config.block_size, config.enable_prefix_caching
         )
@@ -83,15 +95,22 @@ class LLMEngine:
             options={
                 "max_model_len": self.max_model_len,
                 "num_kv_blocks": num_blocks,
+                "block_size": config.block_size,
                 "dtype": model.dtype,
+                "isa": isa_path(config.device, model.dtype),
                 "tensor_parallel_size": config.tensor_parallel_size,
                 "task": self.task,
                 "vocab_size": self.vocab_size,
             },
         )
-        self.stat_loggers = StatLoggers(self.info)
+        self.stat_loggers = StatLoggers(self.info, log_stats=not config.disable_log_stats)
         self.pm.hook.llmp_engine_started(info=self.info)
         self._stopped = False
+        log.info(
+            "engine ready in %.1f s: %s",
+            self.startup_seconds,
+            engine_summary({**self.info.options, "model": self.info.model, "kernels": self.info.kernels}),
+        )
 
     # -- set-up ------------------------------------------------------------
 
@@ -334,7 +353,7 @@ class LLMEngine:
             changed[state.request_id] = state
         outputs = [self.outputs.make_output(state, state.delta) for state in changed.values()]
         if self.stat_loggers:
-            self._log_stats(outputs, changed)
+            self._log_stats(scheduled, result.sampled, outputs, changed)
         return outputs
 
     def _finish_pooling(self, scheduled: Any, pooled: list[Any]) -> list[PoolingRequestOutput]:
@@ -353,8 +372,14 @@ class LLMEngine:
             )
         return outputs
 
-    def _scheduler_stats(self) -> SchedulerStats:
+    def _scheduler_stats(self, scheduled: Any = None, num_sampled: int = 0) -> SchedulerStats:
+        prompt_tokens = sum(
+            max(0, min(item.start + item.num_tokens, item.request.num_prompt_tokens) - item.start)
+            for item in (scheduled.scheduled if scheduled is not None else ())
+        )
         return SchedulerStats(
+            num_prompt_tokens=prompt_tokens,
+            num_generation_tokens=num_sampled,
             num_running=self.scheduler.num_running,
             num_waiting=self.scheduler.num_waiting,
             kv_cache_usage=self.kv_manager.usage,
@@ -364,12 +389,15 @@ class LLMEngine:
         )
 
     def _log_pooling_stats(self, scheduled: Any) -> None:
-        self.stat_loggers.record_step(self._scheduler_stats())
+        self.stat_loggers.record_step(self._scheduler_stats(scheduled))
         for item in scheduled.scheduled:  # an embedding finishes in the step that computes it
             self._record_finished_pooling(item.request)
 
-    def _log_stats(self, outputs: list[RequestOutput], states: dict[str, RequestState]) -> None:
-        self.stat_loggers.record_step(self._scheduler_stats())
+    def _log_stats(
+        self, scheduled: Any, sampled: list[Any], outputs: list[RequestOutput], states: dict[str, RequestState]
+    ) -> None:
+        num_sampled = sum(token is not None for token in sampled)
+        self.stat_loggers.record_step(self._scheduler_stats(scheduled, num_sampled))
         for output in outputs:
             if output.finished:
                 self._record_finished(output, states[output.request_id])

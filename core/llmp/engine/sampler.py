@@ -54,6 +54,13 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
 
 
 class Sampler:
+    """Draws for rows without their own seed come from one generator seeded with the engine seed
+    (vLLM seeds its workers' random state with it): a fresh engine given the same requests in the
+    same order gives the same text. A request's own ``seed`` gives it a generator of its own."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.generator = torch.Generator().manual_seed(seed)
+
     def __call__(self, logits: torch.Tensor, requests: list[Request]) -> SamplerOutput:
         # logits: [R, V] in the model's dtype (bfloat16 logits become float32 here only when needed)
         wants_logprobs = [r.params.logprobs is not None for r in requests]
@@ -81,7 +88,7 @@ class Sampler:
             tokens = logits.new_empty(len(requests), dtype=torch.long)
         if random_rows:
             rows = torch.tensor(random_rows)
-            tokens[rows] = _sample(logits[rows], [requests[i] for i in random_rows])
+            tokens[rows] = _sample(logits[rows], [requests[i] for i in random_rows], self.generator)
         return self._finish(tokens.tolist(), requests, wants_logprobs, raw_logprobs)
 
     @staticmethod
@@ -229,7 +236,7 @@ def _apply_penalties(logits: torch.Tensor, requests: list[Request]) -> torch.Ten
     return logits
 
 
-def _sample(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+def _sample(logits: torch.Tensor, requests: list[Request], generator: torch.Generator) -> torch.Tensor:
     params = [r.params for r in requests]
     logits = logits / torch.tensor([p.temperature for p in params]).unsqueeze(1)
     top_k = [p.top_k for p in params]
@@ -250,7 +257,7 @@ def _sample(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         drop_sorted = before >= top_p.unsqueeze(1) * sorted_probs.sum(-1, keepdim=True)  # smallest set reaching p
         probs = probs.masked_fill(drop_sorted.scatter(1, order, drop_sorted), 0.0)
     # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p; seeded rows use their own generator.
-    noise = torch.empty_like(probs).exponential_()
+    noise = torch.empty_like(probs).exponential_(generator=generator)
     for i, request in enumerate(requests):
         if request.params.seed is not None:
             if request.generator is None:

@@ -6,6 +6,7 @@ import logging
 
 from llmp import registry
 from llmp.api import EngineInfo, FinishedRequestStats, SchedulerStats, StatLogger
+from llmp.builtins.engine import LOGGING_STAT_LOGGER
 
 log = logging.getLogger("llmp.engine")
 
@@ -16,11 +17,14 @@ class StatLoggers:
     The engine calls ``record_step`` once per step and ``record_finished`` once per request that
     ends, aborted ones included: plain method calls, no pluggy. A logger that raises (when built or when called)
     is reported once, with its traceback, and dropped: figures are never worth the engine.
+    ``log_stats=False`` (``--disable-log-stats``) leaves out the built-in ``logging`` logger.
     """
 
-    def __init__(self, info: EngineInfo) -> None:
+    def __init__(self, info: EngineInfo, log_stats: bool = True) -> None:
         self.loggers: list[tuple[str, StatLogger]] = []
         for name, spec in registry.components("stat_logger").items():
+            if name == LOGGING_STAT_LOGGER and not log_stats:
+                continue
             try:
                 self.loggers.append((name, spec.load()(info)))
             except Exception:

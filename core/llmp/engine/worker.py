@@ -22,6 +22,7 @@ class Worker:
 
         threads = config.num_threads or max(1, (os.cpu_count() or 1) // world_size)
         torch.set_num_threads(threads)
+        torch.manual_seed(config.seed)  # as vLLM seeds each worker: anything random in a rank repeats per run
         init_tensor_parallel(rank, world_size, init_method)
         plugins.load_plugins()  # the kernel sets; the model was selected once, by the caller
         self.rank = rank

@@ -9,12 +9,20 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import logging
 import os
 import shutil
+import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from llmp.api import ModelLoadError
 from llmp.model_files import cache_dir
+
+if TYPE_CHECKING:
+    from llmp.progress import Bar
+
+log = logging.getLogger("llmp.model_files")
 
 # llama.cpp tensor names -> Hugging Face names, for Llama-architecture files.
 _GGUF_GLOBAL_NAMES = {
@@ -57,11 +65,14 @@ def convert_gguf(path: Path) -> Path:
         partial = target.with_name(target.name + f".partial-{os.getpid()}")
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
+        started = time.perf_counter()
+        log.info("converting %s to a Hugging Face directory, once (cached in %s) …", path.name, target.parent)
         try:
             _write_hf_dir(path, partial)
             (partial / ".complete").touch()
             shutil.rmtree(target, ignore_errors=True)  # an incomplete leftover of a killed converter
             os.replace(partial, target)
+            log.info("converted %s in %.1f s", path.name, time.perf_counter() - started)
         except Exception as exc:
             shutil.rmtree(partial, ignore_errors=True)
             if isinstance(exc, ModelLoadError):
@@ -72,9 +83,8 @@ def convert_gguf(path: Path) -> Path:
 
 def _write_hf_dir(path: Path, out: Path) -> None:
     import gguf
-    import torch
-    from safetensors.torch import save_file
-    from transformers import AutoConfig, AutoTokenizer
+
+    from llmp.progress import progress_bar
 
     try:
         reader = gguf.GGUFReader(path)
@@ -83,7 +93,20 @@ def _write_hf_dir(path: Path, out: Path) -> None:
     arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
     if arch != "llama":
         raise ModelLoadError(f"GGUF file {path} has architecture {arch!r}; only 'llama' files are supported")
+    # steps: the config, each tensor, the safetensors file, the tokenizer (the slowest step after the tensors)
+    with progress_bar("Converting GGUF: config", len(reader.tensors) + 3, "steps") as bar:
+        _convert(path, out, reader, bar)
+
+
+def _convert(path: Path, out: Path, reader: Any, bar: Bar) -> None:
+    import gguf
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoTokenizer
+
     config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    bar.advance()
+    bar.describe("Converting GGUF: tensors")
     for attr in ("quantization_config", "_model_name_or_path"):
         if hasattr(config, attr):
             delattr(config, attr)
@@ -99,9 +122,14 @@ def _write_hf_dir(path: Path, out: Path) -> None:
         elif name.endswith("k_proj.weight"):
             weight = _unpermute_rope(weight, kv_heads)
         tensors[name] = weight.contiguous()
+        bar.advance()
+    bar.describe("Converting GGUF: safetensors")
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     config.save_pretrained(out)
+    bar.advance()
+    bar.describe("Converting GGUF: tokenizer")
     AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name).save_pretrained(out)
+    bar.advance()
 
 
 def _hf_name(name: str) -> str:

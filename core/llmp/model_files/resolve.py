@@ -20,6 +20,7 @@ from llmp.model_files.config import (
     sentence_transformers_pooling,
 )
 from llmp.model_files.lookup import find_model_dir
+from llmp.options import DEFAULT_MODEL
 
 if TYPE_CHECKING:
     from llmp.options import EngineConfig
@@ -40,7 +41,7 @@ def resolve_model(config: EngineConfig) -> ResolvedModel:
     spec = registry.select_model(names, config.model_impl)
     task = resolve_task(config.task, spec, has_sentence_transformers_config(model_dir))
     return ResolvedModel(
-        name=str(config.model or model_dir),
+        name=str(config.model or DEFAULT_MODEL),
         model_dir=model_dir,
         tokenizer=str(config.tokenizer or model_dir),
         config=hf_config,

@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import json
+import logging
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from llmp.api import ModelLoadError
+
+if TYPE_CHECKING:
+    from llmp.progress import Bar
+
+log = logging.getLogger("llmp.engine")
 
 
 def weight_files(model_dir: Path) -> list[Path]:
@@ -29,13 +37,47 @@ def weight_files(model_dir: Path) -> list[Path]:
 
 
 def iter_weights(model_dir: Path) -> Iterator[tuple[str, "torch.Tensor"]]:  # noqa: F821
-    """``(name, tensor)`` for every tensor of every weight file, memory-mapped."""
+    """``(name, tensor)`` for every tensor of every weight file, memory-mapped.
+
+    The first tensor-parallel rank reports the loading: an INFO line with the size, a bar over the
+    tensors (see :mod:`llmp.progress`), and the time it took once the last one is read."""
+    from llmp.modeling.parallel import tp_rank
+    from llmp.progress import Bar, human_bytes, progress_bar
+
+    files = weight_files(model_dir)
+    if tp_rank() != 0:
+        yield from _read(files, Bar())
+        return
+    started = time.perf_counter()
+    size = sum(file.stat().st_size for file in files)
+    log.info("loading weights from %s (%d file(s), %s)", model_dir, len(files), human_bytes(size))
+    with progress_bar("Loading weights", _count_tensors(files), "tensors") as bar:
+        yield from _read(files, bar)
+    log.info("weights loaded in %.1f s", time.perf_counter() - started)
+
+
+def _read(files: list[Path], bar: Bar) -> Iterator[tuple[str, "torch.Tensor"]]:  # noqa: F821
     from safetensors import safe_open
 
-    for file in weight_files(model_dir):
+    for file in files:
         try:
             with safe_open(file, framework="pt") as f:
                 for name in f.keys():
                     yield name, f.get_tensor(name)
+                    bar.advance()
         except Exception as exc:  # safetensors' own error type is not importable by a stable name
             raise ModelLoadError(f"cannot read weight file {file}: {exc}") from exc
+
+
+def _count_tensors(files: list[Path]) -> int:
+    """How many tensors the files hold (their headers only)."""
+    from safetensors import safe_open
+
+    total = 0
+    for file in files:
+        try:
+            with safe_open(file, framework="pt") as f:
+                total += len(f.keys())
+        except Exception as exc:
+            raise ModelLoadError(f"cannot read weight file {file}: {exc}") from exc
+    return total

@@ -38,6 +38,7 @@ __all__ = [
     "kv_head_slice",
     "load_weights",
     "pack_linear_layers",
+    "row_invariant",
     "with_window",
 ]
 
@@ -142,11 +143,37 @@ class PackableLinear(nn.Module):
     packed: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        return self.packed(x) if self.packed is not None else F.linear(x, self.weight, bias)
+        if self.packed is not None:
+            return row_invariant(self.packed, x)
+        return row_invariant(lambda rows: F.linear(rows, self.weight, bias), x)
 
     def packed_bias(self) -> torch.Tensor | None:
         """The bias the packed matmul adds itself (a row-parallel layer adds its own after the all-reduce)."""
         return None
+
+
+# Rows of every matmul call on the CPU. oneDNN and MKL pick their kernel, and with it the order in
+# which a row's products are summed, by the number of rows (on a Xeon with AMX, bfloat16: 1-32 rows
+# one kernel, 33 and more others, changing again with size), so a token's numbers would depend on
+# how many tokens share its step: what the prefix cache held, which requests were batched with it.
+# Calls of exactly this many rows (the last one padded) make each row's result a function of that
+# row alone. The cost: prefill matmuls lose the large-tile kernels' speed; a decode batch of up to
+# 32 pays only the padding.
+INVARIANT_ROWS = 32
+
+
+def row_invariant(matmul: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """``matmul(x)`` for x ``[T, in]``; on the CPU in calls of exactly :data:`INVARIANT_ROWS` rows, so that
+    a row's output does not depend on the other rows (greedy output then does not depend on the batch)."""
+    rows = x.shape[0]
+    if x.device.type != "cpu" or rows == INVARIANT_ROWS or rows == 0:
+        return matmul(x)
+    padded = -(-rows // INVARIANT_ROWS) * INVARIANT_ROWS
+    if padded != rows:
+        x = F.pad(x, (0, 0, 0, padded - rows))
+    if padded == INVARIANT_ROWS:
+        return matmul(x)[:rows]
+    return torch.cat([matmul(block) for block in x.split(INVARIANT_ROWS)])[:rows]
 
 
 Slice = tuple[int, int, int]  # (rows of the full checkpoint matrix, first row kept, rows kept)

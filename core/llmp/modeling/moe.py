@@ -7,12 +7,14 @@ the partial outputs are summed over ranks, as in a dense MLP.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from llmp.api import KernelSet, ModelLoadError
-from llmp.modeling.layers import column_slice
+from llmp.modeling.layers import column_slice, row_invariant
 from llmp.modeling.parallel import all_reduce
 
 __all__ = ["FusedExperts", "SparseMoE"]
@@ -65,14 +67,15 @@ class SparseMoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, N]. Routing in float32, as the reference implementations do.
-        probs = F.softmax(self.gate(x).float(), dim=-1)
+        probs = F.softmax(row_invariant(self.gate, x).float(), dim=-1)
         weights, chosen = probs.topk(self.top_k, dim=-1)  # [T, k]
         if self.renormalize:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         out = torch.zeros_like(x)
         for expert in chosen.unique().tolist():  # ascending: the same summation order as transformers
             rows, slot = (chosen == expert).nonzero(as_tuple=True)
-            hidden = self.kernels.silu_and_mul(F.linear(x[rows], self.experts.w13[expert]))
-            y = F.linear(hidden, self.experts.w2[expert]) * weights[rows, slot, None]
+            w13, w2 = self.experts.w13[expert], self.experts.w2[expert]
+            hidden = self.kernels.silu_and_mul(row_invariant(partial(F.linear, weight=w13), x[rows]))
+            y = row_invariant(partial(F.linear, weight=w2), hidden) * weights[rows, slot, None]
             out.index_add_(0, rows, y.to(x.dtype))
         return all_reduce(out)

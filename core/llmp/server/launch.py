@@ -15,7 +15,7 @@ from typing import Any
 
 from llmp.api import LLMPError
 from llmp.frontend.startup import frontend_options, read_chat_template, served_model_names
-from llmp.options import DEFAULT_MODEL, FrontendOptions, ServerOptions
+from llmp.options import FrontendOptions, ServerOptions
 from llmp.server.app import LOOPBACK_HOSTS, Limits, ServerState, build_app, with_light_json
 from llmp.server.metrics import MeteredEngine, ServerMetrics
 from llmp.server.settings import ServeSettings
@@ -31,15 +31,14 @@ def run(settings: ServeSettings) -> int:
     logging.basicConfig(level=settings.server.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     from llmp.model_files.resolve import resolve_model
 
-    try:
+    try:  # what the options alone cannot tell (they were checked when parsed): before anything starts
         frontends = _frontend_specs(settings.server.frontend)
-        _check_parsers(settings.frontend)
         chat_template = read_chat_template(settings.frontend.chat_template)
         # the model, resolved once (a GGUF file converted) before the port is bound; the engine takes the record
         model = resolve_model(settings.engine)
         sock = _bind(settings.server.host, settings.server.port)
     except (ValueError, TypeError, LLMPError) as exc:
-        print(f"llmp serve: {exc}", file=sys.stderr)
+        _error(exc)
         return 2
     # Start-up time is mostly imports: the engine process starts first, and this process imports
     # the web stack and loads the tokenizer while the engine loads the model. The engine process is
@@ -49,7 +48,7 @@ def run(settings: ServeSettings) -> int:
     try:
         starting = AsyncLLM(model, engine_mode="process", wait=False, **settings.engine.keywords())
     except (ValueError, TypeError, LLMPError) as exc:
-        print(f"llmp serve: {exc}", file=sys.stderr)
+        _error(exc)
         return 2
     starter = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="llmp-start")
     engine = starter.submit(_wait_ready, starting)
@@ -58,9 +57,14 @@ def run(settings: ServeSettings) -> int:
     try:
         classes = [(name, spec.load()) for name, spec in frontends]
     except LLMPError as exc:  # the engine process, already starting, exits with this one
-        print(f"llmp serve: {exc}", file=sys.stderr)
+        _error(exc)
         return 2
     return asyncio.run(_serve(settings, classes, chat_template, sock, engine, tokenizer, started))
+
+
+def _error(exc: BaseException) -> None:
+    """One ``llmp: error:`` line, as every command reports what stops it."""
+    print(f"llmp: error: {exc}", file=sys.stderr, flush=True)
 
 
 def _wait_ready(engine: Any) -> Any:
@@ -82,18 +86,6 @@ def _frontend_specs(names: tuple[str, ...]) -> list[tuple[str, Any]]:
 
     plugins.load_plugins()
     return [(name, registry.get_component("frontend", name)) for name in dict.fromkeys(names)]
-
-
-def _check_parsers(options: FrontendOptions) -> None:
-    """Parser names resolve before the engine starts; auto tool choice needs a parser."""
-    from llmp import registry
-
-    if options.enable_auto_tool_choice and not options.tool_call_parser:
-        raise LLMPError("--enable-auto-tool-choice needs --tool-call-parser NAME (see `llmp plugins list`)")
-    if options.tool_call_parser:
-        registry.get_component("tool_parser", options.tool_call_parser)
-    if options.reasoning_parser:
-        registry.get_component("reasoning_parser", options.reasoning_parser)
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -161,6 +153,7 @@ async def _serve(
             raise LLMPError(f"cannot load the tokenizer: {type(exc).__name__}: {exc}") from None
         log.debug("tokenizer ready after %.2f s", time.monotonic() - started)
         state.phase = "warming_up"
+        log.info("warming up: one request through the whole path")
         await _warm_up(loaded)
         log.debug("warmed up after %.2f s", time.monotonic() - started)
         limits = gate_limits(settings)
@@ -187,7 +180,7 @@ async def _serve(
         state.engine = engine
         if state.phase == "warming_up":  # not interrupted meanwhile
             state.phase = "ready"
-        _print_ready(http, served_names[0], time.monotonic() - state.started, frontends)
+        _print_ready(http, sock.getsockname()[1], served_names[0], time.monotonic() - state.started, frontends)
         watcher = asyncio.create_task(_watch_engine(state, server))
         await serving
         watcher.cancel()
@@ -196,7 +189,7 @@ async def _serve(
         return 1 if state.phase == "dead" else 0
     except LLMPError as exc:
         state.phase, state.error = "dead", str(exc)
-        print(f"llmp serve: {exc}", file=sys.stderr)
+        _error(exc)
         server.should_exit = True
         return await _finish(serving, 1)
     finally:
@@ -215,19 +208,13 @@ async def _finish(serving: asyncio.Task, status: int) -> int:
 async def _load_engine(
     settings: ServeSettings, starting: concurrent.futures.Future, server: Any, serving: asyncio.Task
 ) -> Any:
-    """Wait for the engine while the HTTP server answers probes, with rich progress meanwhile."""
-    from rich.console import Console
-
-    console = Console(stderr=True)
-    name = settings.engine.model or f"the default model ({DEFAULT_MODEL})"
+    """Wait for the engine while the HTTP server answers probes. The engine process reports its own
+    phases and bars on this terminal (see llmp.progress): no spinner here to garble them."""
     loading = asyncio.wrap_future(starting)
-    started = time.monotonic()
-    with console.status(f"Loading {name} …") as status:
-        while not loading.done():
-            await asyncio.wait({loading, serving}, timeout=0.2, return_when=asyncio.FIRST_COMPLETED)
-            status.update(f"Loading {name} … {time.monotonic() - started:.1f} s")
-            if serving.done() or server.should_exit:
-                break
+    while not loading.done():
+        await asyncio.wait({loading, serving}, timeout=0.2, return_when=asyncio.FIRST_COMPLETED)
+        if serving.done() or server.should_exit:
+            break
     if not loading.done():  # the server stopped first (Ctrl-C): the engine must not outlive it
         try:
             engine = await loading
@@ -409,9 +396,11 @@ async def _watch_engine(state: ServerState, server: Any) -> None:
             return
 
 
-def _print_ready(http: ServerOptions, model_name: str, seconds: float, frontends: list[tuple[str, type]]) -> None:
+def _print_ready(
+    http: ServerOptions, port: int, model_name: str, seconds: float, frontends: list[tuple[str, type]]
+) -> None:
     host = http.host if http.host not in ("0.0.0.0", "::") else "127.0.0.1"
-    url = f"http://{host}:{http.port}{http.root_path}"
+    url = f"http://{host}:{port}{http.root_path}"  # the bound port: --port 0 takes any free one
     names = ", ".join(name for name, _ in frontends)
     print(
         f"llmp: ready in {seconds:.1f} s: serving {model_name} at {url} ({names}; docs at {url}/docs)",

@@ -46,7 +46,7 @@ def serve_until_exit_or_ready(model, *args: str, tmp_path, timeout: float = 90) 
 
 
 def llmp_lines(output: str) -> list[str]:
-    return [line for line in output.splitlines() if line.startswith("llmp serve:")]
+    return [line for line in output.splitlines() if line.startswith("llmp: error:")]
 
 
 CONFIGS = {

@@ -8,13 +8,11 @@
   matrix-vector product per row, 4-7x slower than float32 from 32 rows up.
 - **Gated MLPs** of long prefills run in blocks of 256 rows (``mlp_block_rows``),
   so the intermediate activations stay in cache.
-- **Attention** works from a plan built once per step and shared by every
-  layer: the flat cache slots each request reads, the decode rows' mask, where
-  this step's keys are written. Decodes run as one SDPA call with each KV
-  head's query heads folded into query rows (grouped-query attention without
-  repeating keys), which is about twice as fast on CPU as SDPA's own GQA.
-  A decode group's gathered keys and values are kept for the next step, which
-  appends one token to them (``_Mirrors``).
+- **Attention** works from the reference set's plan of aligned query blocks
+  (``plan_attention``: the same numbers for a position wherever it is computed),
+  built once per step and shared by every layer, with each KV head's query heads
+  folded into query rows (grouped-query attention without repeating keys),
+  about twice as fast on CPU as SDPA's own GQA.
 - **Rotary** turns q and k together in one pass, same bits as the reference.
 - **The allocator** keeps freed memory for the next step (``keep_freed_memory``).
 """
@@ -24,11 +22,10 @@ from __future__ import annotations
 import ctypes
 import platform
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from llmp_kernels_torch.kernels import TorchKernels, _causal_mask
+from llmp_kernels_torch.kernels import QUERY_BLOCK, AttentionGroup, TorchKernels, plan_attention
 
 from llmp.api import AttentionMetadata
 
@@ -97,237 +94,60 @@ def _packing(dtype: torch.dtype) -> type[PackedLinear] | None:
     return PackedLinear if native_matmul(dtype) else UpcastLinear
 
 
-@dataclass(slots=True)
-class DecodePlan:
-    """Decodes of similar context length: one SDPA call, keys padded to the group's longest."""
-
-    rows: torch.Tensor | None  # the group's rows of the batch; None when it is every row, in order
-    slots: torch.Tensor  # [R * L] flat cache slot of each (request, position); padding reads a valid slot
-    mask: torch.Tensor | None  # [R, 1, 1, L] bool, True where the position is attended; None: all of it
-    length: int  # L, the longest context in the group
-    tables: torch.Tensor  # [R, ceil(L / block_size)] the members' block tables (padded past their own blocks)
-    lengths: torch.Tensor  # [R] the members' context lengths
-    new_slots: torch.Tensor  # [R] the slot of each member's newest position (this step's token)
-    key: int | None = None  # names the group's gathered keys (see _Mirrors); kept by the same group next step
-    continued: bool = False  # the same requests were a group of the previous step
-    appends: tuple[int, torch.Tensor] | None = None  # (mirror capacity, flat mirror row of each newest position)
-
-
-@dataclass(slots=True)
-class PrefillGroup:
-    """Prefill chunks of equal query and context lengths (requests sharing a prefix, say): one SDPA call."""
-
-    rows: torch.Tensor | None  # [G * Q] the chunks' rows in order; None for one chunk (rows first:end)
-    first: int
-    end: int
-    slots: torch.Tensor  # [G * L] flat slots of each chunk's whole context
-    count: int  # G
-
-
-@dataclass(slots=True)
-class StepPlan:
-    decodes: list[DecodePlan]
-    prefills: list[PrefillGroup]
-
-
-# Decodes are grouped by context length so that short contexts are not padded to the longest one:
-# a group closes at a context shorter than this fraction of its longest, once it has enough members
-# (each SDPA call has a fixed cost). Attention time is proportional to the padded area.
-_DECODE_GROUP_RATIO = 0.75
-_DECODE_GROUP_MIN = 8
-# A decode group's mirror (see _Mirrors) has room for this many more positions before it is gathered again.
-_MIRROR_HEADROOM = 64
-
-
-def decode_groups(decodes: list[int], seq_lens: list[int]) -> list[list[int]]:
-    """The decode requests in groups of similar context length, longest first."""
-    groups: list[list[int]] = []
-    current: list[int] = []
-    for r in sorted(decodes, key=lambda r: -seq_lens[r]):
-        if len(current) >= _DECODE_GROUP_MIN and seq_lens[r] < _DECODE_GROUP_RATIO * seq_lens[current[0]]:
-            groups.append(current)
-            current = []
-        current.append(r)
-    return [*groups, current] if groups else [decodes]  # one group keeps the batch order: no scatter
-
-
-def _plan_decode(
-    metadata: AttentionMetadata, members: list[int], seq_lens: list[int], starts: list[int] | None, block_size: int
-) -> DecodePlan:
-    # starts is None when the members are every row of the batch, in order
-    lengths = metadata.seq_lens[members].long() if starts is not None else metadata.seq_lens.long()
-    longest = max(seq_lens[r] for r in members)
-    positions = torch.arange(longest)
-    tables = metadata.block_tables[members, : -(-longest // block_size)].long()
-    slots = tables[:, positions // block_size] * block_size + positions % block_size  # [R, L]
-    valid = positions < lengths[:, None]
-    if metadata.sliding_window is not None:
-        valid &= positions > (lengths[:, None] - 1 - metadata.sliding_window)
-    # Past a sequence's end the slots were never written (they may hold NaN, and 0 * NaN is NaN
-    # even where the mask gives no weight): read a slot the sequence did write instead.
-    slots = torch.where(valid, slots, slots.gather(1, lengths[:, None] - 1))
-    rows = None if starts is None else torch.tensor([starts[r] for r in members])
-    mask = None if bool(valid.all()) else valid[:, None, None, :]
-    new_slots = slots.gather(1, lengths[:, None] - 1).squeeze(1)
-    return DecodePlan(rows, slots.reshape(-1), mask, longest, tables, lengths, new_slots)
-
-
-def continues(previous: DecodePlan, current: DecodePlan, block_size: int) -> bool:
-    """Whether ``current`` is ``previous`` one token later: the same requests, in the same order.
-
-    The requests are recognised by their blocks: every block under the previous context is the same
-    (a block in use is never rewritten below its sequence's length) and each length grew by one.
-    """
-    if current.lengths.shape != previous.lengths.shape or not torch.equal(current.lengths, previous.lengths + 1):
-        return False
-    width = previous.tables.shape[1]
-    used = torch.arange(width) * block_size < previous.lengths[:, None]
-    return bool(((current.tables[:, :width] == previous.tables) | ~used).all())
-
-
-def plan_step(metadata: AttentionMetadata, block_size: int) -> StepPlan:
-    """Where each request of the step reads its keys (see :class:`StepPlan`)."""
-    starts = metadata.query_start_loc.tolist()
-    seq_lens = metadata.seq_lens.tolist()
-    decodes = [r for r in range(len(seq_lens)) if starts[r + 1] - starts[r] == 1]
-    decode_plans = []
-    for members in decode_groups(decodes, seq_lens) if decodes else ():
-        in_order = members is decodes and len(decodes) == len(seq_lens)
-        decode_plans.append(_plan_decode(metadata, members, seq_lens, None if in_order else starts, block_size))
-    groups: dict[tuple[int, int], list[int]] = {}
-    for r in range(len(seq_lens)) if len(decodes) < len(seq_lens) else ():
-        if starts[r + 1] - starts[r] > 1:
-            groups.setdefault((starts[r + 1] - starts[r], seq_lens[r]), []).append(r)
-    prefills = []
-    for (q_len, seq_len), members in groups.items():
-        positions = torch.arange(seq_len)
-        tables = metadata.block_tables[members].long()
-        slots = (tables[:, positions // block_size] * block_size + positions % block_size).reshape(-1)
-        rows = None
-        if len(members) > 1:
-            rows = torch.cat([torch.arange(starts[r], starts[r] + q_len) for r in members])
-        prefills.append(PrefillGroup(rows, starts[members[0]], starts[members[0]] + q_len, slots, len(members)))
-    return StepPlan(decode_plans, prefills)
-
-
-def _decode(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, plan: DecodePlan, scale: float) -> torch.Tensor:
-    # q: [R, H, D]; keys, values: [R, L, Hkv, D]. Each KV head's query heads become its query rows.
-    requests, heads, dim = q.shape
-    kv_heads = keys.shape[2]
-    keys, values = keys.transpose(1, 2).to(q.dtype), values.transpose(1, 2).to(q.dtype)
-    grouped = q.view(requests, kv_heads, heads // kv_heads, dim)
-    out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=plan.mask, scale=scale)
-    return out.reshape(requests, heads, dim)
-
-
-def _prefill(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, window: int | None, scale: float, count: int = 1
-) -> torch.Tensor:
-    # q: [G * Q, H, D], the last Q positions of G chunks; keys, values: [G * L, Hkv, D]. 4-D inputs:
-    # with 3-D ones SDPA takes its slow math kernel on CPU instead of the flash kernel.
-    q_len, seq_len = q.shape[0] // count, keys.shape[0] // count
-    q_ = q.view(count, q_len, *q.shape[1:]).transpose(1, 2)
-    k_, v_ = (t.view(count, seq_len, *t.shape[1:]).transpose(1, 2).to(q.dtype) for t in (keys, values))
-    gqa = q.shape[1] != keys.shape[1]
-    if q_len == seq_len and window is None:  # no cached prefix: the causal mask is SDPA's own
-        out = F.scaled_dot_product_attention(q_, k_, v_, is_causal=True, scale=scale, enable_gqa=gqa)
-    else:
-        mask = _causal_mask(q_len, seq_len, window, q.device)
-        out = F.scaled_dot_product_attention(q_, k_, v_, attn_mask=mask, scale=scale, enable_gqa=gqa)
-    return out.transpose(1, 2).reshape(q.shape)
-
-
 class _PlanCache:
-    """The plan of the step whose metadata was seen last (held, so its identity cannot be reused).
+    """The attention plan of the step seen last, shared by every layer. Keyed by the step's tensors,
+    which windowed layers share too (``with_window`` copies only the window); held, so that their
+    identity cannot be reused."""
 
-    A decode group that continues a group of the previous plan keeps its ``key``, and with it the
-    keys and values the mirrors gathered for it; the mirrors of groups that did not continue are dropped.
-    """
+    def __init__(self) -> None:
+        self.key: tuple[torch.Tensor, ...] = ()
+        self.plan: list[AttentionGroup] = []
+        self.masks: dict[tuple[int, int | None, int, torch.dtype], torch.Tensor] = {}
+        # request -> slots of its keys up to the widest of its blocks that have a call of their own
+        # (a prefill's): its keys are gathered once per layer and each block reads a prefix of them
+        self.spans: dict[int, torch.Tensor] = {}
 
-    def __init__(self, mirrors: _Mirrors) -> None:
-        self.metadata: AttentionMetadata | None = None
-        self.plan: StepPlan | None = None
-        self.mirrors = mirrors
-        self._next_key = 1
-
-    def get(self, metadata: AttentionMetadata, block_size: int) -> StepPlan:
-        if metadata is not self.metadata:
-            plan = plan_step(metadata, block_size)
-            previous = self.plan.decodes if self.plan is not None else []
-            for decode in plan.decodes:
-                decode.key = next((p.key for p in previous if continues(p, decode, block_size)), None)
-                decode.continued = decode.key is not None
-                if decode.key is None:
-                    decode.key, self._next_key = self._next_key, self._next_key + 1
-            self.mirrors.keep_only({decode.key for decode in plan.decodes})
-            self.metadata, self.plan = metadata, plan
+    def get(self, metadata: AttentionMetadata, block_size: int) -> list[AttentionGroup]:
+        key = (metadata.query_start_loc, metadata.seq_lens, metadata.block_tables)
+        if len(self.key) != len(key) or any(a is not b for a, b in zip(self.key, key, strict=True)):
+            self.key, self.plan, self.masks = key, plan_attention(metadata, block_size), {}
+            widest: dict[int, AttentionGroup] = {}
+            for group in self.plan:
+                if group.request >= 0 and group.width > getattr(widest.get(group.request), "width", 0):
+                    widest[group.request] = group
+            self.spans = {r: group.slots for r, group in widest.items()}
         return self.plan
 
-
-@dataclass(slots=True)
-class _Mirror:
-    keys: torch.Tensor  # [R, capacity, Hkv, D]
-    values: torch.Tensor
-    length: int  # positions filled (per row up to its own length; past it finite padding)
-
-
-class _Mirrors:
-    """Each decode group's keys and values gathered from one layer's paged cache, kept from step to step.
-
-    Gathering a group's whole context from the paged cache (one row per position) was a third of
-    decode attention at batch 64; a group that continues, the same requests one token longer, only
-    appends its new token. A new group is gathered straight into its mirror, with room to grow
-    (no copy, no zero-fill), within ``budget`` bytes; past it groups gather every step.
-    """
-
-    def __init__(self, budget: int) -> None:
-        self.budget = budget
-        self.entries: dict[tuple[int, int], _Mirror] = {}
-        self.bytes = 0
-
-    def keep_only(self, keys: set[int]) -> None:
-        for name in [name for name in self.entries if name[1] not in keys]:
-            self._drop(name)
-
-    def _drop(self, name: tuple[int, int]) -> None:
-        entry = self.entries.pop(name)
-        self.bytes -= 2 * entry.keys.numel() * entry.keys.element_size()
-
-    def keys_values(
-        self, k_flat: torch.Tensor, v_flat: torch.Tensor, plan: DecodePlan
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``[R, L, Hkv, D]`` keys and values of the group's contexts, padded to its longest."""
-        requests, length = plan.lengths.shape[0], plan.length
-        name = (k_flat.data_ptr(), plan.key)
-        entry = self.entries.get(name)
-        if entry is not None and entry.length == length - 1 and entry.keys.shape[1] >= length:
-            capacity = entry.keys.shape[1]
-            if plan.appends is None or plan.appends[0] != capacity:  # once per step, not per layer
-                plan.appends = (capacity, torch.arange(requests) * capacity + plan.lengths - 1)
-            flat = plan.appends[1]
-            entry.keys.view(-1, *k_flat.shape[1:]).index_copy_(0, flat, k_flat.index_select(0, plan.new_slots))
-            entry.values.view(-1, *v_flat.shape[1:]).index_copy_(0, flat, v_flat.index_select(0, plan.new_slots))
-            entry.length = length
-            return entry.keys[:, :length], entry.values[:, :length]
-        if entry is not None:
-            self._drop(name)
-        capacity = -(-(length + _MIRROR_HEADROOM) // 64) * 64
-        size = 2 * requests * capacity * k_flat[0].numel() * k_flat.element_size()
-        kept = self.bytes + size <= self.budget
-        # Kept: gathered straight into the mirror's layout, each row's positions past the group's
-        # longest reading its own last slot (so they hold finite values until appended over).
-        width = capacity if kept else length
-        slots = plan.slots if width == length else _pad_rows(plan.slots.view(requests, length), width)
-        shape = (requests, width, *k_flat.shape[1:])
-        keys, values = k_flat.index_select(0, slots).view(shape), v_flat.index_select(0, slots).view(shape)
-        if kept:
-            self.entries[name], self.bytes = _Mirror(keys, values, length), self.bytes + size
-        return keys[:, :length], values[:, :length]
+    def folded_mask(self, index: int, window: int | None, group_size: int, dtype: torch.dtype) -> torch.Tensor:
+        """Group ``index``'s mask for query heads folded into query rows, [U, 1, G * C, width]: additive
+        (0 or -inf in ``dtype``), as SDPA would turn a boolean one on every call of every layer."""
+        name = (index, window, group_size, dtype)
+        if name not in self.masks:
+            mask = self.plan[index].mask(window)
+            blocks, rows, width = mask.shape
+            folded = mask[:, None, None].expand(blocks, 1, group_size, rows, width)
+            additive = torch.zeros(folded.shape, dtype=dtype).masked_fill_(~folded, float("-inf"))
+            self.masks[name] = additive.reshape(blocks, 1, group_size * rows, width)
+        return self.masks[name]
 
 
-def _pad_rows(slots: torch.Tensor, width: int) -> torch.Tensor:
-    """[R, L] slots widened to [R * width], each row repeating its last slot."""
-    return torch.cat((slots, slots[:, -1:].expand(-1, width - slots.shape[1])), dim=1).reshape(-1)
+def _attend(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, group: AttentionGroup, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
+    # q: [T, H, D]; keys, values: [U * width, Hkv, D] (or a longer span whose first ``width`` are
+    # the one block's) -> [U * C, H, D] for the group's block rows. Each KV head's query heads become
+    # its query rows (GQA without repeating keys): about twice as fast on CPU as SDPA's own GQA.
+    # 4-D inputs: with 3-D ones SDPA takes its slow math kernel.
+    blocks, width, (heads, dim), kv_heads = group.blocks, group.width, q.shape[1:], keys.shape[1]
+    per_kv = heads // kv_heads
+    q_ = q.index_select(0, group.q_rows).view(blocks, QUERY_BLOCK, kv_heads, per_kv, dim)
+    q_ = q_.permute(0, 2, 3, 1, 4).reshape(blocks, kv_heads, per_kv * QUERY_BLOCK, dim)
+    k_, v_ = (
+        t[: blocks * width].view(blocks, width, kv_heads, dim).transpose(1, 2).to(q.dtype) for t in (keys, values)
+    )
+    out = F.scaled_dot_product_attention(q_, k_, v_, attn_mask=mask, scale=scale)
+    out = out.view(blocks, kv_heads, per_kv, QUERY_BLOCK, dim).permute(0, 3, 1, 2, 4)
+    return out.reshape(blocks * QUERY_BLOCK, heads, dim)
 
 
 class _WriteCache:
@@ -369,13 +189,9 @@ class CpuKernels(TorchKernels):
     # (40 MB for Qwen2.5-0.5B) leave the caches; in 256-row blocks the MLP ran 1.8x faster.
     mlp_block_rows = 256
 
-    # Bytes the decode groups' gathered keys and values may keep between steps (see _Mirrors).
-    decode_mirror_bytes = 1 << 30
-
     def __init__(self) -> None:
         keep_freed_memory()
-        self._mirrors = _Mirrors(self.decode_mirror_bytes)
-        self._plans = _PlanCache(self._mirrors)
+        self._plans = _PlanCache()
         self._writes = _WriteCache()
         self._rotary = _RotaryCache()
 
@@ -440,20 +256,14 @@ class CpuKernels(TorchKernels):
             return super().paged_attention(q, k_cache, v_cache, metadata, scale, softcap)
         plan = self._plans.get(metadata, k_cache.shape[1])
         k_flat, v_flat = k_cache.view(-1, *k_cache.shape[2:]), v_cache.view(-1, *v_cache.shape[2:])
-        if len(plan.decodes) == 1 and plan.decodes[0].rows is None:  # decodes only: no scatter
-            decode = plan.decodes[0]
-            return _decode(q, *self._mirrors.keys_values(k_flat, v_flat, decode), decode, scale)
         out = torch.empty_like(q)
-        for decode in plan.decodes:
-            out[decode.rows] = _decode(
-                q[decode.rows], *self._mirrors.keys_values(k_flat, v_flat, decode), decode, scale
-            )
-        for group in plan.prefills:
-            keys, values = k_flat.index_select(0, group.slots), v_flat.index_select(0, group.slots)
-            if group.rows is None:
-                out[group.first : group.end] = _prefill(
-                    q[group.first : group.end], keys, values, metadata.sliding_window, scale
-                )
+        per_kv = q.shape[1] // k_cache.shape[2]
+        spans = {r: (k_flat.index_select(0, s), v_flat.index_select(0, s)) for r, s in self._plans.spans.items()}
+        for index, group in enumerate(plan):
+            mask = self._plans.folded_mask(index, metadata.sliding_window, per_kv, q.dtype)
+            if group.request in spans:
+                keys, values = spans[group.request]
             else:
-                out[group.rows] = _prefill(q[group.rows], keys, values, metadata.sliding_window, scale, group.count)
+                keys, values = k_flat.index_select(0, group.slots), v_flat.index_select(0, group.slots)
+            out[group.out_rows] = _attend(q, keys, values, group, mask, scale)[group.out_index]
         return out

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 import torch
-from llmp_kernels_cpu.kernels import CpuKernels, PackedLinear, UpcastLinear, decode_groups, native_matmul, plan_step
+from llmp_kernels_cpu.kernels import CpuKernels, PackedLinear, UpcastLinear, native_matmul, plan_attention
 from llmp_kernels_torch.kernels import TorchKernels
 
 from llmp import registry
@@ -168,62 +168,23 @@ def test_a_step_is_planned_once_for_every_layer(monkeypatch):
 
     def counting(*args):
         calls.append(1)
-        return plan_step(*args)
+        return plan_attention(*args)
 
-    monkeypatch.setattr(module, "plan_step", counting)
+    monkeypatch.setattr(module, "plan_attention", counting)
     kernels = CpuKernels()
-    for _layer in range(3):
-        kernels.paged_attention(q, k_cache, v_cache, metadata, scale=0.25)
+    fields = ("query_start_loc", "seq_lens", "block_tables", "slot_mapping", "max_query_len", "max_seq_len")
+    for window in (None, 5, None):  # a windowed layer's metadata shares the step's tensors
+        layer_metadata = AttentionMetadata(*[getattr(metadata, f) for f in fields], window)
+        kernels.paged_attention(q, k_cache, v_cache, layer_metadata, scale=0.25)
     assert len(calls) == 1
-    kernels.paged_attention(
-        q,
-        k_cache,
-        v_cache,
-        AttentionMetadata(
-            *[
-                getattr(metadata, f)
-                for f in ("query_start_loc", "seq_lens", "block_tables", "slot_mapping", "max_query_len", "max_seq_len")
-            ]
-        ),
-        scale=0.25,
+    next_step = AttentionMetadata(
+        *[
+            getattr(metadata, f).clone() if f != "max_query_len" and f != "max_seq_len" else getattr(metadata, f)
+            for f in fields
+        ]
     )
+    kernels.paged_attention(q, k_cache, v_cache, next_step, scale=0.25)
     assert len(calls) == 2  # a new step's metadata is planned again
-
-
-def test_equal_prefill_chunks_form_one_group():
-    metadata, *_ = _batch(torch.float32, [21, 9, 21, 21, 6], [5, 1, 5, 5, 6], None)
-    plan = plan_step(metadata, 4)
-    shapes = sorted((g.count, g.end - g.first) for g in plan.prefills)
-    assert shapes == [(1, 6), (3, 5)]
-    group = next(g for g in plan.prefills if g.count == 3)
-    assert group.rows.tolist() == [0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]
-
-
-def test_padded_decode_positions_read_written_slots():
-    metadata, *_ = _batch(torch.float32, [3, 9], [1, 1], None)
-    plan = plan_step(metadata, 4)
-    (decode,) = plan.decodes
-    slots = decode.slots.view(2, -1)
-    written = {int(s) for s in metadata.block_tables[0, :1].long() * 4 + torch.arange(3)}
-    assert decode.length == 9 and decode.rows is None and {int(s) for s in slots[0]} <= written
-    assert decode.mask[0, 0, 0].tolist() == [True] * 3 + [False] * 6
-
-
-def test_decodes_are_grouped_by_context_length():
-    lens = [40, 3, 38, 7, 12, 33, 9, 25, 18, 30, 5, 22, 14, 36, 11, 27, 8, 20, 16, 31]
-    groups = decode_groups(list(range(len(lens))), lens)
-    assert sorted(r for g in groups for r in g) == list(range(len(lens)))
-    assert len(groups) > 1 and all(len(g) >= 8 for g in groups[:-1])
-    for group in groups[:-1]:  # a group closes only at a length below 0.75 of its longest
-        assert min(lens[r] for r in group) >= 0.75 * max(lens[r] for r in group) or len(group) == 8
-    padded = sum(len(g) * max(lens[r] for r in g) for g in groups)
-    assert padded < 0.75 * len(lens) * max(lens)  # against one group padded to 40
-    metadata, *_ = _batch(torch.float32, lens, [1] * len(lens), None)
-    plans = plan_step(metadata, 4).decodes
-    assert [p.length for p in plans] == [max(lens[r] for r in g) for g in groups]
-    assert [p.rows.tolist() for p in plans] == groups  # every row a decode: a row is its request
-    # a few decodes stay one group, in batch order: no gather of q, no scatter of the output
-    assert decode_groups([0, 1, 2], [30, 4, 17]) == [[0, 1, 2]]
 
 
 @pytest.mark.skipif(not MKLDNN, reason="torch built without oneDNN")
@@ -302,12 +263,11 @@ def _decode_steps(dtype: torch.dtype, lens: list[int], steps: int, leaves: dict[
 @pytest.mark.parametrize(
     "lens", [[9, 17, 5, 30], [40, 3, 38, 7, 12, 33, 9, 25, 18, 30, 5, 22, 14, 36, 11, 27, 8, 20, 16, 31]]
 )
-def test_decode_groups_carried_across_steps_match_the_reference(dtype, lens):
-    # request 1 leaves at step 3: its group is gathered again, the others keep appending
+def test_decode_steps_match_the_reference(dtype, lens):
+    # request 1 leaves at step 3
     (ref_k0, ref_v0, ref_k1, ref_v1), batches = _decode_steps(dtype, lens, steps=7, leaves={1: 3})
     caches = [c.clone() for c in (ref_k0, ref_v0, ref_k1, ref_v1)]
     kernels = CpuKernels()
-    carried = []
     for metadata, (q, k, v) in batches:
         for layer in range(2):
             ref_kc, ref_vc, kc, vc = (ref_k0, ref_v0, *caches[:2]) if layer == 0 else (ref_k1, ref_v1, *caches[2:])
@@ -316,21 +276,76 @@ def test_decode_groups_carried_across_steps_match_the_reference(dtype, lens):
             expected = REF.paged_attention(q, ref_kc, ref_vc, metadata, scale=0.25)
             out = kernels.paged_attention(q, kc, vc, metadata, scale=0.25)
             torch.testing.assert_close(out, expected, atol=TOL[dtype], rtol=TOL[dtype])
-        carried.append([d.continued for d in kernels._plans.plan.decodes])
-    assert not any(carried[0]) and all(carried[1]) and all(carried[2]) and all(carried[-1])
-    assert not all(carried[3])  # the group request 1 left was new at step 3
-    assert kernels._mirrors.entries and kernels._mirrors.bytes > 0
 
 
-def test_decode_mirrors_stay_within_their_budget():
-    (k0, v0, *_), batches = _decode_steps(torch.float32, [9, 17, 5, 30], steps=4, leaves={})
-    kernels = CpuKernels()
-    kernels._mirrors.budget = 0
-    for metadata, (q, k, v) in batches:
-        kernels.write_kv(k, v, k0, v0, metadata.slot_mapping)
-        out = kernels.paged_attention(q, k0, v0, metadata, scale=0.25)
-        torch.testing.assert_close(out, REF.paged_attention(q, k0, v0, metadata, scale=0.25))
-    assert not kernels._mirrors.entries
+def _layouts(total: int) -> list[list[tuple[int, int]]]:
+    """Ways of computing positions of a ``total``-token sequence, as steps of (cached, new) chunks:
+    whole, after cached prefixes (one ending on a block), in chunks, and one decode at a time."""
+    return [
+        [(0, total)],
+        [(total - 3, 3)],
+        [(32, total - 32)],
+        [(0, 21), (21, 19), (40, total - 40)],
+        [(0, total - 6), *[(n, 1) for n in range(total - 6, total)]],
+    ]
+
+
+@pytest.mark.parametrize("kernels", [REF, CpuKernels()], ids=["torch", "cpu"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_positions_attention_does_not_depend_on_how_it_is_batched(kernels, dtype):
+    """Bit-identical output for a position whether computed in a whole prompt, after a cached prefix,
+    in chunks, as a decode, alone or beside other requests of other lengths."""
+    gen = torch.Generator().manual_seed(3)
+    total, heads, kv_heads, dim, block = 77, 6, 2, 16, 4
+    q_all, k_all, v_all = (torch.randn(total, n, dim, generator=gen).to(dtype) for n in (heads, kv_heads, kv_heads))
+    others = [(torch.randn(n, kv_heads, dim, generator=gen).to(dtype), c) for n, c in ((50, 49), (130, 0), (9, 4))]
+    results = []
+    for layout in _layouts(total):
+        for beside in (False, True):
+            got = torch.full((total, heads, dim), float("nan"), dtype=dtype)
+            k_cache = torch.full((80, block, kv_heads, dim), float("nan"), dtype=dtype)
+            v_cache = k_cache.clone()
+            seqs = [(k_all, v_all, q_all)] + ([(k, k.flip(0), k.repeat(1, 3, 1)) for k, _ in others] if beside else [])
+            tables, first_free = [], 0
+            for keys, *_ in seqs:
+                tables.append(list(range(first_free, first_free + -(-keys.shape[0] // block))))
+                first_free += len(tables[-1])
+            prefix = [tables[0][p // block] * block + p % block for p in range(layout[0][0])]
+            kernels.write_kv(
+                k_all[: len(prefix)], v_all[: len(prefix)], k_cache, v_cache, torch.tensor(prefix, dtype=torch.long)
+            )
+            for cached, new in layout:
+                # beside: the others' decodes (at their position ``c``) and whole prompts (``c == 0``)
+                chunks = [(0, cached, new)] + (
+                    [(i + 1, c, 1 if c else len(k)) for i, (k, c) in enumerate(others)] if beside else []
+                )
+                starts, lens, slots, qs, ks, vs = [0], [], [], [], [], []
+                for index, start, count in chunks:
+                    keys, values, queries = seqs[index]
+                    positions = range(start, start + count)
+                    slots += [tables[index][p // block] * block + p % block for p in positions]
+                    qs.append(queries[start : start + count])
+                    ks.append(keys[start : start + count])
+                    vs.append(values[start : start + count])
+                    starts.append(starts[-1] + count)
+                    lens.append(start + count)
+                width = max(map(len, tables))
+                metadata = AttentionMetadata(
+                    torch.tensor(starts, dtype=torch.int32),
+                    torch.tensor(lens, dtype=torch.int32),
+                    torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
+                    torch.tensor(slots),
+                    max(c for *_, c in chunks),
+                    max(lens),
+                )
+                kernels.write_kv(torch.cat(ks), torch.cat(vs), k_cache, v_cache, metadata.slot_mapping)
+                out = kernels.paged_attention(torch.cat(qs), k_cache, v_cache, metadata, scale=0.25)
+                got[cached : cached + new] = out[:new]
+            results.append(got)
+    assert not results[0].isnan().any()
+    for got in results[1:]:  # the positions each way computed (a cached prefix's are not)
+        computed = ~got.isnan().flatten(1).any(1)
+        assert computed.sum() >= 3 and torch.equal(got[computed], results[0][computed])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

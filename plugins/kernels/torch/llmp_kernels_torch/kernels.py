@@ -7,6 +7,8 @@ Correctness first: these define what every kernel set must compute. Shapes:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -67,61 +69,92 @@ class TorchKernels:
         scale: float,
         softcap: float | None = None,
     ) -> torch.Tensor:
-        # q: [T, H, D] -> [T, H, D]. Decodes (one query row) go through one batched
-        # SDPA call; prefill chunks run one request at a time.
+        # q: [T, H, D] -> [T, H, D], in aligned query blocks (see plan_attention)
         out = torch.empty_like(q)
-        starts = metadata.query_start_loc.tolist()
-        seq_lens = metadata.seq_lens.tolist()
-        decodes = [r for r in range(len(seq_lens)) if starts[r + 1] - starts[r] == 1]
-        if decodes:
-            rows = torch.tensor([starts[r] for r in decodes], device=q.device)
-            out[rows] = _decode(q[rows], k_cache, v_cache, metadata, decodes, seq_lens, scale, softcap)
-        for r in range(len(seq_lens)) if len(decodes) < len(seq_lens) else ():
-            q_start, q_end = starts[r], starts[r + 1]
-            if q_end - q_start <= 1:
-                continue
-            keys, values = _gather(k_cache, v_cache, metadata.block_tables[r], seq_lens[r])
-            out[q_start:q_end] = _attend(
-                q[q_start:q_end], keys, values, seq_lens[r], metadata.sliding_window, scale, softcap
+        k_flat, v_flat = k_cache.view(-1, *k_cache.shape[2:]), v_cache.view(-1, *v_cache.shape[2:])
+        for group in plan_attention(metadata, k_cache.shape[1]):
+            blocks, width = group.blocks, group.width
+            q_ = q.index_select(0, group.q_rows).view(blocks, QUERY_BLOCK, *q.shape[1:]).transpose(1, 2)
+            k_, v_ = (
+                t.index_select(0, group.slots).view(blocks, width, *t.shape[1:]).transpose(1, 2).to(q.dtype)
+                for t in (k_flat, v_flat)
             )
+            mask = group.mask(metadata.sliding_window)[:, None]
+            attended = _sdpa(q_, k_, v_, mask, scale, softcap).transpose(1, 2).reshape(-1, *q.shape[1:])
+            out[group.out_rows] = attended[group.out_index]
         return out
 
 
-def _gather(
-    k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor, seq_len: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    # one request's keys and values in order: [L, Hkv, D]
-    blocks = block_table[: -(-seq_len // k_cache.shape[1])].long()
-    return k_cache[blocks].flatten(0, 1)[:seq_len], v_cache[blocks].flatten(0, 1)[:seq_len]
+# Query positions are attended in blocks of QUERY_BLOCK, aligned to the start of the sequence, each
+# block against the keys before its end (later positions masked). A position's attention then has
+# the same shapes, and so the same reduction order, wherever it is computed: in a whole prompt, in
+# a chunk after a cached prefix, as a decode, alone or beside other requests. SDPA's CPU kernels
+# (and SDPA's own causal path, which skips keys past the diagonal) otherwise choose their blocking
+# by the number of query rows and keys, and the same prompt gave other tokens once its prefix was
+# cached or other requests shared the step.
+QUERY_BLOCK = 16
 
 
-def _decode(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    metadata: AttentionMetadata,
-    requests: list[int],
-    seq_lens: list[int],
-    scale: float,
-    softcap: float | None,
-) -> torch.Tensor:
-    # q: [B, H, D], one row per request; keys padded to the longest sequence
-    block_size = k_cache.shape[1]
-    lengths = torch.tensor([seq_lens[r] for r in requests], device=q.device)
-    longest = int(lengths.max())
-    tables = metadata.block_tables[requests, : -(-longest // block_size)].long()
-    keys = k_cache[tables].flatten(1, 2).transpose(1, 2)  # [B, Hkv, Lpad, D]
-    values = v_cache[tables].flatten(1, 2).transpose(1, 2)
-    positions = torch.arange(keys.shape[2], device=q.device)
-    valid = positions < lengths[:, None]  # [B, Lpad]
-    if metadata.sliding_window is not None:
-        valid &= positions > (lengths[:, None] - 1 - metadata.sliding_window)
-    # Slots past a sequence's end were never written (they may hold NaN): zero them.
-    keep = valid[:, None, :, None]
-    keys = keys.masked_fill(~keep, 0).to(q.dtype)
-    values = values.masked_fill(~keep, 0).to(q.dtype)
-    out = _sdpa(q.unsqueeze(2), keys, values, valid[:, None, None, :], scale, softcap)
-    return out.squeeze(2)
+@dataclass(slots=True)
+class AttentionGroup:
+    """Query blocks whose keys end at the same position: one attention call over ``blocks`` of them."""
+
+    width: int  # keys [0, width) of every block (positions past a sequence's end read its last slot, masked)
+    blocks: int
+    request: int  # the request whose block this is when ``blocks == 1``, else -1
+    q_rows: torch.Tensor  # [blocks * QUERY_BLOCK] the step's row of each block position (padding: a real row)
+    slots: torch.Tensor  # [blocks * width] flat cache slot of each key
+    q_pos: torch.Tensor  # [blocks, QUERY_BLOCK, 1] position of each block row
+    causal: torch.Tensor  # [blocks, QUERY_BLOCK, width] key j is at or before the row's position
+    out_index: torch.Tensor  # [R] the real rows among the block rows, in the step's order
+    out_rows: torch.Tensor  # [R] the step's rows they are
+
+    def mask(self, window: int | None) -> torch.Tensor:
+        """[blocks, QUERY_BLOCK, width] bool: which keys each block row attends to."""
+        if window is None:
+            return self.causal
+        return self.causal & (torch.arange(self.width, device=self.q_pos.device) > self.q_pos - window)
+
+
+def plan_attention(metadata: AttentionMetadata, block_size: int) -> list[AttentionGroup]:
+    """The step's query rows as aligned blocks of QUERY_BLOCK positions, grouped by where their keys end."""
+    starts = metadata.query_start_loc.tolist()
+    seq_lens = metadata.seq_lens.tolist()
+    device = metadata.block_tables.device
+    by_width: dict[int, list[tuple[int, int]]] = {}
+    for r, seq_len in enumerate(seq_lens):
+        first = seq_len - (starts[r + 1] - starts[r])  # the step's rows are the last positions
+        for begin in range(first - first % QUERY_BLOCK, seq_len, QUERY_BLOCK):
+            by_width.setdefault(begin + QUERY_BLOCK, []).append((r, begin))
+    offsets = torch.arange(QUERY_BLOCK, device=device)
+    groups = []
+    for width, members in by_width.items():
+        requests = torch.tensor([r for r, _ in members], device=device)
+        q_pos = torch.tensor([begin for _, begin in members], device=device)[:, None] + offsets  # [U, C]
+        lens = metadata.seq_lens.to(device)[requests].long()[:, None]
+        first = lens - (metadata.query_start_loc[requests + 1] - metadata.query_start_loc[requests]).long()[:, None]
+        real = (q_pos >= first) & (q_pos < lens)
+        rows = metadata.query_start_loc[requests].long()[:, None] + (q_pos - first).clamp(min=0).minimum(
+            lens - first - 1
+        )
+        key_pos = torch.arange(width, device=device).minimum(lens - 1)  # [U, width]
+        tables = metadata.block_tables[requests].long()
+        slots = tables.gather(1, key_pos // block_size) * block_size + key_pos % block_size
+        flat_real = real.reshape(-1)
+        groups.append(
+            AttentionGroup(
+                width=width,
+                blocks=len(members),
+                request=members[0][0] if len(members) == 1 else -1,
+                q_rows=rows.reshape(-1),
+                slots=slots.reshape(-1),
+                q_pos=q_pos[:, :, None],
+                causal=torch.arange(width, device=device) <= q_pos[:, :, None],
+                out_index=flat_real.nonzero().squeeze(1),
+                out_rows=rows.reshape(-1)[flat_real],
+            )
+        )
+    return groups
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -131,26 +164,6 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     x1, x2 = x_rot.chunk(2, dim=-1)
     rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
     return torch.cat((rotated, x_pass), dim=-1) if x_pass.numel() else rotated
-
-
-def _attend(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    seq_len: int,
-    window: int | None,
-    scale: float,
-    softcap: float | None,
-) -> torch.Tensor:
-    # q: [Q, H, D] are the last Q positions of the sequence; k, v: [L, Hkv, D]
-    q_len = q.shape[0]
-    q_, k_, v_ = q.transpose(0, 1), k.transpose(0, 1).to(q.dtype), v.transpose(0, 1).to(q.dtype)
-    gqa = q.shape[1] != k.shape[1]
-    if q_len == seq_len and window is None and softcap is None:  # no cached prefix: the fused causal path
-        out = F.scaled_dot_product_attention(q_, k_, v_, is_causal=True, scale=scale, enable_gqa=gqa)
-    else:
-        out = _sdpa(q_, k_, v_, _causal_mask(q_len, seq_len, window, q.device), scale, softcap)
-    return out.transpose(0, 1)
 
 
 def _sdpa(
@@ -168,13 +181,3 @@ def _sdpa(
     scores = torch.tanh(scores / softcap) * softcap
     scores = scores.masked_fill(~mask, float("-inf"))
     return torch.matmul(torch.softmax(scores.float(), dim=-1).to(q.dtype), v)
-
-
-def _causal_mask(q_len: int, seq_len: int, window: int | None, device: torch.device) -> torch.Tensor:
-    # query i sits at position seq_len - q_len + i and sees keys at positions <= its own
-    q_pos = torch.arange(seq_len - q_len, seq_len, device=device).unsqueeze(1)
-    k_pos = torch.arange(seq_len, device=device).unsqueeze(0)
-    mask = k_pos <= q_pos
-    if window is not None:
-        mask &= k_pos > q_pos - window
-    return mask  # [q_len, seq_len]

@@ -175,8 +175,10 @@ def paged_attention(
         return out
     group = heads // kv_heads
     group_pad = triton.next_power_of_2(group)
-    # 16 rows (tl.dot's minimum) suit decodes; prefill chunks amortise each K/V tile over more rows
-    block_m = max(64 if metadata.max_query_len * group >= 64 else 16, group_pad)
+    # One tile shape for every batch: a row's products are then summed in the same order whether it
+    # is a decode or in a prefill chunk, alone or batched (16 rows would suit decodes better, 64
+    # amortise each K/V tile over a prefill chunk's rows; a shape chosen per batch changed tokens).
+    block_m = max(64, group_pad)
     block_q = block_m // group
     d_pad = max(16, triton.next_power_of_2(head_dim))
     tile_n = 64 if d_pad <= 128 else 32

@@ -233,6 +233,59 @@ def test_paged_attention_half_precision(dtype, window, softcap):
     close(out.float(), expected, dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_positions_attention_does_not_depend_on_how_it_is_batched(dtype):
+    """Bit-identical output for a position computed in a whole prompt, after a cached prefix, as a
+    decode, alone or beside other requests (the tile shape must not follow the batch)."""
+    gen = torch.Generator().manual_seed(5)
+    total, heads, kv_heads, dim, block = 21, 4, 2, 16, 4
+    q_all, k_all, v_all = (torch.randn(total, n, dim, generator=gen).to(dtype) for n in (heads, kv_heads, kv_heads))
+    other = torch.randn(40, kv_heads, dim, generator=gen).to(dtype)  # a 40-token prompt computed beside
+    layouts = [[(0, total)], [(total - 2, 2)], [(0, total - 3), *[(n, 1) for n in range(total - 3, total)]]]
+    results = []
+    for layout in layouts:
+        for beside in (False, True):
+            got = torch.full((total, heads, dim), float("nan"), dtype=dtype)
+            k_cache = torch.full((20, block, kv_heads, dim), float("nan"), dtype=dtype, device=DEVICE)
+            v_cache = k_cache.clone()
+            own, theirs = list(range(6)), list(range(6, 16))
+            prefix = torch.tensor([own[p // block] * block + p % block for p in range(layout[0][0])], dtype=torch.long)
+            REF.write_kv(k_all[: len(prefix)], v_all[: len(prefix)], k_cache, v_cache, prefix.to(DEVICE))
+            for cached, new in layout:
+                lens, starts = [cached + new], [0, new]
+                slots = [own[p // block] * block + p % block for p in range(cached, cached + new)]
+                qs, ks, vs = (
+                    [q_all[cached : cached + new]],
+                    [k_all[cached : cached + new]],
+                    [v_all[cached : cached + new]],
+                )
+                if beside:
+                    lens.append(40)
+                    starts.append(new + 40)
+                    slots += [theirs[p // block] * block + p % block for p in range(40)]
+                    qs.append(other.repeat(1, heads // kv_heads, 1))
+                    ks.append(other)
+                    vs.append(other.flip(0))
+                metadata = AttentionMetadata(
+                    torch.tensor(starts, dtype=torch.int32, device=DEVICE),
+                    torch.tensor(lens, dtype=torch.int32, device=DEVICE),
+                    torch.tensor([own + [0] * 4, theirs][: len(lens)], dtype=torch.int32, device=DEVICE),
+                    torch.tensor(slots, device=DEVICE),
+                    max(starts[i + 1] - starts[i] for i in range(len(lens))),
+                    max(lens),
+                )
+                TRI.write_kv(
+                    torch.cat(ks).to(DEVICE), torch.cat(vs).to(DEVICE), k_cache, v_cache, metadata.slot_mapping
+                )
+                out = TRI.paged_attention(torch.cat(qs).to(DEVICE), k_cache, v_cache, metadata, 0.25)
+                got[cached : cached + new] = out[:new].cpu()
+            results.append(got)
+    assert not results[0].isnan().any()
+    for got in results[1:]:  # the positions each way computed (a cached prefix's are not)
+        computed = ~got.isnan().flatten(1).any(1)
+        assert computed.sum() >= 2 and torch.equal(got[computed], results[0][computed])
+
+
 # -- end to end -----------------------------------------------------------------
 
 MODELS = {

@@ -1,0 +1,70 @@
+"""What an option's declaration alone cannot check, checked before a command starts anything: the
+plugins that options name (``component=`` on :func:`llmp.options.option`) against the registry, and
+options that do not go together. Each problem names its options as the user set them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from difflib import get_close_matches
+
+from llmp import registry
+from llmp.config import OptionSpec, Setting
+from llmp.options import alternatives
+
+
+def option_problems(specs: list[OptionSpec], values: Mapping[str, Setting]) -> list[str]:
+    """Every problem of ``values`` (the options set, by name) beyond their declarations."""
+    return component_problems(specs, values) + combination_problems(specs, values)
+
+
+def component_problems(specs: list[OptionSpec], values: Mapping[str, Setting]) -> list[str]:
+    """Each component name that the registry does not know, with the names it does."""
+    problems = []
+    for spec in specs:
+        if spec.component is None or spec.name not in values:
+            continue
+        setting = values[spec.name]
+        names = setting.value if spec.repeatable else (setting.value,)
+        known = registry.components(spec.component)
+        for name in names:
+            if name is None or name in known:
+                continue
+            close = get_close_matches(name, known, 1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            kind = spec.component.replace("_", " ")
+            problems.append(
+                f"{setting.source}: no {kind} plugin {name!r}{hint}; installed: {', '.join(sorted(known)) or 'none'}"
+            )
+    return problems
+
+
+def combination_problems(specs: list[OptionSpec], values: Mapping[str, Setting]) -> list[str]:
+    """What only the registry or another option tells, among the options this command takes: more
+    than one rank on an executor that runs one, a device no kernel set runs on, auto tool choice
+    without a parser."""
+    taken = {s.name: s for s in specs}
+
+    def setting(name: str) -> Setting:
+        return values.get(name) or Setting.default(taken[name])
+
+    problems = []
+    if {"executor", "tensor_parallel_size"} <= taken.keys():
+        tp, executor = setting("tensor_parallel_size"), setting("executor")
+        spec = registry.components("executor").get(executor.value)
+        if tp.value > 1 and spec is not None and not getattr(spec, "distributed", False):
+            distributed = sorted(n for n, s in registry.components("executor").items() if getattr(s, "distributed", 0))
+            problems.append(
+                f"{tp.source} {tp.value} needs an executor that runs several ranks "
+                f"(--executor {' or '.join(distributed) or 'mp'}); {executor.value} runs one"
+            )
+    if "device" in values:  # a named kernel set may run elsewhere (triton under TRITON_INTERPRET): not checked
+        device = values["device"]
+        devices = sorted({d for s in registry.components("kernels").values() for d in getattr(s, "devices", ())})
+        if devices and str(device.value).partition(":")[0] not in devices:  # cuda:1 is a cuda device
+            problems.append(f"{device.source} must be {alternatives(tuple(devices))}, got {device.value!r}")
+    if {"enable_auto_tool_choice", "tool_call_parser"} <= taken.keys():
+        auto, parser = setting("enable_auto_tool_choice"), setting("tool_call_parser")
+        if auto.value and not parser.value:
+            problems.append(f"{auto.source} needs {parser.source} NAME (see llmp plugins list --kind tool_parser)")
+    return problems

@@ -1,0 +1,152 @@
+"""Bad options stop every command before it starts anything: one ``llmp: error:`` line naming the
+option as it was given (flag, ``LLMP_*`` variable or YAML key), status 2, well under an engine's start.
+
+Each case runs the real CLI in a subprocess (``python -m llmp``).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from llmp.cli.option_checks import option_problems
+from llmp.config import load_records
+from llmp.options import EngineConfig, FrontendOptions, ServerOptions
+from llmp.testing import run_llmp, save_tiny_llama
+
+FAST_S = 5.0  # the engine alone takes longer to start; a refusal must come before anything starts
+
+# (arguments, the start of the message after "llmp: error: ")
+COMMAND_LINE = [
+    (["serve", "--port", "99999"], "--port must be between 0 and 65535, got 99999"),
+    (["serve", "--port", "-1"], "--port must be between 0 and 65535, got -1"),
+    (["serve", "--port", "http"], "--port must be an integer, got 'http'"),
+    (["serve", "--executor", "nosuch"], "--executor: no executor plugin 'nosuch'; installed: mp, ray, uniproc"),
+    (["serve", "--executor", "uniprc"], "--executor: no executor plugin 'uniprc' (did you mean uniproc?)"),
+    (["serve", "--kernels", "nosuch"], "--kernels: no kernels plugin 'nosuch'"),
+    (["serve", "--frontend", "nosuch"], "--frontend: no frontend plugin 'nosuch'"),
+    (["serve", "--frontend", "openai", "--frontend", "antropic"], "--frontend: no frontend plugin 'antropic' (did"),
+    (["serve", "-tp", "2"], "--tensor-parallel-size 2 needs an executor that runs several ranks (--executor mp"),
+    (["serve", "-tp", "0"], "--tensor-parallel-size must be >= 1, got 0"),
+    (["serve", "--max-model-len", "1"], "--max-model-len must be >= 2, got 1"),
+    (["serve", "--max-num-seqs", "0"], "--max-num-seqs must be >= 1, got 0"),
+    (["serve", "--kv-cache-memory-gib", "0"], "--kv-cache-memory-gib must be > 0, got 0"),
+    (["serve", "--dtype", "bf16"], "--dtype must be auto, bfloat16, float16 or float32, got 'bf16' (did you mean"),
+    (["serve", "--device", "tpu"], "--device must be cpu or cuda, got 'tpu'"),
+    (["serve", "--device", "cuda:0", "--port", "99999"], "--port must be between"),  # cuda:N is a device
+    (["serve", "--tool-call-parser", "hermess"], "--tool-call-parser: no tool parser plugin 'hermess' (did you mean"),
+    (["serve", "--reasoning-parser", "nosuch"], "--reasoning-parser: no reasoning parser plugin 'nosuch'"),
+    (["serve", "--enable-auto-tool-choice"], "--enable-auto-tool-choice needs --tool-call-parser NAME"),
+    (["serve", "--grpc-port", "70000"], "--grpc-port must be between 0 and 65535, got 70000"),
+    (["serve", "--max-n", "0"], "--max-n must be >= 1, got 0"),
+    (["serve", "--max-logprobs", "-1"], "--max-logprobs must be >= 0, got -1"),
+    (["serve", "--overload-status", "500"], "--overload-status must be 503 or 429, got 500"),
+    (["serve", "--request-timeout", "-5"], "--request-timeout must be >= 0, got -5"),
+    (["serve", "--log-level", "loud"], "--log-level must be debug, info, warning or error, got 'loud'"),
+    (["serve", "--prot", "1"], "No such option: --prot"),
+    (["serve", "--max-num-seqs", "0", "--port", "99999"], "--max-num-seqs must be >= 1, got 0; --port must be"),
+    (["bench", "throughput", "--num-prompts", "0"], "--num-prompts must be >= 1, got 0"),
+    (["bench", "throughput", "-tp", "2"], "--tensor-parallel-size 2 needs an executor"),
+    (["bench", "throughput", "--executor", "nosuch"], "--executor: no executor plugin 'nosuch'"),
+    (["bench", "latency", "--kernels", "nosuch"], "--kernels: no kernels plugin 'nosuch'"),
+    (["bench", "latency", "--batch-size", "many"], "--batch-size must be an integer, got 'many'"),
+    (["bench", "serve", "--request-rate", "0"], "--request-rate must be > 0, got 0"),
+    (["complete", "--max-tokens", "0"], "--max-tokens must be >= 1, got 0"),
+    (["plugins", "list", "--kind", "gizmo"], "Invalid value for --kind: unknown kind 'gizmo'"),
+    (["collect-env", "--bogus"], "No such option: --bogus"),
+]
+
+
+def refused_at_once(args: list[str], env: dict[str, str] | None = None) -> str:
+    """The one error line of ``llmp ARGS``, checked to come alone, fast, with status 2 and nothing started."""
+    started = time.monotonic()
+    result = run_llmp(*args, env=env, check=False, timeout=60)
+    elapsed = time.monotonic() - started
+    shown = f"llmp {' '.join(args)} (status {result.returncode}):\n{result.stdout}{result.stderr}"
+    assert result.returncode == 2, shown
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("llmp: error: "), shown
+    assert result.stdout == "", shown
+    for started_something in ("Uvicorn", "INFO", "Started server", "Traceback", "Exception ignored"):
+        assert started_something not in result.stderr, shown
+    assert elapsed < FAST_S, f"{shown}\ntook {elapsed:.1f} s"
+    return lines[0].removeprefix("llmp: error: ")
+
+
+@pytest.mark.parametrize(("args", "message"), COMMAND_LINE, ids=[" ".join(a) for a, _ in COMMAND_LINE])
+def test_a_bad_flag_is_one_line_naming_it(args: list[str], message: str) -> None:
+    assert refused_at_once(args).startswith(message)
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"LLMP_PORT": "99999"}, "LLMP_PORT must be between 0 and 65535, got 99999"),
+        ({"LLMP_EXECUTOR": "nosuch"}, "LLMP_EXECUTOR: no executor plugin 'nosuch'"),
+        ({"LLMP_TENSOR_PARALLEL_SIZE": "2"}, "LLMP_TENSOR_PARALLEL_SIZE 2 needs an executor"),
+        ({"LLMP_ENABLE_PREFIX_CACHING": "maybe"}, "LLMP_ENABLE_PREFIX_CACHING must be true or false, got 'maybe'"),
+        ({"LLMP_FRONTEND": "openai,nosuch"}, "LLMP_FRONTEND: no frontend plugin 'nosuch'"),
+    ],
+    ids=lambda value: next(iter(value)) if isinstance(value, dict) else None,
+)
+def test_a_bad_variable_is_one_line_naming_it(env: dict[str, str], message: str) -> None:
+    assert refused_at_once(["serve"], env).startswith(message)
+
+
+@pytest.mark.parametrize(
+    ("yaml", "message"),
+    [
+        ("port: 99999\n", "port in {path} must be between 0 and 65535, got 99999"),
+        ("max_model_len: 1\n", "max_model_len in {path} must be >= 2, got 1"),
+        ("tensor-parallel-size: 2\n", "tensor-parallel-size in {path} 2 needs an executor"),
+        ("kernels: nosuch\n", "kernels in {path}: no kernels plugin 'nosuch'"),
+        ("frontend: [openai, nosuch]\n", "frontend in {path}: no frontend plugin 'nosuch'"),
+        ("max-num-seqz: 8\n", "--config {path} has unknown options: max-num-seqz (did you mean max-num-seqs?)"),
+        ("port: [1, 2]\n", "port in {path} must be an integer, got [1, 2]"),
+        ("- a list\n", "--config {path} must hold a mapping of option: value"),
+        ("port: [1\n", "--config {path} is not valid YAML"),
+    ],
+)
+def test_a_bad_yaml_key_is_one_line_naming_it(tmp_path: Path, yaml: str, message: str) -> None:
+    config = tmp_path / "llmp.yaml"
+    config.write_text(yaml)
+    assert refused_at_once(["serve", "--config", str(config)]).startswith(message.format(path=config))
+
+
+def test_good_values_pass_the_same_checks() -> None:
+    """Plugin names, a tensor-parallel executor and the bounds' edges are accepted as given."""
+    records = {"engine": EngineConfig, "server": ServerOptions, "request": FrontendOptions}
+    given = {
+        "executor": "mp",
+        "tensor_parallel_size": "2",
+        "kernels": "torch",
+        "frontend": ["openai", "anthropic"],
+        "tool_call_parser": "hermes",
+        "enable_auto_tool_choice": True,
+        "port": "0",
+        "grpc_port": "65535",
+        "overload_status": "429",
+        "kv_cache_memory_gib": "0.5",
+    }
+    environ = {"LLMP_DEVICE": "cpu", "LLMP_MAX_MODEL_LEN": "2"}
+    built = load_records(records, given, environ=environ, check=option_problems)
+    engine, server, request = built["engine"], built["server"], built["request"]
+    assert (engine.executor, engine.tensor_parallel_size, engine.kernels) == ("mp", 2, "torch")
+    assert (engine.max_model_len, engine.kv_cache_memory_bytes) == (2, 1 << 29)
+    assert (server.frontend, server.port, server.overload_status) == (("openai", "anthropic"), 0, 429)
+    assert (request.tool_call_parser, request.grpc_port) == ("hermes", 65535)
+
+
+def test_an_engine_that_fails_to_start_says_so_in_one_line_without_a_stray_traceback(tmp_path: Path) -> None:
+    """What only the engine can tell (the KV cache holds no block of this model) is one line too,
+    after the server's own log lines: no traceback from the engine process as it exits."""
+    save_tiny_llama(tmp_path / "tiny")
+    result = run_llmp(
+        "serve", str(tmp_path / "tiny"), "--port", "0", "--kv-cache-memory-gib", "1e-9", check=False, timeout=120
+    )
+    errors = [line for line in result.stderr.splitlines() if line.startswith("llmp: error:")]
+    assert result.returncode == 1, result.stderr
+    assert len(errors) == 1 and "cannot start the engine" in errors[0] and "--kv-cache-memory-gib" in errors[0]
+    assert "Traceback" not in result.stderr and "Exception ignored" not in result.stderr, result.stderr
