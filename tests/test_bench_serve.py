@@ -126,31 +126,52 @@ def test_progress_shows_on_a_terminal_and_the_report_is_unchanged(server: LiveSe
     assert "tok/s" not in piped.stderr  # no bar off a terminal (and no plain line in so short a run)
 
 
-def test_a_dead_server_counts_every_request_as_failed(tmp_path: Path) -> None:
+def test_a_dead_server_is_found_before_the_run() -> None:
     dead = f"http://127.0.0.1:{free_port()}"
-    unwritable = tmp_path / "no-such-dir" / "result.json"
-    report, result = bench(
-        "--url", dead, "--model", "any", "--num-prompts", "5", "--save-result", str(unwritable), check=False
-    )
-    assert result.returncode == 1
-    assert report["successful"] == 0 and report["failed"] == 5
-    assert "Connection refused" in report["first_error"] and report["mean_ttft_ms"] is None
-    assert f"llmp: error: cannot write {unwritable}" in result.stderr  # and the report above still printed
-    unnamed = run_llmp("bench", "serve", "--url", dead, check=False)  # the model lookup fails first
-    assert unnamed.returncode == 1 and "Traceback" not in unnamed.stderr
-    assert unnamed.stderr.strip().splitlines()[-1].startswith("llmp: error: cannot connect to ")
+    for named in ((), ("--model", "any")):  # the model is checked against GET /v1/models even when named
+        started = time.monotonic()
+        result = run_llmp("bench", "serve", "--url", dead, *named, "--num-prompts", "5", check=False)
+        assert result.returncode == 1 and "Traceback" not in result.stderr and result.stdout == ""
+        assert result.stderr.strip().splitlines() == [
+            f"llmp: error: cannot connect to {dead}/v1/models: Connection refused: no server is running at {dead} "
+            "(start one with `llmp serve MODEL`, or check --url)"
+        ]
+        assert time.monotonic() - started < 30
 
 
 def test_bad_options_are_usage_errors() -> None:
-    result = run_llmp("bench", "serve", "--dataset", "sharegpt", check=False)
-    assert result.returncode == 2 and "dataset" in result.stderr
+    for bad in (("--dataset", "sharegpt"), ("--input-len", "0"), ("--output-len", "0")):
+        result = run_llmp("bench", "serve", *bad, check=False)
+        assert result.returncode == 2 and bad[0].lstrip("-") in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--endpoint", "nosuch"), "--endpoint 'nosuch' is not one bench serve sends; "),
+        (("--endpoint", "/v1/embeddings"), "it sends /v1/completions or /v1/chat/completions"),
+        (("--model", "nosuch"), "--model 'nosuch' is not served at {url}/v1/models, which lists: flaky"),
+        (("--save-result", "/nonexistent/dir/x.json"), "the directory /nonexistent/dir does not exist"),
+        (("--save-result", "/tmp"), "--save-result /tmp: is a directory"),
+    ],
+    ids=["endpoint", "embeddings", "model", "save-result", "save-to-a-directory"],
+)
+def test_argument_problems_are_found_before_any_request(args: tuple[str, ...], message: str) -> None:
+    posts: list[dict[str, Any]] = []
+    with flaky_peer(posts=posts) as url:
+        result = run_llmp("bench", "serve", "--url", url, *args, "--num-prompts", "20", *SMALL, check=False)
+    assert result.returncode == 2 and "Traceback" not in result.stderr and result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("llmp: error: ") and message.format(url=url) in lines[0], lines
+    assert posts == []  # no load was sent
 
 
 # -- a peer that cuts streams off --------------------------------------------------
 
 
-def flaky_peer_app(words_per_reply: int) -> Any:
-    """An OpenAI-style completions server that cuts every second stream off after two chunks and sends no usage."""
+def flaky_peer_app(words_per_reply: int, posts: list[dict[str, Any]]) -> Any:
+    """An OpenAI-style completions server that cuts every second stream off after two chunks and sends no
+    usage; each request's body is appended to ``posts``."""
     from fastapi import FastAPI
     from fastapi.responses import StreamingResponse
 
@@ -164,6 +185,7 @@ def flaky_peer_app(words_per_reply: int) -> Any:
     @app.post("/v1/completions")
     async def completions(request: Request) -> StreamingResponse:
         body = await request.json()
+        posts.append(body)
         cut = next(requests) % 2 == 1
 
         async def events() -> AsyncIterator[str]:
@@ -179,13 +201,12 @@ def flaky_peer_app(words_per_reply: int) -> Any:
 
 
 @contextmanager
-def flaky_peer(words_per_reply: int = 100) -> Iterator[str]:
+def flaky_peer(words_per_reply: int = 100, posts: list[dict[str, Any]] | None = None) -> Iterator[str]:
     import uvicorn
 
     port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(flaky_peer_app(words_per_reply), host="127.0.0.1", port=port, log_level="critical")
-    )
+    app = flaky_peer_app(words_per_reply, [] if posts is None else posts)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

@@ -240,6 +240,7 @@ def test_slash_commands_are_never_sent_to_the_model(server: LiveServer, terminal
     for command in ("/exit", "/clear", "/system TEXT", "/save FILE", "Ctrl-C"):
         assert command in seen
     assert "Unknown command /nosuch" in chat.send("/nosuch")
+    assert chat.send("   ").strip() == ">"  # an empty line: the prompt again, nothing sent
     first = chat.send("Hello")
     saved = tmp_path / "first.json"
     assert "Saved 3 messages" in chat.send(f"/save {saved}")
@@ -294,6 +295,24 @@ def test_llmp_chat_model_runs_the_model_in_this_process(model_dir: Path, server:
         json={"model": model, "prompt": "The KV cache", "max_tokens": 6, "temperature": 0.0},
     ).json()["choices"][0]["text"]
     assert quick.stdout == expected + "\n"
+
+
+def test_a_local_model_loads_quietly_like_ollama_run(model_dir: Path, terminals: Any) -> None:
+    chat = terminals("chat", str(model_dir), "--max-tokens", "4", "--temperature", "0")
+    started(chat)
+    before_prompt = chat.screen.rpartition("> ")[0]
+    assert f"loading {model_dir}" in before_prompt  # one transient status while the engine starts
+    for noise in ("INFO", "llmp.engine", "weights", "KV cache", "starting an engine"):
+        assert noise not in before_prompt, before_prompt
+    banner = [line for line in before_prompt.splitlines() if line.strip() and "loading" not in line]
+    assert len(banner) == 1 and banner[0].startswith("llmp chat: "), before_prompt
+    chat.type("\x04")
+    assert chat.wait() == 0
+    # -q off a terminal: the reply alone; LLMP_LOG_LEVEL set by the user still shows the start-up
+    quick = run_llmp("chat", str(model_dir), "--max-tokens", "4", "-q", "Hello")
+    assert quick.stdout.strip() and quick.stderr == ""
+    told = run_llmp("chat", str(model_dir), "--max-tokens", "4", "-q", "Hello", env={"LLMP_LOG_LEVEL": "info"})
+    assert "INFO llmp.engine: engine ready in " in told.stderr and told.stdout == quick.stdout
 
 
 def test_ctrl_c_stops_a_local_reply_too(model_dir: Path, terminals: Any) -> None:

@@ -13,6 +13,7 @@ import pytest
 
 from llmp.cli.option_checks import option_problems
 from llmp.config import load_records
+from llmp.model_files.resolve import model_context_len
 from llmp.options import EngineConfig, FrontendOptions, ServerOptions
 from llmp.testing import run_llmp, save_tiny_llama
 
@@ -23,11 +24,17 @@ COMMAND_LINE = [
     (["serve", "--port", "99999"], "--port must be between 0 and 65535, got 99999"),
     (["serve", "--port", "-1"], "--port must be between 0 and 65535, got -1"),
     (["serve", "--port", "http"], "--port must be an integer, got 'http'"),
-    (["serve", "--executor", "nosuch"], "--executor: no executor plugin 'nosuch'; installed: mp, ray, uniproc"),
-    (["serve", "--executor", "uniprc"], "--executor: no executor plugin 'uniprc' (did you mean uniproc?)"),
-    (["serve", "--kernels", "nosuch"], "--kernels: no kernels plugin 'nosuch'"),
-    (["serve", "--frontend", "nosuch"], "--frontend: no frontend plugin 'nosuch'"),
-    (["serve", "--frontend", "openai", "--frontend", "antropic"], "--frontend: no frontend plugin 'antropic' (did"),
+    (
+        ["serve", "--executor", "nosuch"],
+        "--executor must be mp, ray or uniproc (the installed executor plugins), got 'nosuch'",
+    ),
+    (
+        ["serve", "--executor", "uniprc"],
+        "--executor must be mp, ray or uniproc (the installed executor plugins), got 'uniprc' (did you mean uniproc?)",
+    ),
+    (["serve", "--kernels", "nosuch"], "--kernels must be "),
+    (["serve", "--frontend", "nosuch"], "--frontend must be "),
+    (["serve", "--frontend", "openai", "--frontend", "antropic"], "--frontend must be "),
     (["serve", "-tp", "2"], "--tensor-parallel-size 2 needs an executor that runs several ranks (--executor mp"),
     (["serve", "-tp", "0"], "--tensor-parallel-size must be >= 1, got 0"),
     (["serve", "--max-model-len", "1"], "--max-model-len must be >= 2, got 1"),
@@ -36,8 +43,8 @@ COMMAND_LINE = [
     (["serve", "--dtype", "bf16"], "--dtype must be auto, bfloat16, float16 or float32, got 'bf16' (did you mean"),
     (["serve", "--device", "tpu"], "--device must be cpu or cuda, got 'tpu'"),
     (["serve", "--device", "cuda:0", "--port", "99999"], "--port must be between"),  # cuda:N is a device
-    (["serve", "--tool-call-parser", "hermess"], "--tool-call-parser: no tool parser plugin 'hermess' (did you mean"),
-    (["serve", "--reasoning-parser", "nosuch"], "--reasoning-parser: no reasoning parser plugin 'nosuch'"),
+    (["serve", "--tool-call-parser", "hermess"], "--tool-call-parser must be "),
+    (["serve", "--reasoning-parser", "nosuch"], "--reasoning-parser must be "),
     (["serve", "--enable-auto-tool-choice"], "--enable-auto-tool-choice needs --tool-call-parser NAME"),
     (["serve", "--grpc-port", "70000"], "--grpc-port must be between 0 and 65535, got 70000"),
     (["serve", "--max-n", "0"], "--max-n must be >= 1, got 0"),
@@ -49,13 +56,40 @@ COMMAND_LINE = [
     (["serve", "--max-num-seqs", "0", "--port", "99999"], "--max-num-seqs must be >= 1, got 0; --port must be"),
     (["bench", "throughput", "--num-prompts", "0"], "--num-prompts must be >= 1, got 0"),
     (["bench", "throughput", "-tp", "2"], "--tensor-parallel-size 2 needs an executor"),
-    (["bench", "throughput", "--executor", "nosuch"], "--executor: no executor plugin 'nosuch'"),
-    (["bench", "latency", "--kernels", "nosuch"], "--kernels: no kernels plugin 'nosuch'"),
+    (["bench", "throughput", "--executor", "nosuch"], "--executor must be mp, ray or uniproc"),
+    (["bench", "latency", "--kernels", "nosuch"], "--kernels must be "),
     (["bench", "latency", "--batch-size", "many"], "--batch-size must be an integer, got 'many'"),
     (["bench", "serve", "--request-rate", "0"], "--request-rate must be > 0, got 0"),
     (["complete", "--max-tokens", "0"], "--max-tokens must be >= 1, got 0"),
-    (["plugins", "list", "--kind", "gizmo"], "Invalid value for --kind: unknown kind 'gizmo'"),
+    (["plugins", "list", "--kind", "gizmo"], "--kind must be model, kernels, executor"),
+    (["plugins", "list", "--kind", "kernel"], "--kind must be model, kernels, executor"),
+    (
+        ["plugins", "show", "kernels-cpux"],
+        "NAME must be an installed plugin (executors-mp, ",
+    ),
     (["collect-env", "--bogus"], "No such option: --bogus"),
+    # empty or malformed values that would start a server with a surprise
+    (["serve", "--api-key", ""], "--api-key must not be empty"),
+    (["serve", "--api-key", "k", "--api-key", " "], "--api-key must not be empty"),
+    (["serve", "--served-model-name", ""], "--served-model-name must not be empty"),
+    (["serve", "--host", ""], "--host must not be empty"),
+    (["serve", ""], "MODEL must not be empty"),
+    (["serve", "--max-request-body-bytes", "0"], "--max-request-body-bytes must be >= 1, got 0"),
+    (["serve", "--root-path", "nope"], "--root-path must start with /, got 'nope'"),
+    (["serve", "--seed", "-1"], "--seed must be between 0 and 18446744073709551615, got -1"),
+    (["serve", "--config", "."], "--config file '.' is a directory"),
+    # a vLLM flag llmp has under another name points to it
+    (
+        ["serve", "--gpu-memory-utilization", "0.9"],
+        "No such option: --gpu-memory-utilization (use --kv-cache-memory-gib",
+    ),
+    (["bench", "throughput", "--gpu-memory-utilization", "0.9"], "No such option: --gpu-memory-utilization (use --kv"),
+    (["serve", "--model", "m"], "No such option: --model (the model is the first argument: llmp serve MODEL)"),
+    (["serve", "--uvicorn-log-level", "debug"], "No such option: --uvicorn-log-level (use --log-level)"),
+    (
+        ["complete", "--gpu-memory-utilization", "0.9"],
+        "No such option: --gpu-memory-utilization (see",
+    ),  # no such option there
 ]
 
 
@@ -84,10 +118,14 @@ def test_a_bad_flag_is_one_line_naming_it(args: list[str], message: str) -> None
     ("env", "message"),
     [
         ({"LLMP_PORT": "99999"}, "LLMP_PORT must be between 0 and 65535, got 99999"),
-        ({"LLMP_EXECUTOR": "nosuch"}, "LLMP_EXECUTOR: no executor plugin 'nosuch'"),
-        ({"LLMP_TENSOR_PARALLEL_SIZE": "2"}, "LLMP_TENSOR_PARALLEL_SIZE 2 needs an executor"),
+        ({"LLMP_EXECUTOR": "nosuch"}, "LLMP_EXECUTOR must be mp, ray or uniproc"),
+        ({"LLMP_TENSOR_PARALLEL_SIZE": "2"}, "LLMP_TENSOR_PARALLEL_SIZE=2 needs an executor"),
         ({"LLMP_ENABLE_PREFIX_CACHING": "maybe"}, "LLMP_ENABLE_PREFIX_CACHING must be true or false, got 'maybe'"),
-        ({"LLMP_FRONTEND": "openai,nosuch"}, "LLMP_FRONTEND: no frontend plugin 'nosuch'"),
+        ({"LLMP_FRONTEND": "openai,nosuch"}, "LLMP_FRONTEND must be "),
+        ({"LLMP_API_KEY": ""}, "LLMP_API_KEY must not be empty"),  # $KEY unset must not turn auth off unseen
+        ({"LLMP_API_KEY": "a,"}, "LLMP_API_KEY must not be empty"),
+        ({"LLMP_SEED": "-1"}, "LLMP_SEED must be between 0 and"),
+        ({"LLMP_ROOT_PATH": "api"}, "LLMP_ROOT_PATH must start with /, got 'api'"),
     ],
     ids=lambda value: next(iter(value)) if isinstance(value, dict) else None,
 )
@@ -100,9 +138,11 @@ def test_a_bad_variable_is_one_line_naming_it(env: dict[str, str], message: str)
     [
         ("port: 99999\n", "port in {path} must be between 0 and 65535, got 99999"),
         ("max_model_len: 1\n", "max_model_len in {path} must be >= 2, got 1"),
-        ("tensor-parallel-size: 2\n", "tensor-parallel-size in {path} 2 needs an executor"),
-        ("kernels: nosuch\n", "kernels in {path}: no kernels plugin 'nosuch'"),
-        ("frontend: [openai, nosuch]\n", "frontend in {path}: no frontend plugin 'nosuch'"),
+        ("tensor-parallel-size: 2\n", "tensor-parallel-size: 2 in {path} needs an executor"),
+        ("kernels: nosuch\n", "kernels in {path} must be "),
+        ("frontend: [openai, nosuch]\n", "frontend in {path} must be "),
+        ('api-key: ""\n', "api-key in {path} must not be empty"),
+        ("served-model-name: ['']\n", "served-model-name in {path} must not be empty"),
         ("max-num-seqz: 8\n", "--config {path} has unknown options: max-num-seqz (did you mean max-num-seqs?)"),
         ("port: [1, 2]\n", "port in {path} must be an integer, got [1, 2]"),
         ("- a list\n", "--config {path} must hold a mapping of option: value"),
@@ -129,14 +169,54 @@ def test_good_values_pass_the_same_checks() -> None:
         "grpc_port": "65535",
         "overload_status": "429",
         "kv_cache_memory_gib": "0.5",
+        "api_key": [" key "],  # text is taken without surrounding blanks, whatever its type
+        "max_request_body_bytes": "1",
+        "root_path": "/llm",
     }
-    environ = {"LLMP_DEVICE": "cpu", "LLMP_MAX_MODEL_LEN": "2"}
+    environ = {"LLMP_DEVICE": "cpu", "LLMP_MAX_MODEL_LEN": "2", "LLMP_PORT": " 8000 ", "LLMP_SEED": "0"}
     built = load_records(records, given, environ=environ, check=option_problems)
     engine, server, request = built["engine"], built["server"], built["request"]
     assert (engine.executor, engine.tensor_parallel_size, engine.kernels) == ("mp", 2, "torch")
     assert (engine.max_model_len, engine.kv_cache_memory_bytes) == (2, 1 << 29)
     assert (server.frontend, server.port, server.overload_status) == (("openai", "anthropic"), 0, 429)
+    assert (server.api_key, server.max_request_body_bytes, server.root_path) == (("key",), 1, "/llm")
+    assert load_records({"server": ServerOptions}, {}, environ={"LLMP_PORT": " 8000 "})["server"].port == 8000
     assert (request.tool_call_parser, request.grpc_port) == ("hermes", 65535)
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "yaml", "source"),
+    [
+        (["serve", "--max-model-len", "10000000"], {}, None, "--max-model-len"),
+        (["bench", "throughput", "--max-model-len", "10000000"], {}, None, "--max-model-len"),
+        (["bench", "latency", "--max-model-len", "10000000"], {}, None, "--max-model-len"),
+        (["serve"], {"LLMP_MAX_MODEL_LEN": "10000000"}, None, "LLMP_MAX_MODEL_LEN"),
+        (["serve"], {}, "max-model-len: 10000000\n", "max-model-len in {path}"),
+    ],
+    ids=["serve", "bench throughput", "bench latency", "variable", "yaml"],
+)
+def test_a_context_longer_than_the_models_is_refused_before_anything_starts(
+    tmp_path: Path, args: list[str], env: dict[str, str], yaml: str | None, source: str
+) -> None:
+    """The model's config.json is read when the options are: no engine, no server (vLLM's check)."""
+    save_tiny_llama(tmp_path / "tiny")  # max_position_embeddings 512
+    # read once here, as any earlier use of the model would have: reading a new model's config imports
+    # transformers, which on a busy machine alone can take longer than FAST_S
+    assert model_context_len(str(tmp_path / "tiny")) == 512
+    extra = []
+    if yaml is not None:
+        (tmp_path / "llmp.yaml").write_text(yaml)
+        extra = ["--config", str(tmp_path / "llmp.yaml")]
+    message = refused_at_once([*args, str(tmp_path / "tiny"), *extra], env)
+    where = source.format(path=tmp_path / "llmp.yaml")
+    assert message == f"{where} 10000000 exceeds the model's context (max_position_embeddings = 512)"
+
+
+def test_help_is_also_dash_h_on_every_level() -> None:
+    for args in (["-h"], ["serve", "-h"], ["bench", "-h"], ["bench", "throughput", "-h"], ["plugins", "list", "-h"]):
+        result = run_llmp(*args, check=False, timeout=60)
+        assert result.returncode == 0 and result.stderr == "", (args, result.stderr)
+        assert result.stdout.lstrip().startswith(f"Usage: llmp {' '.join(args[:-1])}".rstrip()), result.stdout
 
 
 def test_an_engine_that_fails_to_start_says_so_in_one_line_without_a_stray_traceback(tmp_path: Path) -> None:

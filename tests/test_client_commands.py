@@ -62,8 +62,8 @@ def llmp_with_stdin(*args: str, stdin: str, env: dict[str, str]) -> subprocess.C
     )
 
 
-def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: str) -> None:
-    assert result.returncode == 1, result.stderr
+def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: str, status: int = 1) -> None:
+    assert result.returncode == status, result.stderr
     assert "Traceback" not in result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("llmp: error: "), result.stderr
@@ -210,3 +210,26 @@ def test_options_come_from_a_config_file(server: LiveServer, tmp_path: Path) -> 
     assert out.stdout == unstreamed(server, "completions", prompt="The quick brown fox") + "\n"
     bad = run_llmp("chat", "--max-tokens", "0", "-q", "hi", check=False)
     assert bad.returncode == 2 and "--max-tokens" in bad.stderr
+
+
+@pytest.mark.parametrize("command", ["chat", "complete"])
+def test_an_empty_quick_message_is_a_usage_error(command: str) -> None:
+    for empty in ("", "  "):
+        result = run_llmp(command, "--url", f"http://127.0.0.1:{free_port()}", "-q", empty, check=False)
+        assert_one_line_error(result, "-q needs text to send", status=2)
+
+
+def test_a_local_model_that_cannot_be_run_is_a_usage_error_before_any_engine_starts(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    cases = {
+        "/nonexistent": "model '/nonexistent' not found",
+        str(empty): "holds no config.json",
+        "no-such-org/no-such-model": "is not on this machine",
+        "sentence-transformers/all-MiniLM-L6-v2": "chat and complete need a model that generates text",
+    }
+    for command in ("chat", "complete"):
+        for model, why in cases.items():
+            result = run_llmp(command, model, "-q", "hi", check=False)
+            assert_one_line_error(result, f"cannot run {model}: ", why, status=2)
+            assert result.stdout == ""

@@ -5,6 +5,7 @@ a wrong path, a server that is not running and a URL that is none each say what 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -93,6 +94,26 @@ def test_no_server_running_says_so_and_how_to_start_one(client: tuple[str, ...])
 def test_a_url_that_is_no_server_address_is_a_usage_error(client: tuple[str, ...]) -> None:
     line = one_error_line((*client, "--url", "ftp://example.org"), status=2)
     assert "'ftp://example.org' is not a server address" in line
+
+
+BAD_URLS = {  # --url: why it names no server
+    "http://127.0.0.1:99999": "the port must be a number from 1 to 65535",
+    "http://127.0.0.1:0": "the port must be a number from 1 to 65535",
+    "http://127.0.0.1:abc": "the port must be a number from 1 to 65535",
+    "http://[::1": "IPv6",
+    "http://:8200": "no host",
+    "": "it is empty",
+    "http://127.0.0.1:8000/v1?key=x": "?query",
+}
+
+
+@pytest.mark.parametrize("client", CLIENTS, ids=lambda c: c[0])
+def test_every_bad_url_is_one_line_and_a_usage_error_before_anything_is_sent(client: tuple[str, ...]) -> None:
+    for url, why in BAD_URLS.items():
+        started = time.monotonic()
+        line = one_error_line((*client, "--url", url), status=2)
+        assert line.startswith(f"llmp: error: --url {url!r} is not a server address (") and why in line, line
+        assert time.monotonic() - started < 30  # refused up front, not after a connection attempt
 
 
 @pytest.mark.parametrize("command", ["chat", "complete"])

@@ -47,17 +47,38 @@ def test_the_json_report_has_what_a_bug_report_needs(report):
     assert plugins["kernels-cpu"]["status"] == "ok" and plugins["llmp-commands"]["distribution"] == "llmp"
 
 
-def test_the_text_report_is_headings_and_key_value_lines(text, report):
+def test_the_text_report_is_headings_and_key_value_items(text, report):
     assert not BOX_DRAWING.search(text), text
-    assert text.startswith("# llmp environment\n")
-    headings = [line for line in text.splitlines() if line.startswith("## ")]
-    assert headings[:2] == ["## llmp", "## default engine"] and "## plugins" in headings
+    headings = [line for line in text.splitlines() if line.startswith("#")]
+    assert headings[:2] == ["### llmp", "### default engine"] and "### plugins" in headings
+    assert all(h.startswith("### ") for h in headings), headings  # no page-sized title when pasted
     for line in text.splitlines():
-        assert not line or line.startswith("#") or re.match(r"^[^:]+: \S", line), line
+        assert not line or line.startswith("### ") or re.match(r"^- [^:]+: \S", line), line
     engine = report["engine"]
     for key in ("kernels", "dtype", "isa_path"):
-        assert f"\n{key}: {engine[key]}\n" in text
-    assert f"\nversion: {torch.__version__}\n" in text
-    assert "\nkernels-cpu: ok (llmp-kernels-cpu 0.1.0)\n" in text
+        assert f"\n- {key}: {engine[key]}\n" in text
+    assert f"\n- version: {torch.__version__}\n" in text
+    assert "\n- kernels-cpu: ok (llmp-kernels-cpu 0.1.0)\n" in text
     # lines are never cut or wrapped to the terminal: a long value stays on its line
-    assert f"\nexecutable: {report['executable']}\n" in text
+    assert f"\n- executable: {report['executable']}\n" in text
+
+
+def test_pasted_into_a_markdown_issue_each_value_is_its_own_list_item(text, report):
+    """GitHub renders the report as small headings over lists, not one run-together paragraph."""
+    from markdown_it import MarkdownIt
+
+    html = MarkdownIt("commonmark").render(text)
+    assert "<h1>" not in html and "<h2>" not in html and "<p>" not in html, html
+    assert "<em>" not in html and "<strong>" not in html, html  # no * or _ read as emphasis
+    items = re.findall(r"<li>(.*?)</li>", html)
+    assert len(items) == sum(1 for line in text.splitlines() if line.startswith("- "))
+    assert f"isa_path: {report['engine']['isa_path']}" in items
+
+
+def test_a_secret_in_the_environment_is_not_shown():
+    """A bug report is public: LLMP_API_KEY is reported as set, never with its value."""
+    env = {"LLMP_API_KEY": "sk-very-secret", "LLMP_LOG_LEVEL": "debug"}
+    text = run_llmp("collect-env", env=env).stdout
+    assert "sk-very-secret" not in text and "- LLMP_API_KEY: (set, not shown)" in text
+    assert "- LLMP_LOG_LEVEL: debug" in text
+    assert "sk-very-secret" not in run_llmp("collect-env", "--json", env=env).stdout

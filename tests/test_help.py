@@ -48,7 +48,7 @@ COMMANDS = all_commands()
 def flag_names(command: Any) -> list[str]:
     """The flags ``command``'s help must show whole; ``--x/--no-x`` is shown as ``--[no-]x``."""
     names = []
-    for param in command.get_params(typer.Context(command)):
+    for param in command.get_params(typer.Context(command, **command.context_settings)):  # as click makes it
         if isinstance(param, typer.core.TyperArgument):
             continue
         opts, secondary = list(param.opts), list(param.secondary_opts)
@@ -83,7 +83,7 @@ def test_every_command_is_discovered() -> None:
 @pytest.mark.parametrize("path", sorted(COMMANDS), ids=lambda path: path or "llmp")
 def test_help_shows_every_flag_whole_without_type_noise(path: str) -> None:
     flags = flag_names(COMMANDS[path])
-    assert "--help" in flags
+    assert "--help" in flags and "-h" in flags  # -h as in vLLM's and most commands
     for width in WIDTHS:
         text = help_at(path, width)
         where = f"llmp {path} --help at {width} columns:\n{text}"
@@ -130,3 +130,17 @@ def test_a_group_lists_its_commands_with_their_help() -> None:
     for name in ("serve", "chat", "bench", "plugins", "collect-env"):
         assert re.search(rf"^│ {name}\s", commands, re.MULTILINE), text
     assert text.splitlines()[1].strip() == "Usage: llmp [OPTIONS] COMMAND [ARGS]..."
+
+
+@pytest.mark.parametrize("path", sorted(p for p in COMMANDS if p), ids=str)
+def test_the_settings_note_gives_an_example_of_the_commands_own_options(path: str) -> None:
+    """The note under the panels (LLMP_<OPTION>, --config keys) shows one of this command's options."""
+    text = re.sub(r"\s+", " ", help_at(path, 120))
+    if "--config" not in text:
+        return
+    example = re.search(r"LLMP_<OPTION> \(LLMP_(\w+)=\S+\) or as a key of the --config file \(([\w-]+): ", text)
+    assert example, text
+    variable, key = example.groups()
+    assert key == variable.lower().replace("_", "-")
+    flags = flag_names(COMMANDS[path])
+    assert f"--{key}" in flags or f"--[no-]{key}" in flags, f"{key} is no option of llmp {path}:\n{text}"

@@ -72,7 +72,8 @@ def test_generated_command_matches_its_records(name: str) -> None:
         if record is type(None):
             continue
         for f, help_text in record_fields(record):
-            option = f.metadata.get("name") or f.name
+            flag_name = (f.metadata.get("flag") or "").split("/")[0].removeprefix("--").replace("-", "_")
+            option = f.metadata.get("name") or flag_name or f.name  # --json: LLMP_JSON, `json:` in YAML
             expected.add(option)
             param = params[option]
             assert param.help == help_text, option
@@ -281,8 +282,14 @@ def test_command_line_beats_environment_beats_yaml_beats_default(tmp_path: Path)
             {"LLMP_DTYPE": "bf16"},
             "LLMP_DTYPE must be auto, bfloat16, float16 or float32, got 'bf16' (did you mean bfloat16?)",
         ),
-        ({"LLMP_EXECUTOR": "uniprc"}, "LLMP_EXECUTOR: no executor plugin 'uniprc' (did you mean uniproc?)"),
-        ({"LLMP_TENSOR_PARALLEL_SIZE": "2"}, "LLMP_TENSOR_PARALLEL_SIZE 2 needs an executor that runs several ranks"),
+        (
+            {"LLMP_EXECUTOR": "uniprc"},
+            "LLMP_EXECUTOR must be mp, ray or uniproc (the installed executor plugins), got 'uniprc' "
+            "(did you mean uniproc?)",
+        ),
+        ({"LLMP_TENSOR_PARALLEL_SIZE": "2"}, "LLMP_TENSOR_PARALLEL_SIZE=2 needs an executor that runs several ranks"),
+        ({"LLMP_API_KEY": " "}, "LLMP_API_KEY must not be empty"),
+        ({"LLMP_HOST": ""}, "LLMP_HOST must not be empty"),
     ],
 )
 def test_bad_values_name_their_option_as_set(environ: dict[str, str], message: str) -> None:
@@ -302,6 +309,12 @@ def test_bounds_and_choices_are_declared_on_the_options() -> None:
         (EngineConfig, "max_num_seqs", 0, "max_num_seqs must be >= 1, got 0"),
         (EngineConfig, "kv_cache_memory_bytes", 0, "kv_cache_memory_bytes must be > 0, got 0"),
         (FrontendOptions, "max_n", 0, "max_n must be >= 1, got 0"),
+        (ServerOptions, "api_key", ("k", ""), "api_key must not be empty"),
+        (ServerOptions, "served_model_name", ("",), "served_model_name must not be empty"),
+        (ServerOptions, "root_path", "v1", "root_path must start with /, got 'v1'"),
+        (ServerOptions, "max_request_body_bytes", 0, "max_request_body_bytes must be >= 1, got 0"),
+        (EngineConfig, "model", "", "model must not be empty"),
+        (EngineConfig, "seed", -1, "seed must be between 0 and 18446744073709551615, got -1"),
     ):
         with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
             record(**{field: value})
@@ -353,3 +366,24 @@ def test_a_yaml_key_no_command_takes_is_refused_and_one_of_another_command_is_pa
     shared.write_text("max-num-seqs: 8\nkind: model\n")  # a serve option and a plugins-list option
     listed = run_llmp("plugins", "list", "--config", str(shared))
     assert "ignoring options not used by this command" in listed.stderr and "max_num_seqs" in listed.stderr
+
+
+@pytest.mark.parametrize("command", ["collect-env", "plugins list", "bench serve"])
+def test_a_flag_is_named_the_same_as_a_variable_and_a_yaml_key(tmp_path: Path, command: str) -> None:
+    """--json is LLMP_JSON and `json:` in a --config file, as the help footer says of every option."""
+    params = click_params(COMMANDS[command])
+    assert "--json" in params["json"].opts  # the option's name follows its flag
+    if command == "bench serve":
+        return  # it needs a server; the naming is what is checked
+    args = command.split()
+    assert run_llmp(*args, env={"LLMP_JSON": "1"}).stdout.startswith(("{", "["))
+    config = tmp_path / "llmp.yaml"
+    config.write_text("json: true\n")
+    assert run_llmp(*args, "--config", str(config)).stdout.startswith(("{", "["))
+
+
+def test_an_empty_model_name_is_refused_by_name_not_as_a_directory() -> None:
+    from llmp import LLM
+
+    with pytest.raises(ValueError, match="^model must not be empty$"):
+        LLM("")

@@ -81,7 +81,17 @@ def test_a_filter_that_matches_nothing_says_so():
 
 
 def test_an_unknown_kind_is_a_usage_error():
-    result = run_llmp("plugins", "list", "--kind", "nosuch", check=False)
+    result = run_llmp("plugins", "list", "--kind", "kernal", check=False)
     assert result.returncode == 2
-    assert "unknown kind 'nosuch'" in result.stderr and "kernels" in result.stderr
+    assert result.stderr.startswith("llmp: error: --kind must be model, kernels, executor"), result.stderr
+    assert "got 'kernal' (did you mean kernels?)" in result.stderr
     assert not result.stdout
+
+
+def test_an_unknown_kind_from_a_config_file_names_the_file(tmp_path):
+    config = tmp_path / "llmp.yaml"
+    config.write_text("kind: kernal\n")
+    result = run_llmp("plugins", "list", "--config", str(config), check=False)
+    assert result.returncode == 2 and not result.stdout
+    assert result.stderr.startswith(f"llmp: error: kind in {config} must be model, kernels"), result.stderr
+    assert "--kind" not in result.stderr

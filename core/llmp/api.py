@@ -854,7 +854,8 @@ class StatLogger(Protocol):
     """Receives figures from the engine; called directly, never through pluggy."""
 
     def record_step(self, stats: SchedulerStats) -> None:
-        """After every engine step."""
+        """After every engine step, and once with no tokens after requests are aborted between steps
+        (an idle engine runs no step). Not for `llmp serve`'s warm-up request."""
         ...
 
     def record_finished(self, stats: FinishedRequestStats) -> None:

@@ -71,6 +71,7 @@ class OptionSpec:
     scale: float | None = None  # the option's unit, in units of the field
     bounds: Mapping[str, float] = dataclasses.field(default_factory=dict)  # ge, gt, le, lt; in the option's units
     component: str | None = None  # the registry kind its value names
+    check: Callable[[Any], str | None] | None = None  # a rule beyond bounds and choices
     panel: str | None = None
     metavar: str | None = None
 
@@ -140,7 +141,7 @@ def record_options(param: str, record: Any) -> list[OptionSpec]:
             default = default / scale
         specs.append(
             OptionSpec(
-                name=meta.get("name") or f.name,
+                name=meta.get("name") or _flag_option_name(meta.get("flag")) or f.name,
                 record=param,
                 field=f.name,
                 type=hints[f.name],
@@ -152,11 +153,18 @@ def record_options(param: str, record: Any) -> list[OptionSpec]:
                 scale=scale,
                 bounds={k: meta[k] for k in ("ge", "gt", "le", "lt") if meta.get(k) is not None},
                 component=meta.get("component"),
+                check=meta.get("check"),
                 panel=meta.get("panel"),
                 metavar=meta.get("metavar"),
             )
         )
     return specs
+
+
+def _flag_option_name(flag: str | None) -> str | None:
+    """The option name a declared flag gives (``--json/--no-json``: ``json``): ``LLMP_*`` and the
+    YAML key follow the flag, not the field behind it."""
+    return flag.split("/")[0].removeprefix("--").replace("-", "_") if flag else None
 
 
 def command_options(records: Mapping[str, Any]) -> list[OptionSpec]:
@@ -213,11 +221,14 @@ class Setting:
 
     value: Any
     source: str  # "--max-model-len", "LLMP_MAX_MODEL_LEN", "max-model-len in llmp.yaml"
+    # the setting as the user wrote it, value included: "--max-model-len 8", "LLMP_MAX_MODEL_LEN=8",
+    # "max-model-len: 8 in llmp.yaml"
+    written: str = ""
 
     @staticmethod
     def default(spec: OptionSpec) -> Setting:
         """An option set by no source: its default, named by its flag."""
-        return Setting(spec.default, spec.flag_name)
+        return Setting(spec.default, spec.flag_name, f"{spec.flag_name} {spec.default} (the default)")
 
 
 def resolve(
@@ -233,15 +244,18 @@ def resolve(
     for spec in specs:
         if spec.name in given:
             raw, source = given[spec.name], spec.flag_name
+            written = f"{source} {_written(raw)}"
         elif spec.env in environ:
             raw, source = environ[spec.env], spec.env
+            written = f"{source}={raw}"
         elif spec.name in from_file:
             key, raw = from_file[spec.name]
             source = f"{key} in {config_file}"
+            written = f"{key}: {_written(raw)} in {config_file}"
         else:
             continue
         try:
-            values[spec.name] = Setting(convert(spec, raw), source)
+            values[spec.name] = Setting(convert(spec, raw), source, written)
         except ValueError as exc:
             problems.append(f"{source} {exc}")
     if problems:
@@ -249,22 +263,39 @@ def resolve(
     return values
 
 
+def _written(raw: Any) -> str:
+    if isinstance(raw, list | tuple):
+        return " ".join(map(str, raw))
+    return str(raw).lower() if isinstance(raw, bool) else str(raw)
+
+
 def convert(spec: OptionSpec, raw: Any) -> Any:
     """``raw`` (text from the command line or the environment, or a YAML value) as the option's
-    value in the field's units; ``ValueError("must be ..., got ...")`` when it is not one."""
+    value in the field's units; ``ValueError("must be ..., got ...")`` when it is not one.
+
+    Text is taken without surrounding blanks, whatever its type (``--port ' 8000'`` is 8000,
+    ``--api-key ' '`` is empty); a comma-separated ``LLMP_*`` value of a repeatable option gives
+    its items."""
     if raw is None and spec.optional:
         return None
     if spec.repeatable:
-        items = [part.strip() for part in raw.split(",") if part.strip()] if isinstance(raw, str) else raw
+        items = raw.split(",") if isinstance(raw, str) else raw  # LLMP_API_KEY= is an empty key, not none
         if not isinstance(items, list | tuple):
             raise ValueError(f"must be a list, got {raw!r}")
-        return tuple(_scalar(spec, item) for item in items)
-    value = _scalar(spec, raw)
+        return tuple(_checked(spec, _scalar(spec, item)) for item in items)
+    value = _checked(spec, _scalar(spec, raw))
     if spec.choices is None:
         problem = bounds_problem(value, spec.bounds)
         if problem:
             raise ValueError(f"{problem}, got {value:g}" if isinstance(value, float) else f"{problem}, got {value}")
     return int(value * spec.scale) if spec.scale is not None else value
+
+
+def _checked(spec: OptionSpec, value: Any) -> Any:
+    problem = spec.check(value) if spec.check is not None else None
+    if problem:
+        raise ValueError(problem)
+    return value
 
 
 def _scalar(spec: OptionSpec, raw: Any) -> Any:
@@ -302,7 +333,7 @@ def _scalar(spec: OptionSpec, raw: Any) -> Any:
         return value
     if isinstance(raw, dict | list | tuple):
         raise ValueError(f"must be a single value, got {_shown(raw)}")
-    return Path(text) if kind is Path else str(raw)
+    return Path(text) if kind is Path else text
 
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -321,7 +352,7 @@ def read_yaml(path: Path, names: set[str]) -> dict[str, tuple[str, Any]]:
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except OSError as exc:
-        raise OptionError(f"--config {path}: cannot read it: {exc.strerror}") from exc
+        raise OptionError(f"--config {path} cannot be read: {exc.strerror}") from exc
     except yaml.YAMLError as exc:
         where = getattr(exc, "problem_mark", None)
         line = f" (line {where.line + 1})" if where is not None else ""

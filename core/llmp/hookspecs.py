@@ -201,7 +201,8 @@ def llmp_register_stat_loggers() -> Iterable[StatLoggerSpec]:
     The implementation is called once per engine as ``factory(engine_info)``
     and must return an object satisfying :class:`llmp.api.StatLogger`; the
     engine (in the engine process) then calls it directly, never through
-    pluggy: ``record_step`` after each step and ``record_finished`` once for each
+    pluggy: ``record_step`` after each step (and once after an abort between steps, so an idle
+    engine's counts stay true; never for ``llmp serve``'s warm-up) and ``record_finished`` once for each
     request that ends, aborted ones included (``finish_reason="abort"``, when the
     client goes away or the request is cancelled). Keep both cheap: they run on the engine's loop. A
     logger that raises is logged once and dropped; the engine goes on.

@@ -22,7 +22,16 @@ from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Literal
 
-__all__ = ["DEFAULT_MODEL", "PANELS", "EngineConfig", "FrontendOptions", "ServerOptions", "option"]
+__all__ = [
+    "DEFAULT_MODEL",
+    "PANELS",
+    "EngineConfig",
+    "FrontendOptions",
+    "ServerOptions",
+    "nonempty",
+    "option",
+    "url_path",
+]
 
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"  # what ``model=None`` serves (a packaged GGUF)
 # The --help panels of llmp's own options, in the order they are shown; a plugin's option may
@@ -49,7 +58,8 @@ def option(
     """A dataclass field that is also a command-line option.
 
     ``help`` is the ``--help`` text (required: a field without it is no option);
-    ``flag`` overrides the generated ``--field-name`` (``"--json/--no-json"``);
+    ``flag`` overrides the generated ``--field-name`` (``"--json/--no-json"``), and the ``LLMP_*``
+    variable and YAML key follow it (``LLMP_JSON``, ``json:``);
     ``short`` adds a short alias (``-tp``). Further keywords are kept as metadata
     for the command generator:
 
@@ -59,13 +69,16 @@ def option(
     - ``scale=N``: the option is given in units of N of the field (GiB of a byte count);
     - ``ge=``, ``gt=``, ``le=``, ``lt=``: the bounds of the value, in the option's units
       (``ge=0, le=65535`` for a port; ``gt=0, le=1`` for a fraction);
+    - ``check=function``: a rule beyond bounds and choices, ``function(value) -> str | None`` returning
+      the problem (``"must not be empty"``) or ``None``; applied to each item of a repeatable option
+      (:func:`nonempty`, :func:`url_path`);
     - ``component="kind"``: the value names a registered component of that kind
       (``"executor"``, ``"tool_parser"`` ...), checked against the registry when parsed;
     - ``panel="..."``: the ``--help`` panel listing the option (default: one panel per record
       a command takes, titled after its parameter; "Options" for a command of one record);
     - ``metavar="..."``: the value's name in ``--help``.
 
-    Bounds and choices (a ``Literal`` type) are checked wherever the value comes from: the
+    Bounds, choices (a ``Literal`` type) and ``check`` are checked wherever the value comes from: the
     command line, ``LLMP_*``, the YAML file (naming the flag, the variable or the key), and a
     program building the record (naming the field).
 
@@ -77,6 +90,16 @@ def option(
     if factory is not MISSING:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
+
+
+def nonempty(value: Any) -> str | None:
+    """An option's ``check``: refuses an empty (or all-blank) text."""
+    return "must not be empty" if isinstance(value, str) and not value.strip() else None
+
+
+def url_path(value: Any) -> str | None:
+    """An option's ``check``: a URL path prefix starts with ``/`` (or is empty: none)."""
+    return None if not value or str(value).startswith("/") else f"must start with /, got {value!r}"
 
 
 @dataclass(kw_only=True)
@@ -95,6 +118,7 @@ class EngineConfig:
         f"default {DEFAULT_MODEL.rpartition('/')[2]}.",
         argument=True,
         metavar="MODEL",
+        check=nonempty,
         panel="Model",
     )
     tokenizer: str | None = None  # defaults to the model's directory
@@ -144,7 +168,8 @@ class EngineConfig:
         "auto", "auto, generate or embed (serve a causal LM's pooled hidden states on /v1/embeddings).", panel="Model"
     )
     num_threads: int | None = option(None, "Torch threads of the engine (default: all cores).", ge=1, panel="Engine")
-    seed: int = option(0, "Engine seed for requests without one.", panel="Engine")
+    # torch's generators take 0 to 2**64-1; vLLM refuses a negative engine seed too (numpy's seeding)
+    seed: int = option(0, "Engine seed for requests without one.", ge=0, le=2**64 - 1, panel="Engine")
     disable_log_stats: bool = option(
         False,
         "No periodic engine statistics line (throughput, running/waiting, KV cache, prefix-cache hits).",
@@ -170,16 +195,23 @@ class ServerOptions:
     frontend: tuple[str, ...] = option(
         ("openai",), "Front-end plugin to mount (repeatable; default openai).", component="frontend", panel="Front-ends"
     )
-    host: str = option("127.0.0.1", "Address to bind; 0.0.0.0 for every interface.", metavar="ADDRESS", panel="Server")
+    host: str = option(
+        "127.0.0.1", "Address to bind; 0.0.0.0 for every interface.", metavar="ADDRESS", check=nonempty, panel="Server"
+    )
     port: int = option(8000, "Port to bind (0: any free port).", ge=0, le=65535, panel="Server")
     api_key: tuple[str, ...] = option(
         (),
         "Require 'Authorization: Bearer KEY' on every inference route (repeatable).",
         metavar="KEY",
+        check=nonempty,
         panel="Security and limits",
     )
     served_model_name: tuple[str, ...] = option(
-        (), "Public model name(s); the first is echoed in responses.", metavar="NAME", panel="Model"
+        (),
+        "Public model name(s); the first is echoed in responses.",
+        metavar="NAME",
+        check=nonempty,
+        panel="Model",
     )
     allowed_origins: tuple[str, ...] = option(
         (),
@@ -188,8 +220,10 @@ class ServerOptions:
         panel="Security and limits",
     )
     allow_credentials: bool = option(False, "CORS: allow credentials.", panel="Security and limits")
-    root_path: str = option("", "Path prefix when behind a path-routing proxy.", metavar="PATH", panel="Server")
-    max_request_body_bytes: int = option(2 << 20, "Larger request bodies get 413.", ge=0, panel="Security and limits")
+    root_path: str = option(
+        "", "Path prefix when behind a path-routing proxy (/llm).", metavar="PATH", check=url_path, panel="Server"
+    )
+    max_request_body_bytes: int = option(2 << 20, "Larger request bodies get 413.", ge=1, panel="Security and limits")
     max_queue_len: int | None = option(
         1024,
         "Model requests that may wait beyond --max-num-seqs running ones; more are refused at once.",
@@ -262,7 +296,9 @@ class FrontendOptions:
     trust_request_chat_template: bool = option(
         False, "Allow a request's own chat_template (off: 400).", panel="Security and limits"
     )
-    response_role: str = option("assistant", "Role of generated chat messages.", metavar="ROLE", panel="Front-ends")
+    response_role: str = option(
+        "assistant", "Role of generated chat messages.", metavar="ROLE", check=nonempty, panel="Front-ends"
+    )
     generation_config: Literal["auto", "none"] = option(
         "auto", "auto: sampling defaults from the model's generation_config.json; none: llmp's defaults.", panel="Model"
     )
@@ -311,12 +347,18 @@ class FrontendOptions:
 
 def check_fields(record: Any) -> None:
     """``ValueError`` naming the field when an option field of ``record`` holds a value its
-    declaration refuses: outside its ``Literal`` choices or its bounds (``ge``, ``gt``, ``le``, ``lt``).
-    Commands check the values they read before building a record, naming the flag (``llmp.config``)."""
+    declaration refuses: outside its ``Literal`` choices or its bounds (``ge``, ``gt``, ``le``, ``lt``),
+    or one its ``check`` refuses. Commands check the values they read before building a record,
+    naming the flag (``llmp.config``)."""
     for f, choices, optional in _declared(type(record)):
         value = getattr(record, f.name)
         if value is None and optional:
             continue
+        check = f.metadata.get("check")
+        for item in value if check is not None and isinstance(value, tuple) else (value,):
+            problem = check(item) if check is not None else None
+            if problem:
+                raise ValueError(f"{f.name} {problem}")
         if choices is not None:
             if value not in choices:
                 raise ValueError(f"{f.name} must be {alternatives(choices)}, got {value!r}")
@@ -375,7 +417,7 @@ def _declared(cls: type) -> list[tuple[Any, tuple[Any, ...] | None, bool]]:
             optional = type(None) in typing.get_args(hint)
             if typing.get_origin(hint) is Literal:
                 declared.append((f, typing.get_args(hint), optional))
-            elif any(f.metadata.get(k) is not None for k in ("ge", "gt", "le", "lt")):
+            elif any(f.metadata.get(k) is not None for k in ("ge", "gt", "le", "lt", "check")):
                 declared.append((f, None, optional))
         _DECLARED[cls] = declared
     return _DECLARED[cls]

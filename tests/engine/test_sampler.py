@@ -30,7 +30,7 @@ def make(prompt: list[int] | None = None, output: list[int] | None = None, rid: 
 
 
 def sample(logits: torch.Tensor, requests: list[Request]) -> SamplerOutput:
-    return Sampler()(logits, requests)
+    return Sampler(seed=0)(logits, requests)
 
 
 def draw_counts(logits: list[float], n: int = 10000, **params) -> torch.Tensor:

@@ -140,3 +140,33 @@ def test_aborted_requests_are_reported_with_finish_reason_abort(model_dir):
     assert by_id["waiting"].time_to_first_token_seconds is None
     engine.abort_request("running")  # already ended: reported once
     assert len(counter.finished) == 2
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-1", "nan"])
+def test_a_bad_stats_interval_is_one_warning_and_the_default(model_dir, monkeypatch, caplog, value):
+    """Not a positive number of seconds: one line naming the variable, and the default (as vLLM)."""
+    from llmp.engine.log_stats import DEFAULT_INTERVAL_S
+
+    monkeypatch.setenv("LLMP_LOG_STATS_INTERVAL", value)
+    with caplog.at_level(logging.WARNING, logger="llmp.engine"):
+        llm = LLM(str(model_dir), disable_log_stats=False, **OPTIONS)
+    assert dict(llm.engine.stat_loggers.loggers)["logging"].interval == DEFAULT_INTERVAL_S
+    [warning] = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warning.getMessage().startswith(f"LLMP_LOG_STATS_INTERVAL={value} is not a positive number of seconds")
+    assert warning.exc_info is None
+
+
+def test_an_abort_between_steps_tells_the_loggers_the_fresh_counts(model_dir):
+    """No step may follow an abort (an idle engine): the loggers must not keep the aborted request running."""
+    with registered(CountingOnly(), "counting"):
+        llm = LLM(str(model_dir), disable_log_stats=False, **OPTIONS)
+    engine, counter = llm.engine, Counting.built[-1]
+    engine.add_request("gone", "The quick", SamplingParams(max_tokens=50, ignore_eos=True))
+    engine.step()
+    steps = counter.steps
+    engine.abort_request("gone")
+    assert counter.steps == steps + 1 == engine.num_steps + 1
+    line = dict(engine.stat_loggers.loggers)["logging"].line()
+    assert "Running: 0 reqs, Waiting: 0 reqs" in line
+    engine.abort_request("gone")  # nothing left to abort: nothing new to tell
+    assert counter.steps == steps + 1

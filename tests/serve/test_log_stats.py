@@ -51,14 +51,14 @@ def _wait_for(server, pattern: re.Pattern, timeout: float = 30) -> list[re.Match
 def test_the_stats_line_follows_requests_then_stops_while_idle(model_dir):
     env = {"LLMP_LOG_STATS_INTERVAL": str(INTERVAL_S)}
     with serving(model_dir, "--dtype", "float32", "--block-size", "4", env=env) as server:
-        time.sleep(3 * INTERVAL_S)  # the warm-up request's line, then its zeros, then quiet
-        before = len(STATS.findall(server.log()))
+        time.sleep(3 * INTERVAL_S)
+        assert not STATS.findall(server.log()), server.log()  # the server's warm-up request is not counted
         _complete(server.api_url)
-        lines = [m.groups() for m in _wait_for(server, STATS)][before:]
+        lines = [m.groups() for m in _wait_for(server, STATS)]
         deadline = time.monotonic() + 20
         while not any(float(line[1]) > 0 for line in lines) and time.monotonic() < deadline:
             time.sleep(0.2)
-            lines = STATS.findall(server.log())[before:]
+            lines = STATS.findall(server.log())
         assert any(float(line[0]) > 0 for line in lines), server.log()  # prompt tokens
         assert any(float(line[1]) > 0 for line in lines), server.log()  # generated tokens
         assert any(float(line[5]) > 0 for line in lines), server.log()  # the repeated prompt hit the cache
@@ -76,6 +76,26 @@ def test_the_stats_line_follows_requests_then_stops_while_idle(model_dir):
     assert f"at {server.url} (openai" in log
     assert "INFO llmp.engine: loading weights from" in log and "building the KV cache" in log
     assert "\x1b[" not in log.split("engine ready in")[0]  # a log file gets no bars
+
+
+def test_an_aborted_stream_ends_the_lines_with_nothing_running(model_dir):
+    """The client goes away mid-stream: the last line shows the request gone, then the lines stop."""
+    env = {"LLMP_LOG_STATS_INTERVAL": str(INTERVAL_S)}
+    with serving(model_dir, "--dtype", "float32", env=env) as server:
+        body = {"prompt": "The quick", "max_tokens": 480, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"{server.api_url}/completions", json=body, timeout=60) as response:
+            assert response.status_code == 200
+            next(line for line in response.iter_lines() if line.startswith("data: {"))
+        _wait_for(server, STATS)
+        time.sleep(3 * INTERVAL_S)
+        settled = STATS.findall(server.log())
+        time.sleep(3 * INTERVAL_S)
+        assert STATS.findall(server.log()) == settled, server.log()
+        assert settled[-1][:4] == ("0.0", "0.0", "0", "0"), server.log()
+        metrics = httpx.get(f"{server.url}/metrics").text
+        aborts = [line for line in metrics.splitlines() if 'finished_reason="abort"' in line]
+        assert [line.split()[-1] for line in aborts if line.startswith("llmp_request_success_total")] == ["1.0"]
+        assert re.search(r"^llmp_num_requests_running\{[^}]*\} 0.0$", metrics, re.M), metrics
 
 
 def test_disable_log_stats_leaves_the_line_out(model_dir):

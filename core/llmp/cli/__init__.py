@@ -17,7 +17,7 @@ from typer.core import TyperGroup
 
 from llmp import __version__, plugins, registry
 from llmp.api import API_VERSION, CommandSpec, LLMPError
-from llmp.cli.help import format_help, use_llmp_help
+from llmp.cli.help import HELP_OPTION_NAMES, format_help, use_llmp_help
 
 
 class PluginCommandGroup(TyperGroup):
@@ -83,7 +83,24 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": HELP_OPTION_NAMES},  # as each command llmp builds
 )
+
+# vLLM flags that llmp has no option of that name for: the llmp option doing their job, and the hint
+# given with the unknown-option error of a command that takes that option
+VLLM_EQUIVALENTS = {
+    "--gpu-memory-utilization": ("--kv-cache-memory-gib", "use --kv-cache-memory-gib: llmp sizes the KV cache in GiB"),
+    "--kv-cache-memory": ("--kv-cache-memory-gib", "use --kv-cache-memory-gib: llmp sizes the KV cache in GiB"),
+    "--num-gpu-blocks-override": ("--kv-cache-memory-gib", "use --kv-cache-memory-gib to size the KV cache"),
+    "--swap-space": ("--kv-cache-memory-gib", "llmp does not swap the KV cache; --kv-cache-memory-gib sizes it"),
+    "--kv-cache-dtype": ("--dtype", "the KV cache takes --dtype, as the weights"),
+    "--pipeline-parallel-size": ("--tensor-parallel-size", "llmp splits a model by tensor: --tensor-parallel-size"),
+    "--distributed-executor-backend": ("--executor", "use --executor"),
+    "--uvicorn-log-level": ("--log-level", "use --log-level"),
+    "--disable-log-requests": ("--disable-access-log", "use --disable-access-log"),
+    "--enable-reasoning": ("--reasoning-parser", "--reasoning-parser NAME turns reasoning on"),
+    "--model": ("MODEL", "the model is the first argument: {command} MODEL"),
+}
 
 
 @app.callback()
@@ -107,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(2)
         ctx = getattr(exc, "ctx", None)
         hint = f" (see '{ctx.command_path} --help')" if ctx is not None and exc.exit_code == 2 else ""
-        print(f"llmp: error: {' '.join(exc.format_message().split())}{hint}", file=sys.stderr)
+        print(f"llmp: error: {' '.join(_usage_message(exc).split())}{hint}", file=sys.stderr)
         sys.exit(exc.exit_code)
     except typer.Abort:
         print("Aborted!", file=sys.stderr)
@@ -116,3 +133,19 @@ def main(argv: list[str] | None = None) -> None:
         print(f"llmp: error: {exc}", file=sys.stderr)
         sys.exit(2)
     sys.exit(status if isinstance(status, int) else 0)
+
+
+def _usage_message(exc: Any) -> str:
+    """click's message in llmp's style (``--config file '/tmp' is a directory``: the option first),
+    naming the llmp option to use for a vLLM flag llmp does not have."""
+    ctx = getattr(exc, "ctx", None)
+    kind = type(exc).__name__
+    if kind == "NoSuchOption" and ctx is not None:
+        equivalent = VLLM_EQUIVALENTS.get(exc.option_name)
+        taken = {name for p in ctx.command.get_params(ctx) for name in (*p.opts, p.metavar)}
+        if equivalent is not None and equivalent[0] in taken:
+            return f"No such option: {exc.option_name} ({equivalent[1].format(command=ctx.command_path)})"
+    if isinstance(exc, typer.BadParameter) and kind == "BadParameter" and exc.param is not None:
+        name = exc.param.opts[0] if exc.param.opts else exc.param.metavar or exc.param.name
+        return f"{name} {exc.message.rstrip('.')}"
+    return exc.format_message()

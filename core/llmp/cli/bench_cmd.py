@@ -14,6 +14,7 @@ import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import typer
@@ -21,8 +22,10 @@ import typer
 from llmp.cli.bench_offline import latency, throughput
 from llmp.cli.bench_report import ReportOptions, emit_report, percentile
 from llmp.cli.options import options_command, usage_error
-from llmp.cli.sse import DEFAULT_URL
+from llmp.cli.sse import DEFAULT_URL, ServerError
 from llmp.options import option
+
+ENDPOINTS = ("/v1/completions", "/v1/chat/completions")  # what bench serve sends: streamed text generation
 
 app = typer.Typer(no_args_is_help=True)  # its help is the CommandSpec's (llmp/builtins/commands.py)
 
@@ -47,9 +50,7 @@ class BenchServeSettings:
     url: str = option(
         DEFAULT_URL, "The server: http://HOST:PORT, with or without /v1.", short="--base-url", metavar="URL"
     )
-    endpoint: str = option(
-        "/v1/completions", "/v1/completions or /v1/chat/completions (the /v1 optional), under --url."
-    )
+    endpoint: str = option(ENDPOINTS[0], f"{' or '.join(ENDPOINTS)} (the /v1 optional), under --url.")
     model: str | None = option(None, "Model to ask (default: the first of GET URL/v1/models).", metavar="NAME")
     api_key: str | None = option(
         None, "Sent as 'Authorization: Bearer KEY'; LLMP_API_KEY comes before OPENAI_API_KEY.", metavar="KEY"
@@ -72,14 +73,11 @@ def serve(load: BenchServeSettings, output: ReportOptions) -> None:
     """Load-test an OpenAI-compatible server (llmp, vLLM, ...) and report throughput and latencies."""
     import asyncio
 
-    from llmp.cli.sse import ServerError, api_url
-
-    try:
-        api_url(load.url)
-    except ServerError as exc:  # a usage error, before anything is sent
-        raise usage_error(str(exc)) from None
+    check_before_run(load, output)
     try:
         report = asyncio.run(run_benchmark(load))
+    except UnservedModel as exc:  # a usage error, found before any load is sent
+        raise usage_error(str(exc)) from None
     except ServerError as exc:
         print(f"llmp: error: {exc}", file=sys.stderr)
         raise typer.Exit(1) from None
@@ -89,6 +87,42 @@ def serve(load: BenchServeSettings, output: ReportOptions) -> None:
     emit_report(report, output, print_table)
     if report["failed"]:
         raise typer.Exit(1)  # a load test with failures must not pass for a clean one in scripts
+
+
+def check_before_run(load: BenchServeSettings, output: ReportOptions) -> None:
+    """Usage errors (status 2) that the options' declarations cannot tell, before anything is sent:
+    a URL that names no server, an endpoint bench serve does not send, a result file it could not write."""
+    from llmp.cli.sse import api_url
+
+    try:
+        api_url(load.url)
+    except ServerError as exc:
+        raise usage_error(str(exc)) from None
+    if api_path(load.endpoint) is None:
+        raise usage_error(
+            f"--endpoint {load.endpoint!r} is not one bench serve sends; "
+            f"it sends {' or '.join(ENDPOINTS)} (the /v1 optional)"
+        )
+    if output.save_result is not None and (problem := unwritable(output.save_result)):
+        raise usage_error(f"--save-result {output.save_result}: {problem}")
+
+
+def unwritable(path: Path) -> str | None:
+    """Why ``path`` could not be written, or None: checked before a run, so a typo does not cost the run."""
+    import os
+
+    folder = path.parent
+    if path.is_dir():
+        return "is a directory"
+    if not folder.is_dir():
+        return f"the directory {folder} does not exist"
+    if not os.access(path if path.exists() else folder, os.W_OK):
+        return f"cannot write {'the file' if path.exists() else f'in {folder}'} (permission denied)"
+    return None
+
+
+class UnservedModel(ServerError):
+    """``--model`` names a model the server does not list: a usage error, found before any load is sent."""
 
 
 app.command("throughput")(throughput)  # after serve: the group lists its commands in this order
@@ -124,18 +158,24 @@ def make_prompts(settings: BenchServeSettings) -> list[str]:
     return [prefix + words(settings.input_len) for _ in range(settings.num_prompts)]
 
 
+def api_path(endpoint: str) -> str | None:
+    """``--endpoint``'s route under the API base (``/completions`` or ``/chat/completions``), with or
+    without ``/v1`` and slashes; None for a route bench serve does not send."""
+    path = "/" + endpoint.strip().strip("/")
+    if path == "/v1" or path.startswith("/v1/"):
+        path = path[3:]
+    return path if "/v1" + path in ENDPOINTS else None
+
+
 def is_chat(endpoint: str) -> bool:
-    return endpoint.rstrip("/").endswith("/chat/completions")
+    return api_path(endpoint) == "/chat/completions"
 
 
 def endpoint_url(settings: BenchServeSettings) -> str:
     """The URL requests go to: ``--endpoint`` under the API base of ``--url``, the ``/v1`` counted once."""
     from llmp.cli.sse import api_url
 
-    path = "/" + settings.endpoint.strip().lstrip("/")
-    if path == "/v1" or path.startswith("/v1/"):
-        path = path[3:]
-    return api_url(settings.url) + path
+    return api_url(settings.url) + (api_path(settings.endpoint) or "")
 
 
 def request_payload(settings: BenchServeSettings, model: str, prompt: str) -> dict[str, Any]:
@@ -194,10 +234,11 @@ async def timed_request(
 
 
 async def run_benchmark(settings: BenchServeSettings) -> dict[str, Any]:
-    """Look up the model unless named, send every request, and summarize what they measured."""
+    """Check the model is served (the first one listed unless named), send every request, and
+    summarize what they measured."""
     import httpx
 
-    from llmp.cli.sse import api_key_or_env, api_url, first_model
+    from llmp.cli.sse import api_key_or_env, api_url, served_models
 
     api_key = api_key_or_env(settings.api_key)
     url = endpoint_url(settings)
@@ -205,7 +246,11 @@ async def run_benchmark(settings: BenchServeSettings) -> dict[str, Any]:
     # Enough pooled connections for every request allowed in flight; a slow chunk may take minutes, none forever.
     limits = httpx.Limits(max_connections=in_flight, max_keepalive_connections=in_flight)
     async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(600.0, connect=30.0, pool=None)) as client:
-        model = settings.model or await first_model(client, api_url(settings.url) + "/models", api_key)
+        models_url = api_url(settings.url) + "/models"
+        served = await served_models(client, models_url, api_key)
+        model = settings.model or served[0]
+        if model not in served:
+            raise UnservedModel(f"--model {model!r} is not served at {models_url}, which lists: {', '.join(served)}")
         prompts = make_prompts(settings)
         print(
             f"llmp bench serve: {len(prompts)} requests to {url} (model {model}, request rate "

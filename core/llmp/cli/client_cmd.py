@@ -6,7 +6,8 @@ the client talks to the server at ``--url`` (default ``http://127.0.0.1:8000``);
 both is a usage error. Replies stream to stdout as they come. At a terminal the chat is a
 REPL: Ctrl-C stops a reply (closing its stream, so the server aborts the request) and
 returns to the prompt, Ctrl-D or ``/exit`` quits, and slash commands manage the
-conversation. Errors go to stderr as one ``llmp: error: ...`` line with exit status 1.
+conversation. Errors go to stderr as one ``llmp: error: ...`` line: status 2 for what was given
+(options, a model that cannot be run), 1 for what failed on the way.
 httpx, asyncio and the engine are imported inside functions: this module is imported
 whenever the CLI lists commands.
 """
@@ -24,7 +25,7 @@ from typing import Any
 import typer
 
 from llmp.cli.options import options_command, usage_error
-from llmp.cli.sse import DEFAULT_URL, ServerError, api_key_or_env, api_url, chunk_text, first_model, stream_chunks
+from llmp.cli.sse import DEFAULT_URL, ServerError, api_key_or_env, api_url, chunk_text, served_models, stream_chunks
 from llmp.options import option
 
 EXIT_WORDS = {"exit", "quit"}  # a bare word ends the session too, as it always has
@@ -84,7 +85,7 @@ def complete(client: ClientOptions, session: CompleteOptions) -> None:
 def _run(options: ClientOptions, quick: str | None, system_prompt: str | None, chat: bool) -> None:
     import asyncio
 
-    _check_target(options)
+    _check_target(options, quick)
     # One event loop for the whole session, so the HTTP client (or the engine's streams) outlive a turn;
     # while a turn runs, Ctrl-C cancels it (the Runner's SIGINT handling) and the REPL goes on.
     with asyncio.Runner() as runner:
@@ -106,10 +107,13 @@ def _run(options: ClientOptions, quick: str | None, system_prompt: str | None, c
             raise typer.Exit(130) from None
 
 
-def _check_target(options: ClientOptions) -> None:
-    """Usage errors (status 2) before anything starts: MODEL with a server's options, a URL that is none."""
+def _check_target(options: ClientOptions, quick: str | None) -> None:
+    """Usage errors (status 2) before anything starts: an empty -q, MODEL with a server's options,
+    a URL that is none."""
     problem = None
-    if options.local_model is not None:
+    if quick is not None and not quick.strip():
+        problem = "-q needs text to send; it is empty"
+    elif options.local_model is not None:
         given = [flag for flag, value in (("--url", options.url), ("--model", options.model)) if value is not None]
         if given:
             problem = (
@@ -152,7 +156,7 @@ async def _connect(options: ClientOptions) -> _Server:
     # Replies may take minutes to finish, but each chunk should come within the read timeout.
     client = httpx.AsyncClient(timeout=httpx.Timeout(300.0, connect=10.0))
     try:
-        model = options.model or await first_model(client, f"{base}/models", api_key)
+        model = options.model or (await served_models(client, f"{base}/models", api_key))[0]
     except BaseException:
         await client.aclose()
         raise
@@ -163,13 +167,13 @@ class _LocalEngine:
     """A model run in this process: ``AsyncLLM``, with the requests made as ``llmp serve``'s front-end
     makes them (the chat template, the generation-config defaults, the context-length checks)."""
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: Any) -> None:
         from llmp import AsyncLLM
         from llmp.frontend import FrontendKit, frontend_options, served_model_names
         from llmp.options import FrontendOptions
 
         self.engine = AsyncLLM(model, disable_log_stats=True)  # periodic statistics lines would land in the chat
-        names = served_model_names((), model)
+        names = served_model_names((), model.name)
         self.kit = FrontendKit(self.engine, frontend_options(FrontendOptions(), self.engine.info, names))
         self.model, self.where = names[0], "in this process"
 
@@ -198,14 +202,49 @@ class _LocalEngine:
 
 
 def _start_local(options: ClientOptions) -> _LocalEngine:
-    from llmp.api import LLMPError
+    """The engine on MODEL, as quiet as ``ollama run``: the ``llmp`` log at WARNING unless
+    ``LLMP_LOG_LEVEL`` asks otherwise, and at a terminal one transient "loading MODEL" status.
+    A model that cannot be found or served is a usage error (status 2), as in ``llmp serve``;
+    an engine that fails to start is status 1."""
+    import logging
+    import os
 
-    model = options.local_model or ""
-    print(f"llmp: starting an engine on {model} in this process ...", file=sys.stderr, flush=True)
+    from llmp.api import LLMPError
+    from llmp.model_files.resolve import resolve_model
+    from llmp.options import EngineConfig
+
+    name = options.local_model or ""
+    if "LLMP_LOG_LEVEL" not in os.environ:
+        logging.getLogger("llmp").setLevel(logging.WARNING)  # the engine process takes this level too
+    model = None
     try:
-        return _LocalEngine(model)
+        with _loading_status(name):  # the errors are printed after it, on a clean line
+            model = resolve_model(EngineConfig(model=name))
+            if model.task == "generate":
+                return _LocalEngine(model)
     except (LLMPError, ValueError, TypeError, OSError) as exc:
-        raise ServerError(f"cannot run {model}: {exc}") from None
+        if model is None:  # found or read wrongly: what was given
+            raise usage_error(f"cannot run {name}: {exc}") from None
+        raise ServerError(f"cannot run {name}: {exc}") from None
+    raise usage_error(
+        f"cannot run {name}: its task is {model.task!r}; chat and complete need a model that generates text"
+    )
+
+
+@contextmanager
+def _loading_status(model: str) -> Iterator[None]:
+    """A spinner saying "loading MODEL" on stderr while the block runs, gone when it ends; only at a
+    terminal, and only when the log is quiet (its own lines would tear the spinner)."""
+    import logging
+
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    if not console.is_terminal or logging.getLogger("llmp").isEnabledFor(logging.INFO):
+        yield
+        return
+    with console.status(f"loading {model} …"):
+        yield
 
 
 # -- the conversation ----------------------------------------------------------------

@@ -1,8 +1,8 @@
 """``llmp collect-env``: what to paste into a bug report.
 
-Plain text by default: ``## section`` headings and ``key: value`` lines, which
-read the same in a terminal, a fenced code block or a Markdown issue. ``--json``
-gives the same report as one object.
+Plain text by default: ``### section`` headings over ``- key: value`` items, which read
+as plain lines in a terminal and as small headings over lists when pasted into a Markdown
+issue. ``--json`` gives the same report as one object. Secrets (``LLMP_API_KEY``) are not shown.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from llmp.api import API_VERSION
 from llmp.cli.options import options_command
 from llmp.options import option
 
+REPORTED_VARIABLES = ("LLMP_", "CUDA_VISIBLE", "OMP_")
+SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD")  # a bug report is public: LLMP_API_KEY's value stays out
 LIBRARIES = ("torch", "transformers", "triton", "tokenizers", "safetensors", "numpy", "pluggy", "stevedore")
 # the /proc/cpuinfo flags that decide which matmul and attention paths a CPU can take
 CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_fp16")
@@ -175,7 +177,7 @@ def environment_report() -> dict[str, Any]:
         "gpu": _gpus(torch),
         "engine": _engine(cpu, build),
         "libraries": {name: _version(name) for name in LIBRARIES},
-        "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(("LLMP_", "CUDA_VISIBLE", "OMP_"))},
+        "env": {k: _shareable(k, v) for k, v in sorted(os.environ.items()) if k.startswith(REPORTED_VARIABLES)},
         "plugins": [
             {"name": r.name, "distribution": r.distribution, "version": r.version, "status": r.status}
             for r in plugins.plugin_records()
@@ -184,12 +186,13 @@ def environment_report() -> dict[str, Any]:
 
 
 def format_report(report: dict[str, Any]) -> str:
-    """The report as ``## section`` headings and ``key: value`` lines (no tables, no colour)."""
-    lines = ["# llmp environment", ""]
+    """The report as ``### section`` headings over ``- key: value`` items: a list under small
+    headings when pasted into a Markdown issue, and plain lines in a terminal (no tables, no colour)."""
+    lines: list[str] = []
 
     def section(title: str, values: dict[str, Any]) -> None:
-        lines.append(f"## {title}")
-        lines.extend(f"{key}: {_plain(value)}" for key, value in values.items())
+        lines.append(f"### {title}")
+        lines.extend(f"- {key}: {_plain(value)}" for key, value in values.items())
         lines.append("")
 
     section("llmp", {k: report[k] for k in ("llmp", "plugin_api", "python", "executable", "platform")})
@@ -198,10 +201,14 @@ def format_report(report: dict[str, Any]) -> str:
     section("cpu", {**report["cpu"], "memory_gib": report["memory_gib"]})
     section("gpu", report["gpu"])
     section("libraries", {k: v or "not installed" for k, v in report["libraries"].items()})
-    section("environment (LLMP_*, CUDA_VISIBLE*, OMP_*)", report["env"] or {"variables": "none set"})
+    section("environment (`LLMP_*`, `CUDA_VISIBLE*`, `OMP_*`)", report["env"] or {"variables": "none set"})
     plugins_by_name = sorted(report["plugins"], key=lambda p: p["name"])
     section("plugins", {p["name"]: f"{p['status']} ({p['distribution']} {p['version']})" for p in plugins_by_name})
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _shareable(name: str, value: str) -> str:
+    return "(set, not shown)" if any(word in name.upper() for word in SECRET_WORDS) else value
 
 
 def _plain(value: Any) -> str:

@@ -29,10 +29,15 @@ MIN_HELP_WIDTH = 24  # narrower than this, the help text goes below the flags
 DEFAULT_PANEL, ARGUMENTS_PANEL, COMMANDS_PANEL = "Options", "Arguments", "Commands"
 
 
+HELP_OPTION_NAMES = ["-h", "--help"]
+
+
 def use_llmp_help(command: Any) -> None:
-    """Render ``command``'s help, and that of its sub-commands, with :func:`format_help`.
-    (typer's commands render their own; this replaces it on the commands llmp builds.)"""
+    """Render ``command``'s help, and that of its sub-commands, with :func:`format_help`, and
+    take ``-h`` for ``--help`` as vLLM does. (typer's commands render their own; this replaces it
+    on the commands llmp builds.)"""
     command.format_help = types.MethodType(format_help, command)
+    command.context_settings.setdefault("help_option_names", HELP_OPTION_NAMES)
     for sub in getattr(command, "commands", {}).values():
         use_llmp_help(sub)
 
@@ -63,14 +68,34 @@ def render_help(command: Any, ctx: Any, width: int) -> str:
     for name, rows in panels.items():
         lines = [line for left, right in rows for line in _entry(left, right, flags_width, inner)]
         console.print(Panel(Group(*lines), title=name, title_align="left", border_style="dim", padding=(0, 1)))
-    if any(p.name == "config" for p in command.get_params(ctx)):
-        note = (
-            "Each option can also be set as LLMP_<OPTION> (LLMP_MAX_NUM_SEQS=8) or as a key of the "
-            "--config file (max-num-seqs: 8); the command line wins, then LLMP_*, then the file."
-        )
+    note = _settings_note(command.get_params(ctx))
+    if note:
         console.print(Padding(Text(note, style="dim"), (0, 1, 1, 1)))
     text = console.file.getvalue()  # type: ignore[attr-defined]
     return "\n".join(TRAILING.sub(_reset, line) for line in text.rstrip().splitlines()) + "\n"
+
+
+def _settings_note(params: list[Any]) -> str | None:
+    """How else the options are set, for a command with ``--config``; the example is one of the
+    command's own options (a number when it has one: ``LLMP_MAX_NUM_SEQS=256``, ``max-num-seqs: 256``)."""
+    if not any(p.name == "config" for p in params):
+        return None
+    options = [p for p in params if not isinstance(p, TyperArgument) and p.name not in ("config", "help")]
+    if not options:
+        return None
+    numbers = [p for p in options if isinstance(p.default, int | float) and not isinstance(p.default, bool)]
+    example = (numbers or options)[0]
+    if isinstance(example.default, bool):
+        env_value, yaml_value = ("0", "false") if example.default else ("1", "true")
+    elif example.default not in (None, "", (), []):
+        env_value = yaml_value = f"{example.default:g}" if isinstance(example.default, float) else str(example.default)
+    else:
+        env_value = yaml_value = _metavar(example) or "VALUE"
+    name = example.name or ""
+    return (
+        f"Each option can also be set as LLMP_<OPTION> (LLMP_{name.upper()}={env_value}) or as a key of the "
+        f"--config file ({name.replace('_', '-')}: {yaml_value}); the command line wins, then LLMP_*, then the file."
+    )
 
 
 def _reset(trailing: re.Match) -> str:

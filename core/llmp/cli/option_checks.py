@@ -33,16 +33,16 @@ def component_problems(specs: list[OptionSpec], values: Mapping[str, Setting]) -
             close = get_close_matches(name, known, 1)
             hint = f" (did you mean {close[0]}?)" if close else ""
             kind = spec.component.replace("_", " ")
-            problems.append(
-                f"{setting.source}: no {kind} plugin {name!r}{hint}; installed: {', '.join(sorted(known)) or 'none'}"
-            )
+            installed = f"{alternatives(tuple(sorted(known)))} (the installed {kind} plugins)" if known else None
+            wanted = f"must be {installed}" if installed else f"must name a {kind} plugin (none is installed)"
+            problems.append(f"{setting.source} {wanted}, got {name!r}{hint}")
     return problems
 
 
 def combination_problems(specs: list[OptionSpec], values: Mapping[str, Setting]) -> list[str]:
-    """What only the registry or another option tells, among the options this command takes: more
-    than one rank on an executor that runs one, a device no kernel set runs on, auto tool choice
-    without a parser."""
+    """What only the registry, the model or another option tells, among the options this command
+    takes: more than one rank on an executor that runs one, a device no kernel set runs on, a
+    context longer than the model's, auto tool choice without a parser."""
     taken = {s.name: s for s in specs}
 
     def setting(name: str) -> Setting:
@@ -55,7 +55,7 @@ def combination_problems(specs: list[OptionSpec], values: Mapping[str, Setting])
         if tp.value > 1 and spec is not None and not getattr(spec, "distributed", False):
             distributed = sorted(n for n, s in registry.components("executor").items() if getattr(s, "distributed", 0))
             problems.append(
-                f"{tp.source} {tp.value} needs an executor that runs several ranks "
+                f"{tp.written} needs an executor that runs several ranks "
                 f"(--executor {' or '.join(distributed) or 'mp'}); {executor.value} runs one"
             )
     if "device" in values:  # a named kernel set may run elsewhere (triton under TRITON_INTERPRET): not checked
@@ -63,8 +63,23 @@ def combination_problems(specs: list[OptionSpec], values: Mapping[str, Setting])
         devices = sorted({d for s in registry.components("kernels").values() for d in getattr(s, "devices", ())})
         if devices and str(device.value).partition(":")[0] not in devices:  # cuda:1 is a cuda device
             problems.append(f"{device.source} must be {alternatives(tuple(devices))}, got {device.value!r}")
+    if "max_model_len" in values and "model" in taken and taken["model"].record == taken["max_model_len"].record:
+        problems += context_problems(setting("model"), values["max_model_len"])
     if {"enable_auto_tool_choice", "tool_call_parser"} <= taken.keys():
         auto, parser = setting("enable_auto_tool_choice"), setting("tool_call_parser")
         if auto.value and not parser.value:
             problems.append(f"{auto.source} needs {parser.source} NAME (see llmp plugins list --kind tool_parser)")
     return problems
+
+
+def context_problems(model: Setting, max_model_len: Setting) -> list[str]:
+    """A context length beyond the model's (its config.json), as the engine would refuse it once
+    started. A model that cannot be found is left to the command, which says why."""
+    from llmp.model_files.resolve import context_problem, model_context_len
+
+    try:
+        context = model_context_len(model.value)
+    except Exception:  # noqa: BLE001 - no such model, an unreadable config: the command reports it
+        return []
+    problem = context_problem(max_model_len.value, context)
+    return [f"{max_model_len.source} {problem}"] if problem else []

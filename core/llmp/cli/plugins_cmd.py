@@ -9,13 +9,14 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Any
+from difflib import get_close_matches
+from typing import Any, Literal
 
 import typer
 
 from llmp import plugins, registry
 from llmp.api import KINDS
-from llmp.cli.options import options_command
+from llmp.cli.options import options_command, usage_error
 from llmp.options import option
 
 app = typer.Typer(help="List and inspect plugins.", no_args_is_help=True)
@@ -24,7 +25,9 @@ app = typer.Typer(help="List and inspect plugins.", no_args_is_help=True)
 @dataclass(frozen=True, kw_only=True)
 class PluginsListOptions:
     json_output: bool = option(False, "Print JSON instead of a table.", flag="--json/--no-json")
-    kind: str | None = option(None, f"Only plugins providing this kind: {', '.join(KINDS)}.")
+    kind: Literal[KINDS] | None = option(  # type: ignore[valid-type]  # KINDS: a tuple of names
+        None, f"Only plugins providing this kind: {', '.join(KINDS)}.", metavar="KIND"
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,8 +99,6 @@ def list_plugins(settings: PluginsListOptions) -> None:
 
     `llmp plugins show NAME` gives one plugin's distribution, version, hooks and errors; --json gives
     every plugin with all of it."""
-    if settings.kind is not None and settings.kind not in KINDS:
-        raise typer.BadParameter(f"unknown kind {settings.kind!r}; kinds are: {', '.join(KINDS)}", param_hint="--kind")
     rows = describe_plugins()
     if settings.kind:
         rows = [r for r in rows if settings.kind in r["kinds"]]
@@ -218,8 +219,10 @@ def show_plugin(settings: PluginsShowOptions) -> None:
     """Show one plugin: hooks, components, module path and, if broken, its error and traceback."""
     rows = {r["name"]: r for r in describe_plugins()}
     if settings.name not in rows:
-        known = ", ".join(sorted(rows)) or "none"
-        raise typer.BadParameter(f"no plugin named {settings.name!r}; plugins: {known}", param_hint="NAME")
+        close = get_close_matches(settings.name, rows, 1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        installed = ", ".join(sorted(rows)) or "none"
+        raise usage_error(f"NAME must be an installed plugin ({installed}), got {settings.name!r}{hint}")
     row = rows[settings.name]
     if settings.json_output:
         typer.echo(json.dumps(row, indent=2))

@@ -30,16 +30,48 @@ def api_url(url: str) -> str:
     ``http://host:port``, ``http://host:port/``, ``http://host:port/v1`` and ``.../v1/``
     all give ``http://host:port/v1``; a path in front stays (``http://proxy/llm`` gives
     ``http://proxy/llm/v1``) and ``host:port`` alone gets ``http://``. Every client command
-    (``llmp chat``, ``llmp complete``, ``llmp bench serve``) reads its URL through this.
+    (``llmp chat``, ``llmp complete``, ``llmp bench serve``) reads its URL through this, before
+    sending anything: a URL that names no server (no host, a port out of range or not a number,
+    another scheme) raises :class:`ServerError` saying why, in one line.
     """
+    given = url
     url = url.strip()
-    if "://" not in url:
+    if "://" not in url and url:
         url = "http://" + url
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ServerError(f"--url {url!r} is not a server address such as {DEFAULT_URL}")
+    problem = _address_problem(url)
+    if problem:
+        raise ServerError(f"--url {given!r} is not a server address ({problem}); give one such as {DEFAULT_URL}")
     url = url.rstrip("/")
     return url if url.endswith("/v1") else url + "/v1"
+
+
+def _address_problem(url: str) -> str | None:
+    """What keeps ``url`` from naming an HTTP server, or None. The port and host are read inside the
+    ``try``: urllib raises ValueError on reading a bad one, and httpx rejects what urllib lets pass."""
+    import httpx
+
+    if not url:
+        return "it is empty"
+    try:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https"):
+            return "the scheme must be http or https"
+        if not parts.hostname:
+            return "no host"
+        if parts.query or parts.fragment:
+            return "a ?query or #fragment has no place in it"
+        try:
+            port = parts.port
+        except ValueError:
+            port = 0  # out of range, or not a number
+        if port == 0:
+            return "the port must be a number from 1 to 65535"
+        httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        return str(exc).rstrip(".")
+    except ValueError as exc:  # urllib's "Invalid IPv6 URL": a bracket left open
+        return str(exc)
+    return None
 
 
 def api_key_or_env(api_key: str | None) -> str | None:
@@ -128,13 +160,15 @@ async def get_json(client: Any, url: str, api_key: str | None) -> Any:
         raise ServerError(f"{url} did not answer with JSON") from None
 
 
-async def first_model(client: Any, models_url: str, api_key: str | None) -> str:
-    """The first model id the server lists at ``GET /v1/models``: the default when none is named."""
+async def served_models(client: Any, models_url: str, api_key: str | None) -> list[str]:
+    """The model ids the server lists at ``GET /v1/models``, in its order (the first is the default
+    when none is named); :class:`ServerError` when it lists none."""
     data = await get_json(client, models_url, api_key)
     models = data.get("data") if isinstance(data, dict) else None
-    if not models or not isinstance(models[0], dict) or "id" not in models[0]:
+    ids = [str(m["id"]) for m in models or () if isinstance(m, dict) and "id" in m]
+    if not ids:
         raise ServerError(f"{models_url} lists no models")
-    return str(models[0]["id"])
+    return ids
 
 
 async def stream_chunks(

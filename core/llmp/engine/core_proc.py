@@ -26,6 +26,9 @@ from llmp.sampling_params import SamplingParamsError, StructuredOutputsParams
 
 log = logging.getLogger("llmp.engine")
 IDLE_POLL_MS = 500
+# `llmp serve` sends this request through the whole path before it reports ready: the server's own,
+# so the stat loggers never see it (no warm-up in the first statistics line or in a plugin's counters)
+WARM_UP_REQUEST_ID = "llmp-warm-up"
 
 
 class EngineCoreLoop:
@@ -71,6 +74,8 @@ class EngineCoreLoop:
         try:
             while self.running:
                 busy = self.engine.has_unfinished_requests()
+                if not busy:
+                    self.engine.stat_loggers.muted = False  # the warm-up, if any, is over
                 if self.input.poll(0 if busy else IDLE_POLL_MS):
                     self._drain()
                 if self.running and self.engine.has_unfinished_requests():
@@ -100,6 +105,8 @@ class EngineCoreLoop:
     def _handle(self, message: Any) -> None:
         if isinstance(message, msg.AddRequest):
             prompt = message.prompt
+            if message.request_id == WARM_UP_REQUEST_ID:
+                self.engine.stat_loggers.muted = True
             try:
                 if message.pooling is not None:
                     self.engine.add_request(

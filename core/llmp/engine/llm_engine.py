@@ -134,12 +134,7 @@ class LLMEngine:
     def _max_model_len(self, num_blocks: int) -> int:
         model_len = self.model.context_len
         pool = num_blocks * self.config.block_size
-        if self.config.max_model_len is not None:
-            if self.config.max_model_len > model_len:
-                raise ValueError(
-                    f"max_model_len {self.config.max_model_len} exceeds the model's context "
-                    f"(max_position_embeddings = {model_len})"
-                )
+        if self.config.max_model_len is not None:  # within the model's context: checked when it was resolved
             if self.config.max_model_len > pool:
                 raise ValueError(
                     f"max_model_len {self.config.max_model_len} does not fit the KV cache ({num_blocks} blocks of "
@@ -284,16 +279,19 @@ class LLMEngine:
     def abort_request(self, request_ids: str | Sequence[str]) -> list[RequestOutput]:
         """Abort requests (by the id given to :meth:`add_request`); returns their final outputs."""
         finished = []
+        aborted = False
         for request_id in [request_ids] if isinstance(request_ids, str) else request_ids:
             if request_id in self.pooling:
                 text, request = self.pooling.pop(request_id)
                 self.scheduler.abort_requests([request_id])
+                aborted = True
                 if self.stat_loggers:
                     self._record_finished_pooling(request)
                 continue
             state = self.outputs.state_of(request_id)
             if state is None:
                 continue
+            aborted = True
             for seq in state.sequences:
                 self.scheduler.abort_requests([seq.request.request_id])
                 self.outputs.finish(seq, RequestStatus.FINISHED_ABORTED.value)
@@ -301,6 +299,9 @@ class LLMEngine:
             if self.stat_loggers:  # aborted requests are counted too, with finish_reason "abort"
                 self._record_finished(output, state)
             finished.append(output)
+        if aborted and self.stat_loggers:
+            # no step may follow (an idle engine): the loggers get the counts without the aborted requests now
+            self.stat_loggers.record_step(self._scheduler_stats())
         return finished
 
     def has_unfinished_requests(self) -> bool:

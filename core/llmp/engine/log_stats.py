@@ -8,11 +8,14 @@ Every ``LLMP_LOG_STATS_INTERVAL`` seconds (default 10) while the engine works it
 and once more after the work stops (the zeros), then nothing while idle. Throughput counts the
 tokens computed in the interval (prompt chunks and sampled tokens, as vLLM); the hit rate is the
 interval's share of prompt tokens found in the prefix cache. ``--disable-log-stats`` leaves this logger out.
+A ``LLMP_LOG_STATS_INTERVAL`` that is not a positive number of seconds is reported in one warning
+line and the default used (vLLM's ``VLLM_LOG_STATS_INTERVAL`` also falls back to 10 s).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -21,7 +24,29 @@ import weakref
 from llmp.api import EngineInfo, FinishedRequestStats, SchedulerStats
 
 log = logging.getLogger("llmp.engine")
+INTERVAL_VARIABLE = "LLMP_LOG_STATS_INTERVAL"
 DEFAULT_INTERVAL_S = 10.0
+
+
+def interval_from_env() -> float:
+    """Seconds between lines: ``LLMP_LOG_STATS_INTERVAL``, or the default when unset or not usable."""
+    text = os.environ.get(INTERVAL_VARIABLE, "").strip()
+    if not text:
+        return DEFAULT_INTERVAL_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        log.warning(
+            "%s=%s is not a positive number of seconds; logging statistics every %g s "
+            "(--disable-log-stats turns them off)",
+            INTERVAL_VARIABLE,
+            text,
+            DEFAULT_INTERVAL_S,
+        )
+        return DEFAULT_INTERVAL_S
+    return value
 
 
 class LoggingStatLogger:
@@ -29,12 +54,11 @@ class LoggingStatLogger:
     has gone idle, when no step would call the logger)."""
 
     def __init__(self, info: EngineInfo) -> None:
-        self.interval = float(os.environ.get("LLMP_LOG_STATS_INTERVAL") or DEFAULT_INTERVAL_S)
+        self.interval = interval_from_env()
         self.lock = threading.Lock()
         self.prompt_tokens = self.generation_tokens = 0  # computed since the last line
-        self.last: SchedulerStats | None = None  # the latest step's figures
+        self.last: SchedulerStats | None = None  # the latest figures (a step's, or an abort's)
         self.logged: SchedulerStats | None = None  # the figures at the last line (the hit rate's base)
-        self.active = False  # a step ran since the last line
         self.last_line_busy = False  # the last line showed work: one more line shows it stopped
         self.stamp = time.monotonic()
         threading.Thread(
@@ -44,7 +68,6 @@ class LoggingStatLogger:
     def record_step(self, stats: SchedulerStats) -> None:
         with self.lock:
             self.last = stats
-            self.active = True
             self.prompt_tokens += stats.num_prompt_tokens
             self.generation_tokens += stats.num_generation_tokens
 
@@ -63,12 +86,12 @@ class LoggingStatLogger:
                 0,
             )
             stats, base = self.last, self.logged
-            busy = self.active or prompt > 0 or generation > 0
-            if stats is not None:
-                busy = busy or stats.num_running > 0 or stats.num_waiting > 0
-            if stats is None or not (busy or self.last_line_busy):
+            if stats is None:
                 return None
-            self.active, self.last_line_busy, self.logged = False, busy, stats
+            busy = prompt > 0 or generation > 0 or stats.num_running > 0 or stats.num_waiting > 0
+            if not (busy or self.last_line_busy):
+                return None
+            self.last_line_busy, self.logged = busy, stats
         queries = stats.prefix_cache_queries - (base.prefix_cache_queries if base else 0)
         hits = stats.prefix_cache_hits - (base.prefix_cache_hits if base else 0)
         return (
@@ -83,9 +106,11 @@ class LoggingStatLogger:
 def _log_every_interval(ref: weakref.ref[LoggingStatLogger]) -> None:
     """Runs until the logger is garbage-collected with its engine."""
     logger = ref()
-    interval = logger.interval if logger is not None else 0
+    if logger is None:
+        return
+    interval = logger.interval
     del logger
-    while interval > 0:
+    while True:
         time.sleep(interval)
         logger = ref()
         if logger is None:

@@ -58,7 +58,7 @@ class Sampler:
     (vLLM seeds its workers' random state with it): a fresh engine given the same requests in the
     same order gives the same text. A request's own ``seed`` gives it a generator of its own."""
 
-    def __init__(self, seed: int = 0) -> None:
+    def __init__(self, seed: int) -> None:
         self.generator = torch.Generator().manual_seed(seed)
 
     def __call__(self, logits: torch.Tensor, requests: list[Request]) -> SamplerOutput:

@@ -14,14 +14,18 @@ log = logging.getLogger("llmp.engine")
 class StatLoggers:
     """The stat loggers of one engine, built from the registry when it starts.
 
-    The engine calls ``record_step`` once per step and ``record_finished`` once per request that
-    ends, aborted ones included: plain method calls, no pluggy. A logger that raises (when built or when called)
-    is reported once, with its traceback, and dropped: figures are never worth the engine.
+    The engine calls ``record_step`` once per step, and once more with the fresh counts (no tokens)
+    when it aborts requests between steps, so no logger keeps showing an aborted request as running;
+    ``record_finished`` once per request that ends, aborted ones included: plain method calls, no
+    pluggy. A logger that raises (when built or when called) is reported once, with its traceback,
+    and dropped: figures are never worth the engine.
     ``log_stats=False`` (``--disable-log-stats``) leaves out the built-in ``logging`` logger.
+    While ``muted`` (the server's warm-up request) no logger is told anything.
     """
 
     def __init__(self, info: EngineInfo, log_stats: bool = True) -> None:
         self.loggers: list[tuple[str, StatLogger]] = []
+        self.muted = False
         for name, spec in registry.components("stat_logger").items():
             if name == LOGGING_STAT_LOGGER and not log_stats:
                 continue
@@ -31,7 +35,8 @@ class StatLoggers:
                 log.exception("stat logger %r (from %s) failed to start; it is disabled", name, spec.distribution)
 
     def __bool__(self) -> bool:
-        return bool(self.loggers)
+        """Whether the engine should compute figures for the loggers at all."""
+        return bool(self.loggers) and not self.muted
 
     def record_step(self, stats: SchedulerStats) -> None:
         for name, logger in self.loggers:

@@ -19,7 +19,9 @@ class Worker:
         from llmp import plugins
         from llmp.engine.model_runner import ModelRunner
         from llmp.modeling.parallel import init_tensor_parallel
+        from llmp.progress import configure_logging
 
+        configure_logging()  # a rank in its own process reports loading as the engine process does
         threads = config.num_threads or max(1, (os.cpu_count() or 1) // world_size)
         torch.set_num_threads(threads)
         torch.manual_seed(config.seed)  # as vLLM seeds each worker: anything random in a rank repeats per run

@@ -40,6 +40,7 @@ def resolve_model(config: EngineConfig) -> ResolvedModel:
     names = architectures(hf_config)
     spec = registry.select_model(names, config.model_impl)
     task = resolve_task(config.task, spec, has_sentence_transformers_config(model_dir))
+    check_context(config, context_len(hf_config))
     return ResolvedModel(
         name=str(config.model or DEFAULT_MODEL),
         model_dir=model_dir,
@@ -49,14 +50,41 @@ def resolve_model(config: EngineConfig) -> ResolvedModel:
         spec=spec,
         task=task,
         dtype=resolve_dtype(config.dtype, hf_config),
-        context_len=getattr(hf_config, "max_position_embeddings", None) or 4096,
+        context_len=context_len(hf_config),
         pooling=resolve_pooling(model_dir, spec) if task == "embed" else None,
     )
 
 
+def context_len(hf_config: Any) -> int:
+    """The longest sequence the model takes: its ``max_position_embeddings`` (4096 when it names none)."""
+    return getattr(hf_config, "max_position_embeddings", None) or 4096
+
+
+def model_context_len(model: str | None) -> int:
+    """:func:`context_len` of a model as it is named (``None``: the default model), from its config.json."""
+    return context_len(load_plain_config(find_model_dir(model)))
+
+
+def context_problem(max_model_len: int | None, context: int) -> str | None:
+    """What is wrong with ``max_model_len`` for a model of ``context`` tokens, or ``None``: the one
+    rule, checked by resolution (naming the field) and by the commands (naming the flag)."""
+    if max_model_len is not None and max_model_len > context:
+        return f"{max_model_len} exceeds the model's context (max_position_embeddings = {context})"
+    return None
+
+
+def check_context(config: EngineConfig, context: int) -> None:
+    """``ValueError`` naming ``max_model_len`` when ``config`` asks for more than the model's context."""
+    problem = context_problem(config.max_model_len, context)
+    if problem:
+        raise ValueError(f"max_model_len {problem}")
+
+
 def check_resolved(model: ResolvedModel, config: EngineConfig) -> None:
-    """``ValueError`` naming the first option of ``config`` that ``model`` was not resolved with:
-    a record resolved under other options must not be served under these."""
+    """``ValueError`` naming the first option of ``config`` that ``model`` was not resolved with
+    (a record resolved under other options must not be served under these), or a ``max_model_len``
+    beyond its context."""
+    check_context(config, model.context_len)
     resolved = {
         "dtype": model.dtype,
         "task": model.task,

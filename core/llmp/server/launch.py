@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from llmp.api import LLMPError
+from llmp.engine.core_proc import WARM_UP_REQUEST_ID
 from llmp.frontend.startup import frontend_options, read_chat_template, served_model_names
 from llmp.options import FrontendOptions, ServerOptions
 from llmp.server.app import LOOPBACK_HOSTS, Limits, ServerState, build_app, with_light_json
@@ -23,15 +24,32 @@ from llmp.server.settings import ServeSettings
 log = logging.getLogger("llmp.server")
 ENGINE_WATCH_S = 0.5
 SHUTDOWN_GRACE_S = 3.0
+FRONTEND_BIND_S = 0.2  # a front-end with its own port binds it as its serve() starts: a busy port fails by then
 
 
 def run(settings: ServeSettings) -> int:
-    """Serve until interrupted; the exit status (0 after a clean shutdown)."""
+    """Serve until interrupted; the exit status (0 after a clean shutdown, an interrupt included)."""
     started = time.monotonic()
     logging.basicConfig(level=settings.server.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    # until the server handles the signals itself (while the model resolves, the engine spawns),
+    # SIGTERM stops start-up as Ctrl-C does: quietly, status 0
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return _start_and_serve(settings, started)
+    except KeyboardInterrupt:
+        log.info("interrupted")
+        return 0
+
+
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _start_and_serve(settings: ServeSettings, started: float) -> int:
     from llmp.model_files.resolve import resolve_model
 
     try:  # what the options alone cannot tell (they were checked when parsed): before anything starts
+        _check_ports(settings)
         frontends = _frontend_specs(settings.server.frontend)
         chat_template = read_chat_template(settings.frontend.chat_template)
         # the model, resolved once (a GGUF file converted) before the port is bound; the engine takes the record
@@ -60,6 +78,13 @@ def run(settings: ServeSettings) -> int:
         _error(exc)
         return 2
     return asyncio.run(_serve(settings, classes, chat_template, sock, engine, tokenizer, started))
+
+
+def _check_ports(settings: ServeSettings) -> None:
+    """The gRPC front-end listens on its own port: not the HTTP one (it would fail only once loaded)."""
+    http_port, grpc_port = settings.server.port, settings.frontend.grpc_port
+    if "grpc" in settings.server.frontend and http_port == grpc_port != 0:
+        raise LLMPError(f"--port and --grpc-port are both {http_port}: give the gRPC front-end another --grpc-port")
 
 
 def _error(exc: BaseException) -> None:
@@ -138,6 +163,7 @@ async def _serve(
         http=_header_timeout_protocol(http.header_timeout),
     )
     server = _server_class()(config, state, http.shutdown_timeout)
+    port = sock.getsockname()[1]  # the bound one (--port 0 takes any free port), read before uvicorn owns it
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     log.debug("HTTP server starting after %.2f s", time.monotonic() - started)
     loaded = None
@@ -154,7 +180,8 @@ async def _serve(
         log.debug("tokenizer ready after %.2f s", time.monotonic() - started)
         state.phase = "warming_up"
         log.info("warming up: one request through the whole path")
-        await _warm_up(loaded)
+        if not await _unless_stopped(_warm_up(loaded), server, serving):
+            return await _finish(serving, 0)
         log.debug("warmed up after %.2f s", time.monotonic() - started)
         limits = gate_limits(settings)
         engine = MeteredEngine(
@@ -178,9 +205,12 @@ async def _serve(
         for task in tasks:
             task.add_done_callback(lambda done: _frontend_stopped(done, state, server))
         state.engine = engine
-        if state.phase == "warming_up":  # not interrupted meanwhile
+        if tasks:
+            await asyncio.wait(tasks, timeout=FRONTEND_BIND_S)  # ready means every front-end listens
+        failed = any(task.done() and not task.cancelled() and task.exception() for task in tasks)
+        if state.phase == "warming_up" and not failed and not _stopping(server, serving):
             state.phase = "ready"
-        _print_ready(http, sock.getsockname()[1], served_names[0], time.monotonic() - state.started, frontends)
+            _print_ready(http, port, served_names[0], time.monotonic() - state.started, frontends)
         watcher = asyncio.create_task(_watch_engine(state, server))
         await serving
         watcher.cancel()
@@ -195,6 +225,24 @@ async def _serve(
     finally:
         if loaded is not None:
             await asyncio.to_thread(loaded.shutdown)
+
+
+def _stopping(server: Any, serving: asyncio.Task) -> bool:
+    """A signal came (or the HTTP server stopped): start-up must go no further."""
+    return server.should_exit or serving.done()
+
+
+async def _unless_stopped(work: Any, server: Any, serving: asyncio.Task) -> bool:
+    """Run ``work`` (a coroutine) unless the server stops first (a signal): then cancel it, False."""
+    task = asyncio.ensure_future(work)
+    while not task.done() and not _stopping(server, serving):
+        await asyncio.wait({task, serving}, timeout=0.1, return_when=asyncio.FIRST_COMPLETED)
+    if not task.done():
+        task.cancel()
+        await asyncio.wait({task})
+        return False
+    task.result()  # its error, if any
+    return not _stopping(server, serving)
 
 
 async def _finish(serving: asyncio.Task, status: int) -> int:
@@ -215,7 +263,7 @@ async def _load_engine(
         await asyncio.wait({loading, serving}, timeout=0.2, return_when=asyncio.FIRST_COMPLETED)
         if serving.done() or server.should_exit:
             break
-    if not loading.done():  # the server stopped first (Ctrl-C): the engine must not outlive it
+    if _stopping(server, serving):  # the server stopped first (Ctrl-C): the engine must not outlive it
         try:
             engine = await loading
         except Exception:
@@ -237,11 +285,11 @@ async def _warm_up(engine: Any) -> None:
     prompt = Prompt(token_ids=[0])
     try:
         if engine.info.get("task") == "embed":
-            async for _ in engine.encode(prompt, request_id="llmp-warm-up"):
+            async for _ in engine.encode(prompt, request_id=WARM_UP_REQUEST_ID):
                 pass
         else:
             params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
-            async for _ in engine.generate(prompt, params, request_id="llmp-warm-up"):
+            async for _ in engine.generate(prompt, params, request_id=WARM_UP_REQUEST_ID):
                 pass
     except Exception as exc:
         raise LLMPError(f"the warm-up request failed: {type(exc).__name__}: {exc}") from None
