@@ -114,10 +114,15 @@ def _check_target(options: ClientOptions, quick: str | None) -> None:
     if quick is not None and not quick.strip():
         problem = "-q needs text to send; it is empty"
     elif options.local_model is not None:
-        given = [flag for flag, value in (("--url", options.url), ("--model", options.model)) if value is not None]
+        given = [
+            f"{flag} (or {variable})"
+            for flag, variable, value in (("--url", "LLMP_URL", options.url), ("--model", "LLMP_MODEL", options.model))
+            if value is not None
+        ]
         if given:
             problem = (
-                f"MODEL runs a model in this process; {' and '.join(given)} are for a server: give one or the other"
+                f"MODEL runs a model in this process, but {' and '.join(given)} is set for a server: "
+                "give one or the other"
             )
     elif options.url is not None:
         try:
