@@ -150,11 +150,14 @@ def _load_entry_points(pm: pluggy.PluginManager) -> None:
 
     from stevedore import NamedExtensionManager  # imported here: only needed when something loads
 
+    failed: set[str] = set()
+
     def on_failure(_manager: Any, ep: importlib.metadata.EntryPoint, exc: BaseException) -> None:
+        failed.add(ep.name)
         record_failure(ep.name, exc, "importing")
 
     def on_missing(names: Any) -> None:  # seen by importlib.metadata, not by stevedore: never drop one silently
-        for name in names:
+        for name in sorted(set(names) - failed):  # one that failed to import is reported once, above
             record_failure(name, LookupError(f"entry point {name!r} disappeared while loading"), "discovering")
 
     # stevedore caches a group's entry points per process; a (re)load must see the installed set as it is now
