@@ -92,12 +92,12 @@ def test_config_that_does_not_match_the_weights_names_the_weight(tmp_path, chang
 
 
 def test_unknown_paths_and_names_say_what_was_tried(tmp_path):
-    with pytest.raises(ModelLoadError, match="not a directory with config.json"):
+    with pytest.raises(ModelLoadError, match="no such directory or .gguf file"):
         find_model_dir(tmp_path / "nowhere")
     (tmp_path / "empty").mkdir()
     with pytest.raises(ModelLoadError, match="holds no config.json"):
         find_model_dir(tmp_path / "empty")
-    with pytest.raises(ModelLoadError, match="not a .gguf file"):
+    with pytest.raises(ModelLoadError, match="not in the Hugging Face cache.*hf download some-org/some-model"):
         find_model_dir("some-org/some-model-that-is-not-cached")
 
 
@@ -139,9 +139,10 @@ def test_two_processes_converting_one_gguf_file_together_both_get_the_finished_d
     import subprocess
     import sys
 
-    from llmp.model_files.lookup import DEFAULT_MODEL, _packaged_model
+    from llmp.model_files.packaged import packaged_model
+    from llmp.options import DEFAULT_MODEL
 
-    gguf_file = _packaged_model(DEFAULT_MODEL)  # the packaged default model's .gguf file
+    gguf_file = packaged_model(DEFAULT_MODEL).location()  # the packaged default model's .gguf file
     script = (
         "import sys; from pathlib import Path; from llmp.model_files.gguf import convert_gguf; "
         "out = convert_gguf(Path(sys.argv[1])); "

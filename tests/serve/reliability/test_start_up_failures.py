@@ -61,13 +61,13 @@ def outcome(model, name: str, tmp_path) -> tuple[int | None, str, float]:
     return serve_until_exit_or_ready(model, *CONFIGS[name], tmp_path=tmp_path)
 
 
-def test_a_context_longer_than_the_model_exits_1_naming_both_lengths(tiny_model, tmp_path):
+def test_a_context_longer_than_the_model_is_a_usage_error_naming_both_lengths(tiny_model, tmp_path):
     status, output, seconds = outcome(tiny_model, "context-beyond-model", tmp_path)
-    assert status == 1, output
+    assert status == 2, output  # checked against the model's config before anything starts
     assert seconds < 60
     lines = llmp_lines(output)
     assert len(lines) == 1, output
-    assert "max_model_len 100000" in lines[0] and "2048" in lines[0], lines[0]
+    assert "--max-model-len 100000" in lines[0] and "2048" in lines[0], lines[0]
 
 
 def test_a_context_that_does_not_fit_the_kv_cache_exits_1_naming_the_cache(tiny_model, tmp_path):
@@ -92,23 +92,25 @@ def test_an_engine_start_up_failure_is_reported_once_without_a_traceback(tiny_mo
     from llmp.model_files.resolve import resolve_model
     from llmp.options import EngineConfig
 
+    # fits the model's context (checked when resolving) but not a 13-block KV cache: refused by the engine
+    config = EngineConfig(model=str(tiny_model), dtype="float32", max_model_len=2048, num_kv_blocks=13)
+    model = resolve_model(config)  # before any socket: a failure here must not leave a ZMQ context
     folder = tempfile.mkdtemp(prefix="llmp-rel-")
     in_address, out_address = f"ipc://{folder}/in", f"ipc://{folder}/out"
     context = zmq.Context()
     inputs, outputs = context.socket(zmq.PUSH), context.socket(zmq.PULL)
     inputs.bind(in_address)
     outputs.bind(out_address)
-    config = EngineConfig(model=str(tiny_model), dtype="float32", max_model_len=100000)
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLMP_")}
     process = subprocess.Popen(
         [sys.executable, "-m", "llmp.engine.core_proc"], stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=env
     )
     try:
-        process.stdin.write(pickle.dumps((config, resolve_model(config), in_address, out_address, os.getpid())))
+        process.stdin.write(pickle.dumps((config, model, in_address, out_address, os.getpid())))
         process.stdin.close()
         assert outputs.poll(60_000), "the engine reported nothing"
         message = msg.from_engine_decoder.decode(outputs.recv())
-        assert isinstance(message, msg.EngineFailed) and "max_model_len 100000" in message.message, message
+        assert isinstance(message, msg.EngineFailed) and "max_model_len 2048" in message.message, message
         process.wait(60)  # its stderr is a few lines at most: the pipe cannot fill
         stderr = process.stderr.read().decode(errors="replace")
     finally:
