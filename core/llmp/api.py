@@ -266,7 +266,10 @@ class ComponentSpec:
         return dataclasses.replace(self, plugin=plugin, distribution=distribution, version=version)
 
 
-ModelTask = Literal["generate", "embed"]
+ModelTask = Literal["generate", "embed", "classify", "reward"]
+"""What a model class does natively (``ModelSpec.tasks``) and the primary task an engine serves
+(``ResolvedModel.task``): generate text, embed, classify a sequence (cross-encoders, classifier
+heads) or reward every token (reward models)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -392,7 +395,7 @@ class PoolingConfig:
     configuration of the model directory (``modules.json``), else the model class's
     ``default_pooling`` and ``default_normalize``."""
 
-    pooling_type: Literal["mean", "cls", "last"]
+    pooling_type: str  # a pooler of llmp.modeling.pooling.POOLERS: "cls", "mean", "last", "all", "step"
     normalize: bool  # the default of a request that does not say
 
 
@@ -412,10 +415,15 @@ class ResolvedModel:
     config: Any  # ``llmp.model_files.config.PlainConfig``: every attribute of transformers' config
     architectures: tuple[str, ...]  # from config.json, or the causal LM its model_type maps to
     spec: ModelSpec  # the model implementation serving it, as the registry selected it
-    task: ModelTask  # what the engine does with it
+    task: ModelTask  # the primary task: what the engine does with a request that does not say
     dtype: Literal["bfloat16", "float16", "float32"]  # of the weights and the KV cache
     context_len: int  # the model's context (max_position_embeddings; 4096 when config.json has none)
-    pooling: PoolingConfig | None = None  # task "embed" only
+    # every task the engine takes: "generate" and the pooling tasks of llmp.pooling_params.POOLING_TASKS
+    # ("embed", "classify", "score", "token_embed", "token_classify")
+    supported_tasks: tuple[str, ...] = ("generate",)
+    pooling: PoolingConfig | None = None  # the pooler of the primary pooling task (None: a generate-only model)
+    score_mode: Literal["cross-encoder", "bi-encoder"] | None = None  # how "score" is computed, if supported
+    hf_overrides: dict[str, Any] = dataclasses.field(default_factory=dict)  # applied to ``config`` already
 
 
 # --------------------------------------------------------------------------
@@ -572,8 +580,20 @@ class Model(Protocol):
     from llmp's cache without importing transformers; a ``"transformers"``
     model gets transformers' own config object.
 
-    A pooling model sets ``is_pooling_model = True``; the runner pools the
-    hidden states of ``forward`` and never calls ``compute_logits``.
+    Pooling (embed, classify, score, reward), all optional:
+
+    - ``is_pooling_model = True``: a model without an LM head (an encoder, a classifier);
+      the runner never calls ``compute_logits`` on it.
+    - ``default_pooling``: the pooler (a name in ``llmp.modeling.pooling.POOLERS``: ``"cls"``,
+      ``"mean"``, ``"last"``) for its sequence tasks; ``default_normalize`` for embeddings.
+    - ``classify(pooled: Tensor[N, H]) -> Tensor[N, num_labels]``: the classification head,
+      applied by the runner after pooling for ``classify``, ``score`` (a cross-encoder:
+      ``num_labels == 1``) and, row by row, ``token_classify`` (reward models). The runner
+      applies the activation (sigmoid, softmax, identity: ``llmp.modeling.pooling``) itself.
+      A causal LM may have both ``compute_logits`` and ``classify`` (an LLM reranker scoring
+      with its yes/no token logits) and then serves generation and scores in one batch.
+    - ``accepts_token_type_ids = True``: ``forward`` also takes ``token_type_ids=Tensor[T]``
+      (the segment ids of text pairs, all zeros when no request has them).
     """
 
     def __init__(self, config: Any, kernels: KernelSet) -> None: ...
@@ -702,7 +722,8 @@ class EngineClient(Protocol):
     """What a front-end sees of the engine: ``AsyncLLM``, with every request measured for ``/metrics``.
 
     ``info`` holds what the engine was started with: ``model_dir``,
-    ``max_model_len``, ``vocab_size``, ``task`` (``"generate"`` or ``"embed"``).
+    ``max_model_len``, ``vocab_size``, ``task`` (the primary task: ``"generate"``, ``"embed"``,
+    ``"classify"`` or ``"reward"``), ``supported_tasks`` (every task it takes, as ``ResolvedModel``).
     ``generate``/``encode`` check the request when called (raising
     ``RequestValidationError``), before the first iteration, so a front-end can
     answer 400 before it starts a stream. Leaving their loop early aborts the

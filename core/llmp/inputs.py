@@ -16,15 +16,23 @@ class Prompt:
     the output's ``prompt``; with ``text`` alone the engine tokenizes it, adding the
     tokenizer's special tokens (BOS) unless ``add_special_tokens`` is False (a chat
     template's output already holds them).
+
+    ``token_type_ids`` (one per token id, with ``token_ids``) are the segment ids of a
+    text pair for cross-encoders that take them (BERT); ``None`` means all zeros.
     """
 
     text: str | None = None
     token_ids: list[int] | None = None
     add_special_tokens: bool = True
+    token_type_ids: list[int] | None = None
 
     def __post_init__(self) -> None:
         if self.text is None and self.token_ids is None:
             raise TypeError("a prompt needs its text or its token ids")
+        if self.token_type_ids is not None and (
+            self.token_ids is None or len(self.token_type_ids) != len(self.token_ids)
+        ):
+            raise TypeError("token_type_ids need token_ids, one type per token")
 
 
 PromptType = str | Mapping[str, Any] | Prompt

@@ -50,16 +50,66 @@ class RequestOutput:
 
 @dataclass(slots=True)
 class EmbeddingOutput:
+    """Task ``embed``: one vector per prompt (normalised and cut to ``dimensions`` as asked)."""
+
     embedding: list[float]
+
+    @property
+    def data(self) -> list[float]:
+        return self.embedding
+
+
+@dataclass(slots=True)
+class ClassificationOutput:
+    """Task ``classify``: the class probabilities (after the model's activation; raw logits
+    with ``use_activation=False``), in label order (``config.id2label``)."""
+
+    probs: list[float]
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.probs)
+
+    @property
+    def data(self) -> list[float]:
+        return self.probs
+
+
+@dataclass(slots=True)
+class ScoringOutput:
+    """Task ``score``: the relevance of one text pair (a cross-encoder's activated logit, or the
+    cosine of two embeddings)."""
+
+    score: float
+
+    @property
+    def data(self) -> float:
+        return self.score
+
+
+@dataclass(slots=True)
+class PoolingOutput:
+    """The raw pooled output: a vector (``embed``, ``classify``), or one row per token or step
+    (``token_embed``, ``token_classify``: reward models)."""
+
+    data: list[float] | list[list[float]]
 
 
 @dataclass(slots=True)
 class PoolingRequestOutput:
-    """The result of an embedding request."""
+    """The result of a pooling request (embedding, classification, score, reward). ``outputs`` is
+    :class:`EmbeddingOutput`, :class:`ClassificationOutput`, :class:`ScoringOutput` or
+    :class:`PoolingOutput` by the request's task; each has ``data``."""
 
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
-    outputs: EmbeddingOutput
+    outputs: EmbeddingOutput | ClassificationOutput | ScoringOutput | PoolingOutput
     finished: bool = True
     num_cached_tokens: int = 0
+
+
+# vLLM's names for the request outputs of each task: one shape here, told apart by ``outputs``
+EmbeddingRequestOutput = PoolingRequestOutput
+ClassificationRequestOutput = PoolingRequestOutput
+ScoringRequestOutput = PoolingRequestOutput
