@@ -40,7 +40,8 @@ The rules, which the docs' authors follow:
   it), ``help-only [PREFIX]: REASON`` (commands starting with PREFIX, or all, run with ``--help``,
   which must list every flag they use), ``with-plugin PROJECT: REASON`` (PROJECT is installed in a
   throwaway ``--target`` on ``PYTHONPATH`` instead of the block's ``pip install``), ``server ARGS``
-  (the block's server is ``llmp serve ARGS``), ``setup``, ``continues``, ``pytest PROJECT`` (the
+  (the block's server is ``llmp serve ARGS``; for a python block, on any free port, started
+  before the page's blocks run and stopped after), ``setup``, ``continues``, ``pytest PROJECT`` (the
   block is a test module run with pytest in a copy of PROJECT), ``file PATH`` (the block is PATH
   verbatim), ``excerpt PATH`` (every line of the block is a line of PATH), ``synopsis`` (a usage
   line: its command's ``--help`` lists every flag it shows), ``tree`` (every path it shows exists),
@@ -259,11 +260,39 @@ def _minilm(path: Path) -> None:
     path.symlink_to(minilm_dir())
 
 
+def _cross_encoder(path: Path) -> None:
+    from llmp.testing import save_tiny_cross_encoder
+
+    save_tiny_cross_encoder(path)  # BertForSequenceClassification, one label
+
+
+SENTIMENT = {0: "negative", 1: "neutral", 2: "positive"}
+
+
+def _classifier(path: Path) -> None:
+    from llmp.testing import save_tiny_cross_encoder
+
+    save_tiny_cross_encoder(path, id2label=SENTIMENT, label2id={v: k for k, v in SENTIMENT.items()})
+
+
+def _qwen3_reranker(path: Path) -> None:
+    """A tiny Qwen3ForCausalLM whose tokenizer has the "no" and "yes" tokens Qwen3-Reranker scores with."""
+    from llmp.testing import save_tiny_model, tiny_tokenizer
+
+    save_tiny_model(path, "Qwen3ForCausalLM")
+    tokenizer = tiny_tokenizer()
+    tokenizer.add_tokens(["no", "yes"])
+    tokenizer.save_pretrained(path)
+
+
 # placeholder -> how to make it; each is made the first time a block names it
 PLACEHOLDERS = {
     "path/to/hf-dir": _tiny_llama,
     "MODEL": _tiny_qwen3,
     "path/to/minilm": _minilm,
+    "path/to/cross-encoder": _cross_encoder,
+    "path/to/classifier": _classifier,
+    "path/to/qwen3-reranker": _qwen3_reranker,
     "prompts.txt": lambda path: path.write_text("The capital of France is\nOnce upon a time\n"),
 }
 
@@ -448,7 +477,7 @@ def run_shell_block(block: Block, scratch: Scratch) -> None:
     commands = block_commands(block)
     assert commands, "no command in the block"
     help_only = block.annotation("help-only")
-    scratch.provide(block.text)
+    scratch.provide(block.text + "".join(f" {a.argument}\n" for a in block.annotations))
     extra: dict[str, str] = {}
     if plugin := block.annotation("with-plugin"):
         from llmp.testing import pip_install_target
@@ -587,27 +616,41 @@ def run_python_page(page: Path, scratch: Scratch) -> dict[str, dict]:
     blocks = python_blocks(page)
     if not blocks:
         return {}
-    scratch.provide("".join(b.text for b in blocks))
-    port = scratch.shared_server() if any(STAND_INS.search(b.text) for b in blocks) else None
-    payload = [
-        {
-            "id": b.id,
-            "code": rewrite(b.text, port),
-            "continues": bool(b.annotation("continues")),
-            "setup": bool(b.annotation("setup")),
-        }
-        for b in blocks
-    ]
-    results_path = scratch.root / f".python-{page.stem}.json"
-    result = subprocess.run(
-        [str(REPO / ".venv" / "bin" / "python"), "-c", RUNNER, str(results_path)],
-        cwd=scratch.root,
-        env=scratch.env(client_port=port),
-        input=json.dumps(payload),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    scratch.provide("".join(b.text + "".join(f" {a.argument}\n" for a in b.annotations) for b in blocks))
+    plain = [b for b in blocks if not b.annotation("server")]
+    port = scratch.shared_server() if any(STAND_INS.search(b.text) for b in plain) else None
+    servers: dict[str, Process] = {}  # ``server ARGS`` of a block -> its server, for the page's run
+    ports: dict[str, int] = {}
+    try:
+        for block in blocks:
+            if (server := block.annotation("server")) and server.argument not in servers:
+                process = scratch.start(
+                    f"exec llmp serve {server.argument} --port 0", scratch.env(), f"python-server-{block.line}"
+                )
+                servers[server.argument] = process
+                ports[server.argument] = process.wait_ready()
+        payload = [
+            {
+                "id": b.id,
+                "code": rewrite(b.text, ports[b.annotation("server").argument] if b.annotation("server") else port),
+                "continues": bool(b.annotation("continues")),
+                "setup": bool(b.annotation("setup")),
+            }
+            for b in blocks
+        ]
+        results_path = scratch.root / f".python-{page.stem}.json"
+        result = subprocess.run(
+            [str(REPO / ".venv" / "bin" / "python"), "-c", RUNNER, str(results_path)],
+            cwd=scratch.root,
+            env=scratch.env(client_port=port),
+            input=json.dumps(payload),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    finally:
+        for process in servers.values():
+            process.terminate(timeout=30)
     if not results_path.exists():
         raise AssertionError(f"the runner of {page.name} failed ({result.returncode}):\n{result.stderr}")
     results = json.loads(results_path.read_text())

@@ -129,11 +129,31 @@ def test_trace_switch_prints_hook_calls():
 
 
 NATIVE_ARCHITECTURES = {
-    "models-llama": {"LlamaForCausalLM", "LlamaModel"},
-    "models-mistral": {"MistralForCausalLM", "MixtralForCausalLM", "MistralModel"},
-    "models-qwen": {"Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen2Model", "Qwen3Model"},
-    "models-gemma": {"GemmaForCausalLM", "Gemma2ForCausalLM"},
-    "models-bert": {"BertModel"},
+    "models-llama": {"LlamaForCausalLM", "LlamaModel", "LlamaForSequenceClassification"},
+    "models-mistral": {"MistralForCausalLM", "MixtralForCausalLM", "MistralModel", "MistralForSequenceClassification"},
+    "models-qwen": {
+        "Qwen2ForCausalLM",
+        "Qwen3ForCausalLM",
+        "Qwen3MoeForCausalLM",
+        "Qwen2Model",
+        "Qwen3Model",
+        "Qwen2ForSequenceClassification",
+        "Qwen3ForSequenceClassification",
+    },
+    "models-gemma": {
+        "GemmaForCausalLM",
+        "Gemma2ForCausalLM",
+        "GemmaForSequenceClassification",
+        "Gemma2ForSequenceClassification",
+    },
+    "models-bert": {
+        "BertModel",
+        "RobertaModel",
+        "XLMRobertaModel",
+        "BertForSequenceClassification",
+        "RobertaForSequenceClassification",
+        "XLMRobertaForSequenceClassification",
+    },
 }
 
 
@@ -142,7 +162,10 @@ def test_model_plugins_list_their_architectures():
     for plugin, architectures in NATIVE_ARCHITECTURES.items():
         assert {c["name"] for c in rows[plugin]["components"] if c["kind"] == "model"} == architectures
     fallback = [c for c in rows["models-transformers"]["components"] if c["kind"] == "model"]
-    assert [(c["name"], c["details"]["model_impl"]) for c in fallback] == [("*", "transformers")]
+    assert sorted((c["name"], c["details"]["model_impl"]) for c in fallback) == [
+        ("*", "transformers"),
+        ("*ForSequenceClassification", "transformers"),
+    ]
     shown = run_llmp("plugins", "show", "models-qwen").stdout
     for architecture in NATIVE_ARCHITECTURES["models-qwen"]:
         assert f"model: {architecture} -> llmp_models_qwen.model:{architecture}" in shown

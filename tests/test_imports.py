@@ -39,7 +39,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         ),
     ),
     ("plugins", ("llmp.plugins", "llmp.registry", "llmp.builtins")),
-    ("models", ("llmp.model_files", "llmp.modeling", "llmp.chat_template")),
+    ("models", ("llmp.model_files", "llmp.modeling", "llmp.chat_template", "llmp.scoring")),
     ("engine", ("llmp.engine", "llmp.executor", "llmp.scheduling")),
     ("entry points", ("llmp.llm", "llmp.async_llm")),
     ("front-ends", ("llmp.parsing", "llmp.frontend")),

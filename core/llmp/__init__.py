@@ -17,12 +17,19 @@ __version__ = "0.1.0"
 __all__ = [
     "LLM",
     "AsyncLLM",
+    "ClassificationOutput",
+    "ClassificationRequestOutput",
     "CompletionOutput",
+    "EmbeddingOutput",
+    "EmbeddingRequestOutput",
+    "PoolingOutput",
     "PoolingParams",
     "PoolingRequestOutput",
     "Prompt",
     "RequestOutput",
     "SamplingParams",
+    "ScoringOutput",
+    "ScoringRequestOutput",
     "StructuredOutputsParams",
     "__version__",
     "hookimpl",
@@ -38,6 +45,13 @@ _LAZY = {
     "PoolingParams": "llmp.pooling_params",
     "Prompt": "llmp.inputs",
     "PoolingRequestOutput": "llmp.outputs",
+    "PoolingOutput": "llmp.outputs",
+    "EmbeddingOutput": "llmp.outputs",
+    "EmbeddingRequestOutput": "llmp.outputs",
+    "ClassificationOutput": "llmp.outputs",
+    "ClassificationRequestOutput": "llmp.outputs",
+    "ScoringOutput": "llmp.outputs",
+    "ScoringRequestOutput": "llmp.outputs",
 }
 
 

@@ -196,7 +196,7 @@ class AsyncLLM:
             for output in (*message.outputs, *message.pooled):
                 stream = self._streams.get(output.request_id)
                 if stream is not None:
-                    stream.put(output)
+                    stream.put(output.rebuild() if isinstance(output, msg.PooledOutput) else output)
         elif isinstance(message, msg.RequestFailed):
             stream = self._streams.get(message.request_id)
             if stream is not None:
@@ -315,8 +315,12 @@ class AsyncLLM:
         *,
         priority: int = 0,
     ) -> AsyncIterator[PoolingRequestOutput]:
-        """The embedding of ``prompt`` (embedding models only): one finished output,
-        or none if the request is aborted. Checked when called, as :meth:`generate`."""
+        """The pooled output of ``prompt`` for ``pooling_params.task`` (None: the model's primary
+        pooling task): one finished output whose ``outputs`` is an ``EmbeddingOutput``,
+        ``ClassificationOutput``, ``ScoringOutput`` or ``PoolingOutput`` by the task, or none if the
+        request is aborted. A ``Prompt`` with ``token_ids`` may carry ``token_type_ids`` (a text pair
+        for a cross-encoder). Checked when called, as :meth:`generate`; the task and the input when
+        the engine takes the request (a ``ValueError`` at the first iteration)."""
         request_id, record = self._check_request(prompt, request_id, priority)
         return self._encode(record, pooling_params, request_id, priority)
 
@@ -343,7 +347,7 @@ class AsyncLLM:
                 self._send(msg.AbortRequests([request_id]))
 
     async def abort(self, request_id: str) -> None:
-        """Stop a request; its stream ends with ``finish_reason="abort"`` (an embedding's, with nothing)."""
+        """Stop a request; its stream ends with ``finish_reason="abort"`` (a pooling request's, with nothing)."""
         stream = self._streams.get(request_id)
         if stream is not None and stream.pooling:
             stream.put(None)

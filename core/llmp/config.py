@@ -331,6 +331,8 @@ def _scalar(spec: OptionSpec, raw: Any) -> Any:
         if math.isnan(value):
             raise ValueError(f"must be a number, got {_shown(raw)}")
         return value
+    if typing.get_origin(kind) is dict and isinstance(raw, dict):  # a YAML mapping (--hf-overrides)
+        return raw
     if isinstance(raw, dict | list | tuple):
         raise ValueError(f"must be a single value, got {_shown(raw)}")
     return Path(text) if kind is Path else text

@@ -37,7 +37,7 @@ class Prompt:
 
 PromptType = str | Mapping[str, Any] | Prompt
 """What a caller may pass as a prompt: text, ``{"prompt_token_ids": [...]}`` (optionally with
-``"prompt"``, its text), ``{"prompt": text}``, or a :class:`Prompt`."""
+``"prompt"``, its text, and ``"token_type_ids"``), ``{"prompt": text}``, or a :class:`Prompt`."""
 
 
 def as_prompt(prompt: PromptType) -> Prompt:
@@ -47,7 +47,12 @@ def as_prompt(prompt: PromptType) -> Prompt:
     if isinstance(prompt, str):
         return Prompt(text=prompt)
     if isinstance(prompt, Mapping) and "prompt_token_ids" in prompt:
-        return Prompt(text=prompt.get("prompt"), token_ids=list(prompt["prompt_token_ids"]))
+        types = prompt.get("token_type_ids")
+        return Prompt(
+            text=prompt.get("prompt"),
+            token_ids=list(prompt["prompt_token_ids"]),
+            token_type_ids=list(types) if types is not None else None,
+        )
     if isinstance(prompt, Mapping) and isinstance(prompt.get("prompt"), str):
         return Prompt(text=prompt["prompt"])
     raise TypeError(f"a prompt is a string or a dict with 'prompt' or 'prompt_token_ids', got {type(prompt).__name__}")

@@ -1,15 +1,25 @@
-"""The offline Python API: ``LLM(model).generate(prompts, params)`` and ``.chat(messages)``."""
+"""The offline Python API: ``LLM(model).generate(prompts, params)`` and ``.chat(messages)``; for pooling
+models ``.embed``, ``.classify``, ``.score``, ``.reward`` and the general ``.encode``, as vLLM."""
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from llmp.inputs import Prompt, PromptType, as_prompt
 from llmp.options import EngineConfig
-from llmp.outputs import PoolingRequestOutput, RequestOutput
-from llmp.pooling_params import PoolingParams
+from llmp.outputs import (
+    ClassificationRequestOutput,
+    EmbeddingRequestOutput,
+    PoolingOutput,
+    PoolingRequestOutput,
+    RequestOutput,
+    ScoringOutput,
+    ScoringRequestOutput,
+)
+from llmp.pooling_params import PoolingParams, PoolingTask
 from llmp.progress import bars_enabled, configure_logging
 from llmp.sampling_params import SamplingParams
 
@@ -56,7 +66,7 @@ class LLM:
         """Generate for every prompt (text, ``{"prompt_token_ids": [...]}`` or a
         :class:`~llmp.inputs.Prompt`); outputs in input order."""
         prompts = _prompt_list(prompts)
-        params = self._params_per_prompt(sampling_params, len(prompts))
+        params = _params_per_prompt(sampling_params, len(prompts), SamplingParams)
         if isinstance(priority, str | bytes) or (priority is not None and not isinstance(priority, Sequence)):
             raise TypeError(f"priority must be a sequence of integers, one per prompt, got {priority!r}")
         if priority is not None and len(priority) != len(prompts):
@@ -72,28 +82,214 @@ class LLM:
             raise
         return self._run(ids, use_tqdm)
 
+    def encode(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+        *,
+        use_tqdm: bool = True,
+        pooling_task: PoolingTask | None = None,
+    ) -> list[PoolingRequestOutput]:
+        """The raw pooled output of every prompt, in input order (vLLM's general pooling call).
+
+        ``pooling_task`` (``embed``, ``classify``, ``token_embed``, ``token_classify`` ...) sets
+        the task of every request; None leaves each ``pooling_params.task``, and None there means
+        the model's primary pooling task. ``outputs`` is a :class:`~llmp.outputs.PoolingOutput`:
+        ``outputs.data`` is a vector, or one row per token for the token tasks.
+        """
+        outputs = self._pool(prompts, pooling_params, pooling_task, use_tqdm)
+        return [replace(o, outputs=PoolingOutput(_raw(o.outputs.data))) for o in outputs]
+
     def embed(
         self,
         prompts: PromptType | Sequence[PromptType],
-        pooling_params: PoolingParams | None = None,
+        pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
         *,
         use_tqdm: bool = True,
-    ) -> list[PoolingRequestOutput]:
+    ) -> list[EmbeddingRequestOutput]:
         """One embedding per prompt (embedding models only), in input order:
         ``outputs.embedding`` is a list of floats."""
+        return self._pool(prompts, pooling_params, "embed", use_tqdm)
+
+    def classify(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        *,
+        pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[ClassificationRequestOutput]:
+        """The class probabilities of every prompt (sequence classifiers), in input order:
+        ``outputs.probs`` in label order (``config.id2label``); raw logits with
+        ``PoolingParams(use_activation=False)``."""
+        return self._pool(prompts, pooling_params, "classify", use_tqdm)
+
+    def reward(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        /,
+        *,
+        pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[PoolingRequestOutput]:
+        """The per-token rewards of every prompt (task ``token_classify``): ``outputs.data`` holds
+        one row of class scores per token, or per step token with ``PoolingParams(step_tag_id=...)``."""
+        return self.encode(prompts, pooling_params, use_tqdm=use_tqdm, pooling_task="token_classify")
+
+    def score(
+        self,
+        data_1: str | Sequence[str],
+        data_2: str | Sequence[str],
+        /,
+        *,
+        truncate_prompt_tokens: int | None = None,
+        use_tqdm: bool = True,
+        pooling_params: PoolingParams | None = None,
+        chat_template: str | None = None,
+    ) -> list[ScoringRequestOutput]:
+        """The relevance score of every text pair, in pair order: ``outputs.score``.
+
+        Pairs are 1-1, 1-N (the one ``data_1`` text against each of ``data_2``) or N-N. A
+        cross-encoder (or an LLM reranker) reads each pair as one input; an embedding model
+        scores the cosine of the two texts' embeddings, each distinct text embedded once.
+        ``truncate_prompt_tokens`` cuts an over-long pair (-1: to ``max_model_len``); without it
+        an over-long pair is an error. ``chat_template`` renders each pair as the messages
+        ``query`` and ``document`` (LLM rerankers only, as vLLM).
+        """
+        from llmp import scoring
+
+        options = self.engine.info.options
+        self._check_score_support(options)
+        params = pooling_params or PoolingParams()
+        bi_encoder = options["score_mode"] == "bi-encoder"
+        task = "embed" if bi_encoder else "score"
+        if params.task not in (None, task):
+            raise ValueError(f"You cannot overwrite pooling_params.task={params.task!r} with {task!r}")
+        if chat_template is not None and (bi_encoder or options["use_sep_token"]):
+            raise ValueError(
+                "chat_template applies only to LLM rerankers (a causal LM scoring a query and a document); "
+                f"the model {self.engine.info.model} reads text pairs with its tokenizer's separator"
+            )
+        if truncate_prompt_tokens is None:
+            truncate_prompt_tokens = params.truncate_prompt_tokens
+        replace(params, truncate_prompt_tokens=truncate_prompt_tokens)  # PoolingParams checks the value
+        # each prompt is cut to length and checked here, before any request is queued: the engine cuts nothing
+        params = replace(params, task=task, truncate_prompt_tokens=None)
+        queries, documents = scoring.validate_score_input(data_1, data_2)
+        limits = {"truncate_prompt_tokens": truncate_prompt_tokens, "max_model_len": options["max_model_len"]}
+        if bi_encoder:
+            return self._bi_encoder_scores(queries, documents, params, limits, use_tqdm)
+        prompts = [
+            scoring.cross_encoder_prompt(
+                self.engine.tokenizer,
+                *self._score_texts(query, document, chat_template),
+                use_sep_token=options["use_sep_token"],
+                what=f"the pair at index {index}",
+                **limits,
+            )
+            for index, (query, document) in enumerate(zip(queries, documents, strict=True))
+        ]
+        return self._pool(prompts, params, "score", use_tqdm)
+
+    def _check_score_support(self, options: Mapping[str, Any]) -> None:
+        """vLLM's refusals, before any request is queued."""
+        if "score" in options["supported_tasks"]:
+            return
+        if "classify" in options["supported_tasks"] and options.get("num_labels") != 1:
+            raise ValueError("Scoring API is only enabled for num_labels == 1.")
+        raise ValueError(
+            "Score API is not supported by this model. "
+            "Try converting the model using `--convert embed` or `--convert classify`."
+        )
+
+    def _score_texts(self, query: str, document: str, chat_template: str | None) -> tuple[str, str]:
+        """The query and document an LLM reranker reads: rendered through ``chat_template`` as
+        vLLM's ``get_score_prompt`` does (roles ``query`` and ``document``) when one is given."""
+        if chat_template is None:
+            return query, document
+        from llmp.chat_template import render_chat
+
+        conversation = [{"role": "query", "content": query}, {"role": "document", "content": document}]
+        rendered = render_chat(
+            self.engine.tokenizer, conversation, chat_template=chat_template, add_generation_prompt=False
+        )
+        return rendered, ""
+
+    def _bi_encoder_scores(
+        self,
+        queries: list[str],
+        documents: list[str],
+        params: PoolingParams,
+        limits: dict[str, Any],
+        use_tqdm: bool,
+    ) -> list[ScoringRequestOutput]:
+        """The cosine of each pair's embeddings (an embedding model), every distinct text embedded once."""
+        from llmp import scoring
+
+        prompts: dict[str, Prompt] = {}
+        for name, texts in (("data_1", queries), ("data_2", documents)):
+            for index, text in enumerate(texts):
+                if text not in prompts:
+                    what = f"{name}[{index}]"
+                    prompts[text] = scoring.text_prompt(self.engine.tokenizer, text, what=what, param=name, **limits)
+        embedded = dict(zip(prompts, self._pool(list(prompts.values()), params, "embed", use_tqdm), strict=True))
+        scores = scoring.cosine_scores(
+            [embedded[q].outputs.embedding for q in queries], [embedded[d].outputs.embedding for d in documents]
+        )
+        pad = self.engine.tokenizer.pad_token_id or 0  # vLLM counts a pair as query + pad + document
+        outputs = []
+        for query, document, value in zip(queries, documents, scores, strict=True):
+            first, second = embedded[query], embedded[document]
+            outputs.append(
+                PoolingRequestOutput(
+                    request_id=f"{first.request_id}_{second.request_id}",
+                    prompt=None,
+                    prompt_token_ids=first.prompt_token_ids + [pad] + second.prompt_token_ids,
+                    outputs=ScoringOutput(value),
+                    num_cached_tokens=first.num_cached_tokens + second.num_cached_tokens,
+                )
+            )
+        return outputs
+
+    def _pool(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        pooling_params: PoolingParams | Sequence[PoolingParams] | None,
+        task: PoolingTask | None,
+        use_tqdm: bool,
+    ) -> list[PoolingRequestOutput]:
+        """Queue one pooling request per prompt (every prompt and parameter checked first), then run them."""
         prompts = _prompt_list(prompts)
+        params = [self._task_params(p, task) for p in _params_per_prompt(pooling_params, len(prompts))]
+        for p in {p.task for p in params} - {None}:
+            self._check_pooling_task(p)
         ids = []
         try:
-            for prompt in prompts:
+            for prompt, p in zip(prompts, params, strict=True):
                 request_id = str(next(self._ids))
-                self.engine.add_request(request_id, prompt, pooling_params=pooling_params or PoolingParams())
+                self.engine.add_request(request_id, prompt, pooling_params=p)
                 ids.append(request_id)
         except Exception:
             self.engine.abort_request(ids)
             raise
         return self._run(ids, use_tqdm)
 
-    encode = embed  # vLLM's name for the general pooling call
+    @staticmethod
+    def _task_params(params: PoolingParams, task: PoolingTask | None) -> PoolingParams:
+        if task is None or params.task == task:
+            return params
+        if params.task is not None:
+            raise ValueError(f"You cannot overwrite pooling_params.task={params.task!r} with pooling_task={task!r}")
+        return replace(params, task=task)  # a copy: the caller's params stay as given
+
+    def _check_pooling_task(self, task: str) -> None:
+        """vLLM's refusals of a task the model cannot do (embed keeps the engine's own message)."""
+        if task in ("classify", "token_classify") and task not in self.engine.info.options["supported_tasks"]:
+            raise ValueError(
+                "Classification API is not supported by this model. "
+                "Try converting the model using `--convert classify`."
+            )
+        if task == "score":
+            self._check_score_support(self.engine.info.options)
 
     def chat(
         self,
@@ -143,16 +339,6 @@ class LLM:
             model_name=f"the model {self.engine.info.model}",
         )
 
-    def _params_per_prompt(self, params: Any, count: int) -> list[SamplingParams]:
-        if params is None:
-            return [SamplingParams()] * count
-        if isinstance(params, SamplingParams):
-            return [params] * count
-        params = list(params)
-        if len(params) != count:
-            raise ValueError(f"got {len(params)} sampling params for {count} prompts")
-        return params
-
     def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         finished: dict[str, RequestOutput] = {}
         progress = _Progress(len(request_ids)) if use_tqdm and len(request_ids) > 1 and bars_enabled() else None
@@ -182,6 +368,24 @@ class LLM:
                 engine.shutdown()
         except Exception:  # interpreter teardown: hook modules may already be gone
             pass
+
+
+def _params_per_prompt(params: Any, count: int, kind: type = PoolingParams) -> list[Any]:
+    """One parameter record per prompt: the default, one for all, or a sequence of ``count``."""
+    if params is None:
+        return [kind()] * count
+    if isinstance(params, kind):
+        return [params] * count
+    params = list(params)
+    if len(params) != count:
+        name = "sampling" if kind is SamplingParams else "pooling"
+        raise ValueError(f"got {len(params)} {name} params for {count} prompts")
+    return params
+
+
+def _raw(data: float | list) -> list:
+    """vLLM's raw pooled data is a tensor: a score is a vector of one."""
+    return [data] if isinstance(data, float) else data
 
 
 def _prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[Prompt]:

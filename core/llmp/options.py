@@ -17,6 +17,7 @@ This module is the ground floor: it imports nothing from llmp and no CLI library
 
 from __future__ import annotations
 
+import json
 import typing
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields
@@ -28,6 +29,7 @@ __all__ = [
     "EngineConfig",
     "FrontendOptions",
     "ServerOptions",
+    "json_object",
     "nonempty",
     "option",
     "url_path",
@@ -41,7 +43,11 @@ PANELS = ("Model", "Engine", "Parallelism", "Server", "Security and limits", "To
 Dtype = Literal["auto", "bfloat16", "float16", "float32"]
 SchedulingPolicy = Literal["fcfs", "priority"]
 ModelImpl = Literal["auto", "native", "transformers"]
-Task = Literal["auto", "generate", "embed"]
+Task = Literal["auto", "generate", "embed", "classify", "score", "reward"]
+Runner = Literal["auto", "generate", "pooling"]
+Convert = Literal["auto", "none", "embed", "classify", "reward"]
+# what an engine does with a request that does not say (llmp.api.ModelTask; this module imports nothing from llmp)
+PrimaryTask = Literal["generate", "embed", "classify", "reward"]
 LogLevel = Literal["debug", "info", "warning", "error"]
 OverloadStatus = Literal[503, 429]
 
@@ -95,6 +101,19 @@ def option(
 def nonempty(value: Any) -> str | None:
     """An option's ``check``: refuses an empty (or all-blank) text."""
     return "must not be empty" if isinstance(value, str) and not value.strip() else None
+
+
+def json_object(value: Any) -> str | None:
+    """An option's ``check``: JSON text of an object (a dict given by a program passes as is)."""
+    if isinstance(value, dict):
+        return None
+    if not isinstance(value, str):
+        return f"must be a dict or the JSON text of an object, got {value!r}"
+    try:
+        parsed = json.loads(value)
+    except ValueError as exc:
+        return f"must be a JSON object, got {value!r} ({exc.msg} at column {exc.colno})"
+    return None if isinstance(parsed, dict) else f"must be a JSON object, got {value!r}"
 
 
 def url_path(value: Any) -> str | None:
@@ -165,7 +184,30 @@ class EngineConfig:
         panel="Model",
     )
     task: Task = option(
-        "auto", "auto, generate or embed (serve a causal LM's pooled hidden states on /v1/embeddings).", panel="Model"
+        "auto",
+        "What the model serves: auto (from its architecture), generate, embed (/v1/embeddings; a causal LM's "
+        "pooled hidden states), classify (/classify), score (/score and /rerank: a cross-encoder, or the "
+        "cosine of embeddings) or reward.",
+        panel="Model",
+    )
+    runner: Runner = option(
+        "auto",
+        "auto (from the architecture), generate (text) or pooling (embed, classify, score or reward).",
+        panel="Model",
+    )
+    convert: Convert = option(
+        "auto",
+        "Serve a causal LM as a pooling model: embed, classify or reward; none: as it is; auto: when --task "
+        "or --runner asks for a pooling task the model does not do natively.",
+        panel="Model",
+    )
+    hf_overrides: dict[str, Any] | None = option(
+        None,
+        "Values replacing those of the model's config.json, as a JSON object "
+        '({"architectures": ["Qwen3ForSequenceClassification"]}).',
+        check=json_object,
+        metavar="JSON",
+        panel="Model",
     )
     num_threads: int | None = option(None, "Torch threads of the engine (default: all cores).", ge=1, panel="Engine")
     # torch's generators take 0 to 2**64-1; vLLM refuses a negative engine seed too (numpy's seeding)
@@ -182,6 +224,8 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         check_fields(self)
+        if isinstance(self.hf_overrides, str):  # JSON text from the command line, LLMP_HF_OVERRIDES or YAML
+            self.hf_overrides = json.loads(self.hf_overrides)
 
     def keywords(self) -> dict[str, Any]:
         """This config as ``LLM``/``AsyncLLM`` keywords, the model aside: ``AsyncLLM(model, **config.keywords())``."""
@@ -284,7 +328,10 @@ class FrontendOptions:
     served_model_names: tuple[str, ...] = ()  # the first is echoed in responses
     model_root: str = ""  # the model's directory (or GGUF file), for /v1/models' root and generation_config.json
     max_model_len: int = 0
-    task: Literal["generate", "embed"] = "generate"
+    task: PrimaryTask = "generate"
+    # every task the engine takes ("generate", "embed", "classify", "score", "token_embed", "token_classify"):
+    # the routes mounted
+    supported_tasks: tuple[str, ...] = ("generate",)
     # the HTTP server's address (None: no server filled it in): front-ends with their own port listen there too
     host: str | None = None
     api_keys: tuple[str, ...] = ()  # the server's --api-key values: front-ends with their own port check them
@@ -308,6 +355,9 @@ class FrontendOptions:
     max_n: int = option(128, "Cap on n (choices per request).", ge=1, panel="Security and limits")
     max_stop_sequences: int = option(
         64, "Cap on the number of stop strings in a request.", ge=0, panel="Security and limits"
+    )
+    max_score_pairs: int = option(
+        1024, "Cap on the documents of a /rerank or the pairs of a /score request.", ge=1, panel="Security and limits"
     )
     tool_call_parser: str | None = option(
         None,

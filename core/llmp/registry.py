@@ -163,22 +163,28 @@ def all_components() -> dict[str, dict[str, ComponentSpec]]:
 
 
 def select_model(architectures: list[str], model_impl: str) -> ComponentSpec:
-    """The model record serving the first of ``architectures`` that one claims.
+    """The model record serving ``architectures``: the first a record is named after exactly, else
+    the first a ``*Suffix`` record claims (``*ForSequenceClassification``; the longest suffix wins),
+    else the record named ``"*"``.
 
-    ``model_impl`` ``"native"`` or ``"transformers"`` restricts the choice;
-    ``"auto"`` prefers native and falls back to a record named ``"*"``.
+    ``model_impl`` ``"native"`` or ``"transformers"`` restricts the choice; ``"auto"`` takes any
+    record, so a native one named after the architecture comes before the fallbacks.
     """
     if model_impl not in ("auto", "native", "transformers"):
         raise ValueError(f"model_impl must be auto, native or transformers, got {model_impl!r}")
     specs = components("model")
     allowed = [s for s in specs.values() if model_impl == "auto" or getattr(s, "model_impl", "native") == model_impl]
+    exact = {s.name: s for s in allowed}
     for arch in architectures:
-        for spec in allowed:
-            if spec.name == arch:
+        if arch in exact:
+            return exact[arch]
+    patterns = sorted((s for s in allowed if s.name.startswith("*") and s.name != "*"), key=lambda s: -len(s.name))
+    for arch in architectures:
+        for spec in patterns:
+            if arch.endswith(spec.name[1:]):
                 return spec
-    for spec in allowed:
-        if spec.name == "*":
-            return spec
+    if "*" in exact:
+        return exact["*"]
     supported = {s.name: s.distribution for s in allowed if s.name != "*"}
     wanted = ", ".join(architectures) or "(config.json names no architectures)"
     raise UnknownComponentError("model", wanted, supported)

@@ -4,7 +4,8 @@
 - Tiny models and parity with transformers: :func:`tiny_tokenizer`, :func:`save_tiny_model`,
   :func:`save_tiny_llama`, :func:`mixed_prompts`, :func:`engine_greedy`,
   :func:`assert_greedy_parity`, :func:`hf_greedy`; embeddings: :func:`minilm_dir`,
-  :func:`sentence_transformers_reference`.
+  :func:`sentence_transformers_reference`; cross-encoders: :func:`tiny_pair_tokenizer`,
+  :func:`save_tiny_cross_encoder`; a model class loaded alone: :func:`load_native_model`.
 - Servers: :func:`serving` and :class:`LiveServer` (a real ``llmp serve`` on loopback),
   :func:`frontend_app` (a front-end's routes on the server's app, in-process),
   :func:`assert_openai_error`, :func:`free_port`, :func:`pid_alive`.
@@ -25,6 +26,7 @@ from typing import Any
 
 __all__ = [
     "TINY_DECODER",
+    "TINY_ENCODER",
     "LiveServer",
     "assert_greedy_parity",
     "assert_openai_error",
@@ -39,10 +41,13 @@ __all__ = [
     "pip_install_target",
     "registered",
     "run_llmp",
+    "save_tiny_cross_encoder",
+    "load_native_model",
     "save_tiny_llama",
     "save_tiny_model",
     "sentence_transformers_reference",
     "serving",
+    "tiny_pair_tokenizer",
     "tiny_tokenizer",
 ]
 
@@ -133,6 +138,126 @@ def tiny_tokenizer(vocab_size: int = 400) -> Any:
         "{% if add_generation_prompt %}<s>assistant: {% endif %}"
     )
     return fast
+
+
+def _corpus_words() -> list[str]:
+    """The lower-cased words of :data:`TINY_CORPUS`, in first-seen order (no punctuation)."""
+    import re
+
+    words = re.findall(r"\w+", " ".join(TINY_CORPUS).lower())
+    return list(dict.fromkeys(words))
+
+
+_PAIR_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789.,;:!?'\"()-_=+*/"
+
+
+def tiny_pair_tokenizer() -> Any:
+    """A ``BertTokenizerFast`` over a generated WordPiece vocab.txt (offline): ``tok(a, b)`` gives
+    ``[CLS] a [SEP] b [SEP]`` with ``token_type_ids`` 0 for the first segment and 1 for the second.
+
+    Ids 0-4 are ``[PAD] [UNK] [CLS] [SEP] [MASK]``; the vocabulary holds the words of
+    :data:`TINY_CORPUS` and single characters (with ``##`` continuations), so any ASCII text
+    tokenizes without ``[UNK]``. Its size is under 400.
+    """
+    import tempfile
+
+    from transformers import BertTokenizerFast
+
+    chars = list(_PAIR_CHARS)
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars, *(f"##{c}" for c in chars)]
+    vocab += [w for w in _corpus_words() if w not in vocab]
+    with tempfile.TemporaryDirectory() as tmp:
+        vocab_file = Path(tmp) / "vocab.txt"
+        vocab_file.write_text("\n".join(vocab) + "\n", encoding="utf-8")
+        return BertTokenizerFast(str(vocab_file))
+
+
+def _tiny_xlm_roberta_tokenizer() -> Any:
+    """An ``XLMRobertaTokenizer`` (Unigram, offline) giving ``<s> A </s></s> B </s>``, no token type ids;
+    ids 0-4 are ``<s> <pad> </s> <unk> <mask>`` as in the real XLM-R vocabulary."""
+    from transformers import XLMRobertaTokenizer
+
+    specials = [("<s>", 0.0), ("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("<mask>", 0.0)]
+    chars = list(_PAIR_CHARS + _PAIR_CHARS.upper()[:26])
+    pieces = [(f"▁{w}", -2.0) for w in _corpus_words()]
+    pieces += [(c, -8.0) for c in chars] + [(f"▁{c}", -9.0) for c in chars] + [("▁", -10.0)]
+    return XLMRobertaTokenizer(vocab=specials + list(dict(pieces).items()))
+
+
+# initializer_range 0.2 (transformers' default is 0.02) spreads the scores of different pairs over
+# whole logits and sharpens attention, so rankings are clear and a wrong attention mask shows
+TINY_ENCODER = dict(
+    initializer_range=0.2,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=128,
+    max_position_embeddings=128,
+)
+
+
+def load_native_model(model_cls: Any, model_dir: Path, kernels: Any = None, dtype: Any = None) -> Any:
+    """``model_cls`` built for ``model_dir`` and loaded from its weights as the model runner does
+    (on the meta device first, then empty tensors, ``tie_weights``, ``load_weights``), in eval mode:
+    to test a model class against transformers without an engine. ``dtype`` defaults to float32."""
+    import torch
+
+    from llmp.model_files.config import load_plain_config
+    from llmp.model_files.weights import iter_weights
+
+    with torch.device("meta"):
+        model = model_cls(load_plain_config(model_dir), kernels)
+    model = model.to(dtype=dtype or torch.float32)._apply(lambda t: torch.empty(t.shape, dtype=t.dtype))
+    if hasattr(model, "tie_weights"):
+        model.tie_weights()
+    model.load_weights(iter_weights(model_dir))
+    return model.eval()
+
+
+def save_tiny_cross_encoder(
+    path: Path,
+    arch: str = "BertForSequenceClassification",
+    num_labels: int = 1,
+    *,
+    seed: int = 0,
+    **config: Any,
+) -> Any:
+    """Save a random-weight (seeded, float32) cross-encoder of ``arch`` with its tokenizer as a Hugging
+    Face directory; returns the transformers model (eval mode).
+
+    ``arch`` is ``"BertForSequenceClassification"`` (tokenizer: :func:`tiny_pair_tokenizer`, two token
+    types) or ``"XLMRobertaForSequenceClassification"`` (an XLM-R tokenizer giving
+    ``<s> A </s></s> B </s>`` with no token types; ``pad_token_id=1``, ``type_vocab_size=1``, and
+    ``max_position_embeddings`` grown by ``pad_token_id + 1`` as real XLM-R checkpoints do, so both
+    take 128 tokens); ``"RobertaForSequenceClassification"`` and the ``*Model`` encoders work too.
+    ``num_labels > 1`` sets ``id2label`` to ``LABEL_0``... unless ``config`` gives
+    one. ``config`` overrides :data:`TINY_ENCODER` (and ``vocab_size``, the tokenizer's by default).
+    """
+    import torch
+    import transformers
+
+    xlmr = arch.startswith(("XLMRoberta", "Roberta"))
+    tokenizer = _tiny_xlm_roberta_tokenizer() if xlmr else tiny_pair_tokenizer()
+    settings: dict[str, Any] = {**TINY_ENCODER, "vocab_size": len(tokenizer)}
+    if "id2label" not in config:
+        settings["num_labels"] = num_labels
+    if xlmr:
+        settings.update(
+            pad_token_id=1,
+            bos_token_id=0,
+            eos_token_id=2,
+            type_vocab_size=1,
+            max_position_embeddings=TINY_ENCODER["max_position_embeddings"] + 2,
+        )
+    else:
+        settings.update(pad_token_id=0)
+    settings.update(config)
+    model_cls = getattr(transformers, arch)
+    torch.manual_seed(seed)
+    model = model_cls(model_cls.config_class(**settings)).float().eval()
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return model
 
 
 TINY_DECODER = dict(

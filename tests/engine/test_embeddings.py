@@ -51,7 +51,7 @@ def test_async_encode_in_the_engine_process():
 def test_a_generative_model_refuses_embedding_requests(tmp_path):
     save_tiny_llama(tmp_path)
     llm = LLM(str(tmp_path), dtype="float32", max_model_len=64)
-    with pytest.raises(ValueError, match="does not produce embeddings"):
+    with pytest.raises(ValueError, match="cannot do task 'embed'; it supports generate"):
         llm.embed("hello", use_tqdm=False)
 
 
@@ -69,4 +69,4 @@ def test_the_pooling_is_resolved_once_with_the_model(tmp_path):
     assert decoder.pooling == PoolingConfig("last", True)  # a causal LM's embedding variant
     llm = LLM(decoder.name, task="embed", dtype="float32", max_model_len=64)
     assert llm.engine.default_normalize is True
-    assert llm.engine.executor.runner.pooler.pooling_type == "last"
+    assert llm.engine._pooler_of("embed", PoolingParams()) == "last"

@@ -25,7 +25,8 @@ WARMUP_TOKENS = 4  # their output tokens
 
 # The engine options of ``llmp serve`` but --task: the benchmarks generate.
 BenchEngine = Annotated[
-    EngineConfig, Select(omit=("task",), help={"seed": "Seed of the engine and of the random prompts."})
+    EngineConfig,
+    Select(omit=("task", "runner", "convert"), help={"seed": "Seed of the engine and of the random prompts."}),
 ]
 
 

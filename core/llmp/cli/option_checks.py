@@ -42,7 +42,8 @@ def component_problems(specs: list[OptionSpec], values: Mapping[str, Setting]) -
 def combination_problems(specs: list[OptionSpec], values: Mapping[str, Setting]) -> list[str]:
     """What only the registry, the model or another option tells, among the options this command
     takes: more than one rank on an executor that runs one, a device no kernel set runs on, a
-    context longer than the model's, auto tool choice without a parser."""
+    context longer than the model's, a task, runner and conversion asking for different things,
+    auto tool choice without a parser."""
     taken = {s.name: s for s in specs}
 
     def setting(name: str) -> Setting:
@@ -65,11 +66,25 @@ def combination_problems(specs: list[OptionSpec], values: Mapping[str, Setting])
             problems.append(f"{device.source} must be {alternatives(tuple(devices))}, got {device.value!r}")
     if "max_model_len" in values and "model" in taken and taken["model"].record == taken["max_model_len"].record:
         problems += context_problems(setting("model"), values["max_model_len"])
+    problems += task_problems({name: setting(name) for name in ("task", "runner", "convert") if name in taken})
     if {"enable_auto_tool_choice", "tool_call_parser"} <= taken.keys():
         auto, parser = setting("enable_auto_tool_choice"), setting("tool_call_parser")
         if auto.value and not parser.value:
             problems.append(f"{auto.source} needs {parser.source} NAME (see llmp plugins list --kind tool_parser)")
     return problems
+
+
+def task_problems(settings: Mapping[str, Setting]) -> list[str]:
+    """``--runner generate`` with ``--convert classify`` (and the like): what the engine would refuse
+    once started, without the model. Options a command does not take count as ``auto``."""
+    from llmp.model_files.resolve import conflicting_options
+
+    values = {name: settings[name].value if name in settings else "auto" for name in ("task", "runner", "convert")}
+    conflict = conflicting_options(values["task"], values["runner"], values["convert"])
+    if conflict is None:
+        return []
+    first, second = (settings[name].written for name in conflict)
+    return [f"{first} contradicts {second}: they ask for different tasks"]
 
 
 def context_problems(model: Setting, max_model_len: Setting) -> list[str]:

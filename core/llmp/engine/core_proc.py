@@ -161,7 +161,7 @@ class EngineCoreLoop:
 
 def _outputs_message(outputs: list[Any]) -> msg.Outputs:
     generated = [o for o in outputs if isinstance(o, RequestOutput)]
-    return msg.Outputs(generated, [o for o in outputs if not isinstance(o, RequestOutput)])
+    return msg.Outputs(generated, [msg.PooledOutput.of(o) for o in outputs if not isinstance(o, RequestOutput)])
 
 
 def engine_stats(engine: Any) -> dict[str, Any]:

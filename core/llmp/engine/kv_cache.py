@@ -45,9 +45,10 @@ class BlockKVCacheManager:
         """The longest cached prefix of the request, as blocks and a token count.
 
         At least one token is always left to compute, so the step yields logits.
+        Nothing for a pooling request that needs every prompt row (``Request.whole_prompt``).
         """
-        if not self.enable_prefix_caching or request.params.prompt_logprobs is not None:
-            return [], 0  # prompt logprobs need every prompt position computed
+        if not self.enable_prefix_caching or request.params.prompt_logprobs is not None or request.whole_prompt:
+            return [], 0  # prompt logprobs and whole-prompt poolers need every prompt position computed
         self._hash_full_blocks(request, request.num_tokens)
         max_blocks = (request.num_tokens - 1) // self.block_size
         blocks: list[int] = []
@@ -92,7 +93,7 @@ class BlockKVCacheManager:
         request.block_ids.extend(computed_blocks)
         new_blocks = [self._pop_free_block() for _ in range(max(needed, 0))]
         request.block_ids.extend(new_blocks)
-        if self.enable_prefix_caching:
+        if self.enable_prefix_caching and not request.whole_prompt:  # vLLM's rule for pooling requests
             self._cache_full_blocks(request, total)
         return new_blocks
 

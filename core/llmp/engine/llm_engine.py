@@ -7,7 +7,6 @@ the step touches is resolved at construction: no plugin lookups per step.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 import logging
 import time
@@ -23,13 +22,32 @@ from llmp.engine.sampler import Sampler, bad_words_token_ids
 from llmp.engine.scheduler import SchedulerConfig, check_priority
 from llmp.engine.stat_loggers import StatLoggers
 from llmp.inputs import Prompt, PromptType, as_prompt
+from llmp.modeling.decoder import as_pooling_model
+from llmp.modeling.pooling import (
+    POOLERS,
+    TOKEN_POOLING_TASKS,
+    classify_activation,
+    default_pooler,
+    finish_embedding,
+    num_labels,
+    score_activation,
+)
 from llmp.options import EngineConfig
-from llmp.outputs import EmbeddingOutput, PoolingRequestOutput, RequestOutput
-from llmp.pooling_params import PoolingParams
+from llmp.outputs import (
+    ClassificationOutput,
+    EmbeddingOutput,
+    PoolingOutput,
+    PoolingRequestOutput,
+    RequestOutput,
+    ScoringOutput,
+)
+from llmp.pooling_params import POOLING_TASKS, PoolingParams
 from llmp.progress import engine_summary, human_bytes, isa_path
 from llmp.sampling_params import SamplingParams, StructuredOutputsParams, resolve_max_tokens
 
 log = logging.getLogger("llmp.engine")
+# the pooling task of a request that names none, by the model's primary task
+PRIMARY_POOLING_TASK = {"embed": "embed", "classify": "classify", "reward": "token_classify"}
 
 
 class LLMEngine:
@@ -48,12 +66,8 @@ class LLMEngine:
             torch.set_num_threads(config.num_threads)
         self.pm = plugins.load_plugins()
         self.tokenizer = load_tokenizer(model.tokenizer)
-        self.task = model.task
-        if self.task == "embed":
-            # each embedding is computed whole in one step: no prefix reuse, no chunks
-            config = dataclasses.replace(config, enable_prefix_caching=False)
-            self.config = config
-            self.default_normalize = model.pooling.normalize
+        self.task = model.task  # the primary task
+        self.supported_tasks = model.supported_tasks
         executor_cls = registry.load_component("executor", config.executor)
         log.info("loading %s (%s, %s) on %s", model.name, model.architectures[0], model.dtype, config.device)
         self.executor = executor_cls(config, model)
@@ -67,6 +81,9 @@ class LLMEngine:
                 human_bytes(num_blocks * per_block),
             )
         self.executor.allocate_kv_cache(num_blocks)
+        # only "last"-pooled requests of a model with a KV cache (a causal LM) keep prefix caching and chunks
+        self.has_kv_cache = per_block > 0
+        self._setup_pooling()
         self.sampler = Sampler(config.seed)
         self.kv_manager = registry.load_component("kv_manager", config.kv_manager)(
             num_blocks, config.block_size, config.enable_prefix_caching
@@ -82,7 +99,7 @@ class LLMEngine:
         self.vocab_size = model.config.vocab_size
         self.outputs = OutputProcessor(self.tokenizer)
         self._grammars: Any = None  # structured_output.GrammarCompiler, made on the first constrained request
-        self.pooling: dict[str, tuple[str | None, Request]] = {}  # embedding requests in flight
+        self.pooling: dict[str, tuple[str | None, Request]] = {}  # pooling requests in flight
         self.num_steps = 0
         self.startup_seconds = time.perf_counter() - started
         self.info = EngineInfo(
@@ -101,6 +118,7 @@ class LLMEngine:
                 "tensor_parallel_size": config.tensor_parallel_size,
                 "task": self.task,
                 "vocab_size": self.vocab_size,
+                **self._pooling_options(),
             },
         )
         self.stat_loggers = StatLoggers(self.info, log_stats=not config.disable_log_stats)
@@ -143,6 +161,54 @@ class LLMEngine:
             return self.config.max_model_len
         return min(model_len, pool)
 
+    def _setup_pooling(self) -> None:
+        """What the pooling tasks need per request, resolved once: the default task, the model class's
+        poolers and normalisation, and the activations of the classification tasks."""
+        tasks = set(self.supported_tasks) & set(POOLING_TASKS)
+        primary = PRIMARY_POOLING_TASK.get(self.task)
+        self.default_pooling_task = primary or ("classify" if "classify" in tasks else "embed")
+        self._model_cls = as_pooling_model(self.model.spec.load(), self.task) if tasks else None
+        pooling = self.model.pooling
+        if self.task == "embed" and pooling is not None:
+            self.default_normalize = pooling.normalize
+        else:
+            self.default_normalize = bool(getattr(self._model_cls, "default_normalize", False))
+        self.num_labels = num_labels(self.model.config) if tasks & {"classify", "token_classify"} else None
+        self._activations: dict[str, Any] = {}
+        if tasks & {"classify", "token_classify"}:
+            self._activations["classify"] = self._activations["token_classify"] = classify_activation(self.model.config)
+        if "score" in tasks and self.model.score_mode == "cross-encoder":
+            self._activations["score"] = score_activation(self.model.config)
+
+    def _pooling_options(self) -> dict[str, Any]:
+        """The ``EngineInfo.options`` a front-end needs for the pooling tasks."""
+        config = self.model.config
+        id2label = getattr(config, "id2label", None) if self.num_labels is not None else None
+        labels = {str(int(k)): v for k, v in id2label.items()} if id2label else None
+        if labels is not None and len(labels) != self.num_labels:  # e.g. a converted LLM reranker's default labels
+            labels = None
+        # a cross-encoder tokenizes (query, document) as a text pair; an LLM reranker concatenates them
+        use_sep = getattr(config, "use_sep_token", None)
+        if use_sep is None:
+            use_sep = self.model.score_mode == "cross-encoder" and not getattr(config, "classifier_from_token", None)
+        return {
+            "supported_tasks": list(self.supported_tasks),
+            "score_mode": self.model.score_mode,
+            "num_labels": self.num_labels,
+            "id2label": labels,
+            "use_sep_token": bool(use_sep),
+        }
+
+    def _pooler_of(self, task: str, params: PoolingParams) -> str:
+        """The pooler of a request (the task table of the pooling tasks): the resolved one for the
+        primary task, ``all``/``step`` for the token tasks, else the model class's default."""
+        if task in TOKEN_POOLING_TASKS:
+            return "step" if params.step_tag_id is not None else "all"
+        sequence_task = "classify" if task == "score" else task
+        if self.model.pooling is not None and sequence_task == PRIMARY_POOLING_TASK.get(self.task):
+            return self.model.pooling.pooling_type
+        return default_pooler(self._model_cls, sequence_task)
+
     def _eos_token_ids(self) -> frozenset[int]:
         # the union of the config's, the tokenizer's and generation_config.json's end tokens
         sources = [getattr(self.model.config, "eos_token_id", None), getattr(self.tokenizer, "eos_token_id", None)]
@@ -175,12 +241,14 @@ class LLMEngine:
         pooling_params: PoolingParams | None = None,
     ) -> None:
         """Queue a request. ``delta=True``: its outputs carry only what is new since the last one.
-        With ``pooling_params`` (embedding models only) it is an embedding request."""
+        With ``pooling_params`` it is a pooling request of ``pooling_params.task`` (None: the model's
+        primary pooling task), which must be one of the model's ``supported_tasks``; so is a request
+        without either on a model that cannot generate."""
         prompt = as_prompt(prompt)
         if request_id in self.outputs.states or request_id in self.pooling:
             raise ValueError(f"request id {request_id!r} is already in use")
         check_priority(priority, self.config.scheduling_policy)
-        if self.task == "embed" or pooling_params is not None:
+        if pooling_params is not None or "generate" not in self.supported_tasks:
             self._add_pooling_request(request_id, prompt, params, priority, pooling_params)
             return
         params = params or SamplingParams()
@@ -237,20 +305,40 @@ class LLMEngine:
         priority: int,
         pooling_params: PoolingParams | None,
     ) -> None:
-        model = self.model.name
-        if self.task != "embed":
-            raise ValueError(f"the model {model} generates text; it does not produce embeddings")
+        name, supported = self.model.name, ", ".join(self.supported_tasks)
         if params is not None:
-            raise ValueError(f"the model {model} produces embeddings; it cannot generate text")
+            if "generate" not in self.supported_tasks:
+                raise ValueError(f"the model {name} cannot generate text; it supports {supported}")
+            raise ValueError("a request takes sampling params or pooling params, not both")
         pooling_params = pooling_params or PoolingParams()
+        task = pooling_params.task or self.default_pooling_task
+        if task not in self.supported_tasks:
+            raise ValueError(f"the model {name} cannot do task {task!r}; it supports {supported}")
+        if task == "score" and self.model.score_mode != "cross-encoder":
+            raise ValueError(
+                f"the model {name} scores text pairs by the cosine of their embeddings: "
+                "embed both texts (task 'embed') to score them"
+            )
+        self._check_pooling_params(task, pooling_params)
         token_ids = self.tokenize_prompt(prompt)
+        token_type_ids = prompt.token_type_ids if prompt.token_ids is not None else None
+        keep = pooling_params.truncate_prompt_tokens
+        if keep is not None:
+            if keep > self.max_model_len:
+                raise ValueError(f"truncate_prompt_tokens ({keep}) must be <= max_model_len ({self.max_model_len})")
+            keep = self.max_model_len if keep == -1 else keep
+            token_ids = token_ids[-keep:]  # the last tokens, as vLLM truncates
+            token_type_ids = token_type_ids[-keep:] if token_type_ids is not None else None
         self._validate_prompt(token_ids, SamplingParams())
-        limit = min(self.max_model_len, self.config.max_num_batched_tokens)  # computed whole, in one step
+        pooler = self._pooler_of(task, pooling_params)
+        if pooler not in POOLERS:
+            raise ValueError(f"the model {name} pools with {pooler!r}, which no plugin registered")
+        whole_prompt = not (pooler == "last" and self.has_kv_cache)
+        limit = self.max_model_len
+        if whole_prompt:  # computed in one step
+            limit = min(limit, self.config.max_num_batched_tokens)
         if len(token_ids) > limit:
-            raise ValueError(f"the input is {len(token_ids)} tokens long; this embedding model takes at most {limit}")
-        hidden = self.model.config.hidden_size
-        if pooling_params.dimensions is not None and pooling_params.dimensions > hidden:
-            raise ValueError(f"dimensions {pooling_params.dimensions} exceeds the model's embedding size {hidden}")
+            raise ValueError(f"the input is {len(token_ids)} tokens long; this model takes at most {limit}")
         request = Request(
             request_id,
             token_ids,
@@ -258,9 +346,32 @@ class LLMEngine:
             priority=priority,
             max_tokens=1,
             pooling_params=pooling_params,
+            pooling_task=task,
+            pooler=pooler,
+            whole_prompt=whole_prompt,
+            token_type_ids=list(token_type_ids) if token_type_ids is not None else None,
         )
         self.pooling[request_id] = (prompt.text, request)
         self.scheduler.add_request(request)
+
+    def _check_pooling_params(self, task: str, params: PoolingParams) -> None:
+        """vLLM's rule: a parameter set for a task it does not apply to is an error."""
+        applies = {
+            "normalize": ("embed", "token_embed"),
+            "dimensions": ("embed", "token_embed"),
+            "use_activation": ("classify", "score", "token_classify"),
+            "step_tag_id": ("token_embed", "token_classify"),
+            "returned_token_ids": ("token_classify",),
+        }
+        for field, tasks in applies.items():
+            if getattr(params, field) is not None and task not in tasks:
+                raise ValueError(f"task {task!r} does not take {field} (it applies to {', '.join(tasks)})")
+        hidden = self.model.config.hidden_size
+        if params.dimensions is not None and params.dimensions > hidden:
+            raise ValueError(f"dimensions {params.dimensions} exceeds the model's embedding size {hidden}")
+        bad = next((t for t in params.returned_token_ids or () if not 0 <= t < (self.num_labels or 0)), None)
+        if bad is not None:
+            raise ValueError(f"returned_token_ids holds {bad}, outside the model's {self.num_labels} labels")
 
     def _validate_prompt(self, token_ids: list[int], params: SamplingParams) -> None:
         if not token_ids:
@@ -309,22 +420,18 @@ class LLMEngine:
 
     # -- one step ----------------------------------------------------------
 
-    def step(self) -> list[RequestOutput]:
-        """Run one step; return an output for every request that changed."""
+    def step(self) -> list[RequestOutput | PoolingRequestOutput]:
+        """Run one step; return an output for every request that changed (generation requests
+        and the pooling requests the step finished, batched in the same forward pass)."""
         scheduled = self.scheduler.schedule()
         if scheduled.is_empty:
             return []
         inputs, prompt_targets = prepare_inputs(scheduled, self.config.block_size)
         step_logits = self.executor.execute_model(inputs)
-        if step_logits.pooled is not None:
-            self.num_steps += 1
-            pooled = self._finish_pooling(scheduled, step_logits.pooled)
-            if self.stat_loggers:
-                self._log_pooling_stats(scheduled)
-            return pooled
         result = sample_step(self.sampler, scheduled, step_logits, prompt_targets)
         self.num_steps += 1
         self.scheduler.update_from_output(scheduled, result.sampled)
+        pooled = self._finish_pooling(scheduled, inputs.pool_items, step_logits.pooled)
         changed: dict[str, RequestState] = {}
         now = time.monotonic()
         for request_id, entries in result.prompt_logprobs.items():
@@ -355,23 +462,44 @@ class LLMEngine:
         outputs = [self.outputs.make_output(state, state.delta) for state in changed.values()]
         if self.stat_loggers:
             self._log_stats(scheduled, result.sampled, outputs, changed)
-        return outputs
+            for item in inputs.pool_items:  # a pooling request finishes in the step that pools it
+                self._record_finished_pooling(scheduled.scheduled[item.index].request)
+        return [*outputs, *pooled]
 
-    def _finish_pooling(self, scheduled: Any, pooled: list[Any]) -> list[PoolingRequestOutput]:
-        from llmp.modeling.pooling import finish_embedding
-
+    def _finish_pooling(self, scheduled: Any, items: list[Any], pooled: list[Any]) -> list[PoolingRequestOutput]:
         outputs = []
-        for item, vector in zip(scheduled.scheduled, pooled, strict=True):
-            request = item.request
+        for item, data in zip(items, pooled, strict=True):
+            request = scheduled.scheduled[item.index].request
             text, _ = self.pooling.pop(request.request_id)
             self.scheduler.finish(request, RequestStatus.FINISHED_STOPPED)
-            params = request.pooling_params
-            normalize = self.default_normalize if params.normalize is None else params.normalize
-            embedding = finish_embedding(vector, normalize, params.dimensions)
             outputs.append(
-                PoolingRequestOutput(request.request_id, text, request.prompt_token_ids, EmbeddingOutput(embedding))
+                PoolingRequestOutput(
+                    request.request_id,
+                    text,
+                    request.prompt_token_ids,
+                    self._pooling_output(request, data),
+                    num_cached_tokens=max(request.num_cached_tokens, 0),
+                )
             )
         return outputs
+
+    def _pooling_output(self, request: Request, data: Any) -> Any:
+        """The typed output of a pooled float32 tensor (the task table: activation, normalisation,
+        dimensions, returned columns)."""
+        params, task = request.pooling_params, request.pooling_task
+        if task in ("embed", "token_embed"):
+            normalize = self.default_normalize if params.normalize is None else params.normalize
+            values = finish_embedding(data, normalize, params.dimensions)
+            return EmbeddingOutput(values) if task == "embed" else PoolingOutput(values)
+        if task == "token_classify" and params.returned_token_ids:
+            data = data[:, params.returned_token_ids]  # before the activation, as vLLM's step pooler
+        if params.use_activation is not False:
+            data = self._activations[task](data)
+        if task == "classify":
+            return ClassificationOutput(data.tolist())
+        if task == "score":
+            return ScoringOutput(float(data[0]))
+        return PoolingOutput(data.tolist())
 
     def _scheduler_stats(self, scheduled: Any = None, num_sampled: int = 0) -> SchedulerStats:
         prompt_tokens = sum(
@@ -388,11 +516,6 @@ class LLMEngine:
             prefix_cache_hits=self.kv_manager.prefix_cache_hits,
             num_preemptions=self.scheduler.num_preemptions,
         )
-
-    def _log_pooling_stats(self, scheduled: Any) -> None:
-        self.stat_loggers.record_step(self._scheduler_stats(scheduled))
-        for item in scheduled.scheduled:  # an embedding finishes in the step that computes it
-            self._record_finished_pooling(item.request)
 
     def _log_stats(
         self, scheduled: Any, sampled: list[Any], outputs: list[RequestOutput], states: dict[str, RequestState]
@@ -423,7 +546,7 @@ class LLMEngine:
         )
 
     def _record_finished_pooling(self, request: Request) -> None:
-        """The figures of a finished (or aborted) embedding request, to the stat loggers."""
+        """The figures of a finished (or aborted) pooling request, to the stat loggers."""
         now = time.monotonic()
         self.stat_loggers.record_finished(
             FinishedRequestStats(

@@ -2,7 +2,8 @@
 
 A step is one forward pass over the flattened new tokens of every scheduled
 request (prefill chunks and decodes alike), followed by one sampler call over
-the rows whose sequence is complete.
+the rows whose sequence is complete. Pooling requests in the same step are
+pooled from the same hidden states (``StepInputs.pool_items``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from llmp.api import AttentionMetadata, PacksLinear, ResolvedModel
 from llmp.engine.sampler import Sampler, TokenLogprobs, gather_logprobs
 from llmp.engine.scheduler import SchedulerOutput
 from llmp.model_files.weights import iter_weights
+from llmp.modeling.pooling import POOLERS, PoolSlice
 from llmp.options import EngineConfig
 
 TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -39,12 +41,11 @@ class ModelRunner:
         started = time.perf_counter()
         self.kernels_spec = registry.select_kernels(config.kernels, self.device.type)
         self.kernels = self.kernels_spec.load()()
-        from llmp.modeling.pooling import Pooler, as_pooling_model
+        from llmp.modeling.decoder import as_pooling_model
 
         model_cls = as_pooling_model(resolved.spec.load(), resolved.task)
         self.model = self._load_model(model_cls, resolved)
-        pooling = resolved.pooling  # resolved with the model (task "embed")
-        self.pooler = Pooler(pooling.pooling_type, pooling.normalize) if pooling is not None else None
+        self.accepts_token_type_ids = bool(getattr(self.model, "accepts_token_type_ids", False))
         self.load_seconds = time.perf_counter() - started
         self.block_size = config.block_size
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -55,7 +56,7 @@ class ModelRunner:
         else:  # transformers' model classes take transformers' own config object
             from llmp.model_files.config import transformers_config
 
-            hf_config = transformers_config(resolved.model_dir)
+            hf_config = transformers_config(resolved.model_dir, resolved.hf_overrides)
         if hasattr(model_cls, "load_pretrained"):  # a model that reads its own files (the transformers fallback)
             loaded = model_cls.load_pretrained(resolved.model_dir, hf_config, self.kernels, self.dtype, self.device)
             return loaded.eval()
@@ -105,10 +106,14 @@ class ModelRunner:
                 metadata.max_seq_len,
                 metadata.sliding_window,
             )
-        hidden = self.model(inputs.input_ids.to(device), inputs.positions.to(device), metadata)
-        if self.pooler is not None:  # every pooling request is computed whole, in one step
-            pooled = self.pooler(hidden, inputs.metadata.query_start_loc.tolist())
-            return StepLogits(None, [], [v.cpu() for v in pooled])
+        input_ids = inputs.input_ids.to(device)
+        extra = {}
+        if self.accepts_token_type_ids:
+            token_type_ids = inputs.token_type_ids
+            extra["token_type_ids"] = (
+                torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids.to(device)
+            )
+        hidden = self.model(input_ids, inputs.positions.to(device), metadata, **extra)
         logits = None
         if inputs.logit_rows:
             rows = torch.tensor(inputs.logit_rows, device=device)
@@ -118,7 +123,28 @@ class ModelRunner:
             self.model.compute_logits(hidden[start : start + count]).float().cpu()
             for start, count in inputs.prompt_rows
         ]
-        return StepLogits(logits, prompt_logits)
+        pooled = self._pool(hidden, input_ids, inputs.pool_items) if inputs.pool_items else []
+        return StepLogits(logits, prompt_logits, pooled)
+
+    def _pool(self, hidden: torch.Tensor, input_ids: torch.Tensor, items: list[PoolItem]) -> list[torch.Tensor]:
+        """Each pooling item's result: pooled (one call per pooler), then the classification head for
+        the tasks that have one (one call for all of them), then one copy to the CPU, in float32."""
+        results: list[torch.Tensor] = [hidden[:0]] * len(items)
+        by_pooler: dict[str, list[int]] = {}
+        for i, item in enumerate(items):
+            by_pooler.setdefault(item.pooler, []).append(i)
+        for name, indices in by_pooler.items():
+            pooled = POOLERS[name](hidden, input_ids, [items[i].rows for i in indices])
+            for i, vector in zip(indices, pooled, strict=True):
+                results[i] = vector
+        heads = [i for i, item in enumerate(items) if item.task in HEAD_TASKS]
+        if heads:
+            rows = [results[i].reshape(-1, hidden.shape[-1]) for i in heads]
+            scores = self.model.classify(torch.cat(rows)).split([len(r) for r in rows])
+            for i, score in zip(heads, scores, strict=True):
+                results[i] = score if results[i].dim() == 2 else score[0]
+        flat = torch.cat([r.reshape(-1) for r in results]).float().cpu()
+        return [part.view(r.shape) for part, r in zip(flat.split([r.numel() for r in results]), results, strict=True)]
 
 
 _TENSOR_FIELDS = ("query_start_loc", "seq_lens", "block_tables", "slot_mapping")
@@ -131,15 +157,32 @@ class StepInputs:
     input_ids: torch.Tensor
     positions: torch.Tensor
     metadata: AttentionMetadata
-    logit_rows: list[int]  # last row of each request whose sequence this step completes
+    logit_rows: list[int]  # last row of each generation request whose sequence this step completes
     prompt_rows: list[tuple[int, int]]  # (first row, count) of each request wanting prompt logprobs
+    pool_items: list[PoolItem] = field(default_factory=list)  # pooling requests this step completes
+    token_type_ids: torch.Tensor | None = None  # [T]: only when some scheduled request has them
+
+
+HEAD_TASKS = ("classify", "score", "token_classify")  # the pooling tasks run through the model's ``classify``
+
+
+@dataclass(frozen=True, slots=True)
+class PoolItem:
+    """A pooling request whose pooled result this step computes."""
+
+    index: int  # in SchedulerOutput.scheduled
+    task: str  # a pooling task (llmp.pooling_params.POOLING_TASKS)
+    pooler: str  # a name in llmp.modeling.pooling.POOLERS
+    rows: PoolSlice  # its rows in the step
 
 
 @dataclass(slots=True)
 class StepLogits:
-    logits: torch.Tensor | None  # [len(logit_rows), V] float32
+    logits: torch.Tensor | None  # [len(logit_rows), V] in the model's dtype
     prompt_logits: list[torch.Tensor]
-    pooled: list[torch.Tensor] | None = None  # pooling models: one float32 vector per scheduled request
+    # per StepInputs.pool_items, float32 on the CPU: [H] (embed), [num_labels] (classify, score),
+    # [rows, H] (token_embed) or [rows, num_labels] (token_classify); before any activation
+    pooled: list[torch.Tensor] = field(default_factory=list)
 
 
 PromptTargets = dict[str, tuple[list[int], int]]  # request id -> (prompt tokens its rows predict, top-k)
@@ -155,6 +198,9 @@ def prepare_inputs(out: SchedulerOutput, block_size: int) -> tuple[StepInputs, P
     logit_rows: list[int] = []
     prompt_rows: list[tuple[int, int]] = []
     prompt_targets: PromptTargets = {}
+    pool_items: list[PoolItem] = []
+    with_types = any(s.request.token_type_ids is not None for s in out.scheduled)
+    token_types: list[int] = []
     max_blocks = max(len(s.request.block_ids) for s in out.scheduled)
     block_tables = np.zeros((len(out.scheduled), max_blocks), dtype=np.int32)
     for i, item in enumerate(out.scheduled):
@@ -168,7 +214,14 @@ def prepare_inputs(out: SchedulerOutput, block_size: int) -> tuple[StepInputs, P
         row0 = query_start[-1]
         query_start.append(row0 + item.num_tokens)
         seq_lens.append(end)
-        if item.completes_sequence:
+        if with_types:
+            types = request.token_type_ids
+            token_types.extend(types[start:end] if types is not None else [0] * item.num_tokens)
+        if request.pooling_params is not None:
+            if item.completes_sequence:  # a chunked prompt ("last" pooling) is pooled at its final chunk
+                rows = PoolSlice(row0, item.num_tokens, request.pooling_params.step_tag_id)
+                pool_items.append(PoolItem(i, request.pooling_task, request.pooler, rows))
+        elif item.completes_sequence:
             logit_rows.append(query_start[-1] - 1)
         if request.params.prompt_logprobs is not None and start < request.num_prompt_tokens - 1:
             last = min(end, request.num_prompt_tokens - 1)  # position whose next token is the last prompt token
@@ -189,6 +242,8 @@ def prepare_inputs(out: SchedulerOutput, block_size: int) -> tuple[StepInputs, P
         metadata,
         logit_rows,
         prompt_rows,
+        pool_items,
+        torch.tensor(token_types, dtype=torch.long) if with_types else None,
     )
     return inputs, prompt_targets
 
@@ -196,8 +251,9 @@ def prepare_inputs(out: SchedulerOutput, block_size: int) -> tuple[StepInputs, P
 def sample_step(
     sampler: Sampler, out: SchedulerOutput, logits: StepLogits, prompt_targets: PromptTargets
 ) -> ModelRunnerOutput:
-    """Sample the requests whose sequence the step completed; gather prompt logprobs."""
-    sample_index = [i for i, s in enumerate(out.scheduled) if s.completes_sequence]
+    """Sample the generation requests whose sequence the step completed; gather prompt logprobs.
+    Pooling requests get ``None`` (the engine finishes them from ``logits.pooled``)."""
+    sample_index = [i for i, s in enumerate(out.scheduled) if s.completes_sequence and s.request.pooling_params is None]
     sampled: list[int | None] = [None] * len(out.scheduled)
     logprobs: list[TokenLogprobs | None] = [None] * len(out.scheduled)
     if sample_index:

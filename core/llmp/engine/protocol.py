@@ -11,7 +11,14 @@ from typing import Any
 import msgspec
 
 from llmp.inputs import Prompt
-from llmp.outputs import PoolingRequestOutput, RequestOutput
+from llmp.outputs import (
+    ClassificationOutput,
+    EmbeddingOutput,
+    PoolingOutput,
+    PoolingRequestOutput,
+    RequestOutput,
+    ScoringOutput,
+)
 from llmp.pooling_params import PoolingParams
 from llmp.sampling_params import SamplingParams
 
@@ -22,7 +29,7 @@ class AddRequest(msgspec.Struct, tag=True):
     params: SamplingParams
     priority: int = 0
     delta: bool = True
-    pooling: PoolingParams | None = None  # an embedding request (params is then ignored)
+    pooling: PoolingParams | None = None  # a pooling request (params is then ignored)
 
 
 class AbortRequests(msgspec.Struct, tag=True):
@@ -41,9 +48,42 @@ class Ready(msgspec.Struct, tag=True):
     info: dict[str, Any]
 
 
+class PooledOutput(msgspec.Struct):
+    """A :class:`PoolingRequestOutput` as plain data: msgspec cannot decode a union of the output
+    dataclasses, so ``kind`` names the class of ``outputs`` and ``data`` holds its value."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    kind: str  # a key of POOLED_KINDS
+    data: Any  # a float, a list of floats, or a list of rows
+    num_cached_tokens: int = 0
+
+    @classmethod
+    def of(cls, output: PoolingRequestOutput) -> PooledOutput:
+        kind = type(output.outputs).__name__
+        return cls(
+            output.request_id,
+            output.prompt,
+            output.prompt_token_ids,
+            kind,
+            output.outputs.data,
+            output.num_cached_tokens,
+        )
+
+    def rebuild(self) -> PoolingRequestOutput:
+        outputs = POOLED_KINDS[self.kind](self.data)
+        return PoolingRequestOutput(
+            self.request_id, self.prompt, self.prompt_token_ids, outputs, num_cached_tokens=self.num_cached_tokens
+        )
+
+
+POOLED_KINDS = {cls.__name__: cls for cls in (EmbeddingOutput, ClassificationOutput, ScoringOutput, PoolingOutput)}
+
+
 class Outputs(msgspec.Struct, tag=True):
     outputs: list[RequestOutput]
-    pooled: list[PoolingRequestOutput] = []
+    pooled: list[PooledOutput] = []
 
 
 class RequestFailed(msgspec.Struct, tag=True):

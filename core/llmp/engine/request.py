@@ -55,7 +55,13 @@ class Request:
     num_preemptions: int = 0
     stop_reason: int | str | None = None
     first_scheduled_time: float | None = None
-    pooling_params: Any = None  # set for an embedding request: computed whole, in one step, then pooled
+    pooling_params: Any = None  # set for a pooling request (llmp.PoolingParams): pooled, never sampled
+    pooling_task: str | None = None  # a pooling request's task ("embed", "classify", "score", "token_*")
+    pooler: str | None = None  # a pooling request's pooler (a name in llmp.modeling.pooling.POOLERS)
+    # a pooling request whose pooler needs every prompt row in one step (all but "last" on a causal LM):
+    # no prefix-cache reuse or registration, never chunked
+    whole_prompt: bool = False
+    token_type_ids: list[int] | None = None  # segment ids of a text pair (cross-encoders), one per prompt token
     generator: Any = None  # torch.Generator of a seeded request, made on its first sample
     grammar: Any = None  # structured_output.GrammarState of a constrained request
     bad_words_token_ids: list[list[int]] = field(default_factory=list)  # see sampler.bad_words_token_ids

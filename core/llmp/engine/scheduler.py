@@ -175,8 +175,8 @@ class Scheduler:
             blocks, num_cached = self.kv.get_computed_blocks(request)
             num_new = request.num_tokens - num_cached
             if num_new > budget:
-                if not self.config.enable_chunked_prefill or request.pooling_params is not None:
-                    break  # an embedding needs its whole prompt in one step
+                if not self.config.enable_chunked_prefill or request.whole_prompt:
+                    break  # a pooler of every prompt row (cls, mean, all ...) needs the whole prompt in one step
                 num_new = budget
             if self.kv.allocate_slots(request, num_new, blocks) is None:
                 break

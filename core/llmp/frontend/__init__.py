@@ -16,6 +16,9 @@
   :func:`served_model_names` and :func:`frontend_options` build its
   :class:`~llmp.options.FrontendOptions` as ``llmp serve`` does; :func:`render_chat`
   renders a conversation with the model's chat template.
+- Scoring (:mod:`llmp.scoring`, shared with ``LLM.score``): :func:`validate_score_input`,
+  :class:`ScoreInputError`, :func:`cross_encoder_prompt`, :func:`text_prompt`,
+  :func:`truncation_length`, :func:`cosine_scores`, :func:`rerank_order`.
 
 Importing this package loads no torch and no web framework.
 """
@@ -35,6 +38,15 @@ from llmp.frontend.kit import (
     json_text,
 )
 from llmp.frontend.startup import frontend_options, read_chat_template, served_model_names
+from llmp.scoring import (
+    ScoreInputError,
+    cosine_scores,
+    cross_encoder_prompt,
+    rerank_order,
+    text_prompt,
+    truncation_length,
+    validate_score_input,
+)
 
 __all__ = [
     "REASONING_EFFORTS",
@@ -43,8 +55,11 @@ __all__ = [
     "OutputPlan",
     "ReasoningEffort",
     "SamplingRequest",
+    "ScoreInputError",
     "as_api_error",
     "bad_request",
+    "cosine_scores",
+    "cross_encoder_prompt",
     "engine_request_id",
     "error_body",
     "frontend_options",
@@ -52,7 +67,11 @@ __all__ = [
     "read_chat_template",
     "render_chat",
     "request_id_of",
+    "rerank_order",
     "served_model_names",
+    "text_prompt",
+    "truncation_length",
     "until_disconnected",
+    "validate_score_input",
     "validation_message",
 ]

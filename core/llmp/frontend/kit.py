@@ -111,7 +111,9 @@ class FrontendKit:
         self.model_name = self.model_names[0]
         self.max_model_len = options.max_model_len
         self.vocab_size: int | None = engine.info.get("vocab_size")
-        self.task = options.task
+        self.task = options.task  # the primary task: what a request that does not say gets
+        self.supported_tasks = options.supported_tasks  # every task the engine takes: the routes to mount
+        self.max_score_pairs = options.max_score_pairs
         self.tokenizer = engine.get_tokenizer()
         self.control_texts = control_texts(self.tokenizer)
         self.defaults = generation_defaults(options.model_root, options.generation_config)

@@ -39,11 +39,13 @@ def frontend_options(
     (``chat_template`` already read by :func:`read_chat_template`), completed with the engine's
     facts (``engine.info``) and the served names; ``server`` sets the server's own fields
     (``host``, ``api_keys``, ``max_request_body_bytes``)."""
+    task = info.get("task", "generate")
     return replace(
         request,
         served_model_names=tuple(served_names),
         model_root=str(info.get("model_dir", "")),
         max_model_len=info["max_model_len"],
-        task=info.get("task", "generate"),
+        task=task,
+        supported_tasks=tuple(info.get("supported_tasks") or (task,)),
         **server,
     )

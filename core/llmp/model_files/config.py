@@ -11,10 +11,12 @@ read back as JSON afterwards. The transformers fallback gets the real object
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import importlib.metadata
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -66,11 +68,46 @@ def load_plain_config(model_dir: str | os.PathLike) -> PlainConfig:
     return PlainConfig(entry["values"], entry["aliases"])
 
 
-def transformers_config(model_dir: str | os.PathLike) -> Any:
-    """transformers' own config object (what the transformers fallback hands its model classes)."""
+def transformers_config(model_dir: str | os.PathLike, overrides: Mapping[str, Any] | None = None) -> Any:
+    """transformers' own config object (what the transformers fallback hands its model classes), with
+    ``overrides`` (``ResolvedModel.hf_overrides``) applied as :func:`with_overrides` applies them."""
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(model_dir)
+    config = AutoConfig.from_pretrained(model_dir)
+    _override_object(config, overrides or {})
+    return config
+
+
+def with_overrides(config: PlainConfig, overrides: Mapping[str, Any] | None) -> PlainConfig:
+    """``config`` with ``overrides`` (``EngineConfig.hf_overrides``) replacing its values, as vLLM's
+    ``hf_overrides``: a value replaces the attribute (an alias sets its target), except that a dict
+    given for a nested config (``text_config``) updates that config key by key."""
+    if not overrides:
+        return config
+    values = copy.deepcopy(config.to_dict())
+    aliases = config.__dict__.get("_aliases", {})
+    _override_dict(values, {aliases.get(key, key): value for key, value in overrides.items()})
+    return PlainConfig(values, aliases)
+
+
+def _override_dict(values: dict[str, Any], overrides: Mapping[str, Any]) -> None:
+    for key, value in overrides.items():
+        nested = values.get(key)
+        if isinstance(value, Mapping) and isinstance(nested, dict) and "model_type" in nested:  # a sub-config
+            _override_dict(nested, value)
+        else:
+            values[key] = copy.deepcopy(value)
+
+
+def _override_object(config: Any, overrides: Mapping[str, Any]) -> None:
+    from transformers import PretrainedConfig
+
+    for key, value in overrides.items():
+        nested = getattr(config, key, None)
+        if isinstance(value, Mapping) and isinstance(nested, PretrainedConfig):
+            _override_object(nested, value)
+        else:
+            setattr(config, key, copy.deepcopy(value))
 
 
 def architectures(config: Any) -> list[str]:

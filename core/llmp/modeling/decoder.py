@@ -13,9 +13,10 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from llmp.api import AttentionMetadata, KernelSet
+from llmp.api import AttentionMetadata, KernelSet, ModelLoadError
 from llmp.modeling.layers import (
     CausalLM,
     GatedMLP,
@@ -29,7 +30,11 @@ from llmp.modeling.layers import (
     column_slice,
     kv_head_slice,
     load_weights,
+    row_invariant,
+    token_classifier_method,
+    token_classifier_weight,
 )
+from llmp.modeling.pooling import num_labels
 
 __all__ = [
     "DecoderAttention",
@@ -39,6 +44,7 @@ __all__ = [
     "embedding_variant",
     "layer_windows",
     "rope_settings",
+    "sequence_classification_variant",
 ]
 
 
@@ -248,3 +254,95 @@ def embedding_variant(causal_lm: type[CausalLM]) -> type[CausalLM]:
 
     EmbeddingModel.__name__ = EmbeddingModel.__qualname__ = causal_lm.__name__.replace("ForCausalLM", "Model")
     return EmbeddingModel
+
+
+def sequence_classification_variant(causal_lm: type[CausalLM]) -> type[CausalLM]:
+    """The same network with a classification head on its last token (``LlamaForSequenceClassification`` ...).
+
+    Reads transformers' checkpoints of the ``*ForSequenceClassification`` class: the ``model.*``
+    weights and ``score.weight`` (``[num_labels, hidden]``, no bias); reward models such as
+    Skywork-Reward are these with one label. A causal LM checkpoint whose config has
+    ``classifier_token_ids`` and a ``method`` (an LLM reranker such as Qwen3-Reranker, turned into
+    a classifier by ``hf_overrides``) gets its head from the LM head's rows of those tokens instead,
+    as vLLM converts them: ``from_2_way_softmax`` scores with ``lm_head[yes] - lm_head[no]``
+    (tokens in the order ``[no, yes]``; one label), ``no_post_processing`` with the rows themselves
+    (one label per token).
+    """
+
+    class ForSequenceClassification(causal_lm):  # type: ignore[valid-type, misc]
+        is_pooling_model = True
+        default_pooling = "last"  # a decoder's last token has seen the whole text
+        default_normalize = False
+
+        def __init__(self, config: Any, kernels: KernelSet) -> None:
+            super().__init__(config, kernels)
+            del self.lm_head  # built on the meta device: nothing was allocated
+            # replicated on every rank: the final hidden states are whole on each
+            self.score = nn.Linear(config.hidden_size, num_labels(config), bias=False)  # 1 for from_2_way_softmax
+
+        def tie_weights(self) -> None:
+            pass  # no head to tie
+
+        def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+            raise TypeError(f"{type(self).__name__} classifies; it produces no token logits")
+
+        def classify(self, pooled: torch.Tensor) -> torch.Tensor:
+            """``[N, hidden]`` pooled hidden states -> ``[N, num_labels]`` float32 logits."""
+            weight = self.score.weight.float()  # row by row: a score does not depend on its batch
+            return row_invariant(lambda rows: F.linear(rows, weight), pooled.float())
+
+        def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+            renamed = (("model." + name if _BASE_WEIGHT.match(name) else name, tensor) for name, tensor in weights)
+            method = token_classifier_method(self.config)
+            if method is not None:
+                renamed = _converted_score(renamed, self.config, method)
+            load_weights(self, renamed, self.stacked_params, (*self.ignored_weights, "lm_head."))
+
+    ForSequenceClassification.__name__ = ForSequenceClassification.__qualname__ = causal_lm.__name__.replace(
+        "ForCausalLM", "ForSequenceClassification"
+    )
+    return ForSequenceClassification
+
+
+def _converted_score(
+    weights: Iterable[tuple[str, torch.Tensor]], config: Any, method: str
+) -> Iterable[tuple[str, torch.Tensor]]:
+    """The checkpoint's weights without its LM head, then ``score.weight`` made from the head's token rows.
+
+    The head is ``lm_head.weight``, or the input embedding when the model ties them (a tied
+    checkpoint stores no ``lm_head.weight``). Only the rows of the classifier tokens are kept.
+    """
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    head_name = "model.embed_tokens.weight" if tied else "lm_head.weight"
+    ids = list(config.classifier_token_ids)
+    rows = None
+    for name, tensor in weights:
+        if name == head_name:
+            if max(ids) >= tensor.shape[0] or min(ids) < 0:
+                raise ModelLoadError(
+                    f"classifier token ids {ids} are outside the vocabulary of {head_name} ({tensor.shape[0]} rows)"
+                )
+            rows = tensor[ids].float()
+        if not name.startswith(("lm_head.", "score.")):
+            yield name, tensor
+    if rows is None:
+        raise ModelLoadError(f"checkpoint lacks {head_name}, whose token rows the {method} conversion needs")
+    yield "score.weight", token_classifier_weight(rows, method)
+
+
+def as_pooling_model(model_cls: type, task: str) -> type:
+    """The class that serves ``task`` (the resolved primary task): ``model_cls`` itself, or for a
+    native causal LM of the shared layers converted to a pooling task, its pooling variant
+    (``embed``: hidden states pooled, no LM head; ``classify``/``reward``: a score head)."""
+    if task == "generate" or getattr(model_cls, "is_pooling_model", False):
+        return model_cls
+    if not (isinstance(model_cls, type) and issubclass(model_cls, CausalLM)):
+        raise ValueError(
+            f"{getattr(model_cls, '__name__', model_cls)} cannot serve task {task!r}: only native "
+            "causal LMs convert to pooling models"
+        )
+    if task == "embed":
+        return embedding_variant(model_cls)
+    if task in ("classify", "reward"):
+        return sequence_classification_variant(model_cls)
+    raise ValueError(f"unknown pooling task {task!r}")

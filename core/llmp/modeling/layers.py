@@ -39,6 +39,8 @@ __all__ = [
     "load_weights",
     "pack_linear_layers",
     "row_invariant",
+    "token_classifier_method",
+    "token_classifier_weight",
     "with_window",
 ]
 
@@ -355,6 +357,7 @@ class CausalLM(nn.Module):
     }
     ignored_weights: tuple[str, ...] = ("rotary_emb.inv_freq",)
     tie_word_embeddings: bool = False
+    classifier_weight: torch.Tensor | None = None  # [labels, hidden] float32; set when the config names tokens
 
     def tie_weights(self) -> None:
         """Share the input embedding with the LM head (again, after ``to_empty`` split them)."""
@@ -368,10 +371,73 @@ class CausalLM(nn.Module):
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden_states)
 
+    def classify(self, hidden: torch.Tensor) -> torch.Tensor:
+        """An LLM reranker's scores from its LM head: ``[N, hidden]`` -> ``[N, labels]`` float32.
+
+        Only for a config with ``classifier_token_ids`` (``classifier_from_token`` resolved by
+        the tokenizer, e.g. ``["no", "yes"]`` of Qwen3-Reranker): ``from_2_way_softmax`` gives
+        ``logits[yes] - logits[no]`` (one label), ``no_post_processing`` the tokens' logits.
+        The model keeps generating; only those rows of the head are multiplied.
+        """
+        if self.classifier_weight is None:
+            raise TypeError(
+                f"{type(self).__name__} has no classification head: its config names no classifier_from_token"
+            )
+        weight = self.classifier_weight  # row by row: a score does not depend on its batch
+        return row_invariant(lambda rows: F.linear(rows, weight), hidden.float())
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         tied = self.lm_head.weight is self.model.embed_tokens.weight
         ignored = (*self.ignored_weights, *(("lm_head.weight",) if tied else ()))
         load_weights(self, weights, self.stacked_params, ignored)
+        self.bind_token_classifier()
+
+    def bind_token_classifier(self) -> None:
+        """Copy the classifier tokens' rows out of the loaded LM head (before a kernel set packs it)."""
+        config = getattr(self, "config", None)
+        method = token_classifier_method(config, live=True)
+        if method is None:
+            return
+        head = self.lm_head
+        ids = torch.tensor(config.classifier_token_ids, device=head.weight.device)
+        if int(ids.min()) < 0 or int(ids.max()) >= head.vocab_size:
+            raise ModelLoadError(f"classifier token ids {ids.tolist()} are outside the vocabulary ({head.vocab_size})")
+        local = ids - head.start  # the head's rows are split over ranks: each rank adds the rows it holds
+        held = (local >= 0) & (local < head.rows)
+        rows = head.weight.detach()[local.clamp(0, head.rows - 1)].float() * held[:, None]
+        self.classifier_weight = token_classifier_weight(all_reduce(rows), method)
+
+
+TOKEN_CLASSIFIER_METHODS = ("from_2_way_softmax", "no_post_processing")
+
+
+def token_classifier_method(config: Any, *, live: bool = False) -> str | None:
+    """How the config's ``classifier_token_ids`` become a classifier (vLLM's ``method``), or None.
+
+    A ``*ForSequenceClassification`` with token ids but no method loads its ``score`` head
+    from the checkpoint, as vLLM does; a ``live`` causal LM has no such head, so it scores with
+    the tokens' own logits (``no_post_processing``: one label per token, as
+    ``llmp.modeling.pooling.num_labels`` counts them).
+    """
+    ids = getattr(config, "classifier_token_ids", None)
+    if not ids:
+        return None
+    method = getattr(config, "method", None)
+    if method is None and live:
+        method = "no_post_processing"
+    if method is not None and method not in TOKEN_CLASSIFIER_METHODS:
+        raise ValueError(f"method {method!r} is not supported; supported: {', '.join(TOKEN_CLASSIFIER_METHODS)}")
+    if method == "from_2_way_softmax" and len(ids) != 2:
+        raise ValueError(f"from_2_way_softmax takes two classifier tokens ([no, yes]), got {len(ids)}")
+    return method
+
+
+def token_classifier_weight(rows: torch.Tensor, method: str) -> torch.Tensor:
+    """The classifier matrix from the LM head's rows of the classifier tokens (float32, in token order)."""
+    rows = rows.float()
+    if method == "from_2_way_softmax":  # softmax over (no, yes) is sigmoid(yes - no): one logit
+        return rows[1:2] - rows[0:1]
+    return rows
 
 
 def load_weights(

@@ -284,7 +284,7 @@ async def _warm_up(engine: Any) -> None:
 
     prompt = Prompt(token_ids=[0])
     try:
-        if engine.info.get("task") == "embed":
+        if engine.info.get("task", "generate") != "generate":  # a pooling model: its primary pooling task
             async for _ in engine.encode(prompt, request_id=WARM_UP_REQUEST_ID):
                 pass
         else:

@@ -19,7 +19,7 @@ from llmp.options import EngineConfig, FrontendOptions, LogLevel, ServerOptions,
 
 # The engine options of ``llmp serve`` but --task (the MCP tools generate), and of its request options those
 # the MCP tools use.
-McpEngine = Annotated[EngineConfig, Select(omit=("task",))]
+McpEngine = Annotated[EngineConfig, Select(omit=("task", "runner", "convert"))]
 McpRequests = Annotated[FrontendOptions, Select(only=("chat_template", "generation_config", "max_stop_sequences"))]
 McpNames = Annotated[
     ServerOptions,

@@ -12,5 +12,5 @@ def llmp_register_frontends() -> Iterator[FrontendSpec]:
         name="openai",
         impl="llmp_frontend_openai.frontend:OpenAIFrontend",
         description="OpenAI API: /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses, /v1/models, "
-        "/tokenize, /detokenize",
+        "/tokenize, /detokenize; vLLM's /v1/score, /v1/rerank (and /v2/rerank), /v1/classify, /pooling",
     )

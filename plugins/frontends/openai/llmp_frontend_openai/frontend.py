@@ -33,18 +33,26 @@ class OpenAIFrontend(FrontendKit):
     # -- routes ----------------------------------------------------------------
 
     def http_router(self) -> APIRouter:
-        from llmp_frontend_openai import chat, completions, embeddings, responses
+        from llmp_frontend_openai import chat, classify, completions, embeddings, pooling, responses, scoring
 
         router = APIRouter()
         router.add_api_route("/v1/models", self.list_models, methods=["GET"], summary="Served models")
         router.add_api_route("/tokenize", self.tokenize, methods=["POST"], summary="Prompt or chat to token ids")
         router.add_api_route("/detokenize", self.detokenize, methods=["POST"], summary="Token ids to text")
-        if self.task == "generate":
+        # each route only where the model can do its task (vLLM's rule): the others are 404s
+        tasks = set(self.supported_tasks)
+        if "generate" in tasks:
             chat.add_routes(router, self)
             completions.add_routes(router, self)
             responses.add_routes(router, self)
-        if self.task == "embed":
+        if "embed" in tasks:
             embeddings.add_routes(router, self)
+        if "score" in tasks:
+            scoring.add_routes(router, self)
+        if "classify" in tasks:
+            classify.add_routes(router, self)
+        if tasks.intersection(pooling.POOLING_ROUTE_TASKS):
+            pooling.add_routes(router, self)
         return router
 
     async def serve(self) -> None:  # HTTP only: the shared server runs the routes

@@ -152,3 +152,70 @@ class ResponsesRequest(SamplingFields):
     def reasoning_effort(self) -> str | None:
         """``reasoning.effort``, which the chat template reads as chat's ``reasoning_effort``."""
         return self.reasoning.effort if self.reasoning is not None else None
+
+
+# -- pooling: /score, /rerank, /classify, /pooling (vLLM's shapes) ---------------------
+
+ScoreTexts = str | list[str]
+
+
+class PoolingFields(OpenAIModel):
+    """Fields every pooling request shares."""
+
+    model: str | None = None
+    user: str | None = None
+    truncate_prompt_tokens: StrictInt | None = Field(None, ge=-1)  # keep the last N tokens; -1 = max_model_len
+    priority: int = Field(0, ge=-INT64, le=INT64 - 1)
+    request_id: str | None = None
+    use_activation: bool | None = None  # False: raw logits
+    activation: bool | None = None  # vLLM 0.10's name of use_activation
+    softmax: bool | None = None  # vLLM 0.10's name of use_activation (classification)
+
+    def activation_setting(self) -> bool | None:
+        """``use_activation``, or the older name the request used."""
+        return next((v for v in (self.use_activation, self.activation, self.softmax) if v is not None), None)
+
+
+class ScoreRequest(PoolingFields):
+    """``/score``: the pairs as ``text_1``/``text_2``, ``queries``/``documents`` (or ``items``), or
+    ``data_1``/``data_2``; each a text or a list of texts (1:1, 1:N or N:N)."""
+
+    text_1: ScoreTexts | None = None
+    text_2: ScoreTexts | None = None
+    queries: ScoreTexts | None = None
+    documents: ScoreTexts | None = None
+    items: ScoreTexts | None = None
+    data_1: ScoreTexts | None = None
+    data_2: ScoreTexts | None = None
+
+
+class RerankRequest(PoolingFields):
+    """``/rerank``, ``/v1/rerank`` (Jina, Cohere v1) and ``/v2/rerank`` (Cohere v2). Cohere's other
+    fields (``max_chunks_per_doc``, ``max_tokens_per_doc`` ...) are accepted and ignored."""
+
+    query: str
+    documents: list[str | dict[str, Any]]
+    top_n: StrictInt | None = 0  # 0 or less (or null): every document
+    return_documents: bool | None = True
+    rank_fields: list[str] | None = None  # the fields of object documents to rank on, joined by newlines
+
+
+class ClassificationRequest(PoolingFields):
+    """``/classify``: ``input`` (texts or token ids) or ``messages`` (one chat, rendered by the chat template)."""
+
+    input: str | list[str] | list[int] | list[list[int]] | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool | None = None  # default: True for input, False for messages (the template has them)
+    add_generation_prompt: bool = False
+    continue_final_message: bool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class PoolingRequest(ClassificationRequest):
+    """``/pooling``: the raw pooled output of ``task`` (default: the model's primary pooling task)."""
+
+    task: Literal["embed", "classify", "token_embed", "token_classify"] | None = None
+    dimensions: StrictInt | None = None
+    normalize: bool | None = None
+    encoding_format: Literal["float", "base64"] = "float"

@@ -1,4 +1,4 @@
-"""llmp plugin: the native BERT encoder for embeddings.
+"""llmp plugin: native BERT-family encoders (embeddings) and cross-encoders (score, rerank, classify).
 
 This module only registers; ``model.py`` (which imports torch) loads on selection.
 """
@@ -8,12 +8,21 @@ from collections.abc import Iterator
 from llmp import hookimpl
 from llmp.api import ModelSpec
 
+_ENCODERS = {
+    "BertModel": "BERT-family encoders (all-MiniLM, BGE, E5 ...) producing embeddings.",
+    "RobertaModel": "RoBERTa encoders producing embeddings.",
+    "XLMRobertaModel": "XLM-RoBERTa encoders (bge-m3, multilingual-e5 ...) producing embeddings.",
+}
+_CLASSIFIERS = {
+    "BertForSequenceClassification": "BERT cross-encoders and classifiers (ms-marco MiniLM rerankers ...).",
+    "RobertaForSequenceClassification": "RoBERTa cross-encoders and classifiers.",
+    "XLMRobertaForSequenceClassification": "XLM-RoBERTa cross-encoders and classifiers (bge-reranker ...).",
+}
+
 
 @hookimpl
 def llmp_register_models() -> Iterator[ModelSpec]:
-    yield ModelSpec(
-        name="BertModel",
-        impl="llmp_models_bert.model:BertModel",
-        description="BERT-family encoders (all-MiniLM, BGE, E5 ...) producing embeddings.",
-        tasks=("embed",),
-    )
+    for name, description in _ENCODERS.items():
+        yield ModelSpec(name=name, impl=f"llmp_models_bert.model:{name}", description=description, tasks=("embed",))
+    for name, description in _CLASSIFIERS.items():
+        yield ModelSpec(name=name, impl=f"llmp_models_bert.model:{name}", description=description, tasks=("classify",))

@@ -21,3 +21,16 @@ def llmp_register_models() -> Iterator[ModelSpec]:
         impl="llmp_models_gemma.model:Gemma2ForCausalLM",
         description="Gemma 2 (alternating sliding-window layers, attention and logit soft-capping).",
     )
+    yield ModelSpec(
+        name="GemmaForSequenceClassification",
+        impl="llmp_models_gemma.model:GemmaForSequenceClassification",
+        description="A Gemma classifier, or bge-reranker-v2-gemma through hf_overrides "
+        '(classifier_from_token ["Yes"], method no_post_processing).',
+        tasks=("classify",),
+    )
+    yield ModelSpec(
+        name="Gemma2ForSequenceClassification",
+        impl="llmp_models_gemma.model:Gemma2ForSequenceClassification",
+        description="A Gemma 2 classifier or reward model (a score head on the last token).",
+        tasks=("classify",),
+    )

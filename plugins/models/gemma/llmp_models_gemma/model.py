@@ -3,7 +3,8 @@
 Both scale the embeddings by sqrt(hidden size), use a tanh-GELU gated MLP and
 an RMSNorm whose weight is stored as an offset from 1. Gemma 2 adds a norm
 after the attention and after the MLP, alternates sliding-window and global
-layers, and soft-caps attention scores and final logits.
+layers, and soft-caps attention scores and final logits. Their sequence classifiers score the
+last token's hidden state (no soft-capping, as transformers).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import torch
 from torch import nn
 
 from llmp.api import AttentionMetadata, KernelSet
-from llmp.modeling.decoder import DecoderAttention, DecoderForCausalLM
+from llmp.modeling.decoder import DecoderAttention, DecoderForCausalLM, sequence_classification_variant
 from llmp.modeling.layers import GatedMLP
 
 _TANH_GELUS = ("gelu_pytorch_tanh", "gelu_tanh", "gelu_new", "gelu")  # plain "gelu" is Gemma's legacy name for tanh
@@ -110,3 +111,9 @@ class Gemma2ForCausalLM(GemmaForCausalLM):
         logits = super().compute_logits(hidden_states)
         cap = getattr(self.config, "final_logit_softcapping", None)
         return logits if cap is None else torch.tanh(logits / cap) * cap
+
+
+# bge-reranker-v2-gemma is a GemmaForCausalLM served as GemmaForSequenceClassification through
+# hf_overrides (classifier_from_token ["Yes"], method no_post_processing): the head is lm_head["Yes"]
+GemmaForSequenceClassification = sequence_classification_variant(GemmaForCausalLM)
+Gemma2ForSequenceClassification = sequence_classification_variant(Gemma2ForCausalLM)

@@ -22,3 +22,10 @@ def llmp_register_models() -> Iterator[ModelSpec]:
         description="A Llama-architecture base model used for embeddings (last-token pooling).",
         tasks=("embed",),
     )
+    yield ModelSpec(
+        name="LlamaForSequenceClassification",
+        impl="llmp_models_llama.model:LlamaForSequenceClassification",
+        description="A Llama-architecture classifier or reward model (a score head on the last token; "
+        "Skywork-Reward-Llama).",
+        tasks=("classify",),
+    )

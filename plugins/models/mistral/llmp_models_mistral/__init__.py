@@ -27,3 +27,9 @@ def llmp_register_models() -> Iterator[ModelSpec]:
         description="A Mistral base model used for embeddings (E5-Mistral, SFR-Embedding; last-token pooling).",
         tasks=("embed",),
     )
+    yield ModelSpec(
+        name="MistralForSequenceClassification",
+        impl="llmp_models_mistral.model:MistralForSequenceClassification",
+        description="A Mistral-architecture classifier or reward model (a score head on the last token).",
+        tasks=("classify",),
+    )

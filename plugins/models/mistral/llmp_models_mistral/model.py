@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from llmp.api import KernelSet
-from llmp.modeling.decoder import DecoderForCausalLM, embedding_variant
+from llmp.modeling.decoder import DecoderForCausalLM, embedding_variant, sequence_classification_variant
 from llmp.modeling.moe import SparseMoE
 
 
@@ -37,3 +37,4 @@ class MixtralForCausalLM(DecoderForCausalLM):
 
 
 MistralModel = embedding_variant(MistralForCausalLM)
+MistralForSequenceClassification = sequence_classification_variant(MistralForCausalLM)

@@ -40,3 +40,16 @@ def llmp_register_models() -> Iterator[ModelSpec]:
         tasks=("embed",),
         description="A Qwen3 base model used for embeddings (Qwen3-Embedding; last-token pooling).",
     )
+    yield ModelSpec(
+        name="Qwen2ForSequenceClassification",
+        impl=f"{_MODULE}:Qwen2ForSequenceClassification",
+        tasks=("classify",),
+        description="A Qwen2 classifier or reward model (a score head on the last token).",
+    )
+    yield ModelSpec(
+        name="Qwen3ForSequenceClassification",
+        impl=f"{_MODULE}:Qwen3ForSequenceClassification",
+        tasks=("classify",),
+        description="A Qwen3 classifier, or Qwen3-Reranker converted from its yes/no token logits "
+        "(hf_overrides classifier_from_token, is_original_qwen3_reranker).",
+    )

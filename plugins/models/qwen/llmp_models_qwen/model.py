@@ -10,7 +10,12 @@ from typing import Any
 from torch import nn
 
 from llmp.api import KernelSet
-from llmp.modeling.decoder import DecoderAttention, DecoderForCausalLM, embedding_variant
+from llmp.modeling.decoder import (
+    DecoderAttention,
+    DecoderForCausalLM,
+    embedding_variant,
+    sequence_classification_variant,
+)
 from llmp.modeling.layers import GatedMLP
 from llmp.modeling.moe import SparseMoE
 
@@ -47,3 +52,5 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
 
 Qwen2Model = embedding_variant(Qwen2ForCausalLM)
 Qwen3Model = embedding_variant(Qwen3ForCausalLM)
+Qwen2ForSequenceClassification = sequence_classification_variant(Qwen2ForCausalLM)
+Qwen3ForSequenceClassification = sequence_classification_variant(Qwen3ForCausalLM)

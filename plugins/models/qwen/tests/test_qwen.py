@@ -69,7 +69,7 @@ def test_causal_lm_as_embedding_model_with_task_embed(tmp_path):
     assert llm.engine.info.options["task"] == "embed"
     outputs = llm.embed([{"prompt_token_ids": p} for p in prompts], use_tqdm=False)
     assert_embeddings_match(outputs, hf_last_token_embeddings(model.model, prompts))
-    with pytest.raises(ValueError, match="embeddings"):
+    with pytest.raises(ValueError, match="cannot generate text"):
         llm.generate({"prompt_token_ids": prompts[0]}, use_tqdm=False)
 
 

@@ -1,4 +1,4 @@
-"""llmp plugin: the Transformers fallback model, serving any causal LM no native plugin claims.
+"""llmp plugin: the Transformers fallback models, serving any causal LM or sequence classifier no native plugin claims.
 
 This module only registers; ``model.py`` (which imports torch and transformers) loads on selection.
 """
@@ -16,5 +16,13 @@ def llmp_register_models() -> Iterator[ModelSpec]:
         impl="llmp_models_transformers.model:TransformersForCausalLM",
         description="Any Hugging Face AutoModelForCausalLM without a native plugin, run by transformers "
         "with llmp's paged attention.",
+        model_impl="transformers",
+    )
+    yield ModelSpec(
+        name="*ForSequenceClassification",
+        impl="llmp_models_transformers.model:TransformersForSequenceClassification",
+        description="Any Hugging Face AutoModelForSequenceClassification without a native plugin "
+        "(ModernBERT, DeBERTa cross-encoders, reward models), run by transformers request by request.",
+        tasks=("classify",),
         model_impl="transformers",
     )

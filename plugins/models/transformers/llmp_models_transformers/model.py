@@ -1,4 +1,5 @@
-"""Any Hugging Face causal LM on llmp's paged KV cache, through transformers' attention interface.
+"""Any Hugging Face causal LM on llmp's paged KV cache, through transformers' attention interface,
+and any sequence classifier (cross-encoder, reward model) run by transformers as it is.
 
 Transformers runs the model; llmp supplies the attention. The model is loaded with
 ``attn_implementation="llmp"``, so each attention layer hands its q, k, v (after rotary)
@@ -7,11 +8,16 @@ attends over the cache. A step's flattened tokens go to transformers as one sequ
 batch of one, with no mask and no transformers cache: which token sees which is decided by
 the attention metadata alone (``llmp`` is not a mask-building implementation, so
 transformers skips making a mask).
+
+A classifier needs no KV cache (each request is computed whole, in one step), so
+:class:`TransformersForSequenceClassification` runs transformers' own model and attention on
+each request alone, unpadded, and hands back its logits.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -21,7 +27,7 @@ from typing import Any
 import torch
 import transformers
 from torch import nn
-from transformers import AttentionInterface, AutoModelForCausalLM, PreTrainedModel
+from transformers import AttentionInterface, AutoModelForCausalLM, AutoModelForSequenceClassification, PreTrainedModel
 
 from llmp.api import AttentionMetadata, KernelSet, ModelLoadError, UnknownComponentError
 from llmp.modeling.parallel import tp_size
@@ -138,7 +144,7 @@ class TransformersForCausalLM(nn.Module):
                 "the transformers fallback runs on one rank only; "
                 "use tensor_parallel_size=1 or a model with a native plugin"
             )
-        model_cls = _causal_lm_class(config)
+        model_cls = _model_class(config, AutoModelForCausalLM, "causal LM")
         if not getattr(model_cls, "_supports_attention_backend", False):
             raise ModelLoadError(
                 f"{model_cls.__name__} cannot run on llmp's KV cache: transformers does not let it "
@@ -179,8 +185,67 @@ class TransformersForCausalLM(nn.Module):
         return logits
 
 
-def _causal_lm_class(config: Any) -> type[PreTrainedModel]:
-    """The transformers class of the config's first known architecture (or its model type's causal LM)."""
+class TransformersForSequenceClassification(nn.Module):
+    """A transformers ``*ForSequenceClassification`` (ModernBERT, DeBERTa, a reward model ...)
+    behind llmp's pooling-model contract.
+
+    Each request of a step runs alone through transformers' model (its own attention, no
+    padding, its ``token_type_ids`` when the model takes them), which pools and applies its head
+    as transformers does. Every row of a request's output holds that request's logits, so the
+    runner's pooler picks them whichever row it takes, and :meth:`classify` returns them as they
+    are. ``token_classify`` therefore gives the sequence's logits on every row: transformers'
+    sequence classifiers score the sequence, not each token.
+    """
+
+    is_pooling_model = True
+    default_pooling = "cls"  # every row of a request holds its logits: the first will do
+    accepts_token_type_ids = True
+
+    def __init__(self, hf_model: PreTrainedModel) -> None:
+        super().__init__()
+        self.hf_model = hf_model
+        self.takes_token_type_ids = "token_type_ids" in inspect.signature(hf_model.forward).parameters
+
+    @classmethod
+    def load_pretrained(
+        cls, model_dir: Path, config: Any, kernels: KernelSet, dtype: torch.dtype, device: torch.device
+    ) -> TransformersForSequenceClassification:
+        if tp_size() > 1:
+            raise ValueError(
+                "the transformers fallback runs on one rank only; "
+                "use tensor_parallel_size=1 or a model with a native plugin"
+            )
+        model_cls = _model_class(config, AutoModelForSequenceClassification, "sequence classifier")
+        hf_model = model_cls.from_pretrained(model_dir, config=config, dtype=dtype)
+        return cls(hf_model.to(device))
+
+    def attention_layers(self) -> list[CacheLayer]:
+        return []  # no KV cache: transformers attends within each request
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        # input_ids: [T] of whole requests -> [T, num_labels], each request's rows its logits
+        starts = attn_metadata.query_start_loc.tolist()
+        rows = []
+        for start, end in zip(starts, starts[1:]):
+            kwargs = {}
+            if token_type_ids is not None and self.takes_token_type_ids:
+                kwargs["token_type_ids"] = token_type_ids[start:end][None]
+            logits = self.hf_model(input_ids=input_ids[start:end][None], **kwargs).logits  # [1, num_labels]
+            rows.append(logits.expand(end - start, -1))
+        return torch.cat(rows)
+
+    def classify(self, pooled: torch.Tensor) -> torch.Tensor:
+        return pooled.float()  # transformers applied the head already
+
+
+def _model_class(config: Any, auto_class: Any, kind: str) -> type[PreTrainedModel]:
+    """The transformers class of the config's first known architecture (or its model type's ``kind``)."""
     names = list(getattr(config, "architectures", None) or [])
     for name in names:
         model_cls = getattr(transformers, name, None)
@@ -198,6 +263,6 @@ def _causal_lm_class(config: Any) -> type[PreTrainedModel]:
     from transformers.models.auto.auto_factory import _get_model_class
 
     try:
-        return _get_model_class(config, AutoModelForCausalLM._model_mapping)
+        return _get_model_class(config, auto_class._model_mapping)
     except KeyError:
-        raise ModelLoadError(f"transformers has no causal LM for model type {config.model_type!r}") from None
+        raise ModelLoadError(f"transformers has no {kind} for model type {config.model_type!r}") from None

@@ -1,0 +1,192 @@
+"""Text-pair scoring, shared by ``LLM.score`` and the front-ends' ``/score`` and ``/rerank``:
+the input checks, the engine prompt of a pair, the cosine of two embeddings and the rerank order.
+
+Pure functions: no engine, no torch. A model scores a pair in one of two ways
+(``ResolvedModel.score_mode``):
+
+- a cross-encoder (``*ForSequenceClassification`` with one label, or an LLM reranker) reads
+  the pair as one prompt (:func:`cross_encoder_prompt`) and its engine request has task
+  ``"score"``;
+- an embedding model (bi-encoder) embeds each text on its own, and the score is the cosine of
+  the two embeddings (:func:`cosine_scores`).
+
+Bad input raises :class:`ScoreInputError`, a ``ValueError`` naming the offending field.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from llmp.inputs import Prompt
+
+
+class ScoreInputError(ValueError):
+    """Bad score or rerank input; ``param`` names the offending field (``None``: the request)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+def validate_score_input(
+    data_1: str | Sequence[str],
+    data_2: str | Sequence[str],
+    *,
+    names: tuple[str, str] = ("data_1", "data_2"),
+) -> tuple[list[str], list[str]]:
+    """The pairs to score as two lists of equal length: 1:1 and N:N as given, 1:N with the one
+    text repeated. ``names`` are the fields as the caller spells them (``query``/``documents``,
+    ``text_1``/``text_2`` ...), for the error messages and ``param``."""
+    first = _texts(data_1, names[0])
+    second = _texts(data_2, names[1])
+    if len(first) > 1 and len(first) != len(second):  # vLLM's order of checks and messages
+        raise ScoreInputError("Input lengths must be either 1:1, 1:N or N:N", names[1])
+    if not first:
+        raise ScoreInputError("At least one text element must be given", names[0])
+    if not second:
+        raise ScoreInputError("At least one text_pair element must be given", names[1])
+    for name, texts in zip(names, (first, second), strict=True):
+        if any(text == "" for text in texts):
+            raise ScoreInputError(f"{name} must not hold an empty string", name)
+    if len(first) == 1:
+        first = first * len(second)
+    return first, second
+
+
+def _texts(data: str | Sequence[str], name: str) -> list[str]:
+    texts = [data] if isinstance(data, str) else list(data)
+    if not all(isinstance(text, str) for text in texts):
+        raise ScoreInputError(f"{name} must be a string or a list of strings", name)
+    return texts
+
+
+def truncation_length(truncate_prompt_tokens: int | None, max_model_len: int) -> int | None:
+    """How many tokens a prompt keeps: ``None`` (or 0) keeps them all, -1 is ``max_model_len``;
+    more than ``max_model_len`` is an error, as in vLLM."""
+    if not truncate_prompt_tokens:
+        return None
+    if truncate_prompt_tokens == -1:
+        return max_model_len
+    if truncate_prompt_tokens < -1:
+        raise ScoreInputError(
+            f"truncate_prompt_tokens must be -1 or an integer >= 1, got {truncate_prompt_tokens}",
+            "truncate_prompt_tokens",
+        )
+    if truncate_prompt_tokens > max_model_len:
+        raise ScoreInputError(
+            f"truncate_prompt_tokens ({truncate_prompt_tokens}) must be <= max_model_len ({max_model_len})",
+            "truncate_prompt_tokens",
+        )
+    return truncate_prompt_tokens
+
+
+def cross_encoder_prompt(
+    tokenizer: Any,
+    query: str,
+    document: str,
+    *,
+    use_sep_token: bool,
+    truncate_prompt_tokens: int | None = None,
+    max_model_len: int,
+    what: str = "the pair",
+    param: str | None = "data_2",
+    chat_template: str | None = None,
+) -> Prompt:
+    """The engine prompt of one pair for a cross-encoder.
+
+    With ``use_sep_token`` (BERT-style cross-encoders) it is the tokenizer's pair encoding,
+    ``[CLS] query [SEP] document [SEP]`` with its segment ids; truncation is the tokenizer's
+    (longest first, special tokens kept), as sentence-transformers' ``CrossEncoder``. Without
+    (LLM rerankers) the text ``query + document`` is tokenized, or with ``chat_template`` (a
+    score template, as vLLM's ``--chat-template`` for Qwen3-Reranker) the template rendered with
+    the messages ``query`` and ``document``; truncation keeps the last tokens, as
+    ``/v1/embeddings`` does. A prompt longer than ``max_model_len`` is an error naming ``what``
+    (say ``"the pair at index 3"``) and its length.
+    """
+    limit = truncation_length(truncate_prompt_tokens, max_model_len)
+    if chat_template is not None:
+        if use_sep_token:
+            raise ScoreInputError("a score template applies only to LLM rerankers, not to a pair tokenizer", None)
+        query, document = score_template_text(tokenizer, query, document, chat_template), ""
+    types = None
+    if use_sep_token:
+        cut = {"truncation": "longest_first", "max_length": limit} if limit else {}
+        try:
+            encoded = tokenizer(text=query, text_pair=document, **cut)
+        except Exception as exc:  # a max_length below the special tokens' count, say
+            raise ScoreInputError(f"{what} cannot be tokenized: {exc}", "truncate_prompt_tokens") from None
+        ids = list(encoded["input_ids"])
+        given = encoded.get("token_type_ids")
+        types = list(given) if given is not None and any(given) else None  # all zeros is the default
+    else:
+        ids = list(tokenizer.encode(query + document))
+        if limit is not None:
+            ids = ids[-limit:]
+    check_length(ids, max_model_len, what=what, param=param)
+    return Prompt(token_ids=ids, token_type_ids=types)
+
+
+def score_template_text(tokenizer: Any, query: str, document: str, chat_template: str) -> str:
+    """The text an LLM reranker reads for one pair through a score template: ``chat_template``
+    rendered with the messages ``{"role": "query"}`` and ``{"role": "document"}`` (vLLM's
+    ``get_score_prompt``), without a generation prompt."""
+    from llmp.chat_template import render_chat
+
+    conversation = [{"role": "query", "content": query}, {"role": "document", "content": document}]
+    try:
+        return render_chat(tokenizer, conversation, chat_template=chat_template, add_generation_prompt=False)
+    except Exception as exc:  # jinja's errors: the template cannot read this pair
+        raise ScoreInputError(f"the score template could not be applied: {type(exc).__name__}: {exc}", None) from None
+
+
+def text_prompt(
+    tokenizer: Any,
+    text: str,
+    *,
+    truncate_prompt_tokens: int | None = None,
+    max_model_len: int,
+    what: str = "the text",
+    param: str | None = None,
+) -> Prompt:
+    """The engine prompt of one text to embed (a bi-encoder's side of a pair): its tokens with
+    the tokenizer's special tokens, truncation keeping the last ones."""
+    limit = truncation_length(truncate_prompt_tokens, max_model_len)
+    ids = list(tokenizer.encode(text))
+    if limit is not None:
+        ids = ids[-limit:]
+    check_length(ids, max_model_len, what=what, param=param)
+    return Prompt(token_ids=ids)
+
+
+def check_length(ids: Sequence[int], max_model_len: int, *, what: str, param: str | None) -> None:
+    if len(ids) > max_model_len:
+        raise ScoreInputError(
+            f"{what} is {len(ids)} tokens long; this model takes at most {max_model_len} "
+            "(set truncate_prompt_tokens to truncate)",
+            param,
+        )
+
+
+def cosine_scores(query_vectors: Sequence[Sequence[float]], document_vectors: Sequence[Sequence[float]]) -> list[float]:
+    """The cosine similarity of each pair ``(query_vectors[i], document_vectors[i])``; a zero
+    vector scores 0 (the norms' product is bounded below by 1e-8, as ``torch.cosine_similarity``)."""
+    if len(query_vectors) != len(document_vectors):
+        raise ValueError(f"{len(query_vectors)} query vectors for {len(document_vectors)} document vectors")
+    scores = []
+    for a, b in zip(query_vectors, document_vectors, strict=True):
+        if len(a) != len(b):
+            raise ValueError(f"vectors of {len(a)} and {len(b)} dimensions cannot be compared")
+        dot = math.fsum(x * y for x, y in zip(a, b, strict=True))
+        norms = math.sqrt(math.fsum(x * x for x in a)) * math.sqrt(math.fsum(y * y for y in b))
+        scores.append(dot / max(norms, 1e-8))
+    return scores
+
+
+def rerank_order(scores: Sequence[float], top_n: int | None = None) -> list[int]:
+    """The indices of ``scores`` from the highest score down (ties keep their input order), cut to
+    the first ``top_n``; ``top_n`` of 0, below 0 or ``None`` keeps them all."""
+    order = sorted(range(len(scores)), key=lambda i: scores[i], reverse=True)  # stable, also reversed
+    return order[:top_n] if top_n and top_n > 0 else order

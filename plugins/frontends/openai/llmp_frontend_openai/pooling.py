@@ -1,0 +1,136 @@
+"""``POST /pooling``: a model's raw pooled output for any of its pooling tasks; and what every
+pooling route shares: the prompts of ``input`` or ``messages`` fitted to the context, and the
+engine requests of many prompts, a window at a time."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import struct
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter, Request
+
+from llmp import PoolingParams, PoolingRequestOutput, Prompt
+from llmp.frontend import ScoreInputError, bad_request, engine_request_id, truncation_length, until_disconnected
+from llmp_frontend_openai import protocol as p
+
+if TYPE_CHECKING:
+    from llmp_frontend_openai.frontend import OpenAIFrontend
+
+# the tasks /pooling runs; "score" needs a pair (/score) and "generate" is not pooling
+POOLING_ROUTE_TASKS = ("embed", "classify", "token_embed", "token_classify")
+
+
+def add_routes(router: APIRouter, fe: OpenAIFrontend) -> None:
+    supported = [task for task in POOLING_ROUTE_TASKS if task in fe.supported_tasks]
+
+    async def create_pooling(body: p.PoolingRequest, request: Request) -> Any:
+        fe.check_model(body.model)
+        if body.task is not None and body.task not in supported:
+            raise bad_request(f"the model cannot do task {body.task!r}; it supports {', '.join(supported)}", "task")
+        prompts = await request_prompts(fe, body)
+        try:
+            params = PoolingParams(
+                task=body.task,
+                normalize=body.normalize,
+                dimensions=body.dimensions,
+                use_activation=body.activation_setting(),
+            )
+        except ValueError as exc:
+            raise bad_request(str(exc), "dimensions") from None
+        outputs = await until_disconnected(request, encode_all(fe, prompts, params, body.priority, "pool"))
+        data = [
+            {"index": i, "object": "pooling", "data": encode_floats(o.outputs.data, body.encoding_format)}
+            for i, o in enumerate(outputs)
+        ]
+        return list_response(fe, fe.new_id(request, "pool", body), data, prompt_tokens(prompts))
+
+    router.add_api_route("/pooling", create_pooling, methods=["POST"], summary="Raw pooled outputs")
+
+
+# -- shared by the pooling routes -------------------------------------------------
+
+ENCODE_WINDOW = 64
+
+
+async def encode_all(
+    fe: OpenAIFrontend, prompts: Sequence[Prompt], params: PoolingParams, priority: int, prefix: str
+) -> list[PoolingRequestOutput]:
+    """One engine request per prompt, in prompt order. A long list goes to the engine a window at
+    a time, so it never holds more than ENCODE_WINDOW of one HTTP request's prompts (admission
+    control counts engine requests); cancelling aborts every one in flight."""
+    window = asyncio.Semaphore(ENCODE_WINDOW)
+
+    async def one(prompt: Prompt) -> PoolingRequestOutput:
+        async with window:
+            async for output in fe.engine.encode(prompt, params, engine_request_id(prefix), priority=priority):
+                return output
+        raise RuntimeError("the pooling request was aborted")
+
+    tasks = [asyncio.ensure_future(one(prompt)) for prompt in prompts]
+    try:
+        return await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+async def request_prompts(fe: OpenAIFrontend, body: p.ClassificationRequest) -> list[Prompt]:
+    """The prompts of a request's ``input`` (texts or token ids) or ``messages`` (one chat, rendered
+    by the chat template), fitted to the context by ``truncate_prompt_tokens``."""
+    if (body.input is None) == (body.messages is None):
+        raise bad_request("give either 'input' or 'messages'", "input")
+    if body.messages is not None:
+        return fit_prompts(fe, [await fe.chat_prompt(body.messages, body)], body.truncate_prompt_tokens, "messages")
+    add_special = True if body.add_special_tokens is None else body.add_special_tokens
+    prompts = await fe.prompt_inputs(body.input, "input", add_special)
+    return fit_prompts(fe, prompts, body.truncate_prompt_tokens, "input")
+
+
+def fit_prompts(fe: OpenAIFrontend, prompts: list[Prompt], truncate: int | None, param: str) -> list[Prompt]:
+    """Each prompt's token ids, cut to the last ``truncate`` (-1: the context length) and checked
+    against the context length."""
+    try:
+        limit = truncation_length(truncate, fe.max_model_len)
+    except ScoreInputError as exc:
+        raise bad_request(exc.message, exc.param) from None
+    out = []
+    for prompt in prompts:
+        ids = prompt.token_ids if limit is None else prompt.token_ids[-limit:]
+        if len(ids) > fe.max_model_len:
+            raise bad_request(f"an input is {len(ids)} tokens long; this model takes at most {fe.max_model_len}", param)
+        out.append(Prompt(token_ids=ids))  # the ids alone: truncation may have cut the text
+    return out
+
+
+def prompt_tokens(prompts: Sequence[Prompt]) -> int:
+    return sum(len(prompt.token_ids) for prompt in prompts)
+
+
+def list_response(fe: OpenAIFrontend, response_id: str, data: list[dict[str, Any]], tokens: int) -> dict[str, Any]:
+    """vLLM's response of /pooling, /score and /classify; every token counted is a prompt token."""
+    return {
+        "id": response_id,
+        "object": "list",
+        "created": int(time.time()),
+        "model": fe.model_name,
+        "data": data,
+        "usage": {
+            "prompt_tokens": tokens,
+            "total_tokens": tokens,
+            "completion_tokens": 0,
+            "prompt_tokens_details": None,
+        },
+    }
+
+
+def encode_floats(values: Any, encoding_format: str) -> Any:
+    """A vector (or rows of them) as JSON floats, or with ``base64`` as little-endian float32
+    bytes (rows one after another), as OpenAI encodes embeddings."""
+    if encoding_format != "base64":
+        return values
+    flat = [x for row in values for x in row] if values and isinstance(values[0], list) else list(values)
+    return base64.b64encode(struct.pack(f"<{len(flat)}f", *flat)).decode()

