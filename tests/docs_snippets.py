@@ -27,7 +27,11 @@ The rules, which the docs' authors follow:
   ``llmp chat MODEL``, which runs its own engine).
 - Placeholders are real files in the scratch directory, made when a block first names them:
   ``path/to/hf-dir`` a tiny Llama, ``MODEL`` a tiny Qwen3, ``path/to/minilm`` the packaged
-  all-MiniLM-L6-v2, ``prompts.txt`` two prompts; ``$KEY`` is set.
+  all-MiniLM-L6-v2, ``path/to/cross-encoder`` a tiny one-label BERT cross-encoder,
+  ``path/to/classifier`` a tiny BERT classifier (labels negative, neutral, positive),
+  ``path/to/qwen3-reranker`` a tiny Qwen3 causal LM with "no" and "yes" tokens,
+  ``path/to/reward-model`` a tiny one-label Llama classifier, ``prompts.txt`` two prompts;
+  ``$KEY`` is set. A block's annotations name placeholders too (``server path/to/classifier``).
 - The blocks of docs/*.md that start engines or talk to a server are the tests of
   tests/test_docs_engines.py, the others (README's included) of tests/test_docs.py
   (``in_engines_module``), so two pytest-xdist workers share them; each module has its own
@@ -285,6 +289,12 @@ def _qwen3_reranker(path: Path) -> None:
     tokenizer.save_pretrained(path)
 
 
+def _reward_model(path: Path) -> None:
+    from llmp.testing import save_tiny_model
+
+    save_tiny_model(path, "LlamaForSequenceClassification", num_labels=1)
+
+
 # placeholder -> how to make it; each is made the first time a block names it
 PLACEHOLDERS = {
     "path/to/hf-dir": _tiny_llama,
@@ -293,6 +303,7 @@ PLACEHOLDERS = {
     "path/to/cross-encoder": _cross_encoder,
     "path/to/classifier": _classifier,
     "path/to/qwen3-reranker": _qwen3_reranker,
+    "path/to/reward-model": _reward_model,
     "prompts.txt": lambda path: path.write_text("The capital of France is\nOnce upon a time\n"),
 }
 

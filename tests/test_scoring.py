@@ -9,13 +9,18 @@ import pytest
 from llmp.scoring import (
     ScoreInputError,
     cosine_scores,
-    cross_encoder_prompt,
+    cross_encoder_prompts,
     rerank_order,
     text_prompt,
     truncation_length,
     validate_score_input,
 )
 from llmp.testing import tiny_pair_tokenizer, tiny_tokenizer
+
+
+def cross_encoder_prompt(tokenizer, query, document, **options):
+    """The prompt of one pair."""
+    return cross_encoder_prompts(tokenizer, [query], [document], **options)[0]
 
 
 @pytest.fixture(scope="module")
@@ -99,11 +104,11 @@ def test_cross_encoder_truncation_is_the_tokenizers_longest_first(pair_tokenizer
     assert everything.token_ids == whole.token_ids
 
 
-def test_an_over_long_pair_names_its_length(pair_tokenizer):
+def test_an_over_long_pair_names_its_index_and_length(pair_tokenizer):
     document = " ".join(["fox"] * 40)
     with pytest.raises(ScoreInputError) as caught:
-        cross_encoder_prompt(
-            pair_tokenizer, "q", document, use_sep_token=True, max_model_len=16, what="the pair at index 3"
+        cross_encoder_prompts(
+            pair_tokenizer, ["q"] * 4, ["a", "b", "c", document], use_sep_token=True, max_model_len=16
         )
     length = len(pair_tokenizer(text="q", text_pair=document)["input_ids"])
     assert str(caught.value) == (
@@ -111,6 +116,22 @@ def test_an_over_long_pair_names_its_length(pair_tokenizer):
         "(set truncate_prompt_tokens to truncate)"
     )
     assert caught.value.param == "data_2"
+
+
+def test_pairs_tokenized_together_equal_each_alone(pair_tokenizer):
+    queries = ["the quick brown fox", "paged attention", "a"]
+    documents = ["jumps over the lazy dog", "keeps the cache in blocks of sixteen tokens", "b c d"]
+    for limit in (None, 9):
+        together = cross_encoder_prompts(
+            pair_tokenizer, queries, documents, use_sep_token=True, truncate_prompt_tokens=limit, max_model_len=128
+        )
+        alone = [
+            cross_encoder_prompt(
+                pair_tokenizer, q, d, use_sep_token=True, truncate_prompt_tokens=limit, max_model_len=128
+            )
+            for q, d in zip(queries, documents, strict=True)
+        ]
+        assert together == alone
 
 
 def test_llm_reranker_prompt_is_the_joined_text_truncated_from_the_left():

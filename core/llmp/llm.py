@@ -178,16 +178,14 @@ class LLM:
         limits = {"truncate_prompt_tokens": truncate_prompt_tokens, "max_model_len": options["max_model_len"]}
         if bi_encoder:
             return self._bi_encoder_scores(queries, documents, params, limits, use_tqdm)
-        prompts = [
-            scoring.cross_encoder_prompt(
-                self.engine.tokenizer,
-                *self._score_texts(query, document, chat_template),
-                use_sep_token=options["use_sep_token"],
-                what=f"the pair at index {index}",
-                **limits,
-            )
-            for index, (query, document) in enumerate(zip(queries, documents, strict=True))
-        ]
+        prompts = scoring.cross_encoder_prompts(
+            self.engine.tokenizer,
+            queries,
+            documents,
+            use_sep_token=options["use_sep_token"],
+            chat_template=chat_template,
+            **limits,
+        )
         return self._pool(prompts, params, "score", use_tqdm)
 
     def _check_score_support(self, options: Mapping[str, Any]) -> None:
@@ -200,19 +198,6 @@ class LLM:
             "Score API is not supported by this model. "
             "Try converting the model using `--convert embed` or `--convert classify`."
         )
-
-    def _score_texts(self, query: str, document: str, chat_template: str | None) -> tuple[str, str]:
-        """The query and document an LLM reranker reads: rendered through ``chat_template`` as
-        vLLM's ``get_score_prompt`` does (roles ``query`` and ``document``) when one is given."""
-        if chat_template is None:
-            return query, document
-        from llmp.chat_template import render_chat
-
-        conversation = [{"role": "query", "content": query}, {"role": "document", "content": document}]
-        rendered = render_chat(
-            self.engine.tokenizer, conversation, chat_template=chat_template, add_generation_prompt=False
-        )
-        return rendered, ""
 
     def _bi_encoder_scores(
         self,

@@ -5,7 +5,7 @@ Pure functions: no engine, no torch. A model scores a pair in one of two ways
 (``ResolvedModel.score_mode``):
 
 - a cross-encoder (``*ForSequenceClassification`` with one label, or an LLM reranker) reads
-  the pair as one prompt (:func:`cross_encoder_prompt`) and its engine request has task
+  the pair as one prompt (:func:`cross_encoder_prompts`) and its engine request has task
   ``"score"``;
 - an embedding model (bi-encoder) embeds each text on its own, and the score is the cosine of
   the two embeddings (:func:`cosine_scores`).
@@ -15,7 +15,10 @@ Bad input raises :class:`ScoreInputError`, a ``ValueError`` naming the offending
 
 from __future__ import annotations
 
+import copy
 import math
+import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -83,50 +86,74 @@ def truncation_length(truncate_prompt_tokens: int | None, max_model_len: int) ->
     return truncate_prompt_tokens
 
 
-def cross_encoder_prompt(
+def cross_encoder_prompts(
     tokenizer: Any,
-    query: str,
-    document: str,
+    queries: Sequence[str],
+    documents: Sequence[str],
     *,
     use_sep_token: bool,
     truncate_prompt_tokens: int | None = None,
     max_model_len: int,
-    what: str = "the pair",
     param: str | None = "data_2",
     chat_template: str | None = None,
-) -> Prompt:
-    """The engine prompt of one pair for a cross-encoder.
+) -> list[Prompt]:
+    """The engine prompts of the pairs ``(queries[i], documents[i])`` for a cross-encoder, all
+    tokenized in one call of the tokenizer (batched in its Rust core, not a Python call per pair).
 
-    With ``use_sep_token`` (BERT-style cross-encoders) it is the tokenizer's pair encoding,
+    With ``use_sep_token`` (BERT-style cross-encoders) each is the tokenizer's pair encoding,
     ``[CLS] query [SEP] document [SEP]`` with its segment ids; truncation is the tokenizer's
     (longest first, special tokens kept), as sentence-transformers' ``CrossEncoder``. Without
     (LLM rerankers) the text ``query + document`` is tokenized, or with ``chat_template`` (a
     score template, as vLLM's ``--chat-template`` for Qwen3-Reranker) the template rendered with
     the messages ``query`` and ``document``; truncation keeps the last tokens, as
-    ``/v1/embeddings`` does. A prompt longer than ``max_model_len`` is an error naming ``what``
-    (say ``"the pair at index 3"``) and its length.
+    ``/v1/embeddings`` does. A prompt longer than ``max_model_len`` is an error naming the pair
+    ("the pair at index 3") and its length.
     """
     limit = truncation_length(truncate_prompt_tokens, max_model_len)
-    if chat_template is not None:
-        if use_sep_token:
-            raise ScoreInputError("a score template applies only to LLM rerankers, not to a pair tokenizer", None)
-        query, document = score_template_text(tokenizer, query, document, chat_template), ""
-    types = None
     if use_sep_token:
-        cut = {"truncation": "longest_first", "max_length": limit} if limit else {}
+        if chat_template is not None:
+            raise ScoreInputError("a score template applies only to LLM rerankers, not to a pair tokenizer", None)
         try:
-            encoded = tokenizer(text=query, text_pair=document, **cut)
+            encoded = _pair_encodings(tokenizer, list(queries), list(documents), limit)
         except Exception as exc:  # a max_length below the special tokens' count, say
-            raise ScoreInputError(f"{what} cannot be tokenized: {exc}", "truncate_prompt_tokens") from None
-        ids = list(encoded["input_ids"])
-        given = encoded.get("token_type_ids")
-        types = list(given) if given is not None and any(given) else None  # all zeros is the default
+            raise ScoreInputError(f"the pairs cannot be tokenized: {exc}", "truncate_prompt_tokens") from None
+        all_types = encoded.get("token_type_ids") or [None] * len(encoded["input_ids"])
+        pairs = [
+            (list(ids), list(types) if types is not None and any(types) else None)  # all zeros is the default
+            for ids, types in zip(encoded["input_ids"], all_types, strict=True)
+        ]
     else:
-        ids = list(tokenizer.encode(query + document))
-        if limit is not None:
-            ids = ids[-limit:]
-    check_length(ids, max_model_len, what=what, param=param)
-    return Prompt(token_ids=ids, token_type_ids=types)
+        if chat_template is not None:
+            texts = [
+                score_template_text(tokenizer, q, d, chat_template) for q, d in zip(queries, documents, strict=True)
+            ]
+        else:
+            texts = [q + d for q, d in zip(queries, documents, strict=True)]
+        pairs = [(list(ids)[-limit:] if limit else list(ids), None) for ids in tokenizer(texts)["input_ids"]]
+    prompts = []
+    for index, (ids, types) in enumerate(pairs):
+        check_length(ids, max_model_len, what=f"the pair at index {index}", param=param)
+        prompts.append(Prompt(token_ids=ids, token_type_ids=types))
+    return prompts
+
+
+def _pair_encodings(tokenizer: Any, queries: list[str], documents: list[str], limit: int | None) -> Any:
+    """The tokenizer's pair encodings, truncated longest-first to ``limit`` tokens when given.
+
+    A fast tokenizer keeps its truncation setting in shared (Rust) state that each call with
+    other settings rewrites, and a rewrite while another thread tokenizes fails ("Already
+    borrowed"): truncating encodings go through a private copy of the tokenizer, one at a time."""
+    if not limit:
+        return tokenizer(text=queries, text_pair=documents)
+    with _TRUNCATION_LOCK:
+        private = _TRUNCATING.get(tokenizer)
+        if private is None:
+            private = _TRUNCATING[tokenizer] = copy.deepcopy(tokenizer)
+        return private(text=queries, text_pair=documents, truncation="longest_first", max_length=limit)
+
+
+_TRUNCATION_LOCK = threading.Lock()
+_TRUNCATING: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
 def score_template_text(tokenizer: Any, query: str, document: str, chat_template: str) -> str:

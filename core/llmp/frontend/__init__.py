@@ -17,7 +17,7 @@
   :class:`~llmp.options.FrontendOptions` as ``llmp serve`` does; :func:`render_chat`
   renders a conversation with the model's chat template.
 - Scoring (:mod:`llmp.scoring`, shared with ``LLM.score``): :func:`validate_score_input`,
-  :class:`ScoreInputError`, :func:`cross_encoder_prompt`, :func:`text_prompt`,
+  :class:`ScoreInputError`, :func:`cross_encoder_prompts`, :func:`text_prompt`,
   :func:`truncation_length`, :func:`cosine_scores`, :func:`rerank_order`.
 
 Importing this package loads no torch and no web framework.
@@ -41,7 +41,7 @@ from llmp.frontend.startup import frontend_options, read_chat_template, served_m
 from llmp.scoring import (
     ScoreInputError,
     cosine_scores,
-    cross_encoder_prompt,
+    cross_encoder_prompts,
     rerank_order,
     text_prompt,
     truncation_length,
@@ -59,7 +59,7 @@ __all__ = [
     "as_api_error",
     "bad_request",
     "cosine_scores",
-    "cross_encoder_prompt",
+    "cross_encoder_prompts",
     "engine_request_id",
     "error_body",
     "frontend_options",

@@ -19,7 +19,7 @@ from llmp.frontend import (
     ScoreInputError,
     bad_request,
     cosine_scores,
-    cross_encoder_prompt,
+    cross_encoder_prompts,
     rerank_order,
     text_prompt,
     until_disconnected,
@@ -103,21 +103,17 @@ async def _cross_encoder_scores(
     # its chat template for chat
     template = None if use_sep_token or "generate" in fe.supported_tasks else fe.options.chat_template
 
-    def build() -> list[Prompt]:  # tokenized off the event loop, all pairs in one go
-        return [
-            cross_encoder_prompt(
-                fe.tokenizer,
-                query,
-                document,
-                use_sep_token=use_sep_token,
-                truncate_prompt_tokens=body.truncate_prompt_tokens,
-                max_model_len=fe.max_model_len,
-                what=f"the pair at index {i}",
-                param=names[1],
-                chat_template=template,
-            )
-            for i, (query, document) in enumerate(zip(queries, documents, strict=True))
-        ]
+    def build() -> list[Prompt]:  # tokenized off the event loop, all pairs in one call
+        return cross_encoder_prompts(
+            fe.tokenizer,
+            queries,
+            documents,
+            use_sep_token=use_sep_token,
+            truncate_prompt_tokens=body.truncate_prompt_tokens,
+            max_model_len=fe.max_model_len,
+            param=names[1],
+            chat_template=template,
+        )
 
     prompts = await asyncio.to_thread(build)
     params = PoolingParams(task="score", use_activation=body.activation_setting())
