@@ -20,8 +20,9 @@ as llmp's ``LLM(dir, dtype=..., num_threads=N).score(query, documents)``. It com
 plugin's test extra (``pip install sentence-transformers``); the script stops with one line when it
 or the tokenizer package is missing.
 
-Each side runs 2 warm-ups, then ``--rounds`` timed rounds; pairs/s of the best and the median
-round, and llmp's ratios (best to best, median to median) to ``CrossEncoder`` in float32 (the
+Each side runs 2 warm-ups, then ``--rounds`` timed rounds, the sides taking turns within each
+round (so load from other work on a shared machine falls on all of them); pairs/s of the best and
+the median round, and llmp's ratios (best to best, median to median) to ``CrossEncoder`` in float32 (the
 goal is >= 3x) and in the same dtype. Every side's scores are checked against ``CrossEncoder``'s
 in float32. Prints the CPU model, threads and dtypes, a table, and a JSON line of every figure.
 """
@@ -36,6 +37,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -99,19 +101,24 @@ def workload(model_dir: Path) -> tuple[str, list[str]]:
     return query, documents
 
 
-def timed(run, rounds: int) -> list[float]:
-    """Pairs per second of each timed round, after 2 warm-ups."""
-    for _ in range(2):
-        run()
-    rates = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        run()
-        rates.append(DOCUMENTS / (time.perf_counter() - start))
+def interleaved(runs: dict[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
+    """Pairs per second of each side in each timed round, after 2 warm-ups. The sides take turns
+    within a round (in a rotating order), so a burst of load on a shared machine hits them alike."""
+    for run in runs.values():
+        for _ in range(2):
+            run()
+    names = list(runs)
+    rates: dict[str, list[float]] = {name: [] for name in names}
+    for round_number in range(rounds):
+        shift = round_number % len(names)
+        for name in names[shift:] + names[:shift]:
+            start = time.perf_counter()
+            runs[name]()
+            rates[name].append(DOCUMENTS / (time.perf_counter() - start))
     return rates
 
 
-def cross_encoder_rates(model_dir: Path, query: str, documents: list[str], dtype: str, args) -> tuple[list, list]:
+def cross_encoder_side(model_dir: Path, query: str, documents: list[str], dtype: str, args) -> tuple[Callable, list]:
     import torch
     from sentence_transformers import CrossEncoder
 
@@ -122,11 +129,10 @@ def cross_encoder_rates(model_dir: Path, query: str, documents: list[str], dtype
     def run():
         return model.predict(pairs, batch_size=BATCH_SIZE, show_progress_bar=False)
 
-    scores = [float(s) for s in run()]
-    return timed(run, args.rounds), scores
+    return run, [float(s) for s in run()]
 
 
-def llmp_rates(model_dir: Path, query: str, documents: list[str], dtype: str, args) -> tuple[list, list]:
+def llmp_side(model_dir: Path, query: str, documents: list[str], dtype: str, args) -> tuple[Callable, list]:
     from llmp import LLM
 
     llm = LLM(str(model_dir), dtype=dtype, device=args.device, num_threads=args.threads)
@@ -134,10 +140,7 @@ def llmp_rates(model_dir: Path, query: str, documents: list[str], dtype: str, ar
     def run():
         return llm.score(query, documents, use_tqdm=False)
 
-    scores = [o.outputs.score for o in run()]
-    rates = timed(run, args.rounds)
-    llm.shutdown()
-    return rates, scores
+    return run, [o.outputs.score for o in run()]
 
 
 def cpu_model() -> str:
@@ -170,22 +173,25 @@ def main() -> None:
     )
 
     results: dict[str, float | str] = {"device": device, "threads": args.threads}
+    runs: dict[str, Callable] = {}
     reference: list[float] = []
-    for name, measure in (("cross_encoder", cross_encoder_rates), ("llmp", llmp_rates)):
+    for name, side in (("cross_encoder", cross_encoder_side), ("llmp", llmp_side)):
         for dtype in ("float32", "bfloat16"):
-            rates, scores = measure(model_dir, query, documents, dtype, args)
+            runs[f"{name}_{dtype}"], scores = side(model_dir, query, documents, dtype, args)
             if name == "cross_encoder" and dtype == "float32":
                 reference = scores
             else:  # the same scores, to the dtype's precision: a fast wrong answer is no result
                 tolerance = 1e-4 if dtype == "float32" else 3e-2
                 worst = max(abs(a - b) for a, b in zip(scores, reference, strict=True))
                 assert worst < tolerance, f"{name} {dtype} scores differ from CrossEncoder's by {worst}"
-            results[f"{name}_{dtype}_best_pairs_s"] = max(rates)
-            results[f"{name}_{dtype}_median_pairs_s"] = statistics.median(rates)
-            print(
-                f"{name:14s} {dtype:9s} best {max(rates):8.1f} pairs/s   median {statistics.median(rates):8.1f}",
-                flush=True,
-            )
+    for side_name, rates in interleaved(runs, args.rounds).items():
+        name, dtype = side_name.rsplit("_", 1)
+        results[f"{side_name}_best_pairs_s"] = max(rates)
+        results[f"{side_name}_median_pairs_s"] = statistics.median(rates)
+        print(
+            f"{name:14s} {dtype:9s} best {max(rates):8.1f} pairs/s   median {statistics.median(rates):8.1f}",
+            flush=True,
+        )
     for dtype in ("float32", "bfloat16"):
         for stat in ("best", "median"):
             llmp_rate = results[f"llmp_{dtype}_{stat}_pairs_s"]
