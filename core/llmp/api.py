@@ -594,6 +594,10 @@ class Model(Protocol):
       with its yes/no token logits) and then serves generation and scores in one batch.
     - ``accepts_token_type_ids = True``: ``forward`` also takes ``token_type_ids=Tensor[T]``
       (the segment ids of text pairs, all zeros when no request has them).
+    - ``accepts_output_rows = True``: ``forward`` may be given ``output_rows=Tensor[R]``, one row
+      per request in order (each request's first row for ``cls``, its last for ``last``), when
+      those are all the step's poolers read; it then returns ``[R, N]`` hidden states of just
+      those rows (an encoder skips the other rows' queries and MLP in its last layer).
     """
 
     def __init__(self, config: Any, kernels: KernelSet) -> None: ...

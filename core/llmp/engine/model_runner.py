@@ -9,7 +9,7 @@ pooled from the same hidden states (``StepInputs.pool_items``).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -46,6 +46,7 @@ class ModelRunner:
         model_cls = as_pooling_model(resolved.spec.load(), resolved.task)
         self.model = self._load_model(model_cls, resolved)
         self.accepts_token_type_ids = bool(getattr(self.model, "accepts_token_type_ids", False))
+        self.accepts_output_rows = bool(getattr(self.model, "accepts_output_rows", False))
         self.load_seconds = time.perf_counter() - started
         self.block_size = config.block_size
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -113,6 +114,11 @@ class ModelRunner:
             extra["token_type_ids"] = (
                 torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids.to(device)
             )
+        pool_items = inputs.pool_items
+        if self.accepts_output_rows and (rows := _one_row_per_request(inputs)) is not None:
+            # the poolers read one row per request: the model computes only those in its last layer
+            extra["output_rows"] = torch.tensor(rows, device=device)
+            pool_items = [replace(item, rows=PoolSlice(i, 1)) for i, item in enumerate(pool_items)]
         hidden = self.model(input_ids, inputs.positions.to(device), metadata, **extra)
         logits = None
         if inputs.logit_rows:
@@ -123,7 +129,7 @@ class ModelRunner:
             self.model.compute_logits(hidden[start : start + count]).float().cpu()
             for start, count in inputs.prompt_rows
         ]
-        pooled = self._pool(hidden, input_ids, inputs.pool_items) if inputs.pool_items else []
+        pooled = self._pool(hidden, input_ids, pool_items) if pool_items else []
         return StepLogits(logits, prompt_logits, pooled)
 
     def _pool(self, hidden: torch.Tensor, input_ids: torch.Tensor, items: list[PoolItem]) -> list[torch.Tensor]:
@@ -148,6 +154,20 @@ class ModelRunner:
 
 
 _TENSOR_FIELDS = ("query_start_loc", "seq_lens", "block_tables", "slot_mapping")
+
+
+def _one_row_per_request(inputs: StepInputs) -> list[int] | None:
+    """The rows a step's poolers read when that is one row of each request, in order (every request
+    a pooling request pooled by ``cls`` or ``last``), else None: the model then computes every row."""
+    items = inputs.pool_items
+    if inputs.logit_rows or inputs.prompt_rows or len(items) != len(inputs.metadata.query_start_loc) - 1:
+        return None
+    rows = []
+    for index, item in enumerate(items):
+        if item.index != index or item.pooler not in ("cls", "last") or item.rows.step_tag_id is not None:
+            return None
+        rows.append(item.rows.start if item.pooler == "cls" else item.rows.start + item.rows.count - 1)
+    return rows
 
 
 @dataclass(slots=True)

@@ -42,6 +42,7 @@ class PaddedBatch:
 
     def __init__(self, query_start_loc: torch.Tensor) -> None:
         lengths = (query_start_loc[1:] - query_start_loc[:-1]).to(torch.int64)
+        self.starts = query_start_loc[:-1].to(torch.int64)  # each request's first row
         self.requests, self.longest = len(lengths), int(lengths.max())
         self.valid: torch.Tensor | None = None  # [R, L] bool, True for a real token
         self.rows: torch.Tensor | None = None  # [T] row of each token in the padded [R * L] layout
@@ -137,11 +138,17 @@ class BertSelfAttention(nn.Module):
         self.head_dim = config.hidden_size // self.num_heads
         self.qkv = QKVLinear(config.hidden_size)
 
-    def forward(self, hidden: torch.Tensor, batch: PaddedBatch) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, batch: PaddedBatch, query_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """``[T, hidden]`` attention outputs, or with ``query_rows`` (one row per request, counted from
+        the request's start) only those rows' ``[R, hidden]``: their keys and values are all rows."""
         qkv = batch.pad(self.qkv(hidden)).view(batch.requests, batch.longest, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [R, H, L, D] each
+        if query_rows is not None:
+            q = q[torch.arange(batch.requests, device=q.device), :, query_rows].unsqueeze(2)  # [R, H, 1, D]
         # padded keys are masked out; padded queries see real keys only and are dropped by unpad
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=batch.key_mask(q.dtype))
+        if query_rows is not None:
+            return out.reshape(batch.requests, -1)
         return batch.unpad(out.transpose(1, 2).reshape(batch.requests, batch.longest, -1))
 
 
@@ -163,8 +170,13 @@ class BertAttention(nn.Module):
         self.self = BertSelfAttention(config)
         self.output = _DenseNorm(config.hidden_size, config.hidden_size, config.layer_norm_eps)
 
-    def forward(self, hidden: torch.Tensor, batch: PaddedBatch) -> torch.Tensor:
-        return self.output(self.self(hidden, batch), hidden)
+    def forward(
+        self, hidden: torch.Tensor, batch: PaddedBatch, output_rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        if output_rows is None:
+            return self.output(self.self(hidden, batch), hidden)
+        query_rows = output_rows - batch.starts
+        return self.output(self.self(hidden, batch, query_rows), hidden[output_rows])
 
 
 class BertIntermediate(nn.Module):
@@ -184,8 +196,10 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(config)
         self.output = _DenseNorm(config.intermediate_size, config.hidden_size, config.layer_norm_eps)
 
-    def forward(self, hidden: torch.Tensor, batch: PaddedBatch) -> torch.Tensor:
-        hidden = self.attention(hidden, batch)
+    def forward(
+        self, hidden: torch.Tensor, batch: PaddedBatch, output_rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        hidden = self.attention(hidden, batch, output_rows)
         return self.output(self.intermediate(hidden), hidden)
 
 
@@ -201,6 +215,7 @@ class BertModel(nn.Module):
     is_pooling_model = True
     default_pooling = "cls"  # without a sentence-transformers config, BERT's [CLS] vector
     accepts_token_type_ids = True
+    accepts_output_rows = True
     checkpoint_prefix = "bert."  # the encoder's weights in a *ForSequenceClassification checkpoint
 
     def __init__(self, config: Any, kernels: KernelSet) -> None:
@@ -229,12 +244,18 @@ class BertModel(nn.Module):
         positions: torch.Tensor,
         attn_metadata: AttentionMetadata,
         token_type_ids: torch.Tensor | None = None,
+        output_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         batch = PaddedBatch(attn_metadata.query_start_loc.to(input_ids.device))
         hidden = self.embeddings(input_ids, positions, token_type_ids)
-        for layer in self.encoder.layer:
+        layers = list(self.encoder.layer)
+        for layer in layers[:-1]:
             hidden = layer(hidden, batch)
-        return hidden
+        if not layers:
+            return hidden if output_rows is None else hidden[output_rows]
+        # the last layer computes only the rows the poolers read (a cross-encoder's [CLS] of each
+        # pair): its keys and values need every row, its queries and MLP only those
+        return layers[-1](hidden, batch, output_rows)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         # the encoder of any checkpoint: a classifier's (prefixed, its head unused) or a bare one with a pooler
@@ -264,6 +285,7 @@ class BertForSequenceClassification(nn.Module):
     is_pooling_model = True
     default_pooling = "cls"
     accepts_token_type_ids = True
+    accepts_output_rows = True
 
     def __init__(self, config: Any, kernels: KernelSet) -> None:
         super().__init__()
@@ -281,8 +303,9 @@ class BertForSequenceClassification(nn.Module):
         positions: torch.Tensor,
         attn_metadata: AttentionMetadata,
         token_type_ids: torch.Tensor | None = None,
+        output_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        return self.bert(input_ids, positions, attn_metadata, token_type_ids)
+        return self.bert(input_ids, positions, attn_metadata, token_type_ids, output_rows)
 
     def classify(self, pooled: torch.Tensor) -> torch.Tensor:
         return self.classifier(torch.tanh(self.pooler(pooled)))
@@ -309,6 +332,7 @@ class RobertaForSequenceClassification(nn.Module):
     is_pooling_model = True
     default_pooling = "cls"
     accepts_token_type_ids = True
+    accepts_output_rows = True
 
     def __init__(self, config: Any, kernels: KernelSet) -> None:
         super().__init__()
@@ -325,8 +349,9 @@ class RobertaForSequenceClassification(nn.Module):
         positions: torch.Tensor,
         attn_metadata: AttentionMetadata,
         token_type_ids: torch.Tensor | None = None,
+        output_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        return self.roberta(input_ids, positions, attn_metadata, token_type_ids)
+        return self.roberta(input_ids, positions, attn_metadata, token_type_ids, output_rows)
 
     def classify(self, pooled: torch.Tensor) -> torch.Tensor:
         return self.classifier(pooled)

@@ -98,6 +98,25 @@ def test_a_padded_step_of_pairs_equals_transformers(checkpoint):
     assert expected_logits.std(0).min() > 1e-2  # the pairs' logits differ: the comparison means something
 
 
+def test_output_rows_compute_just_the_pooled_rows(checkpoint):
+    """Given one row per request (its [CLS] or its last), the model's last layer computes only those,
+    with the values of the full computation."""
+    from transformers import AutoTokenizer
+
+    path, _ = checkpoint
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = native_model(path)
+    ids, positions, metadata, types = step_of([dict(tokenizer(QUERY, d)) for d in DOCUMENTS])
+    starts = metadata.query_start_loc
+    for rows in (starts[:-1], starts[1:] - 1):  # cls, last
+        rows = rows.to(torch.int64)
+        with torch.no_grad():
+            full = model(ids, positions, metadata, types)
+            only = model(ids, positions, metadata, types, output_rows=rows)
+        assert only.shape == (len(DOCUMENTS), full.shape[-1])
+        torch.testing.assert_close(only, full[rows], atol=1e-5, rtol=1e-5)
+
+
 def test_each_request_alone_equals_the_batch(checkpoint):
     from transformers import AutoTokenizer
 
