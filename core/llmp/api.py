@@ -108,7 +108,7 @@ __all__ = [
     "resolve_reference",
 ]
 
-API_VERSION = "0.2"
+API_VERSION = "0.3"
 
 PUBLIC_MODULES = (
     "llmp",

@@ -125,7 +125,11 @@ def _rows(plugins_described: list[dict[str, Any]], kind: str | None) -> list[_Ro
         for c in p["components"]
         if kind is None or c["kind"] == kind
     ]
-    return sorted(rows, key=lambda r: (KINDS.index(r.kind), r.name == "*", r.name.casefold(), r.plugin))
+    # fallbacks last, as the registry tries them: "*Suffix" patterns, then "*"
+    return sorted(
+        rows,
+        key=lambda r: (KINDS.index(r.kind), r.name.startswith("*"), r.name == "*", r.name.casefold(), r.plugin),
+    )
 
 
 def _summary(component: dict[str, Any]) -> str:
@@ -176,7 +180,7 @@ def _print_listing(plugins_described: list[dict[str, Any]], kind: str | None) ->
             line.append_text(description)
         line.rstrip()
         console.print(line)
-    notes = [_wildcard_note(row, plugins_described) for row in rows if row.name == "*"]
+    notes = [_wildcard_note(row, plugins_described) for row in rows if row.name.startswith("*")]
     shown = len({r.plugin for r in rows})
     status = "all ok" if not broken else f"{len(broken)} broken"
     notes.append(
@@ -200,17 +204,28 @@ def _count(number: int, noun: str) -> str:
 
 
 def _wildcard_note(row: _Row, plugins_described: list[dict[str, Any]]) -> str:
-    """What a ``*`` component stands for: every name no other plugin of its kind claims."""
+    """What a ``*`` (or ``*Suffix``) component stands for: every name (ending so) no other plugin of
+    its kind claims."""
     component = next(
-        c for p in plugins_described if p["name"] == row.plugin for c in p["components"] if c["name"] == "*"
+        c for p in plugins_described if p["name"] == row.plugin for c in p["components"] if c["name"] == row.name
     )
+    suffix = row.name[1:]
     if row.kind == "model":
         via = " through transformers" if component["details"].get("model_impl") == "transformers" else ""
+        if suffix:
+            return (
+                f"model {row.name}: a fallback. {row.plugin} serves any architecture ending in {suffix} "
+                f"that no model plugin above names{via}."
+            )
         return (
             f"model *: the fallback. {row.plugin} serves any architecture that no model plugin above "
             f"names{via} (--model-impl transformers uses it for every model)."
         )
-    return f"{row.kind} *: the fallback. {row.plugin} serves any {row.kind} name no other plugin provides."
+    ending = f" ending in {suffix}" if suffix else ""
+    return (
+        f"{row.kind} {row.name}: the fallback. {row.plugin} serves any {row.kind} name{ending} "
+        "no other plugin provides."
+    )
 
 
 @app.command("show")
