@@ -173,13 +173,13 @@ def test_encode_returns_the_raw_pooled_data_of_the_task(classifier):
     for task in ("classify", None):  # None: the model's primary pooling task
         outputs = llm.encode(DOCS, pooling_task=task, use_tqdm=False)
         assert all(isinstance(o.outputs, PoolingOutput) for o in outputs)
-        torch.testing.assert_close(torch.tensor([o.outputs.data for o in outputs]), probs, atol=1e-6, rtol=0)
+        torch.testing.assert_close(torch.stack([o.outputs.data for o in outputs]), probs, atol=1e-6, rtol=0)
     params = PoolingParams(use_activation=False)
     raw = llm.encode(DOCS, [params] * 3, pooling_task="classify", use_tqdm=False)
     assert params.task is None  # the caller's params are not changed
     with torch.no_grad():
         logits = model(**tokenizer(DOCS, padding=True, return_tensors="pt")).logits
-    torch.testing.assert_close(torch.tensor([o.outputs.data for o in raw]), logits, atol=1e-5, rtol=0)
+    torch.testing.assert_close(torch.stack([o.outputs.data for o in raw]), logits, atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="You cannot overwrite"):
         llm.encode(DOCS, PoolingParams(task="embed"), pooling_task="classify", use_tqdm=False)
     with pytest.raises(ValueError, match="got 2 pooling params for 3 prompts"):
@@ -226,14 +226,14 @@ def test_embed_and_encode_on_an_embedding_model(minilm):
     vectors = torch.tensor([o.outputs.embedding for o in embedded])
     raw = minilm.encode(DOCS, pooling_task="embed", use_tqdm=False)
     assert all(isinstance(o.outputs, PoolingOutput) for o in raw)
-    torch.testing.assert_close(torch.tensor([o.outputs.data for o in raw]), vectors, atol=1e-6, rtol=0)
+    torch.testing.assert_close(torch.stack([o.outputs.data for o in raw]), vectors, atol=1e-6, rtol=0)
 
     tokenizer = AutoTokenizer.from_pretrained(minilm_dir())
     with torch.no_grad():
         hidden = AutoModel.from_pretrained(minilm_dir()).eval()(**tokenizer(DOCS[0], return_tensors="pt"))
     rows = minilm.encode(DOCS[0], pooling_task="token_embed", use_tqdm=False)[0].outputs.data
     expected = torch.nn.functional.normalize(hidden.last_hidden_state[0], dim=-1)
-    torch.testing.assert_close(torch.tensor(rows), expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(rows, expected, atol=1e-5, rtol=0)
 
 
 def test_an_embedding_model_refuses_classification(minilm):
@@ -270,9 +270,9 @@ def test_reward_and_classify_on_a_decoder_classifier(tmp_path):
         with torch.no_grad():
             rows = model.score(model.model(torch.tensor([prompt])).last_hidden_state)[0]
         assert isinstance(reward.outputs, PoolingOutput)
-        assert torch.tensor(reward.outputs.data).shape == (len(prompt), 2)
-        torch.testing.assert_close(torch.tensor(logits.outputs.data), rows, atol=1e-5, rtol=0)
-        torch.testing.assert_close(torch.tensor(reward.outputs.data), rows.softmax(-1), atol=1e-5, rtol=0)
+        assert reward.outputs.data.shape == (len(prompt), 2)
+        torch.testing.assert_close(logits.outputs.data, rows, atol=1e-5, rtol=0)
+        torch.testing.assert_close(reward.outputs.data, rows.softmax(-1), atol=1e-5, rtol=0)
         torch.testing.assert_close(torch.tensor(label.outputs.probs), rows[-1].softmax(-1), atol=1e-5, rtol=0)
 
 

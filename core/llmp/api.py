@@ -594,6 +594,9 @@ class Model(Protocol):
       with its yes/no token logits) and then serves generation and scores in one batch.
     - ``accepts_token_type_ids = True``: ``forward`` also takes ``token_type_ids=Tensor[T]``
       (the segment ids of text pairs, all zeros when no request has them).
+    - ``per_token_outputs = False``: its rows do not hold per-token results (a wrapped model that
+      pools inside its own forward), so the token tasks (``token_embed``, ``token_classify``) are
+      not offered for it.
     - ``accepts_output_rows = True``: ``forward`` may be given ``output_rows=Tensor[R]``, one row
       per request in order (each request's first row for ``cls``, its last for ``last``), when
       those are all the step's poolers read; it then returns ``[R, N]`` hidden states of just

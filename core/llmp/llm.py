@@ -98,7 +98,7 @@ class LLM:
         ``outputs.data`` is a vector, or one row per token for the token tasks.
         """
         outputs = self._pool(prompts, pooling_params, pooling_task, use_tqdm)
-        return [replace(o, outputs=PoolingOutput(_raw(o.outputs.data))) for o in outputs]
+        return [o if isinstance(o.outputs, PoolingOutput) else replace(o, outputs=_raw(o.outputs)) for o in outputs]
 
     def embed(
         self,
@@ -368,9 +368,10 @@ def _params_per_prompt(params: Any, count: int, kind: type = PoolingParams) -> l
     return params
 
 
-def _raw(data: float | list) -> list:
-    """vLLM's raw pooled data is a tensor: a score is a vector of one."""
-    return [data] if isinstance(data, float) else data
+def _raw(outputs: Any) -> PoolingOutput:
+    """A typed output as vLLM's raw pooled output (a tensor in ``data``): a score is a vector of one."""
+    data = outputs.data
+    return PoolingOutput([data] if isinstance(data, float) else data)
 
 
 def _prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[Prompt]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(slots=True)
@@ -90,16 +91,24 @@ class ScoringOutput:
 @dataclass(slots=True)
 class PoolingOutput:
     """The raw pooled output: a vector (``embed``, ``classify``), or one row per token or step
-    (``token_embed``, ``token_classify``: reward models)."""
+    (``token_embed``, ``token_classify``: reward models). ``values`` holds it as plain lists;
+    ``data`` is it as a float32 ``torch.Tensor``, as vLLM's ``PoolingOutput.data``."""
 
-    data: list[float] | list[list[float]]
+    values: list[float] | list[list[float]]
+
+    @property
+    def data(self) -> Any:
+        import torch  # only where a tensor is asked for: the server's process never needs one
+
+        return torch.tensor(self.values, dtype=torch.float32)
 
 
 @dataclass(slots=True)
 class PoolingRequestOutput:
     """The result of a pooling request (embedding, classification, score, reward). ``outputs`` is
     :class:`EmbeddingOutput`, :class:`ClassificationOutput`, :class:`ScoringOutput` or
-    :class:`PoolingOutput` by the request's task; each has ``data``."""
+    :class:`PoolingOutput` by the request's task; each has ``data`` (a tensor for
+    :class:`PoolingOutput`, plain values for the others)."""
 
     request_id: str
     prompt: str | None

@@ -155,7 +155,7 @@ def test_one_encoder_engine_embeds_and_token_embeds(minilm):
         mean = rows.mean(0)
         torch.testing.assert_close(torch.tensor(embedding.embedding), mean / mean.norm(), atol=1e-5, rtol=0)
         want = torch.nn.functional.normalize(rows[:, :16], dim=-1)  # cut, then normalised, row by row
-        torch.testing.assert_close(torch.tensor(tokens.data), want, atol=1e-5, rtol=0)
+        torch.testing.assert_close(tokens.data, want, atol=1e-5, rtol=0)
     torch.testing.assert_close(torch.tensor(outputs["again"].outputs.embedding), states[0].mean(0), atol=1e-5, rtol=0)
     # mean pooling never reuses cached blocks: the repeated text was computed again
     assert minilm.kv_manager.prefix_cache_hits == 0
@@ -300,9 +300,7 @@ def test_generation_and_pooling_share_steps_and_prefix_caching_follows_the_poole
         torch.testing.assert_close(
             torch.tensor(outputs["last"].outputs.embedding), states(prefix + [50, 51])[-1], atol=1e-4, rtol=1e-4
         )
-        torch.testing.assert_close(
-            torch.tensor(outputs["rows"].outputs.data), states(prefix + [60]), atol=1e-4, rtol=1e-4
-        )
+        torch.testing.assert_close(outputs["rows"].outputs.data, states(prefix + [60]), atol=1e-4, rtol=1e-4)
 
         # "last" on a causal LM keeps prefix caching; "all" (every row) never reuses blocks
         engine.add_request("again", {"prompt_token_ids": prefix + [52]}, pooling_params=PoolingParams())

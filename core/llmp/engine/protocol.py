@@ -6,6 +6,7 @@ Engine -> front-end: Ready, Outputs, RequestFailed, UtilityResult, EngineFailed.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import msgspec
@@ -67,7 +68,7 @@ class PooledOutput(msgspec.Struct):
             output.prompt,
             output.prompt_token_ids,
             kind,
-            output.outputs.data,
+            getattr(output.outputs, dataclasses.fields(output.outputs)[0].name),  # the one field, plain data
             output.num_cached_tokens,
         )
 

@@ -271,7 +271,12 @@ def supported_tasks(
                 f"{served_name(spec, names)} cannot classify with classifier_from_token: its implementation "
                 f"({spec.distribution}) has no classify hook"
             )
-    tasks = ("generate", "classify") if task == "generate" else ("classify", "token_classify")
+    if task == "generate":
+        tasks: tuple[str, ...] = ("generate", "classify")
+    elif getattr(spec.load(), "per_token_outputs", True):
+        tasks = ("classify", "token_classify")
+    else:  # a model whose outputs are the sequence's (the transformers fallback): no per-token tasks
+        tasks = ("classify",)
     return (tasks + ("score",), "cross-encoder") if _num_labels(hf_config) == 1 else (tasks, None)
 
 

@@ -35,4 +35,4 @@ def test_classifier_and_rewards_match_transformers(tmp_path, labels):
             per_token = model.score(model.model(ids).last_hidden_state)[0]
         torch.testing.assert_close(torch.tensor(got_raw.outputs.probs), logits, atol=1e-5, rtol=1e-4)
         torch.testing.assert_close(torch.tensor(got_probs.outputs.probs), activation(logits), atol=1e-5, rtol=1e-4)
-        torch.testing.assert_close(torch.tensor(got_rewards.outputs.data), activation(per_token), atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(got_rewards.outputs.data, activation(per_token), atol=1e-5, rtol=1e-4)

@@ -34,4 +34,4 @@ def test_classifier_and_rewards_match_transformers(tmp_path):
             per_token = model.score(model.model(ids).last_hidden_state)[0]
         torch.testing.assert_close(torch.tensor(got_raw.outputs.probs), logits, atol=1e-5, rtol=1e-4)
         torch.testing.assert_close(torch.tensor(got_probs.outputs.probs), logits.softmax(-1), atol=1e-5, rtol=1e-4)
-        torch.testing.assert_close(torch.tensor(got_rewards.outputs.data), per_token, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(got_rewards.outputs.data, per_token, atol=1e-5, rtol=1e-4)

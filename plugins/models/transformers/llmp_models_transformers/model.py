@@ -193,13 +193,14 @@ class TransformersForSequenceClassification(nn.Module):
     padding, its ``token_type_ids`` when the model takes them), which pools and applies its head
     as transformers does. Every row of a request's output holds that request's logits, so the
     runner's pooler picks them whichever row it takes, and :meth:`classify` returns them as they
-    are. ``token_classify`` therefore gives the sequence's logits on every row: transformers'
-    sequence classifiers score the sequence, not each token.
+    are. Transformers' sequence classifiers score the sequence, not each token, so the model does
+    not offer the token tasks (``per_token_outputs = False``): no per-token rewards made up.
     """
 
     is_pooling_model = True
     default_pooling = "cls"  # every row of a request holds its logits: the first will do
     accepts_token_type_ids = True
+    per_token_outputs = False
 
     def __init__(self, hf_model: PreTrainedModel) -> None:
         super().__init__()

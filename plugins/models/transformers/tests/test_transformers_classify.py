@@ -84,6 +84,10 @@ def test_cross_encoder_scores_match_transformers(tmp_path, build):
             logit = model(**pair).logits[0, 0]
         assert got_raw.outputs.score == pytest.approx(logit.item(), abs=1e-5)
         assert got.outputs.score == pytest.approx(logit.sigmoid().item(), abs=1e-5)
+    # transformers' classifier scores the sequence: no per-token rewards are made up from it
+    assert "token_classify" not in llm.engine.info.options["supported_tasks"]
+    with pytest.raises(ValueError, match="Classification API is not supported"):
+        llm.reward(QUERY, use_tqdm=False)
 
 
 def test_classifier_probabilities_match_transformers(tmp_path):
