@@ -45,6 +45,8 @@ def test_pairs_one_to_one_one_to_many_and_many_to_many():
         ("", ["x"], "query must not hold an empty string", "query"),
         ("q", ["x", ""], "documents must not hold an empty string", "documents"),
         ("q", ["x", 3], "documents must be a string or a list of strings", "documents"),
+        ("q\ud800", ["x"], "query holds text that is not valid Unicode (a lone surrogate)", "query"),
+        ("q", ["x", "\udfffy"], "documents holds text that is not valid Unicode (a lone surrogate)", "documents"),
     ],
 )
 def test_bad_pairs_name_the_field(data_1, data_2, message, param):
@@ -64,16 +66,19 @@ def test_default_names_are_vllms_data_fields():
 
 def test_truncation_length():
     assert truncation_length(None, 512) is None
-    assert truncation_length(0, 512) is None
     assert truncation_length(-1, 512) == 512
+    assert truncation_length(1, 512) == 1
     assert truncation_length(100, 512) == 100
     assert truncation_length(512, 512) == 512
     with pytest.raises(ScoreInputError) as caught:
         truncation_length(600, 512)
     assert str(caught.value) == "truncate_prompt_tokens (600) must be <= max_model_len (512)"
     assert caught.value.param == "truncate_prompt_tokens"
-    with pytest.raises(ScoreInputError):
-        truncation_length(-2, 512)
+    for keeps_nothing_or_less in (0, -2):  # as PoolingParams refuses them
+        with pytest.raises(ScoreInputError) as caught:
+            truncation_length(keeps_nothing_or_less, 512)
+        assert str(caught.value) == f"truncate_prompt_tokens must be -1 or an integer >= 1, got {keeps_nothing_or_less}"
+        assert caught.value.param == "truncate_prompt_tokens"
 
 
 def test_cross_encoder_prompt_is_the_tokenizers_pair_encoding(pair_tokenizer):
@@ -102,6 +107,21 @@ def test_cross_encoder_truncation_is_the_tokenizers_longest_first(pair_tokenizer
         pair_tokenizer, query, document, use_sep_token=True, truncate_prompt_tokens=-1, max_model_len=128
     )
     assert everything.token_ids == whole.token_ids
+
+
+def test_a_pair_truncated_below_its_special_tokens_is_refused(pair_tokenizer):
+    """The tokenizer would only warn and keep the pair whole: [CLS] q [SEP] d [SEP] has three."""
+    for limit in (1, 2):
+        with pytest.raises(ScoreInputError) as caught:
+            cross_encoder_prompt(
+                pair_tokenizer, "q fox", "a dog", use_sep_token=True, truncate_prompt_tokens=limit, max_model_len=128
+            )
+        assert str(caught.value) == f"truncate_prompt_tokens ({limit}) is below the 3 special tokens of a pair"
+        assert caught.value.param == "truncate_prompt_tokens"
+    bare = cross_encoder_prompt(
+        pair_tokenizer, "q fox", "a dog", use_sep_token=True, truncate_prompt_tokens=3, max_model_len=128
+    )
+    assert bare.token_ids == [pair_tokenizer.cls_token_id] + [pair_tokenizer.sep_token_id] * 2
 
 
 def test_an_over_long_pair_names_its_index_and_length(pair_tokenizer):

@@ -594,6 +594,10 @@ class Model(Protocol):
       with its yes/no token logits) and then serves generation and scores in one batch.
     - ``accepts_token_type_ids = True``: ``forward`` also takes ``token_type_ids=Tensor[T]``
       (the segment ids of text pairs, all zeros when no request has them).
+    - ``num_labels`` (an int), ``default_use_activation`` (a bool), ``default_step_tag_id`` (a
+      token id): an architecture's fixed head size and its request defaults where a request leaves
+      ``use_activation`` or ``step_tag_id`` unset (a reward model's raw rewards, a process reward
+      model's step tag), as vLLM's per-architecture pooler configuration.
     - ``per_token_outputs = False``: its rows do not hold per-token results (a wrapped model that
       pools inside its own forward), so the token tasks (``token_embed``, ``token_classify``) are
       not offered for it.

@@ -54,9 +54,21 @@ def validate_score_input(
     for name, texts in zip(names, (first, second), strict=True):
         if any(text == "" for text in texts):
             raise ScoreInputError(f"{name} must not hold an empty string", name)
+        if any(not is_unicode(text) for text in texts):
+            raise ScoreInputError(f"{name} holds text that is not valid Unicode (a lone surrogate)", name)
     if len(first) == 1:
         first = first * len(second)
     return first, second
+
+
+def is_unicode(text: str) -> bool:
+    """Whether ``text`` encodes as UTF-8: JSON may carry a lone surrogate ("\\ud800"), which no
+    tokenizer takes."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _texts(data: str | Sequence[str], name: str) -> list[str]:
@@ -67,13 +79,13 @@ def _texts(data: str | Sequence[str], name: str) -> list[str]:
 
 
 def truncation_length(truncate_prompt_tokens: int | None, max_model_len: int) -> int | None:
-    """How many tokens a prompt keeps: ``None`` (or 0) keeps them all, -1 is ``max_model_len``;
-    more than ``max_model_len`` is an error, as in vLLM."""
-    if not truncate_prompt_tokens:
+    """How many tokens a prompt keeps: ``None`` keeps them all, -1 is ``max_model_len``; 0, below
+    -1 or more than ``max_model_len`` is an error, as ``PoolingParams`` and vLLM have it."""
+    if truncate_prompt_tokens is None:
         return None
     if truncate_prompt_tokens == -1:
         return max_model_len
-    if truncate_prompt_tokens < -1:
+    if truncate_prompt_tokens < 1:
         raise ScoreInputError(
             f"truncate_prompt_tokens must be -1 or an integer >= 1, got {truncate_prompt_tokens}",
             "truncate_prompt_tokens",
@@ -113,10 +125,16 @@ def cross_encoder_prompts(
     if use_sep_token:
         if chat_template is not None:
             raise ScoreInputError("a score template applies only to LLM rerankers, not to a pair tokenizer", None)
+        special = tokenizer.num_special_tokens_to_add(pair=True)
+        if limit is not None and limit < special:  # the tokenizer would warn and not truncate at all
+            raise ScoreInputError(
+                f"truncate_prompt_tokens ({limit}) is below the {special} special tokens of a pair",
+                "truncate_prompt_tokens",
+            )
         try:
             encoded = _pair_encodings(tokenizer, list(queries), list(documents), limit)
-        except Exception as exc:  # a max_length below the special tokens' count, say
-            raise ScoreInputError(f"the pairs cannot be tokenized: {exc}", "truncate_prompt_tokens") from None
+        except Exception as exc:  # the tokenizer's own refusals are the input's fault
+            raise ScoreInputError(f"the pairs cannot be tokenized: {exc}", None) from None
         all_types = encoded.get("token_type_ids") or [None] * len(encoded["input_ids"])
         pairs = [
             (list(ids), list(types) if types is not None and any(types) else None)  # all zeros is the default

@@ -7,6 +7,7 @@ the step touches is resolved at construction: no plugin lookups per step.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import logging
 import time
@@ -173,7 +174,10 @@ class LLMEngine:
             self.default_normalize = pooling.normalize
         else:
             self.default_normalize = bool(getattr(self._model_cls, "default_normalize", False))
-        self.num_labels = num_labels(self.model.config) if tasks & {"classify", "token_classify"} else None
+        # an architecture with a fixed head (Qwen2ForRewardModel: 1) has it whatever id2label the config carries
+        labels = getattr(self._model_cls, "num_labels", None)
+        labels = labels if isinstance(labels, int) else num_labels(self.model.config)
+        self.num_labels = labels if tasks & {"classify", "token_classify"} else None
         self._activations: dict[str, Any] = {}
         if tasks & {"classify", "token_classify"}:
             self._activations["classify"] = self._activations["token_classify"] = classify_activation(self.model.config)
@@ -320,6 +324,7 @@ class LLMEngine:
                 "embed both texts (task 'embed') to score them"
             )
         self._check_pooling_params(task, pooling_params)
+        pooling_params = self._with_model_defaults(task, pooling_params)
         token_ids = self.tokenize_prompt(prompt)
         token_type_ids = prompt.token_type_ids if prompt.token_ids is not None else None
         keep = pooling_params.truncate_prompt_tokens
@@ -353,6 +358,20 @@ class LLMEngine:
         )
         self.pooling[request_id] = (prompt.text, request)
         self.scheduler.add_request(request)
+
+    def _with_model_defaults(self, task: str, params: PoolingParams) -> PoolingParams:
+        """``params`` with the model class's defaults where the request leaves them unset (vLLM's
+        per-architecture pooler config): ``default_step_tag_id`` for the token tasks (a process
+        reward model's step tag), ``default_use_activation`` for the classification tasks."""
+        updates: dict[str, Any] = {}
+        step_tag_id = getattr(self._model_cls, "default_step_tag_id", None)
+        if task in TOKEN_POOLING_TASKS and params.step_tag_id is None and step_tag_id is not None:
+            updates["step_tag_id"] = step_tag_id
+        use_activation = getattr(self._model_cls, "default_use_activation", None)
+        if task in ("classify", "score", "token_classify") and params.use_activation is None:
+            if use_activation is not None:
+                updates["use_activation"] = use_activation
+        return dataclasses.replace(params, **updates) if updates else params
 
     def _check_pooling_params(self, task: str, params: PoolingParams) -> None:
         """vLLM's rule: a parameter set for a task it does not apply to is an error."""

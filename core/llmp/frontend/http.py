@@ -7,6 +7,8 @@ import uuid
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, TypeVar
 
+from llmp.frontend.errors import APIError
+
 if TYPE_CHECKING:
     from starlette.requests import Request
 
@@ -18,8 +20,14 @@ def request_id_of(request: Request) -> str:
     return request.scope.get("state", {}).get("request_id") or uuid.uuid4().hex
 
 
+# nginx's status for a request its client closed; never delivered, as no one is there to read it
+CLIENT_CLOSED_REQUEST = 499
+
+
 async def until_disconnected(request: Request, work: Awaitable[T]) -> T:
-    """Await ``work``, cancelling it if the client goes away (which aborts its engine requests)."""
+    """Await ``work``, cancelling it if the client goes away (which aborts its engine requests).
+    The client's departure then ends the handler with a quiet 499 (an ``APIError``): an expected
+    event, not a failure with a traceback in the server's log."""
     task = asyncio.ensure_future(work)
 
     async def watch() -> None:
@@ -38,5 +46,5 @@ async def until_disconnected(request: Request, work: Awaitable[T]) -> T:
         watcher.cancel()
     if not task.done():
         task.cancel()
-        raise asyncio.CancelledError("the client disconnected")
+        raise APIError(CLIENT_CLOSED_REQUEST, "the client closed the request", type="client_closed_request")
     return task.result()

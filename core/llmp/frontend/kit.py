@@ -27,6 +27,7 @@ from llmp.frontend.errors import APIError, bad_request
 from llmp.inputs import Prompt
 from llmp.options import FrontendOptions
 from llmp.sampling_params import SamplingParams, SamplingParamsError, StructuredOutputsParams, resolve_max_tokens
+from llmp.scoring import is_unicode
 
 MAX_STOP_LENGTH = 1024
 
@@ -444,6 +445,8 @@ class FrontendKit:
         prompts = []
         for item in value:
             if isinstance(item, str):
+                if not is_unicode(item):  # JSON may carry a lone surrogate ("\ud800"), which no tokenizer takes
+                    raise bad_request(f"{param} holds text that is not valid Unicode (a lone surrogate)", param)
                 text, ids = item, await self.encode(item, add_special_tokens)
             else:
                 self.check_token_ids(item, param)

@@ -278,7 +278,13 @@ def sequence_classification_variant(causal_lm: type[CausalLM]) -> type[CausalLM]
             super().__init__(config, kernels)
             del self.lm_head  # built on the meta device: nothing was allocated
             # replicated on every rank: the final hidden states are whole on each
-            self.score = nn.Linear(config.hidden_size, num_labels(config), bias=False)  # 1 for from_2_way_softmax
+            self.score = self.make_score(config)
+
+        def make_score(self, config: Any) -> nn.Module:
+            """The head, loaded from the checkpoint's ``score.*``: transformers' ``score.weight``
+            (1 label for from_2_way_softmax). A subclass with another head (vLLM's
+            ``Qwen2ForRewardModel``: an MLP) returns it here and overrides :meth:`classify`."""
+            return nn.Linear(config.hidden_size, num_labels(config), bias=False)
 
         def tie_weights(self) -> None:
             pass  # no head to tie

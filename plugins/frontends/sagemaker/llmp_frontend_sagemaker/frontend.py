@@ -1,22 +1,38 @@
-"""``POST /invocations``: SageMaker's single inference route, routed by the body's shape.
+"""``POST /invocations``: SageMaker's single inference route, routed by the body's shape, as vLLM's.
 
-``messages`` -> a chat completion, ``prompt`` -> a completion, ``input`` -> embeddings, each
-answered whole in OpenAI's JSON shape (streaming is refused). ``GET /ping`` is the core server's.
+The body's keys pick the route, the first that applies winning (vLLM's precedence):
 
-The bodies are those of the OpenAI routes (as vLLM's ``/invocations`` takes them): every field
-is acted on as there, or refused with a 400 naming it (``UNSUPPORTED``) when a single text
-answer has no place for it; keys no OpenAI route knows are ignored, as vLLM ignores them.
+- ``messages`` -> a chat completion, ``prompt`` -> a completion (models that generate);
+- ``task`` -> ``/pooling`` (the raw pooled output of that task);
+- ``input`` (and ``messages`` on a model that does not generate) -> the model's pooling task:
+  embeddings (an embedding model), classification (a classifier, a cross-encoder, an LLM
+  reranker) or ``/pooling`` (a reward model: the rewards per token);
+- ``query`` and ``documents`` -> ``/rerank``;
+- ``text_1``/``text_2``, ``queries``/``documents`` (or ``items``), ``data_1``/``data_2`` -> ``/score``.
+
+A body the model cannot serve is a 400 saying what the model does. ``GET /ping`` is the core server's.
+
+Chat and completion bodies are those of the OpenAI routes (as vLLM's ``/invocations`` takes them),
+answered whole (streaming is refused): every field is acted on as there, or refused with a 400 naming
+it (``UNSUPPORTED``) when a single text answer has no place for it; keys no OpenAI route knows are
+ignored, as vLLM ignores them. The pooling bodies go to the OpenAI front-end's own handlers (as vLLM's
+``/invocations`` calls its OpenAI routes'), so they take every field and give every answer and error
+those routes do.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from fastapi.routing import APIRoute
+from llmp_frontend_openai import protocol as openai
+from llmp_frontend_openai.frontend import OpenAIFrontend
+from llmp_frontend_openai.pooling import POOLING_ROUTE_TASKS
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from llmp import Prompt
 from llmp.frontend import (
@@ -28,6 +44,7 @@ from llmp.frontend import (
     until_disconnected,
     validation_message,
 )
+from llmp.options import FrontendOptions
 
 
 class _Sampling(BaseModel):
@@ -82,13 +99,7 @@ UNSUPPORTED = (
     "stream_options",
     "return_token_ids",
 )
-EMBEDDING_UNSUPPORTED = ("encoding_format", "truncate_prompt_tokens")
-_DEFAULTS = {
-    "n": (None, 1),
-    "parallel_tool_calls": (None, True),
-    "include_reasoning": (None, True),
-    "encoding_format": (None, "float"),
-}
+_DEFAULTS = {"n": (None, 1), "parallel_tool_calls": (None, True), "include_reasoning": (None, True)}
 
 
 class ChatBody(_Sampling):
@@ -108,25 +119,47 @@ class CompletionBody(_Sampling):
     add_special_tokens: bool = True
 
 
-class EmbeddingBody(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+Endpoint = Callable[[Any, Request], Awaitable[Any]]
 
-    model: str | None = None
-    input: str | list[str] | list[int] | list[list[int]]
-    normalize: bool | None = None
-    dimensions: int | None = Field(default=None, ge=1)
-    priority: int = 0
-    user: str | None = None
+# The pooling bodies, answered by the OpenAI front-end's handlers: each kind's route and body type.
+POOLING_ROUTES: dict[str, tuple[str, type[BaseModel]]] = {
+    "embed": ("/v1/embeddings", openai.EmbeddingRequest),
+    "classify": ("/classify", openai.ClassificationRequest),
+    "rerank": ("/rerank", openai.RerankRequest),
+    "score": ("/score", openai.ScoreRequest),
+    "pooling": ("/pooling", openai.PoolingRequest),
+}
+SCORE_KEYS = ("text_1", "text_2", "queries", "documents", "items", "data_1", "data_2")  # /score's two sides
+# what a model that cannot serve a kind of body "does not" do
+_VERBS = {
+    "chat": "generate",
+    "completion": "generate",
+    "input": "embed or classify",
+    "embed": "embed",
+    "classify": "classify",
+    "rerank": "score",
+    "score": "score",
+    "pooling": "give pooled outputs",
+}
 
 
 class SageMakerFrontend(FrontendKit):
+    def __init__(self, engine: Any, options: FrontendOptions) -> None:
+        super().__init__(engine, options)
+        # the OpenAI front-end's handlers, by route: mounted only where the model does the task
+        routes = OpenAIFrontend(engine, options).http_router().routes
+        self.openai_endpoints: dict[str, Endpoint] = {r.path: r.endpoint for r in routes if isinstance(r, APIRoute)}
+        # the task of a pooling body that names none: the model's primary pooling task (the first listed)
+        self.pooling_task = next((t for t in self.supported_tasks if t in POOLING_ROUTE_TASKS), None)
+
     def http_router(self) -> APIRouter:
         router = APIRouter()
         router.add_api_route(
             "/invocations",
             self.invocations,
             methods=["POST"],
-            summary="SageMaker inference: chat (messages), completion (prompt) or embeddings (input)",
+            summary="SageMaker inference: chat (messages), completion (prompt), embeddings or classification "
+            "(input), rerank (query, documents), score (text_1, text_2) or pooling (task), routed by the body",
         )
         return router
 
@@ -140,23 +173,14 @@ class SageMakerFrontend(FrontendKit):
             raise bad_request("the body must be a JSON object") from None
         if not isinstance(body, dict):
             raise bad_request("the body must be a JSON object")
-        if "messages" in body:
-            kind, handler = ChatBody, self.chat
-        elif "prompt" in body:
-            kind, handler = CompletionBody, self.completion
-        elif "input" in body:
-            kind, handler = EmbeddingBody, self.embeddings
-        else:
-            raise bad_request(
-                "cannot tell the request type: give 'messages' (chat completion), 'prompt' "
-                "(completion) or 'input' (embeddings)"
-            )
-        try:
-            parsed = kind.model_validate(body)
-        except ValidationError as exc:
-            message, param = validation_message(list(exc.errors()))
-            raise bad_request(message, param) from None
-        unsupported = _unsupported(body, EMBEDDING_UNSUPPORTED if kind is EmbeddingBody else UNSUPPORTED)
+        kind = self.body_kind(body)
+        if not self.serves(kind):
+            raise bad_request(f"this server's model {self.description()}; it does not {_VERBS[kind]}")
+        if kind in POOLING_ROUTES:
+            path, body_type = POOLING_ROUTES[kind]
+            return await self.openai_endpoints[path](_validated(body_type, body), request)
+        parsed = _validated(ChatBody if kind == "chat" else CompletionBody, body)
+        unsupported = _unsupported(body, UNSUPPORTED)
         if unsupported:
             raise bad_request(
                 f"{unsupported} is not supported on /invocations (one text answer per request); "
@@ -164,15 +188,61 @@ class SageMakerFrontend(FrontendKit):
                 unsupported,
             )
         self.check_model(parsed.model)
-        wanted = "embed" if kind is EmbeddingBody else "generate"
-        if wanted != self.task:
-            raise bad_request(
-                f"this server's model does not {'embed' if wanted == 'embed' else 'generate'}: "
-                f"send {'input' if self.task == 'embed' else 'messages or prompt'}"
-            )
-        if getattr(parsed, "stream", False):
+        if parsed.stream:
             raise bad_request("streaming is not supported on /invocations", "stream")
+        handler = self.chat if kind == "chat" else self.completion
         return await until_disconnected(request, handler(parsed))
+
+    # -- routing by body shape ------------------------------------------------------
+
+    def body_kind(self, body: dict[str, Any]) -> str:
+        """The kind of request a body is, by its keys, in vLLM's precedence (the module docstring)."""
+        if "messages" in body and "generate" in self.supported_tasks:
+            return "chat"
+        if "prompt" in body:
+            return "completion"
+        if "task" in body:
+            return "pooling"
+        if "input" in body or "messages" in body:
+            if self.pooling_task == "classify":
+                return "classify"
+            if self.pooling_task in ("token_embed", "token_classify"):
+                return "pooling"
+            if "messages" in body:  # neither generates nor classifies a chat (embeddings take input only)
+                return "chat"
+            return "embed" if self.pooling_task == "embed" else "input"
+        if "query" in body:
+            return "rerank"
+        if any(key in body for key in SCORE_KEYS):
+            return "score"
+        raise bad_request(f"cannot tell the request type: give {self.accepted()}")
+
+    def serves(self, kind: str) -> bool:
+        if kind in ("chat", "completion"):
+            return "generate" in self.supported_tasks
+        return kind in POOLING_ROUTES and POOLING_ROUTES[kind][0] in self.openai_endpoints
+
+    def description(self) -> str:
+        """What the model does and the bodies that ask for it, e.g. "classifies: send input or messages
+        (classification), ..."."""
+        verbs = {"generate": "generates", "embed": "embeds", "classify": "classifies", "score": "scores"}
+        does = [verbs[task] for task in ("generate", "embed", "classify", "score") if task in self.supported_tasks]
+        return f"{_listed(does or ['gives pooled outputs'], 'and')}: send {self.accepted()}"
+
+    def accepted(self) -> str:
+        """The bodies this server's model takes, e.g. "messages (chat completion) or prompt (completion)"."""
+        generates = "generate" in self.supported_tasks
+        own = {"embed": "embeddings", "classify": "classification"}.get(self.pooling_task or "", "pooling")
+        bodies = ["messages (chat completion)", "prompt (completion)"] if generates else []
+        if self.pooling_task is not None:
+            bodies.append(
+                f"input ({own})" if generates or self.pooling_task == "embed" else f"input or messages ({own})"
+            )
+        if self.serves("rerank"):
+            bodies += ["query and documents (rerank)", "text_1 and text_2 (score)"]
+        if self.serves("pooling") and own != "pooling":
+            bodies.append("task with input (pooling)")
+        return _listed(bodies, "or")
 
     # -- generation ---------------------------------------------------------------
 
@@ -230,41 +300,18 @@ class SageMakerFrontend(FrontendKit):
             pass
         return final.outputs[0], len(prompt.token_ids)
 
-    # -- embeddings ---------------------------------------------------------------
 
-    async def embeddings(self, body: EmbeddingBody) -> dict[str, Any]:
-        from llmp import PoolingParams
+def _listed(items: list[str], conjunction: str) -> str:
+    """``a, b and c`` (or ``a, b or c``)."""
+    return f"{', '.join(items[:-1])} {conjunction} {items[-1]}" if len(items) > 1 else items[0]
 
-        inputs = await self.prompt_inputs(body.input, "input", True)
-        for prompt in inputs:
-            if len(prompt.token_ids) > self.max_model_len:
-                raise bad_request(
-                    f"an input is {len(prompt.token_ids)} tokens long; this model takes at most {self.max_model_len}",
-                    "input",
-                )
-        try:
-            params = PoolingParams(normalize=body.normalize, dimensions=body.dimensions)
-        except ValueError as exc:
-            raise bad_request(str(exc), "dimensions") from None
 
-        async def one(prompt: Prompt) -> list[float]:
-            async for output in self.engine.encode(prompt, params, engine_request_id("embd"), priority=body.priority):
-                return output.outputs.embedding
-            raise RuntimeError("the embedding request was aborted")
-
-        tasks = [asyncio.ensure_future(one(prompt)) for prompt in inputs]
-        try:
-            vectors = await asyncio.gather(*tasks)
-        finally:
-            for task in tasks:
-                task.cancel()
-        tokens = sum(len(prompt.token_ids) for prompt in inputs)
-        return {
-            "object": "list",
-            "model": self.model_name,
-            "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)],
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-        }
+def _validated(body_type: type[BaseModel], body: dict[str, Any]) -> Any:
+    try:
+        return body_type.model_validate(body)
+    except ValidationError as exc:
+        message, param = validation_message(list(exc.errors()))
+        raise bad_request(message, param) from None
 
 
 def _unsupported(body: dict[str, Any], names: tuple[str, ...]) -> str | None:

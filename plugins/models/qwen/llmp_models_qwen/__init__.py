@@ -53,3 +53,16 @@ def llmp_register_models() -> Iterator[ModelSpec]:
         description="A Qwen3 classifier, or Qwen3-Reranker converted from its yes/no token logits "
         "(hf_overrides classifier_from_token, is_original_qwen3_reranker).",
     )
+    yield ModelSpec(
+        name="Qwen2ForRewardModel",
+        impl=f"{_MODULE}:Qwen2ForRewardModel",
+        tasks=("reward",),
+        description="Qwen2.5-Math-RM: a reward at every token from an MLP head (token_classify, LLM.reward).",
+    )
+    yield ModelSpec(
+        name="Qwen2ForProcessRewardModel",
+        impl=f"{_MODULE}:Qwen2ForProcessRewardModel",
+        tasks=("reward",),
+        description="Qwen2.5-Math-PRM: the probabilities of a wrong and a right step at each step tag "
+        "(step_tag_id, default <extra_0> = 151651).",
+    )

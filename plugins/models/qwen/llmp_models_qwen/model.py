@@ -2,11 +2,13 @@
 
 Qwen2 always has a bias on q, k and v (never on o); Qwen3 normalises each
 head's q and k before the rotation; Qwen3-MoE routes the MLP of its sparse
-layers to experts (``decoder_sparse_step``, ``mlp_only_layers``).
+layers to experts (``decoder_sparse_step``, ``mlp_only_layers``). Qwen2.5-Math's
+reward models put an MLP head on every token of a Qwen2 model.
 """
 
 from typing import Any
 
+import torch
 from torch import nn
 
 from llmp.api import KernelSet
@@ -16,7 +18,7 @@ from llmp.modeling.decoder import (
     embedding_variant,
     sequence_classification_variant,
 )
-from llmp.modeling.layers import GatedMLP
+from llmp.modeling.layers import GatedMLP, row_invariant
 from llmp.modeling.moe import SparseMoE
 
 
@@ -54,3 +56,38 @@ Qwen2Model = embedding_variant(Qwen2ForCausalLM)
 Qwen3Model = embedding_variant(Qwen3ForCausalLM)
 Qwen2ForSequenceClassification = sequence_classification_variant(Qwen2ForCausalLM)
 Qwen3ForSequenceClassification = sequence_classification_variant(Qwen3ForCausalLM)
+
+
+class Qwen2ForRewardModel(Qwen2ForSequenceClassification):
+    """Qwen2.5-Math-RM (vLLM's ``Qwen2ForRewardModel``): a reward at every token.
+
+    The head is an MLP on each token's final hidden state, ``score.0`` (hidden -> hidden, with
+    bias), ReLU, ``score.2`` (hidden -> one label); as in vLLM its rewards are raw by default
+    (``use_activation=True`` puts them through the sigmoid). The label count is fixed by the
+    architecture, whatever ``id2label`` the config carries.
+    """
+
+    num_labels = 1
+    default_use_activation = False
+
+    def make_score(self, config: Any) -> nn.Module:
+        hidden = config.hidden_size
+        return nn.Sequential(nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, self.num_labels))
+
+    def classify(self, pooled: torch.Tensor) -> torch.Tensor:
+        """``[N, hidden]`` -> ``[N, num_labels]`` float32 logits, computed in the weights' dtype
+        (as the model was trained; no float32 copy of the hidden x hidden layer) row by row."""
+        return row_invariant(self.score, pooled.to(self.score[0].weight.dtype)).float()
+
+
+class Qwen2ForProcessRewardModel(Qwen2ForRewardModel):
+    """Qwen2.5-Math-PRM (vLLM's ``Qwen2ForProcessRewardModel``): two labels (the step is wrong,
+    right) at each step tag, softmax probabilities by default.
+
+    As in vLLM, ``token_classify`` keeps the rows of the step-tag token, ``<extra_0>`` (151651)
+    unless a request names another ``step_tag_id``.
+    """
+
+    num_labels = 2
+    default_use_activation = True
+    default_step_tag_id = 151651
