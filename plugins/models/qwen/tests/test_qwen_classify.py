@@ -95,6 +95,7 @@ def test_qwen3_reranker_without_the_architecture_override_generates_and_scores(t
 
 def test_qwen3_reranker_at_tensor_parallel_size_2(tmp_path):
     # the live LM head is split over the ranks by vocabulary rows: each rank adds the token rows it holds
+    pytest.importorskip("llmp_executors_mp", reason="the mp executor plugin is not installed")
     model, no, yes = save_tiny_reranker(tmp_path, tied=False)
     for overrides in (RERANKER, {"architectures": ["Qwen3ForSequenceClassification"], **RERANKER}):
         llm = LLM(
