@@ -82,7 +82,8 @@ def test_auto_serves_what_the_architecture_name_says(
 def test_a_classifier_no_plugin_names_is_served_by_the_suffix_record(tmp_path):
     model = resolve(model_dir(tmp_path / "m", "DistilBertForSequenceClassification", num_labels=1))
     assert model.spec.name == "*ForSequenceClassification" and model.spec.model_impl == "transformers"
-    assert model.task == "classify" and model.supported_tasks == CROSS_ENCODER
+    # transformers' classifier scores whole sequences: no per-token task is offered through it
+    assert model.task == "classify" and model.supported_tasks == ("classify", "score")
 
 
 class SuffixModels:
