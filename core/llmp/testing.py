@@ -3,7 +3,7 @@
 - Packaging and registration: :func:`run_llmp`, :func:`pip_install_target`, :func:`registered`.
 - Tiny models and parity with transformers: :func:`tiny_tokenizer`, :func:`save_tiny_model`,
   :func:`save_tiny_llama`, :func:`mixed_prompts`, :func:`engine_greedy`,
-  :func:`assert_greedy_parity`, :func:`hf_greedy`; embeddings: :func:`minilm_dir`,
+  :func:`assert_greedy_parity`, :func:`hf_greedy`, :func:`assert_classifier_parity`; embeddings: :func:`minilm_dir`,
   :func:`sentence_transformers_reference`; cross-encoders: :func:`tiny_pair_tokenizer`,
   :func:`save_tiny_cross_encoder`; a model class loaded alone: :func:`load_native_model`.
 - Servers: :func:`serving` and :class:`LiveServer` (a real ``llmp serve`` on loopback),
@@ -28,6 +28,7 @@ __all__ = [
     "TINY_DECODER",
     "TINY_ENCODER",
     "LiveServer",
+    "assert_classifier_parity",
     "assert_greedy_parity",
     "assert_openai_error",
     "assert_streams_agree",
@@ -319,6 +320,41 @@ def save_tiny_llama(
     return save_tiny_model(
         path, "LlamaForCausalLM", seed=seed, logit_scale=logit_scale, max_shard_size=max_shard_size, **config
     )
+
+
+def assert_classifier_parity(path: Path, architecture: str, *, seed: int, num_labels: int = 3, **config: Any) -> None:
+    """A decoder ``*ForSequenceClassification`` built at ``path`` with transformers (random weights,
+    pad_token_id 2, which the prompts never hold, so transformers pools the last token as llmp
+    does) equals transformers through ``LLM``: raw logits, probabilities after vLLM's classify
+    activation (sigmoid for one label, else softmax) and every token's activated scores
+    (``LLM.reward``)."""
+    import torch
+
+    from llmp import LLM, PoolingParams
+
+    model = save_tiny_model(
+        path, architecture, seed=seed, qk_scale=4.0, pad_token_id=2, num_labels=num_labels, **config
+    )
+    prompts = mixed_prompts(5, seed=seed)
+    inputs = [{"prompt_token_ids": p} for p in prompts]
+    llm = LLM(str(path), dtype="float32", block_size=4)
+    assert type(llm.engine.executor.runner.model).__name__ == architecture
+    assert llm.engine.info.options["task"] == "classify"
+    raw = llm.classify(inputs, pooling_params=PoolingParams(use_activation=False), use_tqdm=False)
+    probs = llm.classify(inputs, use_tqdm=False)
+    rewards = llm.reward(inputs, use_tqdm=False)
+
+    def activation(logits: torch.Tensor) -> torch.Tensor:
+        return logits.sigmoid() if logits.shape[-1] == 1 else logits.softmax(-1)
+
+    for prompt, got_raw, got_probs, got_rewards in zip(prompts, raw, probs, rewards, strict=True):
+        with torch.no_grad():
+            ids = torch.tensor([prompt])
+            logits = model(ids).logits[0]
+            per_token = model.score(model.model(ids).last_hidden_state)[0]
+        torch.testing.assert_close(torch.tensor(got_raw.outputs.probs), logits, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(torch.tensor(got_probs.outputs.probs), activation(logits), atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(got_rewards.outputs.data, activation(per_token), atol=1e-5, rtol=1e-4)
 
 
 def mixed_prompts(count: int = 8, shared_prefix: int = 0, seed: int = 1, vocab: int = 512) -> list[list[int]]:

@@ -278,24 +278,18 @@ class XLMRobertaModel(RobertaModel):
     pass
 
 
-class BertForSequenceClassification(nn.Module):
-    """A cross-encoder or classifier: the encoder, then on the [CLS] state BERT's pooler
-    (dense + tanh) and ``classifier`` (the runner pools with ``default_pooling`` and calls ``classify``)."""
+class EncoderClassifier(nn.Module):
+    """An encoder (in the attribute ``encoder_name``, the checkpoint's prefix) with a classification
+    head on its [CLS] (``<s>``) state: the runner pools with ``default_pooling`` and calls ``classify``."""
 
     is_pooling_model = True
     default_pooling = "cls"
     accepts_token_type_ids = True
     accepts_output_rows = True
-
-    def __init__(self, config: Any, kernels: KernelSet) -> None:
-        super().__init__()
-        self.config = config
-        self.bert = BertModel(config, kernels)
-        self.pooler = nn.Linear(config.hidden_size, config.hidden_size)  # BertPooler's dense
-        self.classifier = nn.Linear(config.hidden_size, num_labels(config))
+    encoder_name: str
 
     def attention_layers(self) -> list:
-        return []
+        return []  # no KV cache
 
     def forward(
         self,
@@ -305,7 +299,21 @@ class BertForSequenceClassification(nn.Module):
         token_type_ids: torch.Tensor | None = None,
         output_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        return self.bert(input_ids, positions, attn_metadata, token_type_ids, output_rows)
+        return getattr(self, self.encoder_name)(input_ids, positions, attn_metadata, token_type_ids, output_rows)
+
+
+class BertForSequenceClassification(EncoderClassifier):
+    """A cross-encoder or classifier: the encoder, then on the [CLS] state BERT's pooler
+    (dense + tanh) and ``classifier``."""
+
+    encoder_name = "bert"
+
+    def __init__(self, config: Any, kernels: KernelSet) -> None:
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config, kernels)
+        self.pooler = nn.Linear(config.hidden_size, config.hidden_size)  # BertPooler's dense
+        self.classifier = nn.Linear(config.hidden_size, num_labels(config))
 
     def classify(self, pooled: torch.Tensor) -> torch.Tensor:
         return self.classifier(torch.tanh(self.pooler(pooled)))
@@ -325,33 +333,17 @@ class RobertaClassificationHead(nn.Module):
         return self.out_proj(torch.tanh(self.dense(pooled)))
 
 
-class RobertaForSequenceClassification(nn.Module):
+class RobertaForSequenceClassification(EncoderClassifier):
     """RoBERTa/XLM-R cross-encoders and classifiers (bge-reranker-base/large/v2-m3): the encoder,
     then ``classifier.dense`` + tanh + ``classifier.out_proj`` on the ``<s>`` state."""
 
-    is_pooling_model = True
-    default_pooling = "cls"
-    accepts_token_type_ids = True
-    accepts_output_rows = True
+    encoder_name = "roberta"
 
     def __init__(self, config: Any, kernels: KernelSet) -> None:
         super().__init__()
         self.config = config
         self.roberta = RobertaModel(config, kernels)
         self.classifier = RobertaClassificationHead(config)
-
-    def attention_layers(self) -> list:
-        return []
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        attn_metadata: AttentionMetadata,
-        token_type_ids: torch.Tensor | None = None,
-        output_rows: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        return self.roberta(input_ids, positions, attn_metadata, token_type_ids, output_rows)
 
     def classify(self, pooled: torch.Tensor) -> torch.Tensor:
         return self.classifier(pooled)
