@@ -302,7 +302,17 @@ def sequence_classification_variant(causal_lm: type[CausalLM]) -> type[CausalLM]
             method = token_classifier_method(self.config)
             if method is not None:
                 renamed = _converted_score(renamed, self.config, method)
-            load_weights(self, renamed, self.stacked_params, (*self.ignored_weights, "lm_head."))
+            try:
+                load_weights(self, renamed, self.stacked_params, (*self.ignored_weights, "lm_head."))
+            except ModelLoadError as exc:
+                if method is None and "score." in str(exc):  # a causal LM's checkpoint read as a classifier
+                    raise ModelLoadError(
+                        f"{exc}: the checkpoint has no classification head. A causal LM classifies with "
+                        'its own token logits through --hf-overrides \'{"classifier_from_token": [...], '
+                        '"method": "from_2_way_softmax"}\' (vLLM\'s LLM-as-reranker recipe), or serve a '
+                        "*ForSequenceClassification checkpoint"
+                    ) from None
+                raise
 
     ForSequenceClassification.__name__ = ForSequenceClassification.__qualname__ = causal_lm.__name__.replace(
         "ForCausalLM", "ForSequenceClassification"

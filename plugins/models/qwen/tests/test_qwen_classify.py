@@ -102,3 +102,11 @@ def test_qwen3_reranker_at_tensor_parallel_size_2(tmp_path):
             assert_reranker_scores(llm, model, no, yes)
         finally:
             llm.shutdown()
+
+
+def test_a_causal_lm_converted_to_a_classifier_without_a_head_says_how_to_get_one(tmp_path):
+    from llmp.api import ModelLoadError
+
+    save_tiny_model(tmp_path, "Qwen3ForCausalLM", seed=3, head_dim=16)
+    with pytest.raises(ModelLoadError, match=r"no classification head.*classifier_from_token"):
+        LLM(str(tmp_path), task="classify", dtype="float32")
