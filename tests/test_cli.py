@@ -139,6 +139,8 @@ NATIVE_ARCHITECTURES = {
         "Qwen3Model",
         "Qwen2ForSequenceClassification",
         "Qwen3ForSequenceClassification",
+        "Qwen2ForRewardModel",
+        "Qwen2ForProcessRewardModel",
     },
     "models-gemma": {
         "GemmaForCausalLM",
