@@ -108,7 +108,7 @@ __all__ = [
     "resolve_reference",
 ]
 
-API_VERSION = "0.3"
+API_VERSION = "0.4"
 
 PUBLIC_MODULES = (
     "llmp",
@@ -310,9 +310,14 @@ class ExecutorSpec(ComponentSpec):
 
 @dataclass(frozen=True, kw_only=True)
 class FrontendSpec(ComponentSpec):
-    """A protocol front-end served over the engine (see :class:`Frontend`)."""
+    """A protocol front-end served over the engine (see :class:`Frontend`).
+
+    ``requires`` names the front-ends whose routes this one calls (the web chat page calls the
+    OpenAI routes): ``llmp serve`` mounts them too, before this one, when they are not listed.
+    """
 
     kind: ClassVar[str] = "frontend"
+    requires: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -784,6 +789,15 @@ class Frontend(Protocol):
     prefixes in ``error_paths`` and implements ``render_error(error: APIError)
     -> (status, body)``: the server then renders every error on those paths
     with it, the gate's refusals (401, 413, 503 and overload) included.
+
+    Two optional class attributes shape what an HTTP front-end's router may claim:
+
+    - ``public_paths``: paths answered without the API key, each exact (``"/"``) or a prefix
+      ending in ``/`` (``"/webui/"``). Only for content that holds no data and runs no model
+      (a static page and its assets; the page's own API calls carry the key).
+    - ``root_priority`` (an int, default 0): when several mounted front-ends route ``/``, the
+      one with the highest keeps every method of ``/`` and the others' ``/`` routes are
+      dropped (a web page, 10, wins over Ollama's "Ollama is running" banner, 1).
     """
 
     def __init__(self, engine: EngineClient, options: FrontendOptions) -> None: ...

@@ -105,6 +105,9 @@ _BODY_FIELDS = tuple(f.name for f in fields(SamplingRequest) if f.name not in ("
 class FrontendKit:
     """The engine client, the served names and limits, and the shared checks and conversions."""
 
+    public_paths: tuple[str, ...] = ()  # served without the API key (see llmp.api.Frontend)
+    root_priority: int = 0  # who keeps "/" when several front-ends route it (see llmp.api.Frontend)
+
     def __init__(self, engine: Any, options: FrontendOptions) -> None:
         self.engine = engine
         self.options = options

@@ -46,6 +46,13 @@ class ServerState:
         self._probe: asyncio.Future | None = None
         # (path prefix, renderer): front-ends whose protocol has its own error shape
         self.error_renderers: list[tuple[str, Callable[[APIError], tuple[int, Any]]]] = []
+        # paths the front-ends serve without the API key (static pages): exact, or a prefix ending in "/"
+        self.public_paths: list[str] = []
+
+    def is_public(self, path: str) -> bool:
+        return path in OPEN_PATHS or any(
+            path == p or (p.endswith("/") and path.startswith(p)) for p in self.public_paths
+        )
 
     def render_error(self, path: str, error: APIError) -> tuple[int, Any]:
         """``(status, body)`` of an error on ``path``: in the shape of the front-end owning the path,
@@ -152,7 +159,12 @@ class GateMiddleware:
                 "draining": "the server is shutting down",
             }.get(self.state.phase, "the engine is not running")
             return await self._refuse(send, path, APIError(503, message, headers={"Retry-After": "1"}))
-        if self.key_digests and path not in OPEN_PATHS and method != "OPTIONS" and not self._authorized(headers):
+        if (
+            self.key_digests
+            and method != "OPTIONS"
+            and not self.state.is_public(path)
+            and not self._authorized(headers)
+        ):
             return await self._refuse(
                 send,
                 path,

@@ -107,10 +107,25 @@ def _load_tokenizer(path: str) -> Any:
 
 
 def _frontend_specs(names: tuple[str, ...]) -> list[tuple[str, Any]]:
+    """The front-ends to mount, in order: each named one after those it ``requires`` (mounted too)."""
     from llmp import plugins, registry
 
     plugins.load_plugins()
-    return [(name, registry.get_component("frontend", name)) for name in dict.fromkeys(names)]
+    specs: dict[str, Any] = {}
+
+    def add(name: str, wanted_by: tuple[str, ...] = ()) -> None:
+        if name in specs:
+            return
+        if name in wanted_by:
+            raise LLMPError(f"front-ends require each other in a cycle: {' -> '.join((*wanted_by, name))}")
+        spec = registry.get_component("frontend", name)
+        for required in spec.requires:
+            add(required, (*wanted_by, name))
+        specs[name] = spec
+
+    for name in names:
+        add(name)
+    return list(specs.items())
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -412,12 +427,17 @@ def _mount(
     app: Any, state: ServerState, engine: MeteredEngine, frontends: list[tuple[str, type]], options: FrontendOptions
 ) -> list[asyncio.Task]:
     tasks = []
-    for name, cls in frontends:
-        frontend = cls(engine, options)
+    built = [(name, cls(engine, options)) for name, cls in frontends]
+    # "/" belongs to one front-end: the highest root_priority (a web page over a banner), then the first listed
+    root_owner = max(built, key=lambda item: getattr(item[1], "root_priority", 0), default=(None, None))[1]
+    for name, frontend in built:
         for prefix in getattr(frontend, "error_paths", ()):  # errors on its paths take its protocol's shape
             state.error_renderers.append((prefix, frontend.render_error))
+        state.public_paths.extend(getattr(frontend, "public_paths", ()))
         router = frontend.http_router()
         if router is not None:
+            if frontend is not root_owner:
+                router.routes[:] = [route for route in router.routes if getattr(route, "path", None) != "/"]
             app.include_router(with_light_json(router))
         tasks.append(asyncio.create_task(frontend.serve(), name=f"frontend-{name}"))
     app.openapi_schema = None  # the docs must list the routes mounted just now
