@@ -792,8 +792,8 @@ class Frontend(Protocol):
 
     Two optional class attributes shape what an HTTP front-end's router may claim:
 
-    - ``public_paths``: paths answered without the API key, each exact (``"/"``) or a prefix
-      ending in ``/`` (``"/webui/"``). Only for content that holds no data and runs no model
+    - ``public_paths``: paths answered without the API key, each exact (``"/"``, always exact) or
+      a prefix ending in ``/`` (``"/webui/"``). Only for content that holds no data and runs no model
       (a static page and its assets; the page's own API calls carry the key).
     - ``root_priority`` (an int, default 0): when several mounted front-ends route ``/``, the
       one with the highest keeps every method of ``/`` and the others' ``/`` routes are

@@ -47,11 +47,12 @@ class ServerState:
         # (path prefix, renderer): front-ends whose protocol has its own error shape
         self.error_renderers: list[tuple[str, Callable[[APIError], tuple[int, Any]]]] = []
         # paths the front-ends serve without the API key (static pages): exact, or a prefix ending in "/"
+        # ("/" itself is exact: a prefix of every path)
         self.public_paths: list[str] = []
 
     def is_public(self, path: str) -> bool:
         return path in OPEN_PATHS or any(
-            path == p or (p.endswith("/") and path.startswith(p)) for p in self.public_paths
+            path == p or (p != "/" and p.endswith("/") and path.startswith(p)) for p in self.public_paths
         )
 
     def render_error(self, path: str, error: APIError) -> tuple[int, Any]:
