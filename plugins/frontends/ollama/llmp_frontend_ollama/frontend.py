@@ -1,0 +1,429 @@
+"""The Ollama front-end: Ollama's ``/api/*`` routes over llmp's engine, so tools that speak only
+Ollama's API (editor assistants, Open WebUI, agents) talk to ``llmp serve --frontend ollama``.
+
+Requests become a conversation for the chat template (``FrontendKit.conversation_prompt``) and
+sampling parameters (:mod:`llmp_frontend_ollama.options`); replies are Ollama's JSON objects, streamed
+as NDJSON (:mod:`llmp_frontend_ollama.generation`). Every error on ``/api/`` is Ollama's
+``{"error": "..."}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import PlainTextResponse
+
+from llmp import PoolingParams, PoolingRequestOutput, Prompt
+from llmp.frontend import APIError, FrontendKit, bad_request, engine_request_id, until_disconnected
+from llmp.options import FrontendOptions
+from llmp_frontend_ollama import protocol as p
+from llmp_frontend_ollama.facts import model_info, now_rfc3339, read_facts
+from llmp_frontend_ollama.generation import Generation
+from llmp_frontend_ollama.options import read_options
+
+# the Ollama release whose API these routes follow (what /api/version reports)
+OLLAMA_VERSION = "0.13.0"
+BANNER = "Ollama is running"
+# Ollama's name for a Hugging Face generation-config default, for /api/show's "parameters"
+PARAMETER_NAMES = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "repetition_penalty": "repeat_penalty",
+    "max_new_tokens": "num_predict",
+}
+# a model llmp keeps loaded until the server stops: Ollama's "forever" (keep_alive -1) is this far off
+FOREVER = timedelta(seconds=2**63 // 10**9)
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def ollama_error(error: APIError) -> tuple[int, dict[str, Any]]:
+    """``(status, body)`` of an error in Ollama's shape ``{"error": "message"}``; a request body
+    that does not validate is a 400, as Ollama's are."""
+    status = 400 if error.status == 422 else error.status
+    return status, {"error": _ADDRESS.sub("", error.message)}
+
+
+@dataclass
+class TemplateFields:
+    """The chat-template variables of a request's ``think`` (what ``conversation_prompt`` reads)."""
+
+    chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: str | None = None
+
+
+class OllamaFrontend(FrontendKit):
+    """Thin translators between Ollama's API and the engine client."""
+
+    error_paths = ("/api/",)
+    public_paths = ("/", "/api/version")  # Ollama has no auth; the banner and the version hold no data
+    root_priority = 1  # a web page mounted beside it keeps "/"
+
+    def __init__(self, engine: Any, options: FrontendOptions) -> None:
+        super().__init__(engine, options)
+        self.facts = read_facts(options.model_root, engine.info.get("dtype"))
+        self.names = self._accepted_names()
+
+    def render_error(self, error: APIError) -> tuple[int, dict[str, Any]]:
+        return ollama_error(error)
+
+    async def serve(self) -> None:  # HTTP only: the shared server runs the routes
+        return None
+
+    def http_router(self) -> APIRouter:
+        router = APIRouter()
+        router.add_api_route("/", self.banner, methods=["GET", "HEAD"], summary="Ollama's banner")
+        router.add_api_route("/api/version", self.version, methods=["GET"], summary="Ollama version (API)")
+        router.add_api_route("/api/tags", self.tags, methods=["GET"], summary="Local models (Ollama API)")
+        router.add_api_route("/api/ps", self.ps, methods=["GET"], summary="Running models (Ollama API)")
+        router.add_api_route("/api/show", self.show, methods=["POST"], summary="Model information (Ollama API)")
+        tasks = set(self.supported_tasks)
+        if "generate" in tasks:
+            router.add_api_route("/api/chat", self.chat, methods=["POST"], summary="Chat (Ollama API)")
+            router.add_api_route("/api/generate", self.generate, methods=["POST"], summary="Generate (Ollama API)")
+        if "embed" in tasks:
+            router.add_api_route("/api/embed", self.embed, methods=["POST"], summary="Embeddings (Ollama API)")
+            router.add_api_route(
+                "/api/embeddings", self.embeddings, methods=["POST"], summary="One embedding (older Ollama API)"
+            )
+        router.add_api_route("/api/pull", self.pull, methods=["POST"], summary="Ollama's pull: see `llmp pull`")
+        for path, methods in (
+            ("/api/push", ["POST"]),
+            ("/api/create", ["POST"]),
+            ("/api/copy", ["POST"]),
+            ("/api/delete", ["DELETE"]),
+            ("/api/blobs/{digest}", ["HEAD", "POST"]),
+        ):
+            router.add_api_route(path, self.not_here, methods=methods, summary="Not available in llmp")
+        return router
+
+    # -- models ----------------------------------------------------------------------
+
+    def _accepted_names(self) -> dict[str, str]:
+        """Every name a request may use (case-insensitive) -> the served name: each served name with
+        or without ``:latest``, and the Ollama tags of a packaged model served by its Hub name."""
+        from llmp.model_files.packaged import packaged_model
+
+        names: dict[str, str] = {}
+        for served in self.model_names:
+            packaged = packaged_model(served)
+            for name in (served, *(packaged.names if packaged else ())):
+                names.setdefault(name.casefold(), served)
+        return names
+
+    def resolve(self, name: str | None) -> str:
+        """The served name a request's ``model`` selects; Ollama's 404 when none."""
+        wanted = (name or "").casefold()
+        served = self.names.get(wanted) or self.names.get(wanted.removesuffix(":latest"))
+        if served is None:
+            raise APIError(404, f'model "{name}" not found, try pulling it first', param="model")
+        return served
+
+    def capabilities(self) -> list[str]:
+        tasks = set(self.supported_tasks)
+        out = []
+        if "generate" in tasks:
+            out.append("completion")
+            if self.auto_tools:
+                out.append("tools")
+            if self.reasoning_parser is not None:
+                out.append("thinking")
+        if "embed" in tasks:
+            out.append("embedding")
+        return out
+
+    def model_entry(self, served: str) -> dict[str, Any]:
+        tagged = served if ":" in served.rsplit("/", 1)[-1] else f"{served}:latest"
+        facts = self.facts
+        return {
+            "name": tagged,
+            "model": tagged,
+            "modified_at": facts.modified_at or now_rfc3339(),
+            "size": facts.size,
+            "digest": facts.digest,
+            "details": facts.details(),
+        }
+
+    async def banner(self) -> PlainTextResponse:
+        return PlainTextResponse(BANNER)
+
+    async def version(self) -> dict[str, str]:
+        return {"version": OLLAMA_VERSION}
+
+    async def tags(self) -> dict[str, Any]:
+        return {"models": [self.model_entry(name) for name in self.model_names]}
+
+    async def ps(self) -> dict[str, Any]:
+        on_gpu = str(self.engine.info.get("device", "cpu")).startswith("cuda")
+        expires = (datetime.now(UTC) + FOREVER).isoformat().replace("+00:00", "Z")
+        models = [
+            {
+                **self.model_entry(name),
+                "expires_at": expires,
+                "size_vram": self.facts.size if on_gpu else 0,
+                "context_length": self.max_model_len,
+            }
+            for name in self.model_names
+        ]
+        return {"models": models}
+
+    async def show(self, body: p.ShowRequest) -> dict[str, Any]:
+        name = body.model or body.name
+        if not name:
+            raise bad_request("model is required", "model")
+        self.resolve(name)
+        template = self.options.chat_template or getattr(self.tokenizer, "chat_template", None) or ""
+        if isinstance(template, dict):
+            template = template.get("default") or next(iter(template.values()), "")
+        parameters = "\n".join(
+            f"{PARAMETER_NAMES[key]:<30} {value}" for key, value in self.defaults.items() if key in PARAMETER_NAMES
+        )
+        modelfile = f"# Modelfile generated by llmp\nFROM {self.options.model_root}\n" + "".join(
+            f"PARAMETER {line}\n" for line in parameters.splitlines()
+        )
+        return {
+            "license": "",
+            "modelfile": modelfile,
+            "parameters": parameters,
+            "template": template,
+            "details": self.facts.details(),
+            "model_info": model_info(self.facts, self.max_model_len),
+            "capabilities": self.capabilities(),
+            "modified_at": self.facts.modified_at or now_rfc3339(),
+        }
+
+    async def pull(self, body: p.ModelRequest) -> dict[str, str]:
+        name = body.model or body.name
+        try:
+            self.resolve(name)
+        except APIError:
+            raise APIError(
+                501,
+                f"llmp does not pull models over the API: run `llmp pull {name}` on the server, then "
+                f"`llmp serve {name}` (this server serves {', '.join(self.model_names)})",
+            ) from None
+        return {"status": "success"}  # the model is here already
+
+    async def not_here(self, request: Request) -> None:
+        raise APIError(
+            501,
+            f"{request.url.path} is not available: llmp serves the one model it was started with "
+            f"({', '.join(self.model_names)}); manage models with `llmp pull`, `llmp ls` and `llmp rm`, "
+            "and choose one with `llmp serve NAME`",
+        )
+
+    # -- generation --------------------------------------------------------------------
+
+    def check_request(self, body: p.GenerationBase) -> None:
+        if body.template:
+            raise bad_request(
+                "template: Ollama's Go templates are not supported; llmp renders the model's Jinja chat "
+                "template (choose another with `llmp serve --chat-template`)",
+                "template",
+            )
+
+    def template_fields(self, name: str, think: p.Think | None) -> TemplateFields:
+        """The chat-template variables of ``think``: ``enable_thinking`` (when the template reads it)
+        and, for a level, ``reasoning_effort``. Thinking needs the server's reasoning parser."""
+        if think is None:
+            return TemplateFields()
+        if think is not False and self.reasoning_parser is None:
+            raise bad_request(
+                f'"{name}" does not support thinking: start llmp serve with --reasoning-parser NAME '
+                "(the model's thinking format, e.g. deepseek_r1 or qwen3)",
+                "think",
+            )
+        from llmp.chat_template import template_variables
+
+        known = template_variables(self.tokenizer, self.options.chat_template)
+        kwargs = {"enable_thinking": bool(think)} if "enable_thinking" in known else None
+        return TemplateFields(chat_template_kwargs=kwargs, reasoning_effort=think if isinstance(think, str) else None)
+
+    def tools(self, body: p.ChatRequest) -> tuple[list[dict[str, Any]] | None, Any]:
+        """The request's tools and the tool choice: Ollama's tools are always "auto", which needs
+        the server's tool parser (llmp's ``tool_choice`` extension may force a call)."""
+        if not body.tools:
+            if body.tool_choice not in (None, "none"):
+                raise bad_request("tool_choice needs tools", "tool_choice")
+            return None, None
+        if self.tool_parser is None or (body.tool_choice is None and not self.auto_tools):
+            raise bad_request(
+                f'"{body.model}" does not support tools: start llmp serve with --tool-call-parser NAME '
+                "(the model's tool-call format, e.g. hermes or llama3_json) and --enable-auto-tool-choice",
+                "tools",
+            )
+        return body.tools, body.tool_choice or "auto"
+
+    def load_reply(self, body: p.GenerationBase, chat: bool) -> dict[str, Any]:
+        """Ollama's reply to a request with nothing to generate, which loads (or with keep_alive 0
+        unloads) a model: llmp's one model stays loaded for the server's lifetime."""
+        unload = body.keep_alive in (0, "0", "0s", "0m")
+        reply: dict[str, Any] = {"model": body.model, "created_at": now_rfc3339()}
+        if chat:
+            reply["message"] = {"role": self.options.response_role, "content": ""}
+        else:
+            reply["response"] = ""
+        return {**reply, "done_reason": "unload" if unload else "load", "done": True}
+
+    async def chat(self, body: p.ChatRequest, request: Request) -> Any:
+        started = time.perf_counter_ns()
+        self.resolve(body.model)
+        self.check_request(body)
+        run = Generation(self, body, request, model=body.model, chat=True, started=started)
+        if not body.messages:
+            return self.load_reply(body, chat=True)
+        turns = conversation(body.messages)
+        tools, tool_choice = self.tools(body)
+        fields = self.template_fields(body.model, body.think)
+        prompt = await self.conversation_prompt(turns, fields, tools)
+        return await run.start(prompt.token_ids, tools, tool_choice)
+
+    async def generate(self, body: p.GenerateRequest, request: Request) -> Any:
+        started = time.perf_counter_ns()
+        self.resolve(body.model)
+        self.check_request(body)
+        refuse_images(body.images, "images")
+        if body.suffix:
+            raise bad_request(
+                f'"{body.model}" does not support insert (suffix): llmp has no fill-in-the-middle template',
+                "suffix",
+            )
+        run = Generation(self, body, request, model=body.model, chat=False, started=started)
+        if not body.prompt:
+            return self.load_reply(body, chat=False)
+        context = list(body.context or [])
+        self.check_token_ids(context, "context")
+        if body.raw:  # the prompt as written: no template
+            ids = await self.encode(body.prompt, add_special_tokens=not context)
+        else:
+            turns = [{"role": "system", "content": body.system}] if body.system else []
+            turns.append({"role": "user", "content": body.prompt})
+            fields = self.template_fields(body.model, body.think)
+            ids = (await self.conversation_prompt(turns, fields)).token_ids
+        return await run.start(context + ids)
+
+    # -- embeddings ---------------------------------------------------------------------
+
+    async def embed(self, body: p.EmbedRequest, request: Request) -> dict[str, Any]:
+        started = time.perf_counter_ns()
+        self.resolve(body.model)
+        options = read_options(body.options)
+        texts = [body.input] if isinstance(body.input, str) else list(body.input)
+        if texts in ([], [""]):  # Ollama answers an empty input with no embeddings
+            return {"model": body.model, "embeddings": []}
+        prompts = await self.prompt_inputs(texts, "input", True)
+        prompts = self.fit_inputs(prompts, options.num_ctx, body.truncate)
+        try:
+            params = PoolingParams(task="embed", normalize=True, dimensions=body.dimensions)
+        except ValueError as exc:
+            raise bad_request(str(exc), "dimensions") from None
+        outputs = await until_disconnected(request, self.encode_all(prompts, params))
+        return {
+            "model": body.model,
+            "embeddings": [output.outputs.embedding for output in outputs],
+            "total_duration": time.perf_counter_ns() - started,
+            "load_duration": 0,
+            "prompt_eval_count": sum(len(prompt.token_ids) for prompt in prompts),
+        }
+
+    async def embeddings(self, body: p.EmbeddingsRequest, request: Request) -> dict[str, Any]:
+        """The older route: one prompt, its vector as the model computes it, not normalised (as Ollama's)."""
+        self.resolve(body.model)
+        options = read_options(body.options)
+        if not body.prompt:
+            return {"embedding": []}
+        prompts = self.fit_inputs(await self.prompt_inputs(body.prompt, "prompt", True), options.num_ctx, True)
+        outputs = await until_disconnected(
+            request, self.encode_all(prompts, PoolingParams(task="embed", normalize=False))
+        )
+        return {"embedding": outputs[0].outputs.embedding}
+
+    def fit_inputs(self, prompts: list[Prompt], num_ctx: int | None, truncate: bool) -> list[Prompt]:
+        """Each input within the context (``num_ctx``, at most ``--max-model-len``): its end cut off
+        (``truncate``, Ollama's default), else a 400."""
+        window = min(num_ctx or self.max_model_len, self.max_model_len)
+        out = []
+        for prompt in prompts:
+            ids = prompt.token_ids
+            if len(ids) > window:
+                if not truncate:
+                    raise bad_request(
+                        f"the input length ({len(ids)} tokens) exceeds the context length ({window})", "input"
+                    )
+                ids = ids[:window]
+            out.append(Prompt(token_ids=ids))
+        return out
+
+    async def encode_all(self, prompts: list[Prompt], params: PoolingParams) -> list[PoolingRequestOutput]:
+        """One engine request per input, all refused together when the server cannot take them now."""
+        if hasattr(self.engine, "check_capacity"):
+            self.engine.check_capacity(len(prompts), "input")
+
+        async def one(prompt: Prompt) -> PoolingRequestOutput:
+            outputs = self.engine.encode(prompt, params, engine_request_id("embd"))
+            async with contextlib.aclosing(outputs):
+                async for output in outputs:
+                    return output
+            raise RuntimeError("the embedding request was aborted")
+
+        tasks = [asyncio.ensure_future(one(prompt)) for prompt in prompts]
+        try:
+            return await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+
+
+# -- conversions ----------------------------------------------------------------------
+
+
+def refuse_images(images: list[Any] | None, param: str) -> None:
+    if images:
+        raise bad_request("images are not supported: llmp serves text-only models", param)
+
+
+def conversation(messages: list[p.Message]) -> list[dict[str, Any]]:
+    """Ollama's messages as chat-template messages (OpenAI's shape, tool-call arguments as objects)."""
+    turns = []
+    for index, message in enumerate(messages):
+        refuse_images(message.images, f"messages.{index}.images")
+        turn: dict[str, Any] = {"role": message.role, "content": message.content or ""}
+        if message.thinking and message.role == "assistant":
+            turn["reasoning"] = message.thinking
+        if message.tool_calls:
+            turn["tool_calls"] = [
+                {
+                    "id": call.id or f"call_{index}_{k}",
+                    "type": "function",
+                    "function": {"name": call.function.name, "arguments": _arguments(call.function.arguments, index)},
+                }
+                for k, call in enumerate(message.tool_calls)
+            ]
+        if message.tool_name:
+            turn["name"] = message.tool_name
+        if message.tool_call_id:
+            turn["tool_call_id"] = message.tool_call_id
+        turns.append(turn)
+    return turns
+
+
+def _arguments(arguments: dict[str, Any] | str | None, index: int) -> dict[str, Any]:
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except ValueError:
+            raise bad_request(
+                f"messages.{index}.tool_calls: arguments must be an object (or its JSON text)", "messages"
+            ) from None
+    if arguments is not None and not isinstance(arguments, dict):
+        raise bad_request(f"messages.{index}.tool_calls: arguments must be an object", "messages")
+    return arguments or {}
