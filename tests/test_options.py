@@ -22,6 +22,7 @@ from llmp.cli.bench_cmd import serve as bench_serve
 from llmp.cli.bench_offline import latency, throughput
 from llmp.cli.client_cmd import chat, complete
 from llmp.cli.env_cmd import collect_env
+from llmp.cli.models_cmd import ls, pull, rm
 from llmp.cli.option_checks import option_problems
 from llmp.cli.plugins_cmd import list_plugins, show_plugin
 from llmp.cli.serve_cmd import serve
@@ -41,6 +42,9 @@ COMMANDS = {
     "collect-env": collect_env,
     "chat": chat,
     "complete": complete,
+    "pull": pull,
+    "ls": ls,
+    "rm": rm,
 }
 
 

@@ -133,10 +133,24 @@ class EngineConfig:
 
     model: str | None = option(
         None,
-        "Model directory, .gguf file or Hugging Face id in the local cache; "
-        f"default {DEFAULT_MODEL.rpartition('/')[2]}.",
+        "Model directory, .gguf file or Hugging Face id (org/name, org/name:Q4_K_M for a GGUF file), "
+        f"downloaded when not cached; default {DEFAULT_MODEL.rpartition('/')[2]}.",
         argument=True,
         metavar="MODEL",
+        check=nonempty,
+        panel="Model",
+    )
+    revision: str | None = option(
+        None,
+        "Hub branch, tag or commit of the model (default main).",
+        metavar="REVISION",
+        check=nonempty,
+        panel="Model",
+    )
+    gguf_file: str | None = option(
+        None,
+        "The GGUF file of the model's repository or directory to serve (default: the tag's, or Q4_K_M).",
+        metavar="FILE",
         check=nonempty,
         panel="Model",
     )

@@ -5,10 +5,12 @@
   :func:`save_tiny_llama`, :func:`mixed_prompts`, :func:`engine_greedy`,
   :func:`assert_greedy_parity`, :func:`hf_greedy`, :func:`assert_classifier_parity`; embeddings: :func:`minilm_dir`,
   :func:`sentence_transformers_reference`; cross-encoders: :func:`tiny_pair_tokenizer`,
-  :func:`save_tiny_cross_encoder`; a model class loaded alone: :func:`load_native_model`.
+  :func:`save_tiny_cross_encoder`; a model class loaded alone: :func:`load_native_model`; the tiny Llama
+  as a llama.cpp GGUF file: :func:`save_tiny_gguf`.
 - Servers: :func:`serving` and :class:`LiveServer` (a real ``llmp serve`` on loopback),
   :func:`frontend_app` (a front-end's routes on the server's app, in-process),
-  :func:`assert_openai_error`, :func:`free_port`, :func:`pid_alive`.
+  :func:`assert_openai_error`, :func:`free_port`, :func:`pid_alive`; a Hugging Face Hub on loopback
+  (``HF_ENDPOINT``) serving :class:`HubRepo` repositories: :func:`serving_hub`.
 - Parsers: :func:`assert_streams_agree`.
 
 Importing this module is cheap; each helper imports what it needs (torch, transformers) itself.
@@ -27,6 +29,8 @@ from typing import Any
 __all__ = [
     "TINY_DECODER",
     "TINY_ENCODER",
+    "HubRepo",
+    "LiveHub",
     "LiveServer",
     "assert_classifier_parity",
     "assert_greedy_parity",
@@ -43,6 +47,7 @@ __all__ = [
     "registered",
     "run_llmp",
     "save_tiny_cross_encoder",
+    "save_tiny_gguf",
     "load_native_model",
     "save_tiny_llama",
     "save_tiny_model",
@@ -625,3 +630,222 @@ def assert_streams_agree(
 
 def _message_key(message: Any) -> tuple:
     return message.reasoning, message.content, [(c.name, c.arguments) for c in message.tool_calls]
+
+
+# -- tiny GGUF files and a loopback Hugging Face Hub ---------------------------
+
+# llmp.model_files.gguf's names, the other way: Hugging Face -> llama.cpp
+_HF_TO_GGUF = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
+_HF_TO_GGUF_LAYER = {
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+
+
+def save_tiny_gguf(path: Path, *, file_type: int = 0, seed: int = 0) -> Any:
+    """Write the tiny Llama of :func:`save_tiny_llama` (and its tokenizer) as a llama.cpp GGUF file at
+    ``path``, float32 tensors, ``general.file_type`` set to ``file_type`` (``gguf.LlamaFileType``:
+    15 is Q4_K_M); returns the transformers model. The file converts as a real one does."""
+    import json
+    import tempfile
+
+    import gguf
+    import numpy as np
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model = save_tiny_llama(Path(tmp), seed=seed)
+        tokenizer = json.loads((Path(tmp) / "tokenizer.json").read_text())
+    vocab = tokenizer["model"]["vocab"]
+    tokens = sorted(vocab, key=vocab.__getitem__)
+    tokens += [f"<unused{i}>" for i in range(TINY_DECODER["vocab_size"] - len(tokens))]
+    special = {"<s>", "</s>", "<unk>"}
+    types = [3 if t in special else 5 if t.startswith("<unused") else 1 for t in tokens]  # control, unused, normal
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_context_length(TINY_DECODER["max_position_embeddings"])
+    writer.add_embedding_length(TINY_DECODER["hidden_size"])
+    writer.add_block_count(TINY_DECODER["num_hidden_layers"])
+    writer.add_feed_forward_length(TINY_DECODER["intermediate_size"])
+    writer.add_head_count(TINY_DECODER["num_attention_heads"])
+    writer.add_head_count_kv(TINY_DECODER["num_key_value_heads"])
+    writer.add_layer_norm_rms_eps(model.config.rms_norm_eps)
+    writer.add_rope_freq_base(model.config.rope_parameters["rope_theta"])
+    writer.add_vocab_size(TINY_DECODER["vocab_size"])
+    writer.add_file_type(file_type)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tokenizer["model"]["merges"]])
+    writer.add_bos_token_id(TINY_DECODER["bos_token_id"])
+    writer.add_eos_token_id(TINY_DECODER["eos_token_id"])
+    for name, tensor in model.state_dict().items():
+        weight = tensor.detach().float().numpy()
+        if name == "lm_head.weight":
+            gguf_name = "output.weight"
+        elif name in _HF_TO_GGUF:
+            gguf_name = _HF_TO_GGUF[name]
+        else:  # model.layers.N.self_attn.q_proj.weight
+            parts = name.split(".")
+            gguf_name = f"blk.{parts[2]}.{_HF_TO_GGUF_LAYER['.'.join(parts[3:-1])]}.{parts[-1]}"
+        heads = {"attn_q": TINY_DECODER["num_attention_heads"], "attn_k": TINY_DECODER["num_key_value_heads"]}
+        kind = gguf_name.split(".")[-2]
+        if kind in heads:  # llama.cpp interleaves each head's rotary halves
+            n = heads[kind]
+            weight = weight.reshape(n, 2, weight.shape[0] // n // 2, *weight.shape[1:]).swapaxes(1, 2)
+            weight = weight.reshape(tensor.shape)
+        writer.add_tensor(gguf_name, np.ascontiguousarray(weight))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return model
+
+
+class HubRepo:
+    """A model repository of :func:`serving_hub`: files (path in the repo -> bytes) per revision
+    (branch or tag name; each gets a commit hash), optionally gated."""
+
+    def __init__(self, repo_id: str, revisions: dict[str, dict[str, bytes]], *, gated: bool = False) -> None:
+        import hashlib
+
+        self.repo_id, self.gated = repo_id, gated
+        self.revisions = revisions
+        self.commits = {
+            name: hashlib.sha1(f"{repo_id}@{name}".encode() + b"".join(sorted(files.values()))).hexdigest()
+            for name, files in revisions.items()
+        }
+
+    @staticmethod
+    def files_of(directory: Path) -> dict[str, bytes]:
+        """Every file under ``directory``, by its path relative to it."""
+        return {
+            p.relative_to(directory).as_posix(): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()
+        }
+
+    def files(self, revision: str) -> tuple[str, dict[str, bytes]] | None:
+        """``(commit, files)`` of a branch, tag or commit hash; None when the repo has no such revision."""
+        for name, commit in self.commits.items():
+            if revision in (name, commit):
+                return commit, self.revisions[name]
+        return None
+
+
+class LiveHub:
+    """A Hub of :func:`serving_hub`: its ``url`` (for ``HF_ENDPOINT``) and every request it answered
+    (``(method, path, Authorization header)``)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.requests: list[tuple[str, str, str | None]] = []
+
+    def downloads(self) -> list[str]:
+        """The repository files fetched (GET .../resolve/REVISION/PATH), as ``ORG/NAME/PATH``."""
+        found = []
+        for method, path, _ in self.requests:
+            org, name, kind, _, *rest = path.split("?")[0].lstrip("/").split("/") + [""] * 4
+            if method == "GET" and kind == "resolve":
+                found.append("/".join([org, name, *[part for part in rest if part]]))
+        return found
+
+
+@contextmanager
+def serving_hub(*repos: HubRepo, token: str | None = None) -> Iterator[LiveHub]:
+    """A server on loopback speaking the Hugging Face Hub's HTTP protocol as ``huggingface_hub``'s
+    client uses it (``model_info``, the tree listing, ``HEAD``/``GET`` of ``resolve/``; no Xet: files
+    come by plain HTTP, as from a Hub without Xet storage), with the Hub's error headers: an unknown
+    repository is 404 ``RepoNotFound``, a gated one without ``Authorization: Bearer TOKEN`` is 401
+    ``GatedRepo``, an unknown revision 404 ``RevisionNotFound``, an unknown file 404 ``EntryNotFound``."""
+    import hashlib
+    import json
+    import threading
+    import urllib.parse
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    by_id = {repo.repo_id.casefold(): repo for repo in repos}
+    hub = LiveHub("")
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:  # quiet: tests read hub.requests
+            pass
+
+        def do_HEAD(self) -> None:
+            self._answer(body=False)
+
+        def do_GET(self) -> None:
+            self._answer(body=True)
+
+        def _send(self, status: int, payload: bytes, headers: dict[str, str], body: bool) -> None:
+            self.send_response(status)
+            for key, value in {"Content-Length": str(len(payload)), **headers}.items():
+                self.send_header(key, value)
+            self.end_headers()
+            if body:
+                self.wfile.write(payload)
+
+        def _error(self, status: int, code: str, message: str, body: bool) -> None:
+            payload = json.dumps({"error": message}).encode()
+            headers = {"Content-Type": "application/json", "X-Error-Code": code, "X-Error-Message": message}
+            self._send(status, payload, headers, body)
+
+        def _answer(self, body: bool) -> None:
+            authorization = self.headers.get("Authorization")
+            hub.requests.append((self.command, self.path, authorization))
+            url = urllib.parse.urlsplit(self.path)
+            parts = [urllib.parse.unquote(p) for p in url.path.strip("/").split("/")]
+            api = parts[:2] == ["api", "models"]
+            org_name = parts[2:4] if api else parts[:2]
+            repo = by_id.get("/".join(org_name).casefold())
+            if repo is None:
+                return self._error(404, "RepoNotFound", "Repository not found", body)
+            if repo.gated and (token is None or authorization != f"Bearer {token}"):
+                message = (
+                    f"Access to model {repo.repo_id} is restricted. You must have access to it and be "
+                    "authenticated to access it. Please log in."
+                )
+                return self._error(401, "GatedRepo", message, body)
+            rest = parts[4:] if api else parts[2:]
+            kind, revision, path = (
+                (rest[0], rest[1], "/".join(rest[2:])) if len(rest) >= 2 else ("revision", "main", "")
+            )
+            found = repo.files(revision)
+            if found is None:
+                return self._error(404, "RevisionNotFound", f"Invalid rev id: {revision}", body)
+            commit, files = found
+            if api and kind == "revision":
+                info = {
+                    "id": repo.repo_id,
+                    "sha": commit,
+                    "private": False,
+                    "gated": "auto" if repo.gated else False,
+                    "siblings": [{"rfilename": name} for name in files],
+                }
+                return self._send(200, json.dumps(info).encode(), {"Content-Type": "application/json"}, body)
+            if api and kind == "tree":
+                listing = [
+                    {"type": "file", "oid": hashlib.sha1(data).hexdigest(), "size": len(data), "path": name}
+                    for name, data in files.items()
+                    if name.startswith(path)
+                ]
+                return self._send(200, json.dumps(listing).encode(), {"Content-Type": "application/json"}, body)
+            if not api and kind == "resolve" and path in files:
+                data = files[path]
+                etag = f'"{hashlib.sha1(data).hexdigest()}"'
+                headers = {"X-Repo-Commit": commit, "ETag": etag, "Content-Type": "application/octet-stream"}
+                return self._send(200, data, headers, body)
+            return self._error(404, "EntryNotFound", f"{path} does not exist on {revision}", body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    hub.url = f"http://127.0.0.1:{server.server_address[1]}"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield hub
+    finally:
+        server.shutdown()
+        server.server_close()

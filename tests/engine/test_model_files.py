@@ -91,7 +91,10 @@ def test_config_that_does_not_match_the_weights_names_the_weight(tmp_path, chang
         LLM(str(tmp_path), dtype="float32")
 
 
-def test_unknown_paths_and_names_say_what_was_tried(tmp_path):
+def test_unknown_paths_and_names_say_what_was_tried(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(ModelLoadError, match="no such directory or .gguf file"):
         find_model_dir(tmp_path / "nowhere")
     (tmp_path / "empty").mkdir()

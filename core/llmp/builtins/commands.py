@@ -1,5 +1,5 @@
 """Built-in commands: ``llmp plugins``, ``llmp collect-env``, the clients ``llmp chat`` and ``llmp complete``,
-and ``llmp bench``."""
+``llmp bench``, and the local models' ``llmp pull``, ``llmp ls`` and ``llmp rm``."""
 
 from collections.abc import Iterator
 
@@ -39,3 +39,8 @@ def llmp_register_commands() -> Iterator[CommandSpec]:
         impl="llmp.cli.bench_cmd:app",
         help="Benchmarks: `llmp bench throughput` and `latency` (offline), `llmp bench serve` (a server under load).",
     )
+    yield CommandSpec(
+        name="pull", impl="llmp.cli.models_cmd:pull", help="Download a model from the Hugging Face Hub, ready to serve."
+    )
+    yield CommandSpec(name="ls", impl="llmp.cli.models_cmd:ls", help="List the models on this machine.")
+    yield CommandSpec(name="rm", impl="llmp.cli.models_cmd:rm", help="Remove a model from the local cache.")

