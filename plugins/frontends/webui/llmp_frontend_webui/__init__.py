@@ -1,0 +1,17 @@
+"""The web chat page: ``llmp serve --frontend webui`` (``/`` is a chat page on the server's OpenAI routes)."""
+
+from collections.abc import Iterator
+
+from llmp import hookimpl
+from llmp.api import FrontendSpec
+
+
+@hookimpl
+def llmp_register_frontends() -> Iterator[FrontendSpec]:
+    yield FrontendSpec(
+        name="webui",
+        impl="llmp_frontend_webui.frontend:WebUIFrontend",
+        description="a web chat page at / (streamed Markdown replies, conversations kept in the browser), "
+        "on the OpenAI routes it mounts too",
+        requires=("openai",),
+    )
