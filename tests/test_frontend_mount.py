@@ -29,6 +29,7 @@ class Banner:
 
     root_priority = 1
     public_paths = ("/api/version",)
+    any_body_type_paths = ("/api/",)
 
     def __init__(self, engine: object, options: FrontendOptions) -> None:
         pass
@@ -38,10 +39,15 @@ class Banner:
         router.add_api_route("/", lambda: PlainTextResponse("banner"), methods=["GET", "HEAD"])
         router.add_api_route("/api/version", lambda: {"version": "1"}, methods=["GET"])
         router.add_api_route("/api/tags", lambda: {"models": []}, methods=["GET"])
+        router.add_api_route("/api/echo", echo, methods=["POST"])
         return router
 
     async def serve(self) -> None:
         return None
+
+
+async def echo(body: dict) -> dict:
+    return body
 
 
 class Page(Banner):
@@ -49,6 +55,7 @@ class Page(Banner):
 
     root_priority = 10
     public_paths = ("/", "/assets/")
+    any_body_type_paths = ()
 
     def http_router(self) -> APIRouter:
         router = APIRouter()
@@ -101,10 +108,10 @@ def serve(frontends: list[tuple[str, type]], api_keys: list[str]) -> httpx.Async
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1")
 
 
-def requests(frontends: list[tuple[str, type]], api_keys: list[str], calls: list[tuple[str, str]]) -> list:
+def requests(frontends: list[tuple[str, type]], api_keys: list[str], calls: list[tuple]) -> list:
     async def run() -> list:
         async with serve(frontends, api_keys) as client:
-            return [await client.request(method, path) for method, path in calls]
+            return [await client.request(method, path, **(extra[0] if extra else {})) for method, path, *extra in calls]
 
     return asyncio.run(run())
 
@@ -134,3 +141,26 @@ def test_public_paths_skip_the_api_key_and_nothing_else_does():
     assert (page.text, asset.text, version.json()) == ("page", "js", {"version": "1"})
     assert tags.status_code == 401  # not public: the key is needed
     assert prefix_only.status_code == 401  # "/assets/" covers what is under it, not "/assets"
+
+
+def test_any_body_type_paths_read_a_form_typed_body_as_json_unless_a_browser_sent_it():
+    body = '{"model": "m"}'
+    form = {"Content-Type": "application/x-www-form-urlencoded"}  # what `curl -d` sends
+    curl, browser, typed = requests(
+        [("banner", Banner)],
+        [],
+        [
+            ("POST", "/api/echo", {"content": body, "headers": form}),
+            ("POST", "/api/echo", {"content": body, "headers": {**form, "Origin": "http://evil.example"}}),
+            ("POST", "/api/echo", {"content": body, "headers": {"Content-Type": "application/json"}}),
+        ],
+    )
+    assert curl.json() == typed.json() == {"model": "m"}
+    assert browser.status_code == 400 and "Unsupported Media Type" in browser.text
+
+
+def test_without_any_body_type_paths_a_form_typed_body_is_refused():
+    (refused,) = requests(
+        [("page", Page)], [], [("POST", "/api/echo", {"content": "{}", "headers": {"Content-Type": "text/plain"}})]
+    )
+    assert refused.status_code == 400 and "Unsupported Media Type" in refused.text

@@ -790,7 +790,7 @@ class Frontend(Protocol):
     -> (status, body)``: the server then renders every error on those paths
     with it, the gate's refusals (401, 413, 503 and overload) included.
 
-    Two optional class attributes shape what an HTTP front-end's router may claim:
+    Optional class attributes shape what an HTTP front-end's router may claim:
 
     - ``public_paths``: paths answered without the API key, each exact (``"/"``, always exact) or
       a prefix ending in ``/`` (``"/webui/"``). Only for content that holds no data and runs no model
@@ -798,6 +798,10 @@ class Frontend(Protocol):
     - ``root_priority`` (an int, default 0): when several mounted front-ends route ``/``, the
       one with the highest keeps every method of ``/`` and the others' ``/`` routes are
       dropped (a web page, 10, wins over Ollama's "Ollama is running" banner, 1).
+    - ``any_body_type_paths``: path prefixes whose POST bodies are read as JSON whatever their
+      ``Content-Type`` (Ollama's API, whose documented ``curl -d`` examples send a form type).
+      Elsewhere, and for any request carrying an ``Origin`` header (a browser page, which could
+      otherwise post cross-site without a CORS preflight), a type other than JSON is a 400.
     """
 
     def __init__(self, engine: EngineClient, options: FrontendOptions) -> None: ...

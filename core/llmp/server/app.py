@@ -49,6 +49,12 @@ class ServerState:
         # paths the front-ends serve without the API key (static pages): exact, or a prefix ending in "/"
         # ("/" itself is exact: a prefix of every path)
         self.public_paths: list[str] = []
+        self.any_body_type_paths: list[str] = []  # path prefixes whose POST bodies are JSON whatever the type says
+
+    def reads_any_body_type(self, path: str, headers: Mapping[str, str]) -> bool:
+        """A body under one of ``any_body_type_paths`` is read as JSON whatever its Content-Type, unless a
+        browser sent it (an ``Origin`` header): a page must not post to the API cross-site without a preflight."""
+        return "origin" not in headers and any(path.startswith(p) for p in self.any_body_type_paths)
 
     def is_public(self, path: str) -> bool:
         return path in OPEN_PATHS or any(
@@ -178,7 +184,10 @@ class GateMiddleware:
             )
         if method in BODY_METHODS:
             content_type = headers.get("content-type", "application/json").split(";")[0].strip().lower()
-            if content_type != "application/json":
+            if content_type != "application/json" and self.state.reads_any_body_type(path, headers):
+                scope["headers"] = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-type"]
+                scope["headers"].append((b"content-type", b"application/json"))
+            elif content_type != "application/json":
                 return await self._refuse(
                     send,
                     path,

@@ -434,6 +434,7 @@ def _mount(
         for prefix in getattr(frontend, "error_paths", ()):  # errors on its paths take its protocol's shape
             state.error_renderers.append((prefix, frontend.render_error))
         state.public_paths.extend(getattr(frontend, "public_paths", ()))
+        state.any_body_type_paths.extend(getattr(frontend, "any_body_type_paths", ()))
         router = frontend.http_router()
         if router is not None:
             if frontend is not root_owner:
