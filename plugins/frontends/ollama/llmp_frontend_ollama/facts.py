@@ -10,6 +10,7 @@ import hashlib
 import json
 import re
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -44,8 +45,9 @@ class ModelFacts:
         }
 
 
-def read_facts(model_root: str, dtype: str | None) -> ModelFacts:
-    """The facts of the model in ``model_root`` (a Hugging Face directory); unknown ones stay empty."""
+def read_facts(model_root: str, dtype: str | None, names: Sequence[str] = ()) -> ModelFacts:
+    """The facts of the model in ``model_root`` (a Hugging Face directory) served as ``names``;
+    unknown ones stay empty."""
     root = Path(model_root) if model_root else None
     facts = ModelFacts()
     if root is None or not root.is_dir():
@@ -63,6 +65,9 @@ def read_facts(model_root: str, dtype: str | None) -> ModelFacts:
     quant = _QUANT.search(root.name.rsplit("-", 1)[0]) if root.parent.name == "gguf" else None
     if quant:
         facts.format, facts.quantization_level = "gguf", quant.group(1).upper()
+        source = gguf_source(root, names)
+        if source is not None:  # what Ollama reports: the GGUF file, not llmp's float32 conversion of it
+            facts.size = source.stat().st_size
     else:
         declared = facts.config.get("torch_dtype") or facts.config.get("dtype") or dtype or ""
         facts.quantization_level = _DTYPES.get(str(declared), str(declared).upper())
@@ -70,13 +75,26 @@ def read_facts(model_root: str, dtype: str | None) -> ModelFacts:
     return facts
 
 
+def gguf_source(converted: Path, names: Sequence[str]) -> Path | None:
+    """The GGUF file llmp converted into ``converted`` (a directory named after the file's stem),
+    when a served name or an installed packaged model points at it; None when it cannot be told."""
+    from llmp.model_files.packaged import installed_packaged_models
+
+    stem = converted.name.rsplit("-", 1)[0]
+    candidates = [Path(name) for name in names if name.endswith(".gguf")]
+    candidates += [m.location() for m in installed_packaged_models() if m.path.endswith(".gguf")]
+    return next((path for path in candidates if path and path.stem == stem and path.is_file()), None)
+
+
 def parameter_size(count: int) -> str:
-    """Ollama's short form of a parameter count: 8.0B, 134.52M."""
-    if count >= 1e9:
-        return f"{count / 1e9:.1f}B"
-    if count >= 1e6:
-        return f"{count / 1e6:.2f}M"
-    return f"{count / 1e3:.2f}K" if count else ""
+    """Ollama's short form of a parameter count (its ``format.HumanNumber``): 8B, 7.6B, 134.52M, 135M, 97K."""
+    if not count:
+        return ""
+    for scale, suffix, decimals in ((10**9, "B", 1), (10**6, "M", 2)):
+        if count >= scale:
+            number = count / scale
+            return f"{number:.0f}{suffix}" if number == int(number) else f"{number:.{decimals}f}{suffix}"
+    return f"{count / 1000:.0f}K" if count >= 1000 else str(count)
 
 
 def _safetensors_elements(path: Path) -> int:
@@ -98,12 +116,18 @@ def _safetensors_elements(path: Path) -> int:
     return total
 
 
-def model_info(facts: ModelFacts, max_model_len: int) -> dict[str, Any]:
-    """``/api/show``'s ``model_info``: GGUF's metadata keys, from the Hugging Face config."""
+def model_info(facts: ModelFacts, name: str, max_model_len: int) -> dict[str, Any]:
+    """``/api/show``'s ``model_info``: GGUF's metadata keys, from the Hugging Face config.
+    ``general.basename`` is the name the request used (what Copilot shows, as Ollama echoes it);
+    the context length is what a request can use here, the server's ``--max-model-len``."""
     config, arch = facts.config, facts.family or "unknown"
-    info: dict[str, Any] = {"general.architecture": arch, "general.parameter_count": facts.parameter_count}
+    info: dict[str, Any] = {
+        "general.architecture": arch,
+        "general.basename": name,
+        "general.parameter_count": facts.parameter_count,
+    }
     keys = {
-        "context_length": config.get("max_position_embeddings") or max_model_len,
+        "context_length": max_model_len,
         "embedding_length": config.get("hidden_size"),
         "block_count": config.get("num_hidden_layers"),
         "feed_forward_length": config.get("intermediate_size"),
@@ -118,3 +142,27 @@ def model_info(facts: ModelFacts, max_model_len: int) -> dict[str, Any]:
 def now_rfc3339() -> str:
     """The time as Ollama stamps ``created_at``: RFC 3339, UTC, microseconds."""
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def stop_texts(tokenizer: Any, model_root: str) -> list[str]:
+    """The texts of the tokens that end a reply: the model's end-of-sequence tokens, from its
+    ``generation_config.json`` and its tokenizer (what Ollama's Modelfile lists as ``stop``)."""
+    ids: list[int] = []
+    try:
+        declared = json.loads((Path(model_root) / "generation_config.json").read_text()).get("eos_token_id")
+    except (OSError, ValueError, TypeError):
+        declared = None
+    ids += declared if isinstance(declared, list) else [declared] if isinstance(declared, int) else []
+    if isinstance(getattr(tokenizer, "eos_token_id", None), int):
+        ids.append(tokenizer.eos_token_id)
+    texts = [tokenizer.convert_ids_to_tokens(i) for i in dict.fromkeys(ids)]
+    return [text for text in texts if isinstance(text, str) and text]
+
+
+def go_value(value: Any) -> str:
+    """A parameter's value as Ollama prints it (Go's ``%#v``): strings quoted, whole floats bare."""
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)

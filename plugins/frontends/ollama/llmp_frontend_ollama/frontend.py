@@ -22,15 +22,16 @@ from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 
 from llmp import PoolingParams, PoolingRequestOutput, Prompt
+from llmp.chat_template import template_variables
 from llmp.frontend import APIError, FrontendKit, bad_request, engine_request_id, until_disconnected
 from llmp.options import FrontendOptions
 from llmp_frontend_ollama import protocol as p
-from llmp_frontend_ollama.facts import model_info, now_rfc3339, read_facts
+from llmp_frontend_ollama.facts import go_value, model_info, now_rfc3339, read_facts, stop_texts
 from llmp_frontend_ollama.generation import Generation
 from llmp_frontend_ollama.options import read_options
 
-# the Ollama release whose API these routes follow (what /api/version reports)
-OLLAMA_VERSION = "0.13.0"
+# the Ollama release whose API these routes were checked against (what /api/version reports)
+OLLAMA_VERSION = "0.32.15"
 BANNER = "Ollama is running"
 # Ollama's name for a Hugging Face generation-config default, for /api/show's "parameters"
 PARAMETER_NAMES = {
@@ -67,11 +68,15 @@ class OllamaFrontend(FrontendKit):
     error_paths = ("/api/",)
     public_paths = ("/", "/api/version")  # Ollama has no auth; the banner and the version hold no data
     root_priority = 1  # a web page mounted beside it keeps "/"
+    any_body_type_paths = ("/api/",)  # Ollama's documented `curl -d '{...}'` sends a form content type
 
     def __init__(self, engine: Any, options: FrontendOptions) -> None:
         super().__init__(engine, options)
-        self.facts = read_facts(options.model_root, engine.info.get("dtype"))
+        self.facts = read_facts(options.model_root, engine.info.get("dtype"), self.model_names)
         self.names = self._accepted_names()
+        self.template_renders_tools = renders_tools(
+            options.chat_template or getattr(self.tokenizer, "chat_template", None)
+        )
 
     def render_error(self, error: APIError) -> tuple[int, dict[str, Any]]:
         return ollama_error(error)
@@ -82,19 +87,17 @@ class OllamaFrontend(FrontendKit):
     def http_router(self) -> APIRouter:
         router = APIRouter()
         router.add_api_route("/", self.banner, methods=["GET", "HEAD"], summary="Ollama's banner")
-        router.add_api_route("/api/version", self.version, methods=["GET"], summary="Ollama version (API)")
-        router.add_api_route("/api/tags", self.tags, methods=["GET"], summary="Local models (Ollama API)")
+        router.add_api_route("/api/version", self.version, methods=["GET", "HEAD"], summary="Ollama version (API)")
+        router.add_api_route("/api/tags", self.tags, methods=["GET", "HEAD"], summary="Local models (Ollama API)")
         router.add_api_route("/api/ps", self.ps, methods=["GET"], summary="Running models (Ollama API)")
         router.add_api_route("/api/show", self.show, methods=["POST"], summary="Model information (Ollama API)")
-        tasks = set(self.supported_tasks)
-        if "generate" in tasks:
-            router.add_api_route("/api/chat", self.chat, methods=["POST"], summary="Chat (Ollama API)")
-            router.add_api_route("/api/generate", self.generate, methods=["POST"], summary="Generate (Ollama API)")
-        if "embed" in tasks:
-            router.add_api_route("/api/embed", self.embed, methods=["POST"], summary="Embeddings (Ollama API)")
-            router.add_api_route(
-                "/api/embeddings", self.embeddings, methods=["POST"], summary="One embedding (older Ollama API)"
-            )
+        # mounted whatever the model does: a model that cannot answer one is Ollama's 400 naming what it lacks
+        router.add_api_route("/api/chat", self.chat, methods=["POST"], summary="Chat (Ollama API)")
+        router.add_api_route("/api/generate", self.generate, methods=["POST"], summary="Generate (Ollama API)")
+        router.add_api_route("/api/embed", self.embed, methods=["POST"], summary="Embeddings (Ollama API)")
+        router.add_api_route(
+            "/api/embeddings", self.embeddings, methods=["POST"], summary="One embedding (older Ollama API)"
+        )
         router.add_api_route("/api/pull", self.pull, methods=["POST"], summary="Ollama's pull: see `llmp pull`")
         for path, methods in (
             ("/api/push", ["POST"]),
@@ -108,32 +111,42 @@ class OllamaFrontend(FrontendKit):
 
     # -- models ----------------------------------------------------------------------
 
-    def _accepted_names(self) -> dict[str, str]:
-        """Every name a request may use (case-insensitive) -> the served name: each served name with
-        or without ``:latest``, and the Ollama tags of a packaged model served by its Hub name."""
+    def _listed_names(self) -> list[tuple[str, str]]:
+        """``(name, served name)`` of every name ``/api/tags`` lists: each served name and, for a
+        packaged model, its Hub id and Ollama tags (``smollm2:135m``), which requests may use too."""
         from llmp.model_files.packaged import packaged_model
 
-        names: dict[str, str] = {}
+        listed: dict[str, tuple[str, str]] = {}
         for served in self.model_names:
             packaged = packaged_model(served)
-            for name in (served, *(packaged.names if packaged else ())):
-                names.setdefault(name.casefold(), served)
+            for name in (served, *((packaged.hub_id, *packaged.aliases) if packaged else ())):
+                listed.setdefault(tagged(name).casefold(), (name, served))
+        return list(listed.values())
+
+    def _accepted_names(self) -> dict[str, str]:
+        """Every name a request may use (case-insensitive, with or without ``:latest``) -> the served
+        name: exactly the names ``/api/tags`` lists."""
+        names: dict[str, str] = {}
+        for name, served in self._listed_names():
+            names.setdefault(tagged(name).casefold(), served)
         return names
 
     def resolve(self, name: str | None) -> str:
         """The served name a request's ``model`` selects; Ollama's 404 when none."""
-        wanted = (name or "").casefold()
-        served = self.names.get(wanted) or self.names.get(wanted.removesuffix(":latest"))
+        served = self.names.get(tagged(name or "").casefold())
         if served is None:
-            raise APIError(404, f'model "{name}" not found, try pulling it first', param="model")
+            raise APIError(404, f"model '{name}' not found", param="model")
         return served
 
     def capabilities(self) -> list[str]:
+        """What Ollama's ``/api/show`` lists: tools only when calls can be parsed (``--tool-call-parser``
+        with ``--enable-auto-tool-choice``, as Ollama's tools are always "auto") and the chat template
+        shows the model its tools."""
         tasks = set(self.supported_tasks)
         out = []
         if "generate" in tasks:
             out.append("completion")
-            if self.auto_tools:
+            if self.auto_tools and self.template_renders_tools:
                 out.append("tools")
             if self.reasoning_parser is not None:
                 out.append("thinking")
@@ -141,12 +154,25 @@ class OllamaFrontend(FrontendKit):
             out.append("embedding")
         return out
 
-    def model_entry(self, served: str) -> dict[str, Any]:
-        tagged = served if ":" in served.rsplit("/", 1)[-1] else f"{served}:latest"
+    def require(self, task: str, name: str, what: str) -> None:
+        """Ollama's 400 for a route the served model cannot answer (``"x" does not support chat``)."""
+        if task in self.supported_tasks:
+            return
+        if task == "embed":
+            raise bad_request(
+                f'"{name}" does not support embeddings: this server\'s model does not produce embeddings; '
+                "serve an embedding model (`llmp serve all-minilm --frontend ollama`) or this model's "
+                "embeddings (`llmp serve MODEL --convert embed --frontend ollama`)",
+                "model",
+            )
+        raise bad_request(f'"{name}" does not support {what}: this server\'s model does not generate text', "model")
+
+    def model_entry(self, name: str) -> dict[str, Any]:
+        tagged_name = tagged(name)
         facts = self.facts
         return {
-            "name": tagged,
-            "model": tagged,
+            "name": tagged_name,
+            "model": tagged_name,
             "modified_at": facts.modified_at or now_rfc3339(),
             "size": facts.size,
             "digest": facts.digest,
@@ -160,7 +186,7 @@ class OllamaFrontend(FrontendKit):
         return {"version": OLLAMA_VERSION}
 
     async def tags(self) -> dict[str, Any]:
-        return {"models": [self.model_entry(name) for name in self.model_names]}
+        return {"models": [self.model_entry(name) for name, _ in self._listed_names()]}
 
     async def ps(self) -> dict[str, Any]:
         on_gpu = str(self.engine.info.get("device", "cpu")).startswith("cuda")
@@ -176,7 +202,8 @@ class OllamaFrontend(FrontendKit):
         ]
         return {"models": models}
 
-    async def show(self, body: p.ShowRequest) -> dict[str, Any]:
+    async def show(self, request: Request) -> dict[str, Any]:
+        body = await p.read_body(request, p.ShowRequest)
         name = body.model or body.name
         if not name:
             raise bad_request("model is required", "model")
@@ -184,9 +211,7 @@ class OllamaFrontend(FrontendKit):
         template = self.options.chat_template or getattr(self.tokenizer, "chat_template", None) or ""
         if isinstance(template, dict):
             template = template.get("default") or next(iter(template.values()), "")
-        parameters = "\n".join(
-            f"{PARAMETER_NAMES[key]:<30} {value}" for key, value in self.defaults.items() if key in PARAMETER_NAMES
-        )
+        parameters = "\n".join(f"{key:<30} {go_value(value)}" for key, value in self.parameters())
         modelfile = f"# Modelfile generated by llmp\nFROM {self.options.model_root}\n" + "".join(
             f"PARAMETER {line}\n" for line in parameters.splitlines()
         )
@@ -196,12 +221,24 @@ class OllamaFrontend(FrontendKit):
             "parameters": parameters,
             "template": template,
             "details": self.facts.details(),
-            "model_info": model_info(self.facts, self.max_model_len),
+            "model_info": model_info(self.facts, name, self.max_model_len),
             "capabilities": self.capabilities(),
             "modified_at": self.facts.modified_at or now_rfc3339(),
         }
 
-    async def pull(self, body: p.ModelRequest) -> dict[str, str]:
+    def parameters(self) -> list[tuple[str, Any]]:
+        """``/api/show``'s Modelfile parameters: the generation-config defaults under Ollama's names,
+        the window a request gets (``num_ctx``) and the texts that end a reply (``stop``)."""
+        out: list[tuple[str, Any]] = [
+            (PARAMETER_NAMES[key], value) for key, value in self.defaults.items() if key in PARAMETER_NAMES
+        ]
+        out.append(("num_ctx", self.max_model_len))
+        if "generate" in self.supported_tasks:
+            out += [("stop", text) for text in stop_texts(self.tokenizer, self.options.model_root)]
+        return out
+
+    async def pull(self, request: Request) -> dict[str, str]:
+        body = await p.read_body(request, p.ModelRequest)
         name = body.model or body.name
         try:
             self.resolve(name)
@@ -231,9 +268,10 @@ class OllamaFrontend(FrontendKit):
                 "template",
             )
 
-    def template_fields(self, name: str, think: p.Think | None) -> TemplateFields:
+    def template_fields(self, name: str, think: bool | str | None) -> TemplateFields:
         """The chat-template variables of ``think``: ``enable_thinking`` (when the template reads it)
-        and, for a level, ``reasoning_effort``. Thinking needs the server's reasoning parser."""
+        and, for a level, ``reasoning_effort`` ("max" is "high", as Ollama tells gpt-oss). Thinking
+        needs the server's reasoning parser."""
         if think is None:
             return TemplateFields()
         if think is not False and self.reasoning_parser is None:
@@ -242,15 +280,15 @@ class OllamaFrontend(FrontendKit):
                 "(the model's thinking format, e.g. deepseek_r1 or qwen3)",
                 "think",
             )
-        from llmp.chat_template import template_variables
-
         known = template_variables(self.tokenizer, self.options.chat_template)
         kwargs = {"enable_thinking": bool(think)} if "enable_thinking" in known else None
-        return TemplateFields(chat_template_kwargs=kwargs, reasoning_effort=think if isinstance(think, str) else None)
+        effort = ("high" if think == "max" else think) if isinstance(think, str) else None
+        return TemplateFields(chat_template_kwargs=kwargs, reasoning_effort=effort)
 
     def tools(self, body: p.ChatRequest) -> tuple[list[dict[str, Any]] | None, Any]:
         """The request's tools and the tool choice: Ollama's tools are always "auto", which needs
-        the server's tool parser (llmp's ``tool_choice`` extension may force a call)."""
+        the server's tool parser and a chat template that shows the model its tools (llmp's
+        ``tool_choice`` extension may force a call)."""
         if not body.tools:
             if body.tool_choice not in (None, "none"):
                 raise bad_request("tool_choice needs tools", "tool_choice")
@@ -261,12 +299,18 @@ class OllamaFrontend(FrontendKit):
                 "(the model's tool-call format, e.g. hermes or llama3_json) and --enable-auto-tool-choice",
                 "tools",
             )
+        if not self.template_renders_tools:
+            raise bad_request(
+                f'"{body.model}" does not support tools: its chat template does not show the model any '
+                "tools; start llmp serve with a --chat-template that renders `tools`",
+                "tools",
+            )
         return body.tools, body.tool_choice or "auto"
 
     def load_reply(self, body: p.GenerationBase, chat: bool) -> dict[str, Any]:
         """Ollama's reply to a request with nothing to generate, which loads (or with keep_alive 0
         unloads) a model: llmp's one model stays loaded for the server's lifetime."""
-        unload = body.keep_alive in (0, "0", "0s", "0m")
+        unload = p.keep_alive_seconds(body.keep_alive) == 0
         reply: dict[str, Any] = {"model": body.model, "created_at": now_rfc3339()}
         if chat:
             reply["message"] = {"role": self.options.response_role, "content": ""}
@@ -274,9 +318,11 @@ class OllamaFrontend(FrontendKit):
             reply["response"] = ""
         return {**reply, "done_reason": "unload" if unload else "load", "done": True}
 
-    async def chat(self, body: p.ChatRequest, request: Request) -> Any:
+    async def chat(self, request: Request) -> Any:
         started = time.perf_counter_ns()
+        body = await p.read_body(request, p.ChatRequest)
         self.resolve(body.model)
+        self.require("generate", body.model, "chat")
         self.check_request(body)
         run = Generation(self, body, request, model=body.model, chat=True, started=started)
         if not body.messages:
@@ -284,12 +330,36 @@ class OllamaFrontend(FrontendKit):
         turns = conversation(body.messages)
         tools, tool_choice = self.tools(body)
         fields = self.template_fields(body.model, body.think)
-        prompt = await self.conversation_prompt(turns, fields, tools)
+        prompt = await self.fitting_prompt(turns, fields, tools, run.window, body.truncate is not False)
         return await run.start(prompt.token_ids, tools, tool_choice)
 
-    async def generate(self, body: p.GenerateRequest, request: Request) -> Any:
+    async def fitting_prompt(
+        self, turns: list[dict[str, Any]], fields: TemplateFields, tools: Any, window: int, truncate: bool
+    ) -> Prompt:
+        """The conversation's prompt, its oldest messages dropped until it fits the window (one token
+        left to generate), as Ollama's ``chatPrompt`` does: system messages and the last user message
+        (with what follows it) always stay; if those alone do not fit, the prompt is cut later, token-wise."""
+        prompt = await self.conversation_prompt(turns, fields, tools)
+        if not truncate or len(prompt.token_ids) < window:
+            return prompt
+        users = [i for i, turn in enumerate(turns) if turn["role"] == "user"]
+        last_kept = users[-1] if users else len(turns) - 1
+        for first in range(1, last_kept + 1):
+            if turns[first - 1]["role"] == "system":  # kept anyway: nothing more was dropped
+                continue
+            kept = [turn for turn in turns[:first] if turn["role"] == "system"] + turns[first:]
+            prompt = await self.conversation_prompt(kept, fields, tools)
+            if len(prompt.token_ids) < window:
+                break
+        return prompt
+
+    async def generate(self, request: Request) -> Any:
         started = time.perf_counter_ns()
+        body = await p.read_body(request, p.GenerateRequest)
         self.resolve(body.model)
+        self.require("generate", body.model, "generate")
+        if body.raw and (body.template or body.system or body.context):
+            raise bad_request("raw mode does not support template, system, or context", "raw")
         self.check_request(body)
         refuse_images(body.images, "images")
         if body.suffix:
@@ -303,7 +373,7 @@ class OllamaFrontend(FrontendKit):
         context = list(body.context or [])
         self.check_token_ids(context, "context")
         if body.raw:  # the prompt as written: no template
-            ids = await self.encode(body.prompt, add_special_tokens=not context)
+            ids = await self.encode(body.prompt, add_special_tokens=True)
         else:
             turns = [{"role": "system", "content": body.system}] if body.system else []
             turns.append({"role": "user", "content": body.prompt})
@@ -313,9 +383,11 @@ class OllamaFrontend(FrontendKit):
 
     # -- embeddings ---------------------------------------------------------------------
 
-    async def embed(self, body: p.EmbedRequest, request: Request) -> dict[str, Any]:
+    async def embed(self, request: Request) -> dict[str, Any]:
         started = time.perf_counter_ns()
+        body = await p.read_body(request, p.EmbedRequest)
         self.resolve(body.model)
+        self.require("embed", body.model, "embeddings")
         options = read_options(body.options)
         texts = [body.input] if isinstance(body.input, str) else list(body.input)
         if texts in ([], [""]):  # Ollama answers an empty input with no embeddings
@@ -335,9 +407,11 @@ class OllamaFrontend(FrontendKit):
             "prompt_eval_count": sum(len(prompt.token_ids) for prompt in prompts),
         }
 
-    async def embeddings(self, body: p.EmbeddingsRequest, request: Request) -> dict[str, Any]:
+    async def embeddings(self, request: Request) -> dict[str, Any]:
         """The older route: one prompt, its vector as the model computes it, not normalised (as Ollama's)."""
+        body = await p.read_body(request, p.EmbeddingsRequest)
         self.resolve(body.model)
+        self.require("embed", body.model, "embeddings")
         options = read_options(body.options)
         if not body.prompt:
             return {"embedding": []}
@@ -384,6 +458,28 @@ class OllamaFrontend(FrontendKit):
 
 
 # -- conversions ----------------------------------------------------------------------
+
+
+def renders_tools(template: str | dict[str, str] | None) -> bool:
+    """Whether a chat template (or one of a tokenizer's named templates) reads ``tools``: what Ollama
+    checks of a template before it lists the ``tools`` capability. (``template_variables`` leaves
+    ``tools`` out: a request may not set it as a template variable.)"""
+    from jinja2 import meta
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    sources = list(template.values()) if isinstance(template, dict) else [template] if template else []
+    for source in sources:
+        try:
+            if "tools" in meta.find_undeclared_variables(ImmutableSandboxedEnvironment().parse(source)):
+                return True
+        except Exception:  # noqa: BLE001  (a template jinja cannot parse renders nothing, tools included)
+            continue
+    return False
+
+
+def tagged(name: str) -> str:
+    """A model name as Ollama lists it: with ``:latest`` when its last path part has no tag."""
+    return name if ":" in name.rsplit("/", 1)[-1] else f"{name}:latest"
 
 
 def refuse_images(images: list[Any] | None, param: str) -> None:

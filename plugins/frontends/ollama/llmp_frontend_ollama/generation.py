@@ -56,6 +56,8 @@ class Generation:
         self.started = started  # perf_counter_ns when the request arrived
         self.options: Options = read_options(body.options)
         self.first: int | None = None  # perf_counter_ns of the first output
+        # this request's context window: num_ctx, at most the server's --max-model-len
+        self.window = min(self.options.num_ctx or fe.max_model_len, fe.max_model_len)
 
     async def start(
         self, prompt_ids: list[int], tools: list[dict[str, Any]] | None = None, tool_choice: Any = None
@@ -87,8 +89,11 @@ class Generation:
         self.submitted = time.perf_counter_ns()
         self.outputs = fe.engine.generate(Prompt(token_ids=ids), params, engine_request_id("ollama"), delta=body.stream)
         if body.stream:
+            # the first output is awaited before the headers, so that a refusal (the engine's, an
+            # overload) is a real HTTP status with Ollama's error body, as Ollama's streams do
+            first = await until_disconnected(self.request, anext(self.outputs))
             return StreamingResponse(
-                self.stream(), media_type="application/x-ndjson", headers={"X-Accel-Buffering": "no"}
+                self.stream(first), media_type="application/x-ndjson", headers={"X-Accel-Buffering": "no"}
             )
         return JSONResponse(await until_disconnected(self.request, self.whole()))
 
@@ -96,9 +101,10 @@ class Generation:
 
     def fit(self, ids: list[int]) -> tuple[list[int], int]:
         """The prompt cut to this request's window (``num_ctx``, at most the server's
-        ``--max-model-len``) as Ollama cuts one: its first ``num_keep`` tokens and its end are kept,
-        and one token of room is left to generate. Returns the ids and the room left."""
-        window = min(self.options.num_ctx or self.fe.max_model_len, self.fe.max_model_len)
+        ``--max-model-len``) as Ollama's runner cuts one: its first ``num_keep`` tokens (4 unless
+        set) and its end are kept, and one token of room is left to generate. Returns the ids and
+        the room left."""
+        window = self.window
         if window < 2:
             raise bad_request(f"options.num_ctx={window} leaves no room to generate", "options.num_ctx")
         if len(ids) >= window:
@@ -116,10 +122,12 @@ class Generation:
         return room if wanted <= 0 else min(wanted, room)
 
     def _top_logprobs(self) -> int | None:
-        body = self.body
-        if body.top_logprobs is not None and not body.logprobs:
-            raise bad_request("top_logprobs needs logprobs to be true", "top_logprobs")
-        return (body.top_logprobs or 0) if body.logprobs else None
+        """How many alternatives each token's logprobs list; None without ``logprobs`` (whose
+        ``top_logprobs`` Ollama ignores)."""
+        top = self.body.top_logprobs or 0
+        if not 0 <= top <= 20:
+            raise bad_request("top_logprobs must be between 0 and 20", "top_logprobs")
+        return top if self.body.logprobs else None
 
     # -- replies ------------------------------------------------------------------------
 
@@ -136,12 +144,12 @@ class Generation:
         reply = self.piece(content, reasoning, calls, self._logprobs(seq))
         return {**reply, **self.done(seq.finish_reason, len(seq.token_ids), seq.token_ids)}
 
-    async def stream(self) -> AsyncIterator[str]:
+    async def stream(self, first: Any) -> AsyncIterator[str]:
         generated: list[int] = []
         text, reason = "", None
         parser = self.plan.message_stream() if self.parsed else None
         try:
-            async for output in self.outputs:
+            async for output in self._after(first):
                 self.first = self.first or time.perf_counter_ns()
                 seq = output.outputs[0]
                 generated += seq.token_ids
@@ -159,6 +167,12 @@ class Generation:
             yield ndjson({**self.piece("", None, [], None), **self.done(reason, len(generated), generated)})
         except Exception as exc:  # noqa: BLE001  (after the headers, the error travels in the stream)
             yield ndjson({"error": as_api_error(exc).message})
+
+    async def _after(self, first: Any) -> AsyncIterator[Any]:
+        """The engine's outputs, ``first`` (already awaited) included."""
+        yield first
+        async for output in self.outputs:
+            yield output
 
     def piece(self, content: str, reasoning: str | None, calls: Sequence[Any], logprobs: Any) -> dict[str, Any]:
         """A reply object before its ``done`` fields: the message (chat) or response (generate)."""

@@ -1,17 +1,19 @@
-"""Ollama's ``options`` (its Modelfile parameters) as llmp's sampling fields.
-
-Three kinds of option: those llmp honours (mapped below), those that only tune Ollama's runner
-(threads, GPU layers, memory mapping: nothing to do with the output, accepted and ignored), and
-those that would change the output in ways llmp cannot (mirostat, tail-free and typical sampling):
-a 400 naming the option unless it holds its "off" value, so a request never silently means less.
+"""Ollama's ``options`` (its Modelfile parameters) as llmp's sampling fields, read as Ollama's
+``Options.FromMap`` reads them: a value of the wrong type is a 400, an option Ollama's API does not
+have (``mirostat``, ``tfs_z``, ``penalize_newline`` ...: Ollama dropped them) is accepted with a
+warning in the server log, as Ollama does, and so is ``typical_p``, which llmp has no sampler for.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from llmp.frontend import bad_request
+
+log = logging.getLogger("llmp.frontend.ollama")
 
 # Ollama option -> SamplingParams field
 SAMPLING = {
@@ -27,41 +29,16 @@ SAMPLING = {
 }
 # how much this request may use of the context, and what it generates: read here
 CONTEXT = ("num_ctx", "num_predict", "num_keep", "repeat_last_n")
-# the runner's own settings (memory, threads, GPUs, batching): the output does not depend on them
-RUNNER_ONLY = (
-    "numa",
-    "num_batch",
-    "num_gpu",
-    "main_gpu",
-    "low_vram",
-    "f16_kv",
-    "logits_all",
-    "vocab_only",
-    "use_mmap",
-    "use_mlock",
-    "embedding_only",
-    "num_thread",
-    "penalize_newline",  # Ollama itself ignores it now
-)
-# samplers llmp does not have: accepted only at the value that turns them off
-OFF_VALUES = {"mirostat": 0, "tfs_z": 1.0, "typical_p": 1.0}
-# the settings of mirostat, meaningless while it is off
-MIROSTAT_SETTINGS = ("mirostat_tau", "mirostat_eta")
-NUMBERS = {
-    "temperature": float,
-    "top_k": int,
-    "top_p": float,
-    "min_p": float,
-    "seed": int,
-    "repeat_penalty": float,
-    "presence_penalty": float,
-    "frequency_penalty": float,
-    "num_ctx": int,
-    "num_predict": int,
-    "num_keep": int,
-    "repeat_last_n": int,
-}
-KNOWN = (*SAMPLING, *CONTEXT, *RUNNER_ONLY, *OFF_VALUES, *MIROSTAT_SETTINGS)
+# Ollama's runner settings (memory, threads, GPUs, batching, draft tokens): the output does not depend on them
+RUNNER_ONLY = ("num_batch", "num_gpu", "main_gpu", "use_mmap", "num_thread", "draft_num_predict")
+NOT_APPLIED = ("typical_p",)  # an Ollama option that would change the output, with no sampler in llmp
+INTEGERS = ("top_k", "seed", "num_ctx", "num_predict", "num_keep", "repeat_last_n")
+INTEGERS += ("num_batch", "num_gpu", "main_gpu", "num_thread", "draft_num_predict")
+FLOATS = ("temperature", "top_p", "min_p", "typical_p", "repeat_penalty", "presence_penalty", "frequency_penalty")
+BOOLEANS = ("use_mmap",)
+KNOWN = (*SAMPLING, *CONTEXT, *RUNNER_ONLY, *NOT_APPLIED)
+# Ollama's default num_keep: the first tokens kept when a prompt is cut to fit the window
+DEFAULT_NUM_KEEP = 4
 
 
 @dataclass
@@ -71,74 +48,65 @@ class Options:
     sampling: dict[str, Any] = field(default_factory=dict)  # SamplingRequest fields
     num_ctx: int | None = None  # this request's context window (tokens)
     num_predict: int | None = None  # tokens to generate; <= 0: until the context ends
-    num_keep: int = 0  # prompt tokens kept at the start when the prompt is cut to fit
+    num_keep: int = DEFAULT_NUM_KEEP  # prompt tokens kept at the start when the prompt is cut to fit
     names: dict[str, str] = field(default_factory=dict)  # SamplingParams field -> the option's name
+    ignored: list[str] = field(default_factory=list)  # accepted, not applied: what the warning names
 
 
 def read_options(options: dict[str, Any] | None) -> Options:
-    """The request's ``options``, checked: a 400 names an unknown option, a value of the wrong type,
-    or an option llmp cannot honour."""
+    """The request's ``options``, checked: a 400 names a value of the wrong type; options llmp
+    does not apply are named in one warning line of the server log."""
     out = Options()
     for name, value in (options or {}).items():
-        param = f"options.{name}"
         if name not in KNOWN:
-            raise bad_request(
-                f"{param} is not an Ollama option llmp knows (it takes {', '.join(sorted(KNOWN))})", param
-            )
-        if value is None or name in RUNNER_ONLY or name in MIROSTAT_SETTINGS:
+            out.ignored.append(f"{name} (not an option of Ollama's API)")
             continue
-        value = _number(name, value, param) if name in NUMBERS else value
-        if name in OFF_VALUES:
-            if value != OFF_VALUES[name]:
-                raise bad_request(
-                    f"{param}={value!r}: llmp has no {name} sampling; leave it unset (or {OFF_VALUES[name]}) "
-                    "and use temperature, top_k, top_p and min_p",
-                    param,
-                )
-        elif name == "stop":
-            if isinstance(value, str):
-                value = [value]
-            if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
-                raise bad_request(f"{param} must be a list of strings", param)
-            out.sampling["stop"] = value or None
-            out.names["stop"] = param
+        if value is None:
+            continue
+        value = _typed(name, value)
+        if name in RUNNER_ONLY:
+            continue
+        if name in NOT_APPLIED:
+            if value != 1.0:  # 1.0 is typical sampling turned off
+                out.ignored.append(f"{name}={value:g} (llmp has no typical sampling)")
         elif name in SAMPLING:
-            out.sampling[SAMPLING[name]] = value
-            out.names[SAMPLING[name]] = param
+            out.sampling[SAMPLING[name]] = (value or None) if name == "stop" else value
+            out.names[SAMPLING[name]] = f"options.{name}"
         elif name == "num_ctx":
             if value < 1:
-                raise bad_request(f"{param} must be at least 1, got {value}", param)
+                raise bad_request(f"options.num_ctx must be at least 1, got {value}", "options.num_ctx")
             out.num_ctx = value
         elif name == "num_predict":
             out.num_predict = value
-            out.names["max_tokens"] = param
+            out.names["max_tokens"] = "options.num_predict"
         elif name == "num_keep":
             out.num_keep = max(0, value)
-    _repeat_window(options or {}, out)
+    # repeat_last_n: llmp's penalties read the whole context (Ollama's -1); 0, no window, turns the penalty off
+    if (options or {}).get("repeat_last_n") == 0:
+        out.sampling.pop("repetition_penalty", None)
+    if out.ignored:
+        log.warning("Ollama options accepted but not applied: %s", ", ".join(out.ignored))
     return out
 
 
-def _repeat_window(options: dict[str, Any], out: Options) -> None:
-    """llmp's repetition penalty reads every token of the context (Ollama's ``repeat_last_n: -1``);
-    0 turns the penalty off; another window would change what the penalty means."""
-    window = options.get("repeat_last_n")
-    if window is None or window == -1:
-        return
-    window = _number("repeat_last_n", window, "options.repeat_last_n")
-    if window == 0:
-        out.sampling.pop("repetition_penalty", None)
-        return
-    penalty = out.sampling.get("repetition_penalty")
-    if penalty is not None and penalty != 1.0:
-        raise bad_request(
-            f"options.repeat_last_n={window}: llmp applies repeat_penalty to the whole context; "
-            "set repeat_last_n to -1 (or 0 to turn the penalty off)",
-            "options.repeat_last_n",
-        )
-
-
-def _number(name: str, value: Any, param: str) -> Any:
-    kind = NUMBERS[name]
-    if isinstance(value, bool) or not isinstance(value, int | float) or (kind is int and value != int(value)):
-        raise bad_request(f"{param} must be {'an integer' if kind is int else 'a number'}, got {value!r}", param)
-    return kind(value)
+def _typed(name: str, value: Any) -> Any:
+    """An option's value as Ollama's Go struct holds it (integers truncate a JSON number, as Go's do)."""
+    param = f"options.{name}"
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if name in INTEGERS:
+        if not number:
+            raise bad_request(f'option "{name}" must be of type integer, got {json.dumps(value)}', param)
+        return int(value)
+    if name in FLOATS:
+        if not number:
+            raise bad_request(f'option "{name}" must be of type float32, got {json.dumps(value)}', param)
+        return float(value)
+    if name in BOOLEANS:
+        if not isinstance(value, bool):
+            raise bad_request(f'option "{name}" must be of type boolean, got {json.dumps(value)}', param)
+        return value
+    if isinstance(value, str):  # stop: Ollama takes an array; one string is taken as a list of one
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+        raise bad_request(f'option "{name}" must be an array of strings, got {json.dumps(value)}', param)
+    return value

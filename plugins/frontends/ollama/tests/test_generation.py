@@ -72,7 +72,8 @@ def test_chat_stream_adds_up_to_the_whole(client, http):
     assert [line["done"] for line in lines] == [False] * (len(lines) - 1) + [True]
 
 
-def test_chat_history_with_tool_results_equals_openai(client, http):
+def test_chat_history_with_tool_calls_reaches_the_template_as_openai_does(tools_server):
+    client = ollama.Client(host=tools_server.url, timeout=60)
     call = {"function": {"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}}
     history = [
         {"role": "system", "content": "Be brief."},
@@ -81,20 +82,25 @@ def test_chat_history_with_tool_results_equals_openai(client, http):
         {"role": "tool", "content": "18 degrees", "tool_name": "get_weather"},
     ]
     reply = client.chat(model="tiny", messages=history, options=GREEDY, stream=False)
+    without_call = [*history[:2], {"role": "assistant", "content": ""}, history[3]]
+    # the template renders the call's name and arguments.city: both reach it, the arguments as a mapping
+    plain = client.chat(model="tiny", messages=without_call, options=GREEDY, stream=False)
+    assert reply.prompt_eval_count > plain.prompt_eval_count + 2
     openai_call = {
         "id": "call_2_0",
         "type": "function",
         "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "c"}'},
     }
-    reference = openai_chat(
-        http,
-        [
-            *history[:2],
-            {"role": "assistant", "content": "", "tool_calls": [openai_call]},
-            {"role": "tool", "content": "18 degrees", "name": "get_weather", "tool_call_id": "call_2_0"},
-        ],
-        12,
-    )
+    with httpx.Client(base_url=tools_server.url, timeout=60) as http:
+        reference = openai_chat(
+            http,
+            [
+                *history[:2],
+                {"role": "assistant", "content": "", "tool_calls": [openai_call]},
+                {"role": "tool", "content": "18 degrees", "name": "get_weather", "tool_call_id": "call_2_0"},
+            ],
+            12,
+        )
     assert reply.message.content == reference["choices"][0]["message"]["content"]
     assert reply.prompt_eval_count == reference["usage"]["prompt_tokens"]
 
@@ -246,9 +252,21 @@ def test_think(thinking_server, client):
     assert "".join(p.message.thinking or "" for p in parts) == reply.message.thinking
     generated = thinker.generate(model="tiny", prompt="The quick brown fox", think="high", options=GREEDY, stream=False)
     assert generated.thinking
+    assert thinker.chat(model="tiny", messages=FOX, think="max", options=GREEDY, stream=False).message.thinking
     with pytest.raises(ollama.ResponseError) as excinfo:
         client.chat(model="tiny", messages=FOX, think=True, stream=False)
     assert "does not support thinking" in error_of(excinfo, 400) and "--reasoning-parser" in excinfo.value.error
+
+
+def test_tools_need_a_template_that_renders_them(thinking_server):
+    # this server has a tool parser, but the tiny tokenizer's template never shows the model its tools
+    client = ollama.Client(host=thinking_server.url, timeout=60)
+    assert "tools" not in client.show("tiny").capabilities
+    with pytest.raises(ollama.ResponseError) as excinfo:
+        client.chat(model="tiny", messages=FOX, tools=[WEATHER], stream=False)
+    assert error_of(excinfo, 400).startswith('"tiny" does not support tools') and "--chat-template" in (
+        excinfo.value.error
+    )
 
 
 # -- refusals ---------------------------------------------------------------------------
@@ -269,42 +287,152 @@ def test_images_are_refused(client):
 def test_unknown_model_is_ollamas_404(client):
     with pytest.raises(ollama.ResponseError) as excinfo:
         client.chat(model="llama3.2", messages=FOX)
-    assert error_of(excinfo, 404) == 'model "llama3.2" not found, try pulling it first'
+    assert error_of(excinfo, 404) == "model 'llama3.2' not found"
 
 
 @pytest.mark.parametrize(
-    ("options", "named"),
+    ("options", "message"),
     [
-        ({"mirostat": 2}, "options.mirostat"),
-        ({"typical_p": 0.5}, "options.typical_p"),
-        ({"tfs_z": 0.9}, "options.tfs_z"),
-        ({"temperature": "hot"}, "options.temperature"),
-        ({"no_such_option": 1}, "options.no_such_option"),
-        ({"repeat_penalty": 1.3, "repeat_last_n": 64}, "options.repeat_last_n"),
-        ({"num_ctx": 1}, "options.num_ctx"),
+        ({"temperature": "hot"}, 'option "temperature" must be of type float32'),
+        ({"top_k": "5"}, 'option "top_k" must be of type integer'),
+        ({"use_mmap": "yes"}, 'option "use_mmap" must be of type boolean'),
+        ({"stop": [1]}, 'option "stop" must be an array of strings'),
+        ({"num_ctx": 0}, "options.num_ctx must be at least 1"),
+        ({"num_ctx": 1}, "options.num_ctx=1 leaves no room to generate"),
     ],
 )
-def test_options_llmp_cannot_honour_are_400s(client, options, named):
+def test_options_of_the_wrong_type_are_400s(client, options, message):
     with pytest.raises(ollama.ResponseError) as excinfo:
         client.chat(model="tiny", messages=FOX, options=options)
-    assert named in error_of(excinfo, 400)
+    assert message in error_of(excinfo, 400)
 
 
-def test_runner_options_and_off_values_are_accepted(client):
-    options = {
-        **GREEDY,
-        "num_gpu": 99,
-        "num_thread": 4,
-        "use_mmap": True,
-        "mirostat": 0,
-        "typical_p": 1.0,
-        "repeat_last_n": 64,
-    }
-    reference = client.chat(model="tiny", messages=FOX, options=GREEDY, stream=False)
-    assert (
-        client.chat(model="tiny", messages=FOX, options=options, stream=False).message.content
-        == reference.message.content
+# Ollama's docs/api.md "Generate request (With options)", as written (its curl -d sends a form content type)
+DOCS_EXAMPLE = """{
+  "model": "tiny",
+  "prompt": "Why is the sky blue?",
+  "stream": false,
+  "options": {
+    "num_keep": 5, "seed": 42, "num_predict": 100, "draft_num_predict": 4, "top_k": 20, "top_p": 0.9,
+    "min_p": 0.0, "typical_p": 0.7, "repeat_last_n": 33, "temperature": 0.8, "repeat_penalty": 1.2,
+    "presence_penalty": 1.5, "frequency_penalty": 1.0, "penalize_newline": true, "stop": ["\\n", "user:"],
+    "numa": false, "num_ctx": 1024, "num_batch": 2, "num_gpu": 1, "main_gpu": 0, "use_mmap": true,
+    "num_thread": 8
+  }
+}"""
+CURL_FORM = {"Content-Type": "application/x-www-form-urlencoded"}
+
+
+def test_ollamas_documented_options_example_works_with_one_warning(server, http):
+    response = http.post("/api/generate", content=DOCS_EXAMPLE, headers=CURL_FORM)
+    assert response.status_code == 200, response.text
+    assert response.json()["done"] and response.json()["eval_count"] > 0
+    warnings = [line for line in server.log().splitlines() if "options accepted but not applied" in line]
+    (warning,) = [line for line in warnings if "penalize_newline" in line]
+    assert "numa" in warning and "typical_p=0.7" in warning and "draft_num_predict" not in warning
+    # options Ollama dropped, and unknown ones, are accepted; the reply is what the honoured ones give
+    dropped = {**GREEDY, "mirostat": 2, "mirostat_eta": 0.1, "tfs_z": 0.9, "no_such_option": 1, "num_gpu": 99}
+    reference = client_chat(http, GREEDY)
+    assert client_chat(http, dropped) == reference
+    # repeat_last_n 0 turns the penalty off (Ollama's "no window"); -1 is llmp's whole-context penalty
+    assert client_chat(http, {**GREEDY, "repeat_penalty": 3.0, "repeat_last_n": 0}) == reference
+    assert client_chat(http, {**GREEDY, "repeat_penalty": 3.0, "repeat_last_n": -1}) == client_chat(
+        http, {**GREEDY, "repeat_penalty": 3.0}
     )
+
+
+def client_chat(http: httpx.Client, options: dict, messages: list[dict] = FOX) -> str:
+    body = {"model": "tiny", "messages": messages, "options": options, "stream": False}
+    response = http.post("/api/chat", json=body)
+    assert response.status_code == 200, response.text
+    return response.json()["message"]["content"]
+
+
+def test_form_typed_bodies_are_json_unless_a_browser_sends_them(http):
+    body = json.dumps({"model": "tiny", "messages": FOX, "options": GREEDY, "stream": False})
+    assert http.post("/api/chat", content=body, headers=CURL_FORM).json()["done"]
+    browser = http.post("/api/chat", content=body, headers={**CURL_FORM, "Origin": "http://evil.example"})
+    assert browser.status_code == 400 and set(browser.json()) == {"error"}
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"stream": "no"}, 'stream: must be a valid boolean, got "no"'),
+        (
+            {"think": "extreme"},
+            'invalid think value: "extreme" (must be "high", "medium", "low", "max", true, or false)',
+        ),
+        ({"think": 1}, "think must be a boolean or string"),
+        ({"keep_alive": "soon"}, 'keep_alive: invalid duration "soon"'),
+        ({"keep_alive": [5]}, "keep_alive must be a duration"),
+        ({"messages": [{"content": "hi"}]}, "messages.0.role is required"),
+        ({"model": None}, "model: must be a valid string, got null"),
+        ({"top_logprobs": 21, "logprobs": True}, "top_logprobs must be between 0 and 20"),
+    ],
+)
+def test_invalid_bodies_are_one_line_400s(http, body, message):
+    response = http.post("/api/chat", json={"model": "tiny", "messages": FOX, **body})
+    assert response.status_code == 400 and set(response.json()) == {"error"}, response.text
+    error = response.json()["error"]
+    assert message in error and "\n" not in error and "pydantic" not in error
+
+
+def test_lenient_fields_as_ollama_reads_them(client, http):
+    reference = client.chat(model="tiny", messages=FOX, options=GREEDY, stream=False)
+    shouted = [{"role": "USER", "content": FOX[0]["content"]}]  # roles are lower-cased, as Ollama's
+    assert client_chat(http, GREEDY, shouted) == reference.message.content
+    for keep_alive in ("5m", "1h30m", -1, 300, "-1", "0.5s"):
+        assert client.chat(model="tiny", messages=FOX, options=GREEDY, keep_alive=keep_alive, stream=False).done
+    unload = http.post("/api/generate", json={"model": "tiny", "keep_alive": "0s"}).json()
+    assert unload["done_reason"] == "unload"
+    # top_logprobs without logprobs is ignored, as Ollama does
+    ignored = client.chat(model="tiny", messages=FOX, options=GREEDY, top_logprobs=3, stream=False)
+    assert ignored.logprobs is None and ignored.message.content == reference.message.content
+
+
+def test_raw_refuses_template_system_and_context(http):
+    for extra in ({"system": "Be brief."}, {"context": [1, 2]}, {"template": "{{ .Prompt }}"}):
+        response = http.post("/api/generate", json={"model": "tiny", "prompt": "x", "raw": True, **extra})
+        assert response.status_code == 400
+        assert response.json() == {"error": "raw mode does not support template, system, or context"}
+
+
+def test_chat_drops_whole_old_messages_to_fit_as_ollama_does(client):
+    system = {"role": "system", "content": "Be brief."}
+    old = [
+        {"role": "user", "content": "paged attention keeps the cache " * 3},
+        {"role": "assistant", "content": "the scheduler batches requests " * 3},
+    ]
+    last = {"role": "user", "content": "The quick brown fox"}
+    options = {"temperature": 0, "num_predict": 4}
+    alone = client.chat(model="tiny", messages=[system, last], options=options, stream=False)
+    with_one = client.chat(model="tiny", messages=[system, old[1], last], options=options, stream=False)
+    window = with_one.prompt_eval_count  # too small for [system, *old, last]: old[0] goes, then old[1]
+    kept = client.chat(
+        model="tiny", messages=[system, *old, last], options={**options, "num_ctx": window}, stream=False
+    )
+    assert kept.prompt_eval_count == alone.prompt_eval_count  # system and last user message, whole
+    assert kept.message.content == alone.message.content
+    roomier = client.chat(
+        model="tiny", messages=[system, *old, last], options={**options, "num_ctx": window + 1}, stream=False
+    )
+    assert roomier.prompt_eval_count == with_one.prompt_eval_count  # only the oldest message went
+
+
+def test_a_prompt_too_long_alone_keeps_num_keep_tokens_and_its_end(client, http):
+    text = "The quick brown fox " + "paged attention keeps the cache " * 8
+    ids = http.post("/tokenize", json={"model": "tiny", "prompt": text}).json()["tokens"]
+    assert len(ids) > 30
+    cut = client.generate(
+        model="tiny", prompt=text, raw=True, logprobs=True, options={**GREEDY, "num_ctx": 24}, stream=False
+    )
+    kept = ids[:4] + ids[-19:]  # Ollama's default num_keep (4) and the end, one token left to generate
+    reference = http.post(
+        "/v1/completions", json={"model": "tiny", "prompt": kept, "max_tokens": 1, "temperature": 0, "logprobs": 1}
+    ).json()["choices"][0]
+    assert cut.prompt_eval_count == 23 and cut.eval_count == 1 and cut.response == reference["text"]
+    assert cut.logprobs[0].logprob == pytest.approx(reference["logprobs"]["token_logprobs"][0], abs=1e-4)
 
 
 def test_unsupported_fields_are_400s(client, http):

@@ -15,8 +15,11 @@ from llmp.testing import minilm_dir, sentence_transformers_reference
 def test_banner_and_version(http):
     assert http.get("/").text == "Ollama is running"
     assert http.head("/").status_code == 200
-    version = http.get("/api/version").json()["version"]
-    assert tuple(int(x) for x in version.split(".")) >= (0, 13, 0)
+    assert http.get("/api/version").json() == {"version": "0.32.15"}  # the release the API was checked against
+    for path in ("/api/version", "/api/tags"):  # HEAD answers like GET, without the body
+        head, get = http.head(path), http.get(path)
+        assert head.status_code == 200 and head.content == b"", path
+        assert head.headers["content-type"] == get.headers["content-type"], path
 
 
 def test_list_show_ps(client, server):
@@ -24,19 +27,37 @@ def test_list_show_ps(client, server):
     assert listed.model == "tiny:latest" and listed.size > 0 and listed.digest
     assert listed.details.family == "llama" and listed.details.format == "safetensors"
     assert listed.details.quantization_level == "F32" and listed.details.parameter_size.endswith("K")
-    shown = client.show("tiny:latest")
+    count = client.show("tiny").modelinfo["general.parameter_count"]
+    assert listed.details.parameter_size == f"{count / 1000:.0f}K"  # Ollama's HumanNumber
+    shown = client.show("Tiny:latest")
     assert shown.capabilities == ["completion"]  # no tool or reasoning parser on this server
     assert shown.modelinfo["general.architecture"] == "llama" and shown.modelinfo["llama.block_count"] == 2
-    assert shown.modelinfo["general.parameter_count"] > 0 and "{%" in shown.template
+    assert count > 0 and "{%" in shown.template
+    # what Copilot shows (the name asked for, as Ollama echoes it) and the window requests get here
+    assert shown.modelinfo["general.basename"] == "Tiny:latest"
+    assert shown.modelinfo["llama.context_length"] == 256
+    lines = [line.split(None, 1) for line in shown.parameters.splitlines()]
+    assert ["stop", '"</s>"'] in lines and ["num_ctx", "256"] in lines
     (running,) = client.ps().models
-    assert running.model == "tiny:latest" and running.context_length == 512 and running.size_vram == 0
+    assert running.model == "tiny:latest" and running.context_length == 256 and running.size_vram == 0
 
 
 def test_errors_are_ollamas(http):
     bad = http.post("/api/chat", content=b"{not json", headers={"content-type": "application/json"})
     assert bad.status_code == 400 and set(bad.json()) == {"error"}
     missing = http.post("/api/show", json={"model": "nope"})
-    assert missing.status_code == 404 and missing.json() == {"error": 'model "nope" not found, try pulling it first'}
+    assert missing.status_code == 404 and missing.json() == {"error": "model 'nope' not found"}
+    empty = http.post("/api/chat")
+    assert empty.status_code == 400 and empty.json() == {"error": "missing request body"}
+
+
+def test_embeddings_of_a_model_that_does_not_embed_say_how_to_get_some(http):
+    for path, body in (("/api/embed", {"input": "hi"}), ("/api/embeddings", {"prompt": "hi"})):
+        response = http.post(path, json={"model": "tiny", **body})
+        assert response.status_code == 400, path
+        error = response.json()["error"]
+        assert error.startswith('"tiny" does not support embeddings') and "llmp serve all-minilm" in error
+        assert "--convert embed" in error
 
 
 def test_model_management_routes_say_what_to_use(client, http):
@@ -56,9 +77,23 @@ def test_model_management_routes_say_what_to_use(client, http):
 
 def test_generation_routes_follow_the_task(embed_server):
     with httpx.Client(base_url=embed_server.url, timeout=60) as http:
-        assert http.post("/api/chat", json={"model": "all-minilm", "messages": []}).status_code == 404
+        chat = http.post("/api/chat", json={"model": "all-minilm", "messages": []})
+        generate = http.post("/api/generate", json={"model": "all-minilm", "prompt": "hi"})
         shown = http.post("/api/show", json={"model": "all-minilm"}).json()
+        listed = [m["model"] for m in http.get("/api/tags").json()["models"]]
+    assert chat.status_code == 400 and chat.json()["error"].startswith('"all-minilm" does not support chat')
+    assert generate.status_code == 400 and generate.json()["error"].startswith('"all-minilm" does not support generate')
     assert shown["capabilities"] == ["embedding"] and shown["details"]["family"] == "bert"
+    # a packaged model's Hub id and Ollama tags are listed, and each selects the model
+    assert listed == [
+        "all-minilm:latest",
+        "sentence-transformers/all-MiniLM-L6-v2:latest",
+        "all-minilm:l6-v2",
+        "all-minilm:22m",
+    ]
+    client = ollama.Client(host=embed_server.url, timeout=60)
+    for name in listed:
+        assert len(client.embed(model=name, input="hi").embeddings) == 1, name
 
 
 def test_embed_matches_sentence_transformers(embed_server):
@@ -81,11 +116,39 @@ def test_embed_matches_sentence_transformers(embed_server):
     assert len(client.embed(model="all-minilm", input="word " * 600).embeddings[0]) == 384
 
 
-def test_api_key_guards_all_but_the_banner_and_version(auth_server):
-    with httpx.Client(base_url=auth_server.url, timeout=60) as http:
+def test_api_key_guards_all_but_the_banner_and_version(guarded_server):
+    with httpx.Client(base_url=guarded_server.url, timeout=60) as http:
         assert http.get("/").text == "Ollama is running"
         assert http.get("/api/version").status_code == 200
         refused = http.get("/api/tags")
         assert refused.status_code == 401 and set(refused.json()) == {"error"}
-    keyed = ollama.Client(host=auth_server.url, timeout=60, headers={"Authorization": "Bearer Secret-Key-42"})
+    keyed = ollama.Client(host=guarded_server.url, timeout=60, headers={"Authorization": "Bearer Secret-Key-42"})
     assert [m.model for m in keyed.list().models] == ["tiny:latest"]
+
+
+def test_an_error_before_the_first_streamed_line_is_a_real_status(guarded_server):
+    # the server's --request-timeout is shorter than any reply: the request fails before its first token
+    key = {"Authorization": "Bearer Secret-Key-42"}
+    with httpx.Client(base_url=guarded_server.url, timeout=60, headers=key) as http:
+        for path, body in (
+            ("/api/chat", {"messages": [{"role": "user", "content": "hi"}]}),
+            ("/api/generate", {"prompt": "hi"}),
+        ):
+            response = http.post(path, json={"model": "tiny", **body})  # streamed: Ollama's default
+            assert response.status_code == 408, response.text
+            assert set(response.json()) == {"error"} and "--request-timeout" in response.json()["error"]
+
+
+def test_the_default_gguf_model_as_ollama_lists_it(default_server):
+    from llmp.model_files.packaged import packaged_model
+
+    gguf = packaged_model("smollm2:135m").location()
+    client = ollama.Client(host=default_server.url, timeout=60)
+    listed = client.list().models
+    assert [m.model for m in listed] == ["HuggingFaceTB/SmolLM2-135M-Instruct:latest", "smollm2:135m"]
+    for model in listed:  # the GGUF file's size, not that of llmp's float32 conversion of it
+        assert model.size == gguf.stat().st_size and model.details.format == "gguf"
+        assert model.details.quantization_level == "Q4_1" and model.details.parameter_size == "134.52M"
+    shown = client.show("smollm2:135m")
+    assert shown.modelinfo["general.basename"] == "smollm2:135m"
+    assert 'stop                           "<|im_end|>"' in shown.parameters.splitlines()
