@@ -67,9 +67,16 @@ def render_chat(
 def template_variables(tokenizer: Any, chat_template: str | None = None) -> frozenset[str]:
     """The variables a chat template reads from its context (``enable_thinking`` ...), less the reserved ones:
     the ``chat_template_kwargs`` a request may set."""
+    return read_variables(tokenizer, chat_template) - RESERVED_TEMPLATE_KWARGS
+
+
+def read_variables(tokenizer: Any, chat_template: str | None = None) -> frozenset[str]:
+    """Every variable a chat template (``chat_template``, else the tokenizer's, any of its named
+    templates) reads from its context, the reserved ones (``messages``, ``tools`` ...) included:
+    ``"tools" in read_variables(...)`` tells whether tool definitions reach the model."""
     template = chat_template if chat_template is not None else getattr(tokenizer, "chat_template", None)
     sources = list(template.values()) if isinstance(template, Mapping) else [template] if template else []
-    return frozenset().union(*(_variables(source) for source in sources)) - RESERVED_TEMPLATE_KWARGS
+    return frozenset().union(*(_variables(source) for source in sources))
 
 
 @lru_cache(maxsize=32)

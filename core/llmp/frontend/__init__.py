@@ -15,7 +15,12 @@
 - A front-end run by its own command (``llmp mcp``): :func:`read_chat_template`,
   :func:`served_model_names` and :func:`frontend_options` build its
   :class:`~llmp.options.FrontendOptions` as ``llmp serve`` does; :func:`render_chat`
-  renders a conversation with the model's chat template.
+  renders a conversation with the model's chat template; :func:`template_variables` and
+  :func:`read_variables` tell which variables it reads (``"tools" in read_variables(...)``:
+  tool definitions reach the model).
+- Model names: :func:`packaged_model` (the packaged model a name or alias such as
+  ``smollm2:135m`` selects) and :func:`installed_packaged_models`, for front-ends that accept
+  the names people type (Ollama's tags).
 - Scoring (:mod:`llmp.scoring`, shared with ``LLM.score``): :func:`validate_score_input`,
   :class:`ScoreInputError`, :func:`cross_encoder_prompts`, :func:`text_prompt`,
   :func:`truncation_length`, :func:`cosine_scores`, :func:`rerank_order`.
@@ -25,7 +30,7 @@ Importing this package loads no torch and no web framework.
 
 from __future__ import annotations
 
-from llmp.chat_template import render_chat
+from llmp.chat_template import read_variables, render_chat, template_variables
 from llmp.frontend.errors import APIError, as_api_error, bad_request, error_body, validation_message
 from llmp.frontend.http import request_id_of, until_disconnected
 from llmp.frontend.kit import (
@@ -38,6 +43,7 @@ from llmp.frontend.kit import (
     json_text,
 )
 from llmp.frontend.startup import frontend_options, read_chat_template, served_model_names
+from llmp.model_files.packaged import PackagedModel, installed_packaged_models, packaged_model
 from llmp.scoring import (
     ScoreInputError,
     cosine_scores,
@@ -53,6 +59,7 @@ __all__ = [
     "APIError",
     "FrontendKit",
     "OutputPlan",
+    "PackagedModel",
     "ReasoningEffort",
     "SamplingRequest",
     "ScoreInputError",
@@ -63,12 +70,16 @@ __all__ = [
     "engine_request_id",
     "error_body",
     "frontend_options",
+    "installed_packaged_models",
     "json_text",
+    "packaged_model",
+    "read_variables",
     "read_chat_template",
     "render_chat",
     "request_id_of",
     "rerank_order",
     "served_model_names",
+    "template_variables",
     "text_prompt",
     "truncation_length",
     "until_disconnected",

@@ -78,7 +78,7 @@ def read_facts(model_root: str, dtype: str | None, names: Sequence[str] = ()) ->
 def gguf_source(converted: Path, names: Sequence[str]) -> Path | None:
     """The GGUF file llmp converted into ``converted`` (a directory named after the file's stem),
     when a served name or an installed packaged model points at it; None when it cannot be told."""
-    from llmp.model_files.packaged import installed_packaged_models
+    from llmp.frontend import installed_packaged_models
 
     stem = converted.name.rsplit("-", 1)[0]
     candidates = [Path(name) for name in names if name.endswith(".gguf")]

