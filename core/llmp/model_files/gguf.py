@@ -2,19 +2,25 @@
 
 A GGUF file is converted once into a Hugging Face directory (config, float32
 safetensors of the dequantized weights, tokenizer) under the llmp cache, so
-every later load reads plain safetensors and needs no GGUF parsing.
+every later load reads plain safetensors and needs no GGUF parsing. The
+conversion is keyed by the file's content, so a re-download or a reinstall
+reuses it. A small header reader answers ``llmp ls`` (the file type) and the
+Hub download (the architecture, from the first bytes) without parsing the vocabulary.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import logging
 import os
+import re
 import shutil
+import struct
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from llmp.api import ModelLoadError
 from llmp.model_files import cache_dir
@@ -43,16 +49,77 @@ _GGUF_LAYER_NAMES = {
 }
 
 _CONVERSION_VERSION = 2  # bump when the converted layout changes, so old caches are not reused
+GGUF_ARCHITECTURES = ("llama",)  # the general.architecture values the converter handles
+HUB_BLOB = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")  # a Hugging Face cache blob: named by its hash
+
+
+def conversion_dir(path: Path) -> Path:
+    """Where :func:`convert_gguf` puts (or has put) the conversion of the GGUF file ``path``: keyed by
+    the file's content, so copies of one file (a re-download, a reinstalled package) share it."""
+    source = f"{_CONVERSION_VERSION}:{_content_id(path)}"
+    return cache_dir() / "gguf" / f"{path.stem}-{hashlib.sha256(source.encode()).hexdigest()[:16]}"
+
+
+def remove_conversion(target: Path) -> None:
+    """Remove a conversion directory of :func:`conversion_dir`, with its lock and any partial
+    directory a killed converter left."""
+    for leftover in [target, *target.parent.glob(f"{target.name}.partial-*")]:
+        shutil.rmtree(leftover, ignore_errors=True)
+    target.with_name(target.name + ".lock").unlink(missing_ok=True)
+
+
+def _content_id(path: Path) -> str:
+    """The file's content hash: a Hugging Face cache blob's name (its sha256), else the sha256 of
+    its bytes, remembered by path, size and mtime so it is read once."""
+    real = path.resolve()
+    if real.parent.name == "blobs" and HUB_BLOB.match(real.name):
+        return real.name
+    stat = real.stat()
+    where = f"{real}:{stat.st_size}:{stat.st_mtime_ns}"
+    memo = cache_dir() / "gguf" / "content-ids" / hashlib.sha256(where.encode()).hexdigest()[:32]
+    try:
+        return memo.read_text().strip()
+    except OSError:
+        pass
+    digest = hashlib.sha256()
+    with open(real, "rb") as f:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
+    try:  # a read-only cache only costs hashing again next time
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        partial = memo.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(digest.hexdigest())
+        os.replace(partial, memo)
+    except OSError:
+        pass
+    return digest.hexdigest()
+
+
+def no_space_message(doing: str, directory: Path, variable: str, needed: int | None) -> str:
+    """One line for a full disk (ENOSPC): what was being written where, the variable moving that
+    place, the space needed and the space free."""
+    try:
+        free = f"{shutil.disk_usage(_existing(directory)).free / 1e6:.0f} MB is free"
+    except OSError:
+        free = "the free space is unknown"
+    need = f"it needs about {needed / 1e6:.0f} MB and " if needed else ""
+    return (
+        f"no space left on the disk holding {directory} while {doing}: {need}{free}. Free some space "
+        f"(`llmp rm` a model no longer needed) or point {variable} at a larger disk"
+    )
+
+
+def _existing(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
 
 
 def convert_gguf(path: Path) -> Path:
     """Convert a GGUF file to a cached Hugging Face directory (once) and return it."""
     if not path.is_file():
         raise ModelLoadError(f"GGUF file {path} does not exist")
-    stat = path.stat()
-    source = f"{_CONVERSION_VERSION}:{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
-    key = hashlib.sha256(source.encode()).hexdigest()[:16]
-    target = cache_dir() / "gguf" / f"{path.stem}-{key}"
+    target = conversion_dir(path)
     if (target / ".complete").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -77,6 +144,9 @@ def convert_gguf(path: Path) -> Path:
             shutil.rmtree(partial, ignore_errors=True)
             if isinstance(exc, ModelLoadError):
                 raise
+            if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+                doing = f"converting {path.name} (float32 weights, about 4 bytes a parameter)"
+                raise ModelLoadError(no_space_message(doing, target.parent, "LLMP_CACHE_DIR", None)) from None
             raise ModelLoadError(f"cannot convert GGUF file {path}: {exc}") from exc
     return target
 
@@ -91,7 +161,7 @@ def _write_hf_dir(path: Path, out: Path) -> None:
     except Exception as exc:
         raise ModelLoadError(f"{path} is not a readable GGUF file: {exc}") from exc
     arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
-    if arch != "llama":
+    if arch not in GGUF_ARCHITECTURES:
         raise ModelLoadError(f"GGUF file {path} has architecture {arch!r}; only 'llama' files are supported")
     # steps: the config, each tensor, the safetensors file, the tokenizer (the slowest step after the tensors)
     with progress_bar("Converting GGUF: config", len(reader.tensors) + 3, "steps") as bar:
@@ -145,3 +215,79 @@ def _unpermute_rope(weight: "torch.Tensor", num_heads: int) -> "torch.Tensor":  
     # llama.cpp interleaves each head's rotary halves; undo it for the neox (half-split) layout
     rows, cols = weight.shape
     return weight.reshape(num_heads, rows // num_heads // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
+
+
+# -- the header: metadata without the tensors -----------------------------------------------------------
+
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+
+
+def gguf_metadata(path: Path, keys: set[str]) -> dict[str, Any]:
+    """The values of ``keys`` in the GGUF file's header (those it has), read up to the last one wanted."""
+    with open(path, "rb") as f:
+        return read_gguf_metadata(f, keys)
+
+
+def read_gguf_metadata(stream: IO[bytes], keys: set[str]) -> dict[str, Any]:
+    """The values of ``keys`` among the key-value pairs at the start of a GGUF stream, reading no
+    further than the last one wanted (arrays are skipped, not decoded). ``ValueError`` when the
+    stream is not GGUF or ends first (a truncated read of a remote file's first bytes)."""
+    if _exactly(stream, 4) != b"GGUF":
+        raise ValueError("not a GGUF file")
+    (version,) = struct.unpack("<I", _exactly(stream, 4))
+    if version < 2:
+        raise ValueError(f"GGUF version {version} is not read")
+    _, count = struct.unpack("<QQ", _exactly(stream, 16))
+    found: dict[str, Any] = {}
+    for _ in range(count):
+        if len(found) == len(keys):
+            break
+        key = _string(stream)
+        (kind,) = struct.unpack("<I", _exactly(stream, 4))
+        if key in keys:
+            found[key] = _value(stream, kind)
+        else:
+            _skip(stream, kind)
+    return found
+
+
+def _exactly(stream: IO[bytes], size: int) -> bytes:
+    data = stream.read(size)
+    if len(data) != size:
+        raise ValueError("the GGUF header ends early")
+    return data
+
+
+def _string(stream: IO[bytes]) -> str:
+    (size,) = struct.unpack("<Q", _exactly(stream, 8))
+    return _exactly(stream, size).decode("utf-8", "replace")
+
+
+def _value(stream: IO[bytes], kind: int) -> Any:
+    if kind in _SCALARS:
+        fmt = _SCALARS[kind]
+        return struct.unpack(fmt, _exactly(stream, struct.calcsize(fmt)))[0]
+    if kind == _STRING:
+        return _string(stream)
+    if kind == _ARRAY:
+        item, count = struct.unpack("<IQ", _exactly(stream, 12))
+        return [_value(stream, item) for _ in range(count)]
+    raise ValueError(f"unknown GGUF value type {kind}")
+
+
+def _skip(stream: IO[bytes], kind: int) -> None:
+    if kind in _SCALARS:
+        _exactly(stream, struct.calcsize(_SCALARS[kind]))
+    elif kind == _STRING:
+        (size,) = struct.unpack("<Q", _exactly(stream, 8))
+        _exactly(stream, size)  # read, not seeked: a truncated stream must say it ended
+    elif kind == _ARRAY:
+        item, count = struct.unpack("<IQ", _exactly(stream, 12))
+        if item in _SCALARS:
+            _exactly(stream, count * struct.calcsize(_SCALARS[item]))
+        else:
+            for _ in range(count):
+                _skip(stream, item)
+    else:
+        raise ValueError(f"unknown GGUF value type {kind}")

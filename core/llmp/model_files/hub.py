@@ -1,14 +1,17 @@
 """Models by their Hugging Face Hub names: found in the Hugging Face cache, else downloaded.
 
 The one place that knows Hub names (``ORG/NAME``, ``ORG/NAME:TAG`` choosing a GGUF file as
-llama.cpp's ``-hf`` does), revisions, which files serving needs, and the local model cache
-that ``llmp ls`` lists and ``llmp rm`` prunes. Downloads go through ``huggingface_hub``
-(its progress bars, ``HF_HOME``, ``HF_TOKEN``, ``HF_ENDPOINT``, ``HF_HUB_OFFLINE``); llmp
-records under its own cache dir when each model was last used.
+llama.cpp's ``-hf`` does, and Ollama's ``hf.co/ORG/NAME`` spelling), revisions, which files
+serving needs, and the local model cache that ``llmp ls`` lists and ``llmp rm`` prunes.
+Downloads go through ``huggingface_hub`` (its progress bars, ``HF_HOME``, ``HF_TOKEN``,
+``HF_ENDPOINT``, ``HF_HUB_OFFLINE``), every request with a timeout; llmp records under its own
+cache dir when each model was last used.
 """
 
 from __future__ import annotations
 
+import errno
+import io
 import json
 import logging
 import os
@@ -16,20 +19,39 @@ import re
 import shutil
 import time
 import urllib.parse
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from llmp.api import ModelLoadError
 from llmp.model_files import cache_dir
-from llmp.model_files.gguf import convert_gguf
+from llmp.model_files.gguf import (
+    GGUF_ARCHITECTURES,
+    conversion_dir,
+    convert_gguf,
+    gguf_metadata,
+    no_space_message,
+    read_gguf_metadata,
+    remove_conversion,
+)
 
 log = logging.getLogger("llmp.model_files")
 
 HUB_NAME = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+?)(?::(?P<tag>[\w.-]+))?$")
+HUB_HOSTS = ("hf.co/", "huggingface.co/")  # Ollama's and the Hub's spellings: the Hub's copy, never a packaged one
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
-DEFAULT_GGUF_TAG = "Q4_K_M"  # what llama.cpp's -hf takes from a repository without a tag
 SPLIT_GGUF = re.compile(r"-\d{5}-of-\d{5}\.gguf$")
+INDEX = "model.safetensors.index.json"
+# without a tag, the GGUF file served is the first of these the repository has (llama.cpp's and the
+# Hub's default Q4_K_M, then the quantisations people pick next), then any other, the float ones last
+GGUF_PREFERENCE = (
+    "Q4_K_M", "Q4_K_S", "Q5_K_M", "Q5_K_S", "Q4_0", "Q6_K", "Q8_0", "IQ4_XS", "IQ4_NL", "Q4_1", "Q5_0", "Q5_1",
+    "Q4_K_L", "Q5_K_L", "Q3_K_L", "Q3_K_M", "IQ3_M", "Q3_K_S", "IQ3_XS", "IQ3_XXS", "Q2_K_L", "Q2_K", "IQ2_M",
+    "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ1_M", "IQ1_S",
+)  # fmt: skip
+GGUF_FLOATS = ("F16", "BF16", "F32")
+HEADER_BYTES = 1 << 18  # the first bytes of a remote GGUF file read for its architecture (it is the first key)
 # the files serving reads beside the weights: config, generation defaults, tokenizers, chat templates,
 # sentence-transformers' module list (its module folders, 1_Pooling/ ..., are taken whole)
 SERVING_FILES = {
@@ -47,16 +69,19 @@ SERVING_FILES = {
     "config_sentence_transformers.json",
 }
 SERVING_PREFIXES = ("tokenizer", "chat_template")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
 MODULE_FOLDER = re.compile(r"^\d+_\w+/[^/]+\.(json|safetensors|txt)$")
 SHORT_DTYPES = {"bfloat16": "bf16", "float16": "f16", "float32": "f32", "BF16": "bf16", "F16": "f16", "F32": "f32"}
 
 
 @dataclass(frozen=True)
 class HubName:
-    """A Hub model name: the repository and an optional GGUF tag (``org/name:Q4_K_M``)."""
+    """A Hub model name: the repository and an optional GGUF tag (``org/name:Q4_K_M``); ``explicit``
+    when spelled ``hf.co/org/name`` (the Hub's copy, never a packaged model of that id)."""
 
     repo_id: str
     tag: str | None = None
+    explicit: bool = False
 
 
 @dataclass(frozen=True)
@@ -65,15 +90,15 @@ class Choice:
 
     files: tuple[str, ...]
     gguf: str | None = None
-    by_default: bool = False  # the GGUF file was picked without a tag or --gguf-file
+    note: str | None = None  # how the GGUF file was picked, logged when served (no tag, several matches)
 
 
 @dataclass(frozen=True)
 class LocalModel:
     """One model on this machine, as ``llmp ls`` lists it."""
 
-    name: str  # what serves it: org/name, org/name:TAG, or a packaged model's Hub id
-    size_bytes: int
+    name: str  # what serves it: org/name, org/name:TAG, hf.co/org/name, or a packaged model's Hub id
+    size_bytes: int  # its files on disk, with llmp's conversion of a GGUF file
     format: str  # safetensors or gguf
     quantization: str  # a GGUF file type (Q4_K_M), a checkpoint dtype (bf16) or a quantization method (awq)
     last_used: float | None  # seconds since the epoch; None: llmp never resolved it
@@ -84,13 +109,17 @@ class LocalModel:
 
 
 def parse_hub_name(name: str) -> HubName | None:
-    """``name`` as a Hub name, or None when it is not one (a path, a bare word). The tag ``latest``
+    """``name`` as a Hub name, or None when it is not one (a path, a bare word). ``hf.co/`` and
+    ``huggingface.co/`` (with or without ``https://``) are accepted in front; the tag ``latest``
     is no tag, as in Ollama."""
-    match = HUB_NAME.match(name)
-    if match is None or name.startswith((".", "/", "~")):
+    bare = re.sub(r"^https?://", "", name, flags=re.IGNORECASE)
+    host = next((h for h in HUB_HOSTS if bare.casefold().startswith(h)), None)
+    bare = bare[len(host) :] if host else name
+    match = HUB_NAME.match(bare)
+    if match is None or bare.startswith((".", "/", "~")):
         return None
     tag = match["tag"]
-    return HubName(match["repo"], None if tag is None or tag.lower() == "latest" else tag)
+    return HubName(match["repo"], None if tag is None or tag.lower() == "latest" else tag, host is not None)
 
 
 def endpoint() -> str:
@@ -108,48 +137,83 @@ def hub_cache() -> Path:
 
 def hub_model_dir(name: HubName, revision: str | None, gguf_file: str | None, *, download: bool = True) -> Path:
     """The Hugging Face directory serving Hub model ``name`` at ``revision`` (default ``main``): from
-    the cache when it holds the files serving needs, else downloaded (when ``download``; never with
-    ``HF_HUB_OFFLINE=1``). A GGUF file is converted once. ``ModelLoadError`` in one line saying what
-    was tried and how to fix it."""
-    cached = cached_snapshot(name.repo_id, revision)
-    if cached is not None:
-        repo_id, snapshot = cached
-        try:
-            choice = choose_files(repo_id, _files_in(snapshot), name.tag, gguf_file)
-        except ModelLoadError:
-            choice = None  # the cache holds another part of the repository: the Hub has the rest
-        if choice is not None and all((snapshot / f).is_file() for f in choice.files):
-            return _ready(repo_id, snapshot, choice, name)
+    the cache when it holds every file serving needs, else downloaded, resuming a partial download
+    (when ``download``; never with ``HF_HUB_OFFLINE=1``). A GGUF file is converted once.
+    ``ModelLoadError`` in one line saying what was tried and how to fix it."""
+    from huggingface_hub import constants
+
+    found = cached_model(name, revision, gguf_file)
+    if isinstance(found, Path):
+        return found
     if not download:
         raise ModelLoadError(f"model {_spelled(name)!r} is not in the Hugging Face cache ({hub_cache()})")
+    if constants.is_offline_mode():
+        raise ModelLoadError(_partial(name, revision or "main", *found) if found else _offline(name, revision))
     return download_model(name, revision, gguf_file)
+
+
+def cached_model(name: HubName, revision: str | None, gguf_file: str | None) -> Path | tuple[Path, list[str]] | None:
+    """The directory serving ``name`` from the Hugging Face cache alone (its GGUF file converted), or
+    ``(snapshot, files serving needs that it lacks)`` for a partial download, or None when not cached."""
+    cached = cached_snapshot(name.repo_id, revision)
+    if cached is None:
+        return None
+    repo_id, snapshot = cached
+    files = _files_in(snapshot)
+    try:
+        choice = choose_files(repo_id, files, name.tag, gguf_file, shards=_index_shards(snapshot / INDEX))
+    except ModelLoadError:
+        # weights without their config (an interrupted download), else another part of the repository
+        return (snapshot, ["config.json"]) if any(_is_weight(f) for f in files) else None
+    missing = _missing(snapshot, files, choice)
+    return (snapshot, missing) if missing else _ready(repo_id, snapshot, choice)
 
 
 def download_model(name: HubName, revision: str | None, gguf_file: str | None) -> Path:
     """Download what serving ``name`` needs (checking the Hub for a newer ``revision`` even when it
-    is cached) and return its directory, a GGUF file converted."""
+    is cached; files already cached are kept, a partial file resumed) and return its directory, a
+    GGUF file converted, after checking from its header that llmp can convert it."""
     from huggingface_hub import HfApi, constants, snapshot_download
 
     rev = revision or "main"
     if constants.is_offline_mode():
-        raise ModelLoadError(_offline(name, rev))
+        raise ModelLoadError(_offline(name, revision))
+    _give_every_request_a_timeout()
+    needed: int | None = None
     try:
-        info = HfApi(endpoint=endpoint()).model_info(name.repo_id, revision=rev)
-        choice = choose_files(
-            info.id,
-            [s.rfilename for s in info.siblings or ()],
-            name.tag,
-            gguf_file,
-            where=f"{endpoint()}, revision {rev}",
-        )
-        snapshot = Path(
-            snapshot_download(info.id, revision=rev, allow_patterns=list(choice.files), endpoint=endpoint())
-        )
+        api = HfApi(endpoint=endpoint())
+        info = api.model_info(name.repo_id, revision=rev, files_metadata=True, timeout=constants.HF_HUB_ETAG_TIMEOUT)
+        sizes = {s.rfilename: s.size or 0 for s in info.siblings or ()}
+        shards = _index_shards(_fetch(info.id, INDEX, rev)) if INDEX in sizes else None
+        where = f"{endpoint()}, revision {rev}"
+        choice = choose_files(info.id, list(sizes), name.tag, gguf_file, where=where, shards=shards)
+        snapshot = hub_cache() / f"models--{info.id.replace('/', '--')}" / "snapshots" / str(info.sha)
+        if choice.gguf is not None and not (snapshot / choice.gguf).is_file():
+            _check_remote_gguf(info.id, str(info.sha), choice.gguf)
+        wanted = [f for f in choice.files if not (snapshot / f).is_file()]
+        needed = sum(sizes.get(f, 0) for f in wanted)
+        log.info("downloading %d files (%.1f MB) of %s@%s from %s", len(wanted), needed / 1e6, info.id, rev, endpoint())
+        with warnings.catch_warnings():  # its free-space warning: a full disk is said below, in one line
+            warnings.filterwarnings("ignore", message="Not enough free disk space")
+            snapshot = Path(
+                snapshot_download(
+                    info.id,
+                    revision=rev,
+                    allow_patterns=list(choice.files),
+                    endpoint=endpoint(),
+                    etag_timeout=constants.HF_HUB_ETAG_TIMEOUT,
+                )
+            )
     except ModelLoadError:
         raise
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            raise ModelLoadError(_download_failed(name, rev, exc)) from None
+        doing = f"downloading {_spelled(name)}"
+        raise ModelLoadError(no_space_message(doing, hub_cache(), "HF_HOME (or HF_HUB_CACHE)", needed)) from None
     except Exception as exc:  # noqa: BLE001 - every failure of the Hub client is one line saying how to fix it
         raise ModelLoadError(_download_failed(name, rev, exc)) from None
-    return _ready(info.id, snapshot, choice, name)
+    return _ready(info.id, snapshot, choice)
 
 
 def cached_snapshot(repo_id: str, revision: str | None) -> tuple[str, Path] | None:
@@ -163,16 +227,22 @@ def cached_snapshot(repo_id: str, revision: str | None) -> tuple[str, Path] | No
     snapshot = folder / "snapshots" / commit if commit else None
     if snapshot is None or not snapshot.is_dir():
         return None
-    return folder.name.removeprefix("models--").replace("--", "/", 1), snapshot
+    return _repo_id(folder), snapshot
 
 
 def choose_files(
-    repo_id: str, files: list[str], tag: str | None, gguf_file: str | None, *, where: str | None = None
+    repo_id: str,
+    files: list[str],
+    tag: str | None,
+    gguf_file: str | None,
+    *,
+    where: str | None = None,
+    shards: list[str] | None = None,
 ) -> Choice:
     """The files of ``files`` (a repository's) that serving needs: the GGUF file ``gguf_file`` names
-    or ``tag`` matches (case-insensitively, against the file names, as llama.cpp's ``-hf``), else the
-    safetensors checkpoint with its config and tokenizer, else the repository's only GGUF file or its
-    Q4_K_M one (llama.cpp's default), else its first. ``ModelLoadError`` when none fits."""
+    or ``tag`` picks (:func:`pick_gguf`), else the safetensors checkpoint with its config and
+    tokenizer (the ``shards`` its index names, when it has one), else the GGUF file llama.cpp's
+    preference picks. ``ModelLoadError`` when none fits."""
     ggufs = sorted(f for f in files if f.endswith(".gguf") and not f.rpartition("/")[2].startswith("mmproj"))
     at = f" (on the Hub at {where})" if where else ""
     if gguf_file is not None:
@@ -181,21 +251,48 @@ def choose_files(
             raise ModelLoadError(f"{repo_id}{at} has no GGUF file {gguf_file!r}; {_gguf_listing(ggufs)}")
         return _gguf_choice(repo_id, found[0])
     if tag is not None:
-        found = [f for f in ggufs if _tag_matches(f, tag)]
-        if not found:
+        picked = pick_gguf(ggufs, tag)
+        if picked is None:
             raise ModelLoadError(f"{repo_id}{at} has no GGUF file matching tag {tag!r}; {_gguf_listing(ggufs)}")
-        return _gguf_choice(repo_id, found[0])
-    weights = [f for f in files if "/" not in f and f.endswith(".safetensors")]
+        return _gguf_choice(repo_id, *picked)
+    weights = _weights(files, shards)
     if weights and "config.json" in files:
-        return Choice(tuple(f for f in files if _serves(f)))
+        return Choice(tuple(sorted({f for f in files if _serves(f)} | set(weights))))
     if ggufs:
-        default = [f for f in ggufs if _tag_matches(f, DEFAULT_GGUF_TAG)]
-        return _gguf_choice(repo_id, (default or ggufs)[0], by_default=len(ggufs) > 1)
+        return _gguf_choice(repo_id, *pick_gguf(ggufs, None))  # type: ignore[misc]
     others = ", ".join(f for f in files if f.endswith((".bin", ".pt", ".pth", ".onnx", ".h5"))) or "none"
     raise ModelLoadError(
         f"{repo_id}{at} has no weights llmp loads: it takes *.safetensors (with config.json) or a .gguf file, "
         f"and this repository has none (other weights: {others})"
     )
+
+
+def pick_gguf(ggufs: list[str], tag: str | None) -> tuple[str, str | None] | None:
+    """The GGUF file of ``ggufs`` a tag picks, with a note saying why when it was a choice: the file
+    named exactly (``:NAME.gguf``), else one whose name ends in the tag (``-Q4_K_M.gguf``,
+    ``.Q4_K_M.gguf``), else one holding it (``-Q4_K_M-imatrix.gguf``); ties go to the shortest name.
+    Without a tag: the first quantisation of :data:`GGUF_PREFERENCE` the files have, F16/BF16/F32 last.
+    None when no file matches the tag."""
+    if not ggufs:
+        return None
+    if tag is None:
+        ranked = sorted(ggufs, key=lambda f: (_preference(f), *_shortest(f)))
+        if len(ranked) == 1:
+            return ranked[0], None
+        order = ", ".join(GGUF_PREFERENCE[:7])
+        return ranked[0], (
+            f"no tag given: serving {ranked[0]}, the first the repository has of {order}, ... (F16/BF16/F32 "
+            f"last); its other GGUF files: {', '.join(ranked[1:])}"
+        )
+    ranks = {f: _tag_rank(f, tag) for f in ggufs}
+    matching = [f for f, rank in ranks.items() if rank is not None]
+    if not matching:
+        return None
+    best = min(ranks[f] for f in matching)  # type: ignore[type-var]
+    ties = sorted((f for f in matching if ranks[f] == best), key=_shortest)
+    if len(ties) == 1:
+        return ties[0], None
+    return ties[0], f"tag {tag} matches {len(ties)} files equally: serving {ties[0]} (also {', '.join(ties[1:])})"
 
 
 def gguf_tag(filename: str) -> str | None:
@@ -205,18 +302,40 @@ def gguf_tag(filename: str) -> str | None:
     return found.group(1).upper() if found else None
 
 
-def _tag_matches(filename: str, tag: str) -> bool:
-    stem = SPLIT_GGUF.sub("", filename.removesuffix(".gguf")).casefold()
-    return re.search(rf"(?:^|[-._/]){re.escape(tag.casefold())}(?:$|[-./])", stem) is not None
+def _tag_rank(filename: str, tag: str) -> int | None:
+    """How well ``tag`` names ``filename``: 0 its own name, 1 the end of its name, 2 a part of it."""
+    wanted = tag.casefold()
+    base = filename.rpartition("/")[2].casefold()
+    if base in (wanted, f"{wanted}.gguf"):
+        return 0
+    stem = SPLIT_GGUF.sub("", filename.casefold().removesuffix(".gguf"))
+    if re.search(rf"(?:^|[-._/]){re.escape(wanted)}$", stem):
+        return 1
+    if re.search(rf"(?:^|[-._/]){re.escape(wanted)}(?:$|[-./])", stem):
+        return 2
+    return None
 
 
-def _gguf_choice(repo_id: str, gguf: str, *, by_default: bool = False) -> Choice:
+def _preference(filename: str) -> int:
+    tag = gguf_tag(filename)
+    if tag in GGUF_PREFERENCE:
+        return GGUF_PREFERENCE.index(tag)
+    if tag in GGUF_FLOATS:
+        return len(GGUF_PREFERENCE) + 1 + GGUF_FLOATS.index(tag)
+    return len(GGUF_PREFERENCE)
+
+
+def _shortest(filename: str) -> tuple[int, int, str]:
+    return filename.count("/"), len(filename.rpartition("/")[2]), filename
+
+
+def _gguf_choice(repo_id: str, gguf: str, note: str | None = None) -> Choice:
     if SPLIT_GGUF.search(gguf):
         raise ModelLoadError(
             f"{repo_id}: {gguf} is one part of a split GGUF file, which llmp does not read; merge the parts "
             "with llama.cpp's `llama-gguf-split --merge` and serve the merged file"
         )
-    return Choice((gguf,), gguf, by_default)
+    return Choice((gguf,), gguf, note and f"{repo_id}: {note} (choose with {repo_id}:TAG or --gguf-file FILE)")
 
 
 def _gguf_listing(ggufs: list[str]) -> str:
@@ -226,28 +345,125 @@ def _gguf_listing(ggufs: list[str]) -> str:
     return f"its GGUF files: {', '.join(ggufs)}" + (f" (tags {', '.join(tags)})" if tags else "")
 
 
+def _weights(files: list[str], shards: list[str] | None) -> list[str]:
+    """The safetensors files serving loads: the shards the index names, else ``model.safetensors``,
+    else every top-level ``*.safetensors`` (never a second copy such as Mistral's consolidated one)."""
+    if shards is not None:
+        return shards
+    root = [f for f in files if _is_weight(f)]
+    return ["model.safetensors"] if "model.safetensors" in root else root
+
+
+def _is_weight(path: str) -> bool:
+    return "/" not in path and path.endswith(".safetensors")
+
+
+def _index_shards(index: Path) -> list[str] | None:
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return sorted(set(weight_map.values()))
+
+
 def _serves(path: str) -> bool:
     if MODULE_FOLDER.match(path):
         return True
-    if "/" in path:
+    if "/" in path or _is_weight(path):
         return False
-    return path in SERVING_FILES or path.startswith(SERVING_PREFIXES) or path.endswith((".safetensors", ".index.json"))
+    return path in SERVING_FILES or path.startswith(SERVING_PREFIXES) or path == INDEX
 
 
-def _ready(repo_id: str, snapshot: Path, choice: Choice, name: HubName) -> Path:
+def _missing(snapshot: Path, files: list[str], choice: Choice) -> list[str]:
+    """What a cached snapshot lacks of what serving reads (a download was interrupted): the index's
+    shards, the config, a tokenizer, sentence-transformers' module folders."""
+    present = set(files)
+    missing = [f for f in choice.files if f not in present]
+    if choice.gguf is not None:
+        return missing
+    if not any(f in present for f in TOKENIZER_FILES):
+        missing.append("tokenizer.json")
+    try:
+        modules = json.loads((snapshot / "modules.json").read_text()) if "modules.json" in present else []
+    except (OSError, ValueError):
+        modules = []
+    for module in modules if isinstance(modules, list) else []:
+        folder = str(module.get("path") or "") if isinstance(module, dict) else ""
+        if folder and not any(f.startswith(folder + "/") for f in present):
+            missing.append(f"{folder}/")
+    return missing
+
+
+def _fetch(repo_id: str, filename: str, revision: str) -> Path:
+    """One small file of the repository (its index), downloaded into the cache."""
+    from huggingface_hub import constants, hf_hub_download
+
+    return Path(
+        hf_hub_download(
+            repo_id, filename, revision=revision, endpoint=endpoint(), etag_timeout=constants.HF_HUB_ETAG_TIMEOUT
+        )
+    )
+
+
+def _check_remote_gguf(repo_id: str, commit: str, filename: str) -> None:
+    """Refuse, before downloading it, a GGUF file whose header names an architecture the converter
+    does not handle: its first bytes, by an HTTP Range request (a header that cannot be read is let through)."""
+    from huggingface_hub import constants, hf_hub_url
+    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+    url = hf_hub_url(repo_id, filename, revision=commit, endpoint=endpoint())
+    headers = {**build_hf_headers(), "Range": f"bytes=0-{HEADER_BYTES - 1}"}
+    head = bytearray()
+    with get_session().stream("GET", url, headers=headers, timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT) as response:
+        hf_raise_for_status(response)
+        for chunk in response.iter_bytes():  # a server ignoring Range sends the whole file: read only the start
+            head += chunk
+            if len(head) >= HEADER_BYTES:
+                break
+    try:
+        arch = read_gguf_metadata(io.BytesIO(bytes(head)), {"general.architecture"}).get("general.architecture")
+    except ValueError:
+        return
+    if arch is not None and arch not in GGUF_ARCHITECTURES:
+        raise ModelLoadError(
+            f"{repo_id}: {filename} is a GGUF file of architecture {arch!r}, which llmp cannot convert (it converts "
+            f"{', '.join(GGUF_ARCHITECTURES)}); nothing was downloaded. Serve the model's safetensors repository "
+            "instead"
+        )
+
+
+def _give_every_request_a_timeout() -> None:
+    """huggingface_hub sends some requests (the repository info and file listing of ``snapshot_download``)
+    with no timeout: a Hub that accepts the connection and never answers would hang llmp for ever. Its
+    shared client gets a hook filling every unset timeout with ``HF_HUB_ETAG_TIMEOUT`` (connecting) and
+    ``HF_HUB_DOWNLOAD_TIMEOUT`` (each read)."""
+    from huggingface_hub.utils import get_session
+
+    hooks = get_session().event_hooks["request"]
+    if _fill_timeouts not in hooks:
+        hooks.append(_fill_timeouts)
+
+
+def _fill_timeouts(request: Any) -> None:
+    from huggingface_hub import constants
+
+    timeout = dict(request.extensions.get("timeout") or {})
+    defaults = {"connect": constants.HF_HUB_ETAG_TIMEOUT}
+    for kind in ("connect", "read", "write", "pool"):
+        if timeout.get(kind) is None:
+            timeout[kind] = defaults.get(kind, constants.HF_HUB_DOWNLOAD_TIMEOUT)
+    request.extensions["timeout"] = timeout
+
+
+def _ready(repo_id: str, snapshot: Path, choice: Choice) -> Path:
     """The directory serving ``choice`` (its GGUF file converted), recorded as used now."""
     if choice.gguf is None:
-        record_use(repo_id)
+        record_use(_use_key(repo_id))
         return snapshot
-    if choice.by_default:
-        log.warning(
-            "%s has several GGUF files; serving %s (choose with %s:TAG or --gguf-file FILE)",
-            repo_id,
-            choice.gguf,
-            repo_id,
-        )
+    if choice.note:
+        log.info("%s", choice.note)
     converted = convert_gguf(snapshot / choice.gguf)
-    record_use(f"{repo_id}:{choice.gguf}", converted=converted)
+    record_use(_use_key(repo_id, choice.gguf))
     return converted
 
 
@@ -261,6 +477,10 @@ def _repo_folder(repo_id: str) -> Path | None:
         return next((entry for entry in hub_cache().iterdir() if entry.name.casefold() == wanted), None)
     except OSError:
         return None
+
+
+def _repo_id(folder: Path) -> str:
+    return folder.name.removeprefix("models--").replace("--", "/", 1)
 
 
 def _read(path: Path) -> str | None:
@@ -283,16 +503,25 @@ def _how_to_bring(name: HubName) -> str:
     )
 
 
-def _offline(name: HubName, revision: str) -> str:
+def _offline(name: HubName, revision: str | None) -> str:
     return (
         f"model {_spelled(name)!r} is not on this machine (not a directory, not a packaged model, not in the "
-        f"Hugging Face cache at revision {revision}) and HF_HUB_OFFLINE=1 forbids downloading it from "
+        f"Hugging Face cache at revision {revision or 'main'}) and HF_HUB_OFFLINE=1 forbids downloading it from "
         f"{endpoint()}. Unset HF_HUB_OFFLINE to download it, or {_how_to_bring(name)}"
     )
 
 
+def _partial(name: HubName, revision: str, snapshot: Path, missing: list[str]) -> str:
+    more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+    return (
+        f"model {_spelled(name)!r} is only partly in the Hugging Face cache at revision {revision} ({snapshot}): "
+        f"{missing[0]}{more} is missing, as after an interrupted download, and HF_HUB_OFFLINE=1 forbids "
+        f"fetching it from {endpoint()}. Unset HF_HUB_OFFLINE to finish the download, or {_how_to_bring(name)}"
+    )
+
+
 def _download_failed(name: HubName, revision: str, exc: Exception) -> str:
-    from huggingface_hub import get_token
+    from huggingface_hub import constants, get_token
     from huggingface_hub.errors import (
         GatedRepoError,
         LocalEntryNotFoundError,
@@ -308,7 +537,7 @@ def _download_failed(name: HubName, revision: str, exc: Exception) -> str:
     if isinstance(exc, GatedRepoError):
         return (
             f"model {spelled!r} is gated on the Hub at {hub} and {token}: accept its terms at {page} while "
-            "logged in, then set HF_TOKEN to a read token of that account (or run `hf auth login`)"
+            "logged in, then run `hf auth login` or set HF_TOKEN to a read token of that account"
         )
     if isinstance(exc, RevisionNotFoundError):
         return (
@@ -324,48 +553,56 @@ def _download_failed(name: HubName, revision: str, exc: Exception) -> str:
         )
     if isinstance(exc, OfflineModeIsEnabled | LocalEntryNotFoundError):
         return _offline(name, revision)
+    if "Timeout" in type(exc).__name__:
+        waited = f"{constants.HF_HUB_ETAG_TIMEOUT} s (HF_HUB_ETAG_TIMEOUT, HF_HUB_DOWNLOAD_TIMEOUT)"
+        return (
+            f"model {spelled!r} is not on this machine and the Hub at {hub} did not answer within {waited} for "
+            f"revision {revision}. Check the network and HF_ENDPOINT, raise those timeouts for a slow link, or "
+            f"{_how_to_bring(name)}"
+        )
     reason = " ".join(f"{type(exc).__name__}: {exc}".split())
     return (
         f"model {spelled!r} is not on this machine and the Hub at {hub} could not be reached for revision "
-        f"{revision} ({reason[:200]}). Check the network, HF_ENDPOINT and HF_TOKEN; or {_how_to_bring(name)}"
+        f"{revision} ({reason[:200]}). Check the network and HF_ENDPOINT; or {_how_to_bring(name)}"
     )
 
 
 # -- last used ---------------------------------------------------------------------------------------
 
 
+def _use_key(repo_id: str, gguf_file: str | None = None) -> str:
+    """The last-used key of a Hugging Face cache model (of one GGUF file of it)."""
+    return f"hf:{repo_id}:{gguf_file}" if gguf_file else f"hf:{repo_id}"
+
+
+def packaged_use_key(hub_id: str) -> str:
+    """The last-used key of a packaged model (apart from a Hugging Face cache copy of the same id)."""
+    return f"packaged:{hub_id}"
+
+
 def _use_record(key: str) -> Path:
     return cache_dir() / "last-used" / (urllib.parse.quote(key.casefold(), safe="") + ".json")
 
 
-def record_use(key: str, *, converted: Path | None = None) -> None:
-    """Record that the model ``key`` (a Hub id, or ``ID:FILE`` of a GGUF file) was resolved now, and
-    where its GGUF conversion is (``llmp rm`` removes it too)."""
+def record_use(key: str) -> None:
+    """Record that the model ``key`` (:func:`packaged_use_key`, or a Hugging Face cache model's) was
+    resolved now, for ``llmp ls``."""
     record = _use_record(key)
     try:
         record.parent.mkdir(parents=True, exist_ok=True)
         partial = record.with_suffix(f".{os.getpid()}.tmp")
-        partial.write_text(json.dumps({"model": key, "used": time.time(), "converted": str(converted or "")}))
+        partial.write_text(json.dumps({"model": key, "used": time.time()}))
         os.replace(partial, record)
     except OSError as exc:  # a read-only cache dir must not stop serving
         log.debug("cannot record the use of %s: %s", key, exc)
 
 
-def last_use(key: str) -> dict[str, Any]:
-    """The record of :func:`record_use` for ``key`` (empty when llmp never resolved it)."""
+def last_use(key: str) -> float | None:
+    """When :func:`record_use` last recorded ``key`` (None when llmp never resolved it)."""
     try:
-        return json.loads(_use_record(key).read_text())
+        return json.loads(_use_record(key).read_text()).get("used")
     except (OSError, ValueError):
-        return {}
-
-
-def _forget(key: str) -> None:
-    record = last_use(key)
-    converted = Path(record.get("converted") or "")
-    if record.get("converted") and converted.parent == cache_dir() / "gguf":
-        shutil.rmtree(converted, ignore_errors=True)
-        converted.with_name(converted.name + ".lock").unlink(missing_ok=True)
-    _use_record(key).unlink(missing_ok=True)
+        return None
 
 
 # -- the local model cache: llmp ls, llmp rm -------------------------------------------------------------
@@ -373,61 +610,77 @@ def _forget(key: str) -> None:
 
 def local_models() -> list[LocalModel]:
     """Every model on this machine llmp serves by name: the Hugging Face cache's (one entry per GGUF
-    file) and the installed packaged models."""
+    file; a repository a packaged model shares its id with is named ``hf.co/ORG/NAME``) and the
+    installed packaged models."""
     from llmp.model_files.packaged import installed_packaged_models
 
+    packaged = installed_packaged_models()
     models = []
     for folder in sorted(_cached_repo_folders(), key=lambda f: f.name.casefold()):
-        models += _cached_models(folder)
-    for packaged in installed_packaged_models():
-        location = packaged.location()
+        models += _cached_models(folder, _shadowed())
+    for model in packaged:
+        location = model.location()
         assert location is not None
         gguf = location.suffix == ".gguf"
         models.append(
             LocalModel(
-                name=packaged.hub_id,
-                size_bytes=_size(location),
+                name=model.hub_id,
+                size_bytes=_size(location) + (_size(conversion_dir(location)) if gguf else 0),
                 format="gguf" if gguf else "safetensors",
                 quantization=_gguf_quantization(location) if gguf else _checkpoint_quantization(location),
-                last_used=last_use(packaged.hub_id).get("used"),
+                last_used=last_use(packaged_use_key(model.hub_id)),
                 source="packaged",
                 path=str(location),
-                distribution=packaged.distribution,
+                distribution=model.distribution,
             )
         )
     return models
 
 
 def remove_model(name: str) -> list[LocalModel]:
-    """Remove ``name`` (``org/name``: the whole repository; ``org/name:TAG``: that GGUF file) from the
-    Hugging Face cache with llmp's GGUF conversions of it; returns what was removed (none: not cached)."""
+    """Remove ``name`` (``org/name``: the whole repository; ``org/name:TAG``: the GGUF file that tag
+    serves) from the Hugging Face cache with llmp's conversions of its GGUF files (unless another
+    local model shares one); returns what was removed (none: not cached). A repository folder that
+    is a link to another disk is removed there, then the link."""
     hub = parse_hub_name(name)
     folder = _repo_folder(hub.repo_id) if hub else None
     if hub is None or folder is None:
         return []
-    cached = _cached_models(folder)
-    if hub.tag is None:
-        weightless = LocalModel(
-            name=hub.repo_id,
-            size_bytes=_size(folder),
-            format="none",
-            quantization="",
-            last_used=None,
-            source="hf-cache",
-            path=str(folder),
-        )
-        removed = cached or [weightless]  # a repository of only a config is removed too
-        shutil.rmtree(folder)
-        shutil.rmtree(hub_cache() / ".locks" / folder.name, ignore_errors=True)
-        _forget(hub.repo_id)
+    cached = _cached_models(folder, _shadowed())
+    if hub.tag is not None:
+        ggufs = [m.gguf_file for m in cached if m.gguf_file]
+        picked = pick_gguf(ggufs, hub.tag)
+        removed = [m for m in cached if picked and m.gguf_file == picked[0]]
     else:
-        removed = [m for m in cached if m.gguf_file and _tag_matches(m.gguf_file, hub.tag)]
+        weightless = LocalModel(hub.repo_id, _size(folder), "none", "", None, "hf-cache", str(folder))
+        removed = cached or [weightless]  # a repository of only a config is removed too
+    conversions = {conversion_dir(Path(m.path)) for m in removed if m.gguf_file}
+    if hub.tag is not None:
         for model in removed:
             _remove_file(folder, model.gguf_file or "")
+    else:
+        real = folder.resolve()
+        shutil.rmtree(real)
+        if folder.is_symlink():
+            folder.unlink()
+        shutil.rmtree(hub_cache() / ".locks" / folder.name, ignore_errors=True)
+    still_used = _conversions_in_use() if conversions else set()
+    for converted in conversions - still_used:
+        remove_conversion(converted)
     for model in removed:
-        if model.gguf_file:
-            _forget(f"{model.name.partition(':')[0]}:{model.gguf_file}")
+        _use_record(_use_key(_repo_id(folder), model.gguf_file)).unlink(missing_ok=True)
     return removed
+
+
+def _shadowed() -> set[str]:
+    """The Hub ids of the installed packaged models, which serve those ids in place of a cached copy."""
+    from llmp.model_files.packaged import installed_packaged_models
+
+    return {model.hub_id.casefold() for model in installed_packaged_models()}
+
+
+def _conversions_in_use() -> set[Path]:
+    return {conversion_dir(Path(m.path)) for m in local_models() if m.format == "gguf"}
 
 
 def _cached_repo_folders() -> list[Path]:
@@ -437,43 +690,50 @@ def _cached_repo_folders() -> list[Path]:
         return []
 
 
-def _cached_models(folder: Path) -> list[LocalModel]:
-    """The models of one cached repository: its safetensors checkpoint and each GGUF file, from its
-    newest snapshot that holds each."""
-    repo_id = folder.name.removeprefix("models--").replace("--", "/", 1)
+def _cached_models(folder: Path, shadowed: set[str]) -> list[LocalModel]:
+    """The models of one cached repository: its safetensors checkpoint and each GGUF file (from its
+    newest snapshot holding each), named as they are served (``hf.co/`` in front when a packaged
+    model has the same id), sized as they take the disk (each blob once, a GGUF file's conversion)."""
+    repo_id = _repo_id(folder)
+    prefix = "hf.co/" if repo_id.casefold() in shadowed else ""
     snapshots = sorted((folder / "snapshots").glob("*"), key=lambda p: p.stat().st_mtime, reverse=True)
     files: dict[str, Path] = {}
     for snapshot in snapshots:
         for file in _files_in(snapshot):
             files.setdefault(file, snapshot / file)
     models = []
-    ggufs = [f for f in files if f.endswith(".gguf") and not f.rpartition("/")[2].startswith("mmproj")]
-    for gguf in sorted(ggufs):
-        tag = gguf_tag(gguf)
-        unique = tag is not None and [g for g in ggufs if _tag_matches(g, tag)] == [gguf]
+    ggufs = sorted(f for f in files if f.endswith(".gguf") and not f.rpartition("/")[2].startswith("mmproj"))
+    for gguf in ggufs:
+        converted = conversion_dir(files[gguf])
         models.append(
             LocalModel(
-                name=f"{repo_id}:{tag}" if unique else repo_id,
-                size_bytes=_size(files[gguf]),
+                name=f"{prefix}{repo_id}:{_serving_tag(ggufs, gguf)}",
+                size_bytes=_size(files[gguf]) + _size(converted),
                 format="gguf",
                 quantization=_gguf_quantization(files[gguf]),
-                last_used=last_use(f"{repo_id}:{gguf}").get("used"),
+                last_used=last_use(_use_key(repo_id, gguf)),
                 source="hf-cache",
                 path=str(files[gguf]),
                 gguf_file=gguf,
             )
         )
-    weights = [f for f in files if "/" not in f and f.endswith(".safetensors")]
+    weights = [f for f in files if _is_weight(f)]
     if weights and "config.json" in files:
         checkpoint = files["config.json"].parent
+        blobs = {
+            link.resolve()
+            for snapshot in snapshots
+            for link in snapshot.rglob("*")
+            if link.is_file() and not link.name.endswith(".gguf")
+        }
         models.insert(
             0,
             LocalModel(
-                name=repo_id,
-                size_bytes=sum(_size(path) for name, path in files.items() if not name.endswith(".gguf")),
+                name=f"{prefix}{repo_id}",
+                size_bytes=sum(blob.stat().st_size for blob in blobs),
                 format="safetensors",
                 quantization=_checkpoint_quantization(checkpoint),
-                last_used=last_use(repo_id).get("used"),
+                last_used=last_use(_use_key(repo_id)),
                 source="hf-cache",
                 path=str(checkpoint),
             ),
@@ -481,31 +741,42 @@ def _cached_models(folder: Path) -> list[LocalModel]:
     return models
 
 
+def _serving_tag(ggufs: list[str], gguf: str) -> str:
+    """The tag serving ``gguf`` from among ``ggufs``: its quantisation when that picks it, else its name."""
+    tag = gguf_tag(gguf)
+    picked = pick_gguf(ggufs, tag) if tag else None
+    return tag if picked and picked[0] == gguf else gguf.rpartition("/")[2]
+
+
 def _remove_file(folder: Path, gguf_file: str) -> None:
-    """Remove one file from every snapshot of a cached repository, and its blob."""
+    """Remove one file from every snapshot of a cached repository, and its blob unless another file
+    of the repository is the same content (one blob)."""
+    blobs = folder.resolve() / "blobs"
     for link in (folder / "snapshots").glob(f"*/{gguf_file}"):
         blob = link.resolve()
         link.unlink()
-        if blob.parent == folder / "blobs":
+        shared = any(other.resolve() == blob for other in (folder / "snapshots").rglob("*") if other.is_symlink())
+        if blob.parent == blobs and not shared:
             blob.unlink(missing_ok=True)
 
 
 def _size(path: Path) -> int:
     if path.is_file():
         return path.stat().st_size  # a snapshot's link: the blob it points at
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    if not path.is_dir():
+        return 0
+    return sum(p.stat().st_size for p in path.resolve().rglob("*") if p.is_file())
 
 
 def _gguf_quantization(path: Path) -> str:
-    """The file type a GGUF header names (``general.file_type``: Q4_K_M, Q4_1, F16 ...)."""
+    """The file type a GGUF header names (``general.file_type``: Q4_K_M, Q4_1, F16 ...), read from
+    the header alone."""
     try:
         import gguf
 
-        field = gguf.GGUFReader(path).fields.get("general.file_type")
-        if field is None:
-            return "unknown"
-        return gguf.LlamaFileType(int(field.parts[field.data[0]][0])).name.split("_", 1)[1]
-    except Exception:  # noqa: BLE001 - an unreadable header is shown as such, not a failed listing
+        file_type = gguf_metadata(path, {"general.file_type"}).get("general.file_type")
+        return "unknown" if file_type is None else gguf.LlamaFileType(int(file_type)).name.split("_", 1)[1]
+    except (OSError, ValueError):  # an unreadable header is shown as such, not a failed listing
         return "unknown"
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from llmp.api import ModelLoadError
 from llmp.model_files.gguf import convert_gguf
-from llmp.model_files.hub import hub_model_dir, parse_hub_name, record_use
+from llmp.model_files.hub import hub_model_dir, packaged_use_key, parse_hub_name, record_use
 from llmp.model_files.packaged import installed_packaged_models, packaged_model
 from llmp.options import DEFAULT_MODEL
 
@@ -24,21 +24,22 @@ def find_model_dir(
     this order: a directory or ``.gguf`` file, a packaged model (by Hub id or alias), the Hugging
     Face cache at ``revision``, then the Hub (``org/name``, ``org/name:TAG`` for a GGUF file; not
     when ``download`` is false). ``gguf_file`` picks the GGUF file of a directory or repository;
-    a ``revision`` or ``gguf_file`` asks the Hub's files, not a packaged copy. A GGUF file is
-    converted once, under the llmp cache. ``ModelLoadError`` in one line when it is nowhere."""
+    a ``revision``, a ``gguf_file`` or the spelling ``hf.co/org/name`` asks for the Hub's files,
+    not a packaged copy. A GGUF file is converted once, under the llmp cache. ``ModelLoadError``
+    in one line when it is nowhere."""
     name = str(model) if model is not None else DEFAULT_MODEL
     path = Path(name).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         return convert_gguf(path)
     if path.is_dir():  # a directory wins over a Hub id spelled the same (hf download --local-dir ORG/NAME)
         return _model_in_dir(path, gguf_file)
-    if revision is None and gguf_file is None:
+    hub_name = parse_hub_name(name)
+    if revision is None and gguf_file is None and not (hub_name and hub_name.explicit):
         packaged = _packaged_location(name)
         if packaged is not None:
             found = convert_gguf(packaged) if packaged.suffix == ".gguf" else _model_in_dir(packaged, None)
-            record_use(packaged_model(name).hub_id)  # type: ignore[union-attr]
+            record_use(packaged_use_key(packaged_model(name).hub_id))  # type: ignore[union-attr]
             return found
-    hub_name = parse_hub_name(name)
     if hub_name is not None:
         return hub_model_dir(hub_name, revision, gguf_file, download=download)
     installed = ", ".join(m.hub_id for m in installed_packaged_models()) or "none"
