@@ -81,13 +81,16 @@ class WebUIFrontend:
 
     def config(self) -> dict[str, Any]:
         """What the page reads at start: the default model, whether replies carry reasoning,
-        whether an API key is needed, the context length. Public: it holds no secret."""
+        whether an API key is needed, the context length. Public (no key): behind ``--api-key``
+        it says only ``{"auth": true}``, and the page asks ``/v1/models`` once it has the key."""
+        if self.options.api_keys:
+            return {"auth": True}
         names = list(self.options.served_model_names)
         return {
             "model": names[0] if names else None,
             "models": names,
             "reasoning": self.options.reasoning_parser is not None,
-            "auth": bool(self.options.api_keys),
+            "auth": False,
             "max_model_len": self.options.max_model_len,
         }
 

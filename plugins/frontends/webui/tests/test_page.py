@@ -1,5 +1,6 @@
 """The chat page in a real headless browser against a live server: streamed Markdown replies,
-stop, the model picker, conversations kept across a reload, the API-key prompt, errors, a
+stop, the model picker, conversations kept across a reload and shared between tabs, the API-key
+prompt, errors that never wedge a chat, reasoning, screen-reader announcements, contrast, a
 phone-sized screen, and the renderer never letting model text become markup."""
 
 from __future__ import annotations
@@ -39,8 +40,19 @@ def test_a_reply_streams_in_token_by_token_as_markdown(page: Page) -> None:
     assert len([n for n in lengths if n > 0]) >= 3, f"the reply did not grow token by token: {lengths}"
     assert page.reply_text().strip(), "empty reply"
     assert not reply.find_element("css selector", ".error").is_displayed()
-    assert reply.get_attribute("aria-busy") == "false"
-    assert page.el("#messages").get_attribute("aria-live") == "polite"
+    # screen readers: the streaming reply is busy, no live region churns token by token, and
+    # the finished reply is announced once
+    assert page.js("return window.__busySeen") and reply.get_attribute("aria-busy") == "false"
+    assert page.el("#messages").get_attribute("role") == "log"
+    assert page.js("return window.__liveChurn") == 0, "a live region was rewritten while the reply streamed"
+    wait_for(lambda: page.js("return window.__announced.length"), "the finished reply to be announced")
+    (announced,) = page.js("return window.__announced")
+    said = page.js(  # what the reply shows, but the code blocks' language and Copy button
+        "const c = arguments[0].cloneNode(true); c.querySelectorAll('.code-head').forEach((h) => h.remove());"
+        "return c.textContent",
+        reply.find_element("css selector", ".content"),
+    )
+    assert re.sub(r"\s+", "", announced) == re.sub(r"\s+", "", said) and "\n" in announced.strip()
     meta = reply.find_element("css selector", ".meta").text
     assert meta.startswith(MODEL_NAMES[0]) and "tokens" in meta, meta
     (request,) = page.requests("v1/chat/completions")
@@ -76,6 +88,15 @@ def test_stop_ends_a_long_reply_and_the_server_drops_the_request(page: Page, ser
     reply = page.wait_reply_done()
     assert page.reply_text() and "stopped" not in reply.find_element("css selector", ".meta").text
 
+    # a reload while a reply arrives keeps what came, marked stopped
+    page.settings(max_tokens=3000, temperature=1)
+    page.send("Tell me another very long story, about a fox.")
+    wait_for(lambda: len(page.reply_text()) > 40, "the long reply to start")
+    page.open()
+    reply = page.all(".message.assistant")[-1]
+    assert page.reply_text() and reply.find_element("css selector", ".stopped-mark").is_displayed()
+    wait_for(lambda: running_requests(server) == 0, "the engine to drop the request", timeout=15)
+
 
 def test_the_model_picker_lists_the_served_names_and_sends_the_chosen_one(page: Page) -> None:
     from selenium.webdriver.support.ui import Select
@@ -84,6 +105,19 @@ def test_the_model_picker_lists_the_served_names_and_sends_the_chosen_one(page: 
     assert [option.text for option in picker.options] == list(MODEL_NAMES)  # from /v1/models
     assert picker.first_selected_option.text == MODEL_NAMES[0]
     picker.select_by_visible_text(MODEL_NAMES[1])
+    assert page.el("#model").get_attribute("title") == MODEL_NAMES[1]  # the whole name as a tooltip
+    # a name of 40 characters fits the picker on a desktop
+    name = "HuggingFaceTB/SmolLM2-1.7B-Instruct-Q4KM"
+    fits = page.js(
+        "const select = arguments[0], probe = document.createElement('span');"
+        "const option = new Option(arguments[1]); select.append(option);"
+        "probe.style.font = getComputedStyle(select).font; probe.textContent = arguments[1];"
+        "document.body.append(probe); const width = probe.getBoundingClientRect().width; probe.remove();"
+        "const fits = select.clientWidth - 32 >= width; option.remove(); return fits",  # 32 px: arrow, padding
+        page.el("#model"),
+        name,
+    )
+    assert fits, "the model picker is too narrow for a 40-character name"
     page.settings(max_tokens=6)
     page.send("Hello")
     reply = page.wait_reply_done()
@@ -118,17 +152,34 @@ def test_conversations_are_kept_across_a_reload(page: Page) -> None:
     assert [b.text for b in page.all(".conversation-open")] == ["first line"]
     assert page.el("#system-prompt").get_attribute("value") == "Answer in one short sentence."
 
+    assert "Answer in one short sentence." in page.el(".system-note").get_attribute("textContent")
+
+    # the system prompt in the settings is for new chats; a chat keeps the one it started with
+    page.settings(max_tokens=8, temperature=0, system="Be brief.")
     page.el("#new-chat").click()
     assert not page.all(".message")
     page.send("Another question")
     page.wait_reply_done()
-    titles = [b.text for b in page.all(".conversation-open")]
-    assert titles == ["Another question", "first line"]
+    assert page.sent_messages()[0] == {"role": "system", "content": "Be brief."}
+    assert page.titles() == ["Another question", "first line"]
     page.all(".conversation-open")[1].click()
     assert page.el(".message.user .content").text == user  # back to the first conversation
+    page.send("And then?")
+    page.wait_reply_done()
+    assert page.sent_messages()[0] == {"role": "system", "content": "Answer in one short sentence."}
+    assert page.titles() == ["first line", "Another question"]  # the chat used last comes first
+
+    # delete asks first: Cancel keeps the chat, Delete removes it
+    dialog = page.el("#delete-dialog")
     page.all(".conversation-delete")[1].click()
+    assert dialog.is_displayed() and "Another question" in page.el("#delete-text").text
+    page.el("#delete-cancel").click()
+    assert not dialog.is_displayed() and len(page.titles()) == 2
+    page.all(".conversation-delete")[1].click()
+    page.el("#delete-confirm").click()
+    assert page.titles() == ["first line"]
     page.open()
-    assert [b.text for b in page.all(".conversation-open")] == ["Another question"]
+    assert page.titles() == ["first line"]
 
 
 def test_the_page_asks_for_the_api_key_and_keeps_it(browser: Any, key_server: LiveServer) -> None:
@@ -145,6 +196,7 @@ def test_the_page_asks_for_the_api_key_and_keeps_it(browser: Any, key_server: Li
     wait_for(lambda: page.js("return document.body.dataset.ready === 'true'"), "the page to load its models")
     assert not dialog.is_displayed()
     assert page.all("#model option"), "no models listed after the key was given"
+    assert page.el("#max-tokens").get_attribute("max") == "512"  # from /v1/models, config.json has none
 
     page.settings(max_tokens=4)
     page.send("hello")
@@ -159,7 +211,7 @@ def test_the_page_asks_for_the_api_key_and_keeps_it(browser: Any, key_server: Li
     assert page.all("#model option")
 
 
-def test_server_errors_are_shown_in_the_conversation(browser: Any, key_server: LiveServer) -> None:
+def test_a_failed_turn_is_shown_and_never_wedges_the_chat(browser: Any, key_server: LiveServer) -> None:
     page = Page(browser, f"{key_server.url}/llm").open(fresh=True, wait_ready=False)
     page.js(f"localStorage.setItem('llmp.webui.apiKey', JSON.stringify('{API_KEY}'))")
     page.open()
@@ -167,12 +219,61 @@ def test_server_errors_are_shown_in_the_conversation(browser: Any, key_server: L
     page.send("hello")
     reply = page.wait_reply_done()
     error = reply.find_element("css selector", ".error")
-    assert error.is_displayed() and error.get_attribute("role") == "alert"
-    assert error.text.startswith("400"), error.text
+    assert error.is_displayed() and error.text.startswith("400"), error.text
+    assert page.js("return window.__announced")[-1].startswith("The reply failed: 400")
     assert not page.streaming() and page.el("#send").is_displayed()
+    assert "failed" in page.el(".message.user").get_attribute("class").split()
+    gap = page.js(
+        "const e = arguments[0]; return e.getBoundingClientRect().top - e.parentElement.getBoundingClientRect().top",
+        error,
+    )
+    assert gap < 2, f"an empty gap of {gap} px above the error"
+
+    # a new message goes without the failed one: the roles alternate as the chat shows them
+    page.settings(max_tokens=3)
+    page.send("next")
+    page.wait_reply_done()
+    assert page.sent_messages() == [{"role": "user", "content": "next"}]
+    # Edit takes the last message back into the box, without its reply
+    page.el(".edit-message").click()  # on the last message only
+    assert page.el("#prompt").get_attribute("value") == "next"
+    assert len(page.all(".message")) == 2
+    page.el("#prompt").clear()
+    page.send("edited")
+    page.wait_reply_done()
+    assert page.sent_messages() == [{"role": "user", "content": "edited"}]
+
+    # Retry the failed turn... it is not the last: fail a new one and retry that
+    page.settings(max_tokens=100000)
+    page.send("again")
+    page.wait_reply_done()
+    retry = page.el(".regenerate")  # on the last reply only
+    assert retry.text == "Retry"
+    page.settings(max_tokens=3)
+    retry.click()
+    page.wait_reply_done()
+    answered = [m for m in page.sent_messages() if m["role"] == "user"]
+    assert [m["content"] for m in answered] == ["edited", "again"]  # "again" sent once, "hello" never
+    roles = [m["role"] for m in page.sent_messages()]
+    assert roles == ["user", "assistant", "user"]
+    assert "failed" not in page.all(".message.user")[-1].get_attribute("class")
+    # Regenerate asks the same question again, in place of the last reply
+    count = len(page.all(".message"))
+    page.el(".regenerate").click()
+    page.wait_reply_done()
+    assert [m["role"] for m in page.sent_messages()] == roles and len(page.all(".message")) == count
+
+    # Copy takes a whole message, as written
+    page.js("window.__copied = []; navigator.clipboard.writeText = async (text) => window.__copied.push(text)")
+    page.el(".message.user .copy-message").click()
+    wait_for(lambda: page.js("return window.__copied"), "the copy")
+    assert page.js("return window.__copied") == ["hello"]
 
 
 def test_the_page_is_usable_on_a_phone_sized_screen(browser: Any, server: LiveServer) -> None:
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.keys import Keys
+
     browser.set_window_size(375, 740)
     try:
         page = Page(browser, server.url).open(fresh=True)
@@ -181,12 +282,161 @@ def test_the_page_is_usable_on_a_phone_sized_screen(browser: Any, server: LiveSe
         for selector in ("#prompt", "#send", "#model", "#open-sidebar", "#toggle-settings"):
             box = page.js("return arguments[0].getBoundingClientRect().toJSON()", page.el(selector))
             assert page.el(selector).is_displayed() and 0 <= box["left"] and box["right"] <= width, (selector, box)
+        assert page.js("return getComputedStyle(arguments[0]).textOverflow", page.el("#model")) == "ellipsis"
         assert not page.el("#new-chat").is_displayed()  # the conversation list folds away
-        page.el("#open-sidebar").click()
-        wait_for(page.el("#new-chat").is_displayed, "the conversation list to open")
-        assert page.el("#open-sidebar").get_attribute("aria-expanded") == "true"
+        opener = page.el("#open-sidebar")
+        for close_with in ("backdrop", "escape"):
+            opener.click()
+            wait_for(page.el("#new-chat").is_displayed, "the conversation list to open")
+            assert opener.get_attribute("aria-expanded") == "true"
+            assert page.js("return document.activeElement.id") == "new-chat"  # focus moves in
+            assert page.el("#backdrop").is_displayed()
+            if close_with == "backdrop":  # a tap beside the list
+                ActionChains(browser).move_to_element_with_offset(page.el("#backdrop"), 170, 0).click().perform()
+            else:
+                ActionChains(browser).send_keys(Keys.ESCAPE).perform()
+            wait_for(lambda: not page.el("#new-chat").is_displayed(), f"the list to close on the {close_with}")
+            assert opener.get_attribute("aria-expanded") == "false" and not page.el("#backdrop").is_displayed()
+            assert page.js("return document.activeElement.id") == "open-sidebar"  # and back
     finally:
         browser.set_window_size(1200, 820)
+
+
+def test_tabs_never_erase_each_others_chats_and_a_full_storage_is_told(page: Page) -> None:
+    page.settings(max_tokens=3, temperature=0)
+    page.send("Say A")
+    page.wait_reply_done()
+    first = page.driver.current_window_handle
+    page.driver.switch_to.new_window("tab")
+    try:
+        other = Page(page.driver, page.url).open()
+        assert other.titles() == ["Say A"]
+        other.el("#new-chat").click()
+        other.send("Say B from tab two")
+        other.wait_reply_done()
+    finally:
+        page.driver.close()
+        page.driver.switch_to.window(first)
+    # the first tab sees the other's chat at once (a storage event) and never writes over it
+    wait_for(lambda: page.titles() == ["Say B from tab two", "Say A"], "the other tab's chat in the list")
+    page.send("Say C in tab one")
+    page.wait_reply_done()
+    page.open()
+    assert page.titles() == ["Say A", "Say B from tab two"]
+
+    # storage full: the reply is shown, and the page says it could not be kept
+    page.js(
+        "for (const size of [1 << 20, 1 << 16, 1 << 10, 64]) {"
+        "  for (let k = 0; ; k++) { try { localStorage.setItem(`fill${size}.${k}`, 'x'.repeat(size)); }"
+        "  catch { break; } } }"
+    )
+    try:
+        page.send("Say D while the storage is full")
+        page.wait_reply_done()
+        notice = page.el("#notice")
+        assert notice.is_displayed() and notice.get_attribute("role") == "alert"
+        assert "could not be saved" in notice.text and "Delete old chats" in notice.text
+        page.el("#notice-dismiss").click()
+        assert not notice.is_displayed()
+    finally:
+        page.js(
+            "Object.keys(localStorage).filter((k) => k.startsWith('fill')).forEach((k) => localStorage.removeItem(k))"
+        )
+
+
+# the page's stream, scripted: no small model reasons on cue, so the test plays the server's
+# part with the same server-sent events (window.__push(delta), window.__end())
+SCRIPTED_STREAM = """
+const realFetch = window.fetch;
+window.fetch = (url, init) => {
+  if (!String(url).endsWith("chat/completions")) return realFetch(url, init);
+  window.__requests.push({url: new URL(String(url), document.baseURI).href, body: init.body, auth: null});
+  const encoder = new TextEncoder();
+  const body = new ReadableStream({
+    start(controller) {
+      const send = (data) => controller.enqueue(encoder.encode(`data: ${data}\\n\\n`));
+      window.__push = (delta) => send(JSON.stringify({model: "scripted", choices: [{index: 0, delta}]}));
+      window.__end = () => { send("[DONE]"); controller.close(); };
+    },
+  });
+  return Promise.resolve(new Response(body, {headers: {"Content-Type": "text/event-stream"}}));
+};
+"""
+
+
+def test_reasoning_is_open_while_it_streams_and_folded_once_the_answer_starts(page: Page) -> None:
+    def reasoning() -> dict | None:
+        return page.js(
+            "const d = [...document.querySelectorAll('.message.assistant')].pop()?.querySelector('details.reasoning');"
+            "return d && {open: d.open, text: d.querySelector('.markdown').textContent}"
+        )
+
+    for field, parts in (
+        ("reasoning", [{"reasoning": "Let me "}, {"reasoning": "think."}, {"content": "The answer."}]),
+        # no reasoning parser on the server: the model's own <think> block, folded the same way
+        ("think", [{"content": "<think>Let me "}, {"content": "think.</think>"}, {"content": "\n\nThe answer."}]),
+    ):
+        page.js(SCRIPTED_STREAM)
+        page.send(f"Question ({field})")
+        wait_for(lambda: page.js("return Boolean(window.__push)"), "the scripted stream")
+        for delta in parts[:2]:
+            page.js("window.__push(arguments[0])", delta)
+        wait_for(lambda: (reasoning() or {}).get("text") == "Let me think.", "the reasoning to stream")
+        assert reasoning()["open"], f"{field}: the reasoning is folded while it streams"
+        page.js("window.__push(arguments[0])", parts[2])
+        wait_for(lambda: page.reply_text() == "The answer.", "the answer")
+        assert not reasoning()["open"], f"{field}: the reasoning stays open once the answer starts"
+        page.js("window.__end(); window.__push = null")
+        page.wait_reply_done()
+        assert reasoning() == {"open": False, "text": "Let me think."}
+    page.open()  # kept, folded
+    assert len(page.all("details.reasoning")) == 2 and page.reply_text() == "The answer."
+
+
+def contrast(a: str, b: str) -> float:
+    def luminance(colour: str) -> float:
+        channels = [int(c) / 255 for c in re.findall(r"[\d.]+", colour)[:3]]
+        linear = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in channels]
+        return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+
+    high, low = sorted((luminance(a), luminance(b)), reverse=True)
+    return (high + 0.05) / (low + 0.05)
+
+
+COLOURS = """
+const style = (selector, property) => getComputedStyle(document.querySelector(selector))[property];
+return {
+  page: style("body", "backgroundColor"), panel: style(".settings", "backgroundColor"),
+  text: style("body", "color"), muted: style(".empty-hint", "color"),
+  fields: ["#prompt", "#model", "#system-prompt", "#temperature"].map(
+    (s) => [s, style(s, "borderTopColor"), style(s, "backgroundColor")]),
+};
+"""
+
+
+def test_fields_and_text_meet_wcag_contrast_in_both_schemes(page: Page) -> None:
+    try:
+        for scheme in ("light", "dark"):
+            feature = {"name": "prefers-color-scheme", "value": scheme}
+            page.driver.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": [feature]})
+            colours = page.js(COLOURS)
+            for selector, border, background in colours["fields"]:
+                for against in (background, colours["page"], colours["panel"]):  # WCAG 1.4.11: 3:1
+                    assert contrast(border, against) >= 3, (scheme, selector, border, against)
+            for name in ("text", "muted"):  # WCAG 1.4.3 AA: 4.5:1
+                for against in (colours["page"], colours["panel"]):
+                    assert contrast(colours[name], against) >= 4.5, (scheme, name, against)
+    finally:
+        page.driver.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": []})
+
+
+def test_enter_in_an_empty_box_does_nothing_and_the_settings_say_their_defaults(page: Page) -> None:
+    from selenium.webdriver.common.keys import Keys
+
+    page.el("#prompt").send_keys(Keys.ENTER)
+    assert page.js("return document.getElementById('prompt').validationMessage") == ""  # no "required" bubble
+    assert not page.all(".message") and not page.requests("v1/chat/completions")
+    assert page.el("#system-prompt").get_attribute("placeholder") == "None (the model's default)"
 
 
 MARKDOWN = """# Title

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from collections.abc import Callable
@@ -33,11 +34,27 @@ new MutationObserver(() => {
   const n = reply.textContent.length;
   if (window.__lengths[window.__lengths.length - 1] !== n) window.__lengths.push(n);
 }).observe(box, {subtree: true, childList: true, characterData: true});
+// what screen readers are told: the announcer's texts, and changes in any other live region
+window.__announced = [];
+const announcer = document.getElementById("announcer");
+new MutationObserver(() => announcer.textContent && window.__announced.push(announcer.textContent))
+  .observe(announcer, {subtree: true, childList: true, characterData: true});
+window.__liveChurn = 0;
+const live = '[aria-live]:not([aria-live="off"]), [role=log]:not([aria-live="off"]), [role=status], [role=alert]';
+for (const region of document.querySelectorAll(live)) {
+  if (region === announcer) continue;
+  new MutationObserver(() => window.__liveChurn++)
+    .observe(region, {subtree: true, childList: true, characterData: true});
+}
+window.__busySeen = false;
+new MutationObserver(() => {
+  if (box.querySelector(".message.assistant[aria-busy='true']")) window.__busySeen = true;
+}).observe(box, {subtree: true, childList: true, attributes: true, attributeFilter: ["aria-busy"]});
 """
 
 
 def default_model_installed() -> bool:
-    from llmp.model_files.packaged import installed_packaged_models
+    from llmp.frontend import installed_packaged_models
     from llmp.options import DEFAULT_MODEL
 
     return any(model.hub_id == DEFAULT_MODEL for model in installed_packaged_models())
@@ -120,7 +137,9 @@ class Page:
 
         prompt = self.el("#prompt")
         prompt.send_keys(text)
+        asked = len(self.requests("v1/chat/completions"))
         prompt.send_keys(Keys.ENTER)  # Enter sends
+        wait_for(lambda: len(self.requests("v1/chat/completions")) > asked, "the page to send the message")
 
     def streaming(self) -> bool:
         return self.el("#stop").is_displayed()
@@ -141,3 +160,10 @@ class Page:
 
     def requests(self, path: str) -> list[dict]:
         return [r for r in self.js("return window.__requests") if r["url"].endswith(path)]
+
+    def sent_messages(self) -> list[dict]:
+        """The messages of the last chat request the page sent."""
+        return json.loads(self.requests("v1/chat/completions")[-1]["body"])["messages"]
+
+    def titles(self) -> list[str]:
+        return [b.text for b in self.all(".conversation-open")]

@@ -1,20 +1,23 @@
-// The chat page: conversations in localStorage, replies streamed from the server's own
-// /v1/chat/completions (SSE), rendered as Markdown while they arrive. Every URL is relative,
-// so the page works under a proxy prefix (--root-path).
+// The chat page: each conversation its own localStorage record, replies streamed from the
+// server's own /v1/chat/completions (SSE), rendered as Markdown while they arrive. Every URL is
+// relative, so the page works under a proxy prefix (--root-path).
 "use strict";
 
 (function () {
   const markdown = window.LlmpMarkdown;
   const STORE = {
-    conversations: "llmp.webui.conversations",
+    chatPrefix: "llmp.webui.chat.", // + id: one record per conversation, so tabs never overwrite each other
     current: "llmp.webui.current",
     settings: "llmp.webui.settings",
     apiKey: "llmp.webui.apiKey",
   };
   const NEW_TITLE = "New chat";
+  const SAVE_EVERY_MS = 2000; // while a reply streams: a crashed tab keeps most of it
   const $ = (id) => document.getElementById(id);
   const ui = {
     sidebar: $("sidebar"),
+    backdrop: $("backdrop"),
+    main: $("main"),
     conversations: $("conversations"),
     newChat: $("new-chat"),
     openSidebar: $("open-sidebar"),
@@ -28,6 +31,10 @@
     forgetKey: $("forget-key"),
     messages: $("messages"),
     emptyHint: $("empty-hint"),
+    announcer: $("announcer"),
+    notice: $("notice"),
+    noticeText: $("notice-text"),
+    noticeDismiss: $("notice-dismiss"),
     composer: $("composer"),
     prompt: $("prompt"),
     send: $("send"),
@@ -37,14 +44,20 @@
     keyReason: $("key-reason"),
     keyInput: $("api-key"),
     keyCancel: $("key-cancel"),
+    deleteDialog: $("delete-dialog"),
+    deleteText: $("delete-text"),
+    deleteForm: $("delete-form"),
+    deleteCancel: $("delete-cancel"),
   };
 
   const state = {
     config: {},
-    conversations: load(STORE.conversations, []),
-    currentId: load(STORE.current, null),
+    models: [], // /v1/models data
+    conversations: new Map(), // id -> {id, title, system, created, updated, messages}
+    currentId: sessionStorage.getItem(STORE.current) || load(STORE.current, null),
     settings: { system: "", temperature: "", maxTokens: "", model: "", ...load(STORE.settings, {}) },
-    streaming: null, // {controller, reply, view} while a reply arrives
+    streaming: null, // {controller, conversation, reply, view, savedAt} while a reply arrives
+    leaving: false, // the page is being reloaded or closed: a cut reply is a stopped one
   };
 
   // -- storage ----------------------------------------------------------------------
@@ -58,21 +71,72 @@
     }
   }
 
-  function save(key, value) {
+  // whether `value` was stored; a refusal (storage full, private mode) is told, never swallowed
+  function save(key, value, what) {
     try {
       localStorage.setItem(key, JSON.stringify(value));
+      return true;
     } catch {
-      // storage full or refused (private mode): the page keeps working from memory
+      showNotice(`${what} could not be saved: this browser's storage for the page is full. Delete old chats to make room.`);
+      return false;
     }
   }
 
-  function persist() {
-    save(STORE.conversations, state.conversations);
-    save(STORE.current, state.currentId);
+  function loadConversations() {
+    state.conversations.clear();
+    for (let k = 0; k < localStorage.length; k++) {
+      const key = localStorage.key(k);
+      if (!key.startsWith(STORE.chatPrefix)) continue;
+      const conversation = load(key, null);
+      if (conversation?.messages) state.conversations.set(conversation.id, conversation);
+    }
+  }
+
+  function saveConversation(conversation) {
+    return save(STORE.chatPrefix + conversation.id, conversation, "The reply");
+  }
+
+  function rememberCurrent() {
+    sessionStorage.setItem(STORE.current, state.currentId || ""); // this tab, across its reloads
+    try {
+      localStorage.setItem(STORE.current, JSON.stringify(state.currentId)); // a new tab opens it
+    } catch {
+      // full: a new tab opens the newest chat instead
+    }
   }
 
   function saveSettings() {
-    save(STORE.settings, state.settings);
+    save(STORE.settings, state.settings, "The settings");
+  }
+
+  // another tab stored, changed or deleted a conversation: show it, unless this tab streams into it
+  function onStorage(event) {
+    if (event.storageArea !== localStorage) return;
+    if (event.key === null) loadConversations();
+    else if (event.key.startsWith(STORE.chatPrefix)) {
+      const id = event.key.slice(STORE.chatPrefix.length);
+      if (state.streaming?.conversation.id === id) return;
+      const conversation = event.newValue === null ? null : JSON.parse(event.newValue);
+      if (conversation) state.conversations.set(id, conversation);
+      else state.conversations.delete(id);
+      if (id !== state.currentId) return renderConversationList();
+    } else if (event.key === STORE.apiKey) return updateKeyButton();
+    else return;
+    if (!current()) state.currentId = null;
+    renderAll();
+  }
+
+  // -- notices and announcements ----------------------------------------------------
+
+  function showNotice(text) {
+    if (ui.notice.hidden || ui.noticeText.textContent !== text) ui.noticeText.textContent = text;
+    ui.notice.hidden = false;
+  }
+
+  // a screen reader hears each finished reply once (the message list itself is not live:
+  // rewriting it token by token would be read out over and over)
+  function announce(text) {
+    ui.announcer.textContent = text.length > 4000 ? `${text.slice(0, 4000)}…` : text;
   }
 
   // -- the server ---------------------------------------------------------------------
@@ -100,7 +164,7 @@
         event.preventDefault();
         const key = ui.keyInput.value.trim();
         if (!key) return;
-        save(STORE.apiKey, key);
+        save(STORE.apiKey, key, "The API key");
         finish(true);
       };
       const onCancel = (event) => {
@@ -150,7 +214,7 @@
     let buffer = "";
     for (;;) {
       const { value, done } = await reader.read();
-      if (done) return;
+      if (done) throw new ServerError("The connection closed before the reply ended.");
       buffer += value;
       let end;
       while ((end = /\r?\n\r?\n/.exec(buffer))) {
@@ -168,6 +232,7 @@
     }
   }
 
+  // public, so it says only whether a key is needed when one is; the rest comes from /v1/models
   async function loadConfig() {
     try {
       const response = await fetch("webui/config.json");
@@ -175,65 +240,122 @@
     } catch {
       // the page still works with what /v1/models says
     }
-    if (state.config.max_model_len) ui.maxTokens.max = String(state.config.max_model_len);
   }
 
   async function loadModels() {
-    let names = state.config.models || (state.config.model ? [state.config.model] : []);
     try {
       const response = await api("v1/models");
-      if (response.ok) names = (await response.json()).data.map((model) => model.id);
+      if (response.ok) state.models = (await response.json()).data;
     } catch {
       // offline for a moment: keep the names from config.json
     }
+    const names = state.models.length ? state.models.map((model) => model.id) : state.config.models || [];
     ui.model.replaceChildren(
       ...names.map((name) => {
         const option = document.createElement("option");
-        option.value = option.textContent = name;
+        option.value = option.textContent = option.title = name;
         return option;
       })
     );
     if (names.includes(state.settings.model)) ui.model.value = state.settings.model;
+    modelChosen();
+  }
+
+  // the picker shows the whole name as a tooltip; max tokens is bounded by that model's context
+  function modelChosen() {
+    ui.model.title = ui.model.value;
+    const limit = state.models.find((model) => model.id === ui.model.value)?.max_model_len;
+    if (limit) ui.maxTokens.max = String(limit);
+    else ui.maxTokens.removeAttribute("max");
   }
 
   // -- conversations --------------------------------------------------------------------
 
   function current() {
-    return state.conversations.find((c) => c.id === state.currentId) || null;
+    return state.conversations.get(state.currentId) || null;
   }
 
-  function newConversation() {
-    const conversation = { id: `c${Date.now().toString(36)}${Math.random().toString(36).slice(2, 6)}`, title: NEW_TITLE, messages: [] };
-    state.conversations.unshift(conversation);
+  function sortedConversations() {
+    return [...state.conversations.values()].sort((a, b) => (b.updated || 0) - (a.updated || 0));
+  }
+
+  // a conversation starts with its first message, keeping the system prompt of that moment
+  function newConversation(text) {
+    const now = Date.now();
+    const conversation = {
+      id: `${now.toString(36)}${Math.random().toString(36).slice(2, 8)}`,
+      title: text.trim().split("\n")[0].slice(0, 60) || NEW_TITLE,
+      system: state.settings.system,
+      created: now,
+      updated: now,
+      messages: [],
+    };
+    state.conversations.set(conversation.id, conversation);
     state.currentId = conversation.id;
-    persist();
+    rememberCurrent();
     return conversation;
   }
 
   function selectConversation(id) {
     if (state.streaming) stop();
     state.currentId = id;
-    persist();
+    rememberCurrent();
     renderAll();
-    closeSidebar();
+    closeSidebar(false);
     ui.prompt.focus();
   }
 
-  function deleteConversation(id) {
-    if (state.streaming && current()?.id === id) stop();
-    state.conversations = state.conversations.filter((c) => c.id !== id);
-    if (state.currentId === id) state.currentId = state.conversations[0]?.id || null;
-    persist();
-    renderAll();
+  function confirmDelete(conversation) {
+    ui.deleteText.textContent = `Delete the chat “${conversation.title}”? This cannot be undone.`;
+    ui.deleteDialog.returnValue = "";
+    ui.deleteDialog.onclose = () => {
+      if (ui.deleteDialog.returnValue === "delete") deleteConversation(conversation.id);
+      else ui.conversations.querySelector(`[data-id="${CSS.escape(conversation.id)}"] .conversation-delete`)?.focus();
+    };
+    ui.deleteDialog.showModal();
+    ui.deleteCancel.focus();
   }
 
-  // what the model is sent: the system prompt, then each turn that has text
+  function deleteConversation(id) {
+    if (state.streaming?.conversation.id === id) stop();
+    state.conversations.delete(id);
+    localStorage.removeItem(STORE.chatPrefix + id);
+    if (state.currentId === id) {
+      state.currentId = null;
+      rememberCurrent();
+    }
+    renderAll();
+    ui.prompt.focus();
+  }
+
+  // a reply's reasoning and answer: the server's reasoning field, else (no reasoning parser on
+  // the server) a <think>...</think> block the model wrote at the start of its content
+  function replyParts(message) {
+    const content = message.content || "";
+    if (message.reasoning || state.config.reasoning) return { reasoning: message.reasoning || "", answer: content };
+    const open = /^\s*<think>/.exec(content);
+    const close = content.indexOf("</think>");
+    if (!open && (close < 0 || content.slice(0, close).includes("<think>"))) return { reasoning: "", answer: content };
+    const start = open ? open[0].length : 0;
+    if (close < 0) return { reasoning: content.slice(start), answer: "" };
+    return { reasoning: content.slice(start, close), answer: content.slice(close + "</think>".length).trimStart() };
+  }
+
+  // what the model is sent: the conversation's system prompt, then each answered turn and the
+  // question being asked; a turn that failed or was stopped before any answer is left out, so
+  // the roles alternate and a failed message is never sent twice
   function requestMessages(conversation) {
     const messages = [];
-    if (state.settings.system.trim()) messages.push({ role: "system", content: state.settings.system });
-    for (const message of conversation.messages) {
-      if (message.content) messages.push({ role: message.role, content: message.content });
-    }
+    if (conversation.system?.trim()) messages.push({ role: "system", content: conversation.system });
+    const turns = conversation.messages;
+    turns.forEach((turn, k) => {
+      if (turn.role !== "user") return;
+      const reply = turns[k + 1];
+      if (!reply) messages.push({ role: "user", content: turn.content });
+      else if (reply.role === "assistant" && replyParts(reply).answer.trim()) {
+        messages.push({ role: "user", content: turn.content }, { role: "assistant", content: replyParts(reply).answer });
+      }
+    });
     return messages;
   }
 
@@ -247,22 +369,31 @@
     return body;
   }
 
-  async function send(text) {
+  function send(text) {
     if (state.streaming || !text.trim()) return;
-    const conversation = current() || newConversation();
-    if (conversation.title === NEW_TITLE) conversation.title = text.trim().split("\n")[0].slice(0, 60);
+    const conversation = current() || newConversation(text);
     conversation.messages.push({ role: "user", content: text });
+    ask(conversation);
+  }
+
+  // stream a reply to the conversation's last user message
+  async function ask(conversation) {
+    const question = conversation.messages[conversation.messages.length - 1];
+    delete question.failed;
     const body = requestBody(conversation);
-    const reply = { role: "assistant", content: "", reasoning: "", model: body.model || "" };
+    // marked stopped until it ends: a reply cut by a reload or a closed tab is kept, marked
+    const reply = { role: "assistant", content: "", reasoning: "", model: body.model || "", stopped: true };
     conversation.messages.push(reply);
-    persist();
+    conversation.updated = Date.now();
+    saveConversation(conversation);
     renderAll();
     const view = ui.messages.lastElementChild.view;
     const controller = new AbortController();
-    state.streaming = { controller, reply, view };
+    state.streaming = { controller, conversation, reply, view, savedAt: performance.now() };
     setStreaming(true);
     const started = performance.now();
     let firstToken = 0;
+    let finished = false;
     try {
       const response = await api("v1/chat/completions", {
         method: "POST",
@@ -287,20 +418,60 @@
         }
         scheduleUpdate();
       }
+      finished = true;
     } catch (error) {
-      if (error.name === "AbortError") reply.stopped = true;
-      else if (error instanceof ServerError) reply.error = error.message;
-      else reply.error = `Could not reach the server: ${error.message}`;
+      if (error.name !== "AbortError" && !state.leaving) {
+        reply.error =
+          error instanceof ServerError ? error.message : `Could not reach the server: ${error.message}`;
+      }
     } finally {
+      if (finished || reply.error) delete reply.stopped;
+      if (reply.error && !replyParts(reply).answer.trim()) question.failed = true;
       state.streaming = null;
-      persist();
-      updateReply(view, reply, false);
+      saveConversation(conversation);
+      if (current() === conversation) {
+        updateReply(view, reply, false);
+        const asked = [...ui.messages.children].find((article) => article.message === question);
+        asked?.replaceWith(messageView(question)); // marked failed, or no longer
+        refreshActions();
+      }
       setStreaming(false);
+      announce(finishedText(view, reply));
     }
+  }
+
+  function finishedText(view, reply) {
+    if (reply.error) return `The reply failed: ${reply.error}`;
+    const copy = view.content.cloneNode(true); // its text, without the code blocks' Copy buttons
+    copy.querySelectorAll(".code-head").forEach((head) => head.remove());
+    copy.querySelectorAll("p, li, pre, tr, blockquote, h1, h2, h3, h4, h5, h6").forEach((block) => block.append("\n"));
+    return `${reply.stopped ? "Reply stopped. " : ""}${copy.textContent.trim()}`;
   }
 
   function stop() {
     if (state.streaming) state.streaming.controller.abort();
+  }
+
+  // drop the last reply and ask again (Retry after a failure, Regenerate otherwise)
+  function regenerate() {
+    const conversation = current();
+    if (state.streaming || !conversation) return;
+    if (conversation.messages[conversation.messages.length - 1]?.role === "assistant") conversation.messages.pop();
+    if (conversation.messages.length) ask(conversation);
+  }
+
+  // take the last user message (and its reply) back into the message box, to change and resend
+  function editLast() {
+    const conversation = current();
+    if (state.streaming || !conversation) return;
+    const k = conversation.messages.findLastIndex((message) => message.role === "user");
+    if (k < 0) return;
+    const [question] = conversation.messages.splice(k);
+    saveConversation(conversation);
+    renderAll();
+    ui.prompt.value = question.content;
+    growPrompt();
+    ui.prompt.focus();
   }
 
   // -- rendering ---------------------------------------------------------------------------
@@ -312,7 +483,13 @@
     updatePending = true;
     const run = () => {
       updatePending = false;
-      if (state.streaming) updateReply(state.streaming.view, state.streaming.reply, true);
+      const streaming = state.streaming;
+      if (!streaming) return;
+      if (current() === streaming.conversation) updateReply(streaming.view, streaming.reply, true);
+      if (performance.now() - streaming.savedAt > SAVE_EVERY_MS) {
+        streaming.savedAt = performance.now();
+        saveConversation(streaming.conversation);
+      }
     };
     if (document.hidden) setTimeout(run, 100);
     else requestAnimationFrame(run);
@@ -330,23 +507,37 @@
     return node;
   }
 
+  function button(className, text, onClick) {
+    const node = element("button", className, text);
+    node.type = "button";
+    node.addEventListener("click", onClick);
+    return node;
+  }
+
   function messageView(message) {
     const article = element("article", `message ${message.role}`);
     article.setAttribute("aria-label", message.role === "user" ? "You" : "Assistant");
+    article.message = message;
+    const actions = element("div", "actions");
     if (message.role === "user") {
-      article.append(element("div", "content plain", message.content));
+      article.classList.toggle("failed", Boolean(message.failed));
+      const body = element("div", "bubble");
+      body.append(element("div", "content plain", message.content));
+      if (message.failed) body.append(element("p", "turn-note", "Failed: not sent again unless you Retry or Edit it"));
+      article.append(body, actions);
       return article;
     }
     const view = {
       article,
+      actions,
       reasoning: null,
       reasoningBody: null,
       content: element("div", "content markdown"),
       error: element("p", "error"),
       meta: element("p", "meta"),
+      answering: false,
     };
-    view.error.setAttribute("role", "alert");
-    article.append(view.content, view.error, view.meta);
+    article.append(view.content, view.error, view.meta, actions);
     article.view = view;
     updateReply(view, message, false);
     return article;
@@ -354,19 +545,23 @@
 
   function updateReply(view, message, streaming) {
     const follow = nearBottom();
-    if (message.reasoning && !view.reasoning) {
+    const { reasoning, answer } = replyParts(message);
+    if (reasoning && !view.reasoning) {
       view.reasoning = element("details", "reasoning");
       view.reasoning.append(element("summary", "", "Reasoning"));
       view.reasoningBody = element("div", "markdown");
       view.reasoning.append(view.reasoningBody);
+      view.reasoning.open = streaming && !answer; // seen growing while the model thinks
       view.article.prepend(view.reasoning);
     }
     if (view.reasoning) {
-      view.reasoning.querySelector("summary").textContent =
-        streaming && !message.content ? "Reasoning…" : "Reasoning";
-      view.reasoningBody.innerHTML = markdown.render(message.reasoning);
+      const thinking = streaming && !answer;
+      if (!thinking && !view.answering) view.reasoning.open = false; // folded once the answer starts
+      view.answering = !thinking;
+      view.reasoning.querySelector("summary").textContent = thinking ? "Reasoning…" : "Reasoning";
+      view.reasoningBody.innerHTML = markdown.render(reasoning);
     }
-    view.content.innerHTML = markdown.render(message.content);
+    view.content.innerHTML = markdown.render(answer);
     view.article.setAttribute("aria-busy", streaming ? "true" : "false");
     view.article.classList.toggle("streaming", streaming);
     view.error.textContent = message.error || "";
@@ -375,36 +570,61 @@
     if (message.model) facts.push(message.model);
     if (message.tokens) facts.push(`${message.tokens} tokens`);
     if (message.speed) facts.push(`${message.speed.toFixed(1)} tokens/s`);
-    if (message.stopped) facts.push("stopped");
-    else if (message.finish === "length") facts.push("cut at the token limit");
-    view.meta.textContent = streaming ? "" : facts.join(" · ");
+    if (message.finish === "length") facts.push("cut at the token limit");
+    view.meta.replaceChildren();
+    if (!streaming && message.stopped) view.meta.append(element("span", "stopped-mark", "stopped"));
+    if (!streaming && facts.length) view.meta.append(`${message.stopped ? " · " : ""}${facts.join(" · ")}`);
     if (follow) ui.messages.scrollTop = ui.messages.scrollHeight;
+  }
+
+  // Copy on every message; Edit on the last question, Retry / Regenerate on the last reply
+  function refreshActions() {
+    const articles = [...ui.messages.querySelectorAll("article.message")];
+    const lastUser = articles.findLast((article) => article.message.role === "user");
+    const last = articles[articles.length - 1];
+    for (const article of articles) {
+      const { message } = article;
+      const actions = article.querySelector(":scope > .actions");
+      const buttons = [];
+      if (message.content) buttons.push(button("copy-message", "Copy", (event) => copyText(message.content, event.currentTarget)));
+      if (!state.streaming && article === lastUser) buttons.push(button("edit-message", "Edit", editLast));
+      if (!state.streaming && article === last && message.role === "assistant") {
+        const failed = lastUser?.message.failed;
+        buttons.push(button("regenerate", failed ? "Retry" : "Regenerate", regenerate));
+      }
+      actions.replaceChildren(...buttons);
+    }
   }
 
   function renderConversationList() {
     ui.conversations.replaceChildren(
-      ...state.conversations.map((conversation) => {
+      ...sortedConversations().map((conversation) => {
         const item = element("li", "conversation");
-        const open = element("button", "conversation-open", conversation.title);
-        open.type = "button";
+        item.dataset.id = conversation.id;
+        const open = button("conversation-open", conversation.title, () => selectConversation(conversation.id));
         if (conversation.id === state.currentId) open.setAttribute("aria-current", "true");
-        open.addEventListener("click", () => selectConversation(conversation.id));
-        const remove = element("button", "conversation-delete icon-button", "×");
-        remove.type = "button";
-        remove.setAttribute("aria-label", `Delete the conversation “${conversation.title}”`);
+        const remove = button("conversation-delete icon-button", "×", () => confirmDelete(conversation));
+        remove.setAttribute("aria-label", `Delete the chat “${conversation.title}”`);
         remove.title = "Delete";
-        remove.addEventListener("click", () => deleteConversation(conversation.id));
         item.append(open, remove);
         return item;
       })
     );
   }
 
+  function systemNote(conversation) {
+    const note = element("details", "system-note");
+    note.append(element("summary", "", "System prompt"), element("div", "plain", conversation.system));
+    return note;
+  }
+
   function renderAll() {
     renderConversationList();
     const conversation = current();
-    const messages = conversation ? conversation.messages : [];
-    ui.messages.replaceChildren(...(messages.length ? messages.map(messageView) : [ui.emptyHint]));
+    const views = conversation ? conversation.messages.map(messageView) : [];
+    if (views.length && conversation.system?.trim()) views.unshift(systemNote(conversation));
+    ui.messages.replaceChildren(...(views.length ? views : [ui.emptyHint]));
+    refreshActions();
     ui.messages.scrollTop = ui.messages.scrollHeight;
   }
 
@@ -419,16 +639,22 @@
     ui.forgetKey.hidden = !load(STORE.apiKey, "");
   }
 
+  // on a phone the list slides over the chat: a backdrop closes it, the chat behind is inert
   function openSidebar() {
     ui.sidebar.classList.add("open");
+    ui.backdrop.hidden = false;
+    ui.main.inert = true;
     ui.openSidebar.setAttribute("aria-expanded", "true");
     ui.newChat.focus();
   }
 
-  function closeSidebar() {
+  function closeSidebar(refocus = true) {
     if (!ui.sidebar.classList.contains("open")) return;
     ui.sidebar.classList.remove("open");
+    ui.backdrop.hidden = true;
+    ui.main.inert = false;
     ui.openSidebar.setAttribute("aria-expanded", "false");
+    if (refocus) ui.openSidebar.focus();
   }
 
   function growPrompt() {
@@ -436,21 +662,21 @@
     ui.prompt.style.height = `${Math.min(ui.prompt.scrollHeight, 200)}px`;
   }
 
-  async function copyCode(button) {
-    const code = button.closest(".code").querySelector("code").textContent;
+  async function copyText(text, target) {
     try {
-      await navigator.clipboard.writeText(code);
+      await navigator.clipboard.writeText(text);
     } catch {
       // no clipboard API (a plain-http page): copy through a selection
       const area = element("textarea");
-      area.value = code;
+      area.value = text;
       document.body.append(area);
       area.select();
       document.execCommand("copy");
       area.remove();
     }
-    button.textContent = "Copied";
-    setTimeout(() => (button.textContent = "Copy"), 1500);
+    const label = target.textContent;
+    target.textContent = "Copied";
+    setTimeout(() => (target.textContent = label), 1500);
   }
 
   // -- wiring -----------------------------------------------------------------------------
@@ -472,10 +698,12 @@
     });
     ui.prompt.addEventListener("input", growPrompt);
     document.addEventListener("keydown", (event) => {
-      if (event.key === "Escape" && state.streaming && !ui.keyDialog.open) {
+      if (event.key !== "Escape" || ui.keyDialog.open || ui.deleteDialog.open) return;
+      if (ui.sidebar.classList.contains("open")) closeSidebar();
+      else if (state.streaming) {
         event.preventDefault();
         stop();
-      } else if (event.key === "Escape") closeSidebar();
+      }
     });
     ui.stop.addEventListener("click", () => {
       stop();
@@ -483,17 +711,15 @@
     });
     ui.newChat.addEventListener("click", () => {
       if (state.streaming) stop();
-      const conversation = current();
-      if (!conversation || conversation.messages.length) newConversation();
+      state.currentId = null; // the chat is made by its first message
+      rememberCurrent();
       renderAll();
-      closeSidebar();
+      closeSidebar(false);
       ui.prompt.focus();
     });
     ui.openSidebar.addEventListener("click", openSidebar);
-    ui.closeSidebar.addEventListener("click", () => {
-      closeSidebar();
-      ui.openSidebar.focus();
-    });
+    ui.closeSidebar.addEventListener("click", () => closeSidebar());
+    ui.backdrop.addEventListener("click", () => closeSidebar());
     ui.toggleSettings.addEventListener("click", () => {
       ui.settings.hidden = !ui.settings.hidden;
       ui.toggleSettings.setAttribute("aria-expanded", String(!ui.settings.hidden));
@@ -502,6 +728,7 @@
     ui.model.addEventListener("change", () => {
       state.settings.model = ui.model.value;
       saveSettings();
+      modelChosen();
     });
     for (const [input, key] of [
       [ui.system, "system"],
@@ -518,21 +745,37 @@
       localStorage.removeItem(STORE.apiKey);
       updateKeyButton();
     });
-    ui.messages.addEventListener("click", (event) => {
-      const button = event.target.closest(".copy-code");
-      if (button) copyCode(button);
+    ui.deleteForm.addEventListener("submit", (event) => {
+      event.preventDefault();
+      ui.deleteDialog.close("delete");
     });
-    // a reload while a reply arrives keeps what came so far (else storage is already up to date,
-    // and writing this page's copy back could undo what another tab stored)
-    window.addEventListener("pagehide", () => state.streaming && persist());
+    ui.deleteCancel.addEventListener("click", () => ui.deleteDialog.close(""));
+    ui.noticeDismiss.addEventListener("click", () => {
+      ui.notice.hidden = true;
+      ui.prompt.focus();
+    });
+    ui.messages.addEventListener("click", (event) => {
+      const copy = event.target.closest(".copy-code");
+      if (copy) copyText(copy.closest(".code").querySelector("code").textContent, copy);
+    });
+    window.addEventListener("storage", onStorage);
+    // a reload or a closed tab while a reply arrives keeps what came so far, marked stopped
+    window.addEventListener("pagehide", () => {
+      state.leaving = true;
+      if (state.streaming) saveConversation(state.streaming.conversation);
+    });
+    window.addEventListener("pageshow", () => (state.leaving = false)); // back from the back-forward cache
   }
 
   async function start() {
+    loadConversations();
+    if (!current()) state.currentId = null;
     wire();
     updateKeyButton();
     renderAll();
     await loadConfig();
     await loadModels();
+    renderAll(); // with the config: <think> blocks fold when the server has no reasoning parser
     document.body.dataset.ready = "true"; // for tests and scripts: the model list is in
   }
 

@@ -1,6 +1,7 @@
 // A small Markdown renderer and code highlighter for model replies (no dependencies).
 // Every piece of the model's text goes through escapeHtml before it reaches the page, and
-// links keep only http(s) and mailto targets: a reply can format, never inject markup.
+// links keep only http(s) and mailto targets: a reply can format, never inject markup (the one
+// tag read as HTML is <br>, as a line break). Math ($...$, \[...\]) stays text as written.
 // Unclosed constructs (a code fence still streaming) render as if closed at the end.
 "use strict";
 
@@ -193,33 +194,115 @@
   // -- inline Markdown --------------------------------------------------------------
 
   const SAFE_URL = /^(?:https?:\/\/|mailto:)/i;
-  const ESCAPABLE = /[\\`*_{}[\]()#+\-.!|~<>]/;
-  const AUTOLINK = /https?:\/\/[^\s<>"'`]*[^\s<>"'`.,;:!?)\]]/y;
+  const ESCAPABLE = /[\\`*_{}[\]()#+\-.!|~<>$]/;
+  const BARE_URL = /https?:\/\/[^\s<>"'`]+/y;
+  const ANGLE_AUTOLINK = /<((?:https?:\/\/|mailto:)[^\s<>]*)>/y;
+  const ANGLE_EMAIL = /<([\w.+-]+@[\w-]+(?:\.[\w-]+)+)>/y;
+  const LINE_BREAK_TAG = /<br\s*\/?>/iy; // the one HTML tag models use in tables: a line break, nothing else
+  const MATH = [["$$", "$$"], ["\\[", "\\]"], ["\\(", "\\)"], ["$", "$"]];
   const EMPHASIS_REACH = 2000; // how far a closing * or _ is looked for: long unmatched runs stay linear-ish
 
   function link(href, labelHtml) {
     return `<a href="${escapeHtml(href)}" target="_blank" rel="noopener noreferrer nofollow">${labelHtml}</a>`;
   }
 
-  // the closing delimiter run for one opened at `from`: same run, not after a space
-  function closingRun(text, run, from) {
-    let j = from;
+  // the length of a run of `char` at `at`
+  function runLength(text, at, char) {
+    let n = 0;
+    while (text[at + n] === char) n++;
+    return n;
+  }
+
+  // where the run closing one of `size` opened at `from` starts: a run of exactly that size, not
+  // after a space (runs of another size are nested emphasis: *a **b** c*), or -1
+  function closingRun(text, char, size, from) {
     const limit = Math.min(text.length, from + EMPHASIS_REACH);
+    let j = from;
     while (j < limit) {
-      j = text.indexOf(run, j);
+      j = text.indexOf(char, j);
       if (j < 0 || j >= limit) return -1;
-      const after = text[j + run.length];
-      if (!/\s/.test(text[j - 1]) && after !== run[0] && (run[0] !== "_" || !after || !/\w/.test(after))) return j;
-      j += 1;
+      const n = runLength(text, j, char);
+      const after = text[j + n];
+      if (n === size && !/\s/.test(text[j - 1]) && (char !== "_" || !after || !/\w/.test(after))) return j;
+      j += n;
     }
     return -1;
   }
 
-  function inline(text) {
+  // a bare URL's end: trailing punctuation is the sentence's, a ")" only when unbalanced (GFM)
+  function trimUrl(url) {
+    for (;;) {
+      const last = url[url.length - 1];
+      if (/[.,;:!?*_~'"\]]/.test(last)) url = url.slice(0, -1);
+      else if (last === ")" && url.split(")").length > url.split("(").length) url = url.slice(0, -1);
+      else return url;
+    }
+  }
+
+  // `[label](destination "title")` at `at`: [label, destination, length] or null; the
+  // destination may hold balanced parentheses (https://en.wikipedia.org/wiki/Foo_(bar))
+  function inlineLink(text, at) {
+    let depth = 0;
+    let i = at + 1;
+    for (; i < text.length && i < at + 1024; i++) {
+      const c = text[i];
+      if (c === "\\") i++;
+      else if (c === "[") depth++;
+      else if (c === "]" && depth-- === 0) break;
+      else if (c === "\n" && text[i + 1] === "\n") return null;
+    }
+    if (text[i] !== "]" || text[i + 1] !== "(") return null;
+    const label = text.slice(at + 1, i);
+    i += 2;
+    while (text[i] === " ") i++;
+    let destination = "";
+    if (text[i] === "<") {
+      const end = text.indexOf(">", i);
+      if (end < 0 || /[\n<]/.test(text.slice(i + 1, end))) return null;
+      destination = text.slice(i + 1, end);
+      i = end + 1;
+    } else {
+      let parens = 0;
+      const start = i;
+      for (; i < text.length && !/[\s\x00-\x1f]/.test(text[i]); i++) {
+        if (text[i] === "\\") i++;
+        else if (text[i] === "(") parens++;
+        else if (text[i] === ")" && parens-- === 0) break;
+      }
+      destination = text.slice(start, i);
+    }
+    const rest = /^(?:\s+(?:"[^"]*"|'[^']*'))?\s*\)/.exec(text.slice(i, i + 512));
+    if (!rest) return null;
+    return [label, destination, i + rest[0].length - at];
+  }
+
+  // math stays text as written: its backslashes, underscores and stars are not Markdown
+  function mathSpan(text, at) {
+    for (const [open, close] of MATH) {
+      if (!text.startsWith(open, at)) continue;
+      const from = at + open.length;
+      if (open === "$" && (/\s|\d/.test(text[from] || " ") || text[at + 1] === "$")) return 0;
+      const end = text.indexOf(close, from + 1);
+      if (end < 0 || (open === "$" && (/\s/.test(text[end - 1]) || /\d/.test(text[end + 1] || "")))) return 0;
+      return end + close.length - at;
+    }
+    return 0;
+  }
+
+  // inline Markdown as HTML; inside a link's label (`inLink`) no further links are made
+  function inline(text, inLink = false) {
     let out = "";
     let i = 0;
     while (i < text.length) {
       const c = text[i];
+      if (c === "$" || (c === "\\" && (text[i + 1] === "[" || text[i + 1] === "("))) {
+        const length = mathSpan(text, i);
+        if (length) {
+          out += escapeHtml(text.slice(i, i + length)).replace(/\n/g, "<br>");
+          i += length;
+          continue;
+        }
+      }
       if (c === "\\" && ESCAPABLE.test(text[i + 1] || "")) {
         out += escapeHtml(text[i + 1]);
         i += 2;
@@ -231,8 +314,7 @@
         continue;
       }
       if (c === "`") {
-        let n = 1;
-        while (text[i + n] === "`") n++;
+        const n = runLength(text, i, "`");
         const fence = "`".repeat(n);
         const end = text.indexOf(fence, i + n);
         if (end > 0) {
@@ -246,35 +328,53 @@
         }
         continue;
       }
-      if (c === "[" || (c === "!" && text[i + 1] === "[")) {
-        const start = c === "!" ? i + 1 : i;
-        const match = /^\[([^\]\n]*)\]\(\s*<?([^\s()<>]*)>?(?:\s+"[^"]*")?\s*\)/.exec(text.slice(start, start + 2048));
-        if (match) {
-          const label = match[1] || match[2];
-          out += SAFE_URL.test(match[2]) ? link(match[2], inline(label)) : inline(label);
-          i = start + match[0].length;
+      if (c === "<") {
+        LINE_BREAK_TAG.lastIndex = i;
+        const br = LINE_BREAK_TAG.exec(text);
+        if (br) {
+          out += "<br>";
+          i += br[0].length;
+          continue;
+        }
+        ANGLE_AUTOLINK.lastIndex = ANGLE_EMAIL.lastIndex = i;
+        const url = ANGLE_AUTOLINK.exec(text);
+        const email = !url && ANGLE_EMAIL.exec(text);
+        if (url || email) {
+          const target = url ? url[1] : email[1];
+          out += inLink ? escapeHtml(target) : link(url ? target : `mailto:${target}`, escapeHtml(target));
+          i += (url || email)[0].length;
           continue;
         }
       }
-      if ((c === "h" || c === "H") && !/\w/.test(text[i - 1] || "")) {
-        AUTOLINK.lastIndex = i;
-        const url = AUTOLINK.exec(text);
-        if (url) {
-          out += link(url[0], escapeHtml(url[0]));
-          i += url[0].length;
+      if (!inLink && (c === "[" || (c === "!" && text[i + 1] === "["))) {
+        const start = c === "!" ? i + 1 : i;
+        const match = inlineLink(text, start);
+        if (match) {
+          const [label, href] = match;
+          const labelHtml = inline(label || href, true);
+          out += SAFE_URL.test(href) ? link(href, labelHtml) : labelHtml;
+          i = start + match[2];
+          continue;
+        }
+      }
+      if (!inLink && (c === "h" || c === "H") && !/\w/.test(text[i - 1] || "")) {
+        BARE_URL.lastIndex = i;
+        const found = BARE_URL.exec(text);
+        const url = found && trimUrl(found[0]);
+        if (url && /^https?:\/\/[^/]/i.test(url)) {
+          out += link(url, escapeHtml(url));
+          i += url.length;
           continue;
         }
       }
       if (c === "*" || c === "_" || c === "~") {
-        let n = 1;
-        while (text[i + n] === c) n++;
+        const n = runLength(text, i, c);
         const opens = text[i + n] && !/\s/.test(text[i + n]) && (c !== "_" || !/\w/.test(text[i - 1] || ""));
         const size = c === "~" ? (n === 2 ? 2 : 0) : Math.min(n, 3);
-        if (opens && size > 0) {
-          const run = c.repeat(size);
-          const end = closingRun(text, run, i + size + 1);
+        if (opens && size > 0 && size === n) {
+          const end = closingRun(text, c, size, i + size + 1);
           if (end > 0) {
-            let body = inline(text.slice(i + size, end));
+            let body = inline(text.slice(i + size, end), inLink);
             if (c === "~") body = `<del>${body}</del>`;
             else if (size === 1) body = `<em>${body}</em>`;
             else if (size === 2) body = `<strong>${body}</strong>`;
@@ -302,11 +402,23 @@
   const QUOTE = /^ {0,3}> ?/;
   const ITEM = /^( *)([-*+]|\d{1,9}[.)])(?:\s+(.*))?$/;
   const TABLE_RULE = /^\s*\|?\s*:?-+:?\s*(?:\|\s*:?-+:?\s*)*\|?\s*$/;
+  const SETEXT = /^ {0,3}(=+|-+)\s*$/;
 
-  function startsBlock(line, next) {
+  // a table starts at `line` when `next` is its delimiter row, with as many columns as the header
+  function startsTable(line, next) {
     return (
-      FENCE.test(line) || HEADING.test(line) || RULE.test(line) || QUOTE.test(line) || ITEM.test(line) ||
-      (line.includes("|") && next !== undefined && TABLE_RULE.test(next) && next.includes("-"))
+      line.includes("|") && next !== undefined && next.includes("-") && TABLE_RULE.test(next) &&
+      cells(line).length === cells(next).length
+    );
+  }
+
+  // whether `line` ends a paragraph: a list interrupts one only with a non-empty item, and an
+  // ordered one only when it starts at 1 ("In the year\n2020. things happened" is one paragraph)
+  function startsBlock(line, next) {
+    const item = ITEM.exec(line);
+    return (
+      FENCE.test(line) || HEADING.test(line) || RULE.test(line) || QUOTE.test(line) || startsTable(line, next) ||
+      (item !== null && Boolean(item[3]) && (!/\d/.test(item[2]) || parseInt(item[2], 10) === 1))
     );
   }
 
@@ -380,11 +492,14 @@
         const ordered = /\d/.test(m[2]);
         const indent = m[1].length;
         const start = ordered ? parseInt(m[2], 10) : 1;
+        // a list's items share a marker: "-", "*", "+", or an ordered one's "." or ")"
+        const marker = m[2].slice(-1);
+        const sameList = (item) => item && item[1].length <= indent + 1 && item[2].slice(-1) === marker;
         const items = [];
         let loose = false;
         while (i < lines.length) {
           const item = ITEM.exec(lines[i]);
-          if (!item || item[1].length > indent + 1 || /\d/.test(item[2]) !== ordered) break;
+          if (!sameList(item)) break;
           const contentIndent = item[1].length + item[2].length + 1;
           const body = [item[3] || ""];
           i++;
@@ -402,15 +517,14 @@
               }
               break;
             }
-            if (nextIndent < contentIndent && startsBlock(next, lines[i + 1])) break;
+            if (nextIndent < contentIndent && (ITEM.test(next) || startsBlock(next, lines[i + 1]))) break;
             body.push(next.slice(Math.min(nextIndent, contentIndent)));
             i++;
           }
           items.push(body);
           if (i < lines.length && !lines[i].trim()) {
             const after = lines[i + 1];
-            const more = after !== undefined && ITEM.exec(after);
-            if (more && more[1].length <= indent + 1 && /\d/.test(more[2]) === ordered) {
+            if (after !== undefined && sameList(ITEM.exec(after))) {
               loose = true;
               i++;
             }
@@ -427,7 +541,7 @@
         out += `</${tag}>`;
         continue;
       }
-      if (line.includes("|") && i + 1 < lines.length && TABLE_RULE.test(lines[i + 1]) && lines[i + 1].includes("-")) {
+      if (startsTable(line, lines[i + 1])) {
         const head = cells(line);
         const align = cells(lines[i + 1]).map((c) =>
           c.startsWith(":") && c.endsWith(":") ? "center" : c.endsWith(":") ? "right" : c.startsWith(":") ? "left" : ""
@@ -445,11 +559,18 @@
         continue;
       }
       const para = [];
-      while (i < lines.length && lines[i].trim() && (para.length === 0 || !startsBlock(lines[i], lines[i + 1]))) {
+      let setext = null;
+      while (i < lines.length && lines[i].trim()) {
+        if (para.length && (setext = SETEXT.exec(lines[i]))) break; // "Title\n===" or "Title\n---"
+        if (para.length && startsBlock(lines[i], lines[i + 1])) break;
         para.push(lines[i].trim());
         i++;
       }
-      out += `<p>${inline(para.join("\n"))}</p>`;
+      if (setext) {
+        const level = setext[1][0] === "=" ? 1 : 2;
+        out += `<h${level}>${inline(para.join("\n"))}</h${level}>`;
+        i++;
+      } else out += `<p>${inline(para.join("\n"))}</p>`;
     }
     return out;
   }
