@@ -32,6 +32,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "llmp.inputs",
             "llmp.sampling_params",
             "llmp.pooling_params",
+            "llmp.lora",
             "llmp.outputs",
             "llmp.hookspecs",
             "llmp.config",

@@ -78,7 +78,13 @@ __all__ = [
     "KVManagerSpec",
     "KernelSet",
     "KernelSetSpec",
+    "InvalidLoRAAdapterError",
     "LLMPError",
+    "LoRAAdapterNotFoundError",
+    "LoRAKernels",
+    "LoRAMapping",
+    "LoRAResolver",
+    "LoRAResolverSpec",
     "Model",
     "ModelLoadError",
     "ModelSpec",
@@ -194,6 +200,17 @@ class RequestValidationError(LLMPError, ValueError):
     def message_for(self, name: str) -> str:
         """The message, naming the field ``name`` where it names the field."""
         return self._message(name) if callable(self._message) else self._message
+
+
+class LoRAAdapterNotFoundError(LLMPError, LookupError):
+    """A LoRA adapter that is not there: its directory or ``adapter_config.json`` is missing, or
+    no served or resolvable adapter has the name. Front-ends answer their protocol's 404."""
+
+
+class InvalidLoRAAdapterError(RequestValidationError):
+    """A LoRA adapter llmp will not serve: rank above ``--max-lora-rank``, another base model,
+    targets or features it cannot apply (DoRA, biases, ``modules_to_save``, extra vocabulary),
+    a corrupt file, or a name loaded twice. ``field`` is ``"model"`` or ``"lora_path"``; a 400."""
 
 
 class EngineDeadError(LLMPError):
@@ -321,6 +338,15 @@ class FrontendSpec(ComponentSpec):
 
 
 @dataclass(frozen=True, kw_only=True)
+class LoRAResolverSpec(ComponentSpec):
+    """A LoRA resolver: finds an adapter a request names that the server does not serve yet
+    (see :class:`LoRAResolver`). ``impl`` is a factory ``(options: FrontendOptions) -> LoRAResolver``.
+    Resolvers run only with ``--enable-lora-runtime-updates``, in registry order."""
+
+    kind: ClassVar[str] = "lora_resolver"
+
+
+@dataclass(frozen=True, kw_only=True)
 class ToolParserSpec(ComponentSpec):
     """A tool-call parser, selected with ``--tool-call-parser NAME``."""
 
@@ -376,6 +402,7 @@ SPEC_TYPES: dict[str, type[ComponentSpec]] = {
         KernelSetSpec,
         ExecutorSpec,
         FrontendSpec,
+        LoRAResolverSpec,
         ToolParserSpec,
         ReasoningParserSpec,
         SchedulerSpec,
@@ -568,6 +595,47 @@ class PacksLinear(Protocol):
     """
 
     def pack_linear(self, weight: Tensor, bias: Tensor | None) -> Callable[[Tensor], Tensor] | None: ...
+
+
+@dataclass(slots=True)
+class LoRAMapping:
+    """Which rows of a forward call run with which LoRA slot: built once per call by the model runner
+    (``llmp.modeling.lora``) and read by every adapted layer and by :class:`LoRAKernels`."""
+
+    token_slots: Tensor  # [T] int64 on the device: each row's slot, -1 = the base model only
+    rows: Tensor  # [N] int64 on the device: the rows with a slot, grouped by slot ascending, row order kept
+    group_slots: tuple[int, ...]  # the slot of each group
+    group_sizes: tuple[int, ...]  # rows per group (sum = N)
+
+
+@runtime_checkable
+class LoRAKernels(Protocol):
+    """Optional part of a :class:`KernelSet`: the two batched matmuls of multi-LoRA (vLLM's punica
+    shrink and expand). ``--enable-lora`` needs a kernel set with them.
+
+    ``a`` stacks every slot's A ``[L, R, in]`` and ``b`` every slot's B ``[L, out, R]`` (scaling
+    already in B; a slot of lower rank is zero-padded to R). Rows are those of ``mapping.rows``.
+    A row's result must depend only on that row and its slot's weights (on the CPU, matmuls in
+    ``llmp.modeling.layers.row_invariant`` blocks), so greedy output never depends on the batch.
+    """
+
+    def lora_shrink(self, x: Tensor, a: Tensor, mapping: LoRAMapping) -> Tensor:
+        """``s[j] = x[rows[j]] @ a[slot(j)].T``: x [T, in] -> s [N, R] in x's dtype."""
+        ...
+
+    def lora_expand(self, y: Tensor, s: Tensor, b: Tensor, mapping: LoRAMapping) -> None:
+        """``y[rows[j]] += s[j] @ b[slot(j)].T`` in place: y [T, out], s [N, R]."""
+        ...
+
+
+class LoRAResolver(Protocol):
+    """Finds a LoRA adapter by the name a request gives (``model``), for ``llmp_register_lora_resolvers``.
+
+    Returns a :class:`llmp.LoRARequest` (its ``lora_int_id`` is replaced by the server's own) or
+    ``None`` when this resolver does not know the name; the first resolver whose adapter loads wins.
+    """
+
+    async def resolve_lora(self, base_model_name: str, lora_name: str) -> Any: ...
 
 
 class Model(Protocol):

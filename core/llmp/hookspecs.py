@@ -35,6 +35,7 @@ from llmp.api import (
     FrontendSpec,
     KernelSetSpec,
     KVManagerSpec,
+    LoRAResolverSpec,
     ModelSpec,
     ReasoningParserSpec,
     SchedulerSpec,
@@ -122,6 +123,26 @@ def llmp_register_frontends() -> Iterable[FrontendSpec]:
         @hookimpl
         def llmp_register_frontends():
             yield FrontendSpec(name="openai", impl="llmp_frontend_openai.frontend:OpenAIFrontend")
+    """
+
+
+@hookspec
+def llmp_register_lora_resolvers() -> Iterable[LoRAResolverSpec]:
+    """Register LoRA resolvers: where a server finds an adapter a request names that it does not
+    serve yet (a directory, a registry, object storage).
+
+    Called once per process, when resolvers are looked up or plugins are listed. ``impl`` is a
+    factory ``(options: FrontendOptions) -> LoRAResolver`` (:class:`llmp.api.LoRAResolver`).
+    Resolvers run only with ``--enable-lora-runtime-updates``; the built-in ``filesystem``
+    resolver serves the sub-directories of ``--lora-resolver-dir``.
+
+    :return: :class:`llmp.api.LoRAResolverSpec` records.
+
+    Example::
+
+        @hookimpl
+        def llmp_register_lora_resolvers():
+            yield LoRAResolverSpec(name="filesystem", impl="llmp.frontend.lora:FilesystemResolver")
     """
 
 

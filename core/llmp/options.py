@@ -38,7 +38,16 @@ __all__ = [
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"  # what ``model=None`` serves (a packaged GGUF)
 # The --help panels of llmp's own options, in the order they are shown; a plugin's option may
 # name another panel (shown after these), and an option naming none is in its record's panel.
-PANELS = ("Model", "Engine", "Parallelism", "Server", "Security and limits", "Tools and reasoning", "Front-ends")
+PANELS = (
+    "Model",
+    "Engine",
+    "Parallelism",
+    "Server",
+    "Security and limits",
+    "Tools and reasoning",
+    "LoRA adapters",
+    "Front-ends",
+)
 
 Dtype = Literal["auto", "bfloat16", "float16", "float32"]
 SchedulingPolicy = Literal["fcfs", "priority"]
@@ -50,6 +59,7 @@ Convert = Literal["auto", "none", "embed", "classify", "reward"]
 PrimaryTask = Literal["generate", "embed", "classify", "reward"]
 LogLevel = Literal["debug", "info", "warning", "error"]
 OverloadStatus = Literal[503, 429]
+MaxLoRARank = Literal[1, 8, 16, 32, 64, 128, 256, 320, 512]  # vLLM's choices
 
 
 def option(
@@ -223,6 +233,12 @@ class EngineConfig:
         metavar="JSON",
         panel="Model",
     )
+    enable_lora: bool = option(False, "Serve LoRA adapters (LoRARequest, --lora-modules).", panel="LoRA adapters")
+    max_loras: int = option(1, "Most LoRA adapters in one step (adapter slots).", ge=1, panel="LoRA adapters")
+    max_lora_rank: MaxLoRARank = option(16, "Largest LoRA rank served.", panel="LoRA adapters")
+    max_cpu_loras: int | None = option(
+        None, "LoRA adapters kept in CPU memory (default: --max-loras).", ge=1, panel="LoRA adapters"
+    )
     num_threads: int | None = option(None, "Torch threads of the engine (default: all cores).", ge=1, panel="Engine")
     # torch's generators take 0 to 2**64-1; vLLM refuses a negative engine seed too (numpy's seeding)
     seed: int = option(0, "Engine seed for requests without one.", ge=0, le=2**64 - 1, panel="Engine")
@@ -263,6 +279,13 @@ class ServerOptions:
         metavar="KEY",
         check=nonempty,
         panel="Security and limits",
+    )
+    lora_modules: tuple[str, ...] = option(
+        (),
+        'Adapter served as a model: NAME=PATH or {"name","path","base_model_name"} (repeatable).',
+        metavar="MODULE",
+        check=nonempty,
+        panel="LoRA adapters",
     )
     served_model_name: tuple[str, ...] = option(
         (),
@@ -395,6 +418,12 @@ class FrontendOptions:
     )
     exclude_tools_when_tool_choice_none: bool = option(
         False, "With tool_choice none, keep tools out of the prompt.", panel="Tools and reasoning"
+    )
+    enable_lora_runtime_updates: bool = option(
+        False, "Load and unload adapters over HTTP and through LoRA resolvers.", panel="LoRA adapters"
+    )
+    lora_resolver_dir: str | None = option(
+        None, "Directory whose sub-directories the filesystem resolver serves.", metavar="DIR", panel="LoRA adapters"
     )
     return_tokens_as_token_ids: bool = option(False, "Logprob tokens as 'token_id:N'.", panel="Front-ends")
     enable_force_include_usage: bool = option(False, "Usage on every streamed chunk.", panel="Front-ends")

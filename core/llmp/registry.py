@@ -36,6 +36,7 @@ HOOK_FOR_KIND: dict[str, str] = {
     "kernels": "llmp_register_kernels",
     "executor": "llmp_register_executors",
     "frontend": "llmp_register_frontends",
+    "lora_resolver": "llmp_register_lora_resolvers",
     "tool_parser": "llmp_register_tool_parsers",
     "reasoning_parser": "llmp_register_reasoning_parsers",
     "scheduler": "llmp_register_schedulers",

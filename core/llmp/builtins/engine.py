@@ -1,5 +1,5 @@
 """Built-in engine components: the default scheduler and KV-cache manager, the uniproc executor,
-the ``logging`` stat logger.
+the ``logging`` stat logger, the ``filesystem`` LoRA resolver.
 
 They are registered through the same hooks a third-party replacement uses.
 """
@@ -7,7 +7,7 @@ They are registered through the same hooks a third-party replacement uses.
 from collections.abc import Iterator
 
 from llmp import hookimpl
-from llmp.api import ExecutorSpec, KVManagerSpec, SchedulerSpec, StatLoggerSpec
+from llmp.api import ExecutorSpec, KVManagerSpec, LoRAResolverSpec, SchedulerSpec, StatLoggerSpec
 
 # the periodic statistics line's logger: the one --disable-log-stats leaves out
 LOGGING_STAT_LOGGER = "logging"
@@ -48,4 +48,14 @@ def llmp_register_stat_loggers() -> Iterator[StatLoggerSpec]:
         impl="llmp.engine.log_stats:LoggingStatLogger",
         description="Logs prompt and generation throughput, running and waiting requests, KV-cache usage and "
         "prefix-cache hit rate every 10 s while the engine works (--disable-log-stats turns it off).",
+    )
+
+
+@hookimpl
+def llmp_register_lora_resolvers() -> Iterator[LoRAResolverSpec]:
+    yield LoRAResolverSpec(
+        name="filesystem",
+        impl="llmp.frontend.lora:FilesystemResolver",
+        description="Serves <--lora-resolver-dir>/<name>/ when a request names an adapter not loaded yet "
+        "(a PEFT LoRA trained on the served model; with --enable-lora-runtime-updates).",
     )

@@ -181,6 +181,15 @@ class StepInputs:
     prompt_rows: list[tuple[int, int]]  # (first row, count) of each request wanting prompt logprobs
     pool_items: list[PoolItem] = field(default_factory=list)  # pooling requests this step completes
     token_type_ids: torch.Tensor | None = None  # [T]: only when some scheduled request has them
+    lora: LoRAStepInputs | None = None  # only when some scheduled request runs with a LoRA adapter
+
+
+@dataclass(slots=True)
+class LoRAStepInputs:
+    """The adapters of one step: each row's slot, and the adapters to copy into slots first."""
+
+    token_slots: torch.Tensor  # [T] int32 on the CPU: each row's slot, -1 = the base model only
+    loads: dict[int, Any] = field(default_factory=dict)  # slot -> llmp.modeling.lora.LoRAWeights to copy in
 
 
 HEAD_TASKS = ("classify", "score", "token_classify")  # the pooling tasks run through the model's ``classify``

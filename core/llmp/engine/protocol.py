@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 
 from llmp.inputs import Prompt
+from llmp.lora import LoRARequest
 from llmp.outputs import (
     ClassificationOutput,
     EmbeddingOutput,
@@ -31,6 +32,7 @@ class AddRequest(msgspec.Struct, tag=True):
     priority: int = 0
     delta: bool = True
     pooling: PoolingParams | None = None  # a pooling request (params is then ignored)
+    lora: LoRARequest | None = None  # the adapter it runs with
 
 
 class AbortRequests(msgspec.Struct, tag=True):

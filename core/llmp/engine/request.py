@@ -65,6 +65,8 @@ class Request:
     generator: Any = None  # torch.Generator of a seeded request, made on its first sample
     grammar: Any = None  # structured_output.GrammarState of a constrained request
     bad_words_token_ids: list[list[int]] = field(default_factory=list)  # see sampler.bad_words_token_ids
+    lora_request: Any = None  # the llmp.LoRARequest it runs with, or None (the base model)
+    lora_id: int = 0  # the engine's key of that adapter's load (0 = the base model): keys hashes, slots, the step cap
 
     def __post_init__(self) -> None:
         self.all_token_ids: list[int] = list(self.prompt_token_ids)
