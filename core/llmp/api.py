@@ -14,6 +14,7 @@ module                       for                               what it holds
                                                                ``ResolvedModel``
 ``llmp.options``             programs, commands, executors     ``EngineConfig``, ``ServerOptions``,
                                                                ``FrontendOptions``, ``option()``
+``llmp.lora``                programs, front-ends              ``LoRARequest``, ``parse_lora_module``
 ``llmp.cli.options``         command plugins                   ``options_command``, ``Select``
 ``llmp.frontend``            front-end plugins                 ``FrontendKit``, ``APIError`` and the error
                                                                helpers, HTTP helpers, ``render_chat``
@@ -120,6 +121,7 @@ PUBLIC_MODULES = (
     "llmp",
     "llmp.api",
     "llmp.options",
+    "llmp.lora",
     "llmp.cli.options",
     "llmp.frontend",
     "llmp.parsing",

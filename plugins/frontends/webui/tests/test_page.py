@@ -52,7 +52,10 @@ def test_a_reply_streams_in_token_by_token_as_markdown(page: Page) -> None:
         "return c.textContent",
         reply.find_element("css selector", ".content"),
     )
-    assert re.sub(r"\s+", "", announced) == re.sub(r"\s+", "", said) and "\n" in announced.strip()
+    visible = lambda text: re.sub(r"[\s\x00-\x1f\x7f]+", "", text)  # noqa: E731  (a random model writes controls)
+    assert visible(announced) == visible(said)
+    if default_model_installed():  # a real answer has a code block and a paragraph: read as separate lines
+        assert "\n" in announced.strip()
     meta = reply.find_element("css selector", ".meta").text
     assert meta.startswith(MODEL_NAMES[0]) and "tokens" in meta, meta
     (request,) = page.requests("v1/chat/completions")
@@ -68,10 +71,13 @@ def test_a_reply_streams_in_token_by_token_as_markdown(page: Page) -> None:
 def test_stop_ends_a_long_reply_and_the_server_drops_the_request(page: Page, server: LiveServer) -> None:
     from selenium.webdriver.common.keys import Keys
 
+    if not default_model_installed():  # re-run by CI's main pass, where it is installed
+        pytest.skip("needs the default model: a tiny random model finishes a 3000-token reply before Stop")
+
     page.settings(max_tokens=3000, temperature=1)
     for stop_with in ("button", "escape"):
         page.send("Tell me a very long story about a dragon and a lighthouse keeper, chapter by chapter.")
-        wait_for(lambda: len(page.reply_text()) > 40, "the long reply to start")
+        wait_for(lambda: page.streaming() and page.reply_text(), "the long reply to start")
         if stop_with == "button":
             page.el("#stop").click()
         else:
@@ -91,7 +97,7 @@ def test_stop_ends_a_long_reply_and_the_server_drops_the_request(page: Page, ser
     # a reload while a reply arrives keeps what came, marked stopped
     page.settings(max_tokens=3000, temperature=1)
     page.send("Tell me another very long story, about a fox.")
-    wait_for(lambda: len(page.reply_text()) > 40, "the long reply to start")
+    wait_for(lambda: page.streaming() and page.reply_text(), "the long reply to start")
     page.open()
     reply = page.all(".message.assistant")[-1]
     assert page.reply_text() and reply.find_element("css selector", ".stopped-mark").is_displayed()
