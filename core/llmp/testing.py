@@ -6,7 +6,8 @@
   :func:`assert_greedy_parity`, :func:`hf_greedy`, :func:`assert_classifier_parity`; embeddings: :func:`minilm_dir`,
   :func:`sentence_transformers_reference`; cross-encoders: :func:`tiny_pair_tokenizer`,
   :func:`save_tiny_cross_encoder`; a model class loaded alone: :func:`load_native_model`; the tiny Llama
-  as a llama.cpp GGUF file: :func:`save_tiny_gguf`.
+  as a llama.cpp GGUF file: :func:`save_tiny_gguf`; LoRA adapters in PEFT's format: :func:`save_random_lora`
+  (no peft needed) and :func:`save_peft_lora`.
 - Servers: :func:`serving` and :class:`LiveServer` (a real ``llmp serve`` on loopback),
   :func:`frontend_app` (a front-end's routes on the server's app, in-process),
   :func:`assert_openai_error`, :func:`free_port`, :func:`pid_alive`; a Hugging Face Hub on loopback
@@ -32,6 +33,7 @@ __all__ = [
     "TINY_ENCODER",
     "HubRepo",
     "LiveHub",
+    "LORA_TARGETS_ALL",
     "LiveServer",
     "assert_classifier_parity",
     "assert_greedy_parity",
@@ -47,6 +49,8 @@ __all__ = [
     "pip_install_target",
     "registered",
     "run_llmp",
+    "save_peft_lora",
+    "save_random_lora",
     "save_tiny_cross_encoder",
     "save_tiny_gguf",
     "load_native_model",
@@ -326,6 +330,163 @@ def save_tiny_llama(
     return save_tiny_model(
         path, "LlamaForCausalLM", seed=seed, logit_scale=logit_scale, max_shard_size=max_shard_size, **config
     )
+
+
+# -- LoRA adapters ------------------------------------------------------------
+
+LORA_TARGETS_ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def _lora_shapes(config: dict[str, Any], target: str) -> tuple[int, int, str]:
+    """``(in_features, out_features, kind)`` of one LoRA target of a decoder's config.json; kind is
+    ``"linear"`` or ``"embedding"`` (for which in_features is the vocabulary)."""
+    hidden, vocab = config["hidden_size"], config["vocab_size"]
+    heads = config["num_attention_heads"]
+    head_dim = config.get("head_dim") or hidden // heads
+    kv = (config.get("num_key_value_heads") or heads) * head_dim
+    shapes = {
+        "q_proj": (hidden, heads * head_dim),
+        "k_proj": (hidden, kv),
+        "v_proj": (hidden, kv),
+        "o_proj": (heads * head_dim, hidden),
+        "gate_proj": (hidden, config["intermediate_size"]),
+        "up_proj": (hidden, config["intermediate_size"]),
+        "down_proj": (config["intermediate_size"], hidden),
+        "lm_head": (hidden, vocab),
+        "embed_tokens": (vocab, hidden),
+    }
+    if target not in shapes:
+        raise ValueError(f"save_random_lora cannot build target {target!r}; it knows {', '.join(shapes)}")
+    return (*shapes[target], "embedding" if target == "embed_tokens" else "linear")
+
+
+def _random_lora_pair(generator: Any, kind: str, in_features: int, out_features: int, rank: int) -> tuple[Any, Any]:
+    """Seeded A ``[rank, in]`` and B ``[out, rank]`` whose update is of the size of the tiny models'
+    own weights (std 0.02): visible in greedy tokens, never dominating them."""
+    import torch
+
+    a_std = 0.1 if kind == "embedding" else in_features**-0.5  # an embedding's A column is the token's input
+    a = torch.randn(rank, in_features, generator=generator) * a_std
+    b = torch.randn(out_features, rank, generator=generator) * 0.05
+    return a, b
+
+
+def save_random_lora(
+    model_dir: Path,
+    out_dir: Path,
+    *,
+    rank: int = 8,
+    alpha: float = 16,
+    targets: Sequence[str] = LORA_TARGETS_ALL,
+    seed: int = 0,
+    base_model_name: str | None = None,
+    **config: Any,
+) -> Path:
+    """Write a PEFT-format LoRA adapter for the decoder at ``model_dir`` into ``out_dir``
+    (``adapter_config.json`` and ``adapter_model.safetensors``, float32), without peft.
+
+    Shapes come from ``model_dir/config.json``; ``targets`` are module names of every layer
+    (:data:`LORA_TARGETS_ALL`), plus ``"embed_tokens"`` and ``"lm_head"``. A and B are seeded
+    random (B is not zero, so the adapter changes greedy tokens). ``config`` sets or overrides
+    ``adapter_config.json`` fields (``use_rslora``, ``use_dora``...) as written, without changing
+    the tensors. Returns ``out_dir``; for server tests, plugin isolation runs and benchmarks.
+    """
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    model_config = json.loads((Path(model_dir) / "config.json").read_text())
+    generator = torch.Generator().manual_seed(seed)
+    tensors: dict[str, Any] = {}
+    for target in targets:
+        in_features, out_features, kind = _lora_shapes(model_config, target)
+        a, b = _random_lora_pair(generator, kind, in_features, out_features, rank)
+        if target in ("embed_tokens", "lm_head"):
+            module = "base_model.model." + ("model.embed_tokens" if target == "embed_tokens" else "lm_head")
+            names = [module]
+        else:
+            part = "self_attn" if target in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
+            names = [
+                f"base_model.model.model.layers.{i}.{part}.{target}" for i in range(model_config["num_hidden_layers"])
+            ]
+        for index, module in enumerate(names):
+            if index:  # every layer its own weights
+                a, b = _random_lora_pair(generator, kind, in_features, out_features, rank)
+            if kind == "embedding":
+                tensors[f"{module}.lora_embedding_A"], tensors[f"{module}.lora_embedding_B"] = a, b
+            else:
+                tensors[f"{module}.lora_A.weight"], tensors[f"{module}.lora_B.weight"] = a, b
+    adapter_config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base_model_name if base_model_name is not None else str(model_dir),
+        "r": rank,
+        "lora_alpha": alpha,
+        "target_modules": sorted(targets),
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "use_rslora": False,
+        "use_dora": False,
+        "modules_to_save": None,
+        "init_lora_weights": True,
+        "rank_pattern": {},
+        "alpha_pattern": {},
+        "inference_mode": True,
+        **config,
+    }
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "adapter_config.json").write_text(json.dumps(adapter_config, indent=2))
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out_dir / "adapter_model.safetensors"))
+    return out_dir
+
+
+def save_peft_lora(
+    model: Any,
+    out_dir: Path,
+    *,
+    rank: int = 8,
+    alpha: float = 16,
+    targets: Sequence[str] = LORA_TARGETS_ALL,
+    seed: int = 0,
+    base_model_name: str | None = None,
+    **peft_config: Any,
+) -> Any:
+    """Apply a seeded random LoRA adapter to the transformers ``model`` with peft, save it into
+    ``out_dir`` in PEFT's own format and return the ``PeftModel`` (eval mode, adapter applied;
+    ``merge_and_unload()`` gives the merged model). ``model`` is changed in place.
+
+    ``targets`` as :func:`save_random_lora`; ``peft_config`` goes to ``LoraConfig`` (``use_rslora``,
+    ``rank_pattern``, ``alpha_pattern``...). The weights are re-drawn as :func:`save_random_lora`
+    draws them (PEFT's own B starts at zero, a no-op adapter). Needs the ``peft`` package.
+    """
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(
+        r=rank, lora_alpha=alpha, target_modules=list(targets), lora_dropout=0.0, init_lora_weights=False, **peft_config
+    )
+    peft_model = get_peft_model(model, config)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, module in peft_model.named_modules():
+            if hasattr(module, "lora_embedding_A") and "default" in module.lora_embedding_A:
+                a, b = module.lora_embedding_A["default"], module.lora_embedding_B["default"]
+                new_a, new_b = _random_lora_pair(generator, "embedding", a.shape[1], b.shape[0], a.shape[0])
+            elif hasattr(module, "lora_A") and "default" in module.lora_A:
+                a, b = module.lora_A["default"].weight, module.lora_B["default"].weight
+                new_a, new_b = _random_lora_pair(generator, "linear", a.shape[1], b.shape[0], a.shape[0])
+            else:
+                continue
+            a.copy_(new_a)
+            b.copy_(new_b)
+    peft_model.peft_config["default"].base_model_name_or_path = (
+        base_model_name if base_model_name is not None else model.config.name_or_path
+    )
+    peft_model.save_pretrained(out_dir)
+    return peft_model.eval()
 
 
 def assert_classifier_parity(path: Path, architecture: str, *, seed: int, num_labels: int = 3, **config: Any) -> None:

@@ -264,7 +264,7 @@ def test_block_is_cached_once_decode_fills_it() -> None:
     kv.allocate_slots(a, 1)
     a.num_computed_tokens += 1
     assert len(kv.cached) == 2
-    assert kv.block_tokens[a.block_ids[1]] == (5, 6, 7, 8)
+    assert kv.block_tokens[a.block_ids[1]] == (0, (5, 6, 7, 8))  # (lora_id, tokens)
     # a new request with that 8-token prefix (plus one token) now hits both blocks
     b = req([1, 2, 3, 4, 5, 6, 7, 8, 50])
     blocks, _ = kv.get_computed_blocks(b)
@@ -343,7 +343,7 @@ def test_least_recently_freed_is_evicted_first_and_tail_before_head() -> None:
     # a fresh one-block request evicts a's tail block
     c = req([41, 42, 43, 44])
     assert kv.allocate_slots(c, 4) == [a1]
-    assert kv.block_tokens[a1] == (41, 42, 43, 44)  # re-registered for c, a's entry dropped
+    assert kv.block_tokens[a1] == (0, (41, 42, 43, 44))  # re-registered for c, a's entry dropped
     assert a.block_hashes[1] not in kv.cached
     probe_a = req([1, 2, 3, 4, 5, 6, 7, 8, 9])
     assert kv.get_computed_blocks(probe_a)[0] == [a0]  # a's head survived
@@ -450,3 +450,42 @@ def test_chunk_ending_inside_a_block_does_not_cache_that_block() -> None:
     b = req(list(range(1, 11)))
     _, num_cached = kv.get_computed_blocks(b)
     assert num_cached <= 4
+
+
+# -- LoRA adapters -----------------------------------------------------------
+
+
+def adapter_req(tokens: list[int], lora_id: int) -> Request:
+    request = req(tokens)
+    request.lora_id = lora_id
+    return request
+
+
+def test_the_same_adapter_shares_blocks_another_adapter_does_not() -> None:
+    kv = BlockKVCacheManager(20, BS, True)
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    a = adapter_req(prompt, 1)
+    prefill(kv, a)
+    assert kv.get_computed_blocks(adapter_req(prompt, 1)) == (a.block_ids[:2], 8)
+    b, base = adapter_req(prompt, 2), req(prompt)
+    assert kv.get_computed_blocks(b) == ([], 0)
+    assert kv.get_computed_blocks(base) == ([], 0)  # the base model's chain is its own too
+    assert len({tuple(a.block_hashes), tuple(b.block_hashes), tuple(base.block_hashes)}) == 3
+
+
+def test_an_adapter_never_takes_the_base_models_blocks() -> None:
+    kv = BlockKVCacheManager(20, BS, True)
+    base = req([1, 2, 3, 4, 5, 6, 7, 8, 9])
+    prefill(kv, base)
+    a = adapter_req([1, 2, 3, 4, 5, 6, 7, 8, 9], 3)
+    assert prefill(kv, a) == ([], 0)
+    assert not set(a.block_ids) & set(base.block_ids)
+
+
+def test_a_hash_collision_across_adapters_is_not_a_hit() -> None:
+    kv = BlockKVCacheManager(10, BS, True)
+    a = adapter_req([1, 2, 3, 4, 5, 6, 7, 8, 9], 1)
+    prefill(kv, a)
+    b = adapter_req([1, 2, 3, 4, 5, 6, 7, 8, 9], 2)
+    b.block_hashes = list(a.block_hashes)  # same tokens, and pretend the hashes collide
+    assert kv.get_computed_blocks(b) == ([], 0)

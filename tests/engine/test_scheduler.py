@@ -640,3 +640,61 @@ def test_partly_computed_block_is_not_a_prefix_hit() -> None:
     out = s.schedule()
     assert b.num_cached_tokens <= 4
     assert out.scheduled[0].start <= 4
+
+
+# -- LoRA adapters -----------------------------------------------------------
+
+
+def with_adapter(request: Request, lora_id: int) -> Request:
+    request.lora_id = lora_id
+    return request
+
+
+def test_max_loras_comes_from_the_engine_config_only_with_lora_enabled() -> None:
+    assert SchedulerConfig.from_engine_config(EngineConfig(max_loras=3), max_model_len=128).max_loras == 0
+    config = SchedulerConfig.from_engine_config(EngineConfig(enable_lora=True, max_loras=3), max_model_len=128)
+    assert config.max_loras == 3
+
+
+def test_a_third_adapter_is_skipped_not_waited_on() -> None:
+    """Under max_loras=2 the request of a third adapter stays waiting while those behind it
+    (the base model's, a running adapter's) are admitted; it runs once an adapter is free."""
+    s = make_scheduler(max_loras=2)
+    for request in (
+        with_adapter(make("a1", 4, max_tokens=2), 1),
+        with_adapter(make("b", 4, max_tokens=6), 2),
+        with_adapter(make("c", 4, max_tokens=2), 3),
+        make("base", 4, max_tokens=2),
+        with_adapter(make("a2", 4, max_tokens=2), 1),
+    ):
+        s.add_request(request)
+    out, _ = step(s)
+    assert ids(out) == ["a1", "b", "base", "a2"]
+    assert [r.request_id for r in s.waiting] == ["c"]
+    assert s.lora_counts() == ({1: 2, 2: 1}, {3: 1})
+    out, _ = step(s)  # a1, a2 and base finish: adapter 1 leaves, but b (adapter 2) still runs
+    assert "c" not in ids(out)
+    out, _ = step(s)
+    assert ids(out) == ["b", "c"]
+    assert s.lora_counts() == ({2: 1, 3: 1}, {})
+    run(s)
+    assert s.lora_counts() == ({}, {})
+
+
+def test_without_max_loras_the_waiting_queue_is_unchanged_by_adapters() -> None:
+    s = make_scheduler(max_loras=4)
+    for i in range(4):
+        s.add_request(with_adapter(make(f"r{i}", 4, max_tokens=1), i + 1))
+    assert ids(s.schedule()) == ["r0", "r1", "r2", "r3"]
+
+
+def test_under_preemption_no_step_runs_more_adapters_than_max_loras() -> None:
+    s = make_scheduler(num_blocks=12, max_loras=2, max_num_batched_tokens=16)
+    requests = [with_adapter(make(f"r{i}", 5 + i % 3, max_tokens=8 + i % 5), i % 4) for i in range(12)]
+    for request in requests:
+        s.add_request(request)
+    outs = run(s)
+    assert s.num_preemptions > 0
+    for out in outs:
+        assert len({item.request.lora_id for item in out.scheduled} - {0}) <= 2
+    assert all(r.status == RequestStatus.FINISHED_LENGTH for r in requests)

@@ -18,8 +18,15 @@ from typing import Any
 import msgspec
 import zmq
 
-from llmp.api import LLMPError, RequestValidationError, ResolvedModel
+from llmp.api import (
+    InvalidLoRAAdapterError,
+    LLMPError,
+    LoRAAdapterNotFoundError,
+    RequestValidationError,
+    ResolvedModel,
+)
 from llmp.engine import protocol as msg
+from llmp.lora import LoRARequest
 from llmp.options import EngineConfig
 from llmp.outputs import RequestOutput
 from llmp.sampling_params import SamplingParamsError, StructuredOutputsParams
@@ -110,10 +117,22 @@ class EngineCoreLoop:
             try:
                 if message.pooling is not None:
                     self.engine.add_request(
-                        message.request_id, prompt, None, message.priority, pooling_params=message.pooling
+                        message.request_id,
+                        prompt,
+                        None,
+                        message.priority,
+                        pooling_params=message.pooling,
+                        lora_request=message.lora,
                     )
                 else:
-                    self.engine.add_request(message.request_id, prompt, message.params, message.priority, message.delta)
+                    self.engine.add_request(
+                        message.request_id,
+                        prompt,
+                        message.params,
+                        message.priority,
+                        message.delta,
+                        lora_request=message.lora,
+                    )
             except (ValueError, TypeError, LLMPError) as exc:
                 field = exc.field if isinstance(exc, RequestValidationError) else None
                 self.send(msg.RequestFailed(message.request_id, _error_type(exc), str(exc), field))
@@ -146,6 +165,14 @@ class EngineCoreLoop:
                     result = None
                 except (ValueError, TypeError) as exc:
                     result = str(exc)
+            elif call.method == "add_lora":
+                result = self._add_lora(*call.args)
+            elif call.method == "remove_lora":
+                result = self.engine.remove_lora(int(call.args[0]))
+            elif call.method == "list_loras":
+                result = self.engine.list_loras()
+            elif call.method == "pin_lora":
+                result = self.engine.pin_lora(int(call.args[0]))
             elif call.method == "shutdown":
                 self.running, result = False, None
             else:
@@ -153,6 +180,15 @@ class EngineCoreLoop:
             self.send(msg.UtilityResult(call.call_id, result))
         except Exception as exc:
             self.send(msg.UtilityResult(call.call_id, error=f"{type(exc).__name__}: {exc}"))
+
+    def _add_lora(self, request: dict[str, Any], pin: bool = False, replace: bool = False) -> dict[str, Any]:
+        """``{"ok": added}``, or the typed error as plain data for the client to raise again."""
+        try:
+            added = self.engine.add_lora(LoRARequest(**request), pin=pin, replace=replace)
+        except (ValueError, TypeError, LLMPError) as exc:
+            field = exc.field if isinstance(exc, RequestValidationError) else None
+            return {"error_type": _error_type(exc), "field": field, "message": str(exc)}
+        return {"ok": added}
 
     def close(self) -> None:
         self.input.close(linger=0)
@@ -174,11 +210,20 @@ def engine_stats(engine: Any) -> dict[str, Any]:
         "prefix_cache_hits": engine.kv_manager.prefix_cache_hits,
         "num_preemptions": engine.scheduler.num_preemptions,
         "num_steps": engine.num_steps,
+        **({"lora": engine.lora.stats()} if engine.lora is not None else {}),
     }
 
 
 def _error_type(exc: BaseException) -> str:
-    for kind in (SamplingParamsError, RequestValidationError, ValueError, TypeError):
+    kinds = (
+        LoRAAdapterNotFoundError,
+        InvalidLoRAAdapterError,
+        SamplingParamsError,
+        RequestValidationError,
+        ValueError,
+        TypeError,
+    )
+    for kind in kinds:
         if isinstance(exc, kind):
             return kind.__name__
     return "LLMPError"

@@ -4,6 +4,10 @@ A full block is identified by a hash chained over its parent's hash and its
 token ids, so equal hashes mean equal prefixes. Blocks whose reference count
 drops to zero keep their hash and go to the tail of an LRU free list; they are
 reused from the head, which evicts the least recently used cached block first.
+
+Blocks are keyed by LoRA adapter too: the chain of a request with an adapter starts from
+``("lora", Request.lora_id)``, and a cached block's guard holds that id, so two adapters
+(or an adapter and the base model) never share a block, even on a hash collision.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from llmp.engine.request import Request
 
 
 class BlockKVCacheManager:
+    supports_lora = True  # keys blocks by Request.lora_id (the engine refuses LoRA with a manager without it)
+
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"num_blocks and block_size must be >= 1, got {num_blocks} and {block_size}")
@@ -23,7 +29,8 @@ class BlockKVCacheManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.ref_counts = [0] * num_blocks
         self.block_hash: list[int | None] = [None] * num_blocks
-        self.block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks  # guards against hash collisions
+        # (lora_id, token ids) of each cached block: guards against hash collisions
+        self.block_tokens: list[tuple[int, tuple[int, ...]] | None] = [None] * num_blocks
         self.cached: dict[int, int] = {}  # block hash -> block id
         self.free_blocks: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # head = evict first
         self.prefix_cache_queries = 0  # prompt tokens looked up
@@ -54,7 +61,7 @@ class BlockKVCacheManager:
         blocks: list[int] = []
         for i, block_hash in enumerate(request.block_hashes[:max_blocks]):
             block = self.cached.get(block_hash)
-            if block is None or self.block_tokens[block] != self._tokens_of(request, i):
+            if block is None or self.block_tokens[block] != self._block_key(request, i):
                 break
             blocks.append(block)
         self.prefix_cache_queries += request.num_tokens
@@ -127,10 +134,14 @@ class BlockKVCacheManager:
         start = index * self.block_size
         return tuple(request.all_token_ids[start : start + self.block_size])
 
+    def _block_key(self, request: Request, index: int) -> tuple[int, tuple[int, ...]]:
+        return request.lora_id, self._tokens_of(request, index)
+
     def _hash_full_blocks(self, request: Request, num_tokens: int) -> None:
         hashes = request.block_hashes
+        first_parent = ("lora", request.lora_id) if request.lora_id else None  # an adapter's own chain
         for i in range(len(hashes), num_tokens // self.block_size):
-            parent = hashes[i - 1] if i else None
+            parent = hashes[i - 1] if i else first_parent
             hashes.append(hash((parent, self._tokens_of(request, i))))
 
     def _cache_full_blocks(self, request: Request, num_tokens: int) -> None:
@@ -144,5 +155,5 @@ class BlockKVCacheManager:
             if self.block_hash[block] is not None or block_hash in self.cached:
                 continue  # already cached, or a duplicate of a cached block (left unhashed: evicted first)
             self.block_hash[block] = block_hash
-            self.block_tokens[block] = self._tokens_of(request, i)
+            self.block_tokens[block] = self._block_key(request, i)
             self.cached[block_hash] = block

@@ -12,7 +12,7 @@ import json
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmp import plugins, registry
 from llmp.api import EngineInfo, FinishedRequestStats, ResolvedModel, SchedulerStats
@@ -23,6 +23,7 @@ from llmp.engine.sampler import Sampler, bad_words_token_ids
 from llmp.engine.scheduler import SchedulerConfig, check_priority
 from llmp.engine.stat_loggers import StatLoggers
 from llmp.inputs import Prompt, PromptType, as_prompt
+from llmp.lora import LoRARequest
 from llmp.modeling.decoder import as_pooling_model
 from llmp.modeling.pooling import (
     POOLERS,
@@ -46,7 +47,11 @@ from llmp.pooling_params import POOLING_TASKS, PoolingParams
 from llmp.progress import engine_summary, human_bytes, isa_path
 from llmp.sampling_params import SamplingParams, StructuredOutputsParams, resolve_max_tokens
 
+if TYPE_CHECKING:
+    from llmp.engine.lora import LoRAManager
+
 log = logging.getLogger("llmp.engine")
+LORA_DISABLED = "LoRA is not enabled: start the engine with enable_lora=True (--enable-lora)"
 # the pooling task of a request that names none, by the model's primary task
 PRIMARY_POOLING_TASK = {"embed": "embed", "classify": "classify", "reward": "token_classify"}
 
@@ -70,6 +75,7 @@ class LLMEngine:
         self.task = model.task  # the primary task
         self.supported_tasks = model.supported_tasks
         executor_cls = registry.load_component("executor", config.executor)
+        self.lora = self._lora_manager()  # before the executor: a model LoRA cannot run on fails fast
         log.info("loading %s (%s, %s) on %s", model.name, model.architectures[0], model.dtype, config.device)
         self.executor = executor_cls(config, model)
         num_blocks = self._num_kv_blocks()
@@ -96,6 +102,8 @@ class LLMEngine:
                 f"must be >= max_model_len ({self.max_model_len})"
             )
         self.scheduler = registry.load_component("scheduler", config.scheduler)(scheduler_config, self.kv_manager)
+        if self.lora is not None:
+            self._check_lora_support()
         self.eos_token_ids = self._eos_token_ids()
         self.vocab_size = model.config.vocab_size
         self.outputs = OutputProcessor(self.tokenizer)
@@ -132,6 +140,26 @@ class LLMEngine:
         )
 
     # -- set-up ------------------------------------------------------------
+
+    def _lora_manager(self) -> LoRAManager | None:
+        if not self.config.enable_lora:
+            return None
+        from llmp.engine.lora import LoRAManager, adapter_loader
+
+        return LoRAManager(self.config, adapter_loader(self.config, self.model))
+
+    def _check_lora_support(self) -> None:
+        """A scheduler plugin must cap the adapters per step, a KV manager key blocks by adapter."""
+        if not callable(getattr(self.scheduler, "lora_counts", None)):
+            raise ValueError(
+                f"the scheduler {self.config.scheduler!r} does not support LoRA (no lora_counts(), no "
+                "max_loras cap): use the default scheduler with --enable-lora"
+            )
+        if not getattr(self.kv_manager, "supports_lora", False):
+            raise ValueError(
+                f"the KV-cache manager {self.config.kv_manager!r} does not key cached blocks by LoRA adapter "
+                "(supports_lora): use the default KV-cache manager with --enable-lora"
+            )
 
     def _num_kv_blocks(self) -> int:
         if self.config.num_kv_blocks is not None:
@@ -243,17 +271,20 @@ class LLMEngine:
         priority: int = 0,
         delta: bool = False,
         pooling_params: PoolingParams | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> None:
         """Queue a request. ``delta=True``: its outputs carry only what is new since the last one.
         With ``pooling_params`` it is a pooling request of ``pooling_params.task`` (None: the model's
         primary pooling task), which must be one of the model's ``supported_tasks``; so is a request
-        without either on a model that cannot generate."""
+        without either on a model that cannot generate. ``lora_request``: it runs with that LoRA
+        adapter (``enable_lora``), read from disk now if the engine does not hold it."""
         prompt = as_prompt(prompt)
         if request_id in self.outputs.states or request_id in self.pooling:
             raise ValueError(f"request id {request_id!r} is already in use")
         check_priority(priority, self.config.scheduling_policy)
+        self._check_lora_request(lora_request)
         if pooling_params is not None or "generate" not in self.supported_tasks:
-            self._add_pooling_request(request_id, prompt, params, priority, pooling_params)
+            self._add_pooling_request(request_id, prompt, params, priority, pooling_params, lora_request)
             return
         params = params or SamplingParams()
         token_ids = self.tokenize_prompt(prompt)
@@ -264,6 +295,7 @@ class LLMEngine:
         max_tokens = params.max_tokens if params.max_tokens is not None else room
         compiled = self._compile_grammar(params.structured_outputs)
         bad_words = bad_words_token_ids(params.bad_words, self.tokenizer, self.vocab_size) if params.bad_words else []
+        lora_id = self._acquire_lora(lora_request)
         state = RequestState(request_id, prompt.text, token_ids, params, delta=delta)
         requests = []
         for index in range(params.n):
@@ -280,6 +312,8 @@ class LLMEngine:
                 priority=priority,
                 max_tokens=max_tokens,
                 bad_words_token_ids=bad_words,
+                lora_request=lora_request,
+                lora_id=lora_id,
             )
             if compiled is not None:
                 request.grammar = self._grammars.state(compiled, params.structured_outputs.after_token_ids)
@@ -308,6 +342,7 @@ class LLMEngine:
         params: SamplingParams | None,
         priority: int,
         pooling_params: PoolingParams | None,
+        lora_request: LoRARequest | None,
     ) -> None:
         name, supported = self.model.name, ", ".join(self.supported_tasks)
         if params is not None:
@@ -344,6 +379,7 @@ class LLMEngine:
             limit = min(limit, self.config.max_num_batched_tokens)
         if len(token_ids) > limit:
             raise ValueError(f"the input is {len(token_ids)} tokens long; this model takes at most {limit}")
+        lora_id = self._acquire_lora(lora_request)
         request = Request(
             request_id,
             token_ids,
@@ -355,9 +391,49 @@ class LLMEngine:
             pooler=pooler,
             whole_prompt=whole_prompt,
             token_type_ids=list(token_type_ids) if token_type_ids is not None else None,
+            lora_request=lora_request,
+            lora_id=lora_id,
         )
         self.pooling[request_id] = (prompt.text, request)
         self.scheduler.add_request(request)
+
+    def _check_lora_request(self, lora_request: LoRARequest | None) -> None:
+        if lora_request is None:
+            return
+        if not isinstance(lora_request, LoRARequest):
+            raise TypeError(f"lora_request must be a llmp.LoRARequest, got {type(lora_request).__name__}")
+        if self.lora is None:
+            raise ValueError(LORA_DISABLED)
+
+    def _acquire_lora(self, lora_request: LoRARequest | None) -> int:
+        """The request's ``lora_id`` (0: the base model); the adapter's files are read here, if at all."""
+        return 0 if lora_request is None else self.lora.acquire(lora_request)
+
+    # -- LoRA adapters -------------------------------------------------------
+
+    def add_lora(self, lora_request: LoRARequest, *, pin: bool = False, replace: bool = False) -> bool:
+        """Read and check an adapter now rather than at its first request. ``pin`` keeps it in the
+        CPU cache for good; ``replace`` serves new files under a known id (requests in flight finish
+        with the old ones). False when the id was already there (and not replaced). Raises
+        ``LoRAAdapterNotFoundError`` or ``InvalidLoRAAdapterError``."""
+        self._check_lora_request(lora_request)
+        if lora_request is None:
+            raise TypeError("add_lora needs a llmp.LoRARequest")
+        known = lora_request.lora_int_id in self.lora.list_ids()
+        self.lora.register(lora_request, pin=pin, replace=replace)
+        return replace or not known
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        """Stop serving the adapter; requests in flight finish with it. False when it is unknown."""
+        return self.lora is not None and self.lora.remove(lora_int_id)
+
+    def list_loras(self) -> list[int]:
+        """The ``lora_int_id`` of every adapter the engine serves."""
+        return [] if self.lora is None else self.lora.list_ids()
+
+    def pin_lora(self, lora_int_id: int) -> bool:
+        """Never drop the adapter from the CPU cache. False when it is unknown."""
+        return self.lora is not None and self.lora.pin(lora_int_id)
 
     def _with_model_defaults(self, task: str, params: PoolingParams) -> PoolingParams:
         """``params`` with the model class's defaults where the request leaves them unset (vLLM's
@@ -429,6 +505,8 @@ class LLMEngine:
             if self.stat_loggers:  # aborted requests are counted too, with finish_reason "abort"
                 self._record_finished(output, state)
             finished.append(output)
+        if aborted and self.lora is not None:
+            self.lora.update_counts(*self.scheduler.lora_counts())
         if aborted and self.stat_loggers:
             # no step may follow (an idle engine): the loggers get the counts without the aborted requests now
             self.stat_loggers.record_step(self._scheduler_stats())
@@ -446,6 +524,8 @@ class LLMEngine:
         if scheduled.is_empty:
             return []
         inputs, prompt_targets = prepare_inputs(scheduled, self.config.block_size)
+        if self.lora is not None:
+            inputs.lora = self.lora.step_inputs(scheduled)
         step_logits = self.executor.execute_model(inputs)
         result = sample_step(self.sampler, scheduled, step_logits, prompt_targets)
         self.num_steps += 1
@@ -478,6 +558,8 @@ class LLMEngine:
             if request.is_finished:
                 self.outputs.finish(seq, request.status.value, request.stop_reason)
             changed[state.request_id] = state
+        if self.lora is not None:  # after every finish of the step: a removed adapter may go now
+            self.lora.update_counts(*self.scheduler.lora_counts())
         outputs = [self.outputs.make_output(state, state.delta) for state in changed.values()]
         if self.stat_loggers:
             self._log_stats(scheduled, result.sampled, outputs, changed)

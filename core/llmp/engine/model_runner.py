@@ -9,6 +9,7 @@ pooled from the same hidden states (``StepInputs.pool_items``).
 from __future__ import annotations
 
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -45,6 +46,7 @@ class ModelRunner:
 
         model_cls = as_pooling_model(resolved.spec.load(), resolved.task)
         self.model = self._load_model(model_cls, resolved)
+        self.lora = self._install_lora() if config.enable_lora else None
         self.accepts_token_type_ids = bool(getattr(self.model, "accepts_token_type_ids", False))
         self.accepts_output_rows = bool(getattr(self.model, "accepts_output_rows", False))
         self.load_seconds = time.perf_counter() - started
@@ -75,6 +77,20 @@ class ModelRunner:
             pack_linear_layers(model, self.kernels)
         return model.eval()
 
+    def _install_lora(self) -> Any:
+        """The model's LoRA-adapted layers with empty slots (``llmp.modeling.lora.LoRAModelState``)."""
+        from llmp.modeling.lora import install_lora
+
+        config = self.config
+        return install_lora(
+            self.model,
+            self.kernels,
+            max_loras=config.max_loras,
+            max_rank=config.max_lora_rank,
+            dtype=self.dtype,
+            device=self.device,
+        )
+
     # -- KV cache --------------------------------------------------------
 
     def bytes_per_block(self) -> int:
@@ -98,6 +114,24 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, inputs: StepInputs) -> StepLogits:
         """Run the model over a step's flattened tokens; logits of the rows that need them."""
+        if self.lora is None:
+            if inputs.lora is not None:
+                raise RuntimeError("a step with LoRA rows reached a model runner started without enable_lora")
+            return self._forward(inputs)
+        if inputs.lora is not None:
+            for slot, weights in inputs.lora.loads.items():
+                self.lora.load(slot, weights)
+        self.lora.context.set_rows(None if inputs.lora is None else inputs.lora.token_slots, self.device)
+        try:
+            return self._forward(inputs)
+        finally:
+            self.lora.context.set_rows(None, self.device)
+
+    def _lora_rows(self, index: Any) -> AbstractContextManager[None]:
+        """Run the LoRA-adapted layers on the step's rows ``index`` (the LM head on some hidden states)."""
+        return nullcontext() if self.lora is None else self.lora.context.rows(index)
+
+    def _forward(self, inputs: StepInputs) -> StepLogits:
         device = self.device
         metadata = inputs.metadata
         if device.type != "cpu":
@@ -124,11 +158,12 @@ class ModelRunner:
         if inputs.logit_rows:
             rows = torch.tensor(inputs.logit_rows, device=device)
             # in the model's dtype: the sampler converts only when it needs to (a greedy argmax does not)
-            logits = self.model.compute_logits(hidden[rows]).cpu()
-        prompt_logits = [
-            self.model.compute_logits(hidden[start : start + count]).float().cpu()
-            for start, count in inputs.prompt_rows
-        ]
+            with self._lora_rows(inputs.logit_rows):
+                logits = self.model.compute_logits(hidden[rows]).cpu()
+        prompt_logits = []
+        for start, count in inputs.prompt_rows:
+            with self._lora_rows(np.arange(start, start + count)):
+                prompt_logits.append(self.model.compute_logits(hidden[start : start + count]).float().cpu())
         pooled = self._pool(hidden, input_ids, pool_items) if pool_items else []
         return StepLogits(logits, prompt_logits, pooled)
 

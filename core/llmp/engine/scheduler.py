@@ -20,6 +20,11 @@ Policies (``EngineConfig.scheduling_policy``), as in vLLM v1's scheduler:
   preempted.
 
 A preempted request goes back to the waiting queue in its place by that order.
+
+LoRA (``max_loras`` > 0): the running requests never use more than ``max_loras`` distinct
+adapters (the model runner's slots). A waiting request whose adapter would be one too many
+is skipped, not waited on: requests behind it (the base model's, or a running adapter's)
+are still admitted. As in vLLM, steady load on ``max_loras`` adapters can starve another one.
 """
 
 from __future__ import annotations
@@ -33,6 +38,14 @@ from llmp.api import RequestValidationError
 from llmp.engine.kv_cache import BlockKVCacheManager
 from llmp.engine.request import Request, RequestStatus
 from llmp.options import EngineConfig, SchedulingPolicy
+
+
+def _count_adapters(requests: Iterable[Request]) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for request in requests:
+        if request.lora_id:
+            counts[request.lora_id] = counts.get(request.lora_id, 0) + 1
+    return counts
 
 
 def check_priority(priority: int, policy: SchedulingPolicy) -> None:
@@ -53,6 +66,7 @@ class SchedulerConfig:
     max_model_len: int
     enable_chunked_prefill: bool
     policy: SchedulingPolicy
+    max_loras: int = 0  # distinct LoRA adapters among the running requests; 0 = LoRA off
 
     @classmethod
     def from_engine_config(cls, config: EngineConfig, max_model_len: int) -> SchedulerConfig:
@@ -62,6 +76,7 @@ class SchedulerConfig:
             max_model_len=max_model_len,
             enable_chunked_prefill=config.enable_chunked_prefill,
             policy=config.scheduling_policy,
+            max_loras=config.max_loras if config.enable_lora else 0,
         )
 
 
@@ -144,6 +159,10 @@ class Scheduler:
     def num_running(self) -> int:
         return len(self.running)
 
+    def lora_counts(self) -> tuple[dict[int, int], dict[int, int]]:
+        """Running and waiting requests per adapter (``Request.lora_id``; the base model left out)."""
+        return _count_adapters(self.running), _count_adapters(self.waiting)
+
     # -- one step --------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
@@ -170,8 +189,13 @@ class Scheduler:
         return out
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int) -> int:
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            request = self.waiting[0]
+        adapters = {r.lora_id for r in self.running if r.lora_id}
+        index = 0  # requests before it were skipped: their adapter would exceed max_loras
+        while index < len(self.waiting) and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting[index]
+            if request.lora_id and request.lora_id not in adapters and len(adapters) >= self.config.max_loras:
+                index += 1
+                continue
             blocks, num_cached = self.kv.get_computed_blocks(request)
             num_new = request.num_tokens - num_cached
             if num_new > budget:
@@ -180,8 +204,10 @@ class Scheduler:
                 num_new = budget
             if self.kv.allocate_slots(request, num_new, blocks) is None:
                 break
-            self.waiting.pop(0)
+            self.waiting.pop(index)
             self.running.append(request)
+            if request.lora_id:
+                adapters.add(request.lora_id)
             request.status = RequestStatus.RUNNING
             request.num_computed_tokens = num_cached
             if request.num_cached_tokens < 0:

@@ -247,7 +247,11 @@ class RowParallelLinear(PackableLinear):
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = all_reduce(self.matmul(x))
+        return self.reduce(self.matmul(x))
+
+    def reduce(self, partial: torch.Tensor) -> torch.Tensor:
+        """The layer's output from this rank's partial ``matmul``: summed over ranks, then the bias."""
+        out = all_reduce(partial)
         return out + self.bias if self.bias is not None else out
 
     def load_weight(self, param_name: str, tensor: torch.Tensor) -> None:
@@ -287,7 +291,10 @@ class ParallelLMHead(VocabParallelEmbedding, PackableLinear):
     """Logits over the vocabulary, computed per rank on its rows and gathered."""
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.matmul(hidden)
+        return self.gather(self.matmul(hidden))
+
+    def gather(self, logits: torch.Tensor) -> torch.Tensor:
+        """The whole vocabulary's logits from this rank's rows (``matmul``): gathered, padding cut."""
         return all_gather(logits, dim=-1)[..., : self.vocab_size] if tp_size() > 1 else logits
 
 
@@ -330,12 +337,22 @@ class GatedMLP(nn.Module):
             )
         self.act_and_mul = activations[activation]
         self.block_rows: int | None = getattr(kernels, "mlp_block_rows", None)
+        # llmp.modeling.lora.LoRAContext once install_lora adapts gate_up_proj/down_proj: a row block
+        # then runs with that block's rows of the step's LoRA mapping
+        self.lora_context: Any = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.block_rows is None or x.shape[0] <= self.block_rows:
             return self._mlp(x)
         # a kernel set may ask for row blocks: a long prefill's [T, 2I] activations then stay in cache
-        return torch.cat([self._mlp(block) for block in x.split(self.block_rows)])
+        blocks = x.split(self.block_rows)
+        if self.lora_context is None:
+            return torch.cat([self._mlp(block) for block in blocks])
+        out = []
+        for index, block in enumerate(blocks):
+            with self.lora_context.narrow(index * self.block_rows, block.shape[0]):
+                out.append(self._mlp(block))
+        return torch.cat(out)
 
     def _mlp(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act_and_mul(self.gate_up_proj(x)))
