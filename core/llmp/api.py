@@ -709,6 +709,10 @@ class Scheduler(Protocol):
     Built as ``Scheduler(config, kv_manager)`` with a
     ``llmp.scheduling.SchedulerConfig``; requests are
     ``llmp.scheduling.Request`` objects (see :mod:`llmp.scheduling`).
+
+    LoRA (``--enable-lora``) needs ``lora_counts() -> (running, waiting)``, each a
+    ``{lora_id: requests}`` dict, and a schedule that never runs more distinct adapters
+    (``request.lora_id`` > 0) at once than ``config.max_loras``.
     """
 
     num_preemptions: int
@@ -744,6 +748,9 @@ class KVCacheManager(Protocol):
 
     Built as ``KVCacheManager(num_blocks, block_size, enable_prefix_caching)``; it works on
     ``llmp.scheduling.Request`` objects.
+
+    LoRA (``--enable-lora``) needs ``supports_lora = True``: a manager saying so keys its prefix
+    cache by ``request.lora_id`` (0 = the base model), so two adapters never share a block.
     """
 
     prefix_cache_queries: int  # prompt tokens looked up, cumulative
