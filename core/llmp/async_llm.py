@@ -26,23 +26,39 @@ from typing import Any
 import msgspec
 import zmq
 
-from llmp.api import EngineDeadError, LLMPError, RequestValidationError, ResolvedModel
+from llmp.api import (
+    EngineDeadError,
+    InvalidLoRAAdapterError,
+    LLMPError,
+    LoRAAdapterNotFoundError,
+    RequestValidationError,
+    ResolvedModel,
+)
 from llmp.engine import protocol as msg
 from llmp.engine.scheduler import check_priority
 from llmp.inputs import Prompt, PromptType, as_prompt
+from llmp.lora import LoRARequest
 from llmp.options import EngineConfig
 from llmp.outputs import PoolingRequestOutput, RequestOutput
 from llmp.pooling_params import PoolingParams
 from llmp.progress import LEVELS, configure_logging
 from llmp.sampling_params import SamplingParams, SamplingParamsError
 
-_ERROR_TYPES: dict[str, type[Exception]] = {"ValueError": ValueError, "TypeError": TypeError, "LLMPError": LLMPError}
+_ERROR_TYPES: dict[str, type[Exception]] = {
+    "ValueError": ValueError,
+    "TypeError": TypeError,
+    "LLMPError": LLMPError,
+    "LoRAAdapterNotFoundError": LoRAAdapterNotFoundError,
+}
 _FIELD_ERROR_TYPES: dict[str, type[RequestValidationError]] = {
     "SamplingParamsError": SamplingParamsError,
     "RequestValidationError": RequestValidationError,
+    "InvalidLoRAAdapterError": InvalidLoRAAdapterError,
 }
 HEALTH_TIMEOUT_S = 10.0
 COMPILE_TIMEOUT_S = 120.0  # a structured-output grammar: large schemas take seconds
+LORA_LOAD_TIMEOUT_S = 300.0  # an adapter read from disk (or a slow network mount) and checked
+LORA_DISABLED = "LoRA is not enabled: start the engine with enable_lora=True (--enable-lora)"
 WATCH_INTERVAL_MS = 200
 
 
@@ -101,6 +117,11 @@ class AsyncLLM:
         self._send_lock = threading.Lock()
         self._closed = False
         self._tokenizer: Any = None
+        # the adapters served by name: one table for every front-end of this process (see add_lora)
+        self.lora_requests: dict[str, LoRARequest] = {}
+        self.pinned_loras: set[int] = set()  # lora_int_id of the adapters pinned in the engine's CPU cache
+        self._lora_ids = itertools.count(1)
+        self._sent_lora_ids: set[int] = set()  # every lora_int_id sent to the engine: next_lora_id skips them
         self._context = zmq.Context()
         self._context.setsockopt(zmq.LINGER, 0)  # never block on unsent messages to a dead engine
         in_address, out_address = self._addresses()
@@ -200,7 +221,7 @@ class AsyncLLM:
         elif isinstance(message, msg.RequestFailed):
             stream = self._streams.get(message.request_id)
             if stream is not None:
-                stream.put(_request_error(message))
+                stream.put(_engine_error(message.error_type, message.message, message.field))
         elif isinstance(message, msg.UtilityResult):
             future = self._calls.pop(message.call_id, None)
             if future is not None and not future.done():
@@ -246,10 +267,14 @@ class AsyncLLM:
             except zmq.Again:  # a PUSH socket without peers would block for ever
                 raise EngineDeadError("the engine is not connected (it has exited)") from None
 
-    def _check_request(self, prompt: PromptType, request_id: str | None, priority: int) -> tuple[str, Prompt]:
+    def _check_request(
+        self, prompt: PromptType, request_id: str | None, priority: int, lora_request: LoRARequest | None
+    ) -> tuple[str, Prompt]:
         """What :meth:`generate` and :meth:`encode` check when called: the prompt's type, the
-        priority and a free request id. Nothing is registered or sent until the first iteration."""
+        priority, the adapter and a free request id. Nothing is registered or sent until the first iteration."""
         check_priority(priority, self.config.scheduling_policy)
+        if lora_request is not None:
+            self._check_lora(lora_request)
         request_id = request_id or uuid.uuid4().hex
         self._check_free(request_id)
         return request_id, as_prompt(prompt)
@@ -272,6 +297,7 @@ class AsyncLLM:
         params: SamplingParams | None = None,
         request_id: str | None = None,
         *,
+        lora_request: LoRARequest | None = None,
         priority: int = 0,
         delta: bool = False,
     ) -> AsyncIterator[RequestOutput]:
@@ -279,20 +305,30 @@ class AsyncLLM:
         ``delta=True`` only what is new. Ends after the finished output. Leaving the
         loop early (break, cancellation) aborts the request in the engine.
 
+        ``lora_request`` runs it with that LoRA adapter (the engine started with ``enable_lora=True``);
+        the engine reads the adapter on first use, so a bad one fails this request only
+        (``LoRAAdapterNotFoundError``, ``InvalidLoRAAdapterError``).
+
         The request is checked when this is called (the prompt, the priority, a request id
         in use), not at the first iteration, so a server answers a refused request with a 400
         before it starts a stream. It reaches the engine at the first iteration: a generator
         never iterated sends and holds nothing."""
-        request_id, record = self._check_request(prompt, request_id, priority)
-        return self._generate(record, params, request_id, priority, delta)
+        request_id, record = self._check_request(prompt, request_id, priority, lora_request)
+        return self._generate(record, params, request_id, priority, delta, lora_request)
 
     async def _generate(
-        self, record: Prompt, params: SamplingParams | None, request_id: str, priority: int, delta: bool
+        self,
+        record: Prompt,
+        params: SamplingParams | None,
+        request_id: str,
+        priority: int,
+        delta: bool,
+        lora: LoRARequest | None,
     ) -> AsyncIterator[RequestOutput]:
         stream = self._open_stream(request_id, pooling=False)
         finished = False
         try:
-            self._send(msg.AddRequest(request_id, record, params or SamplingParams(), priority, delta))
+            self._send(msg.AddRequest(request_id, record, params or SamplingParams(), priority, delta, lora=lora))
             while True:
                 item = await stream.queue.get()
                 if isinstance(item, BaseException):
@@ -313,6 +349,7 @@ class AsyncLLM:
         pooling_params: PoolingParams | None = None,
         request_id: str | None = None,
         *,
+        lora_request: LoRARequest | None = None,
         priority: int = 0,
     ) -> AsyncIterator[PoolingRequestOutput]:
         """The pooled output of ``prompt`` for ``pooling_params.task`` (None: the model's primary
@@ -320,19 +357,30 @@ class AsyncLLM:
         ``ClassificationOutput``, ``ScoringOutput`` or ``PoolingOutput`` by the task, or none if the
         request is aborted. A ``Prompt`` with ``token_ids`` may carry ``token_type_ids`` (a text pair
         for a cross-encoder). Checked when called, as :meth:`generate`; the task and the input when
-        the engine takes the request (a ``ValueError`` at the first iteration)."""
-        request_id, record = self._check_request(prompt, request_id, priority)
-        return self._encode(record, pooling_params, request_id, priority)
+        the engine takes the request (a ``ValueError`` at the first iteration). ``lora_request``:
+        as in :meth:`generate`."""
+        request_id, record = self._check_request(prompt, request_id, priority, lora_request)
+        return self._encode(record, pooling_params, request_id, priority, lora_request)
 
     async def _encode(
-        self, record: Prompt, pooling_params: PoolingParams | None, request_id: str, priority: int
+        self,
+        record: Prompt,
+        pooling_params: PoolingParams | None,
+        request_id: str,
+        priority: int,
+        lora: LoRARequest | None,
     ) -> AsyncIterator[PoolingRequestOutput]:
         stream = self._open_stream(request_id, pooling=True)
         done = False
         try:
             self._send(
                 msg.AddRequest(
-                    request_id, record, SamplingParams(), priority, pooling=pooling_params or PoolingParams()
+                    request_id,
+                    record,
+                    SamplingParams(),
+                    priority,
+                    pooling=pooling_params or PoolingParams(),
+                    lora=lora,
                 )
             )
             item = await stream.queue.get()
@@ -383,6 +431,54 @@ class AsyncLLM:
         )
         if problem is not None:
             raise ValueError(problem)
+
+    # -- LoRA adapters ----------------------------------------------------------
+
+    def _check_lora(self, lora_request: Any) -> None:
+        if not isinstance(lora_request, LoRARequest):
+            raise TypeError(f"lora_request must be a llmp.LoRARequest, got {type(lora_request).__name__}")
+        if not self.config.enable_lora:
+            raise ValueError(LORA_DISABLED)
+        self._sent_lora_ids.add(lora_request.lora_int_id)
+
+    def next_lora_id(self) -> int:
+        """A ``lora_int_id`` no adapter sent to the engine has: for a front-end naming a new adapter."""
+        return next(i for i in self._lora_ids if i not in self._sent_lora_ids)
+
+    async def add_lora(self, lora_request: LoRARequest, *, pin: bool = False, replace: bool = False) -> bool:
+        """Read and check the adapter in the engine now (not at its first request), and serve it by
+        name: it joins :attr:`lora_requests`. ``pin`` keeps it in the engine's CPU cache for good.
+        ``LoRAAdapterNotFoundError`` when its files are not there, ``InvalidLoRAAdapterError`` when
+        llmp will not serve it (rank, targets, another base model, a corrupt file)."""
+        self._check_lora(lora_request)
+        result = await self._call(
+            "add_lora", dataclasses.asdict(lora_request), pin, replace, timeout=LORA_LOAD_TIMEOUT_S
+        )
+        if result.get("error_type"):
+            raise _engine_error(result["error_type"], result.get("message", ""), result.get("field"))
+        self.lora_requests[lora_request.lora_name] = lora_request
+        if pin:
+            self.pinned_loras.add(lora_request.lora_int_id)
+        return bool(result.get("ok", True))
+
+    async def remove_lora(self, lora_int_id: int) -> bool:
+        """Stop serving the adapter: new requests cannot name it, those in flight finish with it.
+        False when the engine does not know the id."""
+        for name in [n for n, lora in self.lora_requests.items() if lora.lora_int_id == lora_int_id]:
+            del self.lora_requests[name]
+        self.pinned_loras.discard(lora_int_id)
+        return bool(await self._call("remove_lora", lora_int_id))
+
+    async def list_loras(self) -> list[int]:
+        """The ``lora_int_id`` of every adapter the engine holds."""
+        return list(await self._call("list_loras"))
+
+    async def pin_lora(self, lora_int_id: int) -> bool:
+        """Keep the adapter in the engine's CPU cache for good; False when the engine does not know the id."""
+        pinned = bool(await self._call("pin_lora", lora_int_id))
+        if pinned:
+            self.pinned_loras.add(lora_int_id)
+        return pinned
 
     async def check_health(self) -> None:
         """Raise ``EngineDeadError`` unless the engine answers a ping within a bounded time."""
@@ -442,11 +538,11 @@ class AsyncLLM:
         await asyncio.to_thread(self.shutdown)
 
 
-def _request_error(message: msg.RequestFailed) -> Exception:
+def _engine_error(error_type: str, message: str, field: str | None) -> Exception:
     """The engine's refusal as the type it raised (a RequestValidationError keeps its field)."""
-    if message.field is not None and message.error_type in _FIELD_ERROR_TYPES:
-        return _FIELD_ERROR_TYPES[message.error_type](message.field, message.message)
-    return _ERROR_TYPES.get(message.error_type, LLMPError)(message.message)
+    if field is not None and error_type in _FIELD_ERROR_TYPES:
+        return _FIELD_ERROR_TYPES[error_type](field, message)
+    return _ERROR_TYPES.get(error_type, LLMPError)(message)
 
 
 class EngineProcess:

@@ -9,6 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 from llmp.inputs import Prompt, PromptType, as_prompt
+from llmp.lora import LoRARequest
 from llmp.options import EngineConfig
 from llmp.outputs import (
     ClassificationRequestOutput,
@@ -24,6 +25,8 @@ from llmp.progress import bars_enabled, configure_logging
 from llmp.sampling_params import SamplingParams
 
 Conversation = Sequence[Mapping[str, Any]]
+# one adapter for every prompt, or one (or None: the base model) per prompt, as vLLM
+LoRARequests = LoRARequest | Sequence[LoRARequest | None] | None
 
 
 class LLM:
@@ -31,7 +34,9 @@ class LLM:
 
     ``LLM()`` serves the default model (``llmp.options.DEFAULT_MODEL``). Any keyword of
     :class:`llmp.options.EngineConfig` is accepted, e.g. ``dtype``,
-    ``max_model_len``, ``enable_prefix_caching``, ``max_num_seqs``, ``kernels``.
+    ``max_model_len``, ``enable_prefix_caching``, ``max_num_seqs``, ``kernels``; with
+    ``enable_lora=True`` (``max_loras``, ``max_lora_rank``, ``max_cpu_loras``) requests run with
+    the LoRA adapter their ``lora_request`` names.
 
     Start-up is reported on stderr as in vLLM (see :mod:`llmp.progress`): INFO lines for
     each phase, a bar while weights load (on a terminal), a summary line; ``LLMP_LOG_LEVEL=warning``
@@ -61,21 +66,26 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
         use_tqdm: bool = True,
+        lora_request: LoRARequests = None,
         priority: Sequence[int] | None = None,
     ) -> list[RequestOutput]:
         """Generate for every prompt (text, ``{"prompt_token_ids": [...]}`` or a
-        :class:`~llmp.inputs.Prompt`); outputs in input order."""
+        :class:`~llmp.inputs.Prompt`); outputs in input order. ``lora_request``: the
+        :class:`~llmp.LoRARequest` every prompt runs with, or one (or None) per prompt."""
         prompts = _prompt_list(prompts)
         params = _params_per_prompt(sampling_params, len(prompts), SamplingParams)
+        loras = _loras_per_prompt(lora_request, len(prompts))
         if isinstance(priority, str | bytes) or (priority is not None and not isinstance(priority, Sequence)):
             raise TypeError(f"priority must be a sequence of integers, one per prompt, got {priority!r}")
         if priority is not None and len(priority) != len(prompts):
             raise ValueError(f"priority has {len(priority)} entries for {len(prompts)} prompts")
         ids = []
         try:
-            for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
+            for i, (prompt, p, lora) in enumerate(zip(prompts, params, loras, strict=True)):
                 request_id = str(next(self._ids))
-                self.engine.add_request(request_id, prompt, p, priority=priority[i] if priority else 0)
+                self.engine.add_request(
+                    request_id, prompt, p, priority=priority[i] if priority else 0, lora_request=lora
+                )
                 ids.append(request_id)
         except Exception:
             self.engine.abort_request(ids)
@@ -88,6 +98,7 @@ class LLM:
         pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
         *,
         use_tqdm: bool = True,
+        lora_request: LoRARequests = None,
         pooling_task: PoolingTask | None = None,
     ) -> list[PoolingRequestOutput]:
         """The raw pooled output of every prompt, in input order (vLLM's general pooling call).
@@ -95,9 +106,10 @@ class LLM:
         ``pooling_task`` (``embed``, ``classify``, ``token_embed``, ``token_classify`` ...) sets
         the task of every request; None leaves each ``pooling_params.task``, and None there means
         the model's primary pooling task. ``outputs`` is a :class:`~llmp.outputs.PoolingOutput`:
-        ``outputs.data`` is a vector, or one row per token for the token tasks.
+        ``outputs.data`` is a vector, or one row per token for the token tasks. ``lora_request``:
+        as in :meth:`generate`.
         """
-        outputs = self._pool(prompts, pooling_params, pooling_task, use_tqdm)
+        outputs = self._pool(prompts, pooling_params, pooling_task, use_tqdm, lora_request)
         return [o if isinstance(o.outputs, PoolingOutput) else replace(o, outputs=_raw(o.outputs)) for o in outputs]
 
     def embed(
@@ -106,10 +118,11 @@ class LLM:
         pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
         *,
         use_tqdm: bool = True,
+        lora_request: LoRARequests = None,
     ) -> list[EmbeddingRequestOutput]:
         """One embedding per prompt (embedding models only), in input order:
-        ``outputs.embedding`` is a list of floats."""
-        return self._pool(prompts, pooling_params, "embed", use_tqdm)
+        ``outputs.embedding`` is a list of floats. ``lora_request``: as in :meth:`generate`."""
+        return self._pool(prompts, pooling_params, "embed", use_tqdm, lora_request)
 
     def classify(
         self,
@@ -117,11 +130,12 @@ class LLM:
         *,
         pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
         use_tqdm: bool = True,
+        lora_request: LoRARequests = None,
     ) -> list[ClassificationRequestOutput]:
         """The class probabilities of every prompt (sequence classifiers), in input order:
         ``outputs.probs`` in label order (``config.id2label``); raw logits with
-        ``PoolingParams(use_activation=False)``."""
-        return self._pool(prompts, pooling_params, "classify", use_tqdm)
+        ``PoolingParams(use_activation=False)``. ``lora_request``: as in :meth:`generate`."""
+        return self._pool(prompts, pooling_params, "classify", use_tqdm, lora_request)
 
     def reward(
         self,
@@ -130,10 +144,13 @@ class LLM:
         *,
         pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
         use_tqdm: bool = True,
+        lora_request: LoRARequests = None,
     ) -> list[PoolingRequestOutput]:
         """The per-token rewards of every prompt (task ``token_classify``): ``outputs.data`` holds
         one row of class scores per token, or per step token with ``PoolingParams(step_tag_id=...)``."""
-        return self.encode(prompts, pooling_params, use_tqdm=use_tqdm, pooling_task="token_classify")
+        return self.encode(
+            prompts, pooling_params, use_tqdm=use_tqdm, lora_request=lora_request, pooling_task="token_classify"
+        )
 
     def score(
         self,
@@ -145,6 +162,7 @@ class LLM:
         use_tqdm: bool = True,
         pooling_params: PoolingParams | None = None,
         chat_template: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> list[ScoringRequestOutput]:
         """The relevance score of every text pair, in pair order: ``outputs.score``.
 
@@ -153,10 +171,13 @@ class LLM:
         scores the cosine of the two texts' embeddings, each distinct text embedded once.
         ``truncate_prompt_tokens`` cuts an over-long pair (-1: to ``max_model_len``); without it
         an over-long pair is an error. ``chat_template`` renders each pair as the messages
-        ``query`` and ``document`` (LLM rerankers only, as vLLM).
+        ``query`` and ``document`` (LLM rerankers only, as vLLM). ``lora_request``: the adapter
+        every pair is scored with.
         """
         from llmp import scoring
 
+        if lora_request is not None and not isinstance(lora_request, LoRARequest):
+            raise TypeError(f"lora_request must be a LoRARequest, got {type(lora_request).__name__}")
         options = self.engine.info.options
         self._check_score_support(options)
         params = pooling_params or PoolingParams()
@@ -177,7 +198,7 @@ class LLM:
         queries, documents = scoring.validate_score_input(data_1, data_2)
         limits = {"truncate_prompt_tokens": truncate_prompt_tokens, "max_model_len": options["max_model_len"]}
         if bi_encoder:
-            return self._bi_encoder_scores(queries, documents, params, limits, use_tqdm)
+            return self._bi_encoder_scores(queries, documents, params, limits, use_tqdm, lora_request)
         prompts = scoring.cross_encoder_prompts(
             self.engine.tokenizer,
             queries,
@@ -186,7 +207,7 @@ class LLM:
             chat_template=chat_template,
             **limits,
         )
-        return self._pool(prompts, params, "score", use_tqdm)
+        return self._pool(prompts, params, "score", use_tqdm, lora_request)
 
     def _check_score_support(self, options: Mapping[str, Any]) -> None:
         """vLLM's refusals, before any request is queued."""
@@ -206,6 +227,7 @@ class LLM:
         params: PoolingParams,
         limits: dict[str, Any],
         use_tqdm: bool,
+        lora_request: LoRARequest | None,
     ) -> list[ScoringRequestOutput]:
         """The cosine of each pair's embeddings (an embedding model), every distinct text embedded once."""
         from llmp import scoring
@@ -216,7 +238,8 @@ class LLM:
                 if text not in prompts:
                     what = f"{name}[{index}]"
                     prompts[text] = scoring.text_prompt(self.engine.tokenizer, text, what=what, param=name, **limits)
-        embedded = dict(zip(prompts, self._pool(list(prompts.values()), params, "embed", use_tqdm), strict=True))
+        pooled = self._pool(list(prompts.values()), params, "embed", use_tqdm, lora_request)
+        embedded = dict(zip(prompts, pooled, strict=True))
         scores = scoring.cosine_scores(
             [embedded[q].outputs.embedding for q in queries], [embedded[d].outputs.embedding for d in documents]
         )
@@ -241,17 +264,19 @@ class LLM:
         pooling_params: PoolingParams | Sequence[PoolingParams] | None,
         task: PoolingTask | None,
         use_tqdm: bool,
+        lora_request: LoRARequests = None,
     ) -> list[PoolingRequestOutput]:
         """Queue one pooling request per prompt (every prompt and parameter checked first), then run them."""
         prompts = _prompt_list(prompts)
         params = [self._task_params(p, task) for p in _params_per_prompt(pooling_params, len(prompts))]
+        loras = _loras_per_prompt(lora_request, len(prompts))
         for p in {p.task for p in params} - {None}:
             self._check_pooling_task(p)
         ids = []
         try:
-            for prompt, p in zip(prompts, params, strict=True):
+            for prompt, p, lora in zip(prompts, params, loras, strict=True):
                 request_id = str(next(self._ids))
-                self.engine.add_request(request_id, prompt, pooling_params=p)
+                self.engine.add_request(request_id, prompt, pooling_params=p, lora_request=lora)
                 ids.append(request_id)
         except Exception:
             self.engine.abort_request(ids)
@@ -282,13 +307,15 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
         use_tqdm: bool = True,
+        lora_request: LoRARequests = None,
         chat_template: str | None = None,
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         tools: list[dict[str, Any]] | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
     ) -> list[RequestOutput]:
-        """Render each conversation with the model's chat template, then generate."""
+        """Render each conversation with the model's chat template, then generate (``lora_request``:
+        one adapter for every conversation, or one per conversation)."""
         conversations = [messages] if messages and isinstance(messages[0], Mapping) else list(messages)
         prompts = [
             Prompt(text=text, add_special_tokens=False)  # the template already holds the special tokens
@@ -299,7 +326,7 @@ class LLM:
                 for c in conversations
             )
         ]
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, lora_request=lora_request)
 
     def render_chat(
         self,
@@ -323,6 +350,25 @@ class LLM:
             chat_template_kwargs=chat_template_kwargs,
             model_name=f"the model {self.engine.info.model}",
         )
+
+    # -- LoRA adapters --------------------------------------------------------------
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Read and check an adapter now rather than at its first request (``LoRAAdapterNotFoundError``,
+        ``InvalidLoRAAdapterError``); it stays in the CPU cache while there is room."""
+        return self.engine.add_lora(lora_request)
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        """Forget an adapter (its requests in flight finish with it); False when it is not known."""
+        return self.engine.remove_lora(lora_int_id)
+
+    def list_loras(self) -> list[int]:
+        """The ``lora_int_id`` of every adapter the engine holds."""
+        return self.engine.list_loras()
+
+    def pin_lora(self, lora_int_id: int) -> bool:
+        """Keep an adapter in the CPU cache for good; False when it is not known."""
+        return self.engine.pin_lora(lora_int_id)
 
     def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         finished: dict[str, RequestOutput] = {}
@@ -366,6 +412,21 @@ def _params_per_prompt(params: Any, count: int, kind: type = PoolingParams) -> l
         name = "sampling" if kind is SamplingParams else "pooling"
         raise ValueError(f"got {len(params)} {name} params for {count} prompts")
     return params
+
+
+def _loras_per_prompt(lora_request: LoRARequests, count: int) -> list[LoRARequest | None]:
+    """One adapter (or None) per prompt: the same for all, or a sequence of ``count``."""
+    if lora_request is None or isinstance(lora_request, LoRARequest):
+        return [lora_request] * count
+    if isinstance(lora_request, str | bytes | Mapping) or not isinstance(lora_request, Sequence):
+        raise TypeError(f"lora_request must be a LoRARequest or a list of them, got {type(lora_request).__name__}")
+    loras = list(lora_request)
+    if len(loras) != count:
+        raise ValueError(f"got {len(loras)} LoRA requests for {count} prompts")
+    bad = next((lora for lora in loras if lora is not None and not isinstance(lora, LoRARequest)), None)
+    if bad is not None:
+        raise TypeError(f"lora_request must hold LoRARequest or None items, got {type(bad).__name__}")
+    return loras
 
 
 def _raw(outputs: Any) -> PoolingOutput:

@@ -43,7 +43,7 @@ def combination_problems(specs: list[OptionSpec], values: Mapping[str, Setting])
     """What only the registry, the model or another option tells, among the options this command
     takes: more than one rank on an executor that runs one, a device no kernel set runs on, a
     context longer than the model's, a task, runner and conversion asking for different things,
-    auto tool choice without a parser."""
+    LoRA options without LoRA, auto tool choice without a parser."""
     taken = {s.name: s for s in specs}
 
     def setting(name: str) -> Setting:
@@ -67,6 +67,17 @@ def combination_problems(specs: list[OptionSpec], values: Mapping[str, Setting])
     if "max_model_len" in values and "model" in taken and taken["model"].record == taken["max_model_len"].record:
         problems += context_problems(setting("model"), values["max_model_len"])
     problems += task_problems({name: setting(name) for name in ("task", "runner", "convert") if name in taken})
+    if "enable_lora" in taken and not setting("enable_lora").value:  # adapters asked for, LoRA off
+        for name in ("lora_modules", "enable_lora_runtime_updates"):
+            if name in values and values[name].value:
+                problems.append(f"{values[name].source} needs {taken['enable_lora'].flag_name}")
+    if {"max_loras", "max_cpu_loras"} <= taken.keys():
+        cpu, slots = setting("max_cpu_loras"), setting("max_loras")
+        if cpu.value is not None and cpu.value < slots.value:
+            problems.append(
+                f"{cpu.written} must be at least {slots.source} ({slots.value}): "
+                "the CPU cache holds every adapter in a slot"
+            )
     if {"enable_auto_tool_choice", "tool_call_parser"} <= taken.keys():
         auto, parser = setting("enable_auto_tool_choice"), setting("tool_call_parser")
         if auto.value and not parser.value:

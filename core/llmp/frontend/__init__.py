@@ -6,6 +6,11 @@
   rendered with special-token text kept literal), the one way a request becomes
   ``SamplingParams`` (``sampling_params`` from a :class:`SamplingRequest`), tools, reasoning
   and structured outputs (``output_plan``, :class:`OutputPlan`).
+- Models and LoRA adapters: ``FrontendKit.lora_for`` (the adapter a request's ``model`` names:
+  pass it as ``lora_request``), ``response_model``, ``model_cards`` (``/v1/models``),
+  ``load_adapter``/``unload_adapter``/``pin_adapter`` (run-time loads with vLLM's texts);
+  :func:`load_lora_modules` (``--lora-modules`` of a command running its own engine),
+  :class:`FilesystemResolver` and :func:`load_resolvers` (``llmp_register_lora_resolvers``).
 - Errors: raise :class:`APIError` (``bad_request`` for a 400); :func:`as_api_error` turns any
   other failure into one (a :class:`llmp.api.RequestValidationError` into a 400 naming its field).
   :func:`error_body` is the OpenAI error object; :func:`validation_message` sums up pydantic's errors.
@@ -42,6 +47,7 @@ from llmp.frontend.kit import (
     engine_request_id,
     json_text,
 )
+from llmp.frontend.lora import FilesystemResolver, load_lora_modules, load_resolvers
 from llmp.frontend.startup import frontend_options, read_chat_template, served_model_names
 from llmp.model_files.packaged import PackagedModel, installed_packaged_models, packaged_model
 from llmp.scoring import (
@@ -57,6 +63,7 @@ from llmp.scoring import (
 __all__ = [
     "REASONING_EFFORTS",
     "APIError",
+    "FilesystemResolver",
     "FrontendKit",
     "OutputPlan",
     "PackagedModel",
@@ -72,6 +79,8 @@ __all__ = [
     "frontend_options",
     "installed_packaged_models",
     "json_text",
+    "load_lora_modules",
+    "load_resolvers",
     "packaged_model",
     "read_variables",
     "read_chat_template",

@@ -66,11 +66,14 @@ class RequestTimeoutError(APIError):
 
 def as_api_error(exc: BaseException) -> APIError:
     """How any failure of a request is reported: bad input 400 (naming the field of a
-    :class:`~llmp.api.RequestValidationError`), a dead engine 503, else 500."""
-    from llmp.api import EngineDeadError, RequestValidationError
+    :class:`~llmp.api.RequestValidationError`), a LoRA adapter that is not there 404, a dead
+    engine 503, else 500."""
+    from llmp.api import EngineDeadError, LoRAAdapterNotFoundError, RequestValidationError
 
     if isinstance(exc, APIError):
         return exc
+    if isinstance(exc, LoRAAdapterNotFoundError):
+        return APIError(404, str(exc), param="model", type="NotFoundError")
     if isinstance(exc, RequestValidationError):
         return APIError(400, str(exc), param=exc.field)
     if isinstance(exc, ValueError | TypeError):

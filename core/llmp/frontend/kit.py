@@ -22,9 +22,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal, get_args
 
-from llmp.api import RequestValidationError
+from llmp.api import (
+    EngineDeadError,
+    InvalidLoRAAdapterError,
+    LLMPError,
+    LoRAAdapterNotFoundError,
+    RequestValidationError,
+)
 from llmp.frontend.errors import APIError, bad_request
 from llmp.inputs import Prompt
+from llmp.lora import LoRARequest
 from llmp.options import FrontendOptions
 from llmp.sampling_params import SamplingParams, SamplingParamsError, StructuredOutputsParams, resolve_max_tokens
 from llmp.scoring import is_unicode
@@ -126,12 +133,162 @@ class FrontendKit:
         self.tool_parser = _load_parser("tool_parser", options.tool_call_parser, self.tokenizer)
         self.reasoning_parser = _load_parser("reasoning_parser", options.reasoning_parser, self.tokenizer)
         self.auto_tools = options.enable_auto_tool_choice and self.tool_parser is not None
+        # what an adapter's base_model_name may say: a served name, or the model as the server was given it
+        self.base_model_name: str = engine.info.get("model") or self.model_name
+        self._lora_resolvers: list[Any] | None = None
 
-    # -- checks ---------------------------------------------------------------------
+    # -- models and LoRA adapters ------------------------------------------------------
+
+    @property
+    def lora_requests(self) -> Mapping[str, LoRARequest]:
+        """The LoRA adapters served by name (``--lora-modules``, loaded at run time or by a resolver):
+        the engine client's table, shared by every front-end. An engine client without one serves none."""
+        return getattr(self.engine, "lora_requests", {})
+
+    def is_served(self, name: str | None) -> bool:
+        """Whether a request's ``model`` names what this server serves: none (the default), a served
+        model name, or a served LoRA adapter."""
+        return not name or name in self.model_names or name in self.lora_requests
 
     def check_model(self, name: str | None) -> None:
-        if name and name not in self.model_names:
+        """The protocol's 404 for a ``model`` that is not served (a front-end overrides it for its own shape)."""
+        if not self.is_served(name):
             raise APIError(404, f"The model `{name}` does not exist.", param="model", type="NotFoundError")
+
+    async def lora_for(self, model: str | None) -> LoRARequest | None:
+        """The adapter a request's ``model`` names, to pass as ``lora_request``: None for the base
+        model (no name, or a served name), the served adapter of that name, else (with
+        ``--enable-lora-runtime-updates``) one a resolver plugin finds and loads. An unknown name is
+        :meth:`check_model`'s 404; a resolved adapter that does not load is a 400."""
+        if not model or model in self.model_names:
+            return None
+        lora = self.lora_requests.get(model)
+        if lora is not None:
+            return lora
+        if self.options.enable_lora_runtime_updates:
+            from llmp.frontend.lora import load_resolvers, resolve
+
+            if self._lora_resolvers is None:
+                self._lora_resolvers = load_resolvers(self.options)
+            try:
+                return await resolve(self.engine, self._lora_resolvers, self.base_model_name, model)
+            except LoRAAdapterNotFoundError:
+                pass  # the front-end's own 404 below
+            except InvalidLoRAAdapterError as exc:
+                raise APIError(400, str(exc), param="model", type="BadRequestError") from None
+        self.check_model(model)
+        return None
+
+    def response_model(self, lora: LoRARequest | None) -> str:
+        """The ``model`` a response echoes: the adapter's name when it ran on one (as vLLM), else the served name."""
+        return lora.lora_name if lora is not None else self.model_name
+
+    def is_pinned(self, lora: LoRARequest) -> bool:
+        """Whether the adapter is pinned in the engine's CPU cache (``pin`` on load, or :meth:`pin_adapter`)."""
+        return lora.lora_int_id in getattr(self.engine, "pinned_loras", ())
+
+    def model_cards(self) -> list[dict[str, Any]]:
+        """OpenAI model objects of what is served: the model's names, then each adapter with its
+        directory as ``root`` and its base model as ``parent`` (vLLM's ``/v1/models``)."""
+        base = self.options.model_root
+        cards = [self._card(name, base or name, None, self.max_model_len) for name in self.model_names]
+        cards += [
+            self._card(lora.lora_name, lora.lora_path, lora.base_model_name or self.model_name, None)
+            for lora in self.lora_requests.values()
+        ]
+        return cards
+
+    def _card(self, name: str, root: str, parent: str | None, max_model_len: int | None) -> dict[str, Any]:
+        return {
+            "id": name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "llmp",
+            "root": root,
+            "parent": parent,
+            "max_model_len": max_model_len,
+        }
+
+    async def load_adapter(
+        self,
+        name: str | None,
+        path: str | None,
+        *,
+        base_model_name: str | None = None,
+        load_inplace: bool = False,
+        pin: bool = False,
+    ) -> LoRARequest:
+        """Load a LoRA adapter at run time and serve it as model ``name`` (vLLM's
+        ``/v1/load_lora_adapter``): read and checked by the engine before this returns.
+        ``load_inplace`` replaces an adapter of that name (requests in flight finish on the old one);
+        ``pin`` keeps it in the engine's CPU cache. Raises :class:`APIError` with vLLM's texts: 400
+        for a missing field, a name served already, or an adapter llmp will not serve; 404 when the
+        path holds no adapter."""
+        from llmp.frontend.lora import adapter_lock, check_base_model
+
+        if not name or not path:
+            raise APIError(400, "Both 'lora_name' and 'lora_path' must be provided.", type="InvalidUserInput")
+        if name in self.model_names:
+            raise APIError(
+                400,
+                f"'{name}' is the name of the served model; give the LoRA adapter another name.",
+                param="lora_name",
+                type="InvalidUserInput",
+            )
+        async with adapter_lock(self.engine, name):
+            old = self.lora_requests.get(name)
+            if old is not None and not load_inplace:
+                raise APIError(
+                    400,
+                    f"The lora adapter '{name}' has already been loaded. If you want to load the adapter "
+                    "in place, set 'load_inplace' to True.",
+                    param="lora_name",
+                    type="InvalidUserInput",
+                )
+            try:
+                check_base_model(name, base_model_name, {*self.model_names, self.base_model_name})
+            except InvalidLoRAAdapterError as exc:
+                raise APIError(400, str(exc), param="base_model_name", type="BadRequestError") from None
+            lora = LoRARequest(name, self.engine.next_lora_id(), path, base_model_name)
+            try:
+                await self.engine.add_lora(lora, pin=pin)
+            except LoRAAdapterNotFoundError as exc:
+                raise APIError(404, str(exc), param="lora_path", type="NotFoundError") from None
+            except EngineDeadError:
+                raise
+            except (LLMPError, ValueError, TypeError) as exc:  # rank, targets, a corrupt file: the adapter's fault
+                raise APIError(400, str(exc), param="lora_path", type="BadRequestError") from None
+            if old is not None:
+                await self.engine.remove_lora(old.lora_int_id)
+        return lora
+
+    async def unload_adapter(self, name: str | None) -> LoRARequest:
+        """Stop serving LoRA adapter ``name`` (vLLM's ``/v1/unload_lora_adapter``): new requests
+        naming it get a 404, those in flight finish. Raises :class:`APIError`: 400 without a name,
+        404 (vLLM's text) for a name not served."""
+        from llmp.frontend.lora import adapter_lock
+
+        if not name:
+            raise APIError(400, "'lora_name' needs to be provided to unload a LoRA adapter.", type="InvalidUserInput")
+        async with adapter_lock(self.engine, name):
+            lora = self._served_adapter(name)
+            await self.engine.remove_lora(lora.lora_int_id)
+        return lora
+
+    async def pin_adapter(self, name: str) -> LoRARequest:
+        """Pin served LoRA adapter ``name`` in the engine's CPU cache (never evicted from it; its
+        slot is evicted last); 404 when no adapter of that name is served."""
+        lora = self._served_adapter(name)
+        await self.engine.pin_lora(lora.lora_int_id)
+        return lora
+
+    def _served_adapter(self, name: str) -> LoRARequest:
+        lora = self.lora_requests.get(name)
+        if lora is None:
+            raise APIError(404, f"The lora adapter '{name}' cannot be found.", param="lora_name", type="NotFoundError")
+        return lora
+
+    # -- checks ---------------------------------------------------------------------
 
     def check_token_ids(self, ids: Sequence[int], param: str) -> None:
         limit = self.vocab_size

@@ -5,17 +5,21 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import logging
+import os
 import signal
 import socket
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from llmp.api import LLMPError
 from llmp.engine.core_proc import WARM_UP_REQUEST_ID
+from llmp.frontend.lora import load_lora_modules
 from llmp.frontend.startup import frontend_options, read_chat_template, served_model_names
+from llmp.lora import LoRAModulePath, parse_lora_module
 from llmp.options import FrontendOptions, ServerOptions
 from llmp.server.app import LOOPBACK_HOSTS, Limits, ServerState, build_app, with_light_json
 from llmp.server.metrics import MeteredEngine, ServerMetrics
@@ -52,6 +56,8 @@ def _start_and_serve(settings: ServeSettings, started: float) -> int:
         _check_ports(settings)
         frontends = _frontend_specs(settings.server.frontend)
         chat_template = read_chat_template(settings.frontend.chat_template)
+        lora_modules = [parse_lora_module(value) for value in settings.server.lora_modules]
+        settings = with_vllm_lora_variables(settings, os.environ)
         # the model, resolved once (a GGUF file converted) before the port is bound; the engine takes the record
         model = resolve_model(settings.engine)
         sock = _bind(settings.server.host, settings.server.port)
@@ -77,7 +83,31 @@ def _start_and_serve(settings: ServeSettings, started: float) -> int:
     except LLMPError as exc:  # the engine process, already starting, exits with this one
         _error(exc)
         return 2
-    return asyncio.run(_serve(settings, classes, chat_template, sock, engine, tokenizer, started))
+    return asyncio.run(_serve(settings, classes, chat_template, lora_modules, sock, engine, tokenizer, started))
+
+
+def with_vllm_lora_variables(settings: ServeSettings, environ: Mapping[str, str]) -> ServeSettings:
+    """vLLM's variables as aliases of llmp's options, when those are not set:
+    ``VLLM_ALLOW_RUNTIME_LORA_UPDATING`` (``--enable-lora-runtime-updates``; with ``--enable-lora``
+    only) and ``VLLM_LORA_RESOLVER_CACHE_DIR`` (``--lora-resolver-dir``)."""
+    frontend = settings.frontend
+    allow = environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").strip().lower() in ("1", "true")
+    if allow and not frontend.enable_lora_runtime_updates:
+        if settings.engine.enable_lora:
+            frontend = dataclasses.replace(frontend, enable_lora_runtime_updates=True)
+        else:
+            log.warning("VLLM_ALLOW_RUNTIME_LORA_UPDATING is set, but LoRA is off (--enable-lora): ignored")
+    cache_dir = environ.get("VLLM_LORA_RESOLVER_CACHE_DIR", "").strip()
+    if cache_dir and frontend.lora_resolver_dir is None:
+        frontend = dataclasses.replace(frontend, lora_resolver_dir=cache_dir)
+    if frontend.lora_resolver_dir is not None and not frontend.enable_lora_runtime_updates:
+        log.warning("the LoRA resolver directory is not used without --enable-lora-runtime-updates")
+    if frontend.enable_lora_runtime_updates:
+        log.warning(
+            "LoRA adapters can be loaded at run time (--enable-lora-runtime-updates): any client "
+            "(with the API key) can make the server read adapters from its disk"
+        )
+    return dataclasses.replace(settings, frontend=frontend)
 
 
 def _check_ports(settings: ServeSettings) -> None:
@@ -145,6 +175,7 @@ async def _serve(
     settings: ServeSettings,
     frontends: list[tuple[str, type]],
     chat_template: str | None,
+    lora_modules: list[LoRAModulePath],
     sock: socket.socket,
     starting: concurrent.futures.Future,
     tokenizer: concurrent.futures.Future,
@@ -198,6 +229,10 @@ async def _serve(
         if not await _unless_stopped(_warm_up(loaded), server, serving):
             return await _finish(serving, 0)
         log.debug("warmed up after %.2f s", time.monotonic() - started)
+        if lora_modules and not await _unless_stopped(
+            load_lora_modules(loaded, lora_modules, served_names), server, serving
+        ):
+            return await _finish(serving, 0)
         limits = gate_limits(settings)
         engine = MeteredEngine(
             loaded,

@@ -67,6 +67,46 @@ class EngineStatsCollector:
             counter = CounterMetricFamily(name, doc, labels=list(self.labels))
             counter.add_metric(list(self.labels.values()), float(s.get(key, 0)))
             yield counter
+        if "lora" in s:  # an engine serving LoRA adapters (--enable-lora)
+            yield from self._lora(s["lora"])
+
+    def _lora(self, lora: dict[str, Any]) -> Iterator[Any]:
+        """Requests per adapter (vLLM's ``lora_requests_info``, and one gauge per adapter), and the
+        adapters read from disk, copied into slots and evicted since start-up."""
+        model = self.labels["model_name"]
+        running, waiting = lora.get("running", {}), lora.get("waiting", {})
+        info = GaugeMetricFamily(
+            "llmp_lora_requests_info",
+            "LoRA adapters of the running and waiting requests (comma-separated names); the value is the scrape time.",
+            labels=["model_name", "max_lora", "running_lora_adapters", "waiting_lora_adapters"],
+        )
+        names = (",".join(sorted(running)), ",".join(sorted(waiting)))
+        info.add_metric([model, str(lora.get("max_loras", 0)), *names], time.time())
+        yield info
+        adapters = sorted({*lora.get("loaded", ()), *running, *waiting})
+        for name, doc, counts in (
+            ("llmp_lora_num_requests_running", "Running requests per LoRA adapter.", running),
+            ("llmp_lora_num_requests_waiting", "Waiting requests per LoRA adapter.", waiting),
+        ):
+            gauge = GaugeMetricFamily(name, doc, labels=["model_name", "lora_name"])
+            for adapter in adapters:
+                gauge.add_metric([model, adapter], float(counts.get(adapter, 0)))
+            yield gauge
+        for name, doc, key in (
+            ("llmp_lora_adapter_loads", "LoRA adapters read from disk into the CPU cache.", "disk_loads"),
+            ("llmp_lora_slot_loads", "LoRA adapters copied into an adapter slot (--max-loras).", "slot_loads"),
+        ):
+            counter = CounterMetricFamily(name, doc, labels=["model_name"])
+            counter.add_metric([model], float(lora.get(key, 0)))
+            yield counter
+        evictions = CounterMetricFamily(
+            "llmp_lora_evictions",
+            "LoRA adapters evicted from the CPU cache (--max-cpu-loras) or from a slot (--max-loras).",
+            labels=["model_name", "cache"],
+        )
+        evictions.add_metric([model, "cpu"], float(lora.get("cpu_evictions", 0)))
+        evictions.add_metric([model, "slot"], float(lora.get("slot_evictions", 0)))
+        yield evictions
 
 
 class ServerMetrics:

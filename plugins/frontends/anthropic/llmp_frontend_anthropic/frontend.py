@@ -110,8 +110,9 @@ class AnthropicFrontend(FrontendKit):
     # -- shared conversions ---------------------------------------------------------
 
     def check_model(self, name: str | None) -> None:
-        if name and name not in self.model_names:  # FrontendKit's check, Anthropic's wording
-            raise APIError(404, f"model: {name} (this server serves: {', '.join(self.model_names)})", param="model")
+        if not self.is_served(name):  # FrontendKit's check (LoRA adapters included), Anthropic's wording
+            served = ", ".join(card["id"] for card in self.model_cards())
+            raise APIError(404, f"model: {name} (this server serves: {served})", param="model")
 
     async def prompt(self, body: p.MessagesBase) -> Prompt:
         """The engine's prompt: the rendered conversation and its token ids."""
@@ -163,6 +164,9 @@ class MessageRun:
 
     async def run(self) -> Any:
         fe, body = self.fe, self.body
+        self.lora = await fe.lora_for(body.model)
+        if self.lora is not None:  # an adapter answers under its own name (a base alias is echoed as sent)
+            self.model = fe.response_model(self.lora)
         prompt = await fe.prompt(body)
         self.prompt_ids = prompt.token_ids
         tools, tool_choice = fe.tools(body)
@@ -174,6 +178,7 @@ class MessageRun:
             prompt,
             self.params,
             engine_request_id("msg"),
+            lora_request=self.lora,
             delta=body.stream,
         )
         if body.stream:

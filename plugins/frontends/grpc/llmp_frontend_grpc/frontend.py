@@ -149,19 +149,21 @@ class GrpcFrontend(FrontendKit):
         )
         return self.sampling_params(sampling, prompt_len)
 
-    async def start(self, request: Any, delta: bool) -> tuple[AsyncIterator[Any], int]:
-        """The checked request started in the engine: its outputs and the prompt's length."""
+    async def start(self, request: Any, delta: bool) -> tuple[AsyncIterator[Any], int, str]:
+        """The checked request started in the engine: its outputs, the prompt's length and the model
+        name the responses carry (a LoRA adapter's when ``model`` names one)."""
         if self.task != "generate":
             raise APIError(501, f"this server runs the {self.task!r} task: Generate is not available")
-        self.check_model(request.model or None)
+        lora = await self.lora_for(request.model or None)
         prompt = await self.prompt(request)
         params = self.generate_params(request, len(prompt.token_ids))
-        return self.engine.generate(prompt, params, engine_request_id("grpc"), delta=delta), len(prompt.token_ids)
+        outputs = self.engine.generate(prompt, params, engine_request_id("grpc"), lora_request=lora, delta=delta)
+        return outputs, len(prompt.token_ids), self.response_model(lora)
 
-    def response(self, seq: Any, prompt_tokens: int | None = None, completion_tokens: int = 0) -> Any:
+    def response(self, seq: Any, model: str, prompt_tokens: int | None = None, completion_tokens: int = 0) -> Any:
         """A ``GenerateResponse`` of (a delta of) a sequence; with usage when ``prompt_tokens`` is given."""
         message = pb.GenerateResponse(
-            text=seq.text, token_ids=seq.token_ids, finish_reason=seq.finish_reason or "", model=self.model_name
+            text=seq.text, token_ids=seq.token_ids, finish_reason=seq.finish_reason or "", model=model
         )
         if seq.stop_reason is not None:
             message.stop_reason = str(seq.stop_reason)
@@ -215,7 +217,7 @@ class LlmpServicer(pb_grpc.LlmpServicer):
 
     @_unary()
     async def Generate(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        outputs, prompt_tokens = await self.fe.start(request, delta=False)
+        outputs, prompt_tokens, model = await self.fe.start(request, delta=False)
         final = None
         async with contextlib.aclosing(outputs):  # cancelled (client gone, deadline): the engine aborts it
             async for final in outputs:
@@ -223,7 +225,7 @@ class LlmpServicer(pb_grpc.LlmpServicer):
         if final is None:
             raise APIError(503, "the request was aborted before it produced output")
         seq = final.outputs[0]
-        return self.fe.response(seq, prompt_tokens, len(seq.token_ids))
+        return self.fe.response(seq, model, prompt_tokens, len(seq.token_ids))
 
     async def GenerateStream(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         if not self.fe.authorized(context.invocation_metadata()):
@@ -231,17 +233,17 @@ class LlmpServicer(pb_grpc.LlmpServicer):
                 grpc.StatusCode.UNAUTHENTICATED, "invalid or missing API key (metadata 'authorization: Bearer <key>')"
             )
         try:
-            outputs, prompt_tokens = await self.fe.start(request, delta=True)
+            outputs, prompt_tokens, model = await self.fe.start(request, delta=True)
             generated = 0
             async with contextlib.aclosing(outputs):  # cancelled (client gone, deadline): the engine aborts it
                 async for output in outputs:
                     seq = output.outputs[0]
                     generated += len(seq.token_ids)
                     if seq.finish_reason:
-                        yield self.fe.response(seq, prompt_tokens, generated)
+                        yield self.fe.response(seq, model, prompt_tokens, generated)
                         return
                     if seq.text or seq.token_ids:
-                        yield self.fe.response(seq)
+                        yield self.fe.response(seq, model)
             raise APIError(503, "the request was aborted before it finished")
         except grpc.aio.AbortError:
             raise
@@ -262,10 +264,13 @@ class LlmpServicer(pb_grpc.LlmpServicer):
 
     @_unary()
     async def ListModels(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        """The served names, then the LoRA adapters (``root``: the adapter's directory)."""
         fe = self.fe
-        root = fe.options.model_root
         return pb.ListModelsResponse(
-            models=[pb.Model(id=name, root=root or name, max_model_len=fe.max_model_len) for name in fe.model_names]
+            models=[
+                pb.Model(id=card["id"], root=card["root"], max_model_len=card["max_model_len"] or fe.max_model_len)
+                for card in fe.model_cards()
+            ]
         )
 
     @_unary(public=True)

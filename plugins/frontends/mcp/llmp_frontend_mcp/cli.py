@@ -15,17 +15,34 @@ from typing import Annotated, Any
 import typer
 
 from llmp.cli.options import Select, options_command
+from llmp.lora import LoRAModulePath
 from llmp.options import EngineConfig, FrontendOptions, LogLevel, ServerOptions, option
 
 # The engine options of ``llmp serve`` but --task (the MCP tools generate), and of its request options those
-# the MCP tools use.
+# the MCP tools use (LoRA resolvers: a tool's ``model`` may name an adapter of --lora-resolver-dir).
 McpEngine = Annotated[EngineConfig, Select(omit=("task", "runner", "convert"))]
-McpRequests = Annotated[FrontendOptions, Select(only=("chat_template", "generation_config", "max_stop_sequences"))]
+McpRequests = Annotated[
+    FrontendOptions,
+    Select(
+        only=(
+            "chat_template",
+            "generation_config",
+            "max_stop_sequences",
+            "enable_lora_runtime_updates",
+            "lora_resolver_dir",
+        ),
+        help={"enable_lora_runtime_updates": "Let LoRA resolvers load the adapters a tool's model names."},
+    ),
+]
 McpNames = Annotated[
     ServerOptions,
     Select(
-        only=("served_model_name",),
-        help={"served_model_name": "Public model name(s), listed by the llmp://models resource."},
+        only=("served_model_name", "lora_modules"),
+        help={
+            "served_model_name": "Public model name(s), listed by the llmp://models resource.",
+            "lora_modules": 'Adapter the tools serve as a model: NAME=PATH or {"name","path","base_model_name"} '
+            "(repeatable).",
+        },
     ),
 ]
 
@@ -49,10 +66,12 @@ def run(engine_config: EngineConfig, request: FrontendOptions, names: ServerOpti
     logging.basicConfig(level=logs.log_level.upper(), stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     from llmp.api import LLMPError
     from llmp.frontend import read_chat_template
+    from llmp.lora import parse_lora_module
 
-    try:
-        chat_template = read_chat_template(request.chat_template)  # a bad value fails before the engine starts
-    except LLMPError as exc:
+    try:  # bad values fail before the engine starts
+        chat_template = read_chat_template(request.chat_template)
+        lora_modules = [parse_lora_module(value) for value in names.lora_modules]
+    except (LLMPError, ValueError) as exc:
         print(f"llmp mcp: {exc}", file=sys.stderr)
         return 2
     try:
@@ -61,7 +80,7 @@ def run(engine_config: EngineConfig, request: FrontendOptions, names: ServerOpti
         print(f"llmp mcp: cannot start the engine: {exc}", file=sys.stderr)
         return 2
     try:
-        return asyncio.run(_serve(engine_config, request, names, engine, chat_template))
+        return asyncio.run(_serve(engine_config, request, names, engine, chat_template, lora_modules))
     except KeyboardInterrupt:
         return 130
     finally:
@@ -87,12 +106,23 @@ def _start_engine(config: EngineConfig) -> Any:
 
 
 async def _serve(
-    engine_config: EngineConfig, request: FrontendOptions, server: ServerOptions, engine: Any, chat_template: str | None
+    engine_config: EngineConfig,
+    request: FrontendOptions,
+    server: ServerOptions,
+    engine: Any,
+    chat_template: str | None,
+    lora_modules: list[LoRAModulePath],
 ) -> int:
-    from llmp.frontend import frontend_options, served_model_names
+    from llmp.api import LLMPError
+    from llmp.frontend import frontend_options, load_lora_modules, served_model_names
     from llmp_frontend_mcp.frontend import McpFrontend
 
     names = served_model_names(server.served_model_name, engine_config.model)
+    try:
+        await load_lora_modules(engine, lora_modules, names)
+    except LLMPError as exc:
+        print(f"llmp mcp: {exc}", file=sys.stderr)
+        return 2
     # chat_template: the template text, read from a --chat-template file
     options = frontend_options(request, engine.info, names, chat_template=chat_template)
     frontend = McpFrontend(engine, options)

@@ -7,8 +7,9 @@ The same server object is served two ways:
 * over stdio by ``llmp mcp MODEL`` (``llmp_frontend_mcp.cli``).
 
 Tools: ``generate`` (text completion), ``chat`` (chat template, then completion) and
-``tokenize``. Resources: ``llmp://models`` (every served name with ``max_model_len``)
-and ``llmp://models/{name}``. A failure of a tool (bad argument, context too long,
+``tokenize``; ``generate`` and ``chat`` take an optional ``model``: a served name or a LoRA
+adapter's (``--lora-modules``). Resources: ``llmp://models`` (every served name and adapter,
+with ``max_model_len``) and ``llmp://models/{name}``. A failure of a tool (bad argument, context too long,
 engine gone) is returned as a tool error (``isError`` with the message), never a crash.
 """
 
@@ -22,7 +23,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, Field
 
-from llmp import Prompt
+from llmp import LoRARequest, Prompt
 from llmp.frontend import APIError, FrontendKit, SamplingRequest, as_api_error, engine_request_id
 from llmp.options import FrontendOptions
 
@@ -45,6 +46,10 @@ class Tokens(BaseModel):
 MaxTokens = Annotated[int | None, Field(ge=1, description="Most tokens to generate (default: the rest of the context)")]
 Temperature = Annotated[
     float | None, Field(ge=0, description="Sampling temperature; 0 is greedy (default: the model's, else 1)")
+]
+Model = Annotated[
+    str | None,
+    Field(description="A served model or LoRA adapter name (see the llmp://models resource); default: the model"),
 ]
 
 
@@ -110,10 +115,12 @@ class McpFrontend(FrontendKit):
         max_tokens: MaxTokens = None,
         temperature: Temperature = None,
         stop: Annotated[list[str] | str | None, Field(description="Stop strings, not included in the text")] = None,
+        model: Model = None,
     ) -> str:
         async def run() -> str:
+            lora = await self.lora_for(model)
             [record] = await self.prompt_inputs(prompt, "prompt", True)  # as /v1/completions
-            return await self._complete(record, max_tokens, temperature, stop, "mcp-gen")
+            return await self._complete(record, max_tokens, temperature, stop, "mcp-gen", lora)
 
         return await _as_tool(run)
 
@@ -123,11 +130,13 @@ class McpFrontend(FrontendKit):
         max_tokens: MaxTokens = None,
         temperature: Temperature = None,
         stop: Annotated[list[str] | str | None, Field(description="Stop strings, not included in the text")] = None,
+        model: Model = None,
     ) -> str:
         async def run() -> str:
+            lora = await self.lora_for(model)
             conversation = [m.model_dump() for m in messages]
             record = await self.conversation_prompt(conversation, None)  # as /v1/chat/completions
-            return await self._complete(record, max_tokens, temperature, stop, "mcp-chat")
+            return await self._complete(record, max_tokens, temperature, stop, "mcp-chat", lora)
 
         return await _as_tool(run)
 
@@ -149,12 +158,13 @@ class McpFrontend(FrontendKit):
         temperature: float | None,
         stop: list[str] | str | None,
         prefix: str,
+        lora: LoRARequest | None,
     ) -> str:
         params = self.sampling_params(
             SamplingRequest(max_tokens=max_tokens, temperature=temperature, stop=stop), len(prompt.token_ids)
         )
         final = None
-        async for output in self.engine.generate(prompt, params, engine_request_id(prefix)):
+        async for output in self.engine.generate(prompt, params, engine_request_id(prefix), lora_request=lora):
             final = output
         if final is None or not final.outputs:
             raise APIError(500, "the engine returned no output")
@@ -162,24 +172,32 @@ class McpFrontend(FrontendKit):
 
     # -- resources ----------------------------------------------------------------
 
-    def _model_info(self, name: str) -> dict[str, Any]:
-        return {
-            "name": name,
-            "max_model_len": self.max_model_len,
-            "task": self.task,
-            "root": self.options.model_root or name,
-            "vocab_size": self.vocab_size,
-        }
+    def _models(self) -> dict[str, dict[str, Any]]:
+        """Each served name and LoRA adapter (with ``parent``, its base model) by name."""
+        models = {}
+        for card in self.model_cards():
+            info = {
+                "name": card["id"],
+                "max_model_len": self.max_model_len,
+                "task": self.task,
+                "root": card["root"],
+                "vocab_size": self.vocab_size,
+            }
+            if card.get("parent"):
+                info["parent"] = card["parent"]
+            models[card["id"]] = info
+        return models
 
     def models_resource(self) -> str:
-        return json.dumps({"models": [self._model_info(n) for n in self.model_names]})
+        return json.dumps({"models": list(self._models().values())})
 
     def model_resource(self, name: str) -> str:
         from mcp.server.mcpserver.exceptions import ResourceError
 
-        if name not in self.model_names:
-            raise ResourceError(f"the model {name!r} is not served here; served: {', '.join(self.model_names)}")
-        return json.dumps(self._model_info(name))
+        models = self._models()
+        if name not in models:
+            raise ResourceError(f"the model {name!r} is not served here; served: {', '.join(models)}")
+        return json.dumps(models[name])
 
     # -- streamable HTTP on the shared server -----------------------------------------
 

@@ -30,7 +30,8 @@ def test_lists_the_tools(server: LiveServer) -> None:
 
     tools = {t.name: t for t in run_client(http_target(server), work).tools}
     assert sorted(tools) == ["chat", "generate", "tokenize"]
-    assert set(tools["generate"].input_schema["properties"]) == {"prompt", "max_tokens", "temperature", "stop"}
+    assert set(tools["generate"].input_schema["properties"]) == {"prompt", "max_tokens", "temperature", "stop", "model"}
+    assert set(tools["chat"].input_schema["properties"]) == {"messages", "max_tokens", "temperature", "stop", "model"}
     assert tools["generate"].input_schema["required"] == ["prompt"]
     assert tools["chat"].input_schema["required"] == ["messages"]
 

@@ -12,5 +12,7 @@ def llmp_register_frontends() -> Iterator[FrontendSpec]:
         name="openai",
         impl="llmp_frontend_openai.frontend:OpenAIFrontend",
         description="OpenAI API: /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses, /v1/models, "
-        "/tokenize, /detokenize; vLLM's /v1/score, /v1/rerank (and /v2/rerank), /v1/classify, /pooling",
+        "/tokenize, /detokenize; vLLM's /v1/score, /v1/rerank (and /v2/rerank), /v1/classify, /pooling; "
+        "LoRA adapters as models, loaded at run time (--enable-lora-runtime-updates) through "
+        "/v1/load_lora_adapter, /v1/unload_lora_adapter and /v1/loras",
     )

@@ -41,7 +41,8 @@ class ChatCompletion:
 
     async def run(self) -> Any:
         fe, body = self.fe, self.body
-        fe.check_model(body.model)
+        self.lora = await fe.lora_for(body.model)
+        self.model = fe.response_model(self.lora)
         fe.check_unsupported(body)
         if not body.messages:
             raise bad_request("messages must hold at least one message", "messages")
@@ -79,6 +80,7 @@ class ChatCompletion:
             prompt,
             self.params,
             engine_request_id("chatcmpl"),
+            lora_request=self.lora,
             priority=body.priority,
             delta=bool(body.stream),
         )
@@ -96,7 +98,7 @@ class ChatCompletion:
             "id": self.id,
             "object": "chat.completion",
             "created": self.created,
-            "model": self.fe.model_name,
+            "model": self.model,
             "choices": choices,
             "usage": usage(len(self.prompt_ids), completion_tokens),
             "system_fingerprint": None,
@@ -216,7 +218,7 @@ class ChatCompletion:
             "id": self.id,
             "object": "chat.completion.chunk",
             "created": self.created,
-            "model": self.fe.model_name,
+            "model": self.model,
             "choices": choices,
             **extra,
         }

@@ -36,7 +36,8 @@ class Completion:
 
     async def run(self) -> Any:
         fe, body = self.fe, self.body
-        fe.check_model(body.model)
+        self.lora = await fe.lora_for(body.model)
+        self.model = fe.response_model(self.lora)
         fe.check_unsupported(body)
         if body.suffix is not None:
             raise bad_request("suffix is not supported", "suffix")
@@ -67,6 +68,7 @@ class Completion:
                 prompt,
                 params,
                 engine_request_id("cmpl"),
+                lora_request=self.lora,
                 priority=body.priority,
                 delta=bool(body.stream),
             )
@@ -90,7 +92,7 @@ class Completion:
             "id": self.id,
             "object": "text_completion",
             "created": self.created,
-            "model": self.fe.model_name,
+            "model": self.model,
             "choices": choices,
             "usage": usage(prompt_tokens, completion_tokens),
             "system_fingerprint": None,
@@ -176,7 +178,7 @@ class Completion:
             "id": self.id,
             "object": "text_completion",
             "created": self.created,
-            "model": self.fe.model_name,
+            "model": self.model,
             "choices": choices,
         }
         if usage is not None:

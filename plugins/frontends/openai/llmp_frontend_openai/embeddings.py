@@ -17,14 +17,14 @@ if TYPE_CHECKING:
 
 def add_routes(router: APIRouter, fe: OpenAIFrontend) -> None:
     async def create_embedding(body: p.EmbeddingRequest, request: Request) -> Any:
-        fe.check_model(body.model)
+        lora = await fe.lora_for(body.model)
         inputs = await fe.prompt_inputs(body.input, "input", True)
         inputs = fit_prompts(fe, inputs, body.truncate_prompt_tokens, "input")
         try:
             params = PoolingParams(task="embed", normalize=body.normalize, dimensions=body.dimensions)
         except ValueError as exc:
             raise bad_request(str(exc), "dimensions") from None
-        outputs = await until_disconnected(request, encode_all(fe, inputs, params, body.priority, "embd"))
+        outputs = await until_disconnected(request, encode_all(fe, inputs, params, body.priority, "embd", lora))
         data = [
             {"object": "embedding", "index": i, "embedding": encode_floats(o.outputs.embedding, body.encoding_format)}
             for i, o in enumerate(outputs)
@@ -33,7 +33,7 @@ def add_routes(router: APIRouter, fe: OpenAIFrontend) -> None:
         return {
             "object": "list",
             "data": data,
-            "model": fe.model_name,
+            "model": fe.response_model(lora),
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         }
 

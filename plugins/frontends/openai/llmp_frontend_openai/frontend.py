@@ -33,7 +33,7 @@ class OpenAIFrontend(FrontendKit):
     # -- routes ----------------------------------------------------------------
 
     def http_router(self) -> APIRouter:
-        from llmp_frontend_openai import chat, classify, completions, embeddings, pooling, responses, scoring
+        from llmp_frontend_openai import chat, classify, completions, embeddings, lora, pooling, responses, scoring
 
         router = APIRouter()
         router.add_api_route("/v1/models", self.list_models, methods=["GET"], summary="Served models")
@@ -53,25 +53,16 @@ class OpenAIFrontend(FrontendKit):
             classify.add_routes(router, self)
         if tasks.intersection(pooling.POOLING_ROUTE_TASKS):
             pooling.add_routes(router, self)
+        if self.options.enable_lora_runtime_updates:
+            lora.add_routes(router, self)
         return router
 
     async def serve(self) -> None:  # HTTP only: the shared server runs the routes
         return None
 
     async def list_models(self) -> dict[str, Any]:
-        data = [
-            {
-                "id": name,
-                "object": "model",
-                "created": self.created,
-                "owned_by": "llmp",
-                "root": self.options.model_root or name,
-                "parent": None,
-                "max_model_len": self.max_model_len,
-            }
-            for name in self.model_names
-        ]
-        return {"object": "list", "data": data}
+        """The served names, then the LoRA adapters (``parent``: their base model), as vLLM lists them."""
+        return {"object": "list", "data": self.model_cards()}
 
     async def tokenize(self, body: p.TokenizeRequest) -> dict[str, Any]:
         self.check_model(body.model)

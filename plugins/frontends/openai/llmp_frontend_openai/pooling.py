@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
 
-from llmp import PoolingOutput, PoolingParams, PoolingRequestOutput, Prompt
+from llmp import LoRARequest, PoolingOutput, PoolingParams, PoolingRequestOutput, Prompt
 from llmp.frontend import ScoreInputError, bad_request, engine_request_id, truncation_length, until_disconnected
 from llmp_frontend_openai import protocol as p
 
@@ -29,7 +29,7 @@ def add_routes(router: APIRouter, fe: OpenAIFrontend) -> None:
     supported = [task for task in POOLING_ROUTE_TASKS if task in fe.supported_tasks]
 
     async def create_pooling(body: p.PoolingRequest, request: Request) -> Any:
-        fe.check_model(body.model)
+        lora = await fe.lora_for(body.model)
         if body.task is not None and body.task not in supported:
             raise bad_request(f"the model cannot do task {body.task!r}; it supports {', '.join(supported)}", "task")
         prompts = await request_prompts(fe, body)
@@ -42,12 +42,12 @@ def add_routes(router: APIRouter, fe: OpenAIFrontend) -> None:
             )
         except ValueError as exc:
             raise bad_request(str(exc), "dimensions") from None
-        outputs = await until_disconnected(request, encode_all(fe, prompts, params, body.priority, "pool"))
+        outputs = await until_disconnected(request, encode_all(fe, prompts, params, body.priority, "pool", lora))
         data = [
             {"index": i, "object": "pooling", "data": encode_floats(plain_values(o.outputs), body.encoding_format)}
             for i, o in enumerate(outputs)
         ]
-        return list_response(fe, fe.new_id(request, "pool", body), data, prompt_tokens(prompts))
+        return list_response(fe.response_model(lora), fe.new_id(request, "pool", body), data, prompt_tokens(prompts))
 
     router.add_api_route("/pooling", create_pooling, methods=["POST"], summary="Raw pooled outputs")
 
@@ -66,12 +66,17 @@ def encode_window(fe: OpenAIFrontend) -> int:
 
 
 async def encode_all(
-    fe: OpenAIFrontend, prompts: Sequence[Prompt], params: PoolingParams, priority: int, prefix: str
+    fe: OpenAIFrontend,
+    prompts: Sequence[Prompt],
+    params: PoolingParams,
+    priority: int,
+    prefix: str,
+    lora: LoRARequest | None = None,
 ) -> list[PoolingRequestOutput]:
-    """One engine request per prompt, in prompt order. A long list goes to the engine a window at
-    a time (:func:`encode_window`), each request closed before the next takes its place, as
-    admission control counts engine requests; a server too busy for the first window refuses the
-    request before any starts. Cancelling aborts every one in flight."""
+    """One engine request per prompt (on the LoRA adapter ``lora``, if any), in prompt order. A long
+    list goes to the engine a window at a time (:func:`encode_window`), each request closed before
+    the next takes its place, as admission control counts engine requests; a server too busy for
+    the first window refuses the request before any starts. Cancelling aborts every one in flight."""
     size = min(encode_window(fe), len(prompts))
     if hasattr(fe.engine, "check_capacity"):
         fe.engine.check_capacity(size)
@@ -79,7 +84,7 @@ async def encode_all(
 
     async def one(prompt: Prompt) -> PoolingRequestOutput:
         async with window:
-            outputs = fe.engine.encode(prompt, params, engine_request_id(prefix), priority=priority)
+            outputs = fe.engine.encode(prompt, params, engine_request_id(prefix), lora_request=lora, priority=priority)
             async with contextlib.aclosing(outputs):  # its admission released now, not when collected
                 async for output in outputs:
                     return output
@@ -138,13 +143,14 @@ def prompt_tokens(prompts: Sequence[Prompt]) -> int:
     return sum(len(prompt.token_ids) for prompt in prompts)
 
 
-def list_response(fe: OpenAIFrontend, response_id: str, data: list[dict[str, Any]], tokens: int) -> dict[str, Any]:
-    """vLLM's response of /pooling, /score and /classify; every token counted is a prompt token."""
+def list_response(model: str, response_id: str, data: list[dict[str, Any]], tokens: int) -> dict[str, Any]:
+    """vLLM's response of /pooling, /score and /classify (``model``: the name it echoes); every token
+    counted is a prompt token."""
     return {
         "id": response_id,
         "object": "list",
         "created": int(time.time()),
-        "model": fe.model_name,
+        "model": model,
         "data": data,
         "usage": {
             "prompt_tokens": tokens,

@@ -225,3 +225,23 @@ class PoolingRequest(ClassificationRequest):
     dimensions: StrictInt | None = None
     normalize: bool | None = None
     encoding_format: Literal["float", "base64"] = "float"
+
+
+class LoadLoRAAdapterRequest(OpenAIModel):
+    """vLLM's ``POST /v1/load_lora_adapter`` body (and ``POST /v1/loras``, which adds ``pin``).
+    Missing names are vLLM's 400 ("Both 'lora_name' and 'lora_path' must be provided."), not a
+    validation error."""
+
+    lora_name: str = ""
+    lora_path: str = ""
+    base_model_name: str | None = None  # the served model it was trained on (checked when given)
+    load_inplace: bool = False  # replace an adapter of this name (a new load: no stale cache hits)
+    pin: bool = False  # /v1/loras only: never evicted from the CPU cache
+
+
+class UnloadLoRAAdapterRequest(OpenAIModel):
+    """vLLM's ``POST /v1/unload_lora_adapter`` body; ``lora_int_id`` is accepted and unused (names
+    identify adapters, as vLLM's handler does)."""
+
+    lora_name: str = ""
+    lora_int_id: int | None = None

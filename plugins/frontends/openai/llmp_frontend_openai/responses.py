@@ -119,10 +119,11 @@ class ResponseRun:
         self.finish_reason: str | None = None
         self.task: asyncio.Task | None = None
         self.messages: list[dict[str, Any]] = []
+        self.model = fe.model_name  # the adapter's name when it runs on one (prepare)
 
     @classmethod
     async def prepare(cls, fe: OpenAIFrontend, body: p.ResponsesRequest, store: ResponseStore | None) -> ResponseRun:
-        fe.check_model(body.model)
+        lora = await fe.lora_for(body.model)
         fe.check_unsupported(body)
         _check_responses_fields(body)
         tools, tool_choice = _chat_tools(body)
@@ -140,6 +141,7 @@ class ResponseRun:
         if body.background and body.stream:
             raise bad_request("background and stream cannot both be true", "background")
         run = cls(fe, body, store)
+        run.model = fe.response_model(lora)
         run.messages = _history(store, body.previous_response_id) + _input_messages(body)
         conversation = ([{"role": "system", "content": body.instructions}] if body.instructions else []) + run.messages
         prompt = await fe.chat_prompt([p.ChatMessage(**m) for m in conversation], body, tools=tools)
@@ -174,6 +176,7 @@ class ResponseRun:
             prompt,
             run.params,
             engine_request_id("resp"),
+            lora_request=lora,
             priority=body.priority,
             delta=True,
         )
@@ -217,7 +220,7 @@ class ResponseRun:
             "object": "response",
             "created_at": self.created_at,
             "status": self.status,
-            "model": self.fe.model_name,
+            "model": self.model,
             "error": None,
             "incomplete_details": {"reason": "max_output_tokens"} if self.status == "incomplete" else None,
             "instructions": body.instructions,

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
 
-from llmp import PoolingParams, Prompt
+from llmp import LoRARequest, PoolingParams, Prompt
 from llmp.frontend import (
     ScoreInputError,
     bad_request,
@@ -38,14 +38,16 @@ SECOND_SIDE = ("text_2", "documents", "items", "data_2")
 
 def add_routes(router: APIRouter, fe: OpenAIFrontend) -> None:
     async def create_score(body: p.ScoreRequest, request: Request) -> Any:
-        fe.check_model(body.model)
+        lora = await fe.lora_for(body.model)
         (name_1, data_1), (name_2, data_2) = _side(body, FIRST_SIDE), _side(body, SECOND_SIDE)
-        scores, tokens = await until_disconnected(request, score_pairs(fe, data_1, data_2, (name_1, name_2), body))
+        scores, tokens = await until_disconnected(
+            request, score_pairs(fe, data_1, data_2, (name_1, name_2), body, lora=lora)
+        )
         data = [{"index": i, "object": "score", "score": score} for i, score in enumerate(scores)]
-        return list_response(fe, fe.new_id(request, "score", body), data, tokens)
+        return list_response(fe.response_model(lora), fe.new_id(request, "score", body), data, tokens)
 
     async def create_rerank(body: p.RerankRequest, request: Request) -> Any:
-        fe.check_model(body.model)
+        lora = await fe.lora_for(body.model)
         if body.max_chunks_per_doc is not None:
             raise bad_request(
                 "max_chunks_per_doc is not supported: documents are not split into chunks "
@@ -53,7 +55,7 @@ def add_routes(router: APIRouter, fe: OpenAIFrontend) -> None:
                 "max_chunks_per_doc",
             )
         texts = [_document_text(document, body.rank_fields, i) for i, document in enumerate(body.documents)]
-        pairs = score_pairs(fe, body.query, texts, ("query", "documents"), body, body.max_tokens_per_doc)
+        pairs = score_pairs(fe, body.query, texts, ("query", "documents"), body, body.max_tokens_per_doc, lora=lora)
         scores, tokens = await until_disconnected(request, pairs)
         results = []
         for i in rerank_order(scores, body.top_n):
@@ -65,7 +67,7 @@ def add_routes(router: APIRouter, fe: OpenAIFrontend) -> None:
             results.append(result)
         return {
             "id": fe.new_id(request, "rerank", body),
-            "model": fe.model_name,
+            "model": fe.response_model(lora),
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
             "results": results,
             # Cohere's meta: one search per query; every field its SDKs read here is optional
@@ -85,6 +87,8 @@ async def score_pairs(
     names: tuple[str, str],
     body: p.PoolingFields,
     max_tokens_per_doc: int | None = None,
+    *,
+    lora: LoRARequest | None = None,
 ) -> tuple[list[float], int]:
     """The score of each pair (in pair order) and the prompt tokens counted for usage; with
     ``max_tokens_per_doc`` each second text is first cut to its first tokens (Cohere's field)."""
@@ -99,14 +103,19 @@ async def score_pairs(
         if max_tokens_per_doc is not None:
             documents = await asyncio.to_thread(_cut_to_tokens, fe.tokenizer, documents, max_tokens_per_doc)
         if fe.engine.info.get("score_mode") == "bi-encoder":
-            return await _bi_encoder_scores(fe, queries, documents, names, body)
-        return await _cross_encoder_scores(fe, queries, documents, names, body)
+            return await _bi_encoder_scores(fe, queries, documents, names, body, lora)
+        return await _cross_encoder_scores(fe, queries, documents, names, body, lora)
     except ScoreInputError as exc:
         raise bad_request(exc.message, exc.param) from None
 
 
 async def _cross_encoder_scores(
-    fe: OpenAIFrontend, queries: list[str], documents: list[str], names: tuple[str, str], body: p.PoolingFields
+    fe: OpenAIFrontend,
+    queries: list[str],
+    documents: list[str],
+    names: tuple[str, str],
+    body: p.PoolingFields,
+    lora: LoRARequest | None,
 ) -> tuple[list[float], int]:
     use_sep_token = bool(fe.engine.info.get("use_sep_token", True))
     # an LLM reranker that only scores reads each pair through the server's --chat-template, when
@@ -128,12 +137,17 @@ async def _cross_encoder_scores(
 
     prompts = await asyncio.to_thread(build)
     params = PoolingParams(task="score", use_activation=body.activation_setting())
-    outputs = await encode_all(fe, prompts, params, body.priority, "score")
+    outputs = await encode_all(fe, prompts, params, body.priority, "score", lora)
     return [output.outputs.score for output in outputs], prompt_tokens(prompts)
 
 
 async def _bi_encoder_scores(
-    fe: OpenAIFrontend, queries: list[str], documents: list[str], names: tuple[str, str], body: p.PoolingFields
+    fe: OpenAIFrontend,
+    queries: list[str],
+    documents: list[str],
+    names: tuple[str, str],
+    body: p.PoolingFields,
+    lora: LoRARequest | None,
 ) -> tuple[list[float], int]:
     activation = body.activation_param()
     if activation is not None:  # vLLM's rule: the embed task takes no activation
@@ -159,7 +173,7 @@ async def _bi_encoder_scores(
         }
 
     prompts = await asyncio.to_thread(build)
-    outputs = await encode_all(fe, list(prompts.values()), PoolingParams(task="embed"), body.priority, "score")
+    outputs = await encode_all(fe, list(prompts.values()), PoolingParams(task="embed"), body.priority, "score", lora)
     vectors = {text: output.outputs.embedding for text, output in zip(prompts, outputs, strict=True)}
     scores = cosine_scores([vectors[q] for q in queries], [vectors[d] for d in documents])
     # usage as vLLM counts a bi-encoder pair: query, one pad token, document

@@ -13,5 +13,6 @@ def llmp_register_frontends() -> Iterator[FrontendSpec]:
         impl="llmp_frontend_sagemaker.frontend:SageMakerFrontend",
         description="SageMaker: POST /invocations routed by body shape (messages: chat, prompt: completion, "
         "input: embeddings or classification, query+documents: rerank, text_1+text_2: score, task: pooling); "
-        "GET /ping is the server's",
+        "GET /ping is the server's; LoRA adapters by the X-Amzn-SageMaker-Adapter-Identifier header, loaded "
+        "through /adapters with --enable-lora-runtime-updates",
     )

@@ -12,6 +12,11 @@ The body's keys pick the route, the first that applies winning (vLLM's precedenc
 
 A body the model cannot serve is a 400 saying what the model does. ``GET /ping`` is the core server's.
 
+LoRA adapters (``--enable-lora``): the ``X-Amzn-SageMaker-Adapter-Identifier`` header names the
+adapter a request runs on (SageMaker's inference components), else the body's ``model``. With
+``--enable-lora-runtime-updates``, ``POST /adapters`` (``{"name", "src"}``) loads one and
+``DELETE /adapters/{adapter_name}`` unloads it (the shapes vLLM registers for SageMaker).
+
 Chat and completion bodies are those of the OpenAI routes (as vLLM's ``/invocations`` takes them),
 answered whole (streaming is refused): every field is acted on as there, or refused with a 400 naming
 it (``UNSUPPORTED``) when a single text answer has no place for it; keys no OpenAI route knows are
@@ -28,13 +33,14 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
+from fastapi.responses import PlainTextResponse
 from fastapi.routing import APIRoute
 from llmp_frontend_openai import protocol as openai
 from llmp_frontend_openai.frontend import OpenAIFrontend
 from llmp_frontend_openai.pooling import POOLING_ROUTE_TASKS
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from llmp import Prompt
+from llmp import LoRARequest, Prompt
 from llmp.frontend import (
     FrontendKit,
     ReasoningEffort,
@@ -119,6 +125,17 @@ class CompletionBody(_Sampling):
     add_special_tokens: bool = True
 
 
+class LoadAdapterBody(BaseModel):
+    """SageMaker's adapter load: ``name`` (how requests name it) and ``src`` (its PEFT directory)."""
+
+    name: str = ""
+    src: str = ""
+    pin: bool = False  # never evicted from the engine's CPU cache
+
+
+ADAPTER_HEADER = "x-amzn-sagemaker-adapter-identifier"
+
+
 Endpoint = Callable[[Any, Request], Awaitable[Any]]
 
 # The pooling bodies, answered by the OpenAI front-end's handlers: each kind's route and body type.
@@ -161,6 +178,14 @@ class SageMakerFrontend(FrontendKit):
             summary="SageMaker inference: chat (messages), completion (prompt), embeddings or classification "
             "(input), rerank (query, documents), score (text_1, text_2) or pooling (task), routed by the body",
         )
+        if self.options.enable_lora_runtime_updates:
+            router.add_api_route("/adapters", self.load_adapter_route, methods=["POST"], summary="Load a LoRA adapter")
+            router.add_api_route(
+                "/adapters/{adapter_name:path}",
+                self.unload_adapter_route,
+                methods=["DELETE"],
+                summary="Unload a LoRA adapter",
+            )
         return router
 
     async def serve(self) -> None:  # HTTP only: the shared server runs the routes
@@ -173,6 +198,9 @@ class SageMakerFrontend(FrontendKit):
             raise bad_request("the body must be a JSON object") from None
         if not isinstance(body, dict):
             raise bad_request("the body must be a JSON object")
+        adapter = request.headers.get(ADAPTER_HEADER)
+        if adapter:  # the inference component's adapter wins over the body's model
+            body["model"] = adapter
         kind = self.body_kind(body)
         if not self.serves(kind):
             raise bad_request(f"this server's model {self.description()}; it does not {_VERBS[kind]}")
@@ -187,11 +215,19 @@ class SageMakerFrontend(FrontendKit):
                 "use the OpenAI routes (--frontend openai)",
                 unsupported,
             )
-        self.check_model(parsed.model)
+        lora = await self.lora_for(parsed.model)
         if parsed.stream:
             raise bad_request("streaming is not supported on /invocations", "stream")
         handler = self.chat if kind == "chat" else self.completion
-        return await until_disconnected(request, handler(parsed))
+        return await until_disconnected(request, handler(parsed, lora))
+
+    async def load_adapter_route(self, body: LoadAdapterBody) -> PlainTextResponse:
+        await self.load_adapter(body.name, body.src, pin=body.pin)
+        return PlainTextResponse(f"Success: LoRA adapter '{body.name}' added successfully.")
+
+    async def unload_adapter_route(self, adapter_name: str) -> PlainTextResponse:
+        await self.unload_adapter(adapter_name)
+        return PlainTextResponse(f"Success: LoRA adapter '{adapter_name}' removed successfully.")
 
     # -- routing by body shape ------------------------------------------------------
 
@@ -246,18 +282,18 @@ class SageMakerFrontend(FrontendKit):
 
     # -- generation ---------------------------------------------------------------
 
-    async def chat(self, body: ChatBody) -> dict[str, Any]:
+    async def chat(self, body: ChatBody, lora: LoRARequest | None) -> dict[str, Any]:
         if not body.messages:
             raise bad_request("messages must hold at least one message", "messages")
         conversation = [_message(m, i) for i, m in enumerate(body.messages)]
         prompt = await self.conversation_prompt(conversation, body)
         requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        seq, prompt_len = await self._generate(prompt, body, requested)
+        seq, prompt_len = await self._generate(prompt, body, requested, lora)
         return {
             "id": f"chatcmpl-{body.request_id or uuid.uuid4().hex}",
             "object": "chat.completion",
             "created": int(time.time()),
-            "model": self.model_name,
+            "model": self.response_model(lora),
             "choices": [
                 {
                     "index": 0,
@@ -270,14 +306,14 @@ class SageMakerFrontend(FrontendKit):
             "usage": _usage(prompt_len, len(seq.token_ids)),
         }
 
-    async def completion(self, body: CompletionBody) -> dict[str, Any]:
+    async def completion(self, body: CompletionBody, lora: LoRARequest | None) -> dict[str, Any]:
         [prompt] = await self.prompt_inputs(body.prompt, "prompt", body.add_special_tokens)
-        seq, prompt_len = await self._generate(prompt, body, body.max_tokens)
+        seq, prompt_len = await self._generate(prompt, body, body.max_tokens, lora)
         return {
             "id": f"cmpl-{body.request_id or uuid.uuid4().hex}",
             "object": "text_completion",
             "created": int(time.time()),
-            "model": self.model_name,
+            "model": self.response_model(lora),
             "choices": [
                 {
                     "index": 0,
@@ -290,13 +326,16 @@ class SageMakerFrontend(FrontendKit):
             "usage": _usage(prompt_len, len(seq.token_ids)),
         }
 
-    async def _generate(self, prompt: Prompt, body: _Sampling, requested: int | None) -> Any:
+    async def _generate(self, prompt: Prompt, body: _Sampling, requested: int | None, lora: LoRARequest | None) -> Any:
         name = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) is not None else "max_tokens"
         params = self.sampling_params(
             SamplingRequest.from_body(body, max_tokens=requested, names={"max_tokens": name}), len(prompt.token_ids)
         )
         final = None
-        async for final in self.engine.generate(prompt, params, engine_request_id("sagemaker"), priority=body.priority):
+        outputs = self.engine.generate(
+            prompt, params, engine_request_id("sagemaker"), lora_request=lora, priority=body.priority
+        )
+        async for final in outputs:
             pass
         return final.outputs[0], len(prompt.token_ids)
 
