@@ -37,7 +37,7 @@ from llmp.api import (
 from llmp.engine import protocol as msg
 from llmp.engine.scheduler import check_priority
 from llmp.inputs import Prompt, PromptType, as_prompt
-from llmp.lora import LoRARequest
+from llmp.lora import LORA_DISABLED, LoRARequest
 from llmp.options import EngineConfig
 from llmp.outputs import PoolingRequestOutput, RequestOutput
 from llmp.pooling_params import PoolingParams
@@ -58,7 +58,6 @@ _FIELD_ERROR_TYPES: dict[str, type[RequestValidationError]] = {
 HEALTH_TIMEOUT_S = 10.0
 COMPILE_TIMEOUT_S = 120.0  # a structured-output grammar: large schemas take seconds
 LORA_LOAD_TIMEOUT_S = 300.0  # an adapter read from disk (or a slow network mount) and checked
-LORA_DISABLED = "LoRA is not enabled: start the engine with enable_lora=True (--enable-lora)"
 WATCH_INTERVAL_MS = 200
 
 

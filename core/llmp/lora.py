@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-__all__ = ["LoRAModulePath", "LoRARequest", "parse_lora_module"]
+__all__ = ["LORA_DISABLED", "LoRAModulePath", "LoRARequest", "parse_lora_module"]
+
+LORA_DISABLED = "LoRA is not enabled: start the engine with enable_lora=True (--enable-lora)"
 
 
 @dataclass(frozen=True, eq=False)

@@ -23,7 +23,7 @@ from llmp.engine.sampler import Sampler, bad_words_token_ids
 from llmp.engine.scheduler import SchedulerConfig, check_priority
 from llmp.engine.stat_loggers import StatLoggers
 from llmp.inputs import Prompt, PromptType, as_prompt
-from llmp.lora import LoRARequest
+from llmp.lora import LORA_DISABLED, LoRARequest
 from llmp.modeling.decoder import as_pooling_model
 from llmp.modeling.pooling import (
     POOLERS,
@@ -51,7 +51,6 @@ if TYPE_CHECKING:
     from llmp.engine.lora import LoRAManager
 
 log = logging.getLogger("llmp.engine")
-LORA_DISABLED = "LoRA is not enabled: start the engine with enable_lora=True (--enable-lora)"
 # the pooling task of a request that names none, by the model's primary task
 PRIMARY_POOLING_TASK = {"embed": "embed", "classify": "classify", "reward": "token_classify"}
 
