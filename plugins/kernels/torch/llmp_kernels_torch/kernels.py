@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from llmp.api import AttentionMetadata
+from llmp.api import AttentionMetadata, LoRAMapping
+from llmp.modeling.layers import row_invariant
 
 
 class TorchKernels:
@@ -83,6 +84,24 @@ class TorchKernels:
             attended = _sdpa(q_, k_, v_, mask, scale, softcap).transpose(1, 2).reshape(-1, *q.shape[1:])
             out[group.out_rows] = attended[group.out_index]
         return out
+
+    def lora_shrink(self, x: torch.Tensor, a: torch.Tensor, mapping: LoRAMapping) -> torch.Tensor:
+        # x: [T, in]; a: [L, R, in] -> [N, R], one matmul per slot over its rows (in 32-row blocks
+        # on the CPU, so a row's numbers are the same alone or beside other rows and adapters)
+        out = x.new_empty(mapping.rows.shape[0], a.shape[1])
+        for slot, rows, part in zip(mapping.group_slots, _groups(mapping), out.split(mapping.group_sizes), strict=True):
+            part.copy_(row_invariant(lambda r, w=a[slot]: F.linear(r, w), x.index_select(0, rows)))
+        return out
+
+    def lora_expand(self, y: torch.Tensor, s: torch.Tensor, b: torch.Tensor, mapping: LoRAMapping) -> None:
+        # y: [T, out] += s [N, R] @ b[slot].T [R, out] on each group's rows, in place
+        for slot, rows, part in zip(mapping.group_slots, _groups(mapping), s.split(mapping.group_sizes), strict=True):
+            y.index_add_(0, rows, row_invariant(lambda r, w=b[slot]: F.linear(r, w), part).to(y.dtype))
+
+
+def _groups(mapping: LoRAMapping) -> tuple[torch.Tensor, ...]:
+    """Each slot's rows of the step (``mapping.rows`` split by group)."""
+    return mapping.rows.split(mapping.group_sizes)
 
 
 # Query positions are attended in blocks of QUERY_BLOCK, aligned to the start of the sequence, each

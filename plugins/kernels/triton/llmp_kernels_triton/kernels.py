@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from llmp.api import AttentionMetadata
-from llmp_kernels_triton import activation, attention, kv_write, rms_norm, rotary
+from llmp.api import AttentionMetadata, LoRAMapping
+from llmp_kernels_triton import activation, attention, kv_write, lora, rms_norm, rotary
 from llmp_kernels_triton._common import INTERPRET
 
 
@@ -56,3 +56,9 @@ class TritonKernels:
         softcap: float | None = None,
     ) -> torch.Tensor:
         return attention.paged_attention(q, k_cache, v_cache, metadata, scale, softcap)
+
+    def lora_shrink(self, x: torch.Tensor, a: torch.Tensor, mapping: LoRAMapping) -> torch.Tensor:
+        return lora.lora_shrink(x, a, mapping)
+
+    def lora_expand(self, y: torch.Tensor, s: torch.Tensor, b: torch.Tensor, mapping: LoRAMapping) -> None:
+        lora.lora_expand(y, s, b, mapping)

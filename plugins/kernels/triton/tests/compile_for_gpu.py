@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 import triton
-from llmp_kernels_triton import activation, attention, kv_write, rms_norm, rotary
+from llmp_kernels_triton import activation, attention, kv_write, lora, rms_norm, rotary
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
@@ -118,6 +118,17 @@ def main() -> None:
             v_stride_h=i32,
         ),
         dict(HEAD_DIM=128, H_PAD=8, D_PAD=128),
+    )
+    lora_types = dict(rows_ptr="*i64", starts_ptr="*i32", slots_ptr="*i32", rank=i32)
+    build(  # qkv of rank 16: three shards side by side, R = 48
+        lora._lora_shrink_kernel,
+        dict(lora_types, x_ptr=bf16, a_ptr=bf16, s_ptr=bf16, n_in=i32, x_stride=i32, a_stride_l=i32, a_stride_r=i32),
+        dict(BLOCK_M=lora.BLOCK_M, BLOCK_R=64, BLOCK_K=lora.BLOCK_K, F32=False),
+    )
+    build(
+        lora._lora_expand_kernel,
+        dict(lora_types, y_ptr=bf16, s_ptr=bf16, b_ptr=bf16, n_out=i32, y_stride=i32, b_stride_l=i32, b_stride_o=i32),
+        dict(BLOCK_M=lora.BLOCK_M, BLOCK_R=16, BLOCK_N=lora.BLOCK_N, F32=False),
     )
 
 
