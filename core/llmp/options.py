@@ -92,7 +92,9 @@ def option(
       (``"executor"``, ``"tool_parser"`` ...), checked against the registry when parsed;
     - ``panel="..."``: the ``--help`` panel listing the option (default: one panel per record
       a command takes, titled after its parameter; "Options" for a command of one record);
-    - ``metavar="..."``: the value's name in ``--help``.
+    - ``metavar="..."``: the value's name in ``--help``;
+    - ``nargs="+"``: a repeatable option also takes several values after one flag, as vLLM's
+      (``--lora-modules a=P b=Q``; values run to the next token starting with ``-``).
 
     Bounds, choices (a ``Literal`` type) and ``check`` are checked wherever the value comes from: the
     command line, ``LLMP_*``, the YAML file (naming the flag, the variable or the key), and a
@@ -282,15 +284,18 @@ class ServerOptions:
     )
     lora_modules: tuple[str, ...] = option(
         (),
-        'Adapter served as a model: NAME=PATH or {"name","path","base_model_name"} (repeatable).',
+        'Adapters served as models: NAME=PATH or {"name","path","base_model_name"} (several after '
+        "one flag, or the flag repeated).",
         metavar="MODULE",
+        nargs="+",
         check=nonempty,
         panel="LoRA adapters",
     )
     served_model_name: tuple[str, ...] = option(
         (),
-        "Public model name(s); the first is echoed in responses.",
+        "Public model names (several after one flag, or the flag repeated); the first is echoed in responses.",
         metavar="NAME",
+        nargs="+",
         check=nonempty,
         panel="Model",
     )

@@ -18,6 +18,7 @@ from typer.core import TyperGroup
 from llmp import __version__, plugins, registry
 from llmp.api import API_VERSION, CommandSpec, LLMPError
 from llmp.cli.help import HELP_OPTION_NAMES, format_help, use_llmp_help
+from llmp.cli.options import take_multiple_values
 
 
 class PluginCommandGroup(TyperGroup):
@@ -39,6 +40,7 @@ class PluginCommandGroup(TyperGroup):
             plugins.record_failure(spec.plugin, exc, f"building command {cmd_name!r}")
             command = _broken_command(spec, exc)
         use_llmp_help(command)
+        take_multiple_values(command)
         return command
 
 

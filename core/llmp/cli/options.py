@@ -23,26 +23,32 @@ variables and the YAML file (see :mod:`llmp.config`)::
         print(text.upper() if greeting.shout else text)
 
 Register ``greet`` with ``CommandSpec(name="greet", impl="my_plugin.cli:greet")``.
+A repeatable option declared with ``nargs="+"`` also takes several values after one flag, as
+vLLM's (``--lora-modules a=P b=Q``): its values run to the next token starting with ``-``, so a
+positional argument goes before such a flag (``llmp serve MODEL --served-model-name a b``).
 A command taking part of a shared record selects it with
 ``Annotated[EngineConfig, Select(omit=("task",))]`` (``EngineConfig`` from :mod:`llmp.options`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
+import os
 import sys
+import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 
 from llmp.cli.option_checks import option_problems
 from llmp.config import OptionError, OptionSpec, Select, command_options, load_records
 
-__all__ = ["OptionError", "Select", "options_command", "usage_error"]
+__all__ = ["OptionError", "Select", "options_command", "take_multiple_values", "usage_error"]
 
 ConfigOption: Any = typer.Option(
     None,
@@ -68,8 +74,9 @@ def options_command(function: Callable) -> Any:
     Every value, from any source, is checked before ``function`` runs; a bad one is one
     ``llmp: error: ...`` line naming the option as it was given, and status 2. In
     ``--help`` each option is listed in its ``panel`` (see :func:`llmp.options.option`).
-    The generated function keeps ``function`` as ``.function`` and the options as
-    ``.options`` (a list of :class:`llmp.config.OptionSpec`).
+    The generated function keeps ``function`` as ``.function``, the options as
+    ``.options`` (a list of :class:`llmp.config.OptionSpec`) and the flags of its ``nargs="+"``
+    options as ``.multi_value_flags`` (see :func:`take_multiple_values`).
     """
     hints = typing.get_type_hints(function, include_extras=True)
     records = {name: hints[name] for name in inspect.signature(function).parameters}
@@ -97,7 +104,85 @@ def options_command(function: Callable) -> Any:
     command.__module__ = function.__module__
     command.function = function  # type: ignore[attr-defined]
     command.options = specs  # type: ignore[attr-defined]
+    command.multi_value_flags = _multi_value_flags(records, specs)  # type: ignore[attr-defined]
     return command
+
+
+def take_multiple_values(command: Any) -> None:
+    """Let ``command`` (a click command llmp built) and its sub-commands take several values after
+    one flag of an ``nargs="+"`` option: ``--lora-modules a=P b=Q`` is read as ``--lora-modules a=P
+    --lora-modules b=Q``. Values run to the next token starting with ``-``. When a flag took several
+    values and the command's positional argument was given nowhere, the last value was most likely
+    meant for it (``--served-model-name a MODEL``): a usage error asks for the argument first."""
+    flags = getattr(command.callback, "multi_value_flags", ())
+    if flags:
+        specs = command.callback.options
+        parse_args = command.parse_args
+
+        def parse_multiple_values(self: Any, ctx: typer.Context, args: list[str]) -> list[str]:
+            expanded, several = expand_multiple_values(args, flags)
+            rest = parse_args(ctx, expanded)
+            if several:
+                _check_argument_given(ctx, specs, several)
+            return rest
+
+        command.parse_args = types.MethodType(parse_multiple_values, command)
+    for sub in getattr(command, "commands", {}).values():
+        take_multiple_values(sub)
+
+
+def expand_multiple_values(args: Sequence[str], flags: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``args`` with each run of values after one of ``flags`` split into one flag per value, and
+    the flags given more than one value that way. Nothing after ``--`` is touched."""
+    expanded: list[str] = []
+    several: list[str] = []
+    i = 0
+    while i < len(args):
+        token = args[i]
+        if token == "--":
+            expanded += args[i:]
+            break
+        expanded.append(token)
+        i += 1
+        if token not in flags:
+            continue
+        values = 0
+        while i < len(args) and (values == 0 or not args[i].startswith("-")):
+            if values:
+                expanded.append(token)
+            expanded.append(args[i])
+            values += 1
+            i += 1
+        if values > 1:
+            several.append(token)
+    return expanded, several
+
+
+def _check_argument_given(ctx: typer.Context, specs: Sequence[OptionSpec], several: Sequence[str]) -> None:
+    for spec in specs:
+        if not spec.argument or _source(ctx, spec.name) in _EXPLICIT or spec.env in os.environ:
+            continue
+        if ctx.params.get("config") or os.environ.get("LLMP_CONFIG"):
+            continue  # the YAML file may give it
+        flag = several[0]
+        raise usage_error(
+            f"{flag} took several values and {spec.flag_name} was not given: put {spec.flag_name} before "
+            f"{flag} (its values run to the next option), or give {flag} once per value"
+        )
+
+
+def _multi_value_flags(records: Mapping[str, Any], specs: Sequence[OptionSpec]) -> tuple[str, ...]:
+    """The flags (short ones too) of the options whose field says ``nargs="+"``."""
+    metadata = {}
+    for param, record in records.items():
+        cls = typing.get_args(record)[0] if typing.get_origin(record) is Annotated else record
+        metadata.update({(param, f.name): f.metadata for f in dataclasses.fields(cls)})
+    return tuple(
+        name
+        for spec in specs
+        if spec.repeatable and metadata[(spec.record, spec.field)].get("nargs") == "+"
+        for name in _declarations(spec)
+    )
 
 
 def _source(ctx: typer.Context, name: str) -> str:

@@ -411,10 +411,11 @@ class LLMEngine:
     # -- LoRA adapters -------------------------------------------------------
 
     def add_lora(self, lora_request: LoRARequest, *, pin: bool = False, replace: bool = False) -> bool:
-        """Read and check an adapter now rather than at its first request. ``pin`` keeps it in the
-        CPU cache for good; ``replace`` serves new files under a known id (requests in flight finish
-        with the old ones). False when the id was already there (and not replaced). Raises
-        ``LoRAAdapterNotFoundError`` or ``InvalidLoRAAdapterError``."""
+        """Read and check an adapter now rather than at its first request (and serve again an id
+        removed). ``pin`` keeps it in the CPU cache for good (see :meth:`pin_lora`); ``replace``
+        serves new files under a known id (requests in flight finish with the old ones). False when
+        the id was already there (and not replaced). Raises ``LoRAAdapterNotFoundError`` or
+        ``InvalidLoRAAdapterError`` (also for a known id given with another name or path)."""
         self._check_lora_request(lora_request)
         if lora_request is None:
             raise TypeError("add_lora needs a llmp.LoRARequest")
@@ -423,7 +424,8 @@ class LLMEngine:
         return replace or not known
 
     def remove_lora(self, lora_int_id: int) -> bool:
-        """Stop serving the adapter; requests in flight finish with it. False when it is unknown."""
+        """Stop serving the adapter; requests in flight finish with it, new ones naming its id get
+        ``LoRAAdapterNotFoundError`` until it is added again. False when it is unknown."""
         return self.lora is not None and self.lora.remove(lora_int_id)
 
     def list_loras(self) -> list[int]:
@@ -431,7 +433,8 @@ class LLMEngine:
         return [] if self.lora is None else self.lora.list_ids()
 
     def pin_lora(self, lora_int_id: int) -> bool:
-        """Never drop the adapter from the CPU cache. False when it is unknown."""
+        """Never drop the adapter from the CPU cache, and evict its slot last (only when every slot a
+        step could take holds a pinned adapter: a slot is never reserved). False when it is unknown."""
         return self.lora is not None and self.lora.pin(lora_int_id)
 
     def _with_model_defaults(self, task: str, params: PoolingParams) -> PoolingParams:

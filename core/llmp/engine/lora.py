@@ -7,8 +7,9 @@ and :meth:`LoRAManager.acquire`, i.e. when a request is added or an adapter is l
 corrupt adapter fails that one call, never a step.
 
 Keys: ``lora_int_id`` is the caller's id (vLLM's); ``lora_id`` is the engine's key of one load of
-it (``Request.lora_id``), from a counter, so an id removed and added again (or replaced in place)
-never meets the prefix-cache blocks or the slot of its earlier load.
+it (``Request.lora_id``), from a counter, so an id removed and added again, replaced in place, or
+whose files changed on disk before a re-read never meets the prefix-cache blocks or the slot of an
+earlier load.
 """
 
 from __future__ import annotations
@@ -17,15 +18,17 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from llmp.api import InvalidLoRAAdapterError, LLMPError, LoRAKernels, ResolvedModel
+from llmp.api import InvalidLoRAAdapterError, LLMPError, LoRAAdapterNotFoundError, LoRAKernels, ResolvedModel
 from llmp.engine.model_runner import TORCH_DTYPES, LoRAStepInputs
 from llmp.engine.scheduler import SchedulerOutput
 from llmp.lora import LoRARequest
+from llmp.model_files.lora import CONFIG_FILE, WEIGHT_FILES
 from llmp.modeling.lora import LoRAWeights
 from llmp.options import EngineConfig
 
@@ -33,6 +36,22 @@ log = logging.getLogger("llmp.engine")
 
 # reads and checks one adapter: (request, lora_id) -> its weights; raises the typed LoRA errors
 AdapterLoader = Callable[[LoRARequest, int], LoRAWeights]
+# what a read of an adapter's files saw: (file name, mtime_ns, size) of each of them there
+FilesIdentity = tuple[tuple[str, int, int], ...]
+
+
+def files_identity(request: LoRARequest) -> FilesIdentity:
+    """The identity of ``request``'s ``adapter_config.json`` and weight file as they are now: a
+    re-read that sees another one reads other weights, which must not inherit the old load's key."""
+    path = Path(request.lora_path).expanduser()
+    seen = []
+    for name in (CONFIG_FILE, *WEIGHT_FILES):
+        try:
+            stat = (path / name).stat()
+        except OSError:
+            continue
+        seen.append((name, stat.st_mtime_ns, stat.st_size))
+    return tuple(seen)
 
 
 @dataclass(slots=True)
@@ -42,6 +61,7 @@ class _Adapter:
     request: LoRARequest
     lora_id: int
     weights: LoRAWeights | None
+    files: FilesIdentity  # the files its weights were read from
     pinned: bool = False
     removed: bool = False  # no longer served: forgotten once its last request is done
     running: int = 0
@@ -101,6 +121,7 @@ class LoRAManager:
         self.scheduler_name = config.scheduler
         self._load = load
         self._ids: dict[int, int] = {}  # lora_int_id -> lora_id of its current load
+        self._removed_ids: set[int] = set()  # lora_int_ids removed and not added again
         self._adapters: dict[int, _Adapter] = {}  # lora_id -> adapter (removed ones while requests use them)
         self._cpu: OrderedDict[int, None] = OrderedDict()  # lora_ids holding weights; head = least recent
         self.slots: list[int | None] = [None] * self.max_loras  # lora_id in each runner slot
@@ -117,46 +138,58 @@ class LoRAManager:
     def register(self, request: LoRARequest, *, pin: bool = False, replace: bool = False) -> int:
         """Read and check ``request``'s adapter now and keep it (a no-op for a known id unless
         ``replace``: then the new files serve new requests, and requests in flight finish with the
-        old ones). Returns its ``lora_id``; ``LoRAAdapterNotFoundError``/``InvalidLoRAAdapterError``."""
+        old ones). Returns its ``lora_id``; ``LoRAAdapterNotFoundError``/``InvalidLoRAAdapterError``,
+        the latter also for a known id given with another name or path (without ``replace``)."""
         known = self._ids.get(request.lora_int_id)
         if known is not None and not replace:
             adapter = self._adapters[known]
-            adapter.pinned = adapter.pinned or pin
-            self._ensure_weights(adapter)
-            return known
+            _check_same_adapter(adapter.request, request)
+            # weights to read again from files changed since: a new load, under a new key
+            replace = adapter.weights is None and files_identity(request) != adapter.files
+            if not replace:
+                adapter.pinned = adapter.pinned or pin
+                self._ensure_weights(adapter)
+                return known
+            log.info("LoRA adapter %r changed on disk since it was read: read again as a new load", request.lora_name)
         lora_id = self._next_lora_id
+        files = files_identity(request)  # before the read: a change during it shows on the next one
         weights = self._read(request, lora_id)  # nothing changes if it fails
         self._next_lora_id += 1
         if known is not None:
-            self.remove(request.lora_int_id)
+            self._retire(request.lora_int_id)
+        self._removed_ids.discard(request.lora_int_id)
         self._ids[request.lora_int_id] = lora_id
-        self._adapters[lora_id] = _Adapter(request, lora_id, weights, pinned=pin)
+        self._adapters[lora_id] = _Adapter(request, lora_id, weights, files, pinned=pin)
         self._cpu[lora_id] = None
         self._trim_cpu(keep=lora_id)
         return lora_id
 
     def acquire(self, request: LoRARequest) -> int:
-        """The ``lora_id`` a new request with ``request`` runs with: registers an unknown id, and
-        reads the adapter again if it left the CPU cache. The request counts as in use from now."""
+        """The ``lora_id`` a new request with ``request`` runs with: registers an id never seen, and
+        reads the adapter again if it left the CPU cache. The request counts as in use from now.
+        ``LoRAAdapterNotFoundError`` for an id removed and not added again: a request that named the
+        adapter before its unload reached the engine must not bring it back."""
+        if request.lora_int_id in self._removed_ids:
+            raise LoRAAdapterNotFoundError(
+                f"LoRA adapter '{request.lora_name}' (lora_int_id {request.lora_int_id}) has been removed; "
+                "add it again (add_lora) to use it"
+            )
         lora_id = self.register(request)
         self._adapters[lora_id].pending += 1
         return lora_id
 
     def remove(self, lora_int_id: int) -> bool:
-        """Stop serving the id: its requests in flight finish with it, then its weights and slot go.
-        False when the id is unknown."""
-        lora_id = self._ids.pop(lora_int_id, None)
-        if lora_id is None:
+        """Stop serving the id: its requests in flight finish with it, then its weights and slot go;
+        new requests with it are refused until it is added again. False when the id is unknown."""
+        if not self._retire(lora_int_id):
             return False
-        adapter = self._adapters[lora_id]
-        adapter.removed = True
-        if not adapter.in_use:
-            self._forget(adapter)
+        self._removed_ids.add(lora_int_id)
         return True
 
     def pin(self, lora_int_id: int) -> bool:
-        """Keep the id's weights in the CPU cache for good (and prefer other slots to evict).
-        False when the id is unknown."""
+        """Keep the id's weights in the CPU cache for good, and its slot while another slot can be
+        evicted instead (a slot is not reserved: when every slot a step could take holds a pinned
+        adapter, the least recently used of them goes). False when the id is unknown."""
         lora_id = self._ids.get(lora_int_id)
         if lora_id is None:
             return False
@@ -259,10 +292,14 @@ class LoRAManager:
         self._trim_cpu(keep=adapter.lora_id)
 
     def _trim_cpu(self, keep: int = 0) -> None:
-        """Drop the least recently used weights past ``max_cpu_loras``; never those of ``keep`` (the
-        adapter just read or asked for), of a pinned adapter, or of one with requests."""
+        """Drop the least recently used weights past ``max_cpu_loras``, those of adapters in no slot
+        first (one in a slot keeps serving from there without a disk read); never those of ``keep``
+        (the adapter just read or asked for), of a pinned adapter, or of one with requests."""
         excess = len(self._cpu) - self.max_cpu_loras
-        for lora_id in list(self._cpu):
+        if excess <= 0:
+            return
+        in_slots = set(self.slots)
+        for lora_id in sorted(self._cpu, key=in_slots.__contains__):  # stable: least recent first in each group
             if excess <= 0:
                 return
             adapter = self._adapters[lora_id]
@@ -280,8 +317,36 @@ class LoRAManager:
         candidates = [s for s, lora_id in enumerate(self.slots) if lora_id not in needed]
         return min(candidates, key=lambda s: (self._adapters[self.slots[s]].pinned, self._slot_used[s]))
 
+    def _retire(self, lora_int_id: int) -> bool:
+        """Stop serving the id's current load (requests in flight finish with it); False when unknown."""
+        lora_id = self._ids.pop(lora_int_id, None)
+        if lora_id is None:
+            return False
+        adapter = self._adapters[lora_id]
+        adapter.removed = True
+        if not adapter.in_use:
+            self._forget(adapter)
+        return True
+
     def _forget(self, adapter: _Adapter) -> None:
         del self._adapters[adapter.lora_id]
         self._cpu.pop(adapter.lora_id, None)
         if adapter.lora_id in self.slots:
             self.slots[self.slots.index(adapter.lora_id)] = None
+
+
+def _check_same_adapter(known: LoRARequest, given: LoRARequest) -> None:
+    """``InvalidLoRAAdapterError`` when ``given`` reuses the ``lora_int_id`` of another adapter:
+    serving the known one under it would answer with weights the caller did not ask for."""
+    if known.lora_name == given.lora_name and _same_path(known.lora_path, given.lora_path):
+        return
+    raise InvalidLoRAAdapterError(
+        "model",
+        f"lora_int_id {given.lora_int_id} is LoRA adapter '{known.lora_name}' ({known.lora_path}); "
+        f"it cannot also be '{given.lora_name}' ({given.lora_path}): give each adapter its own lora_int_id, "
+        "or remove the first one",
+    )
+
+
+def _same_path(a: str, b: str) -> bool:
+    return a == b or Path(a).expanduser().resolve() == Path(b).expanduser().resolve()

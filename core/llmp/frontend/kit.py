@@ -221,7 +221,8 @@ class FrontendKit:
         """Load a LoRA adapter at run time and serve it as model ``name`` (vLLM's
         ``/v1/load_lora_adapter``): read and checked by the engine before this returns.
         ``load_inplace`` replaces an adapter of that name (requests in flight finish on the old one);
-        ``pin`` keeps it in the engine's CPU cache. Raises :class:`APIError` with vLLM's texts: 400
+        ``pin`` keeps it in the engine's CPU cache for good and its slot evicted last (see
+        :meth:`pin_adapter`). Raises :class:`APIError` with vLLM's texts: 400
         for a missing field, a name served already, or an adapter llmp will not serve; 404 when the
         path holds no adapter."""
         from llmp.frontend.lora import adapter_lock, check_base_model
@@ -276,8 +277,10 @@ class FrontendKit:
         return lora
 
     async def pin_adapter(self, name: str) -> LoRARequest:
-        """Pin served LoRA adapter ``name`` in the engine's CPU cache (never evicted from it; its
-        slot is evicted last); 404 when no adapter of that name is served."""
+        """Pin served LoRA adapter ``name`` in the engine's CPU cache: never dropped from it, so never
+        read from disk again. Its slot is evicted last, not never: only when every slot a step could
+        take holds a pinned adapter does the least recently used of them go (it is copied back from
+        the CPU cache when next needed). 404 when no adapter of that name is served."""
         lora = self._served_adapter(name)
         await self.engine.pin_lora(lora.lora_int_id)
         return lora

@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import posixpath
 from collections.abc import AsyncIterator, Collection, Sequence
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,9 @@ class FilesystemResolver:
     """Serves ``<--lora-resolver-dir>/<name>/`` when a request names an adapter not loaded yet, as
     vLLM's filesystem resolver: only a PEFT LoRA (``peft_type`` ``LORA``) whose
     ``base_model_name_or_path`` is the served model, and never a name outside the directory
-    (absolute, or climbing out with ``..`` or a link)."""
+    (absolute, or climbing out with ``..`` or a link). A name must be the directory's canonical
+    relative path (no ``.``/``..`` parts, empty parts or trailing ``/``): one directory is served
+    under one name, never as ``good``, ``good/`` and ``sub/../good`` at once."""
 
     def __init__(self, options: FrontendOptions) -> None:
         self.directory = Path(options.lora_resolver_dir).expanduser().resolve() if options.lora_resolver_dir else None
@@ -50,6 +53,8 @@ class FilesystemResolver:
 
     def _find(self, base_model_name: str, lora_name: str) -> LoRARequest | None:
         if not lora_name or Path(lora_name).is_absolute() or "\\" in lora_name:
+            return None
+        if posixpath.normpath(lora_name) != lora_name:  # one name per directory
             return None
         path = (self.directory / lora_name).resolve()
         if path == self.directory or not path.is_relative_to(self.directory):
