@@ -166,4 +166,5 @@ class Page:
         return json.loads(self.requests("v1/chat/completions")[-1]["body"])["messages"]
 
     def titles(self) -> list[str]:
-        return [b.text for b in self.all(".conversation-open")]
+        # read in one script: the list re-renders after each change, so element handles can go stale
+        return self.js("return [...document.querySelectorAll('.conversation-open')].map(b => b.innerText.trim())")
