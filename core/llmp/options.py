@@ -47,6 +47,7 @@ PANELS = (
     "Tools and reasoning",
     "LoRA adapters",
     "Front-ends",
+    "Operations",
 )
 
 Dtype = Literal["auto", "bfloat16", "float16", "float32"]
@@ -59,6 +60,8 @@ Convert = Literal["auto", "none", "embed", "classify", "reward"]
 PrimaryTask = Literal["generate", "embed", "classify", "reward"]
 LogLevel = Literal["debug", "info", "warning", "error"]
 OverloadStatus = Literal[503, 429]
+SSLCertReqs = Literal[0, 1, 2]  # ssl.CERT_NONE, CERT_OPTIONAL, CERT_REQUIRED, as vLLM's --ssl-cert-reqs
+MetricsNames = Literal["llmp", "vllm"]
 MaxLoRARank = Literal[1, 8, 16, 32, 64, 128, 256, 320, 512]  # vLLM's choices
 
 
@@ -249,6 +252,12 @@ class EngineConfig:
         "No periodic engine statistics line (throughput, running/waiting, KV cache, prefix-cache hits).",
         panel="Engine",
     )
+    profiler_dir: str | None = option(
+        None,
+        "Directory of torch profiler traces (/start_profile; Perfetto reads them).",
+        metavar="DIR",
+        panel="Operations",
+    )
     scheduler: str = "default"  # scheduler plugin
     kv_manager: str = "default"  # KV-cache manager plugin
     worker_timeout_s: float = 300.0  # a worker silent this long in a step is taken for dead
@@ -351,6 +360,52 @@ class ServerOptions:
         ge=0,
         panel="Server",
     )
+    api_server_count: int = option(
+        1,
+        "API-server processes sharing the port and one engine.",
+        short="-asc",
+        ge=1,
+        panel="Server",
+    )
+    ssl_keyfile: str | None = option(
+        None, "TLS: the private key file (PEM).", metavar="FILE", panel="Security and limits"
+    )
+    ssl_certfile: str | None = option(
+        None, "TLS: the certificate file (PEM).", metavar="FILE", panel="Security and limits"
+    )
+    ssl_ca_certs: str | None = option(
+        None,
+        "TLS: CA certificates that client certificates must chain to.",
+        metavar="FILE",
+        panel="Security and limits",
+    )
+    ssl_cert_reqs: SSLCertReqs = option(
+        0, "TLS client certificates: 0 none, 1 optional, 2 required (mutual TLS).", panel="Security and limits"
+    )
+    enable_admin_api: bool = option(
+        False,
+        "Serve the management routes: /sleep, /wake_up, /reset_prefix_cache, /start_profile ...",
+        panel="Operations",
+    )
+    admin_api_key: str | None = option(
+        None,
+        "Key the management routes require instead of --api-key.",
+        metavar="KEY",
+        check=nonempty,
+        panel="Operations",
+    )
+    enable_log_requests: bool = option(
+        False, "Log each request: id, route, sampling parameters, prompt and outcome.", panel="Operations"
+    )
+    max_log_len: int | None = option(
+        None, "Prompt characters and token ids a request log line shows.", ge=0, panel="Operations"
+    )
+    otlp_traces_endpoint: str | None = option(
+        None, "OpenTelemetry collector for a span per request (http://host:4317).", metavar="URL", panel="Operations"
+    )
+    metrics_names: MetricsNames = option(
+        "llmp", "vllm: /metrics also under vLLM's vllm: names (its dashboards).", panel="Operations"
+    )
     log_level: LogLevel = option("info", "Server log level.", panel="Server")
     disable_access_log: bool = option(False, "No per-request log lines.", panel="Server")
 
@@ -435,6 +490,14 @@ class FrontendOptions:
     enable_store: bool = option(
         False, "Keep /v1/responses results in memory (GET, previous_response_id).", panel="Front-ends"
     )
+    batch_dir: str | None = option(
+        None,
+        "Where batch files and jobs persist (default: batches/ in the llmp cache).",
+        metavar="DIR",
+        panel="Operations",
+    )
+    max_batch_file_bytes: int = option(200 << 20, "Largest file /v1/files takes (bytes).", ge=1, panel="Operations")
+    max_batch_lines: int = option(50_000, "Most request lines in one batch file.", ge=1, panel="Operations")
     grpc_port: int = option(
         50051, "Port of the grpc front-end (--frontend grpc), on --host.", ge=0, le=65535, panel="Front-ends"
     )

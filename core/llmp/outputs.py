@@ -46,6 +46,10 @@ class RequestOutput:
     finished: bool
     prompt_logprobs: PromptLogprobs | None = None
     num_cached_tokens: int = 0
+    # the engine's timings of the request, time.time() seconds, on every output once known:
+    # arrival_time (the engine took it), scheduled_time (first scheduled), first_token_time,
+    # last_token_time, and finished_time on the last; queue time is scheduled - arrival,
+    # prefill first_token - scheduled, decode last_token - first_token
     metrics: dict[str, float] = field(default_factory=dict)
 
 

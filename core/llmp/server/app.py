@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from llmp import __version__
 from llmp.api import EngineDeadError
 from llmp.frontend.errors import APIError, as_api_error, error_body, validation_message
+from llmp.server.metrics import current_http
 
 log = logging.getLogger("llmp.server")
 
@@ -356,6 +357,20 @@ class RequestIdMiddleware:
         given = next((v.decode("latin-1") for k, v in scope["headers"] if k.lower() == b"x-request-id"), "")
         request_id = given[:128] if given.isprintable() and given.strip() else uuid.uuid4().hex
         scope.setdefault("state", {})["request_id"] = request_id
+        current_http.set(
+            {
+                "method": scope.get("method", ""),
+                "path": scope.get("path", ""),
+                "request_id": request_id,
+                "client": scope.get("client"),
+                # header names lower-cased; the API key is never kept
+                "headers": {
+                    k.decode("latin-1").lower(): v.decode("latin-1")
+                    for k, v in scope["headers"]
+                    if k.lower() not in (b"authorization", b"x-api-key", b"cookie")
+                },
+            }
+        )
 
         async def send_with_id(message: dict) -> None:
             if message["type"] == "http.response.start":

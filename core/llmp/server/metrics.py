@@ -8,14 +8,21 @@ cache figures come from the engine itself when ``/metrics`` is scraped.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from collections.abc import AsyncIterator, Iterator
-from typing import Any
+import uuid
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+log = logging.getLogger("llmp.server")
 STATS_TIMEOUT_S = 2.0
+# what the HTTP request being handled carried (set by the server's middleware): request records read it
+current_http: ContextVar[Mapping[str, Any] | None] = ContextVar("llmp_current_http", default=None)
 LATENCY_BUCKETS = (
     0.001,
     0.005,
@@ -107,6 +114,40 @@ class EngineStatsCollector:
         evictions.add_metric([model, "cpu"], float(lora.get("cpu_evictions", 0)))
         evictions.add_metric([model, "slot"], float(lora.get("slot_evictions", 0)))
         yield evictions
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """One engine request as the server saw it, handed to every :class:`RequestObserver`.
+
+    ``kind`` is ``"generate"`` or ``"encode"``; ``params`` its ``SamplingParams`` or
+    ``PoolingParams``; ``http`` what the HTTP request that made it carried (method, path, headers
+    such as ``traceparent``), ``None`` outside one. Times are ``time.time()`` seconds. At the
+    end, ``output`` is the last output (its ``metrics`` hold the engine's own timings, see
+    ``RequestOutput``), ``error`` the exception that ended it, ``generated_tokens`` the count."""
+
+    request_id: str
+    kind: str
+    prompt: Any
+    params: Any
+    http: Mapping[str, Any] | None
+    lora: Any = None
+    start_time: float = 0.0
+    first_token_time: float | None = None
+    end_time: float | None = None
+    output: Any = None
+    error: BaseException | None = None
+    generated_tokens: int = 0
+    finish_reason: str | None = None  # "stop", "length" ..., "abort" when the caller stopped reading
+
+
+class RequestObserver(Protocol):
+    """Told when each engine request starts and ends (request logs, traces). Called on the event
+    loop: must not block; an observer's exception is logged and never fails the request."""
+
+    def on_start(self, record: RequestRecord) -> None: ...
+
+    def on_end(self, record: RequestRecord) -> None: ...
 
 
 class ServerMetrics:
@@ -201,8 +242,10 @@ class MeteredEngine:
         request_timeout: float | None,
         capacity: int | None,
         overload_status: int,
+        observers: tuple[RequestObserver, ...] = (),
     ) -> None:
         self._engine = engine
+        self.observers = observers
         self.metrics = metrics
         self.request_timeout = request_timeout
         self.capacity, self.overload_status = capacity, overload_status
@@ -242,13 +285,26 @@ class MeteredEngine:
     def generate(
         self, prompt: Any, params: Any = None, request_id: str | None = None, **kwargs: Any
     ) -> AsyncIterator[Any]:
+        request_id = request_id or uuid.uuid4().hex
         # the engine checks the request now (a refusal is a 400 before any stream starts); it runs when iterated
         outputs = self._engine.generate(prompt, params, request_id, **kwargs)
-        return self._metered_generate(outputs, kwargs.get("delta", False))
+        record = RequestRecord(request_id, "generate", prompt, params, current_http.get(), kwargs.get("lora_request"))
+        return self._metered_generate(outputs, kwargs.get("delta", False), record)
 
-    async def _metered_generate(self, outputs: AsyncIterator[Any], delta: bool) -> AsyncIterator[Any]:
+    def _tell(self, event: str, record: RequestRecord) -> None:
+        for observer in self.observers:
+            try:
+                getattr(observer, event)(record)
+            except Exception:  # a log or a trace must never fail the request
+                log.exception("request observer %s failed in %s", type(observer).__name__, event)
+
+    async def _metered_generate(
+        self, outputs: AsyncIterator[Any], delta: bool, record: RequestRecord
+    ) -> AsyncIterator[Any]:
         m = self.metrics
         self._admit()
+        record.start_time = time.time()
+        self._tell("on_start", record)
         arrival = last = time.perf_counter()
         seen: dict[int, int] = {}  # tokens so far per sequence index
         output = None
@@ -263,18 +319,21 @@ class MeteredEngine:
                 if new:
                     now = time.perf_counter()
                     if last == arrival:
+                        record.first_token_time = time.time()
                         m.ttft.observe(now - arrival)
                     else:
                         m.itl.observe(now - last)
                     last = now
                 yield output
-        except Exception:
+        except Exception as exc:
             m.failures.inc()
             failed = True
+            record.error = exc
             raise
         finally:
             self.in_flight -= 1
             generated = sum(seen.values())
+            record.end_time, record.output, record.generated_tokens = time.time(), output, generated
             m.generation_tokens.inc(generated)
             if output is not None and output.finished:
                 prompt_len = len(output.prompt_token_ids)
@@ -283,29 +342,44 @@ class MeteredEngine:
                 m.request_generation_tokens.observe(generated)
                 m.e2e.observe(time.perf_counter() - arrival)
                 reason = output.outputs[0].finish_reason if output.outputs else None
-                m.success.labels(finished_reason=reason or "abort", **m.label).inc()
+                record.finish_reason = reason or "abort"
+                m.success.labels(finished_reason=record.finish_reason, **m.label).inc()
             elif not failed:  # the caller stopped reading (perhaps before any output): the engine aborts it
+                record.finish_reason = "abort"
                 m.success.labels(finished_reason="abort", **m.label).inc()
+            self._tell("on_end", record)
 
     def encode(
         self, prompt: Any, pooling_params: Any = None, request_id: str | None = None, **kwargs: Any
     ) -> AsyncIterator[Any]:
+        request_id = request_id or uuid.uuid4().hex
         outputs = self._engine.encode(prompt, pooling_params, request_id, **kwargs)  # checked now, as generate
-        return self._metered_encode(outputs)
+        record = RequestRecord(
+            request_id, "encode", prompt, pooling_params, current_http.get(), kwargs.get("lora_request")
+        )
+        return self._metered_encode(outputs, record)
 
-    async def _metered_encode(self, outputs: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    async def _metered_encode(self, outputs: AsyncIterator[Any], record: RequestRecord) -> AsyncIterator[Any]:
         m = self.metrics
         self._admit()
         arrival = time.perf_counter()
+        record.start_time = time.time()
+        self._tell("on_start", record)
         try:
             async for output in _before_deadline(outputs, self.request_timeout, m.timeouts.inc):
+                record.output, record.finish_reason = output, "stop"
                 m.prompt_tokens.inc(len(output.prompt_token_ids))
                 m.request_prompt_tokens.observe(len(output.prompt_token_ids))
                 m.e2e.observe(time.perf_counter() - arrival)
                 m.success.labels(finished_reason="stop", **m.label).inc()
                 yield output
-        except Exception:
+        except Exception as exc:
             m.failures.inc()
+            record.error = exc
             raise
         finally:
             self.in_flight -= 1
+            record.end_time = time.time()
+            if record.output is None and record.error is None:
+                record.finish_reason = "abort"
+            self._tell("on_end", record)
