@@ -22,7 +22,8 @@ module                       for                               what it holds
                                                                ``MessageStream``
 ``llmp.modeling``            model plugins                     model building blocks (its submodules:
                                                                ``layers``, ``decoder``, ``moe`` ...)
-``llmp.executor``            executor plugins                  ``Worker``, ``exit_with_parent``
+``llmp.executor``            executor plugins                  ``Worker``, ``exit_with_parent``,
+                                                               ``call_worker_method``
 ``llmp.scheduling``          scheduler and KV-manager plugins  ``SchedulerConfig``, ``Request``,
                                                                ``SchedulerOutput`` ...
 ``llmp.registry``            plugins using other components    looking components up by kind and name
@@ -69,6 +70,7 @@ __all__ = [
     "EngineClient",
     "EngineDeadError",
     "EngineInfo",
+    "EngineSleepingError",
     "Executor",
     "ExecutorSpec",
     "FinishedRequestStats",
@@ -217,6 +219,11 @@ class InvalidLoRAAdapterError(RequestValidationError):
 
 class EngineDeadError(LLMPError):
     """The engine (or one of its workers) has died; no request can complete."""
+
+
+class EngineSleepingError(LLMPError):
+    """The engine is asleep (``sleep()``, ``POST /sleep``): it takes no request until woken
+    (``wake_up()``, ``POST /wake_up``). Servers answer 503."""
 
 
 class ModelLoadError(LLMPError):
@@ -775,6 +782,10 @@ class KVCacheManager(Protocol):
         """Fraction of blocks in use, 0..1."""
         ...
 
+    # optional: ``reset_prefix_cache() -> bool`` forgets every cached block no request holds and
+    # says whether it did (False while some are held); the engine's ``reset_prefix_cache()`` and
+    # ``sleep()`` need it
+
 
 class Executor(Protocol):
     """Starts model workers and runs forward passes on them.
@@ -804,6 +815,27 @@ class Executor(Protocol):
 
     def check_health(self) -> None:
         """Raise ``EngineDeadError`` if any worker is dead."""
+        ...
+
+    def collective_rpc(
+        self,
+        method: str | Callable[..., Any],
+        timeout: float | None = None,
+        args: tuple = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> list[Any]:
+        """Run ``method`` on every worker and return the results, one per rank in rank order.
+
+        ``method`` names a public method of :class:`llmp.executor.Worker` (no leading underscore),
+        or is a function called as ``method(worker, *args, **kwargs)`` (picklable by reference,
+        for workers in other processes). Run it on each rank with
+        :func:`llmp.executor.call_worker_method`, which refuses an unknown or private name with a
+        ``ValueError``; a call that raises on a rank must not stop that rank: raise
+        ``ValueError("collective_rpc ... failed on rank R: ...")`` here instead. ``timeout``
+        (seconds; None: no limit) bounds the wait: past it raise ``TimeoutError``, and make sure a
+        late answer is never taken for the reply to a later call. The engine drives sleep
+        (``sleep``/``wake_up``) and profiles (``start_profile``/``stop_profile``) through this
+        method, so an executor without it serves requests but not those."""
         ...
 
     def shutdown(self) -> None:

@@ -17,6 +17,7 @@ import logging
 import os
 import tempfile
 import threading
+import time
 import uuid
 import weakref
 from collections.abc import AsyncIterator
@@ -28,6 +29,7 @@ import zmq
 
 from llmp.api import (
     EngineDeadError,
+    EngineSleepingError,
     InvalidLoRAAdapterError,
     LLMPError,
     LoRAAdapterNotFoundError,
@@ -49,6 +51,9 @@ _ERROR_TYPES: dict[str, type[Exception]] = {
     "TypeError": TypeError,
     "LLMPError": LLMPError,
     "LoRAAdapterNotFoundError": LoRAAdapterNotFoundError,
+    "EngineSleepingError": EngineSleepingError,
+    "TimeoutError": TimeoutError,
+    "NotImplementedError": NotImplementedError,
 }
 _FIELD_ERROR_TYPES: dict[str, type[RequestValidationError]] = {
     "SamplingParamsError": SamplingParamsError,
@@ -58,7 +63,19 @@ _FIELD_ERROR_TYPES: dict[str, type[RequestValidationError]] = {
 HEALTH_TIMEOUT_S = 10.0
 COMPILE_TIMEOUT_S = 120.0  # a structured-output grammar: large schemas take seconds
 LORA_LOAD_TIMEOUT_S = 300.0  # an adapter read from disk (or a slow network mount) and checked
+ADMIN_TIMEOUT_S = 900.0  # sleep (waiting for requests to finish) and wake-up (weights loaded again)
 WATCH_INTERVAL_MS = 200
+
+
+@dataclass(frozen=True)
+class EngineAttachment:
+    """An engine another process started and will attach this client to (an API server of
+    ``llmp serve --api-server-count N``): the client binds these addresses, starts no engine, and
+    never stops it; the engine process ``engine_pid`` is watched for liveness."""
+
+    input_address: str
+    output_address: str
+    engine_pid: int
 
 
 @dataclass(eq=False)
@@ -94,10 +111,13 @@ class AsyncLLM:
         engine_mode: str = "process",
         ready_timeout: float = 900.0,
         wait: bool = True,
+        attach: EngineAttachment | None = None,
         **engine_options: Any,
     ) -> None:
         if engine_mode not in ("process", "thread"):
             raise ValueError(f"engine_mode must be 'process' or 'thread', got {engine_mode!r}")
+        if attach is not None and engine_mode != "process":
+            raise ValueError("an attached client talks to an engine process: engine_mode must be 'process'")
         configure_logging()  # the engine reports its start-up and statistics (llmp.progress)
         from llmp.model_files.resolve import check_resolved, resolve_model
 
@@ -109,12 +129,14 @@ class AsyncLLM:
             self.config = EngineConfig(model=None if model is None else str(model), **engine_options)
             self.model = resolve_model(self.config)
         self.engine_mode = engine_mode
+        self.attachment = attach
         self.errored: EngineDeadError | None = None
         self._streams: dict[str, _Stream] = {}
         self._calls: dict[int, concurrent.futures.Future] = {}
         self._call_ids = itertools.count()
         self._send_lock = threading.Lock()
         self._closed = False
+        self.sleep_level = 0  # the engine's, as it last told every client (SleepState): 0 awake
         self._tokenizer: Any = None
         # the adapters served by name: one table for every front-end of this process (see add_lora)
         self.lora_requests: dict[str, LoRARequest] = {}
@@ -123,7 +145,7 @@ class AsyncLLM:
         self._sent_lora_ids: set[int] = set()  # every lora_int_id sent to the engine: next_lora_id skips them
         self._context = zmq.Context()
         self._context.setsockopt(zmq.LINGER, 0)  # never block on unsent messages to a dead engine
-        in_address, out_address = self._addresses()
+        in_address, out_address = (attach.input_address, attach.output_address) if attach else self._addresses()
         self._input = self._context.socket(zmq.PUSH)
         self._input.setsockopt(zmq.SNDHWM, 0)  # no queue limit: a send fails only when no engine is connected
         self._input.bind(in_address)
@@ -131,7 +153,8 @@ class AsyncLLM:
         self._output.bind(out_address)
         self._process: EngineProcess | None = None
         self._thread: threading.Thread | None = None
-        self._start_engine(in_address, out_address)
+        if attach is None:
+            self._start_engine(in_address, out_address)
         self._finalizer = weakref.finalize(self, _stop_process, self._process)
         atexit.register(self._finalizer)
         self.info: dict[str, Any] = {}
@@ -144,6 +167,8 @@ class AsyncLLM:
         if self.info:
             return
         self.info = self._wait_ready(timeout)
+        if self.attachment is not None:
+            self._wait_connected()
         self._reader = threading.Thread(target=self._read_outputs, name="llmp-output-reader", daemon=True)
         self._reader.start()
 
@@ -196,6 +221,21 @@ class AsyncLLM:
         self._shutdown_now()
         raise EngineDeadError(f"the engine was not ready within {timeout:.0f} s")
 
+    def _wait_connected(self, timeout: float = 10.0) -> None:
+        """An attached client can send once the engine's input socket has connected to it, which
+        it did when it sent ``Ready`` (connections complete in the background): send a ping."""
+        frame = msg.encoder.encode(msg.Utility(-1, "ping"))  # its answer (call -1) is dropped
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self._input.send(frame, zmq.NOBLOCK)
+                return
+            except zmq.Again:
+                if time.monotonic() > deadline or not self._engine_alive():
+                    self._shutdown_now()
+                    raise EngineDeadError(f"the engine did not connect to this client within {timeout:.0f} s") from None
+                time.sleep(0.01)
+
     # -- the reader thread ----------------------------------------------------
 
     def _read_outputs(self) -> None:
@@ -228,6 +268,8 @@ class AsyncLLM:
                     future.set_exception(LLMPError(message.error))
                 else:
                     future.set_result(message.result)
+        elif isinstance(message, msg.SleepState):
+            self.sleep_level = message.level
         elif isinstance(message, msg.EngineFailed):
             self._fail_all(message.message)
 
@@ -241,11 +283,15 @@ class AsyncLLM:
         self._calls.clear()
 
     def _engine_alive(self) -> bool:
+        if self.attachment is not None:
+            return _pid_running(self.attachment.engine_pid)
         if self._process is not None:
             return self._process.is_alive()
         return self._thread is not None and self._thread.is_alive()
 
     def _exit_description(self) -> str:
+        if self.attachment is not None:
+            return f"the engine process {self.attachment.engine_pid} exited"
         if self._process is not None and self._process.exitcode is not None:
             code = self._process.exitcode
             return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
@@ -271,6 +317,11 @@ class AsyncLLM:
     ) -> tuple[str, Prompt]:
         """What :meth:`generate` and :meth:`encode` check when called: the prompt's type, the
         priority, the adapter and a free request id. Nothing is registered or sent until the first iteration."""
+        if self.sleep_level:  # the engine would refuse it: a server answers 503 before it starts a stream
+            raise EngineSleepingError(
+                f"the engine is sleeping (level {self.sleep_level}): wake it up first "
+                "(POST /wake_up on the server, wake_up() in Python)"
+            )
         check_priority(priority, self.config.scheduling_policy)
         if lora_request is not None:
             self._check_lora(lora_request)
@@ -479,6 +530,15 @@ class AsyncLLM:
             self.pinned_loras.add(lora_int_id)
         return pinned
 
+    async def attach_client(self, attachment: EngineAttachment) -> int:
+        """Connect this client's engine to another client (an API server of ``--api-server-count``),
+        which gets ``Ready`` and its own outputs from now on; the engine's index of it."""
+        return int(await self._call("attach_client", attachment.input_address, attachment.output_address))
+
+    async def detach_client(self, index: int) -> int:
+        """Disconnect an attached client (its process has exited): its requests are aborted; how many."""
+        return int(await self._call("detach_client", index))
+
     async def check_health(self) -> None:
         """Raise ``EngineDeadError`` unless the engine answers a ping within a bounded time."""
         await self._call("ping")
@@ -486,6 +546,66 @@ class AsyncLLM:
     async def stats(self, timeout: float = HEALTH_TIMEOUT_S) -> dict[str, Any]:
         """Scheduler and KV-cache figures: running, waiting, usage, prefix-cache hits, preemptions."""
         return await self._call("stats", timeout=timeout)
+
+    # -- management: sleep, prefix cache, profiles, worker calls (vLLM's) ---------
+
+    async def _admin(self, method: str, *args: Any, timeout: float | None = HEALTH_TIMEOUT_S) -> Any:
+        result = await self._call(method, *args, timeout=timeout)
+        if result.get("error_type"):
+            raise _engine_error(result["error_type"], result.get("message", ""), None)
+        return result.get("ok")
+
+    async def sleep(self, level: int = 1, mode: str = "abort") -> None:
+        """Free the compute device (see ``LLMEngine.sleep``: level 1 moves the weights to host memory
+        and frees the KV cache, level 2 discards the weights too). Requests in flight are aborted
+        (``mode="abort"``, vLLM's default: a stream ends with finish reason ``abort``) or finished
+        first (``"wait"``). Until :meth:`wake_up`, a new request raises ``EngineSleepingError``."""
+        await self._admin("sleep", level, mode, timeout=ADMIN_TIMEOUT_S)
+
+    async def wake_up(self, tags: list[str] | None = None) -> None:
+        """Bring back ``tags`` among ``"weights"`` and ``"kv_cache"`` (None: both)."""
+        await self._admin("wake_up", None if tags is None else list(tags), timeout=ADMIN_TIMEOUT_S)
+
+    async def is_sleeping(self) -> bool:
+        return bool(await self._admin("is_sleeping"))
+
+    async def reset_prefix_cache(self) -> bool:
+        """Forget the engine's cached prompt blocks; False (nothing forgotten) while requests hold blocks."""
+        return bool(await self._admin("reset_prefix_cache"))
+
+    async def start_profile(self) -> None:
+        """Start the torch profiler on every worker (``ValueError`` without ``profiler_dir``)."""
+        await self._admin("start_profile", timeout=ADMIN_TIMEOUT_S)
+
+    async def stop_profile(self) -> list[str]:
+        """Stop the profiler; the Chrome-trace JSON files written, one per worker (in the engine's file system)."""
+        return list(await self._admin("stop_profile", timeout=ADMIN_TIMEOUT_S))
+
+    async def collective_rpc(
+        self,
+        method: str,
+        timeout: float | None = None,
+        args: tuple | list = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> list[Any]:
+        """Call the public method ``method`` of every worker (:class:`llmp.executor.Worker`); the
+        results, one per rank. Arguments and results cross to the engine process as plain data
+        (JSON-like; a result that is not comes back as its text): a function as ``method`` works in
+        the offline ``LLM`` only."""
+        if not isinstance(method, str):
+            raise TypeError(
+                "AsyncLLM.collective_rpc takes a worker method's name: a function cannot be sent to the "
+                "engine process (LLM.collective_rpc runs functions)"
+            )
+        wait = None if timeout is None else timeout + HEALTH_TIMEOUT_S
+        return list(await self._admin("collective_rpc", method, timeout, args, kwargs, timeout=wait))
+
+    @property
+    def engine_pid(self) -> int | None:
+        """The engine process's pid (None with ``engine_mode="thread"``)."""
+        if self.attachment is not None:
+            return self.attachment.engine_pid
+        return None if self._process is None else self._process.pid
 
     @property
     def is_running(self) -> bool:
@@ -506,8 +626,12 @@ class AsyncLLM:
     # -- shutdown -------------------------------------------------------------
 
     def shutdown(self, timeout: float = 10.0) -> None:
-        """Stop the engine (and with it every worker); idempotent."""
+        """Stop the engine (and with it every worker); idempotent. An attached client only closes
+        its sockets: the engine is its starter's (which aborts the client's requests left)."""
         if self._closed:
+            return
+        if self.attachment is not None:
+            self._shutdown_now()
             return
         try:
             if self._engine_alive():
@@ -578,6 +702,23 @@ class EngineProcess:
 
     def kill(self) -> None:
         self.popen.kill()
+
+
+def _pid_running(pid: int) -> bool:
+    """Whether process ``pid`` runs (not a zombie: another process's child that has exited)."""
+    if os.path.isdir("/proc/self"):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rpartition(")")[2].split()[0] != "Z"
+        except OSError:
+            return False
+    try:  # no /proc: whether the kernel knows the pid
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 def _stop_process(process: EngineProcess | None) -> None:

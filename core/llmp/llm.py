@@ -4,7 +4,7 @@ models ``.embed``, ``.classify``, ``.score``, ``.reward`` and the general ``.enc
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -369,6 +369,45 @@ class LLM:
     def pin_lora(self, lora_int_id: int) -> bool:
         """Keep an adapter in the CPU cache for good; False when it is not known."""
         return self.engine.pin_lora(lora_int_id)
+
+    # -- sleep, prefix cache, profiles, worker calls (vLLM's) --------------------
+
+    def sleep(self, level: int = 1) -> None:
+        """Free the compute device until :meth:`wake_up`: level 1 moves the weights to host memory
+        (on the CPU they stay) and frees the KV cache, level 2 discards the weights too (reloaded from
+        the model files on wake). Meanwhile a request raises ``llmp.api.EngineSleepingError``."""
+        self.engine.sleep(level)
+
+    def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        """Bring back ``tags`` among ``"weights"`` and ``"kv_cache"`` (None: both); requests run
+        again once both are back."""
+        self.engine.wake_up(tags)
+
+    def is_sleeping(self) -> bool:
+        return self.engine.is_sleeping()
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget the cached prompt blocks (between benchmark runs, say); whether it did."""
+        return self.engine.reset_prefix_cache()
+
+    def start_profile(self) -> None:
+        """Start the torch profiler (``LLM(..., profiler_dir=DIR)``; a ``ValueError`` without it)."""
+        self.engine.start_profile()
+
+    def stop_profile(self) -> list[str]:
+        """Stop the profiler; the Chrome-trace JSON files written (one per worker), for Perfetto."""
+        return self.engine.stop_profile()
+
+    def collective_rpc(
+        self,
+        method: str | Callable[..., Any],
+        timeout: float | None = None,
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> list[Any]:
+        """Call ``method`` on every worker (a public method of :class:`llmp.executor.Worker`, or a
+        function taking the worker first); the results, one per rank."""
+        return self.engine.collective_rpc(method, timeout, args, kwargs)
 
     def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         finished: dict[str, RequestOutput] = {}

@@ -189,7 +189,10 @@ def test_truncation_keeps_the_last_tokens(minilm):
     minilm.add_request("all", " ".join(["word"] * 100), pooling_params=PoolingParams(truncate_prompt_tokens=-1))
     outputs = run(minilm)
     assert outputs["cut"].prompt_token_ids == ids[-5:]
-    assert outputs["cut"].outputs.embedding == outputs["tail"].outputs.embedding
+    # the same 5 tokens; other rows share the step, and an encoder's matmuls may round differently by batch
+    torch.testing.assert_close(
+        torch.tensor(outputs["cut"].outputs.embedding), torch.tensor(outputs["tail"].outputs.embedding)
+    )
     assert len(outputs["all"].prompt_token_ids) == 64
 
 

@@ -7,8 +7,13 @@ only loads the model, holds the KV cache and runs forward passes.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from typing import Any
+
 from llmp.api import ResolvedModel
-from llmp.engine.model_runner import ModelRunner, StepInputs, StepLogits
+from llmp.engine.model_runner import StepInputs, StepLogits
+from llmp.engine.worker import Worker, raise_rpc_failures, rpc_outcome
 from llmp.options import EngineConfig
 
 
@@ -19,7 +24,8 @@ class UniprocExecutor:
                 f"the uniproc executor runs one rank, not {config.tensor_parallel_size}; "
                 "use the mp or ray executor for tensor parallelism"
             )
-        self.runner = ModelRunner(config, model)
+        self.worker = Worker(config, model)  # in this process: no group to join
+        self.runner = self.worker.runner
         self.kernels_name = self.runner.kernels_spec.name
         self.load_seconds = self.runner.load_seconds
 
@@ -31,6 +37,20 @@ class UniprocExecutor:
 
     def execute_model(self, inputs: StepInputs) -> StepLogits:
         return self.runner.forward(inputs)
+
+    def collective_rpc(
+        self,
+        method: str | Callable[..., Any],
+        timeout: float | None = None,
+        args: tuple = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> list[Any]:
+        # in this process a call cannot be interrupted: one that overran its timeout is reported as such
+        started = time.monotonic()
+        results = raise_rpc_failures(method, [rpc_outcome(self.worker, method, args, kwargs)])
+        if timeout is not None and time.monotonic() - started > timeout:
+            raise TimeoutError(f"collective_rpc {method!r} took longer than {timeout:g} s (its result is dropped)")
+        return results
 
     def check_health(self) -> None:
         """In-process: if the engine runs, the model does."""

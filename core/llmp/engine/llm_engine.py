@@ -11,17 +11,19 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llmp import plugins, registry
-from llmp.api import EngineInfo, FinishedRequestStats, ResolvedModel, SchedulerStats
+from llmp.api import EngineInfo, EngineSleepingError, FinishedRequestStats, ResolvedModel, SchedulerStats
 from llmp.engine.model_runner import prepare_inputs, sample_step
 from llmp.engine.output_processor import OutputProcessor, RequestState
 from llmp.engine.request import Request, RequestStatus
 from llmp.engine.sampler import Sampler, bad_words_token_ids
 from llmp.engine.scheduler import SchedulerConfig, check_priority
 from llmp.engine.stat_loggers import StatLoggers
+from llmp.engine.step_stats import IterationTokens, step_prompt_tokens
 from llmp.inputs import Prompt, PromptType, as_prompt
 from llmp.lora import LORA_DISABLED, LoRARequest
 from llmp.modeling.decoder import as_pooling_model
@@ -53,6 +55,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("llmp.engine")
 # the pooling task of a request that names none, by the model's primary task
 PRIMARY_POOLING_TASK = {"embed": "embed", "classify": "classify", "reward": "token_classify"}
+SLEEP_TAGS = ("weights", "kv_cache")  # what sleep() takes away and wake_up(tags) brings back, as vLLM's tags
+# worker methods the engine drives itself: a collective_rpc call to one would leave it out of step with them
+ENGINE_DRIVEN_WORKER_METHODS = frozenset(
+    {"execute_model", "allocate_kv_cache", "sleep", "wake_up", "start_profile", "stop_profile"}
+)
 
 
 class LLMEngine:
@@ -109,6 +116,10 @@ class LLMEngine:
         self._grammars: Any = None  # structured_output.GrammarCompiler, made on the first constrained request
         self.pooling: dict[str, tuple[str | None, Request]] = {}  # pooling requests in flight
         self.num_steps = 0
+        self.sleeping_tags: set[str] = set()  # what sleep() took and wake_up() has not brought back
+        self.sleep_level = 0
+        self.profiling = False
+        self.iteration_tokens = IterationTokens()  # tokens per step, for /metrics
         self.startup_seconds = time.perf_counter() - started
         self.info = EngineInfo(
             model=model.name,
@@ -277,6 +288,7 @@ class LLMEngine:
         primary pooling task), which must be one of the model's ``supported_tasks``; so is a request
         without either on a model that cannot generate. ``lora_request``: it runs with that LoRA
         adapter (``enable_lora``), read from disk now if the engine does not hold it."""
+        self._check_awake()
         prompt = as_prompt(prompt)
         if request_id in self.outputs.states or request_id in self.pooling:
             raise ValueError(f"request id {request_id!r} is already in use")
@@ -408,6 +420,135 @@ class LLMEngine:
         """The request's ``lora_id`` (0: the base model); the adapter's files are read here, if at all."""
         return 0 if lora_request is None else self.lora.acquire(lora_request)
 
+    # -- sleep, prefix cache, profiles, worker calls --------------------------
+
+    def sleep(self, level: int = 1) -> None:
+        """Free the compute device: level 1 moves the weights to host memory (on the CPU they stay
+        where they are) and frees the KV cache; level 2 discards the weights too (:meth:`wake_up`
+        loads them again from the model files). The prefix cache is reset. Until woken, a new request
+        raises ``EngineSleepingError``. Requests in flight are a ``ValueError``: abort them or let
+        them finish first. Asleep already: nothing changes, as in vLLM."""
+        if level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 or 2, got {level!r}")
+        if self.sleeping_tags:
+            log.warning("the engine is already asleep (level %d)", self.sleep_level)
+            return
+        busy = self.unfinished_request_ids()
+        if busy:
+            raise ValueError(f"{len(busy)} requests are in flight: abort them or let them finish before sleep")
+        if not self._reset_prefix_cache(for_sleep=True):
+            raise RuntimeError("the KV-cache manager kept its prefix cache with no request running")
+        started = time.perf_counter()
+        self._worker_call("sleep", level)
+        self.sleeping_tags, self.sleep_level = set(SLEEP_TAGS), level
+        log.info("asleep (level %d) after %.2f s", level, time.perf_counter() - started)
+
+    def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        """Bring back what :meth:`sleep` took: ``tags`` among ``"weights"`` and ``"kv_cache"`` (None:
+        both; vLLM's partial wake, e.g. the weights first to update them, then the cache). The engine
+        takes requests again once both are back. Awake already: nothing changes."""
+        if isinstance(tags, str) or (tags is not None and not isinstance(tags, Sequence)):
+            raise TypeError(f"tags must be a list of tags ({', '.join(SLEEP_TAGS)}), got {tags!r}")
+        unknown = [tag for tag in tags or () if tag not in SLEEP_TAGS]
+        if unknown:
+            raise ValueError(f"unknown wake-up tag {unknown[0]!r}: the tags are {', '.join(SLEEP_TAGS)}")
+        wanted = self.sleeping_tags & set(SLEEP_TAGS if tags is None else tags)
+        if not wanted:
+            return
+        started = time.perf_counter()
+        self._worker_call("wake_up", sorted(wanted))
+        if "weights" in wanted and self.sleep_level == 2 and self.lora is not None:
+            self.lora.forget_slots()  # the reloaded model's adapter slots are empty
+        self.sleeping_tags -= wanted
+        log.info("woke up %s after %.2f s", " and ".join(sorted(wanted)), time.perf_counter() - started)
+
+    def is_sleeping(self) -> bool:
+        """Whether the engine is asleep: from :meth:`sleep` until every tag is woken up."""
+        return bool(self.sleeping_tags)
+
+    def _check_awake(self) -> None:
+        if self.sleeping_tags:
+            raise EngineSleepingError(
+                f"the engine is sleeping (level {self.sleep_level}): wake it up first "
+                "(POST /wake_up on the server, wake_up() in Python)"
+            )
+
+    def unfinished_request_ids(self) -> list[str]:
+        """The ids (as given to :meth:`add_request`) of every request not finished yet."""
+        return [*self.outputs.states, *self.pooling]
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix block, so later requests compute their prompts afresh. False
+        (nothing forgotten) while requests hold blocks, as vLLM: reset when they are done."""
+        return self._reset_prefix_cache()
+
+    def _reset_prefix_cache(self, for_sleep: bool = False) -> bool:
+        reset = getattr(self.kv_manager, "reset_prefix_cache", None)
+        if reset is None:
+            if for_sleep and not self.config.enable_prefix_caching:
+                return True
+            raise ValueError(
+                f"the KV-cache manager {self.config.kv_manager!r} cannot reset its prefix cache (reset_prefix_cache)"
+            )
+        return bool(reset())
+
+    def start_profile(self) -> None:
+        """Start the torch profiler on every worker (the engine's own work too, with ``uniproc``);
+        :meth:`stop_profile` writes the traces under ``profiler_dir``."""
+        if not self.config.profiler_dir:
+            raise ValueError("profiling needs a trace directory: start the engine with profiler_dir (--profiler-dir)")
+        if self.profiling:
+            raise ValueError("a profile is already running: stop it first (stop_profile, POST /stop_profile)")
+        self._worker_call("start_profile", str(Path(self.config.profiler_dir).expanduser().resolve()))
+        self.profiling = True
+
+    def stop_profile(self) -> list[str]:
+        """Stop the profiler; the trace files written, one per worker: Chrome-trace JSON (Perfetto,
+        ``chrome://tracing``)."""
+        if not self.profiling:
+            raise ValueError("no profile is running: start one first (start_profile, POST /start_profile)")
+        self.profiling = False
+        return self._worker_call("stop_profile")
+
+    def collective_rpc(
+        self,
+        method: str | Callable[..., Any],
+        timeout: float | None = None,
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> list[Any]:
+        """Call ``method`` on every worker (:class:`llmp.executor.Worker`): a public method's name,
+        or a function called as ``method(worker, *args, **kwargs)``; the results, one per rank.
+        ``timeout`` (seconds) bounds the wait (``TimeoutError``). The methods the engine drives
+        itself (``execute_model``, ``sleep``, ``start_profile`` ...) are refused: use the engine's own."""
+        if isinstance(method, str) and method in ENGINE_DRIVEN_WORKER_METHODS:
+            raise ValueError(
+                f"the engine drives the workers' {method!r} itself: call the engine's own method "
+                "(sleep, wake_up, start_profile, stop_profile), not collective_rpc"
+            )
+        if not (isinstance(method, str) or callable(method)):
+            raise TypeError(f"method must be a worker method's name or a function, got {type(method).__name__}")
+        if isinstance(args, str | bytes) or not isinstance(args, Sequence):
+            raise TypeError(f"args must be a list of positional arguments, got {type(args).__name__}")
+        if kwargs is not None and not isinstance(kwargs, dict):
+            raise TypeError(f"kwargs must be a dict of keyword arguments, got {type(kwargs).__name__}")
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        return self._executor_rpc()(method, timeout, tuple(args), dict(kwargs or {}))
+
+    def _worker_call(self, method: str, *args: Any) -> list[Any]:
+        """One of the engine-driven worker methods on every rank (waits as long as loading may take)."""
+        return self._executor_rpc()(method, max(self.config.worker_timeout_s, 600.0), args, {})
+
+    def _executor_rpc(self) -> Callable[..., list[Any]]:
+        rpc = getattr(self.executor, "collective_rpc", None)
+        if rpc is None:
+            raise NotImplementedError(
+                f"the executor {self.config.executor!r} has no collective_rpc (see llmp.api.Executor): "
+                "it cannot sleep, profile or call worker methods"
+            )
+        return rpc
+
     # -- LoRA adapters -------------------------------------------------------
 
     def add_lora(self, lora_request: LoRARequest, *, pin: bool = False, replace: bool = False) -> bool:
@@ -525,12 +666,19 @@ class LLMEngine:
         scheduled = self.scheduler.schedule()
         if scheduled.is_empty:
             return []
+        scheduled_at = time.time()
+        for item in scheduled.scheduled:
+            item.request.record_scheduled(scheduled_at)
         inputs, prompt_targets = prepare_inputs(scheduled, self.config.block_size)
         if self.lora is not None:
             inputs.lora = self.lora.step_inputs(scheduled)
         step_logits = self.executor.execute_model(inputs)
         result = sample_step(self.sampler, scheduled, step_logits, prompt_targets)
         self.num_steps += 1
+        sampled_at = time.time()
+        if not self.stat_loggers.muted:  # the server's warm-up is not part of the workload
+            num_sampled = sum(token is not None for token in result.sampled)
+            self.iteration_tokens.observe(step_prompt_tokens(scheduled) + num_sampled)
         self.scheduler.update_from_output(scheduled, result.sampled)
         pooled = self._finish_pooling(scheduled, inputs.pool_items, step_logits.pooled)
         changed: dict[str, RequestState] = {}
@@ -546,6 +694,7 @@ class LLMEngine:
                 continue
             state = seq.parent
             state.first_token_time = state.first_token_time or now
+            request.record_token(sampled_at)
             # as in vLLM, the EOS or stop token that ends a sequence is not part of its text
             ended_by_token = (
                 request.status == RequestStatus.FINISHED_STOPPED
@@ -605,10 +754,7 @@ class LLMEngine:
         return PoolingOutput(data.tolist())
 
     def _scheduler_stats(self, scheduled: Any = None, num_sampled: int = 0) -> SchedulerStats:
-        prompt_tokens = sum(
-            max(0, min(item.start + item.num_tokens, item.request.num_prompt_tokens) - item.start)
-            for item in (scheduled.scheduled if scheduled is not None else ())
-        )
+        prompt_tokens = step_prompt_tokens(scheduled) if scheduled is not None else 0
         return SchedulerStats(
             num_prompt_tokens=prompt_tokens,
             num_generation_tokens=num_sampled,

@@ -237,6 +237,12 @@ class LoRAManager:
         )
         return LoRAStepInputs(torch.from_numpy(rows), loads)
 
+    def forget_slots(self) -> None:
+        """The runner's slots are empty again (its model was loaded again after a level-2 sleep): each
+        adapter is copied in again when a step next needs it."""
+        self.slots = [None] * self.max_loras
+        self._slot_used = [0] * self.max_loras
+
     def update_counts(self, running: Mapping[int, int], waiting: Mapping[int, int]) -> None:
         """The scheduler's requests per ``lora_id`` (``Scheduler.lora_counts``); forgets removed
         adapters no request uses any more, and trims the CPU cache to its bound."""

@@ -9,6 +9,7 @@ pooled from the same hidden states (``StepInputs.pool_items``).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -21,6 +22,7 @@ from llmp.api import AttentionMetadata, PacksLinear, ResolvedModel
 from llmp.engine.sampler import Sampler, TokenLogprobs, gather_logprobs
 from llmp.engine.scheduler import SchedulerOutput
 from llmp.model_files.weights import iter_weights
+from llmp.modeling.decoder import as_pooling_model
 from llmp.modeling.pooling import POOLERS, PoolSlice
 from llmp.options import EngineConfig
 
@@ -42,8 +44,6 @@ class ModelRunner:
         started = time.perf_counter()
         self.kernels_spec = registry.select_kernels(config.kernels, self.device.type)
         self.kernels = self.kernels_spec.load()()
-        from llmp.modeling.decoder import as_pooling_model
-
         model_cls = as_pooling_model(resolved.spec.load(), resolved.task)
         self.model = self._load_model(model_cls, resolved)
         self.lora = self._install_lora() if config.enable_lora else None
@@ -52,6 +52,9 @@ class ModelRunner:
         self.load_seconds = time.perf_counter() - started
         self.block_size = config.block_size
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.kv_shapes: list[tuple[int, int, int, int]] = []
+        self.resolved = resolved
+        self.asleep: set[str] = set()  # what sleep() took away: "weights", "kv_cache"
 
     def _load_model(self, model_cls: Any, resolved: ResolvedModel) -> Any:
         if resolved.spec.model_impl == "native":
@@ -100,20 +103,70 @@ class ModelRunner:
 
     def allocate_kv_cache(self, num_blocks: int) -> None:  # nothing for models without paged attention
         """One (k, v) pair of ``[num_blocks, block_size, kv_heads, head_dim]`` per attention layer, allocated once."""
-        self.kv_caches = []
+        self.kv_shapes = [
+            (num_blocks, self.block_size, layer.num_kv_heads, layer.head_dim) for layer in self.model.attention_layers()
+        ]
+        self._build_kv_cache()
+
+    def _build_kv_cache(self) -> None:
+        # torch.empty: untouched pages cost nothing; kernels read only slots they wrote
+        self.kv_caches = [
+            (
+                torch.empty(shape, dtype=self.dtype, device=self.device),
+                torch.empty(shape, dtype=self.dtype, device=self.device),
+            )
+            for shape in self.kv_shapes
+        ]
+        if self.model is not None:
+            self._bind_kv_cache()
+
+    def _bind_kv_cache(self) -> None:
+        for layer, cache in zip(self.model.attention_layers(), self.kv_caches, strict=True):
+            layer.kv_cache = cache
+
+    # -- sleep -----------------------------------------------------------
+
+    def sleep(self, level: int) -> None:
+        """Level 1: the weights go to host memory (on the CPU they stay where they are) and the KV
+        cache is freed; level 2: the weights are discarded too, to be loaded again on wake."""
+        if level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 or 2, got {level!r}")
+        if self.asleep:
+            return
         for layer in self.model.attention_layers():
-            shape = (num_blocks, self.block_size, layer.num_kv_heads, layer.head_dim)
-            # torch.empty: untouched pages cost nothing; kernels read only slots they wrote
-            k_cache = torch.empty(shape, dtype=self.dtype, device=self.device)
-            v_cache = torch.empty(shape, dtype=self.dtype, device=self.device)
-            layer.kv_cache = (k_cache, v_cache)
-            self.kv_caches.append(layer.kv_cache)
+            layer.kv_cache = None
+        self.kv_caches = []
+        if level == 2:
+            self.model = self.lora = None
+        elif self.device.type != "cpu":
+            self.model.to("cpu")
+        self.asleep = {"weights", "kv_cache"}
+        _release_memory(self.device, collect=level == 2)
+
+    def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        """Bring back ``tags`` of what :meth:`sleep` took (None: all): ``"weights"`` (moved back,
+        or loaded again from the model files after level 2) and ``"kv_cache"`` (allocated empty)."""
+        wanted = self.asleep & set(self.asleep if tags is None else tags)
+        if "weights" in wanted:
+            if self.model is None:  # level 2: through the normal loading code, as at start-up
+                model_cls = as_pooling_model(self.resolved.spec.load(), self.resolved.task)
+                self.model = self._load_model(model_cls, self.resolved)
+                self.lora = self._install_lora() if self.config.enable_lora else None
+            elif self.device.type != "cpu":
+                self.model.to(self.device)
+            if self.kv_caches:  # the cache came back first
+                self._bind_kv_cache()
+        if "kv_cache" in wanted:
+            self._build_kv_cache()
+        self.asleep -= wanted
 
     # -- one step --------------------------------------------------------
 
     @torch.inference_mode()
     def forward(self, inputs: StepInputs) -> StepLogits:
         """Run the model over a step's flattened tokens; logits of the rows that need them."""
+        if self.asleep:
+            raise RuntimeError(f"the model runner is asleep ({', '.join(sorted(self.asleep))} not restored)")
         if self.lora is None:
             if inputs.lora is not None:
                 raise RuntimeError("a step with LoRA rows reached a model runner started without enable_lora")
@@ -189,6 +242,17 @@ class ModelRunner:
 
 
 _TENSOR_FIELDS = ("query_start_loc", "seq_lens", "block_tables", "slot_mapping")
+
+
+def _release_memory(device: torch.device, collect: bool) -> None:
+    """Hand what sleep let go of back. ``collect``: a discarded model's modules may hold each other in
+    cycles (a second or so in a large process); on CUDA, torch's caching allocator keeps freed memory."""
+    if collect:
+        import gc
+
+        gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def _one_row_per_request(inputs: StepInputs) -> list[int] | None:

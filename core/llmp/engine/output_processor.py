@@ -120,6 +120,7 @@ class OutputProcessor:
     def finish(self, seq: SequenceState, reason: str, stop_reason: int | str | None = None) -> None:
         if seq.finish_reason is None:
             seq.finish_reason, seq.stop_reason = reason, stop_reason
+            seq.request.times.setdefault("finished_time", time.time())
             if not isinstance(stop_reason, str):  # a stop string already cut the text
                 seq.text += seq.detokenizer.flush()
 
@@ -138,6 +139,7 @@ class OutputProcessor:
             finished=finished,
             prompt_logprobs=state.prompt_logprobs,
             num_cached_tokens=max(state.sequences[0].request.num_cached_tokens, 0),
+            metrics=_timings(state.sequences, finished),
         )
 
     def _completion(self, seq: SequenceState, delta: bool) -> CompletionOutput:
@@ -173,3 +175,22 @@ class OutputProcessor:
         if text is None:
             text = self._token_text[token] = self.tokenizer.decode([token])
         return text
+
+
+_EARLIEST = frozenset({"arrival_time", "scheduled_time", "first_token_time"})
+
+
+def _timings(sequences: list[SequenceState], finished: bool) -> dict[str, float]:
+    """The request's timings (``RequestOutput.metrics``) from its sequences': the earliest arrival,
+    schedule and first token, the latest last token; ``finished_time`` once every sequence has ended."""
+    if len(sequences) == 1:
+        return dict(sequences[0].request.times)
+    times: dict[str, float] = {}
+    for seq in sequences:
+        for key, value in seq.request.times.items():
+            known = times.get(key)
+            if known is None or (value < known if key in _EARLIEST else value > known):
+                times[key] = value
+    if not finished:
+        times.pop("finished_time", None)
+    return times

@@ -1,7 +1,13 @@
 """Messages between AsyncLLM (front-end) and the engine core, msgpack-encoded with msgspec.
 
 Front-end -> engine: AddRequest, AbortRequests, Utility.
-Engine -> front-end: Ready, Outputs, RequestFailed, UtilityResult, EngineFailed.
+Engine -> front-end: Ready, Outputs, RequestFailed, UtilityResult, SleepState, EngineFailed.
+
+Each engine client has its own pair of sockets: the engine knows the sender of a message by
+the socket it came in on, so no message names its client. Client 0 started the engine; it
+alone may call the control utilities ``shutdown``, ``attach_client`` (``[input_address,
+output_address]`` of another client, which gets ``Ready`` on them; the answer is its index)
+and ``detach_client`` (``[index]``; its requests are aborted).
 """
 
 from __future__ import annotations
@@ -102,6 +108,13 @@ class UtilityResult(msgspec.Struct, tag=True):
     error: str | None = None
 
 
+class SleepState(msgspec.Struct, tag=True):
+    """The engine fell asleep (``level`` 1 or 2) or woke up (``level`` 0); sent to every client, so
+    each refuses new requests at once while it sleeps."""
+
+    level: int
+
+
 class EngineFailed(msgspec.Struct, tag=True):
     """The engine hit an error it cannot recover from; it exits after sending this."""
 
@@ -109,7 +122,7 @@ class EngineFailed(msgspec.Struct, tag=True):
 
 
 ToEngine = AddRequest | AbortRequests | Utility
-FromEngine = Ready | Outputs | RequestFailed | UtilityResult | EngineFailed
+FromEngine = Ready | Outputs | RequestFailed | UtilityResult | SleepState | EngineFailed
 
 encoder = msgspec.msgpack.Encoder()
 to_engine_decoder = msgspec.msgpack.Decoder(ToEngine)

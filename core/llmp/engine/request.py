@@ -67,6 +67,10 @@ class Request:
     bad_words_token_ids: list[list[int]] = field(default_factory=list)  # see sampler.bad_words_token_ids
     lora_request: Any = None  # the llmp.LoRARequest it runs with, or None (the base model)
     lora_id: int = 0  # the engine's key of that adapter's load (0 = the base model): keys hashes, slots, the step cap
+    # the engine's timings of this sequence, time.time() seconds under RequestOutput.metrics' keys: arrival_time
+    # now; scheduled_time, first_token_time and last_token_time set by the engine step (so any scheduler
+    # plugin's requests get them), finished_time by the output processor
+    times: dict[str, float] = field(default_factory=lambda: {"arrival_time": time.time()})
 
     def __post_init__(self) -> None:
         self.all_token_ids: list[int] = list(self.prompt_token_ids)
@@ -86,6 +90,15 @@ class Request:
     def append_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
+
+    def record_scheduled(self, now: float) -> None:
+        """The first step that computes some of it (a preempted request keeps its first)."""
+        self.times.setdefault("scheduled_time", now)
+
+    def record_token(self, now: float) -> None:
+        """A step sampled a token of it."""
+        self.times.setdefault("first_token_time", now)
+        self.times["last_token_time"] = now
 
     @property
     def is_finished(self) -> bool:

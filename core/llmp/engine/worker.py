@@ -1,9 +1,13 @@
 """One rank of a tensor-parallel executor: joins the group, loads its slice of the model,
-runs forward passes. The ``mp`` executor runs it in a process, the ``ray`` executor in an actor."""
+runs forward passes. The ``mp`` executor runs it in a process, the ``ray`` executor in an actor,
+the ``uniproc`` executor in the engine's own process."""
 
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from llmp.api import ResolvedModel
@@ -11,24 +15,36 @@ from llmp.options import EngineConfig
 
 
 class Worker:
+    """``init_method=None``: the one rank of the engine's own process (``uniproc``), which joins no
+    group and leaves the process's torch settings (threads, seed) as the engine set them."""
+
     def __init__(
-        self, config: EngineConfig, model: ResolvedModel, rank: int, world_size: int, init_method: str
+        self,
+        config: EngineConfig,
+        model: ResolvedModel,
+        rank: int = 0,
+        world_size: int = 1,
+        init_method: str | None = None,
     ) -> None:
-        import torch
-
-        from llmp import plugins
         from llmp.engine.model_runner import ModelRunner
-        from llmp.modeling.parallel import init_tensor_parallel
-        from llmp.progress import configure_logging
 
-        configure_logging()  # a rank in its own process reports loading as the engine process does
-        threads = config.num_threads or max(1, (os.cpu_count() or 1) // world_size)
-        torch.set_num_threads(threads)
-        torch.manual_seed(config.seed)  # as vLLM seeds each worker: anything random in a rank repeats per run
-        init_tensor_parallel(rank, world_size, init_method)
-        plugins.load_plugins()  # the kernel sets; the model was selected once, by the caller
+        if init_method is not None:
+            import torch
+
+            from llmp import plugins
+            from llmp.modeling.parallel import init_tensor_parallel
+            from llmp.progress import configure_logging
+
+            configure_logging()  # a rank in its own process reports loading as the engine process does
+            threads = config.num_threads or max(1, (os.cpu_count() or 1) // world_size)
+            torch.set_num_threads(threads)
+            torch.manual_seed(config.seed)  # as vLLM seeds each worker: anything random in a rank repeats per run
+            init_tensor_parallel(rank, world_size, init_method)
+            plugins.load_plugins()  # the kernel sets; the model was selected once, by the caller
+        self.config = config
         self.rank = rank
         self.runner = ModelRunner(config, model)
+        self._profiler: Any = None
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -46,3 +62,74 @@ class Worker:
         """Every rank runs the step (the collectives need all of them); rank 0 returns the logits."""
         out = self.runner.forward(inputs)
         return out if self.rank == 0 else None
+
+    # -- sleep and profiles (driven by the engine through Executor.collective_rpc) --------------
+
+    def sleep(self, level: int = 1) -> None:
+        """Level 1: weights to host memory (they stay put on the CPU), KV cache freed; level 2:
+        weights discarded too (reloaded from the model files on wake)."""
+        self.runner.sleep(level)
+
+    def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        """Bring back ``tags`` (``"weights"``, ``"kv_cache"``; None: both)."""
+        self.runner.wake_up(tags)
+
+    def start_profile(self, directory: str | None = None) -> None:
+        """Start the torch profiler; its trace goes under ``directory`` (default ``profiler_dir``)."""
+        import torch
+
+        if self._profiler is not None:
+            raise ValueError(f"rank {self.rank} is already profiling")
+        directory = directory or self.config.profiler_dir
+        if not directory:
+            raise ValueError("profiling needs a trace directory: profiler_dir (--profiler-dir)")
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if self.runner.device.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        profiler = torch.profiler.profile(activities=activities)
+        profiler.start()
+        self._profiler, self._profile_dir = profiler, directory
+
+    def stop_profile(self) -> str:
+        """Stop the profiler; the path of the Chrome-trace JSON file written (Perfetto opens it)."""
+        if self._profiler is None:
+            raise ValueError(f"rank {self.rank} is not profiling")
+        profiler, self._profiler = self._profiler, None
+        profiler.stop()
+        path = Path(self._profile_dir) / f"llmp-rank{self.rank}-{os.getpid()}-{time.time_ns()}.pt.trace.json"
+        profiler.export_chrome_trace(str(path))
+        return str(path)
+
+
+def call_worker_method(
+    worker: Any, method: str | Callable[..., Any], args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None
+) -> Any:
+    """What ``collective_rpc`` runs on one rank: the worker's public method named ``method``, or a
+    function called as ``method(worker, *args, **kwargs)``. A private or unknown name is a ``ValueError``."""
+    if callable(method):
+        return method(worker, *args, **(kwargs or {}))
+    if not isinstance(method, str) or not method.isidentifier() or method.startswith("_"):
+        raise ValueError(f"collective_rpc calls a public worker method by name, not {method!r}")
+    function = getattr(worker, method, None)
+    if not callable(function):
+        public = sorted(n for n in dir(worker) if not n.startswith("_") and callable(getattr(worker, n, None)))
+        raise ValueError(f"the worker has no method {method!r}; it has {', '.join(public)}")
+    return function(*args, **(kwargs or {}))
+
+
+def rpc_outcome(worker: Any, method: Any, args: Sequence[Any], kwargs: dict[str, Any] | None) -> tuple[bool, Any]:
+    """``(True, result)`` or ``(False, "Type: message")``: a failed call is reported, never the end of a rank."""
+    try:
+        return True, call_worker_method(worker, method, args, kwargs)
+    except Exception as exc:
+        return False, f"{type(exc).__name__}: {exc}"
+
+
+def raise_rpc_failures(method: Any, outcomes: Sequence[tuple[bool, Any]]) -> list[Any]:
+    """The results of every rank's :func:`rpc_outcome`, or a ``ValueError`` naming the first rank that failed."""
+    for rank, (ok, value) in enumerate(outcomes):
+        if not ok:
+            name = method if isinstance(method, str) else getattr(method, "__name__", repr(method))
+            raise ValueError(f"collective_rpc {name!r} failed on rank {rank}: {value}")
+    return [value for _, value in outcomes]

@@ -23,6 +23,8 @@
   renders a conversation with the model's chat template; :func:`template_variables` and
   :func:`read_variables` tell which variables it reads (``"tools" in read_variables(...)``:
   tool definitions reach the model).
+- A front-end's data and long work: :func:`cache_dir` (llmp's cache, ``LLMP_CACHE_DIR``),
+  :func:`progress_bar` (a bar on stderr, as llmp draws its own).
 - Model names: :func:`packaged_model` (the packaged model a name or alias such as
   ``smollm2:135m`` selects) and :func:`installed_packaged_models`, for front-ends that accept
   the names people type (Ollama's tags).
@@ -49,7 +51,9 @@ from llmp.frontend.kit import (
 )
 from llmp.frontend.lora import FilesystemResolver, load_lora_modules, load_resolvers
 from llmp.frontend.startup import frontend_options, read_chat_template, served_model_names
+from llmp.model_files import cache_dir
 from llmp.model_files.packaged import PackagedModel, installed_packaged_models, packaged_model
+from llmp.progress import progress_bar
 from llmp.scoring import (
     ScoreInputError,
     cosine_scores,
@@ -72,6 +76,7 @@ __all__ = [
     "ScoreInputError",
     "as_api_error",
     "bad_request",
+    "cache_dir",
     "cosine_scores",
     "cross_encoder_prompts",
     "engine_request_id",
@@ -82,6 +87,7 @@ __all__ = [
     "load_lora_modules",
     "load_resolvers",
     "packaged_model",
+    "progress_bar",
     "read_variables",
     "read_chat_template",
     "render_chat",

@@ -66,9 +66,9 @@ class RequestTimeoutError(APIError):
 
 def as_api_error(exc: BaseException) -> APIError:
     """How any failure of a request is reported: bad input 400 (naming the field of a
-    :class:`~llmp.api.RequestValidationError`), a LoRA adapter that is not there 404, a dead
-    engine 503, else 500."""
-    from llmp.api import EngineDeadError, LoRAAdapterNotFoundError, RequestValidationError
+    :class:`~llmp.api.RequestValidationError`), a LoRA adapter that is not there 404, a dead or
+    sleeping engine 503, else 500."""
+    from llmp.api import EngineDeadError, EngineSleepingError, LoRAAdapterNotFoundError, RequestValidationError
 
     if isinstance(exc, APIError):
         return exc
@@ -80,6 +80,8 @@ def as_api_error(exc: BaseException) -> APIError:
         return APIError(400, str(exc))
     if isinstance(exc, EngineDeadError):
         return APIError(503, f"the engine is not running: {exc}")
+    if isinstance(exc, EngineSleepingError):
+        return APIError(503, str(exc), code="engine_sleeping")
     return APIError(500, "Internal server error")
 
 

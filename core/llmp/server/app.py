@@ -22,7 +22,7 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from llmp import __version__
-from llmp.api import EngineDeadError
+from llmp.api import EngineDeadError, EngineSleepingError
 from llmp.frontend.errors import APIError, as_api_error, error_body, validation_message
 from llmp.server.metrics import current_http
 
@@ -51,6 +51,9 @@ class ServerState:
         # ("/" itself is exact: a prefix of every path)
         self.public_paths: list[str] = []
         self.any_body_type_paths: list[str] = []  # path prefixes whose POST bodies are JSON whatever the type says
+        self.upload_paths: dict[str, int] = {}  # exact paths taking multipart/form-data bodies, and their size limits
+        self.admin_paths: frozenset[str] = frozenset()  # the management routes (server.admin), when mounted
+        self.admin_key_digests: list[bytes] = []  # --admin-api-key: then the only key the admin paths take
 
     def reads_any_body_type(self, path: str, headers: Mapping[str, str]) -> bool:
         """A body under one of ``any_body_type_paths`` is read as JSON whatever its Content-Type, unless a
@@ -167,24 +170,29 @@ class GateMiddleware:
                 "draining": "the server is shutting down",
             }.get(self.state.phase, "the engine is not running")
             return await self._refuse(send, path, APIError(503, message, headers={"Retry-After": "1"}))
+        admin = path in self.state.admin_paths
+        keys = self.state.admin_key_digests if admin and self.state.admin_key_digests else self.key_digests
         if (
-            self.key_digests
+            keys
             and method != "OPTIONS"
-            and not self.state.is_public(path)
-            and not self._authorized(headers)
+            and (admin or not self.state.is_public(path))
+            and not self._authorized(headers, keys)
         ):
+            which = "admin API key (--admin-api-key)" if keys is self.state.admin_key_digests else "API key"
             return await self._refuse(
                 send,
                 path,
                 APIError(
                     401,
-                    "invalid or missing API key: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>')",
+                    f"invalid or missing {which}: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>')",
                     code="invalid_api_key",
                     headers={"WWW-Authenticate": "Bearer"},
                 ),
             )
         if method in BODY_METHODS:
             content_type = headers.get("content-type", "application/json").split(";")[0].strip().lower()
+            if content_type == "multipart/form-data" and path in self.state.upload_paths:
+                return await self._upload(scope, receive, send, path, headers)
             if content_type != "application/json" and self.state.reads_any_body_type(path, headers):
                 scope["headers"] = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-type"]
                 scope["headers"].append((b"content-type", b"application/json"))
@@ -207,7 +215,7 @@ class GateMiddleware:
                     path,
                     APIError(400, f"the JSON body is nested deeper than {self.limits.max_json_depth} levels"),
                 )
-        if method == "POST" and path not in OPEN_PATHS and self.limits.max_in_flight is not None:
+        if method == "POST" and path not in OPEN_PATHS and not admin and self.limits.max_in_flight is not None:
             if self.state.in_flight >= self.limits.max_in_flight:
                 return await self._overloaded(send, path)
             self.state.in_flight += 1
@@ -215,6 +223,19 @@ class GateMiddleware:
                 return await self.app(scope, receive, send)
             finally:
                 self.state.in_flight -= 1
+        await self.app(scope, receive, send)
+
+    async def _upload(self, scope: dict, receive: Callable, send: Callable, path: str, headers: Mapping) -> None:
+        """A file upload (a front-end's ``upload_paths``): read up to its own limit, no JSON checks."""
+        limit = self.state.upload_paths[path]
+        too_large = APIError(413, f"the upload exceeds the limit of {limit} bytes for {path}")
+        length = headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            return await self._refuse(send, path, too_large)
+        try:
+            _, receive = await self._buffered(receive, limit)
+        except BodyTooLarge:
+            return await self._refuse(send, path, too_large)
         await self.app(scope, receive, send)
 
     async def _overloaded(self, send: Callable, path: str) -> None:
@@ -231,7 +252,7 @@ class GateMiddleware:
         status, body = self.state.render_error(path, error)
         await send_json(send, status, body, error.headers)
 
-    def _authorized(self, headers: Mapping[str, str]) -> bool:
+    def _authorized(self, headers: Mapping[str, str], keys: list[bytes]) -> bool:
         scheme, _, token = headers.get("authorization", "").partition(" ")
         if scheme.lower() == "bearer":
             token = token.strip()
@@ -241,15 +262,16 @@ class GateMiddleware:
             return False
         digest = hashlib.sha256(token.encode()).digest()
         # compare against every key, so the time taken does not tell which one nearly matched
-        return sum(hmac.compare_digest(digest, key) for key in self.key_digests) > 0
+        return sum(hmac.compare_digest(digest, key) for key in keys) > 0
 
     def _too_large(self) -> APIError:
         return APIError(
             413, f"the request body exceeds the limit of {self.max_body_bytes} bytes (--max-request-body-bytes)"
         )
 
-    async def _buffered(self, receive: Callable) -> tuple[bytes | None, Callable]:
+    async def _buffered(self, receive: Callable, limit: int | None = None) -> tuple[bytes | None, Callable]:
         """The whole body, read up to the limit, and a ``receive`` that replays it as one message."""
+        limit = self.max_body_bytes if limit is None else limit
         chunks, size = [], 0
         while True:
             message = await receive()
@@ -257,7 +279,7 @@ class GateMiddleware:
                 return None, _replay([message], receive)  # the client left while sending
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
-            if size > self.max_body_bytes:
+            if size > limit:
                 raise BodyTooLarge
             if not message.get("more_body", False):
                 body = b"".join(chunks)
@@ -451,10 +473,11 @@ def _add_exception_handlers(app: FastAPI, state: ServerState) -> None:
     @app.exception_handler(ValueError)
     @app.exception_handler(TypeError)
     @app.exception_handler(EngineDeadError)
+    @app.exception_handler(EngineSleepingError)  # its own handler: Starlette re-raises what only Exception's catches
     @app.exception_handler(Exception)
     async def request_failed(request: Request, exc: Exception) -> JSONResponse:
         error = as_api_error(exc)
-        if error.status >= 500 and not isinstance(exc, EngineDeadError):
+        if error.status >= 500 and not isinstance(exc, EngineDeadError | EngineSleepingError):
             log.error("unhandled error in a request handler", exc_info=exc)
         return respond(request, error)
 

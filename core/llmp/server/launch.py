@@ -23,6 +23,7 @@ from llmp.lora import LoRAModulePath, parse_lora_module
 from llmp.options import FrontendOptions, ServerOptions
 from llmp.server.app import LOOPBACK_HOSTS, Limits, ServerState, build_app, with_light_json
 from llmp.server.metrics import MeteredEngine, ServerMetrics
+from llmp.server.observers import check_request_observers, close_request_observers, request_observers
 from llmp.server.settings import ServeSettings
 
 log = logging.getLogger("llmp.server")
@@ -54,23 +55,64 @@ def _start_and_serve(settings: ServeSettings, started: float) -> int:
 
     try:  # what the options alone cannot tell (they were checked when parsed): before anything starts
         _check_ports(settings)
+        _check_tls(settings)
+        check_request_observers(settings.server)
         frontends = _frontend_specs(settings.server.frontend)
         chat_template = read_chat_template(settings.frontend.chat_template)
         lora_modules = [parse_lora_module(value) for value in settings.server.lora_modules]
         settings = with_vllm_lora_variables(settings, os.environ)
         # the model, resolved once (a GGUF file converted) before the port is bound; the engine takes the record
         model = resolve_model(settings.engine)
+        if settings.server.api_server_count > 1:
+            from llmp.server.api_servers import check_api_servers
+
+            check_api_servers(settings)
         sock = _bind(settings.server.host, settings.server.port)
     except (ValueError, TypeError, LLMPError) as exc:
         _error(exc)
         return 2
+    if settings.server.api_server_count > 1:
+        return _serve_api_servers(settings, model, sock, frontends, started)
+    return serve_one(settings, model, sock, frontends, chat_template, lora_modules, started)
+
+
+def _serve_api_servers(
+    settings: ServeSettings, model: Any, sock: socket.socket, frontends: list[tuple[str, Any]], started: float
+) -> int:
+    """``--api-server-count`` processes (``llmp.server.api_servers``), started as one server starts."""
+    from llmp.server.api_servers import LaunchSteps, serve_api_servers
+
+    http = settings.server
+    name = served_model_names(http.served_model_name, settings.engine.model)[0]
+    steps = LaunchSteps(
+        warm_up=_warm_up,
+        print_ready=lambda seconds: _print_ready(http, sock.getsockname()[1], name, seconds, frontends),
+        error=_error,
+        drain_s=http.shutdown_timeout + SHUTDOWN_GRACE_S,
+    )
+    return serve_api_servers(settings, model, sock, steps, started)
+
+
+def serve_one(
+    settings: ServeSettings,
+    model: Any,
+    sock: socket.socket,
+    frontends: list[tuple[str, Any]],
+    chat_template: str | None,
+    lora_modules: list[LoRAModulePath],
+    started: float,
+    replica: Any = None,
+) -> int:
+    """One API server on ``sock``: the only one, with its own engine; or, with ``replica`` (an
+    ``api_servers.Replica``), one of ``--api-server-count``, attached to its launcher's engine."""
     # Start-up time is mostly imports: the engine process starts first, and this process imports
     # the web stack and loads the tokenizer while the engine loads the model. The engine process is
     # spawned before any other thread runs (a vfork beside a running thread can fail with EFAULT).
     from llmp.async_llm import AsyncLLM
 
+    attach = None if replica is None else replica.attachment
     try:
-        starting = AsyncLLM(model, engine_mode="process", wait=False, **settings.engine.keywords())
+        starting = AsyncLLM(model, engine_mode="process", wait=False, attach=attach, **settings.engine.keywords())
     except (ValueError, TypeError, LLMPError) as exc:
         _error(exc)
         return 2
@@ -83,7 +125,9 @@ def _start_and_serve(settings: ServeSettings, started: float) -> int:
     except LLMPError as exc:  # the engine process, already starting, exits with this one
         _error(exc)
         return 2
-    return asyncio.run(_serve(settings, classes, chat_template, lora_modules, sock, engine, tokenizer, started))
+    return asyncio.run(
+        _serve(settings, classes, chat_template, lora_modules, sock, engine, tokenizer, started, replica)
+    )
 
 
 def with_vllm_lora_variables(settings: ServeSettings, environ: Mapping[str, str]) -> ServeSettings:
@@ -115,6 +159,57 @@ def _check_ports(settings: ServeSettings) -> None:
     http_port, grpc_port = settings.server.port, settings.frontend.grpc_port
     if "grpc" in settings.server.frontend and http_port == grpc_port != 0:
         raise LLMPError(f"--port and --grpc-port are both {http_port}: give the gRPC front-end another --grpc-port")
+
+
+def _check_tls(settings: ServeSettings) -> None:
+    """The TLS options, and their files loaded as uvicorn will load them: a missing, unreadable or
+    mismatched file is one line now, not a traceback from every API server later."""
+    import ssl
+
+    http = settings.server
+    files = {"--ssl-certfile": http.ssl_certfile, "--ssl-keyfile": http.ssl_keyfile}
+    files["--ssl-ca-certs"] = http.ssl_ca_certs
+    if http.ssl_certfile is None:
+        given = [flag for flag, path in files.items() if path]
+        given += [f"--ssl-cert-reqs {http.ssl_cert_reqs}"] if http.ssl_cert_reqs else []
+        if given:
+            raise LLMPError(f"{given[0]} needs --ssl-certfile (the server's certificate)")
+        return
+    if http.ssl_cert_reqs and http.ssl_ca_certs is None:
+        raise LLMPError(f"--ssl-cert-reqs {http.ssl_cert_reqs} checks client certificates: give --ssl-ca-certs")
+    if "grpc" in http.frontend:
+        raise LLMPError("the grpc front-end's own port (--grpc-port) does not serve TLS: leave out --frontend grpc")
+    for flag, path in files.items():
+        if path is not None:
+            try:
+                with open(path, "rb"):
+                    pass
+            except OSError as exc:
+                raise LLMPError(f"{flag} {path}: {exc.strerror}") from None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(http.ssl_certfile, http.ssl_keyfile)
+    except ssl.SSLError as exc:
+        pair = http.ssl_certfile + (f" and {http.ssl_keyfile}" if http.ssl_keyfile else "")
+        why = "the key does not match the certificate" if exc.reason == "KEY_VALUES_MISMATCH" else "not PEM files"
+        raise LLMPError(f"cannot use {pair} as the TLS certificate and key: {why} ({exc.reason or exc})") from None
+    if http.ssl_ca_certs is not None:
+        try:
+            context.load_verify_locations(http.ssl_ca_certs)
+        except ssl.SSLError as exc:
+            raise LLMPError(f"--ssl-ca-certs {http.ssl_ca_certs}: no CA certificates ({exc.reason or exc})") from None
+
+
+def tls_options(http: ServerOptions) -> dict[str, Any]:
+    """uvicorn's TLS settings (none without --ssl-certfile)."""
+    if http.ssl_certfile is None:
+        return {}
+    return {
+        "ssl_certfile": http.ssl_certfile,
+        "ssl_keyfile": http.ssl_keyfile,
+        "ssl_ca_certs": http.ssl_ca_certs,
+        "ssl_cert_reqs": http.ssl_cert_reqs,
+    }
 
 
 def _error(exc: BaseException) -> None:
@@ -180,6 +275,7 @@ async def _serve(
     starting: concurrent.futures.Future,
     tokenizer: concurrent.futures.Future,
     started: float,
+    replica: Any = None,
 ) -> int:
     import uvicorn
 
@@ -187,7 +283,7 @@ async def _serve(
     state.started = started
     http = settings.server
     served_names = served_model_names(http.served_model_name, settings.engine.model)
-    metrics = ServerMetrics(served_names[0])
+    metrics = ServerMetrics(served_names[0], http.metrics_names)
     app = build_app(
         state,
         api_keys=list(http.api_key),
@@ -199,6 +295,11 @@ async def _serve(
         metrics=metrics,
         health_timeout=http.health_check_timeout,
     )
+    observers = request_observers(app, http, served_names[0])  # request logs, traces
+    if http.enable_admin_api:  # /sleep, /wake_up, /collective_rpc ...: 404 without the flag
+        from llmp.server.admin import mount_admin
+
+        mount_admin(app, state, http)
     config = uvicorn.Config(
         app,
         log_level=http.log_level.lower(),
@@ -207,10 +308,12 @@ async def _serve(
         timeout_graceful_shutdown=http.shutdown_timeout + SHUTDOWN_GRACE_S,
         lifespan="off",
         http=_header_timeout_protocol(http.header_timeout),
+        **tls_options(http),
     )
     server = _server_class()(config, state, http.shutdown_timeout)
     port = sock.getsockname()[1]  # the bound one (--port 0 takes any free port), read before uvicorn owns it
-    serving = asyncio.create_task(server.serve(sockets=[sock]))
+    # (a restarted API server of several accepts connections only once ready: the others take them meanwhile)
+    serving = replica.start_serving(server, sock) if replica else asyncio.create_task(server.serve(sockets=[sock]))
     log.debug("HTTP server starting after %.2f s", time.monotonic() - started)
     loaded = None
     try:
@@ -225,9 +328,10 @@ async def _serve(
             raise LLMPError(f"cannot load the tokenizer: {type(exc).__name__}: {exc}") from None
         log.debug("tokenizer ready after %.2f s", time.monotonic() - started)
         state.phase = "warming_up"
-        log.info("warming up: one request through the whole path")
-        if not await _unless_stopped(_warm_up(loaded), server, serving):
-            return await _finish(serving, 0)
+        if replica is None:  # several API servers: their launcher warmed the engine up once
+            log.info("warming up: one request through the whole path")
+            if not await _unless_stopped(_warm_up(loaded), server, serving):
+                return await _finish(serving, 0)
         log.debug("warmed up after %.2f s", time.monotonic() - started)
         if lora_modules and not await _unless_stopped(
             load_lora_modules(loaded, lora_modules, served_names), server, serving
@@ -240,6 +344,7 @@ async def _serve(
             request_timeout=http.request_timeout,
             capacity=limits.max_in_flight,
             overload_status=http.overload_status,
+            observers=observers,
         )
         options = frontend_options(
             settings.frontend,
@@ -258,9 +363,15 @@ async def _serve(
         if tasks:
             await asyncio.wait(tasks, timeout=FRONTEND_BIND_S)  # ready means every front-end listens
         failed = any(task.done() and not task.cancelled() and task.exception() for task in tasks)
-        if state.phase == "warming_up" and not failed and not _stopping(server, serving):
+        if state.phase == "warming_up" and not failed and not _stopping(server, serving) and replica is None:
             state.phase = "ready"
             _print_ready(http, port, served_names[0], time.monotonic() - state.started, frontends)
+        elif state.phase == "warming_up" and not failed and replica is not None:
+            # one of several API servers: ready when its launcher says all are (the launcher prints it)
+            if not await _unless_stopped(replica.ready(), server, serving):
+                return await _finish(serving, 0)
+            state.phase = "ready"
+            serving = replica.serving_now(server, sock, serving)
         watcher = asyncio.create_task(_watch_engine(state, server))
         await serving
         watcher.cancel()
@@ -275,6 +386,7 @@ async def _serve(
     finally:
         if loaded is not None:
             await asyncio.to_thread(loaded.shutdown)
+        await asyncio.to_thread(close_request_observers, observers)
 
 
 def _stopping(server: Any, serving: asyncio.Task) -> bool:
@@ -470,6 +582,7 @@ def _mount(
             state.error_renderers.append((prefix, frontend.render_error))
         state.public_paths.extend(getattr(frontend, "public_paths", ()))
         state.any_body_type_paths.extend(getattr(frontend, "any_body_type_paths", ()))
+        state.upload_paths.update(getattr(frontend, "upload_paths", {}))  # multipart uploads (/v1/files)
         router = frontend.http_router()
         if router is not None:
             if frontend is not root_owner:
@@ -504,8 +617,11 @@ def _print_ready(
     http: ServerOptions, port: int, model_name: str, seconds: float, frontends: list[tuple[str, type]]
 ) -> None:
     host = http.host if http.host not in ("0.0.0.0", "::") else "127.0.0.1"
-    url = f"http://{host}:{port}{http.root_path}"  # the bound port: --port 0 takes any free one
+    scheme = "https" if http.ssl_certfile else "http"
+    url = f"{scheme}://{host}:{port}{http.root_path}"  # the bound port: --port 0 takes any free one
     names = ", ".join(name for name, _ in frontends)
+    if http.api_server_count > 1:
+        names += f"; {http.api_server_count} API servers"
     print(
         f"llmp: ready in {seconds:.1f} s: serving {model_name} at {url} ({names}; docs at {url}/docs)",
         file=sys.stderr,

@@ -15,11 +15,13 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import zmq
 
 from llmp.api import EngineDeadError, ResolvedModel
+from llmp.executor import raise_rpc_failures
 from llmp.options import EngineConfig
 
 POLL_MS = 100
@@ -44,6 +46,7 @@ class MultiprocExecutor:
         self.commands: list[zmq.Socket] = []
         self.processes: list[subprocess.Popen] = []
         self._closed = False
+        self._call = 0  # every command's number, echoed in its replies: a late reply is told apart
         for rank in range(self.world_size):
             commands = self.context.socket(zmq.PUSH)
             commands.bind(f"ipc://{base}-rank{rank}")
@@ -78,17 +81,21 @@ class MultiprocExecutor:
     def _broadcast(self, method: str, *args: Any) -> None:
         if self._closed:
             raise EngineDeadError("the mp executor has been shut down")
-        payload = pickle.dumps((method, args), protocol=pickle.HIGHEST_PROTOCOL)
+        payload = pickle.dumps((self._call + 1, method, args), protocol=pickle.HIGHEST_PROTOCOL)
+        self._call += 1
         for commands in self.commands:
             commands.send(payload, copy=False)
 
-    def _wait(self, ranks: Any, timeout: float | None = None) -> dict[int, Any]:
-        """Replies of ``ranks``; raises EngineDeadError on a worker error, death or timeout."""
+    def _wait(self, ranks: Any, timeout: float | None = None, fatal_timeout: bool = True) -> dict[int, Any]:
+        """Replies of ``ranks`` to the last command; raises EngineDeadError on a worker error, death
+        or timeout (``TimeoutError`` for a timeout that is not ``fatal_timeout``)."""
         pending, replies = set(ranks), {}
         deadline = time.monotonic() + (timeout or self.timeout)
         while pending:
             if self.results.poll(POLL_MS):
-                rank, ok, payload = pickle.loads(self.results.recv())
+                rank, call, ok, payload = pickle.loads(self.results.recv())
+                if call != self._call and ok:  # the answer to a collective_rpc that timed out
+                    continue
                 if not ok:
                     # A peer's death often surfaces first as a collective error on another
                     # rank: give the dead one a moment to be seen, and report it as the cause.
@@ -100,6 +107,8 @@ class MultiprocExecutor:
                 continue
             self.check_health()
             if time.monotonic() > deadline:
+                if not fatal_timeout:
+                    raise TimeoutError(f"workers {sorted(pending)} did not answer within {timeout:g} s")
                 raise EngineDeadError(
                     f"workers {sorted(pending)} did not answer within {timeout or self.timeout:.0f} s"
                 )
@@ -117,6 +126,24 @@ class MultiprocExecutor:
     def execute_model(self, inputs: Any) -> Any:
         self._broadcast("execute_model", inputs)
         return self._wait([0])[0]
+
+    def collective_rpc(
+        self,
+        method: str | Callable[..., Any],
+        timeout: float | None = None,
+        args: tuple = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> list[Any]:
+        try:
+            pickle.dumps((method, args, kwargs))
+        except Exception as exc:  # a lambda, a local function, an open file ...
+            raise ValueError(f"collective_rpc: the call cannot be sent to the worker processes: {exc}") from None
+        self._broadcast("collective_rpc", method, tuple(args), kwargs)
+        if timeout is None:
+            replies = self._wait(range(self.world_size), timeout=float("inf"))
+        else:
+            replies = self._wait(range(self.world_size), timeout=timeout, fatal_timeout=False)
+        return raise_rpc_failures(method, [replies[rank] for rank in range(self.world_size)])
 
     def check_health(self) -> None:
         for rank, process in enumerate(self.processes):

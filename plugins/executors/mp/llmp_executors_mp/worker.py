@@ -2,7 +2,8 @@
 
 Its arguments arrive pickled on stdin from the engine (a trusted pipe). It
 answers every command except a successful ``execute_model`` on ranks above 0
-(rank 0's answer carries the logits), and reports any error before exiting.
+(rank 0's answer carries the logits), and reports any error before exiting, except
+in a ``collective_rpc`` call: that one's error is its answer, and the worker goes on.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import traceback
 
 import zmq
 
-from llmp.executor import exit_with_parent
+from llmp.executor import exit_with_parent, rpc_outcome
 
 
 def main() -> None:
@@ -32,8 +33,10 @@ def main() -> None:
     results = context.socket(zmq.PUSH)
     results.connect(results_address)
 
+    call = 0  # the command being answered (replies carry it, so the engine can drop late ones)
+
     def reply(ok: bool, payload: object) -> None:
-        results.send(pickle.dumps((rank, ok, payload), protocol=pickle.HIGHEST_PROTOCOL))
+        results.send(pickle.dumps((rank, call, ok, payload), protocol=pickle.HIGHEST_PROTOCOL))
 
     try:
         from llmp.executor import Worker
@@ -41,9 +44,16 @@ def main() -> None:
         worker = Worker(config, model, rank, world_size, init_method)
         reply(True, worker.describe())
         while True:
-            method, args = pickle.loads(commands.recv())
+            call, method, args = pickle.loads(commands.recv())
             if method == "shutdown":
                 break
+            if method == "collective_rpc":  # a failing call is answered, and the rank goes on
+                outcome = rpc_outcome(worker, *args)
+                try:
+                    reply(True, outcome)
+                except Exception as exc:  # a result pickle cannot carry
+                    reply(True, (False, f"its result cannot be sent back: {type(exc).__name__}: {exc}"))
+                continue
             result = getattr(worker, method)(*args)
             if method != "execute_model" or rank == 0:
                 reply(True, result)

@@ -174,3 +174,50 @@ def test_the_model_is_resolved_once_by_the_caller_and_handed_to_every_worker(gqa
         assert asyncio.run(run()) == reference  # the engine process and both workers ran the caller's choice
     finally:
         engine.shutdown()
+
+
+@pytest.fixture
+def rpc_helpers(monkeypatch: pytest.MonkeyPatch):
+    """``mp_rpc_helpers``, importable by name here and in the worker processes."""
+    here = str(Path(__file__).parent)
+    monkeypatch.syspath_prepend(here)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
+    import mp_rpc_helpers
+
+    return mp_rpc_helpers
+
+
+def test_collective_rpc_sleep_and_profiles_on_every_rank(gqa_model, reference, tmp_path, rpc_helpers):
+    llm = LLM(
+        str(gqa_model),
+        dtype="float32",
+        max_model_len=128,
+        executor="mp",
+        tensor_parallel_size=2,
+        profiler_dir=str(tmp_path),
+    )
+    pids = llm.engine.executor.worker_pids
+    try:
+        assert [d["rank"] for d in llm.collective_rpc("describe")] == [0, 1]
+        assert llm.collective_rpc(rpc_helpers.rank_and_pid) == [(0, pids[0]), (1, pids[1])]
+        with pytest.raises(ValueError, match="failed on rank 0: ValueError: the worker has no method 'nope'"):
+            llm.collective_rpc("nope")
+        with pytest.raises(ValueError, match="cannot be sent to the worker processes"):
+            llm.collective_rpc(lambda worker: worker.rank)
+        with pytest.raises(TimeoutError, match="did not answer within 0.2 s"):
+            llm.collective_rpc(rpc_helpers.sleep_then_rank, args=(1.0,), timeout=0.2)
+        # the late answers to the call that timed out are not taken for the next call's
+        assert llm.collective_rpc(rpc_helpers.sleep_then_rank, args=(0,)) == [0, 1]
+        assert all(pid_alive(p) for p in pids)  # failed calls leave the workers running
+        for level in (1, 2):
+            llm.sleep(level)
+            llm.wake_up()
+            outputs = llm.generate(PROMPTS[:2], GREEDY, use_tqdm=False)
+            assert [o.outputs[0].token_ids for o in outputs] == reference[:2]
+        llm.start_profile()
+        llm.generate(PROMPTS[:1], SamplingParams(max_tokens=2), use_tqdm=False)
+        traces = llm.stop_profile()
+        assert [Path(t).name.split("-")[1] for t in traces] == ["rank0", "rank1"]
+        assert all(json.loads(Path(t).read_text())["traceEvents"] for t in traces)
+    finally:
+        llm.shutdown()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from typing import Any
 
 import ray
@@ -19,6 +20,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from llmp.api import EngineDeadError, ResolvedModel
+from llmp.executor import raise_rpc_failures, rpc_outcome
 from llmp.options import EngineConfig
 
 HEALTH_TIMEOUT_S = 10.0
@@ -44,6 +46,9 @@ class WorkerActor:
 
     def call(self, method: str, *args: Any) -> Any:
         return getattr(self.worker, method)(*args)
+
+    def collective_rpc(self, method: Any, args: tuple, kwargs: dict[str, Any] | None) -> tuple[bool, Any]:
+        return rpc_outcome(self.worker, method, args, kwargs)  # a failing call is answered; the actor goes on
 
     def ping(self) -> int:
         return os.getpid()
@@ -119,6 +124,24 @@ class RayExecutor:
     def execute_model(self, inputs: Any) -> Any:
         shared = ray.put(inputs)  # one copy in the object store, read by every rank
         return self._call_all("execute_model", shared)[0]
+
+    def collective_rpc(
+        self,
+        method: str | Callable[..., Any],
+        timeout: float | None = None,
+        args: tuple = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> list[Any]:
+        if self._closed:
+            raise EngineDeadError("the ray executor has been shut down")
+        refs = [actor.collective_rpc.remote(method, tuple(args), kwargs) for actor in self.actors]
+        try:  # each actor runs its calls in order, and every call has its own result: no late answer mixes in
+            outcomes = ray.get(refs, timeout=timeout)
+        except GetTimeoutError:
+            raise TimeoutError(f"collective_rpc {method!r}: Ray workers did not answer within {timeout:g} s") from None
+        except RayError as exc:
+            raise EngineDeadError(f"a Ray worker failed: {type(exc).__name__}: {exc}") from exc
+        return raise_rpc_failures(method, outcomes)
 
     def check_health(self) -> None:
         self._get([actor.ping.remote() for actor in self.actors], HEALTH_TIMEOUT_S)

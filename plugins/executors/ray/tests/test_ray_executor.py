@@ -78,6 +78,14 @@ def test_tensor_parallel_2_on_a_ray_cluster_equals_uniproc(cluster, model_dir):
     pids = llm.engine.executor.worker_pids
     assert len(set(pids)) == 2 and os.getpid() not in pids
     assert greedy_tokens(llm) == expected
+    # collective_rpc on every actor, in rank order; a failing call leaves the actors running
+    assert [d["pid"] for d in llm.collective_rpc("describe")] == pids
+    assert llm.collective_rpc(lambda worker, x: worker.rank * x, args=(10,)) == [0, 10]
+    with pytest.raises(ValueError, match="failed on rank 0: ValueError: the worker has no method 'nope'"):
+        llm.collective_rpc("nope")
+    llm.sleep(2)  # the weights discarded on both actors, loaded again on wake
+    llm.wake_up()
+    assert greedy_tokens(llm, PROMPTS[:2]) == expected[:2]
     llm.shutdown()
     deadline = time.monotonic() + 10
     while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:

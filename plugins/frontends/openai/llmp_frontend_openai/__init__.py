@@ -3,7 +3,7 @@
 from collections.abc import Iterator
 
 from llmp import hookimpl
-from llmp.api import FrontendSpec
+from llmp.api import CommandSpec, FrontendSpec
 
 
 @hookimpl
@@ -12,7 +12,18 @@ def llmp_register_frontends() -> Iterator[FrontendSpec]:
         name="openai",
         impl="llmp_frontend_openai.frontend:OpenAIFrontend",
         description="OpenAI API: /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses, /v1/models, "
-        "/tokenize, /detokenize; vLLM's /v1/score, /v1/rerank (and /v2/rerank), /v1/classify, /pooling; "
+        "/tokenize, /detokenize; vLLM's /v1/chat/completions/render, /v1/completions/render, "
+        "/v1/score, /v1/rerank (and /v2/rerank), /v1/classify, /pooling; "
         "LoRA adapters as models, loaded at run time (--enable-lora-runtime-updates) through "
-        "/v1/load_lora_adapter, /v1/unload_lora_adapter and /v1/loras",
+        "/v1/load_lora_adapter, /v1/unload_lora_adapter and /v1/loras; "
+        "the Files and Batch APIs (/v1/files, /v1/batches), jobs kept in --batch-dir",
+    )
+
+
+@hookimpl
+def llmp_register_commands() -> Iterator[CommandSpec]:
+    yield CommandSpec(
+        name="run-batch",
+        impl="llmp_frontend_openai.run_batch:run_batch",
+        help="Run a file of OpenAI batch requests through a model, offline (vLLM's run-batch).",
     )

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
 
+from llmp import Prompt
 from llmp.frontend import bad_request, engine_request_id
 from llmp_frontend_openai import protocol as p
 from llmp_frontend_openai.logprobs import chat_logprobs, prompt_logprobs
@@ -30,7 +31,7 @@ def add_routes(router: APIRouter, fe: OpenAIFrontend) -> None:
 
 
 class ChatCompletion:
-    """One chat request: validated and tokenized in ``run``, then answered whole or streamed."""
+    """One chat request: validated and tokenized in ``prepare``, then answered whole or streamed."""
 
     def __init__(self, fe: OpenAIFrontend, body: p.ChatCompletionRequest, request: Request) -> None:
         self.fe, self.body, self.request = fe, body, request
@@ -40,6 +41,22 @@ class ChatCompletion:
         self.as_ids = fe.options.return_tokens_as_token_ids
 
     async def run(self) -> Any:
+        fe, body = self.fe, self.body
+        prompt = await self.prepare()
+        self.echo = _echo_text(body, self.role)
+        self.outputs = fe.engine.generate(
+            prompt,
+            self.params,
+            engine_request_id("chatcmpl"),
+            lora_request=self.lora,
+            priority=body.priority,
+            delta=bool(body.stream),
+        )
+        return await fe.respond(self.request, bool(body.stream), self.stream if body.stream else self.whole)
+
+    async def prepare(self) -> Prompt:
+        """Everything before the engine (shared with ``/v1/chat/completions/render``): the model and
+        field checks, the chat template and its tokens, the output plan and the sampling parameters."""
         fe, body = self.fe, self.body
         self.lora = await fe.lora_for(body.model)
         self.model = fe.response_model(self.lora)
@@ -75,16 +92,7 @@ class ChatCompletion:
             skip_special_tokens=fe.skip_special_tokens(self.plan, body.skip_special_tokens),
             names={"max_tokens": field, "logprobs": "top_logprobs"},
         )
-        self.echo = _echo_text(body, self.role)
-        self.outputs = fe.engine.generate(
-            prompt,
-            self.params,
-            engine_request_id("chatcmpl"),
-            lora_request=self.lora,
-            priority=body.priority,
-            delta=bool(body.stream),
-        )
-        return await fe.respond(self.request, bool(body.stream), self.stream if body.stream else self.whole)
+        return prompt
 
     # -- whole -------------------------------------------------------------------
 

@@ -36,6 +36,26 @@ class Completion:
 
     async def run(self) -> Any:
         fe, body = self.fe, self.body
+        await self.prepare()
+        if hasattr(fe.engine, "check_capacity"):  # all prompts run, or none: refuse now, not halfway
+            fe.engine.check_capacity(len(self.prompts), "prompt")
+        self.streams = [
+            fe.engine.generate(
+                prompt,
+                params,
+                engine_request_id("cmpl"),
+                lora_request=self.lora,
+                priority=body.priority,
+                delta=bool(body.stream),
+            )
+            for prompt, params in zip(self.prompts, self.params, strict=True)
+        ]
+        return await fe.respond(self.request, bool(body.stream), self.stream if body.stream else self.whole)
+
+    async def prepare(self) -> None:
+        """Everything before the engine (shared with ``/v1/completions/render``): the model and field
+        checks, each prompt's tokens (``self.prompts``) and its sampling parameters (``self.params``)."""
+        fe, body = self.fe, self.body
         self.lora = await fe.lora_for(body.model)
         self.model = fe.response_model(self.lora)
         fe.check_unsupported(body)
@@ -61,20 +81,6 @@ class Completion:
                 params.prompt_logprobs = body.logprobs
             self.params.append(params)
         self.n = self.params[0].n
-        if hasattr(fe.engine, "check_capacity"):  # all prompts run, or none: refuse now, not halfway
-            fe.engine.check_capacity(len(self.prompts), "prompt")
-        self.streams = [
-            fe.engine.generate(
-                prompt,
-                params,
-                engine_request_id("cmpl"),
-                lora_request=self.lora,
-                priority=body.priority,
-                delta=bool(body.stream),
-            )
-            for prompt, params in zip(self.prompts, self.params, strict=True)
-        ]
-        return await fe.respond(self.request, bool(body.stream), self.stream if body.stream else self.whole)
 
     # -- whole -------------------------------------------------------------------
 
@@ -109,7 +115,7 @@ class Completion:
         logprobs: list | None,
         echo: bool,
     ) -> dict[str, Any]:
-        prompt_text, prompt_ids = self._prompt_text(prompt_index) if echo else ("", [])
+        prompt_text, prompt_ids = self.prompt_text(prompt_index) if echo else ("", [])
         choice: dict[str, Any] = {
             "index": prompt_index * self.n + seq.index,
             "text": prompt_text + text,
@@ -132,7 +138,8 @@ class Completion:
     def _decode_one(self, token_id: int) -> str:
         return self.fe.tokenizer.decode([token_id])
 
-    def _prompt_text(self, prompt_index: int) -> tuple[str, list[int]]:
+    def prompt_text(self, prompt_index: int) -> tuple[str, list[int]]:
+        """A prompt's text (as given, or its token ids decoded) and its token ids."""
         prompt = self.prompts[prompt_index]
         ids = prompt.token_ids
         return (prompt.text if prompt.text is not None else self.fe.tokenizer.decode(ids)), ids

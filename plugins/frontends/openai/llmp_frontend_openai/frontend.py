@@ -29,11 +29,23 @@ class OpenAIFrontend(FrontendKit):
     def __init__(self, engine: Any, options: FrontendOptions) -> None:
         super().__init__(engine, options)
         self.token_bytes = TokenBytes(self.tokenizer)
+        self.batches: Any = None  # the Files and Batch APIs' jobs (batches.BatchService), once routed
 
     # -- routes ----------------------------------------------------------------
 
     def http_router(self) -> APIRouter:
-        from llmp_frontend_openai import chat, classify, completions, embeddings, lora, pooling, responses, scoring
+        from llmp_frontend_openai import (
+            batches,
+            chat,
+            classify,
+            completions,
+            embeddings,
+            lora,
+            pooling,
+            render,
+            responses,
+            scoring,
+        )
 
         router = APIRouter()
         router.add_api_route("/v1/models", self.list_models, methods=["GET"], summary="Served models")
@@ -44,6 +56,7 @@ class OpenAIFrontend(FrontendKit):
         if "generate" in tasks:
             chat.add_routes(router, self)
             completions.add_routes(router, self)
+            render.add_routes(router, self)
             responses.add_routes(router, self)
         if "embed" in tasks:
             embeddings.add_routes(router, self)
@@ -55,10 +68,20 @@ class OpenAIFrontend(FrontendKit):
             pooling.add_routes(router, self)
         if self.options.enable_lora_runtime_updates:
             lora.add_routes(router, self)
+        self.batches = batches.add_routes(router, self)  # last: a batch line may name any route above
         return router
 
-    async def serve(self) -> None:  # HTTP only: the shared server runs the routes
-        return None
+    @property
+    def upload_paths(self) -> dict[str, int]:
+        """Paths the server's gate lets multipart bodies through, with their size limits."""
+        from llmp_frontend_openai.batches import upload_limit
+
+        return {"/v1/files": upload_limit(self.options)}
+
+    async def serve(self) -> None:
+        """Run the batch jobs for the server's life (the shared server runs the HTTP routes)."""
+        if self.batches is not None:
+            await self.batches.serve()
 
     async def list_models(self) -> dict[str, Any]:
         """The served names, then the LoRA adapters (``parent``: their base model), as vLLM lists them."""

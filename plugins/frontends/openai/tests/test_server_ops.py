@@ -303,8 +303,13 @@ def test_metrics_are_prometheus_text(ops_http):
         "llmp_time_to_first_token_seconds_count",
         "llmp_inter_token_latency_seconds_count",
         "llmp_e2e_request_latency_seconds_count",
+        "llmp_request_queue_time_seconds_count",
+        "llmp_request_prefill_time_seconds_count",
+        "llmp_request_decode_time_seconds_count",
+        "llmp_iteration_tokens_count",
     ):
         assert re.search(rf"^{name}\{{", response.text, re.M), name
+    assert "vllm:" not in response.text  # vLLM's names only with --metrics-names vllm (tests/serve/test_metrics.py)
     assert ops_http.get(f"{ROOT_PATH}/metrics").status_code == 200
 
 

@@ -1,0 +1,213 @@
+"""OpenAI's Files and Batch APIs: ``/v1/files`` (upload JSONL with purpose ``batch``, list,
+retrieve, content, delete) and ``/v1/batches`` (create, retrieve, list, cancel), persisted under
+``--batch-dir`` and run by :mod:`llmp_frontend_openai.batch_jobs`."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import FileResponse
+
+from llmp.frontend import APIError, bad_request, cache_dir
+from llmp.options import FrontendOptions
+from llmp_frontend_openai.batch_jobs import BatchService, file_object, priority_offset
+from llmp_frontend_openai.batch_lines import count_lines
+from llmp_frontend_openai.batch_runner import LineRunner
+from llmp_frontend_openai.batch_store import UNFINISHED, new_id
+from llmp_frontend_openai.protocol import OpenAIModel
+
+if TYPE_CHECKING:
+    from llmp_frontend_openai.frontend import OpenAIFrontend
+
+UPLOAD_OVERHEAD = 64 << 10  # multipart boundaries and fields around the file itself
+MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
+
+
+class BatchCreateRequest(OpenAIModel):
+    input_file_id: str
+    endpoint: str
+    completion_window: str
+    metadata: dict[str, str] | None = None
+    output_expires_after: Any = None  # refused unless null: outputs are kept until deleted
+
+
+def batch_dir(options: FrontendOptions) -> Path:
+    """``--batch-dir``, else ``batches/`` in the llmp cache (``LLMP_CACHE_DIR``)."""
+    return Path(options.batch_dir).expanduser() if options.batch_dir else cache_dir() / "batches"
+
+
+def upload_limit(options: FrontendOptions) -> int:
+    """The largest multipart body ``POST /v1/files`` may carry (the gate reads no more)."""
+    return options.max_batch_file_bytes + UPLOAD_OVERHEAD
+
+
+def add_routes(router: APIRouter, fe: OpenAIFrontend) -> BatchService:
+    runner = LineRunner(router, priority_offset=priority_offset(fe.engine))
+    service = BatchService(fe, runner, batch_dir(fe.options))
+    options = fe.options
+
+    def find_file(file_id: str) -> dict[str, Any]:
+        meta = service.store.file(file_id)
+        if meta is None:
+            raise APIError(404, f"No such File object: {file_id}", param="file_id", type="invalid_request_error")
+        return meta
+
+    def find_batch(batch_id: str) -> dict[str, Any]:
+        _ = service.store  # the jobs are read when the store opens
+        job = service.jobs.get(batch_id)
+        if job is None:
+            raise APIError(404, f"No such Batch object: {batch_id}", param="batch_id", type="invalid_request_error")
+        return job
+
+    async def upload_file(request: Request) -> dict[str, Any]:
+        if request.headers.get("content-type", "").split(";")[0].strip().lower() != "multipart/form-data":
+            raise bad_request("POST /v1/files takes multipart/form-data: the file and its purpose")
+        store = service.store
+        async with request.form(max_files=1, max_fields=4) as form:
+            unknown = sorted(set(form) - {"file", "purpose"})
+            if unknown:
+                raise bad_request(f"unsupported field {unknown[0]!r}: uploads take 'file' and 'purpose'", unknown[0])
+            purpose, upload = form.get("purpose"), form.get("file")
+            if not isinstance(purpose, str) or not purpose:
+                raise bad_request("Missing required parameter: 'purpose'.", "purpose")
+            if purpose != "batch":
+                raise bad_request(
+                    f"purpose {purpose!r} is not supported: this server takes files for batches only (purpose 'batch')",
+                    "purpose",
+                )
+            if upload is None or isinstance(upload, str):
+                raise bad_request("Missing required parameter: 'file' (a file part).", "file")
+            content = await upload.read(options.max_batch_file_bytes + 1)
+            filename = upload.filename or "upload.jsonl"
+        if len(content) > options.max_batch_file_bytes:
+            raise APIError(
+                413,
+                f"the file exceeds the limit of {options.max_batch_file_bytes} bytes (--max-batch-file-bytes)",
+                param="file",
+            )
+        lines = count_lines(content)
+        if lines > options.max_batch_lines:
+            raise bad_request(
+                f"the file holds {lines} request lines; a batch takes at most {options.max_batch_lines} "
+                "(--max-batch-lines)",
+                "file",
+            )
+        file_id = new_id("file-")
+        meta = file_object(file_id, Path(filename).name, len(content), purpose, int(time.time()))
+        await asyncio.to_thread(store.add_file, file_id, content, meta)
+        return meta
+
+    async def list_files(
+        after: str | None = None,
+        limit: int = Query(10000, ge=1, le=10000),
+        order: Literal["asc", "desc"] = "desc",
+        purpose: str | None = None,
+    ) -> dict[str, Any]:
+        files = [meta for meta in service.store.files() if purpose is None or meta["purpose"] == purpose]
+        files.sort(key=lambda meta: (meta["created_at"], meta["id"]), reverse=order == "desc")
+        return _page(files, after, limit, "after")
+
+    async def retrieve_file(file_id: str) -> dict[str, Any]:
+        return find_file(file_id)
+
+    async def file_content(file_id: str) -> FileResponse:
+        meta = find_file(file_id)
+        return FileResponse(
+            service.store.content_path(file_id), media_type="application/jsonl", filename=meta["filename"]
+        )
+
+    async def delete_file(file_id: str) -> dict[str, Any]:
+        find_file(file_id)
+        users = [job["id"] for job in service.jobs.values() if job["input_file_id"] == file_id]
+        running = [job_id for job_id in users if service.jobs[job_id]["status"] in UNFINISHED]
+        if running:
+            raise APIError(
+                409,
+                f"the file {file_id} is the input of batch {running[0]}, which has not finished: "
+                "cancel it or wait for it first",
+                param="file_id",
+                type="invalid_request_error",
+            )
+        await asyncio.to_thread(service.store.delete_file, file_id)
+        return {"id": file_id, "object": "file", "deleted": True}
+
+    async def create_batch(body: BatchCreateRequest) -> dict[str, Any]:
+        if body.completion_window != "24h":
+            raise bad_request(
+                f"completion_window {body.completion_window!r} is not supported: only '24h'", "completion_window"
+            )
+        if body.endpoint not in runner.urls:
+            raise bad_request(
+                f"endpoint {body.endpoint!r} is not supported for batches of this model; "
+                f"supported: {', '.join(runner.urls)}",
+                "endpoint",
+            )
+        if body.output_expires_after is not None:
+            raise bad_request(
+                "output_expires_after is not supported: output files are kept until deleted", "output_expires_after"
+            )
+        _check_metadata(body.metadata)
+        meta = service.store.file(body.input_file_id)
+        if meta is None:
+            raise APIError(404, f"No such File object: {body.input_file_id}", param="input_file_id")
+        if meta["purpose"] != "batch":
+            raise bad_request(
+                f"the file {body.input_file_id} has purpose {meta['purpose']!r}, not 'batch'", "input_file_id"
+            )
+        return service.view(service.create(body.input_file_id, body.endpoint, body.metadata))
+
+    async def retrieve_batch(batch_id: str) -> dict[str, Any]:
+        return service.view(find_batch(batch_id))
+
+    async def list_batches(after: str | None = None, limit: int = Query(20, ge=1, le=100)) -> dict[str, Any]:
+        _ = service.store
+        jobs = sorted(service.jobs.values(), key=lambda job: (job["created_at"], job["id"]), reverse=True)
+        return _page([service.view(job) for job in jobs], after, limit, "after")
+
+    async def cancel_batch(batch_id: str) -> dict[str, Any]:
+        return service.cancel(find_batch(batch_id))
+
+    router.add_api_route("/v1/files", upload_file, methods=["POST"], summary="Upload a batch input file (JSONL)")
+    router.add_api_route("/v1/files", list_files, methods=["GET"], summary="List files")
+    router.add_api_route("/v1/files/{file_id}", retrieve_file, methods=["GET"], summary="Retrieve a file")
+    router.add_api_route("/v1/files/{file_id}", delete_file, methods=["DELETE"], summary="Delete a file")
+    router.add_api_route("/v1/files/{file_id}/content", file_content, methods=["GET"], summary="A file's content")
+    router.add_api_route("/v1/batches", create_batch, methods=["POST"], summary="Create a batch")
+    router.add_api_route("/v1/batches", list_batches, methods=["GET"], summary="List batches")
+    router.add_api_route("/v1/batches/{batch_id}", retrieve_batch, methods=["GET"], summary="Retrieve a batch")
+    router.add_api_route("/v1/batches/{batch_id}/cancel", cancel_batch, methods=["POST"], summary="Cancel a batch")
+    return service
+
+
+def _page(items: list[dict[str, Any]], after: str | None, limit: int, param: str) -> dict[str, Any]:
+    """A cursor page, as OpenAI's lists: the items after the one with id ``after``."""
+    if after is not None:
+        ids = [item["id"] for item in items]
+        if after not in ids:
+            raise bad_request(f"after {after!r} is not an id in this list", param)
+        items = items[ids.index(after) + 1 :]
+    page = items[:limit]
+    return {
+        "object": "list",
+        "data": page,
+        "first_id": page[0]["id"] if page else None,
+        "last_id": page[-1]["id"] if page else None,
+        "has_more": len(items) > limit,
+    }
+
+
+def _check_metadata(metadata: dict[str, str] | None) -> None:
+    if metadata is None:
+        return
+    if len(metadata) > MAX_METADATA_PAIRS:
+        raise bad_request(f"metadata holds at most {MAX_METADATA_PAIRS} pairs", "metadata")
+    for key, value in metadata.items():
+        if len(key) > MAX_METADATA_KEY or len(value) > MAX_METADATA_VALUE:
+            raise bad_request(
+                f"metadata keys hold at most {MAX_METADATA_KEY} characters and values {MAX_METADATA_VALUE}",
+                "metadata",
+            )

@@ -1,0 +1,212 @@
+"""OpenAI's Files and Batch APIs through the openai SDK, on one live server (``--batch-dir`` in a
+temporary directory, small limits so the limit tests stay small)."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from openai_frontend_support import assert_error
+
+from llmp.testing import LiveServer, serving
+
+FILE_LIMIT = 64 * 1024
+LINE_LIMIT = 60
+
+
+@pytest.fixture(scope="module")
+def batch_server(tiny, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    batch_dir = tmp_path_factory.mktemp("batches")
+    args = ("--batch-dir", str(batch_dir), "--max-batch-file-bytes", str(FILE_LIMIT))
+    with serving(tiny.path, *args, "--max-batch-lines", str(LINE_LIMIT), "--max-num-seqs", "8") as live:
+        live.batch_dir = batch_dir
+        yield live
+        assert live.process.poll() is None, f"the server died during the tests:\n{live.log()}"
+
+
+@pytest.fixture(scope="module")
+def sdk(batch_server: LiveServer) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=batch_server.api_url, api_key="unused", max_retries=0, timeout=60) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def http(batch_server: LiveServer) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=batch_server.url, timeout=60) as client:
+        yield client
+
+
+def line(custom_id: str, body: dict, url: str = "/v1/chat/completions") -> dict:
+    return {"custom_id": custom_id, "method": "POST", "url": url, "body": body}
+
+
+def chat_body(model: str, text: str, max_tokens: int = 6, **extra) -> dict:
+    messages = [{"role": "user", "content": text}]
+    return {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0, **extra}
+
+
+def upload(sdk: openai.OpenAI, lines: list, name: str = "in.jsonl") -> str:
+    text = "\n".join(item if isinstance(item, str) else json.dumps(item) for item in lines) + "\n"
+    return sdk.files.create(file=(name, io.BytesIO(text.encode())), purpose="batch").id
+
+
+def wait_for(sdk: openai.OpenAI, batch_id: str, statuses: tuple[str, ...], timeout: float = 60) -> openai.types.Batch:
+    deadline = time.monotonic() + timeout
+    while True:
+        batch = sdk.batches.retrieve(batch_id)
+        if batch.status in statuses:
+            return batch
+        assert time.monotonic() < deadline, f"batch still {batch.status}: {batch}"
+        time.sleep(0.05)
+
+
+def jsonl(sdk: openai.OpenAI, file_id: str | None) -> list[dict]:
+    if file_id is None:
+        return []
+    return [json.loads(text) for text in sdk.files.content(file_id).text.splitlines()]
+
+
+def test_batch_end_to_end(sdk, tiny):
+    lines = [line(f"chat-{i}", chat_body(tiny.name, f"word {i}")) for i in range(4)]
+    lines.append(line("streamed", chat_body(tiny.name, "x", stream=True)))
+    lines.append(line("too-hot", chat_body(tiny.name, "x", temperature=-1)))
+    lines.append(line("unknown-model", chat_body("no-such-model", "x")))
+    file_id = upload(sdk, lines)
+    assert sdk.files.retrieve(file_id).purpose == "batch"
+    created = sdk.batches.create(
+        input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h", metadata={"job": "e2e"}
+    )
+    assert created.status == "validating" and created.metadata == {"job": "e2e"}
+    assert created.expires_at == created.created_at + 24 * 3600
+    batch = wait_for(sdk, created.id, ("completed", "failed"))
+    assert batch.status == "completed", batch
+    assert (batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed) == (7, 4, 3)
+    assert batch.in_progress_at and batch.finalizing_at and batch.completed_at and batch.errors is None
+    assert batch.usage.output_tokens == 4 * 6 and batch.usage.input_tokens > 0
+
+    outputs = jsonl(sdk, batch.output_file_id)
+    assert sorted(o["custom_id"] for o in outputs) == [f"chat-{i}" for i in range(4)]
+    for out in outputs:
+        assert out["id"].startswith("batch_req_") and out["error"] is None
+        assert out["response"]["status_code"] == 200 and out["response"]["request_id"]
+        assert out["response"]["body"]["object"] == "chat.completion"
+    # the same handler as the interactive route: the same greedy answer
+    interactive = sdk.chat.completions.create(**chat_body(tiny.name, "word 2"))
+    batched = next(o for o in outputs if o["custom_id"] == "chat-2")["response"]["body"]
+    assert batched["choices"][0]["message"]["content"] == interactive.choices[0].message.content
+    assert batched["usage"] == interactive.usage.model_dump(exclude_none=True) | batched["usage"]
+
+    errors = {e["custom_id"]: e for e in jsonl(sdk, batch.error_file_id)}
+    assert set(errors) == {"streamed", "too-hot", "unknown-model"}
+    assert errors["streamed"]["response"]["status_code"] == 400
+    assert errors["streamed"]["response"]["body"]["error"]["param"] == "stream"
+    assert errors["too-hot"]["response"]["body"]["error"]["param"] == "temperature"
+    assert errors["unknown-model"]["response"]["status_code"] == 404
+    output_file = sdk.files.retrieve(batch.output_file_id)
+    assert output_file.purpose == "batch_output" and output_file.bytes > 0
+
+    listed = sdk.batches.list(limit=100)
+    assert created.id in [b.id for b in listed.data]
+    assert {file_id, batch.output_file_id} <= {f.id for f in sdk.files.list()}
+    newest = sdk.files.list(purpose="batch_output", order="desc").data[:2]
+    assert {f.id for f in newest} == {batch.output_file_id, batch.error_file_id}
+    assert all(f.purpose == "batch_output" for f in sdk.files.list(purpose="batch_output"))
+
+
+def test_file_validation_fails_the_batch(sdk, tiny):
+    body = chat_body(tiny.name, "x")
+    lines = [
+        line("a", body),
+        "{not json",
+        line("a", body),  # a duplicate custom_id
+        line("b", {"model": tiny.name, "prompt": "x"}, url="/v1/completions"),  # not the batch's endpoint
+        {"custom_id": "c", "method": "POST", "url": "/v1/chat/completions"},  # no body
+    ]
+    file_id = upload(sdk, lines)
+    batch = sdk.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h")
+    batch = wait_for(sdk, batch.id, ("failed", "completed"))
+    assert batch.status == "failed" and batch.failed_at and batch.output_file_id is None
+    found = [(e.line, e.code, e.param) for e in batch.errors.data]
+    assert found == [
+        (2, "invalid_json_line", None),
+        (3, "duplicate_custom_id", "custom_id"),
+        (4, "url_mismatch", "url"),
+        (5, "missing_required_parameter", "body"),
+    ]
+
+
+def test_upload_and_create_errors(sdk, http, tiny):
+    with pytest.raises(openai.BadRequestError) as info:
+        sdk.files.create(file=("x.jsonl", io.BytesIO(b"{}\n")), purpose="assistants")
+    assert info.value.body["param"] == "purpose"
+    too_big = b"x" * (FILE_LIMIT + 1)
+    with pytest.raises(openai.APIStatusError) as info:
+        sdk.files.create(file=("big.jsonl", io.BytesIO(too_big)), purpose="batch")
+    assert info.value.status_code == 413 and "--max-batch-file-bytes" in info.value.message
+    many = "\n".join(json.dumps(line(str(i), {})) for i in range(LINE_LIMIT + 1)).encode()
+    with pytest.raises(openai.BadRequestError) as info:
+        sdk.files.create(file=("many.jsonl", io.BytesIO(many)), purpose="batch")
+    assert "--max-batch-lines" in info.value.message
+    assert_error(http.post("/v1/files", json={"purpose": "batch"}), 400, contains="multipart/form-data")
+
+    for call in (lambda: sdk.files.retrieve("file-nope"), lambda: sdk.files.content("file-nope")):
+        with pytest.raises(openai.NotFoundError):
+            call()
+    assert_error(http.get("/v1/batches/batch_nope"), 404, param="batch_id")
+    assert_error(http.post("/v1/batches/batch_nope/cancel"), 404, param="batch_id")
+    file_id = upload(sdk, [line("a", chat_body(tiny.name, "x"))])
+    for fields, param in (
+        ({"completion_window": "1h"}, "completion_window"),
+        ({"endpoint": "/v1/embeddings"}, "endpoint"),  # a generative model: no embeddings route
+        ({"input_file_id": "file-nope"}, "input_file_id"),
+        ({"metadata": {"k" * 65: "v"}}, "metadata"),
+        ({"output_expires_after": {"anchor": "created_at", "seconds": 3600}}, "output_expires_after"),
+    ):
+        request = {"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h", **fields}
+        response = http.post("/v1/batches", json=request)
+        assert_error(response, 404 if param == "input_file_id" else 400, param=param)
+
+    deleted = sdk.files.delete(file_id)
+    assert deleted.deleted and deleted.id == file_id
+    with pytest.raises(openai.NotFoundError):
+        sdk.files.retrieve(file_id)
+
+
+def test_interactive_request_is_prompt_during_a_batch_then_cancel(sdk, http, tiny):
+    body = {"model": tiny.name, "prompt": "long", "max_tokens": 128, "temperature": 0, "ignore_eos": True}
+    lines = [line(f"n{i}", body, url="/v1/completions") for i in range(40)]
+    batch = sdk.batches.create(input_file_id=upload(sdk, lines), endpoint="/v1/completions", completion_window="24h")
+    wait_for(sdk, batch.id, ("in_progress",))
+    for _ in range(3):
+        before = sdk.batches.retrieve(batch.id).request_counts.completed
+        sdk.chat.completions.create(**chat_body(tiny.name, "quick", max_tokens=4))
+        after = sdk.batches.retrieve(batch.id)
+        # measured in steps, not seconds (the CI machine is shared): the interactive request shares
+        # steps with a few batch lines, it does not queue behind a round of them (--max-num-seqs 8)
+        assert after.status == "in_progress" and after.request_counts.completed - before < 8, (before, after)
+
+    cancelling = sdk.batches.cancel(batch.id)
+    assert cancelling.status in ("cancelling", "cancelled") and cancelling.cancelling_at
+    done = wait_for(sdk, batch.id, ("cancelled",))
+    counts = done.request_counts
+    assert counts.total == 40 and counts.completed + counts.failed == 40 and counts.failed > 0
+    answered = jsonl(sdk, done.output_file_id) + jsonl(sdk, done.error_file_id)
+    assert sorted(a["custom_id"] for a in answered) == sorted(f"n{i}" for i in range(40))  # each exactly once
+    assert {a["error"]["code"] for a in answered if a["error"]} == {"batch_cancelled"}
+    assert sdk.batches.cancel(batch.id).status == "cancelled"  # cancelling again changes nothing
+    completed = next(b for b in sdk.batches.list(limit=100) if b.status == "completed")
+    assert_error(http.post(f"/v1/batches/{completed.id}/cancel"), 409, contains="completed")
+
+
+def test_second_store_on_a_directory_is_refused(batch_server, sdk):
+    sdk.files.list()  # the server holds the directory now
+    from llmp_frontend_openai.batch_store import BatchDirInUse, BatchStore
+
+    with pytest.raises(BatchDirInUse, match=f"pid {batch_server.process.pid}.*own --batch-dir"):
+        BatchStore(Path(batch_server.batch_dir)).lock()

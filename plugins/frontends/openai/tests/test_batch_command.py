@@ -1,0 +1,66 @@
+"""``llmp run-batch``: vLLM's offline batch command, with files and with stdin/stdout."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from llmp.testing import run_llmp
+
+
+def _lines(model: str) -> list[dict]:
+    chat = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0}
+    completion = {"model": model, "prompt": "once upon", "max_tokens": 3, "temperature": 0}
+    return [
+        {"custom_id": "chat", "method": "POST", "url": "/v1/chat/completions", "body": chat},
+        {"custom_id": "completion", "method": "POST", "url": "/v1/completions", "body": completion},
+        {"custom_id": "streamed", "method": "POST", "url": "/v1/completions", "body": {**completion, "stream": True}},
+        {"custom_id": "embed", "method": "POST", "url": "/v1/embeddings", "body": {"model": model, "input": "x"}},
+    ]
+
+
+def _check(outputs: list[dict]) -> None:
+    assert [o["custom_id"] for o in outputs] == ["chat", "completion", "streamed", "embed"]  # input order
+    assert [o["response"]["status_code"] for o in outputs] == [200, 200, 400, 400]
+    assert all(o["id"].startswith("batch_req_") and o["error"] is None for o in outputs)
+    assert outputs[0]["response"]["body"]["object"] == "chat.completion"
+    assert outputs[1]["response"]["body"]["usage"]["completion_tokens"] == 3
+    assert outputs[2]["response"]["body"]["error"]["param"] == "stream"
+    assert "does not serve /v1/embeddings" in outputs[3]["response"]["body"]["error"]["message"]
+
+
+def test_run_batch_files(tiny, tmp_path):
+    source, target = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    source.write_text("".join(json.dumps(line) + "\n" for line in _lines(tiny.name)))
+    result = run_llmp("run-batch", "-i", str(source), "-o", str(target), str(tiny.path), timeout=300)
+    _check([json.loads(text) for text in target.read_text().splitlines()])
+    assert "4 requests, 2 answered, 2 failed" in result.stderr
+
+
+def test_run_batch_stdin_stdout_with_model_flag(tiny):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLMP_")}
+    text = "".join(json.dumps(line) + "\n" for line in _lines(tiny.name))
+    result = subprocess.run(
+        [sys.executable, "-m", "llmp", "run-batch", "-i", "-", "-o", "-", "--model", str(tiny.path)],
+        input=text.encode(),
+        capture_output=True,
+        env=env,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr.decode()
+    _check([json.loads(line) for line in result.stdout.decode().splitlines()])  # nothing else on stdout
+
+
+def test_run_batch_refuses_a_broken_file_before_starting(tmp_path):
+    source = tmp_path / "in.jsonl"
+    line = {"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {}}
+    source.write_text(json.dumps(line) + "\n{oops\n" + json.dumps(line) + "\n")
+    result = run_llmp("run-batch", "-i", str(source), "-o", str(tmp_path / "out.jsonl"), "no-model", check=False)
+    assert result.returncode == 1
+    assert "line 2: This line is not parseable as valid JSON. (invalid_json_line)" in result.stderr
+    assert "line 3: The custom_id 'a' is a duplicate" in result.stderr
+    assert not (tmp_path / "out.jsonl").exists()
+    both = run_llmp("run-batch", "-i", str(source), "-o", "-", "m1", "--model", "m2", check=False)
+    assert both.returncode == 2 and "the model is given twice" in both.stderr
