@@ -911,6 +911,11 @@ class Frontend(Protocol):
       ``Content-Type`` (Ollama's API, whose documented ``curl -d`` examples send a form type).
       Elsewhere, and for any request carrying an ``Origin`` header (a browser page, which could
       otherwise post cross-site without a CORS preflight), a type other than JSON is a 400.
+    - ``upload_paths``: a mapping of exact paths to byte limits whose POST bodies may be
+      ``multipart/form-data`` (file uploads: OpenAI's ``/v1/files``), read up to that limit
+      instead of ``--max-request-body-bytes``, with no JSON checks.
+    - ``admin_paths``: exact paths that are management routes (OpenAI's ``/v1/chat/completions/render``):
+      dropped (404) unless ``llmp serve --enable-admin-api``, and then behind ``--admin-api-key`` when set.
     """
 
     def __init__(self, engine: EngineClient, options: FrontendOptions) -> None: ...

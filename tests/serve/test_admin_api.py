@@ -104,6 +104,11 @@ def test_the_admin_routes_take_the_admin_key_alone(http):
     assert http.get("/is_sleeping", headers=ADMIN).json() == {"is_sleeping": False}
     assert http.get("/is_sleeping", headers={"x-api-key": "admin-key"}).status_code == 200
     assert complete(http).status_code == 200  # the model routes still take the API key
+    # a front-end's management routes (the OpenAI render routes) take the admin key too
+    body = {"model": "m", "prompt": "hi"}
+    assert http.post("/v1/completions/render", json=body, headers=USER).status_code == 401
+    rendered = http.post("/v1/completions/render", json=body, headers=ADMIN)
+    assert rendered.status_code == 200 and rendered.json()[0]["token_ids"], rendered.text
 
 
 @pytest.mark.parametrize(("level", "wake"), [(1, ["weights", "kv_cache"]), (2, [])])

@@ -583,10 +583,15 @@ def _mount(
         state.public_paths.extend(getattr(frontend, "public_paths", ()))
         state.any_body_type_paths.extend(getattr(frontend, "any_body_type_paths", ()))
         state.upload_paths.update(getattr(frontend, "upload_paths", {}))  # multipart uploads (/v1/files)
+        admin_paths = frozenset(getattr(frontend, "admin_paths", ()))
+        if state.admin_paths:  # --enable-admin-api: a front-end's management routes take the admin key too
+            state.admin_paths = state.admin_paths | admin_paths
         router = frontend.http_router()
         if router is not None:
+            dropped = admin_paths if not state.admin_paths else frozenset()
             if frontend is not root_owner:
-                router.routes[:] = [route for route in router.routes if getattr(route, "path", None) != "/"]
+                dropped |= {"/"}
+            router.routes[:] = [route for route in router.routes if getattr(route, "path", None) not in dropped]
             app.include_router(with_light_json(router))
         tasks.append(asyncio.create_task(frontend.serve(), name=f"frontend-{name}"))
     app.openapi_schema = None  # the docs must list the routes mounted just now

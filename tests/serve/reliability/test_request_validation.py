@@ -370,6 +370,8 @@ def test_unknown_fields_are_accepted_and_ignored(http, route):
 
 
 ADMIN_PATHS = [
+    "/v1/chat/completions/render",
+    "/v1/completions/render",
     "/reset_prefix_cache",
     "/sleep",
     "/wake_up",

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,25 +54,30 @@ class BatchPace:
         self.idle = max(1, seqs // 2)
         self.busy = max(1, seqs // 8)
         self.elsewhere = 0  # engine requests not of this process
+        # the engine's figures mean something next to this process's own count only
+        self._stats = getattr(engine, "stats", None) if hasattr(engine, "in_flight") else None
         self._checked = -STATS_S
         self._reading: asyncio.Task | None = None
 
     def refresh(self) -> None:
         """Read the engine's figures again in the background (the run loop never waits for them)."""
         now = time.monotonic()
-        if getattr(self.engine, "stats", None) is None or now - self._checked < STATS_S:
+        if self._stats is None or now - self._checked < STATS_S:
             return
         if self._reading is None or self._reading.done():
             self._checked = now
             self._reading = asyncio.ensure_future(self._read())
 
     async def _read(self) -> None:
+        before = getattr(self.engine, "in_flight", 0)
         try:
-            figures = await self.engine.stats(timeout=STATS_S * 4)
+            figures = await self._stats(timeout=STATS_S * 4)
         except Exception:  # a busy or stopping engine: keep the last figure
             return
         in_engine = int(figures.get("num_running") or 0) + int(figures.get("num_waiting") or 0)
-        self.elsewhere = max(0, in_engine - getattr(self.engine, "in_flight", in_engine))
+        # this process's requests while the figures were read: those that ended and those that began
+        mine = max(before, getattr(self.engine, "in_flight", 0))
+        self.elsewhere = max(0, in_engine - mine)
 
     def close(self) -> None:
         if self._reading is not None:
@@ -107,11 +113,11 @@ class BatchService:
         self.server_model = fe.model_name  # the jobs this process may run: those created for it
         self.active = asyncio.Event()
         self.wake = asyncio.Event()
-        self.running: str | None = None  # the job this process runs now
 
     def open(self) -> BatchStore:
         """The store, its folders made on first use (a 503 if the directory is unusable); from then on
-        this process watches the directory for jobs to run."""
+        this process watches the directory for jobs to run. In the event loop: the actions that run
+        in worker threads expect it opened."""
         if not self.active.is_set():
             try:
                 self.store.open()
@@ -146,7 +152,7 @@ class BatchService:
             job
             for job in self.store.jobs()
             if job.get("status") in UNFINISHED
-            and (job.get(RUNNER_KEY) in (None, self.server_model) or self.store.cancel_requested(job["id"]))
+            and (job.get(RUNNER_KEY) in (None, self.server_model) or self.store.cancel_requested(job["id"]) is not None)
         ]
         return sorted(jobs, key=lambda job: (job["created_at"], job["id"]))
 
@@ -171,7 +177,7 @@ class BatchService:
     def create(self, input_file_id: str, endpoint: str, metadata: dict[str, str] | None) -> dict[str, Any]:
         """A new job (in a worker thread: it waits for other processes' changes), or an APIError
         for an input file that is not there (deleted meanwhile, by any process) or not a batch's."""
-        store = self.open()
+        store = self.store
         now = int(time.time())
         job = {
             "id": new_id("batch_"),
@@ -203,13 +209,15 @@ class BatchService:
             if meta is None:
                 raise APIError(404, f"No such File object: {input_file_id}", param="input_file_id")
             if meta["purpose"] != "batch":
-                raise bad_request(f"the file {input_file_id} has purpose {meta['purpose']!r}, not 'batch'", "input_file_id")
+                raise bad_request(
+                    f"the file {input_file_id} has purpose {meta['purpose']!r}, not 'batch'", "input_file_id"
+                )
             store.save_job(job)
         return job
 
     def delete_file(self, file_id: str) -> None:
         """Delete an uploaded file (in a worker thread), unless an unfinished job reads it (409)."""
-        store = self.open()
+        store = self.store
         with store.exclusive():
             running = [
                 job["id"] for job in store.jobs() if job["input_file_id"] == file_id and job["status"] in UNFINISHED
@@ -230,7 +238,7 @@ class BatchService:
             return self.view(job)
         if job["status"] not in ("validating", "in_progress"):
             raise APIError(409, f"Cannot cancel a batch with status {job['status']!r}.", type="invalid_request_error")
-        self.open().request_cancel(job["id"])
+        self.store.request_cancel(job["id"])
         return self.view(self.store.job(job["id"]) or job)
 
     def view(self, job: dict[str, Any]) -> dict[str, Any]:
@@ -253,7 +261,6 @@ class BatchService:
     # -- running a job (holding the directory's lock) -----------------------------------
 
     async def _run_job(self, job: dict[str, Any]) -> None:
-        self.running = job["id"]
         try:
             if job["status"] == "validating":
                 lines = await self._validate(job)
@@ -268,8 +275,6 @@ class BatchService:
             job.update(status="failed", failed_at=int(time.time()))
             job["errors"] = {"object": "list", "data": [batch_error("server_error", f"the batch job failed: {exc}")]}
             self._save(job)
-        finally:
-            self.running = None
 
     def _read_lines(self, job: dict[str, Any], *, strict: bool = True) -> tuple[list[BatchLine], list[dict[str, Any]]]:
         """The job's lines and the file's problems; not ``strict``: only the lines, for a job being
@@ -288,9 +293,11 @@ class BatchService:
     async def _validate(self, job: dict[str, Any]) -> list[BatchLine] | None:
         if self._cancel_requested(job):  # never started: nothing to answer
             now = int(time.time())
-            job.update(status="cancelled", cancelling_at=self.store.cancel_requested(job["id"]) or now, cancelled_at=now)
+            job.update(
+                status="cancelled", cancelling_at=self.store.cancel_requested(job["id"]) or now, cancelled_at=now
+            )
             self._save(job)
-            await asyncio.to_thread(self.store.clear_job_notes, job["id"])
+            await _on_disk(self.store.clear_job_notes, job["id"])
             return None
         lines, errors = await asyncio.to_thread(self._read_lines, job)
         now = int(time.time())
@@ -314,7 +321,7 @@ class BatchService:
         output, failed = self._answer_log(job, "output"), self._answer_log(job, "errors")
         counts = {"total": len(lines), "completed": len(output), "failed": len(failed)}
         try:
-            await asyncio.to_thread(self.store.save_progress, job["id"], counts)
+            await _on_disk(self.store.save_progress, job["id"], counts)
             done = set(output.custom_ids) | set(failed.custom_ids)
             todo = [line for line in lines if line.custom_id not in done]
             if job["status"] == "in_progress" and todo and not self._cancel_requested(job):
@@ -330,10 +337,10 @@ class BatchService:
                 )
                 for line in rest:
                     record = {"id": new_id("batch_req_"), "custom_id": line.custom_id, "response": None}
-                    await asyncio.to_thread(failed.append, {**record, "error": {"code": code, "message": message}})
+                    await _on_disk(failed.append, {**record, "error": {"code": code, "message": message}})
                     counts["failed"] += 1
             final = "cancelled" if cancelled else "expired" if rest else "completed"
-            await asyncio.to_thread(self._finalize, job, output, failed, final)
+            await _on_disk(self._finalize, job, output, failed, final)
         finally:
             output.close()
             failed.close()
@@ -382,11 +389,11 @@ class BatchService:
                         continue
                     async with append_lock:
                         target = output if result.ok else failed
-                        await asyncio.to_thread(target.append, result.record)
+                        await _on_disk(target.append, result.record)
                     counts["completed" if result.ok else "failed"] += 1
                 if counts != shown:
                     shown = dict(counts)
-                    await asyncio.to_thread(self.store.save_progress, job["id"], shown)
+                    await _on_disk(self.store.save_progress, job["id"], shown)
         finally:
             pace.close()
             for task in running:  # cancelled, expired or shut down: the engine aborts them
@@ -432,6 +439,17 @@ class BatchService:
 
     def _save(self, job: dict[str, Any]) -> None:
         self.store.save_job(job)
+
+
+async def _on_disk(write: Callable[..., Any], *args: Any) -> Any:
+    """A write of the job's files in a worker thread that a cancellation (shutdown) waits for: the
+    directory's lock passes to another process only once no write of this one is under way."""
+    task = asyncio.ensure_future(asyncio.to_thread(write, *args))
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await asyncio.wait([task])
+        raise
 
 
 def _retry(result: LineResult, attempt: int) -> bool:

@@ -205,11 +205,6 @@ class _JsonDir:
             return [dict(data) for _, data in seen.values()]  # copies: callers may change theirs
 
 
-def has_unfinished_jobs(root: Path) -> bool:
-    """Whether the directory holds jobs to resume."""
-    return any(job.get("status") in UNFINISHED for job in _JsonDir(root / "batches").read())
-
-
 class AnswerLog:
     """One job's answers in one file: appended and synced line by line; reopened after a crash
     with its torn last line dropped."""

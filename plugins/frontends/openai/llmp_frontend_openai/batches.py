@@ -17,7 +17,7 @@ from llmp.options import FrontendOptions
 from llmp_frontend_openai.batch_jobs import BatchService, file_object, priority_offset
 from llmp_frontend_openai.batch_lines import count_lines
 from llmp_frontend_openai.batch_runner import LineRunner
-from llmp_frontend_openai.batch_store import UNFINISHED, new_id
+from llmp_frontend_openai.batch_store import new_id
 from llmp_frontend_openai.protocol import OpenAIModel
 
 if TYPE_CHECKING:
@@ -50,15 +50,16 @@ def add_routes(router: APIRouter, fe: OpenAIFrontend) -> BatchService:
     service = BatchService(fe, runner, batch_dir(fe.options))
     options = fe.options
 
+    # every answer comes from the directory on disk: another process (another API server of
+    # --api-server-count) may have made what a request names
     def find_file(file_id: str) -> dict[str, Any]:
-        meta = service.store.file(file_id)
+        meta = service.open().file(file_id)
         if meta is None:
             raise APIError(404, f"No such File object: {file_id}", param="file_id", type="invalid_request_error")
         return meta
 
     def find_batch(batch_id: str) -> dict[str, Any]:
-        _ = service.store  # the jobs are read when the store opens
-        job = service.jobs.get(batch_id)
+        job = service.open().job(batch_id)
         if job is None:
             raise APIError(404, f"No such Batch object: {batch_id}", param="batch_id", type="invalid_request_error")
         return job
@@ -66,7 +67,7 @@ def add_routes(router: APIRouter, fe: OpenAIFrontend) -> BatchService:
     async def upload_file(request: Request) -> dict[str, Any]:
         if request.headers.get("content-type", "").split(";")[0].strip().lower() != "multipart/form-data":
             raise bad_request("POST /v1/files takes multipart/form-data: the file and its purpose")
-        store = service.store
+        store = service.open()
         async with request.form(max_files=1, max_fields=4) as form:
             unknown = sorted(set(form) - {"file", "purpose"})
             if unknown:
@@ -107,7 +108,8 @@ def add_routes(router: APIRouter, fe: OpenAIFrontend) -> BatchService:
         order: Literal["asc", "desc"] = "desc",
         purpose: str | None = None,
     ) -> dict[str, Any]:
-        files = [meta for meta in service.store.files() if purpose is None or meta["purpose"] == purpose]
+        files = await asyncio.to_thread(service.open().files)
+        files = [meta for meta in files if purpose is None or meta["purpose"] == purpose]
         files.sort(key=lambda meta: (meta["created_at"], meta["id"]), reverse=order == "desc")
         return _page(files, after, limit, "after")
 
@@ -122,17 +124,7 @@ def add_routes(router: APIRouter, fe: OpenAIFrontend) -> BatchService:
 
     async def delete_file(file_id: str) -> dict[str, Any]:
         find_file(file_id)
-        users = [job["id"] for job in service.jobs.values() if job["input_file_id"] == file_id]
-        running = [job_id for job_id in users if service.jobs[job_id]["status"] in UNFINISHED]
-        if running:
-            raise APIError(
-                409,
-                f"the file {file_id} is the input of batch {running[0]}, which has not finished: "
-                "cancel it or wait for it first",
-                param="file_id",
-                type="invalid_request_error",
-            )
-        await asyncio.to_thread(service.store.delete_file, file_id)
+        await asyncio.to_thread(service.delete_file, file_id)
         return {"id": file_id, "object": "file", "deleted": True}
 
     async def create_batch(body: BatchCreateRequest) -> dict[str, Any]:
@@ -151,25 +143,25 @@ def add_routes(router: APIRouter, fe: OpenAIFrontend) -> BatchService:
                 "output_expires_after is not supported: output files are kept until deleted", "output_expires_after"
             )
         _check_metadata(body.metadata)
-        meta = service.store.file(body.input_file_id)
-        if meta is None:
-            raise APIError(404, f"No such File object: {body.input_file_id}", param="input_file_id")
-        if meta["purpose"] != "batch":
-            raise bad_request(
-                f"the file {body.input_file_id} has purpose {meta['purpose']!r}, not 'batch'", "input_file_id"
-            )
-        return service.view(service.create(body.input_file_id, body.endpoint, body.metadata))
+        service.open()
+        job = await asyncio.to_thread(service.create, body.input_file_id, body.endpoint, body.metadata)
+        service.wake.set()  # this process runs it at once unless another process runs jobs now
+        return service.view(job)
 
     async def retrieve_batch(batch_id: str) -> dict[str, Any]:
         return service.view(find_batch(batch_id))
 
     async def list_batches(after: str | None = None, limit: int = Query(20, ge=1, le=100)) -> dict[str, Any]:
-        _ = service.store
-        jobs = sorted(service.jobs.values(), key=lambda job: (job["created_at"], job["id"]), reverse=True)
-        return _page([service.view(job) for job in jobs], after, limit, "after")
+        jobs = await asyncio.to_thread(service.open().jobs)
+        jobs.sort(key=lambda job: (job["created_at"], job["id"]), reverse=True)
+        page = _page(jobs, after, limit, "after")
+        page["data"] = await asyncio.to_thread(lambda: [service.view(job) for job in page["data"]])
+        return page
 
     async def cancel_batch(batch_id: str) -> dict[str, Any]:
-        return service.cancel(find_batch(batch_id))
+        batch = await asyncio.to_thread(service.cancel, find_batch(batch_id))
+        service.wake.set()
+        return batch
 
     router.add_api_route("/v1/files", upload_file, methods=["POST"], summary="Upload a batch input file (JSONL)")
     router.add_api_route("/v1/files", list_files, methods=["GET"], summary="List files")

@@ -71,6 +71,9 @@ class OpenAIFrontend(FrontendKit):
         self.batches = batches.add_routes(router, self)  # last: a batch line may name any route above
         return router
 
+    # vLLM serves these beside generation; issue 28 puts them with the management routes
+    admin_paths = ("/v1/chat/completions/render", "/v1/completions/render")
+
     @property
     def upload_paths(self) -> dict[str, int]:
         """Paths the server's gate lets multipart bodies through, with their size limits."""

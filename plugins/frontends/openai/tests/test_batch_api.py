@@ -1,10 +1,13 @@
-"""OpenAI's Files and Batch APIs through the openai SDK, on one live server (``--batch-dir`` in a
-temporary directory, small limits so the limit tests stay small)."""
+"""OpenAI's Files and Batch APIs through the openai SDK, on one live server with two API-server
+processes (``--api-server-count 2``: every request, on a new connection, may reach either; one of
+them runs the jobs), ``--batch-dir`` in a temporary directory, small limits so the limit tests stay
+small. The single-process server is the restart test's (``test_batch_restart.py``)."""
 
 from __future__ import annotations
 
 import io
 import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,19 +15,27 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from llmp_frontend_openai.batch_store import BatchStore
 from openai_frontend_support import assert_error
 
 from llmp.testing import LiveServer, serving
 
 FILE_LIMIT = 64 * 1024
 LINE_LIMIT = 60
+# uvicorn's access log, each line naming its API server
+ACCESS = re.compile(r'\[api-server (\d+)\] [^"\n]*"(\w+) (\S+) HTTP/[\d.]+" (\d+)')
 
 
 @pytest.fixture(scope="module")
 def batch_server(tiny, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     batch_dir = tmp_path_factory.mktemp("batches")
     args = ("--batch-dir", str(batch_dir), "--max-batch-file-bytes", str(FILE_LIMIT))
-    with serving(tiny.path, *args, "--max-batch-lines", str(LINE_LIMIT), "--max-num-seqs", "8") as live:
+    args += ("--max-batch-lines", str(LINE_LIMIT), "--max-num-seqs", "8", "--api-server-count", "2")
+    with serving(tiny.path, *args) as live:
+        deadline = time.monotonic() + 60
+        while "llmp: ready" not in live.log():  # both API servers serve from then on
+            assert time.monotonic() < deadline, live.log()
+            time.sleep(0.1)
         live.batch_dir = batch_dir
         yield live
         assert live.process.poll() is None, f"the server died during the tests:\n{live.log()}"
@@ -32,14 +43,21 @@ def batch_server(tiny, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Liv
 
 @pytest.fixture(scope="module")
 def sdk(batch_server: LiveServer) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=batch_server.api_url, api_key="unused", max_retries=0, timeout=60) as client:
-        yield client
+    http_client = httpx.Client(limits=httpx.Limits(max_keepalive_connections=0), timeout=60)  # a connection each
+    with openai.OpenAI(base_url=batch_server.api_url, api_key="unused", max_retries=0, http_client=http_client) as c:
+        yield c
 
 
 @pytest.fixture(scope="module")
 def http(batch_server: LiveServer) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=batch_server.url, timeout=60) as client:
+    limits = httpx.Limits(max_keepalive_connections=0)
+    with httpx.Client(base_url=batch_server.url, timeout=60, limits=limits) as client:
         yield client
+
+
+def api_servers(server: LiveServer, method: str, path: str) -> set[str]:
+    """The API servers (their index) that answered ``METHOD path``, from the access log."""
+    return {index for index, m, p, _ in ACCESS.findall(server.log()) if (m, p) == (method, path)}
 
 
 def line(custom_id: str, body: dict, url: str = "/v1/chat/completions") -> dict:
@@ -204,9 +222,46 @@ def test_interactive_request_is_prompt_during_a_batch_then_cancel(sdk, http, tin
     assert_error(http.post(f"/v1/batches/{completed.id}/cancel"), 409, contains="completed")
 
 
-def test_second_store_on_a_directory_is_refused(batch_server, sdk):
-    sdk.files.list()  # the server holds the directory now
-    from llmp_frontend_openai.batch_store import BatchDirInUse, BatchStore
+def test_batch_across_api_servers(sdk, batch_server, tiny):
+    """Upload, create, poll, retrieve and download on whichever API server each connection reaches:
+    each reads the directory on disk, so each shows the job that one of them runs, live."""
+    lines = [line(f"m{i}", chat_body(tiny.name, f"count {i}", max_tokens=4)) for i in range(12)]
+    file_id = upload(sdk, lines)
+    assert sdk.files.retrieve(file_id).bytes > 0
+    batch = sdk.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h")
+    seen = []
+    deadline = time.monotonic() + 60
+    while (polled := sdk.batches.retrieve(batch.id)).status != "completed":
+        assert polled.status in ("validating", "in_progress", "finalizing") and time.monotonic() < deadline, polled
+        seen.append(polled.request_counts.completed)
+        time.sleep(0.02)
+    assert seen == sorted(seen), seen  # live counts from disk never go back, whichever server answers
+    done = [sdk.batches.retrieve(batch.id) for _ in range(40)]  # retrieves until both servers have answered
+    path = f"/v1/batches/{batch.id}"
+    assert api_servers(batch_server, "GET", path) == {"0", "1"}, batch_server.log()[-3000:]
+    assert {(b.status, b.request_counts.completed, b.request_counts.failed, b.output_file_id) for b in done} == {
+        ("completed", 12, 0, done[0].output_file_id)
+    }
+    outputs = jsonl(sdk, done[0].output_file_id)
+    assert sorted(o["custom_id"] for o in outputs) == sorted(f"m{i}" for i in range(12))  # each line once
+    assert all(o["response"]["status_code"] == 200 for o in outputs)
+    assert batch.id in {b.id for b in sdk.batches.list(limit=100)}
+    assert not (Path(batch_server.batch_dir) / "batches" / f"{batch.id}.progress").exists()
 
-    with pytest.raises(BatchDirInUse, match=f"pid {batch_server.process.pid}.*own --batch-dir"):
-        BatchStore(Path(batch_server.batch_dir)).lock()
+
+def test_jobs_are_run_by_one_process_holding_the_directory(batch_server, sdk, tiny):
+    """The lock is held while a job runs, by an API server (not the launcher), and let go after."""
+    body = {"model": tiny.name, "prompt": "x", "max_tokens": 64, "temperature": 0, "ignore_eos": True}
+    lines = [line(f"k{i}", body, url="/v1/completions") for i in range(16)]
+    batch = sdk.batches.create(input_file_id=upload(sdk, lines), endpoint="/v1/completions", completion_window="24h")
+    wait_for(sdk, batch.id, ("in_progress",))
+    store = BatchStore(Path(batch_server.batch_dir))
+    assert not store.try_lock()  # an API server runs the job
+    holder = int((Path(batch_server.batch_dir) / "lock").read_text())
+    assert holder != batch_server.process.pid and "[api-server" in batch_server.log()
+    wait_for(sdk, batch.id, ("completed",))
+    deadline = time.monotonic() + 10
+    while not store.try_lock():  # let go once no job is left
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    store.unlock()
