@@ -89,7 +89,7 @@ def null_model_dir(root: Path) -> Path:
 
 async def load(base_url: str, num_prompts: int, concurrency: int, output_len: int) -> dict:
     settings = BenchServeSettings(
-        base_url=base_url, num_prompts=num_prompts, max_concurrency=concurrency, input_len=16, output_len=output_len
+        url=base_url, num_prompts=num_prompts, max_concurrency=concurrency, input_len=16, output_len=output_len
     )
     return await run_benchmark(settings)
 

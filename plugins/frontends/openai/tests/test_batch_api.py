@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from llmp_frontend_openai.batch_jobs import RUNNER_KEY
 from llmp_frontend_openai.batch_store import BatchStore
 from openai_frontend_support import assert_error
 
@@ -250,18 +251,48 @@ def test_batch_across_api_servers(sdk, batch_server, tiny):
 
 
 def test_jobs_are_run_by_one_process_holding_the_directory(batch_server, sdk, tiny):
-    """The lock is held while a job runs, by an API server (not the launcher), and let go after."""
-    body = {"model": tiny.name, "prompt": "x", "max_tokens": 64, "temperature": 0, "ignore_eos": True}
-    lines = [line(f"k{i}", body, url="/v1/completions") for i in range(16)]
+    """The directory's lock is held while a job runs, by an API server (not the launcher), and let
+    go once no job is left: any process may take it then (another server sharing the directory)."""
+    body = {"model": tiny.name, "prompt": "x", "max_tokens": 32, "temperature": 0, "ignore_eos": True}
+    lines = [line(f"k{i}", body, url="/v1/completions") for i in range(12)]
     batch = sdk.batches.create(input_file_id=upload(sdk, lines), endpoint="/v1/completions", completion_window="24h")
-    wait_for(sdk, batch.id, ("in_progress",))
     store = BatchStore(Path(batch_server.batch_dir))
-    assert not store.try_lock()  # an API server runs the job
-    holder = int((Path(batch_server.batch_dir) / "lock").read_text())
-    assert holder != batch_server.process.pid and "[api-server" in batch_server.log()
+    deadline = time.monotonic() + 60
+    while True:  # a lock taken while the job was in progress before and after would be a second runner
+        before = sdk.batches.retrieve(batch.id).status
+        taken = store.try_lock()
+        store.unlock()
+        if before == sdk.batches.retrieve(batch.id).status == "in_progress":
+            assert not taken
+            break
+        assert before in ("validating", "in_progress") and time.monotonic() < deadline, before
+    holder = (Path(batch_server.batch_dir) / "lock").read_text()
+    assert Path(f"/proc/{holder}/stat").read_text().split()[3] == str(batch_server.process.pid)  # a child
     wait_for(sdk, batch.id, ("completed",))
     deadline = time.monotonic() + 10
     while not store.try_lock():  # let go once no job is left
         assert time.monotonic() < deadline
         time.sleep(0.05)
     store.unlock()
+
+
+def test_a_job_of_another_servers_model_is_shown_not_run(batch_server, sdk, http):
+    """A job another server (of another model) left in the shared directory: listed and retrievable
+    here, never run here (its lines name a model this server does not serve), but cancellable."""
+    now = int(time.time())
+    foreign = {"id": "batch_foreign0", "object": "batch", "endpoint": "/v1/chat/completions", "status": "validating"}
+    foreign |= {"input_file_id": upload(sdk, [line("f0", chat_body("another-model", "x"))]), "completion_window": "24h"}
+    foreign |= {"created_at": now, "expires_at": now + 24 * 3600}
+    foreign |= {"request_counts": {"total": 0, "completed": 0, "failed": 0}}
+    foreign |= dict.fromkeys(("model", "errors", "output_file_id", "error_file_id", "usage", "metadata"))
+    foreign |= dict.fromkeys(("in_progress_at", "finalizing_at", "completed_at", "failed_at", "expired_at"))
+    foreign |= {"cancelling_at": None, "cancelled_at": None, RUNNER_KEY: "another-model"}
+    BatchStore(Path(batch_server.batch_dir)).save_job(foreign)
+    time.sleep(1)  # a few rounds of every API server's watch
+    shown = sdk.batches.retrieve("batch_foreign0")
+    assert shown.status == "validating" and shown.in_progress_at is None
+    assert set(http.get("/v1/batches/batch_foreign0").json()) == set(foreign) - {RUNNER_KEY}  # OpenAI's fields
+    assert "batch_foreign0" in {b.id for b in sdk.batches.list()}
+    assert sdk.batches.cancel("batch_foreign0").status in ("cancelling", "cancelled")
+    done = wait_for(sdk, "batch_foreign0", ("cancelled",))
+    assert done.cancelling_at and done.cancelled_at and done.request_counts.total == 0
