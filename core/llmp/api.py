@@ -913,7 +913,8 @@ class Frontend(Protocol):
       otherwise post cross-site without a CORS preflight), a type other than JSON is a 400.
     - ``upload_paths``: a mapping of exact paths to byte limits whose POST bodies may be
       ``multipart/form-data`` (file uploads: OpenAI's ``/v1/files``), read up to that limit
-      instead of ``--max-request-body-bytes``, with no JSON checks.
+      instead of ``--max-request-body-bytes``, with no JSON checks. A value may also be
+      ``(limit, message)``: the message of the 413 for a larger body (naming the option that sets it).
     - ``admin_paths``: exact paths that are management routes (OpenAI's ``/v1/chat/completions/render``):
       dropped (404) unless ``llmp serve --enable-admin-api``, and then behind ``--admin-api-key`` when set.
     """

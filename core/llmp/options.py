@@ -492,7 +492,7 @@ class FrontendOptions:
     )
     batch_dir: str | None = option(
         None,
-        "Where batch files and jobs persist (default: batches/ in the llmp cache).",
+        "Where batch files and jobs persist (default: batches/<served model> in the llmp cache).",
         metavar="DIR",
         panel="Operations",
     )

@@ -12,6 +12,7 @@ import pytest
 from llmp import LLM, AsyncLLM, LoRARequest, SamplingParams, hookimpl
 from llmp.api import EngineSleepingError, ExecutorSpec
 from llmp.engine.executor import UniprocExecutor
+from llmp.engine.worker import WorkerCallError
 from llmp.testing import registered, save_random_lora, save_tiny_llama
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
@@ -130,6 +131,38 @@ def test_collective_rpc(llm):
         llm.collective_rpc("describe", args=(1,))
     with pytest.raises(TypeError, match="args must be a list"):
         llm.collective_rpc("describe", args="x")
+    with pytest.raises(WorkerCallError, match="failed on rank 0: RuntimeError: boom"):  # a failure, not a bad call
+        llm.collective_rpc(fail)
+
+
+def fail(worker):
+    raise RuntimeError("boom")
+
+
+def uses_the_model(worker):
+    return worker.runner.model.attention_layers()
+
+
+def test_worker_calls_while_asleep_and_a_failed_wake_up(llm, reference, model_dir, tmp_path):
+    (awake,) = llm.collective_rpc("describe")
+    llm.sleep(2)
+    try:
+        (asleep,) = llm.collective_rpc("describe")  # no model, still described
+        assert asleep["sleeping"] == ["kv_cache", "weights"] and awake["sleeping"] == []
+        assert asleep["bytes_per_block"] == awake["bytes_per_block"]
+        with pytest.raises(EngineSleepingError, match="uses_the_model needs the model.*wake it up"):
+            llm.collective_rpc(uses_the_model)  # never an AttributeError on the missing model
+        weights = model_dir / "model.safetensors"
+        weights.rename(tmp_path / "away")
+        try:
+            with pytest.raises(WorkerCallError, match=r"^wake-up failed on rank 0: ModelLoadError"):
+                llm.wake_up()
+        finally:
+            (tmp_path / "away").rename(weights)
+        assert llm.is_sleeping()  # still asleep; a second try works
+    finally:
+        llm.wake_up()
+    assert greedy(llm) == reference
 
 
 class NoRPCExecutor:

@@ -132,6 +132,28 @@ def test_sleep_then_a_request_is_503_then_wake_gives_the_same_answer(http, level
     assert greedy_text(http) == before
 
 
+def test_asleep_describe_works_and_a_failed_wake_up_is_a_logged_500(http, live, model_dir, tmp_path):
+    assert http.post("/sleep?level=2", headers=ADMIN).status_code == 200
+    weights = model_dir / "model.safetensors"
+    try:
+        response = http.post("/collective_rpc", json={"method": "describe"}, headers=ADMIN)
+        assert response.status_code == 200, response.text  # no model while asleep: described all the same
+        assert response.json()["results"][0]["sleeping"] == ["kv_cache", "weights"]
+        weights.rename(tmp_path / "away")
+        response = http.post("/wake_up", headers=ADMIN)
+        assert response.status_code == 500, response.text  # the server's failure, not the request's
+        error = response.json()["error"]
+        assert error["message"].startswith("wake-up failed on rank 0: ModelLoadError"), error
+        assert error["type"] == "internal_server_error"
+        assert re.search(r"ERROR .*management call failed: wake-up failed on rank 0", live.log())
+    finally:
+        if not weights.exists():
+            (tmp_path / "away").rename(weights)
+    assert is_sleeping(http)
+    assert http.post("/wake_up", headers=ADMIN).status_code == 200  # the files are back: it wakes
+    assert greedy_text(http)
+
+
 def test_sleep_aborts_a_request_in_flight(http):
     chunks: list[dict] = []
     started = threading.Event()

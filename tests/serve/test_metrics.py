@@ -175,6 +175,8 @@ def test_engine_times_add_up(observed):
 def test_iteration_tokens_are_prompt_plus_generated_tokens(observed):
     before, after, (computed, _, generated) = observed
     assert total(before, "llmp_iteration_tokens_count") == 0  # the server's warm-up request is not counted
+    assert total(before, "llmp_prefix_cache_queries_total") == 0  # nor its prompt in the prefix cache
+    assert total(after, "llmp_prefix_cache_queries_total") == computed
     assert total(after, "llmp_iteration_tokens_sum") == computed + generated
     steps = total(after, "llmp_iteration_tokens_count")
     assert 0 < steps <= computed + generated
@@ -196,3 +198,16 @@ def test_every_metric_is_also_under_its_vllm_name_with_the_same_values(observed)
     assert compared > 100
     finished = frozenset({("model_name", MODEL), ("finished_reason", "length")})
     assert after[("vllm:request_success_total", finished)] == after[("llmp_request_success_total", finished)] == 5
+
+
+def test_series_exist_from_the_start_and_none_is_created(observed):
+    before, after, _ = observed
+    # as vLLM: every finish reason and rejection reason at 0 before any happened (rate() reads 0)
+    for reason in ("stop", "length", "abort"):
+        labels = frozenset({("model_name", MODEL), ("finished_reason", reason)})
+        assert before[("llmp_request_success_total", labels)] == 0, reason
+        assert before[("vllm:request_success_total", labels)] == 0, reason
+    rejected = frozenset({("model_name", MODEL), ("reason", "overloaded")})
+    assert before[("llmp_requests_rejected_total", rejected)] == 0
+    # no *_created series (vLLM disables them; several API servers could not export them)
+    assert not [name for name, _ in after if name.endswith("_created")]

@@ -175,6 +175,18 @@ def test_the_api_key_is_never_logged(server):
         assert response.status_code == 200, response.text
     refused = httpx.get(f"{server.api_url}/models", headers={"Authorization": f"Bearer {KEY}x"}, timeout=30)
     assert refused.status_code == 401
+    # ...and in the URL's query, which uvicorn's access log writes: its value is redacted
+    in_url = httpx.post(
+        f"{server.api_url}/completions?api_key={KEY}&n_keep=1",
+        json={"prompt": "key test", "max_tokens": 2},
+        headers={"Authorization": f"Bearer {KEY}"},
+        timeout=30,
+    )
+    assert in_url.status_code == 200, in_url.text
+    deadline = time.monotonic() + 10
+    while "/v1/completions?api_key=REDACTED&n_keep=1" not in server.log() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "/v1/completions?api_key=REDACTED&n_keep=1" in server.log()
     assert len(_lines(server, FINISHED, "cmpl-")) >= 2  # the requests were logged...
     assert KEY not in server.log()  # ...and the key was not
 
@@ -191,6 +203,32 @@ def test_an_engine_request_that_fails_logs_its_error(caplog):
     [line] = caplog.messages
     assert line.startswith("Failed request cmpl-9: 408 RequestTimeoutError: the request took longer")
     assert line.endswith(" after 2.500 s.")
+
+
+def test_secret_query_parameters_are_redacted():
+    from llmp.server.request_log import redact_query
+
+    assert redact_query("/v1/models") == "/v1/models"
+    assert redact_query("/sleep?level=1") == "/sleep?level=1"
+    assert (
+        redact_query("/v1/x?api_key=K&key=K&access_token=K&Password=K&model=m&flag")
+        == "/v1/x?api_key=REDACTED&key=REDACTED&access_token=REDACTED&Password=REDACTED&model=m&flag"
+    )
+    assert redact_query("/v1/x?api%5Fkey=K") == "/v1/x?api%5Fkey=REDACTED"  # percent-encoded names too
+
+
+def test_max_log_len_0_says_the_prompt_is_omitted(caplog):
+    from llmp import Prompt
+    from llmp.server.metrics import RequestRecord
+    from llmp.server.request_log import RequestLogger
+
+    with caplog.at_level("INFO", logger="llmp.requests"):
+        for max_log_len in (0, None):
+            record = RequestRecord("cmpl-7", "generate", Prompt(text="", token_ids=[]), None, None)
+            RequestLogger(max_log_len=max_log_len).on_start(record)
+    omitted, empty = caplog.messages
+    assert "prompt: <omitted>," in omitted and "prompt_token_ids: <omitted>," in omitted
+    assert "prompt: ''," in empty and "prompt_token_ids: []," in empty  # an empty prompt stays one
 
 
 def test_shutdown_with_an_unreachable_collector_is_bounded(server):

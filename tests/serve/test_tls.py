@@ -191,6 +191,16 @@ def _settings(**fields: object) -> ServeSettings:
 
 def test_bad_tls_options_are_one_clear_error(pki: Path, tmp_path: Path):
     cert, key = str(pki / "server.pem"), str(pki / "server.key")
+    # the server's key encrypted with a pass phrase: refused, never a prompt on the terminal
+    plain = serialization.load_pem_private_key((pki / "server.key").read_bytes(), None)
+    encrypted = tmp_path / "encrypted.key"
+    encrypted.write_bytes(
+        plain.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.BestAvailableEncryption(b"pass phrase"),
+        )
+    )
     cases = {
         "--ssl-keyfile needs --ssl-certfile": _settings(ssl_keyfile=key),
         "--ssl-cert-reqs 2 needs --ssl-certfile": _settings(ssl_cert_reqs=2),
@@ -207,6 +217,9 @@ def test_bad_tls_options_are_one_clear_error(pki: Path, tmp_path: Path):
         "as the TLS certificate and key: not PEM files": _settings(ssl_certfile=cert, ssl_keyfile=str(pki / "ca.pem")),
         "--ssl-ca-certs": _settings(ssl_certfile=cert, ssl_keyfile=key, ssl_ca_certs=key),
         "the grpc front-end's own port": _settings(ssl_certfile=cert, ssl_keyfile=key, frontend=("openai", "grpc")),
+        "the key is encrypted with a pass phrase, and encrypted keys are not supported": _settings(
+            ssl_certfile=cert, ssl_keyfile=str(encrypted)
+        ),
     }
     for expected, settings in cases.items():
         with pytest.raises(LLMPError) as error:

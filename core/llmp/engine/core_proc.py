@@ -90,6 +90,7 @@ class EngineCoreLoop:
         self._connect(0, input_address, output_address)
         self.engine: Any = None
         self.running = True
+        self.before_warm_up: tuple[int, int] | None = None  # prefix-cache counters before the warm-up
 
     def _connect(self, index: int, input_address: str, output_address: str) -> EngineClientSockets:
         input, output = self.context.socket(zmq.PULL), self.context.socket(zmq.PUSH)
@@ -186,8 +187,8 @@ class EngineCoreLoop:
         try:
             while self.running:
                 busy = self.engine.has_unfinished_requests()
-                if not busy:
-                    self.engine.stat_loggers.muted = False  # the warm-up, if any, is over
+                if not busy and self.engine.stat_loggers.muted:
+                    self._end_warm_up()
                 for socket, _ in self.poller.poll(0 if busy else IDLE_POLL_MS):
                     client = self.by_socket.get(socket)
                     if client is not None:  # not dropped by an earlier client's message
@@ -238,10 +239,21 @@ class EngineCoreLoop:
             else:
                 self._utility(message)
 
+    def _end_warm_up(self) -> None:
+        """The warm-up request is over: it is not part of the workload, so its prefix-cache lookups
+        are taken back out of the counters (``/metrics``), as the stat loggers never saw it."""
+        self.engine.stat_loggers.muted = False
+        if self.before_warm_up is not None:
+            kv = self.engine.kv_manager
+            kv.prefix_cache_queries, kv.prefix_cache_hits = self.before_warm_up
+            self.before_warm_up = None
+
     def _add_request(self, message: msg.AddRequest) -> None:
         prompt = message.prompt
         if message.request_id == WARM_UP_REQUEST_ID:
             self.engine.stat_loggers.muted = True
+            kv = self.engine.kv_manager
+            self.before_warm_up = (kv.prefix_cache_queries, kv.prefix_cache_hits)
         engine_id = self._engine_id(message.request_id)
         client = self.reply_to
         if engine_id != message.request_id and client is not None:
@@ -476,12 +488,15 @@ def _main() -> None:
     engine_process_main(config, model, input_address, output_address, parent_pid)
 
 
+PARENT_WATCH_S = 0.2
+
+
 def exit_with_parent(parent_pid: int) -> None:
-    """Exit this process once its parent is gone (it may have been SIGKILLed): no orphans."""
-    while True:
-        time.sleep(1.0)
-        if os.getppid() != parent_pid:
-            os._exit(1)
+    """Exit this process once its parent is gone (it may have been SIGKILLed): no orphans, within
+    ``PARENT_WATCH_S`` (a parent that died before the watch began is seen at once)."""
+    while os.getppid() == parent_pid:
+        time.sleep(PARENT_WATCH_S)
+    os._exit(1)
 
 
 if __name__ == "__main__":

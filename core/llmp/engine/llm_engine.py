@@ -24,6 +24,7 @@ from llmp.engine.sampler import Sampler, bad_words_token_ids
 from llmp.engine.scheduler import SchedulerConfig, check_priority
 from llmp.engine.stat_loggers import StatLoggers
 from llmp.engine.step_stats import IterationTokens, step_prompt_tokens
+from llmp.engine.worker import WorkerCallError
 from llmp.inputs import Prompt, PromptType, as_prompt
 from llmp.lora import LORA_DISABLED, LoRARequest
 from llmp.modeling.decoder import as_pooling_model
@@ -536,9 +537,21 @@ class LLMEngine:
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         return self._executor_rpc()(method, timeout, tuple(args), dict(kwargs or {}))
 
+    WORKER_CALL_NAMES = {
+        "wake_up": "wake-up",
+        "start_profile": "starting the profile",
+        "stop_profile": "stopping the profile",
+    }
+
     def _worker_call(self, method: str, *args: Any) -> list[Any]:
-        """One of the engine-driven worker methods on every rank (waits as long as loading may take)."""
-        return self._executor_rpc()(method, max(self.config.worker_timeout_s, 600.0), args, {})
+        """One of the engine-driven worker methods on every rank (waits as long as loading may take).
+        A rank's failure is named after the operation (``wake-up failed on rank 0: ...``), not the RPC."""
+        try:
+            return self._executor_rpc()(method, max(self.config.worker_timeout_s, 600.0), args, {})
+        except WorkerCallError as exc:
+            what = self.WORKER_CALL_NAMES.get(method, method)
+            message = f"{what} failed on rank {exc.rank}: {exc.detail}"
+            raise WorkerCallError(message, method=method, rank=exc.rank, detail=exc.detail) from None
 
     def _executor_rpc(self) -> Callable[..., list[Any]]:
         rpc = getattr(self.executor, "collective_rpc", None)

@@ -97,6 +97,9 @@ class ModelRunner:
     # -- KV cache --------------------------------------------------------
 
     def bytes_per_block(self) -> int:
+        """Bytes of one KV-cache block over every attention layer (known asleep too: from the cache's shapes)."""
+        if self.model is None:  # level-2 sleep: the shapes the cache was allocated with
+            return sum(2 * heads * dim for _, _, heads, dim in self.kv_shapes) * self.block_size * self.dtype.itemsize
         layers = self.model.attention_layers()
         per_token = sum(2 * layer.num_kv_heads * layer.head_dim for layer in layers)
         return per_token * self.block_size * self.dtype.itemsize

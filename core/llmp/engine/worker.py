@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from llmp.api import ResolvedModel
+from llmp.api import EngineSleepingError, LLMPError, ResolvedModel
 from llmp.options import EngineConfig
 
 
@@ -47,12 +47,14 @@ class Worker:
         self._profiler: Any = None
 
     def describe(self) -> dict[str, Any]:
+        """What this rank runs; works asleep too (``sleeping``: what sleep took away)."""
         return {
             "rank": self.rank,
             "kernels_name": self.runner.kernels_spec.name,
             "bytes_per_block": self.runner.bytes_per_block(),
             "load_seconds": self.runner.load_seconds,
             "pid": os.getpid(),
+            "sleeping": sorted(self.runner.asleep),
         }
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
@@ -118,18 +120,47 @@ def call_worker_method(
     return function(*args, **(kwargs or {}))
 
 
+class WorkerCallError(LLMPError):
+    """A worker method failed for a reason other than its arguments (a model that no longer loads,
+    a device error): a server error (HTTP 500), unlike a ``ValueError``/``TypeError`` (400)."""
+
+    def __init__(self, message: str, *, method: str = "", rank: int = 0, detail: str = "") -> None:
+        super().__init__(message)
+        self.method, self.rank, self.detail = method, rank, detail
+
+
+# the failures of a call that are the caller's fault (bad method name, arguments, state)
+_BAD_ARGUMENT_FAILURES = ("ValueError", "TypeError")
+
+
 def rpc_outcome(worker: Any, method: Any, args: Sequence[Any], kwargs: dict[str, Any] | None) -> tuple[bool, Any]:
     """``(True, result)`` or ``(False, "Type: message")``: a failed call is reported, never the end of a rank."""
     try:
         return True, call_worker_method(worker, method, args, kwargs)
+    except AttributeError as exc:
+        if "weights" in getattr(getattr(worker, "runner", None), "asleep", ()):  # level 2: no model to call
+            name = method if isinstance(method, str) else getattr(method, "__name__", "the function")
+            return False, (
+                f"EngineSleepingError: {name} needs the model, whose weights are not loaded while the engine "
+                "sleeps: wake it up first (POST /wake_up, wake_up())"
+            )
+        return False, f"{type(exc).__name__}: {exc}"
     except Exception as exc:
         return False, f"{type(exc).__name__}: {exc}"
 
 
 def raise_rpc_failures(method: Any, outcomes: Sequence[tuple[bool, Any]]) -> list[Any]:
-    """The results of every rank's :func:`rpc_outcome`, or a ``ValueError`` naming the first rank that failed."""
+    """The results of every rank's :func:`rpc_outcome`, or an error naming the first rank that
+    failed: a ``ValueError`` when the call was refused (a ``ValueError``/``TypeError`` on the rank),
+    ``EngineSleepingError`` when it needs the model of a sleeping engine, else :class:`WorkerCallError`."""
     for rank, (ok, value) in enumerate(outcomes):
         if not ok:
             name = method if isinstance(method, str) else getattr(method, "__name__", repr(method))
-            raise ValueError(f"collective_rpc {name!r} failed on rank {rank}: {value}")
+            message = f"collective_rpc {name!r} failed on rank {rank}: {value}"
+            kind = str(value).partition(":")[0]
+            if kind in _BAD_ARGUMENT_FAILURES:
+                raise ValueError(message)
+            if kind == "EngineSleepingError":
+                raise EngineSleepingError(f"{name!r} on rank {rank}: {str(value).partition(': ')[2]}")
+            raise WorkerCallError(message, method=name, rank=rank, detail=str(value))
     return [value for _, value in outcomes]

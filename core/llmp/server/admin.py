@@ -16,6 +16,7 @@ from fastapi import APIRouter, FastAPI, Query
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from llmp.api import EngineDeadError, EngineSleepingError, LLMPError
 from llmp.frontend.errors import APIError
 from llmp.options import ServerOptions
 
@@ -37,8 +38,9 @@ class CollectiveRPCBody(BaseModel):
     timeout: float | None = Field(None, gt=0)
 
 
-def mount_admin(app: FastAPI, state: Any, http: ServerOptions) -> None:
-    """Serve the management routes on ``app`` and tell the gate which key they take."""
+def mount_admin(app: FastAPI, state: Any, http: ServerOptions, *, warn: bool = True) -> None:
+    """Serve the management routes on ``app`` and tell the gate which key they take; ``warn``: say
+    so (several API servers: their launcher says it once)."""
     from llmp.server.app import with_light_json
 
     state.admin_paths = ADMIN_PATHS
@@ -46,6 +48,11 @@ def mount_admin(app: FastAPI, state: Any, http: ServerOptions) -> None:
         state.admin_key_digests = [hashlib.sha256(http.admin_api_key.encode()).digest()]
     app.include_router(with_light_json(admin_router(state)))
     app.openapi_schema = None
+    if warn:
+        warn_admin_api(http)
+
+
+def warn_admin_api(http: ServerOptions) -> None:
     log.warning(
         "the management routes are on (--enable-admin-api): %s, behind %s",
         ", ".join(sorted(ADMIN_PATHS)),
@@ -113,11 +120,17 @@ def admin_router(state: Any) -> APIRouter:
 
 
 async def _run(call: Any) -> Any:
-    """An engine call, its failures as HTTP errors: a bad argument 400 (the app's handler), an
-    executor without ``collective_rpc`` 501, a call past its timeout 504."""
+    """An engine call, its failures as HTTP errors: a bad argument 400 and a sleeping or dead engine
+    503 (the app's handler), an executor without ``collective_rpc`` 501, a call past its timeout 504,
+    and a worker's failure (a model that no longer loads on wake-up ...) 500, logged."""
     try:
         return await call
     except NotImplementedError as exc:
         raise APIError(501, str(exc)) from None
     except TimeoutError as exc:
         raise APIError(504, str(exc)) from None
+    except (EngineSleepingError, EngineDeadError, ValueError, LookupError):
+        raise
+    except LLMPError as exc:  # a worker failed (llmp.engine.worker.WorkerCallError): the server's fault
+        log.error("management call failed: %s", exc)
+        raise APIError(500, str(exc)) from None

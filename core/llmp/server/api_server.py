@@ -17,6 +17,8 @@ from llmp.server import launch
 from llmp.server.api_servers import Replica
 from llmp.server.settings import ServeSettings
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
 
 def _main() -> None:
     # `python -m llmp.server.api_server`: the arguments arrive pickled on stdin from the launcher
@@ -32,7 +34,8 @@ def run_api_server(
     from llmp.frontend.startup import read_chat_template
     from llmp.lora import parse_lora_module
 
-    threading.Thread(target=exit_with_parent, args=(launcher_pid,), daemon=True).start()
+    _die_with_launcher()
+    threading.Thread(target=exit_with_parent, args=(launcher_pid,), daemon=True).start()  # elsewhere
     signal.signal(signal.SIGTERM, launch._interrupt)  # until uvicorn handles it: stop start-up quietly
     label = f"[api-server {replica.index}]"
     logging.basicConfig(level=settings.server.log_level.upper(), format=f"%(levelname)s %(name)s {label}: %(message)s")
@@ -48,6 +51,21 @@ def run_api_server(
         return 2
     except KeyboardInterrupt:
         return 0
+
+
+def _die_with_launcher() -> None:
+    """On Linux, the kernel kills this process the moment its launcher dies (a SIGKILLed launcher
+    cannot stop it): at once, not at the next look of the watch thread. The launcher spawns API
+    servers from its main thread only, whose end is the process's end (the signal follows the thread)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # no prctl: the watch thread alone
+        pass
 
 
 def _label_uvicorn_logs(label: str) -> None:

@@ -7,8 +7,10 @@ of them), through an engine client of its own that the launcher attaches to the 
 (``AsyncLLM.attach_client``): the engine sends each request's outputs to the process that sent it.
 Children say when they are ready; the launcher lets them all serve at once and prints ``ready``.
 
-Metrics: children write their counters and histograms to files in ``PROMETHEUS_MULTIPROC_DIR`` (a
-temporary directory made and removed here) and any child's ``/metrics`` sums them all.
+Metrics: children write their counters and histograms to files in ``PROMETHEUS_MULTIPROC_DIR`` (in
+a temporary directory made and removed here, named after the launcher's pid: a launcher that was
+SIGKILLed could not remove its own, so the next one removes those whose launcher is gone) and any
+child's ``/metrics`` sums them all.
 
 Failures: a child that dies while serving is restarted (its requests in flight are lost: the
 engine aborts them) and accepts connections again once ready, while the others serve; one that
@@ -26,6 +28,7 @@ import itertools
 import logging
 import os
 import pickle
+import re
 import shutil
 import signal
 import socket
@@ -48,6 +51,7 @@ WATCH_S = 0.2
 MAX_RESTARTS = 3  # restarts of API servers within RESTART_WINDOW_S; one more takes the server down
 RESTART_WINDOW_S = 60.0
 KILL_AFTER_S = 10.0  # past the children's own drain time (--shutdown-timeout and its grace)
+WORKDIR_PREFIX = "llmp-api-servers-"  # then the launcher's pid and a dash: llmp-api-servers-PID-XXXX
 
 
 def check_api_servers(settings: ServeSettings) -> None:
@@ -62,6 +66,40 @@ def check_api_servers(settings: ServeSettings) -> None:
             "--enable-lora-runtime-updates loads an adapter into one API server's table of adapters, "
             "not the others': use --api-server-count 1 with it (--lora-modules work with any count)"
         )
+    cpus = os.cpu_count() or 1
+    if settings.server.api_server_count > cpus:
+        log.warning(
+            "--api-server-count %d is more than the %d CPUs: the API servers (and the engine) will "
+            "compete for them; more processes than cores rarely serve more",
+            settings.server.api_server_count,
+            cpus,
+        )
+
+
+def remove_stale_workdirs(tmp: str | None = None) -> list[Path]:
+    """Remove this user's launcher directories (ipc sockets, metrics files) whose launcher is no
+    longer running (it was SIGKILLed); those removed."""
+    removed = []
+    for path in Path(tmp or tempfile.gettempdir()).glob(f"{WORKDIR_PREFIX}*"):
+        found = re.fullmatch(rf"{WORKDIR_PREFIX}(\d+)-.+", path.name)
+        try:
+            ours = path.is_dir() and not path.is_symlink() and path.stat().st_uid == os.getuid()
+        except OSError:
+            continue
+        if found and ours and not _running(int(found.group(1))):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: running
+        return True
+    return True
 
 
 # -- an API server (the child) ----------------------------------------------------------------
@@ -161,7 +199,9 @@ class _Launcher:
         self.engine: Any = None
         self.loading: concurrent.futures.Future | None = None
         self.children: dict[int, _Child] = {}
-        self.workdir = Path(tempfile.mkdtemp(prefix="llmp-api-servers-"))
+        for stale in remove_stale_workdirs():
+            log.info("removed %s, left by an API-server launcher that is gone", stale)
+        self.workdir = Path(tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-"))
         self.metrics_dir = self.workdir / "metrics"
         self.metrics_dir.mkdir()
         self.generations = itertools.count()
@@ -314,6 +354,8 @@ class _Launcher:
     async def _replace(self, dead: _Child) -> None:
         """Restart an API server that died, unless it never became ready or they keep dying."""
         what = f"API server {dead.index} (pid {dead.process.pid}) exited ({dead.exit_description()})"
+        if self.stopping.is_set():  # shutting down: nothing is restarted
+            return
         if not dead.ready:
             raise _Stop(1, f"{what} before it was ready; shutting the server down")
         now = time.monotonic()
@@ -323,7 +365,9 @@ class _Launcher:
         if len(self.restarts) > MAX_RESTARTS:
             many = f"more than {MAX_RESTARTS} API servers died within {RESTART_WINDOW_S:.0f} s"
             raise _Stop(1, f"{what}: {many}; shutting the server down")
-        log.error("%s: restarting it", what)
+        # status 0 or SIGTERM: someone stopped it on purpose (it drained); anything else is a crash
+        planned = dead.process.returncode in (0, -signal.SIGTERM)
+        log.log(logging.WARNING if planned else logging.ERROR, "%s: restarting it", what)
         if dead.engine_index is not None:
             aborted = await self.engine.detach_client(dead.engine_index)
             if aborted:

@@ -51,7 +51,7 @@ class ServerState:
         # ("/" itself is exact: a prefix of every path)
         self.public_paths: list[str] = []
         self.any_body_type_paths: list[str] = []  # path prefixes whose POST bodies are JSON whatever the type says
-        self.upload_paths: dict[str, int] = {}  # exact paths taking multipart/form-data bodies, and their size limits
+        self.upload_paths: dict[str, int | tuple[int, str]] = {}  # multipart/form-data paths: size limit[, 413 message]
         self.admin_paths: frozenset[str] = frozenset()  # the management routes (server.admin), when mounted
         self.admin_key_digests: list[bytes] = []  # --admin-api-key: then the only key the admin paths take
 
@@ -95,7 +95,7 @@ def route_path(scope: Mapping[str, Any]) -> str:
 
 
 async def send_json(send: Callable, status: int, body: Any, headers: Mapping[str, str] | None = None) -> None:
-    payload = json.dumps(body).encode()
+    payload = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()  # as JSONResponse renders
     raw = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
     raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
     await send({"type": "http.response.start", "status": status, "headers": raw})
@@ -104,6 +104,12 @@ async def send_json(send: Callable, status: int, body: Any, headers: Mapping[str
 
 class BodyTooLarge(Exception):
     pass
+
+
+def _upload_limit(declared: int | tuple[int, str]) -> tuple[int, str | None]:
+    """A front-end's ``upload_paths`` value: the byte limit, or the limit and the 413's message
+    (naming the option that sets it)."""
+    return declared if isinstance(declared, tuple) else (declared, None)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -227,8 +233,8 @@ class GateMiddleware:
 
     async def _upload(self, scope: dict, receive: Callable, send: Callable, path: str, headers: Mapping) -> None:
         """A file upload (a front-end's ``upload_paths``): read up to its own limit, no JSON checks."""
-        limit = self.state.upload_paths[path]
-        too_large = APIError(413, f"the upload exceeds the limit of {limit} bytes for {path}")
+        limit, message = _upload_limit(self.state.upload_paths[path])
+        too_large = APIError(413, message or f"the upload exceeds the limit of {limit} bytes for {path}")
         length = headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > limit:
             return await self._refuse(send, path, too_large)

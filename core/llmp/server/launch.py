@@ -83,6 +83,10 @@ def _serve_api_servers(
     from llmp.server.api_servers import LaunchSteps, serve_api_servers
 
     http = settings.server
+    if http.enable_admin_api:  # once here, not once per API server
+        from llmp.server.admin import warn_admin_api
+
+        warn_admin_api(http)
     name = served_model_names(http.served_model_name, settings.engine.model)[0]
     steps = LaunchSteps(
         warm_up=_warm_up,
@@ -187,17 +191,33 @@ def _check_tls(settings: ServeSettings) -> None:
             except OSError as exc:
                 raise LLMPError(f"{flag} {path}: {exc.strerror}") from None
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    pair = http.ssl_certfile + (f" and {http.ssl_keyfile}" if http.ssl_keyfile else "")
     try:
-        context.load_cert_chain(http.ssl_certfile, http.ssl_keyfile)
+        # an encrypted key would make every API server ask for its pass phrase (or fail): refused now
+        context.load_cert_chain(http.ssl_certfile, http.ssl_keyfile, password=_no_pass_phrase)
+    except _EncryptedKey:
+        raise LLMPError(
+            f"cannot use {pair} as the TLS certificate and key: the key is encrypted with a pass phrase, "
+            "and encrypted keys are not supported (decrypt it: openssl pkey -in KEY -out PLAIN.key)"
+        ) from None
     except ssl.SSLError as exc:
-        pair = http.ssl_certfile + (f" and {http.ssl_keyfile}" if http.ssl_keyfile else "")
         why = "the key does not match the certificate" if exc.reason == "KEY_VALUES_MISMATCH" else "not PEM files"
         raise LLMPError(f"cannot use {pair} as the TLS certificate and key: {why} ({exc.reason or exc})") from None
+    except OSError as exc:
+        raise LLMPError(f"cannot use {pair} as the TLS certificate and key: {exc.strerror or exc}") from None
     if http.ssl_ca_certs is not None:
         try:
             context.load_verify_locations(http.ssl_ca_certs)
         except ssl.SSLError as exc:
             raise LLMPError(f"--ssl-ca-certs {http.ssl_ca_certs}: no CA certificates ({exc.reason or exc})") from None
+
+
+class _EncryptedKey(Exception):
+    """The TLS key asked for a pass phrase."""
+
+
+def _no_pass_phrase() -> bytes:
+    raise _EncryptedKey
 
 
 def tls_options(http: ServerOptions) -> dict[str, Any]:
@@ -299,7 +319,7 @@ async def _serve(
     if http.enable_admin_api:  # /sleep, /wake_up, /collective_rpc ...: 404 without the flag
         from llmp.server.admin import mount_admin
 
-        mount_admin(app, state, http)
+        mount_admin(app, state, http, warn=replica is None)  # several API servers: their launcher warned once
     config = uvicorn.Config(
         app,
         log_level=http.log_level.lower(),
@@ -310,6 +330,7 @@ async def _serve(
         http=_header_timeout_protocol(http.header_timeout),
         **tls_options(http),
     )
+    _redact_access_log()
     server = _server_class()(config, state, http.shutdown_timeout)
     port = sock.getsockname()[1]  # the bound one (--port 0 takes any free port), read before uvicorn owns it
     # (a restarted API server of several accepts connections only once ready: the others take them meanwhile)
@@ -387,6 +408,15 @@ async def _serve(
         if loaded is not None:
             await asyncio.to_thread(loaded.shutdown)
         await asyncio.to_thread(close_request_observers, observers)
+
+
+def _redact_access_log() -> None:
+    """No secret query parameter (``?api_key=...``) in uvicorn's access log (configured by its Config)."""
+    from llmp.server.request_log import AccessLogRedaction
+
+    access = logging.getLogger("uvicorn.access")
+    if not any(isinstance(f, AccessLogRedaction) for f in access.filters):
+        access.addFilter(AccessLogRedaction())
 
 
 def _stopping(server: Any, serving: asyncio.Task) -> bool:

@@ -19,7 +19,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
@@ -44,6 +44,9 @@ REQUEST_LATENCY_BUCKETS = (
 # vLLM's 1-2-5 ladder up to the context length; fixed here (the registry exists before the model is loaded)
 TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
 N_BUCKETS = (1, 2, 5, 10, 20)
+# label values made at 0 from the start (as vLLM does), so a rate() over them reads 0, not "no data"
+FINISHED_REASONS = ("stop", "length", "abort")
+REJECTED_REASONS = ("overloaded",)
 
 # Each metric once, by its family name (a counter's without ``_total``), with its names in vLLM's
 # ``vllm:`` namespace (``--metrics-names vllm``). Metrics vLLM has no name for are not listed.
@@ -216,6 +219,9 @@ class ServerMetrics:
     metric under its vLLM names too."""
 
     def __init__(self, model_name: str, names: str = "llmp") -> None:
+        # no *_created series (as vLLM): the multiprocess mode of several API servers cannot export
+        # them, and the series a scrape shows must not depend on --api-server-count
+        disable_created_metrics()
         self.registry = CollectorRegistry()
         self.label = {"model_name": model_name}
         self.engine = EngineStatsCollector(model_name)
@@ -270,6 +276,10 @@ class ServerMetrics:
             "llmp_requests_rejected", "Requests refused before reaching the engine, by reason.", "reason"
         )
         self.timeouts = counter("llmp_request_timeout", "Requests aborted by --request-timeout.")
+        for reason in FINISHED_REASONS:
+            self.success.labels(finished_reason=reason, **self.label)
+        for reason in REJECTED_REASONS:
+            self.rejected.labels(reason=reason, **self.label)
 
     def observe_params(self, params: Any) -> None:
         """vLLM's histograms of the request's ``n`` and ``max_tokens`` (when set)."""

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from contextvars import ContextVar
 from typing import Any
+from urllib.parse import unquote_plus
 
 from llmp.server.metrics import RequestRecord
 
@@ -19,6 +21,10 @@ log = logging.getLogger("llmp.requests")
 MAX_ERROR_CHARS = 500  # an error message in an outcome line: enough to say what was wrong
 MAX_ERROR_BODY = 16384  # bytes of an error response read for its message
 UNLOGGED_PATHS = frozenset({"/health", "/ready", "/live", "/ping", "/version", "/metrics"})  # probes and scrapes
+OMITTED = "<omitted>"  # --max-log-len 0: said outright, so it never reads as an empty prompt
+# query parameters whose value the access log never shows (?api_key=..., ?token=...)
+SECRET_PARAM = re.compile(r"key|token|secret|passw|auth|credential|signature|session", re.IGNORECASE)
+REDACTED = "REDACTED"
 
 
 class _EngineRequests:
@@ -47,16 +53,13 @@ class RequestLogger:
         if not log.isEnabledFor(logging.INFO):
             return
         text, token_ids = _prompt_parts(record.prompt)
-        if self.max_log_len is not None:
-            text = text[: self.max_log_len] if text is not None else None
-            token_ids = token_ids[: self.max_log_len] if token_ids is not None else None
         log.info(
-            "Received request %s: route: %s, prompt: %r, params: %s, prompt_token_ids: %s, lora_request: %s.",
+            "Received request %s: route: %s, prompt: %s, params: %s, prompt_token_ids: %s, lora_request: %s.",
             record.request_id,
             _route(record.http),
-            text,
+            _cut(text, self.max_log_len, repr),
             record.params,
-            token_ids,
+            _cut(token_ids, self.max_log_len, str),
             record.lora,
         )
 
@@ -122,6 +125,39 @@ class RefusalLogMiddleware:
                     status,
                     _body_message(response.get("body", b"")),
                 )
+
+
+class AccessLogRedaction(logging.Filter):
+    """uvicorn's access log lines (``"POST /v1/completions?api_key=... HTTP/1.1" 200``) with the values
+    of secret-looking query parameters replaced: a key sent in the URL is never written to the log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        # uvicorn's access record: (client, method, path with query, HTTP version, status)
+        if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str) and "?" in args[2]:
+            record.args = (*args[:2], redact_query(args[2]), *args[3:])
+        return True
+
+
+def redact_query(path: str) -> str:
+    """``path`` with the value of each query parameter named like a secret replaced by ``REDACTED``."""
+    base, _, query = path.partition("?")
+    if not query:
+        return path
+    parts = []
+    for part in query.split("&"):
+        name, eq, _value = part.partition("=")
+        parts.append(f"{name}{eq}{REDACTED}" if eq and SECRET_PARAM.search(unquote_plus(name)) else part)
+    return f"{base}?{'&'.join(parts)}"
+
+
+def _cut(value: Any, max_len: int | None, show: Any) -> str:
+    """A prompt's text or token ids for the log: cut to ``max_len``; ``<omitted>`` when that is 0."""
+    if value is None:
+        return "None"
+    if max_len == 0:
+        return OMITTED
+    return show(value if max_len is None else value[:max_len])
 
 
 def _route(http: Any) -> str:

@@ -26,7 +26,8 @@ from llmp_frontend_openai.batch_store import UNFINISHED, AnswerLog, BatchStore, 
 log = logging.getLogger("llmp.frontend.openai.batch")
 
 COMPLETION_WINDOW_S = 24 * 3600
-RETRY_DELAY_S = 0.5
+RETRY_DELAY_S = 0.5  # the first pause after a transient outcome (busy, sleeping engine), doubled each time
+MAX_RETRY_DELAY_S = 4.0
 MAX_SERVER_ERROR_RETRIES = 2  # a line that keeps failing with a 500 is answered with it
 # statuses that say the server cannot take the line now (busy, draining, the engine gone): run it later
 TRANSIENT = frozenset({429, 499, 503})
@@ -131,6 +132,8 @@ class BatchService:
         server's model (a restart mid-job), else from the first use of the API."""
         if await asyncio.to_thread(self._runnable):
             self.open()
+        if self.active.is_set():
+            await asyncio.to_thread(self._log_others_jobs)
         await self.active.wait()
         try:
             while True:
@@ -147,14 +150,36 @@ class BatchService:
 
     def _runnable(self) -> list[dict[str, Any]]:
         """The unfinished jobs on disk this process may run, oldest first: those of its model (or of
-        no recorded model), and any with a cancel request (cancelling runs no request)."""
+        no recorded model), and any with a cancel request or past its completion window (those run
+        no request: any process finalizes them)."""
+        now = time.time()
         jobs = [
             job
             for job in self.store.jobs()
             if job.get("status") in UNFINISHED
-            and (job.get(RUNNER_KEY) in (None, self.server_model) or self.store.cancel_requested(job["id"]) is not None)
+            and (
+                job.get(RUNNER_KEY) in (None, self.server_model)
+                or now > job["expires_at"]
+                or self.store.cancel_requested(job["id"]) is not None
+            )
         ]
         return sorted(jobs, key=lambda job: (job["created_at"], job["id"]))
+
+    def _log_others_jobs(self) -> None:
+        """Say once which unfinished jobs of the directory wait for a server of another model."""
+        waiting = [
+            f"{job['id']} ({job[RUNNER_KEY]})"
+            for job in self.store.jobs()
+            if job.get("status") in UNFINISHED and job.get(RUNNER_KEY) not in (None, self.server_model)
+        ]
+        if waiting:
+            log.warning(
+                "%d unfinished batch jobs in %s are for other served models and will not run on this server "
+                "(they expire 24 h after creation): %s",
+                len(waiting),
+                self.root,
+                ", ".join(waiting),
+            )
 
     async def _run_pending(self) -> None:
         if not await asyncio.to_thread(self._runnable):
@@ -262,7 +287,9 @@ class BatchService:
 
     async def _run_job(self, job: dict[str, Any]) -> None:
         try:
-            if job["status"] == "validating":
+            if job["status"] == "validating" and _expired(job) and not self._cancel_requested(job):
+                await self._expire_unvalidated(job)
+            elif job["status"] == "validating":
                 lines = await self._validate(job)
                 if lines is not None:
                     await self._execute(job, lines)
@@ -290,6 +317,14 @@ class BatchService:
             content, endpoint=job["endpoint"], served=self.runner.urls, max_lines=self.fe.options.max_batch_lines
         )
 
+    async def _expire_unvalidated(self, job: dict[str, Any]) -> None:
+        """A job never started within its window (no server of its model ran it): every line gets
+        its ``batch_expired`` answer."""
+        lines, _ = await asyncio.to_thread(self._read_lines, job, strict=False)
+        job.update(status="in_progress", in_progress_at=int(time.time()))
+        job["request_counts"] = {"total": len(lines), "completed": 0, "failed": 0}
+        await self._execute(job, lines)
+
     async def _validate(self, job: dict[str, Any]) -> list[BatchLine] | None:
         if self._cancel_requested(job):  # never started: nothing to answer
             now = int(time.time())
@@ -313,7 +348,8 @@ class BatchService:
 
     async def _execute(self, job: dict[str, Any], lines: list[BatchLine] | None = None) -> None:
         if lines is None:
-            lines, errors = await asyncio.to_thread(self._read_lines, job, strict=not self._cancel_requested(job))
+            strict = not (self._cancel_requested(job) or _expired(job))  # else: nothing runs, whoever's job it is
+            lines, errors = await asyncio.to_thread(self._read_lines, job, strict=strict)
             if errors:  # the input or the limits changed under a job: fail it, as validation would have
                 job.update(status="failed", failed_at=int(time.time()), errors={"object": "list", "data": errors})
                 self._save(job)
@@ -324,7 +360,7 @@ class BatchService:
             await _on_disk(self.store.save_progress, job["id"], counts)
             done = set(output.custom_ids) | set(failed.custom_ids)
             todo = [line for line in lines if line.custom_id not in done]
-            if job["status"] == "in_progress" and todo and not self._cancel_requested(job):
+            if job["status"] == "in_progress" and todo and not self._cancel_requested(job) and not _expired(job):
                 await self._run_lines(job, todo, output, failed, counts)
             answered = set(output.custom_ids) | set(failed.custom_ids)
             rest = [line for line in lines if line.custom_id not in answered]
@@ -367,14 +403,21 @@ class BatchService:
         attempts: dict[str, int] = {}
         append_lock = asyncio.Lock()
         shown = dict(counts)  # the counts other processes see
+        paused_until, setbacks = 0.0, 0  # after transient outcomes: no new line before then
+        cancelling = False
         try:
             while queue or running:
-                if time.time() > job["expires_at"] or self.store.cancel_requested(job["id"]) is not None:
-                    break
+                if _expired(job):
+                    break  # the lines in flight are aborted: the window is over
+                if not cancelling and self.store.cancel_requested(job["id"]) is not None:
+                    cancelling = True  # as OpenAI: no new line; those in flight finish and are kept
+                    queue.clear()
                 pace.refresh()
-                while queue and len(running) < pace.slots(len(running)):
-                    line = queue.pop()
-                    running[asyncio.ensure_future(self.runner.answer(line))] = (line, attempts.get(line.custom_id, 0))
+                if time.monotonic() >= paused_until:
+                    while queue and len(running) < pace.slots(len(running)):
+                        line = queue.pop()
+                        task = asyncio.ensure_future(self.runner.answer(line))
+                        running[task] = (line, attempts.get(line.custom_id, 0))
                 if not running:
                     await asyncio.sleep(PACE_POLL_S)
                     continue
@@ -383,10 +426,21 @@ class BatchService:
                     line, attempt = running.pop(task)
                     result: LineResult = task.result()
                     if _retry(result, attempt):
-                        attempts[line.custom_id] = attempt + 1
-                        queue.append(line)
-                        await asyncio.sleep(RETRY_DELAY_S)
+                        if not cancelling:  # run again later; cancelled: it gets its batch_cancelled answer
+                            attempts[line.custom_id] = attempt + 1
+                            queue.append(line)
+                        setbacks += 1
+                        delay = min(MAX_RETRY_DELAY_S, RETRY_DELAY_S * 2 ** min(setbacks - 1, 8))
+                        paused_until = max(paused_until, time.monotonic() + delay)
+                        log.debug(
+                            "batch %s: line %s got %d (the server cannot take it now): again in %.1f s",
+                            job["id"],
+                            line.custom_id,
+                            result.status,
+                            delay,
+                        )
                         continue
+                    setbacks = 0
                     async with append_lock:
                         target = output if result.ok else failed
                         await _on_disk(target.append, result.record)
@@ -450,6 +504,10 @@ async def _on_disk(write: Callable[..., Any], *args: Any) -> Any:
     except asyncio.CancelledError:
         await asyncio.wait([task])
         raise
+
+
+def _expired(job: dict[str, Any]) -> bool:
+    return time.time() > job["expires_at"]
 
 
 def _retry(result: LineResult, attempt: int) -> bool:

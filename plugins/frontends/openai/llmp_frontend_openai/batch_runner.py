@@ -81,7 +81,7 @@ class LineRunner:
             raise
         except Exception as exc:
             error = as_api_error(exc)
-            if error.status >= 500:
+            if error.status >= 500 and error.status != 503:  # 503: busy, sleeping or stopping; run again later
                 log.error("batch line %s (%s) failed", line.custom_id, line.url, exc_info=exc)
             status, body = error.status, error.body()
         record = {

@@ -5,6 +5,7 @@ retrieve, content, delete) and ``/v1/batches`` (create, retrieve, list, cancel),
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -35,9 +36,23 @@ class BatchCreateRequest(OpenAIModel):
     output_expires_after: Any = None  # refused unless null: outputs are kept until deleted
 
 
-def batch_dir(options: FrontendOptions) -> Path:
-    """``--batch-dir``, else ``batches/`` in the llmp cache (``LLMP_CACHE_DIR``)."""
-    return Path(options.batch_dir).expanduser() if options.batch_dir else cache_dir() / "batches"
+def batch_dir(options: FrontendOptions, model_name: str) -> Path:
+    """``--batch-dir`` (which servers may share on purpose), else ``batches/<served model>`` in the
+    llmp cache (``LLMP_CACHE_DIR``): unrelated servers on one machine see each other's files only
+    when they serve the same model name."""
+    if options.batch_dir:
+        return Path(options.batch_dir).expanduser()
+    return cache_dir() / "batches" / safe_dir_name(model_name)
+
+
+def safe_dir_name(name: str) -> str:
+    """``name`` as one directory name: runs of other characters than letters, digits, ``.``, ``_``
+    and ``-`` become ``_`` (``Qwen/Qwen3-0.6B`` -> ``Qwen_Qwen3-0.6B``)."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._-")[:200] or "model"
+
+
+def file_too_large(options: FrontendOptions) -> str:
+    return f"the file exceeds the limit of {options.max_batch_file_bytes} bytes (--max-batch-file-bytes)"
 
 
 def upload_limit(options: FrontendOptions) -> int:
@@ -47,7 +62,7 @@ def upload_limit(options: FrontendOptions) -> int:
 
 def add_routes(router: APIRouter, fe: OpenAIFrontend) -> BatchService:
     runner = LineRunner(router, priority_offset=priority_offset(fe.engine))
-    service = BatchService(fe, runner, batch_dir(fe.options))
+    service = BatchService(fe, runner, batch_dir(fe.options, fe.model_name))
     options = fe.options
 
     # every answer comes from the directory on disk: another process (another API server of
@@ -85,11 +100,7 @@ def add_routes(router: APIRouter, fe: OpenAIFrontend) -> BatchService:
             content = await upload.read(options.max_batch_file_bytes + 1)
             filename = upload.filename or "upload.jsonl"
         if len(content) > options.max_batch_file_bytes:
-            raise APIError(
-                413,
-                f"the file exceeds the limit of {options.max_batch_file_bytes} bytes (--max-batch-file-bytes)",
-                param="file",
-            )
+            raise APIError(413, file_too_large(options), param="file")
         lines = count_lines(content)
         if lines > options.max_batch_lines:
             raise bad_request(

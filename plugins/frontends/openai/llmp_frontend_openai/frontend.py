@@ -75,11 +75,11 @@ class OpenAIFrontend(FrontendKit):
     admin_paths = ("/v1/chat/completions/render", "/v1/completions/render")
 
     @property
-    def upload_paths(self) -> dict[str, int]:
-        """Paths the server's gate lets multipart bodies through, with their size limits."""
-        from llmp_frontend_openai.batches import upload_limit
+    def upload_paths(self) -> dict[str, tuple[int, str]]:
+        """Paths the server's gate lets multipart bodies through, with their size limits and the 413's message."""
+        from llmp_frontend_openai.batches import file_too_large, upload_limit
 
-        return {"/v1/files": upload_limit(self.options)}
+        return {"/v1/files": (upload_limit(self.options), file_too_large(self.options))}
 
     async def serve(self) -> None:
         """Run the batch jobs for the server's life (the shared server runs the HTTP routes)."""

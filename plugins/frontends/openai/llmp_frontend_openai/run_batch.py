@@ -5,11 +5,16 @@ line (urls may mix); the output one ``{"id", "custom_id", "response": {"status_c
 "request_id", "body"}, "error"}`` per line, in input order, failed lines included (as vLLM writes
 them). Each line runs through the OpenAI front-end's own handler over an engine of its own, as a
 server would answer it. ``-`` reads stdin or writes stdout (then nothing else goes to stdout).
+
+Exit status: 0 ran (failed lines included), 1 the file is invalid or the engine died, 2 unreadable
+input or a usage error (the engine did not start), 3 the output cannot be written (``WRITE_FAILED``).
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -34,6 +39,67 @@ RunBatchRequests = Annotated[
     ),
 ]
 RunBatchNames = Annotated[ServerOptions, Select(only=("served_model_name", "lora_modules"))]
+WRITE_FAILED = 3  # the exit status when the output cannot be written
+
+
+class OutputUnwritable(Exception):
+    """The output file cannot be written: its name and the reason, for one line on stderr."""
+
+
+class BatchOutput:
+    """Where the answers go. A regular file (new or not) is written as a temporary file beside it,
+    renamed over it once the run is done, so a run that fails (the engine does not start) leaves an
+    earlier file as it was; stdout (``-``), a device or a pipe is written in place, as the lines come."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.temp = name, None
+        try:
+            if name == "-":
+                self.stream: Any = sys.stdout.buffer
+            elif os.path.exists(name) and not os.path.isfile(name):
+                self.stream = open(name, "wb")  # noqa: SIM115
+            else:
+                self.target = os.path.realpath(name)
+                directory, base = os.path.split(self.target)
+                fd, self.temp = tempfile.mkstemp(dir=directory, prefix=f".{base}.", suffix=".part")
+                umask = os.umask(0)
+                os.umask(umask)
+                os.fchmod(fd, 0o666 & ~umask)  # the mode a new file would get, not mkstemp's 0600
+                self.stream = os.fdopen(fd, "wb")
+        except OSError as exc:
+            raise self._failed(exc) from None
+
+    def _failed(self, exc: OSError) -> OutputUnwritable:
+        return OutputUnwritable(f"cannot write {'stdout' if self.name == '-' else self.name}: {exc.strerror or exc}")
+
+    def write(self, data: bytes) -> None:
+        try:
+            self.stream.write(data)
+            self.stream.flush()
+        except OSError as exc:
+            raise self._failed(exc) from None
+
+    def commit(self) -> None:
+        """The run is done: the answers replace the file named."""
+        try:
+            if self.temp is not None:
+                self.stream.flush()
+                os.fsync(self.stream.fileno())
+                self.stream.close()
+                os.replace(self.temp, self.target)
+                self.temp = None
+        except OSError as exc:
+            raise self._failed(exc) from None
+
+    def close(self) -> None:
+        """Without :meth:`commit`: the temporary file is removed, the file named stays as it was."""
+        if self.stream is not sys.stdout.buffer:
+            try:
+                self.stream.close()
+            except OSError:
+                pass
+        if self.temp is not None:
+            os.unlink(self.temp)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,23 +163,33 @@ def run(engine_config: EngineConfig, request: FrontendOptions, names: ServerOpti
     try:
         chat_template = read_chat_template(request.chat_template)
         lora_modules = [parse_lora_module(value) for value in names.lora_modules]
-        output = sys.stdout.buffer if files.output_file == "-" else open(files.output_file, "wb")  # noqa: SIM115
     except (LLMPError, ValueError, OSError) as exc:
         print(f"llmp run-batch: {exc}", file=sys.stderr)
         return 2
     try:
+        output = BatchOutput(files.output_file)
+    except OutputUnwritable as exc:
+        print(f"llmp run-batch: {exc}", file=sys.stderr)
+        return WRITE_FAILED
+    try:
         engine = _start_engine(engine_config)
     except (LLMPError, ValueError, TypeError, OSError) as exc:
+        output.close()
         print(f"llmp run-batch: cannot start the engine: {exc}", file=sys.stderr)
         return 2
     try:
-        return asyncio.run(_run(engine_config, request, names, engine, chat_template, lora_modules, lines, output))
+        status = asyncio.run(_run(engine_config, request, names, engine, chat_template, lora_modules, lines, output))
+        if status == 0:
+            output.commit()
+        return status
+    except OutputUnwritable as exc:
+        print(f"llmp run-batch: {exc}", file=sys.stderr)
+        return WRITE_FAILED
     except KeyboardInterrupt:
         return 130
     finally:
         engine.shutdown()
-        if output is not sys.stdout.buffer:
-            output.close()
+        output.close()
 
 
 def _start_engine(config: EngineConfig) -> Any:
@@ -174,7 +250,6 @@ async def _run(
                 result = await task
                 failed += not result.ok
                 output.write(json.dumps(result.record, ensure_ascii=False).encode() + b"\n")
-                output.flush()
                 bar.advance()
     finally:
         for task in tasks:

@@ -17,8 +17,10 @@ import openai
 import pytest
 from llmp_frontend_openai.batch_jobs import RUNNER_KEY
 from llmp_frontend_openai.batch_store import BatchStore
+from llmp_frontend_openai.batches import batch_dir
 from openai_frontend_support import assert_error
 
+from llmp.options import FrontendOptions
 from llmp.testing import LiveServer, serving
 
 FILE_LIMIT = 64 * 1024
@@ -168,6 +170,12 @@ def test_upload_and_create_errors(sdk, http, tiny):
     with pytest.raises(openai.APIStatusError) as info:
         sdk.files.create(file=("big.jsonl", io.BytesIO(too_big)), purpose="batch")
     assert info.value.status_code == 413 and "--max-batch-file-bytes" in info.value.message
+    # past the gate's reading limit (the file limit + room for the multipart framing): the same 413
+    huge_file = {"file": ("huge.jsonl", b"x" * (FILE_LIMIT + 100_000))}
+    huge = http.post("/v1/files", files=huge_file, data={"purpose": "batch"})
+    assert huge.status_code == 413 and huge.content.startswith(b'{"error":{"message":')  # compact, as route errors
+    message = f"the file exceeds the limit of {FILE_LIMIT} bytes (--max-batch-file-bytes)"
+    assert huge.json()["error"]["message"] == message
     many = "\n".join(json.dumps(line(str(i), {})) for i in range(LINE_LIMIT + 1)).encode()
     with pytest.raises(openai.BadRequestError) as info:
         sdk.files.create(file=("many.jsonl", io.BytesIO(many)), purpose="batch")
@@ -296,3 +304,19 @@ def test_a_job_of_another_servers_model_is_shown_not_run(batch_server, sdk, http
     assert sdk.batches.cancel("batch_foreign0").status in ("cancelling", "cancelled")
     done = wait_for(sdk, "batch_foreign0", ("cancelled",))
     assert done.cancelling_at and done.cancelled_at and done.request_counts.total == 0
+    # past its completion window, whoever's job it is: expired by any process watching the directory
+    old = foreign | {"id": "batch_foreign1", "created_at": now - 25 * 3600, "expires_at": now - 3600}
+    BatchStore(Path(batch_server.batch_dir)).save_job(old)
+    expired = wait_for(sdk, "batch_foreign1", ("expired",))
+    assert expired.expired_at and expired.request_counts.total == expired.request_counts.failed == 1
+    (answer,) = jsonl(sdk, expired.error_file_id)
+    assert answer["custom_id"] == "f0" and answer["error"]["code"] == "batch_expired"
+
+
+def test_the_default_directory_is_per_served_model(monkeypatch, tmp_path):
+    monkeypatch.setenv("LLMP_CACHE_DIR", str(tmp_path))
+    options = FrontendOptions()
+    assert batch_dir(options, "Qwen/Qwen3-0.6B") == tmp_path / "batches" / "Qwen_Qwen3-0.6B"
+    assert batch_dir(options, "../..") == tmp_path / "batches" / "model"
+    shared = FrontendOptions(batch_dir=str(tmp_path / "shared"))  # given: shared on purpose
+    assert batch_dir(shared, "a") == batch_dir(shared, "b") == tmp_path / "shared"

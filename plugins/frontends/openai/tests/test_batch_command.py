@@ -64,3 +64,28 @@ def test_run_batch_refuses_a_broken_file_before_starting(tmp_path):
     assert not (tmp_path / "out.jsonl").exists()
     both = run_llmp("run-batch", "-i", str(source), "-o", "-", "m1", "--model", "m2", check=False)
     assert both.returncode == 2 and "the model is given twice" in both.stderr
+
+
+def test_a_failing_start_keeps_an_earlier_output_file(tmp_path):
+    source, target = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    source.write_text(json.dumps(_lines("m")[1]) + "\n")
+    target.write_text("earlier results\n")
+    result = run_llmp("run-batch", "-i", str(source), "-o", str(target), str(tmp_path / "no-model"), check=False)
+    assert result.returncode == 2 and "cannot start the engine" in result.stderr
+    assert target.read_text() == "earlier results\n"  # written to a temporary file, renamed only at the end
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "out.jsonl"]
+
+
+def test_an_unwritable_output_is_one_line_and_status_3(tiny, tmp_path):
+    source = tmp_path / "in.jsonl"
+    source.write_text(json.dumps(_lines(tiny.name)[1]) + "\n")
+    missing = tmp_path / "nowhere" / "out.jsonl"
+    result = run_llmp("run-batch", "-i", str(source), "-o", str(missing), str(tiny.path), check=False)
+    assert (result.returncode, result.stderr.strip()) == (
+        3,
+        f"llmp run-batch: cannot write {missing}: No such file or directory",
+    )
+    full = run_llmp("run-batch", "-i", str(source), "-o", "/dev/full", str(tiny.path), check=False, timeout=300)
+    assert full.returncode == 3, full.stderr
+    assert "llmp run-batch: cannot write /dev/full: No space left on device" in full.stderr
+    assert "Traceback" not in full.stderr
