@@ -54,7 +54,8 @@ def mount_admin(app: FastAPI, state: Any, http: ServerOptions, *, warn: bool = T
 
 def warn_admin_api(http: ServerOptions) -> None:
     log.warning(
-        "the management routes are on (--enable-admin-api): %s, behind %s",
+        "the management routes are on (--enable-admin-api): %s and the front-ends' own (the OpenAI render "
+        "routes), behind %s",
         ", ".join(sorted(ADMIN_PATHS)),
         "--admin-api-key" if http.admin_api_key else "--api-key" if http.api_key else "no key at all",
     )

@@ -227,8 +227,10 @@ def test_interactive_request_is_prompt_during_a_batch_then_cancel(sdk, http, tin
     assert sorted(a["custom_id"] for a in answered) == sorted(f"n{i}" for i in range(40))  # each exactly once
     assert {a["error"]["code"] for a in answered if a["error"]} == {"batch_cancelled"}
     assert sdk.batches.cancel(batch.id).status == "cancelled"  # cancelling again changes nothing
-    completed = next(b for b in sdk.batches.list(limit=100) if b.status == "completed")
-    assert_error(http.post(f"/v1/batches/{completed.id}/cancel"), 409, contains="completed")
+    short = [line("s0", {"model": tiny.name, "prompt": "x", "max_tokens": 1}, url="/v1/completions")]
+    small = sdk.batches.create(input_file_id=upload(sdk, short), endpoint="/v1/completions", completion_window="24h")
+    assert wait_for(sdk, small.id, ("completed", "failed")).status == "completed"
+    assert_error(http.post(f"/v1/batches/{small.id}/cancel"), 409, contains="completed")
 
 
 def test_batch_across_api_servers(sdk, batch_server, tiny):
