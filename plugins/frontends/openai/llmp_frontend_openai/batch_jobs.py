@@ -459,6 +459,10 @@ class BatchService:
         """Make the answers files (ids saved with the job first, so a crash here resumes the same
         finalizing), then the final status."""
         now = int(time.time())
+        counts = {"total": len(output) + len(failed), "completed": len(output), "failed": len(failed)}
+        # the final counts first: a view that read the job's state before this one must not see them go back
+        self.store.save_progress(job["id"], counts)
+        job["request_counts"] = counts
         if final == "cancelled" and job["status"] != "cancelling":  # recorded once, with the request's time
             job.update(status="cancelling", cancelling_at=self.store.cancel_requested(job["id"]) or now)
         elif job["status"] == "in_progress":
@@ -479,7 +483,6 @@ class BatchService:
             else:
                 self.store.add_meta(file_id, meta)
         usage = output.usage
-        job["request_counts"] = {"total": len(output) + len(failed), "completed": len(output), "failed": len(failed)}
         job["usage"] = {
             "input_tokens": usage["input_tokens"],
             "input_tokens_details": {"cached_tokens": 0},

@@ -9,7 +9,7 @@ Layout::
     files/<id>.jsonl        the content
     batches/<id>.json       a Batch object, rewritten (atomically) at each change of status
     batches/<id>.cancel     a cancel request (its time), left by whichever process took it
-    batches/<id>.progress   a running job's live request counts (advisory: the answers are the truth)
+    batches/<id>.progress   a job's live request counts, then its final ones (advisory: the answers are the truth)
     batches/<id>.output     the answers of a job in progress, one JSON line each, appended durably
     batches/<id>.errors     its failed lines, likewise
 
@@ -165,9 +165,9 @@ class BatchStore:
         return load_json(self.jobs_dir / f"{batch_id}.progress")
 
     def clear_job_notes(self, batch_id: str) -> None:
-        """Drop a finished job's cancel request and progress (its state file says it all now)."""
-        for suffix in ("cancel", "progress"):
-            (self.jobs_dir / f"{batch_id}.{suffix}").unlink(missing_ok=True)
+        """Drop a finished job's cancel request. Its progress (the final counts by now) stays: a view
+        in another process that read the job's state just before it finished still reads them."""
+        (self.jobs_dir / f"{batch_id}.cancel").unlink(missing_ok=True)
 
 
 class _JsonDir:
