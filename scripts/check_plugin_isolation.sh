@@ -14,7 +14,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/venv.sh
-export LLMP_OMP_SPIN=${LLMP_OMP_SPIN:-0}  # as ./dev test: no spinning OpenMP threads in test runs
+export LLMP_OMP_SPIN=${LLMP_OMP_SPIN:-0}  # as ./dev test: one OpenMP thread per engine, not spinning
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 export LLMP_STRICT_PLUGINS=1
 # uv installs no bytecode: let each venv's first imports write it, once, rather than compile
 # every module of torch into each venv up front

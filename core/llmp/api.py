@@ -29,6 +29,7 @@ module                       for                               what it holds
 ``llmp.registry``            plugins using other components    looking components up by kind and name
 ``llmp.plugins``             programs and tests                in-process ``register``/``unregister``
 ``llmp.testing``             plugin tests                      the test kit
+``llmp.conformance``         plugin tests, ``plugins verify``  ``verify``, ``assert_conforms``, ``Report``
 ============================ ================================= ==========================================
 
 This module follows semantic versioning through :data:`API_VERSION`: while the major
@@ -117,7 +118,7 @@ __all__ = [
     "resolve_reference",
 ]
 
-API_VERSION = "0.4"
+API_VERSION = "0.5"
 
 PUBLIC_MODULES = (
     "llmp",
@@ -133,6 +134,7 @@ PUBLIC_MODULES = (
     "llmp.registry",
     "llmp.plugins",
     "llmp.testing",
+    "llmp.conformance",
 )
 """The modules of llmp's supported surface (``llmp.modeling`` with its submodules)."""
 

@@ -58,9 +58,23 @@ __all__ = [
     "save_tiny_model",
     "sentence_transformers_reference",
     "serving",
+    "child_environment",
     "tiny_pair_tokenizer",
     "tiny_tokenizer",
 ]
+
+
+# the test run's process setting that every llmp child keeps: ``./dev test`` turns OpenMP spinning
+# off because a run holds many engines on few cores (spinning threads of one starve the others)
+INHERITED_SETTINGS = ("LLMP_OMP_SPIN",)
+
+
+def child_environment(env: dict[str, str] | None = None) -> dict[str, str]:
+    """This process's environment for an llmp child process: no ``LLMP_*`` variables (the child's
+    options are its own) but the test run's process settings; ``env`` adds some."""
+    child_env = {k: v for k, v in os.environ.items() if not k.startswith("LLMP_") or k in INHERITED_SETTINGS}
+    child_env.update(env or {})
+    return child_env
 
 
 def run_llmp(
@@ -70,8 +84,8 @@ def run_llmp(
     check: bool = True,
     timeout: float = 120,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m llmp ARGS`` with no inherited ``LLMP_*`` variables; ``env`` adds some."""
-    child_env = {k: v for k, v in os.environ.items() if not k.startswith("LLMP_")}
+    """Run ``python -m llmp ARGS`` in :func:`child_environment`; ``env`` adds variables."""
+    child_env = child_environment()
     if pythonpath is not None:
         child_env["PYTHONPATH"] = str(pythonpath)
     child_env.update(env or {})
@@ -689,13 +703,12 @@ def serving(
     """Run ``llmp serve MODEL ARGS`` on a free loopback port until the block ends.
 
     Waits for ``/health`` to answer 200; output goes to a log file
-    (``server.log()``). No ``LLMP_*`` variables are inherited; ``env`` adds some.
+    (``server.log()``). The process runs in :func:`child_environment`; ``env`` adds variables.
     """
     import tempfile
 
     port = free_port()
-    child_env = {k: v for k, v in os.environ.items() if not k.startswith("LLMP_")}
-    child_env.update(env or {})
+    child_env = child_environment(env)
     log_path = Path(tempfile.mkstemp(prefix="llmp-serve-", suffix=".log", dir=log_dir)[1])
     command = [
         sys.executable,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from llmp.testing import save_tiny_llama
+from llmp.testing import child_environment, save_tiny_llama
 
 pytestmark = pytest.mark.slow
 
@@ -39,7 +39,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LLMP_")}
+    env = child_environment()
     return {**env, "COLUMNS": "100", **extra}
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from llmp.testing import free_port, save_tiny_llama
+from llmp.testing import child_environment, free_port, save_tiny_llama
 
 pytestmark = pytest.mark.slow
 
@@ -63,7 +63,7 @@ def slow_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _start(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-    child_env = {k: v for k, v in os.environ.items() if not k.startswith("LLMP_")}
+    child_env = child_environment()
     child_env.update(env or {})
     return subprocess.Popen(
         [sys.executable, "-m", "llmp", "serve", *args, "--port", str(free_port())],

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from llmp.testing import free_port, pid_alive, save_tiny_llama, serving
+from llmp.testing import child_environment, free_port, pid_alive, save_tiny_llama, serving
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,7 @@ def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
 
 
 def _serve(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-    child_env = {k: v for k, v in os.environ.items() if not k.startswith("LLMP_")}
+    child_env = child_environment()
     child_env.update(env or {})
     return subprocess.Popen(
         [sys.executable, "-m", "llmp", "serve", *args],
@@ -210,7 +210,7 @@ def test_sigterm_to_the_whole_process_group_still_exits_cleanly(model_dir: Path)
     """As `timeout`, systemd and Ctrl-C do: the engine gets the signal too, and may be gone before
     the server asks it to stop (a send to a vanished engine once blocked for ever)."""
     port = free_port()
-    child_env = {k: v for k, v in os.environ.items() if not k.startswith("LLMP_")}
+    child_env = child_environment()
     process = subprocess.Popen(
         [sys.executable, "-m", "llmp", "serve", str(model_dir), "--port", str(port)],
         stdout=subprocess.PIPE,

@@ -1,4 +1,4 @@
-"""``llmp plugins list`` and ``llmp plugins show``.
+"""``llmp plugins list``, ``show``, ``verify`` and ``new``.
 
 Reads records only: no component is imported, so torch, transformers and
 triton stay out of the process.
@@ -268,3 +268,67 @@ def show_plugin(settings: PluginsShowOptions) -> None:
         console.print(error, markup=False, highlight=False)
         if tb:
             console.print(tb, markup=False, highlight=False)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PluginsVerifyOptions:
+    name: str = option(help="Plugin name, as in `llmp plugins list`.", argument=True)
+    json_output: bool = option(False, "Print the report as JSON.", flag="--json/--no-json")
+    kind: Literal[KINDS] | None = option(  # type: ignore[valid-type]  # KINDS: a tuple of names
+        None, "Verify only the plugin's components of this kind.", metavar="KIND"
+    )
+
+
+@app.command("verify")
+@options_command
+def verify_plugin(settings: PluginsVerifyOptions) -> None:
+    """Run the conformance suite of each kind the plugin provides against the installed plugin.
+
+    Exits 0 when every check passed or was skipped (with its reason), 1 when one failed, 2 when the
+    plugin is not installed, broken or incompatible."""
+    from llmp.conformance import verify
+    from llmp.conformance.report import print_report
+
+    if plugins.get_record(settings.name) is None:
+        rows = [r.name for r in plugins.plugin_records()]
+        close = get_close_matches(settings.name, rows, 1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise usage_error(
+            f"NAME must be an installed plugin ({', '.join(sorted(rows)) or 'none'}), got {settings.name!r}{hint}"
+        )
+    report = verify(settings.name, kinds=[settings.kind] if settings.kind else None)
+    if settings.json_output:
+        typer.echo(json.dumps(report.to_json(), indent=2))
+    else:
+        print_report(report)
+    if report.error:
+        raise typer.Exit(2)
+    if not report.passed:
+        raise typer.Exit(1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PluginsNewOptions:
+    kind: Literal[KINDS] = option(  # type: ignore[valid-type]  # KINDS: a tuple of names
+        help=f"What the plugin provides: {', '.join(KINDS)}.", argument=True, metavar="KIND"
+    )
+    name: str = option(
+        help="The plugin's name: lowercase letters, digits and hyphens (the distribution is llmp-NAME).",
+        argument=True,
+    )
+    dir: str | None = option(None, "Where to write it (default: ./llmp-NAME); must not exist or be empty.")
+
+
+@app.command("new")
+@options_command
+def new_plugin(settings: PluginsNewOptions) -> None:
+    """Write a complete, installable plugin distribution of KIND: pyproject.toml with the entry point,
+    the package, a README, tests that run the conformance kit, and a CI workflow."""
+    from llmp.scaffold import ScaffoldError
+    from llmp.scaffold import new_plugin as write_plugin
+
+    try:
+        path = write_plugin(settings.kind, settings.name, settings.dir)
+    except ScaffoldError as error:
+        raise usage_error(str(error)) from None
+    typer.echo(f"wrote {path}: pip install -e {path} && pytest {path}/tests")

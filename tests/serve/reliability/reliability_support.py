@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from llmp.testing import assert_openai_error
+from llmp.testing import assert_openai_error, child_environment
 
 KEY = "Secret-Key-42"  # mixed case: its lower- and upper-cased forms are wrong keys
 OK_ORIGIN = "https://ok.example"
@@ -298,7 +297,7 @@ def engine_pid(server_pid: int) -> int:
 
 def start_serve(model: Path, port: int, *args: str, log_path: Path) -> subprocess.Popen:
     """``llmp serve`` as a bare process (for tests that watch it start, or take it down)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LLMP_")}
+    env = child_environment()
     with open(log_path, "wb") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "llmp", "serve", str(model), "--host", "127.0.0.1", "--port", str(port), *args],

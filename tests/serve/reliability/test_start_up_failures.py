@@ -17,7 +17,7 @@ import pytest
 import zmq
 from reliability_support import start_serve
 
-from llmp.testing import free_port
+from llmp.testing import child_environment, free_port
 
 pytestmark = pytest.mark.slow  # each test starts a server or an engine
 
@@ -101,7 +101,7 @@ def test_an_engine_start_up_failure_is_reported_once_without_a_traceback(tiny_mo
     inputs, outputs = context.socket(zmq.PUSH), context.socket(zmq.PULL)
     inputs.bind(in_address)
     outputs.bind(out_address)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LLMP_")}
+    env = child_environment()
     process = subprocess.Popen(
         [sys.executable, "-m", "llmp.engine.core_proc"], stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=env
     )

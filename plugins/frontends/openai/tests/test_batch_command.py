@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
-from llmp.testing import run_llmp
+from llmp.testing import child_environment, run_llmp
 
 
 def _lines(model: str) -> list[dict]:
@@ -40,7 +39,7 @@ def test_run_batch_files(tiny, tmp_path):
 
 
 def test_run_batch_stdin_stdout_with_model_flag(tiny):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LLMP_")}
+    env = child_environment()
     text = "".join(json.dumps(line) + "\n" for line in _lines(tiny.name))
     result = subprocess.run(
         [sys.executable, "-m", "llmp", "run-batch", "-i", "-", "-o", "-", "--model", str(tiny.path)],
