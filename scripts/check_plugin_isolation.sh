@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Each plugin distribution must install, import and pass its own tests with only
 # the kernel beside it: a fresh venv per plugin, non-editable installs (wheels).
+# Every distribution used is first built as an sdist and a wheel made from that sdist
+# (scripts/build_dists.py, with .venv's hatchling), and `twine check --strict` passes on
+# all of them: what would be uploaded to PyPI (docs/publishing.md).
 # A plugin is exercised on the reference stack: models need a kernel set and
 # executors need a model, so kernels/torch and models/llama are installed
 # beside every plugin, and front-ends are compared against the reference
@@ -36,17 +39,30 @@ key() {  # PROJECT: a file name for it
     [[ $1 == . ]] && echo kernel || echo "${1//\//_}"
 }
 
-wheel() {  # PROJECT: the path of its wheel, built by build_wheels
-    echo "$work/wheels/$(key "$1")"/*.whl
+wheel() {  # PROJECT: the path of its wheel, built by build_dists
+    echo "$work/dists/$(key "$1")"/*.whl
 }
 
-build_wheels() {  # the kernel, the reference stack and the plugins asked for: each wheel once
-    local project
+build_dists() {  # the kernel, the reference stack and the plugins asked for: each sdist and wheel once
+    local project pairs=()
     for project in . plugins/kernels/torch plugins/models/llama plugins/frontends/openai "$@"; do
-        [[ -d $work/wheels/$(key "$project") ]] && continue
-        mkdir -p "$work/wheels/$(key "$project")"
-        venv_build_wheel "$project" "$work/wheels/$(key "$project")"
+        [[ -d $work/dists/$(key "$project") ]] && continue
+        mkdir -p "$work/dists/$(key "$project")"
+        pairs+=("$project" "$work/dists/$(key "$project")")
     done
+    .venv/bin/python scripts/build_dists.py "${pairs[@]}"
+}
+
+check_dists() {  # twine check --strict on every sdist and wheel built, in one call; its report only on failure
+    local report
+    # wide and plain: one line a file, so that the failing ones and their warnings can be picked out
+    if report=$(COLUMNS=250 .venv/bin/twine --no-color check --strict "$work"/dists/*/* 2>&1); then
+        echo "ok: twine check --strict: $(ls "$work"/dists/*/* | wc -l) sdists and wheels"
+    else
+        grep -v ': PASSED *$' <<< "$report" | sed 's/ *$//'
+        echo "FAIL: twine check --strict"
+        return 1
+    fi
 }
 
 check_one() {  # PROJECT: its venv, its entry points, its tests; the log goes to stdout
@@ -88,7 +104,10 @@ for i in "${!projects[@]}"; do
 done
 projects=("${projects[@]}")
 mkdir -p "$work/logs" "$work/skipped"
-build_wheels "${projects[@]}"
+[[ -x .venv/bin/twine ]] || { echo "FAIL: no .venv with hatchling and twine, to build and check distributions: run ./dev setup"; exit 1; }
+build_dists "${projects[@]}"
+status=0
+check_dists || status=1
 
 # a pool of LLMP_ISOLATION_JOBS checks; each one's log is shown whole when it ends
 declare -A running=()  # pid -> project
@@ -119,6 +138,7 @@ if [[ -n $skipped_out ]]; then
 fi
 if [[ ${#failed[@]} -gt 0 ]]; then
     echo "FAIL: ${#failed[@]} of ${#projects[@]} plugins: ${failed[*]}"
-    exit 1
+    status=1
 fi
+[[ $status -eq 0 ]] || exit 1
 echo "ok: ${#projects[@]} plugins, each on its own"

@@ -10,7 +10,6 @@
 #   venv_init                  choose the installer (once; call before the others)
 #   venv_create DIR            a venv at DIR (with pip in it: tests pip-install fixtures)
 #   venv_install DIR ARGS...   install ARGS (pip install syntax) into the venv at DIR
-#   venv_build_wheel PROJECT OUTDIR   build PROJECT's wheel into OUTDIR
 
 PYTHON=${PYTHON:-python3}
 LLMP_TOOLS=${LLMP_TOOLS:-${XDG_CACHE_HOME:-$HOME/.cache}/llmp-dev-tools}
@@ -78,13 +77,5 @@ venv_install() {
             "${VENV_UV_SOURCES[@]}" "${VENV_UV_CONSTRAINTS[@]}" "$@"
     else
         "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$@"
-    fi
-}
-
-venv_build_wheel() {
-    if [[ -n $VENV_UV ]]; then
-        "$VENV_UV" build --quiet --wheel --out-dir "$2" "${VENV_UV_SOURCES[@]}" "$1"
-    else
-        "$PYTHON" -m pip wheel --quiet --disable-pip-version-check --no-deps --wheel-dir "$2" "$1"
     fi
 }

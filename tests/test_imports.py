@@ -45,7 +45,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("entry points", ("llmp.llm", "llmp.async_llm")),
     ("front-ends", ("llmp.parsing", "llmp.frontend")),
     ("server", ("llmp.server",)),
-    ("commands", ("llmp.cli", "llmp.testing", "llmp.__main__")),
+    ("commands", ("llmp.cli", "llmp.testing", "llmp.conformance", "llmp.scaffold", "llmp.__main__")),
 ]
 
 

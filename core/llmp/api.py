@@ -32,9 +32,15 @@ module                       for                               what it holds
 ``llmp.conformance``         plugin tests, ``plugins verify``  ``verify``, ``assert_conforms``, ``Report``
 ============================ ================================= ==========================================
 
-This module follows semantic versioning through :data:`API_VERSION`: while the major
-version is 0, a minor bump may change a contract, and the changelog in
-``docs/plugins.md`` says how.
+The public modules follow semantic versioning through :data:`API_VERSION`: while the major
+version is 0, a minor bump may change a contract, and the changelog in ``docs/plugins.md``
+("API versioning") says how. A plugin's entry module starts with
+``require_api(">=0.5,<0.6")`` (:func:`require_api`), before importing anything else of llmp,
+so an llmp with another API lists it as ``incompatible`` instead of failing on a name that
+moved. A name is removed or changed only in a new minor version, after at least one minor
+version in which using it raises a ``DeprecationWarning``; additions come in any version.
+``tests/api_surface.json`` records the surface of :data:`API_VERSION`
+(``scripts/api_surface.py``), and a test fails when it changes while the version does not.
 
 Three kinds of things live here:
 
@@ -55,6 +61,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import pathlib
+import re
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
@@ -82,6 +89,7 @@ __all__ = [
     "KVManagerSpec",
     "KernelSet",
     "KernelSetSpec",
+    "IncompatiblePluginError",
     "InvalidLoRAAdapterError",
     "LLMPError",
     "LoRAAdapterNotFoundError",
@@ -115,6 +123,7 @@ __all__ = [
     "ToolParserSpec",
     "UnknownComponentError",
     "is_public_module",
+    "require_api",
     "resolve_reference",
 ]
 
@@ -144,6 +153,72 @@ def is_public_module(name: str) -> bool:
     return name in PUBLIC_MODULES or name.startswith("llmp.modeling.")
 
 
+# --------------------------------------------------------------------------
+# Versioning
+# --------------------------------------------------------------------------
+
+_CLAUSE = re.compile(r"(~=|==|!=|<=|>=|<|>)\s*(\d+(?:\.\d+)*)(\.\*)?")
+
+
+def require_api(specifier: str) -> None:
+    """Refuse to load unless :data:`API_VERSION` satisfies ``specifier`` (PEP 440: ``">=0.5,<0.6"``).
+
+    A plugin's entry module calls it first, before importing anything else of llmp, so that an
+    llmp with another API reports the plugin as ``incompatible`` instead of failing on a name that
+    moved. Clauses are ``~=``, ``==``, ``!=``, ``<=``, ``>=``, ``<`` and ``>`` on release numbers
+    (``==0.5.*`` and ``!=0.4.*`` match a prefix), joined by commas; every clause must hold.
+
+    Raises :class:`IncompatiblePluginError` when the version is outside the range, and
+    :class:`PluginLoadError` naming the specifier when it is not one.
+    """
+    clauses = _parse_specifier(specifier)
+    if not all(_satisfies(_release(API_VERSION), op, version, prefix) for op, version, prefix in clauses):
+        raise IncompatiblePluginError(re.sub(r"\s+", "", specifier), API_VERSION)
+
+
+def _parse_specifier(specifier: str) -> list[tuple[str, tuple[int, ...], bool]]:
+    """``">=0.5,<0.6"`` as ``[(">=", (0, 5), False), ("<", (0, 6), False)]`` (True: a ``.*`` prefix)."""
+    malformed = PluginLoadError(
+        f"require_api({specifier!r}): not a version specifier; write one such as '>=0.5,<0.6' "
+        "(clauses of ~=, ==, !=, <=, >=, <, > on release numbers, joined by commas)"
+    )
+    if not isinstance(specifier, str):
+        raise malformed
+    clauses = []
+    for text in specifier.split(","):
+        match = _CLAUSE.fullmatch(text.strip())
+        if match is None:
+            raise malformed
+        op, version, prefix = match.groups()
+        if (prefix and op not in ("==", "!=")) or (op == "~=" and "." not in version):
+            raise malformed  # PEP 440: a .* only after == or !=, and ~= needs two numbers
+        clauses.append((op, _release(version), bool(prefix)))
+    return clauses
+
+
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))
+
+
+def _satisfies(have: tuple[int, ...], op: str, want: tuple[int, ...], prefix: bool) -> bool:
+    if prefix or op == "~=":  # ==0.5.* : the first numbers are these; ~=0.5.2 : >=0.5.2, ==0.5.*
+        head = want[:-1] if op == "~=" else want
+        matches = (have + (0,) * len(head))[: len(head)] == head
+        if op == "~=":
+            return matches and _satisfies(have, ">=", want, False)
+        return matches if op == "==" else not matches
+    width = max(len(have), len(want))  # 0.5 == 0.5.0: missing numbers are zeros
+    have, want = have + (0,) * (width - len(have)), want + (0,) * (width - len(want))
+    return {
+        "==": have == want,
+        "!=": have != want,
+        "<=": have <= want,
+        ">=": have >= want,
+        "<": have < want,
+        ">": have > want,
+    }[op]
+
+
 Tensor = Any  # torch.Tensor, kept as Any so importing the API never imports torch
 
 
@@ -162,6 +237,27 @@ class PluginLoadError(LLMPError):
     Raised only in strict mode (``LLMP_STRICT_PLUGINS=1``); otherwise the
     failure is recorded and shown by ``llmp plugins list``.
     """
+
+
+class IncompatiblePluginError(PluginLoadError):
+    """A plugin was made for another version of the plugin API (see :func:`require_api`).
+
+    Raised by ``require_api`` as the plugin's module is imported; the loader then lists the plugin
+    as ``incompatible: needs llmp API <specifier> (this llmp has <API_VERSION>)`` and registers
+    none of it (in strict mode the loader raises it, naming the plugin).
+    """
+
+    def __init__(self, specifier: str, api_version: str | None = None, plugin: str = "") -> None:
+        self.specifier, self.api_version, self.plugin = specifier, api_version or API_VERSION, plugin
+        super().__init__(f"plugin {plugin} is incompatible: {self.reason}" if plugin else self.reason)
+
+    @property
+    def reason(self) -> str:
+        """``needs llmp API >=0.6 (this llmp has 0.5)``: what ``llmp plugins list`` shows."""
+        return f"needs llmp API {self.specifier} (this llmp has {self.api_version})"
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickles whole across processes (its __init__ is not (message,))
+        return type(self), (self.specifier, self.api_version, self.plugin)
 
 
 class UnknownComponentError(LLMPError, LookupError):
@@ -342,10 +438,24 @@ class FrontendSpec(ComponentSpec):
 
     ``requires`` names the front-ends whose routes this one calls (the web chat page calls the
     OpenAI routes): ``llmp serve`` mounts them too, before this one, when they are not listed.
+
+    ``probe`` (optional) tells the conformance kit (``llmp plugins verify``) how to ask this
+    front-end's protocol for a generation: ``"package.module:attribute"``, lazily, naming an object
+    (or a class made without arguments) of :class:`llmp.conformance.FrontendProbe`. Without one, the
+    kit checks what needs no request of the protocol (start and stop, the API key, body limits, bad
+    bodies on every route) and skips the rest, saying so.
     """
 
     kind: ClassVar[str] = "frontend"
     requires: tuple[str, ...] = ()
+    probe: str | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.probe is not None and ":" not in self.probe:
+            raise ValueError(
+                f"FrontendSpec({self.name!r}).probe must be 'package.module:attribute', got {self.probe!r}"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -11,7 +11,8 @@ Environment switches:
 * ``LLMP_LOAD_PLUGINS``: unset = every installed plugin; empty = none but
   the kernel's own; otherwise a comma list of distribution names to load.
 * ``LLMP_STRICT_PLUGINS=1``: a plugin that fails to load raises
-  :class:`llmp.api.PluginLoadError` instead of being reported and skipped.
+  :class:`llmp.api.PluginLoadError` instead of being reported and skipped
+  (:class:`llmp.api.IncompatiblePluginError` for one made for another plugin API).
 * ``LLMP_TRACE_PLUGINS=1``: print every hook call to stderr.
 """
 
@@ -29,7 +30,7 @@ from typing import Any
 import pluggy
 
 from llmp import hookspecs
-from llmp.api import PluginLoadError
+from llmp.api import IncompatiblePluginError, PluginLoadError
 
 __all__ = ["PluginRecord", "get_record", "load_plugins", "plugin_records", "register", "unregister"]
 
@@ -51,9 +52,15 @@ class PluginRecord:
     builtin: bool = False
     errors: list[str] = field(default_factory=list)
     tracebacks: list[str] = field(default_factory=list)
+    #: why the plugin was refused, when its ``require_api`` range excludes this llmp's API:
+    #: ``needs llmp API >=0.6 (this llmp has 0.5)`` (also its first error)
+    incompatible: str = ""
 
     @property
     def status(self) -> str:
+        """``ok``, ``broken`` (it failed to load: see ``errors``) or ``incompatible`` (made for another API)."""
+        if self.incompatible:
+            return "incompatible"
         return "broken" if self.errors else "ok"
 
 
@@ -89,8 +96,12 @@ def _allowed_distributions() -> set[str] | None:
 
 
 def record_failure(name: str, exc: BaseException, during: str) -> None:
-    """Mark plugin ``name`` broken; in strict mode raise ``PluginLoadError``."""
+    """Mark plugin ``name`` broken (incompatible, for an ``IncompatiblePluginError``); in strict
+    mode raise ``PluginLoadError``."""
     record = _state.records.setdefault(name, PluginRecord(name, "?", "", "?"))
+    if isinstance(exc, IncompatiblePluginError):
+        _record_incompatible(record, exc)
+        return
     message = f"{during}: {type(exc).__name__}: {exc}"
     record.errors.append(message)
     record.tracebacks.append("".join(traceback.format_exception(exc)))
@@ -98,6 +109,27 @@ def record_failure(name: str, exc: BaseException, during: str) -> None:
     if is_strict():
         raise PluginLoadError(f"plugin {name!r} ({record.distribution}) failed while {message}") from exc
     log.warning("plugin %r (%s) is broken, %s; see `llmp plugins show %s`", name, record.distribution, message, name)
+
+
+def _record_incompatible(record: PluginRecord, exc: IncompatiblePluginError) -> None:
+    """A plugin made for another API: listed with the range it needs, none of it registered, no traceback
+    (nothing is wrong with it but the version)."""
+    if _state.pm is not None and _state.pm.get_plugin(record.name) is not None:  # refused by a hook, not at import
+        _state.pm.unregister(name=record.name)
+    record.incompatible = exc.reason
+    record.errors.append(exc.reason)
+    record.tracebacks.append("")
+    _bump()
+    if is_strict():
+        raise IncompatiblePluginError(
+            exc.specifier, exc.api_version, f"{record.name!r} ({record.distribution})"
+        ) from exc
+    log.warning(
+        "plugin %r (%s) is incompatible: %s; install a release of it made for this llmp, or uninstall it",
+        record.name,
+        record.distribution,
+        exc.reason,
+    )
 
 
 def get_plugin_manager() -> pluggy.PluginManager:

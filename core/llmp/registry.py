@@ -17,6 +17,7 @@ from llmp.api import (
     SPEC_TYPES,
     ComponentSpec,
     DuplicateComponentError,
+    IncompatiblePluginError,
     PluginLoadError,
     UnknownComponentError,
 )
@@ -81,6 +82,9 @@ def _collect(kind: str) -> _KindRegistry:
             bad = [s for s in specs if type(s) is not expected and not isinstance(s, expected)]
             if bad:
                 raise TypeError(f"{hook_name} returned {bad[0]!r}; expected {expected.__name__} records")
+        except IncompatiblePluginError as exc:  # require_api in a hook: the plugin is refused, not the process
+            plugins.record_failure(impl.plugin_name, exc, f"running {hook_name}")
+            continue
         except PluginLoadError:
             raise
         except Exception as exc:

@@ -155,6 +155,7 @@ def tiny_tokenizer(vocab_size: int = 400) -> Any:
         vocab_size=vocab_size,
         special_tokens=["<s>", "</s>", "<unk>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,  # its bars are blank lines on a stdout that is not a terminal
     )
     tokenizer.train_from_iterator(TINY_CORPUS * 20, trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", unk_token="<unk>")

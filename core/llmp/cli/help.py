@@ -167,10 +167,11 @@ def _metavar(param: Any) -> str | None:
         return None
     if param.metavar:
         return param.metavar
-    choices = getattr(param.type, "choices", None)
+    param_type = getattr(param, "type", None)  # a plain function's typer parameter may carry none
+    choices = getattr(param_type, "choices", None)
     if choices:
         return "{" + ",".join(map(str, choices)) + "}"
-    kind = param.type.name
+    kind = getattr(param_type, "name", None) or ""
     return "N" if kind.startswith(("integer", "float")) else (param.name or "value").rpartition("_")[2].upper()
 
 

@@ -95,7 +95,7 @@ def describe_plugins() -> list[dict[str, Any]]:
 @app.command("list")
 @options_command
 def list_plugins(settings: PluginsListOptions) -> None:
-    """List every component by kind (name, plugin, what it is) and any broken plugin.
+    """List every component by kind (name, plugin, what it is) and any broken or incompatible plugin.
 
     `llmp plugins show NAME` gives one plugin's distribution, version, hooks and errors; --json gives
     every plugin with all of it."""
@@ -153,7 +153,7 @@ def _print_listing(plugins_described: list[dict[str, Any]], kind: str | None) ->
 
     console = Console(highlight=False, soft_wrap=True)
     rows = _rows(plugins_described, kind)
-    broken = [p for p in plugins_described if p["status"] != "ok"]
+    broken = [p for p in plugins_described if p["status"] != "ok"]  # broken or incompatible
     if not rows and not broken:
         message = f"no plugins match --kind {kind}" if kind else "no plugins are loaded"
         limit = os.environ.get("LLMP_LOAD_PLUGINS")
@@ -182,7 +182,8 @@ def _print_listing(plugins_described: list[dict[str, Any]], kind: str | None) ->
         console.print(line)
     notes = [_wildcard_note(row, plugins_described) for row in rows if row.name.startswith("*")]
     shown = len({r.plugin for r in rows})
-    status = "all ok" if not broken else f"{len(broken)} broken"
+    statuses = [p["status"] for p in broken]
+    status = ", ".join(f"{statuses.count(s)} {s}" for s in ("broken", "incompatible") if s in statuses) or "all ok"
     notes.append(
         f"{_count(len(rows), 'component')} from {_count(shown, 'plugin')}, {status}. `llmp plugins show NAME` "
         "gives a plugin's distribution, version, hooks and errors; --json gives all of it, --kind KIND one kind."
@@ -195,7 +196,11 @@ def _print_listing(plugins_described: list[dict[str, Any]], kind: str | None) ->
         )
     for plugin in broken:
         error = (plugin["errors"] or ["no error recorded"])[0].splitlines()[0]
-        label = Text(f"broken plugin {plugin['name']} ({plugin['distribution']}): ", style="red")
+        if plugin["status"] == "incompatible":  # made for another plugin API: which one, and which release it is
+            identity = f"{plugin['distribution']} {plugin['version']}".strip()
+            label = Text(f"plugin {plugin['name']} ({identity}) is incompatible: ", style="red")
+        else:
+            label = Text(f"broken plugin {plugin['name']} ({plugin['distribution']}): ", style="red")
         console.print(label + Text(error))
 
 
@@ -231,7 +236,8 @@ def _wildcard_note(row: _Row, plugins_described: list[dict[str, Any]]) -> str:
 @app.command("show")
 @options_command
 def show_plugin(settings: PluginsShowOptions) -> None:
-    """Show one plugin: hooks, components, module path and, if broken, its error and traceback."""
+    """Show one plugin: hooks, components, module path and, if broken, its error and traceback (if
+    incompatible, the plugin API range it needs)."""
     rows = {r["name"]: r for r in describe_plugins()}
     if settings.name not in rows:
         close = get_close_matches(settings.name, rows, 1)
@@ -245,8 +251,12 @@ def show_plugin(settings: PluginsShowOptions) -> None:
     from rich.console import Console
 
     console = Console()
-    status = "[green]ok[/]" if row["status"] == "ok" else "[red]broken[/]"
-    console.print(f"[bold]{row['name']}[/] {status}")
+    errors, tracebacks = row["errors"], row["tracebacks"]
+    if row["status"] == "incompatible":  # its first error is the reason: shown as its status, without a traceback
+        console.print(f"[bold]{row['name']}[/] [red]incompatible[/]: {errors[0]}", highlight=False)
+        errors, tracebacks = errors[1:], tracebacks[1:]
+    else:
+        console.print(f"[bold]{row['name']}[/] {'[green]ok[/]' if row['status'] == 'ok' else '[red]broken[/]'}")
     console.print(f"distribution: {row['distribution']} {row['version']}")
     console.print(f"module: {row['module']}  ({row['path'] or 'no file'})", soft_wrap=True)
     console.print(f"hooks: {', '.join(row['hooks']) or 'none'}")
@@ -263,7 +273,7 @@ def show_plugin(settings: PluginsShowOptions) -> None:
         )
         if c.get("description"):
             console.print(f"      {c['description']}", markup=False, highlight=False, soft_wrap=True)
-    for error, tb in zip(row["errors"], row["tracebacks"] + [""] * len(row["errors"]), strict=False):
+    for error, tb in zip(errors, tracebacks + [""] * len(errors), strict=False):
         console.print("[red]error:[/]", end=" ")
         console.print(error, markup=False, highlight=False)
         if tb:

@@ -6,8 +6,6 @@ Kept light at import time: the server, the engine and torch load only when the c
 
 from __future__ import annotations
 
-import typer
-
 from llmp.cli.options import options_command
 from llmp.options import EngineConfig, FrontendOptions, ServerOptions
 
@@ -15,7 +13,8 @@ from llmp.options import EngineConfig, FrontendOptions, ServerOptions
 @options_command
 def serve(engine: EngineConfig, server: ServerOptions, request: FrontendOptions) -> None:
     """Serve a model over HTTP: OpenAI-compatible by default (chat, completions, embeddings, responses)."""
+    from llmp.engine.process_settings import exit_without_teardown
     from llmp.server.launch import run
     from llmp.server.settings import ServeSettings
 
-    raise typer.Exit(run(ServeSettings(engine=engine, server=server, frontend=request)))
+    exit_without_teardown(run(ServeSettings(engine=engine, server=server, frontend=request)))

@@ -65,6 +65,7 @@ def _suite(kind: str) -> Callable[[Any, Context], Iterable[Check]]:
 
 def _run_check(kind: str, component: str, check: Check) -> CheckResult:
     started = time.perf_counter()
+    status, detail = "passed", ""
     try:
         check.run()
     except SkipCheck as skip:
@@ -82,7 +83,7 @@ def verify(plugin: str, *, kinds: Iterable[str] | None = None, **options: Any) -
     when given). ``options`` are per-suite knobs (see each suite's docstring). Never raises for a
     plugin that fails: the report says what failed."""
     from llmp import plugins, registry
-    from llmp.api import API_VERSION
+    from llmp.api import API_VERSION, KINDS
 
     record = plugins.get_record(plugin)
     report = Report(plugin, record.distribution if record else "?", record.version if record else "", API_VERSION)
@@ -100,8 +101,15 @@ def verify(plugin: str, *, kinds: Iterable[str] | None = None, **options: Any) -
         for spec in by_name.values()
         if spec.plugin == plugin and (wanted is None or kind in wanted)
     ]
+    # a component whose name another plugin also claims is in no registry: it fails here, by name
+    for kind in [k for k in KINDS if wanted is None or k in wanted]:
+        for name, conflict in registry.conflicts(kind).items():
+            if plugin in conflict.plugins:
+                report.results.append(CheckResult(kind, name, "its name is registered once", "failed", str(conflict)))
     if not specs:
-        report.error = "the plugin provides no components" + (f" of kind {', '.join(sorted(wanted))}" if wanted else "")
+        if not report.results:
+            which = f" of kind {', '.join(sorted(wanted))}" if wanted else ""
+            report.error = "the plugin provides no components" + which
         return report
     with tempfile.TemporaryDirectory(prefix=f"llmp-verify-{plugin}-") as workdir:
         context = Context(Path(workdir), options=options)

@@ -485,7 +485,17 @@ def _main() -> None:
     import sys
 
     config, model, input_address, output_address, parent_pid = pickle.load(sys.stdin.buffer)
-    engine_process_main(config, model, input_address, output_address, parent_pid)
+    code = 0
+    try:
+        engine_process_main(config, model, input_address, output_address, parent_pid)
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else 0 if stop.code is None else 1
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    from llmp.engine.process_settings import exit_without_teardown
+
+    exit_without_teardown(code)  # the engine has shut down: workers stopped, sockets closed
 
 
 PARENT_WATCH_S = 0.2

@@ -235,6 +235,9 @@ class ColumnParallelLinear(MergedLinear):
     def load_weight(self, param_name: str, tensor: torch.Tensor) -> None:
         self.load_shard("", param_name, tensor)
 
+    def shards_of(self, param_name: str) -> tuple[str, ...]:
+        return ()  # one checkpoint matrix, loaded by its own name (load_weights expects the name, no shard)
+
 
 class RowParallelLinear(PackableLinear):
     """Input columns split over ranks; partial outputs are summed over ranks."""

@@ -23,7 +23,9 @@ PR_SET_PDEATHSIG = 1  # linux/prctl.h
 def _main() -> None:
     # `python -m llmp.server.api_server`: the arguments arrive pickled on stdin from the launcher
     settings, model, replica, sock_fd, launcher_pid, started = pickle.load(sys.stdin.buffer)
-    sys.exit(run_api_server(settings, model, replica, sock_fd, launcher_pid, started))
+    from llmp.engine.process_settings import exit_without_teardown
+
+    exit_without_teardown(run_api_server(settings, model, replica, sock_fd, launcher_pid, started))
 
 
 def run_api_server(

@@ -49,6 +49,7 @@ class MultiprocExecutor:
         self._call = 0  # every command's number, echoed in its replies: a late reply is told apart
         for rank in range(self.world_size):
             commands = self.context.socket(zmq.PUSH)
+            commands.setsockopt(zmq.SNDTIMEO, POLL_MS)  # a dead worker's socket blocks a send: see _send
             commands.bind(f"ipc://{base}-rank{rank}")
             self.commands.append(commands)
             process = subprocess.Popen([sys.executable, "-m", "llmp_executors_mp.worker"], stdin=subprocess.PIPE)
@@ -83,8 +84,21 @@ class MultiprocExecutor:
             raise EngineDeadError("the mp executor has been shut down")
         payload = pickle.dumps((self._call + 1, method, args), protocol=pickle.HIGHEST_PROTOCOL)
         self._call += 1
-        for commands in self.commands:
-            commands.send(payload, copy=False)
+        for rank, commands in enumerate(self.commands):
+            self._send(rank, commands, payload)
+
+    def _send(self, rank: int, commands: zmq.Socket, payload: bytes) -> None:
+        """A command to one rank. A worker that died since the last step takes nothing: its socket
+        blocks every send (no peer), so each try is bounded and the workers are watched meanwhile."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                commands.send(payload, copy=False)
+                return
+            except zmq.Again:
+                self.check_health()
+                if time.monotonic() > deadline:
+                    raise EngineDeadError(f"worker {rank} took no command within {self.timeout:.0f} s") from None
 
     def _wait(self, ranks: Any, timeout: float | None = None, fatal_timeout: bool = True) -> dict[int, Any]:
         """Replies of ``ranks`` to the last command; raises EngineDeadError on a worker error, death
@@ -156,7 +170,7 @@ class MultiprocExecutor:
         if self._closed:
             return
         self._closed = True
-        payload = pickle.dumps(("shutdown", ()))
+        payload = pickle.dumps((self._call + 1, "shutdown", ()))  # the shape of every command
         for commands in self.commands:
             try:
                 commands.send(payload, zmq.NOBLOCK)

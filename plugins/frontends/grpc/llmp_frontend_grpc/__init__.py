@@ -3,6 +3,10 @@
 Registration imports neither grpc nor the generated stubs: they load with the front-end.
 """
 
+from llmp.api import require_api
+
+require_api(">=0.5,<0.6")  # first, before any other llmp import (docs/plugins.md, "API versioning")
+
 from collections.abc import Iterator
 
 from llmp import hookimpl

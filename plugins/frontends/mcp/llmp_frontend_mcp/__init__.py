@@ -1,6 +1,10 @@
 """The Model Context Protocol front-end: ``llmp serve --frontend mcp`` (streamable HTTP at ``/mcp``)
 and ``llmp mcp MODEL`` (stdio). Registering imports nothing heavier than ``llmp.api``."""
 
+from llmp.api import require_api
+
+require_api(">=0.5,<0.6")  # first, before any other llmp import (docs/plugins.md, "API versioning")
+
 from collections.abc import Iterator
 
 from llmp import hookimpl
@@ -12,6 +16,7 @@ def llmp_register_frontends() -> Iterator[FrontendSpec]:
     yield FrontendSpec(
         name="mcp",
         impl="llmp_frontend_mcp.frontend:McpFrontend",
+        probe="llmp_frontend_mcp.probe:GenerateToolProbe",
         description="Model Context Protocol over streamable HTTP at /mcp: tools generate, chat, tokenize; "
         "resource llmp://models",
     )

@@ -230,7 +230,7 @@ class McpFrontend(FrontendKit):
 
     async def handle_http(self, scope: dict, receive: Callable, send: Callable) -> None:
         await self._ensure_manager()
-        await self._manager.handle_request(scope, receive, send)
+        await _cancelled_on_disconnect(self._manager.handle_request, scope, receive, send)
 
     async def _ensure_manager(self) -> None:
         """The session manager's ``run()`` context, entered once, on first use, in a task of its own."""
@@ -254,6 +254,45 @@ class McpFrontend(FrontendKit):
         if self._manager is not None:
             await self._ensure_manager()
             await asyncio.Event().wait()
+
+
+async def _cancelled_on_disconnect(app: Callable, scope: dict, receive: Callable, send: Callable) -> None:
+    """Run the ASGI ``app``, cancelled if the client disconnects first: the SDK reads the body, then
+    waits for the tool's answer without listening to the client, and a generation whose client has
+    gone would run to its end (on streamable HTTP a disconnect cancels the request)."""
+    body_read, gone = asyncio.Event(), asyncio.Event()
+
+    async def app_receive() -> dict:
+        if body_read.is_set():  # after the body, only the client's departure can come (the watcher's)
+            await gone.wait()
+            return {"type": "http.disconnect"}
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            gone.set()
+        elif not message.get("more_body", False):
+            body_read.set()
+        return message
+
+    async def watch() -> None:
+        await body_read.wait()
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        gone.set()
+
+    task = asyncio.ensure_future(app(scope, app_receive, send))
+    watcher = asyncio.ensure_future(watch())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if not task.done():  # the client left: its tool call (and the engine's request) is cancelled
+        task.cancel()
+        await asyncio.wait({task})
+        return
+    task.result()
 
 
 class _AsgiEndpoint:

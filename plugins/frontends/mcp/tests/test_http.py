@@ -36,12 +36,6 @@ def test_lists_the_tools(server: LiveServer) -> None:
     assert tools["chat"].input_schema["required"] == ["messages"]
 
 
-def test_generate_matches_openai_completions(server: LiveServer, expected_completion: str) -> None:
-    result = call(server, "generate", {"prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0})
-    assert not result.is_error, result
-    assert text_of(result) == expected_completion
-
-
 def test_generate_stop_string(server: LiveServer, expected_completion: str) -> None:
     stop = expected_completion[len(expected_completion) // 2 :][:2]
     cut = expected_completion.index(stop)

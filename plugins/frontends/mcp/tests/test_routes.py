@@ -1,5 +1,6 @@
 """The /mcp route on the shared app, in-process with a stand-in engine (tokenizer only): methods, the
-gate's API key, the trailing slash, the docs. Generation is covered against a live server in test_http."""
+trailing slash, the docs. Generation is covered against a live server in test_http, the API key on
+/mcp by the conformance kit (test_conformance)."""
 
 from __future__ import annotations
 
@@ -50,7 +51,6 @@ def responses() -> dict[str, Any]:
         }
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://127.0.0.1:8000") as c:
             return {
-                "no_key": await c.post("/mcp", headers=ACCEPT, json=INIT),
                 "init": await c.post("/mcp", headers=AUTH, json=INIT),
                 "slash": await c.post("/mcp/", headers=AUTH, json=INIT),
                 "get": await c.get("/mcp", headers=AUTH),
@@ -60,11 +60,6 @@ def responses() -> dict[str, Any]:
             }
 
     return {"expected_ids": engine.tokenizer.encode("The quick brown fox"), **asyncio.run(main())}
-
-
-def test_gate_api_key(responses: dict[str, Any]) -> None:
-    assert responses["no_key"].status_code == 401
-    assert responses["no_key"].json()["error"]["code"] == "invalid_api_key"
 
 
 def test_post_initialize(responses: dict[str, Any]) -> None:

@@ -1,5 +1,9 @@
 """The OpenAI-compatible front-end: ``llmp serve --frontend openai`` (the default)."""
 
+from llmp.api import require_api
+
+require_api(">=0.5,<0.6")  # first, before any other llmp import (docs/plugins.md, "API versioning")
+
 from collections.abc import Iterator
 
 from llmp import hookimpl
@@ -11,6 +15,7 @@ def llmp_register_frontends() -> Iterator[FrontendSpec]:
     yield FrontendSpec(
         name="openai",
         impl="llmp_frontend_openai.frontend:OpenAIFrontend",
+        probe="llmp_frontend_openai.probe:CompletionsProbe",
         description="OpenAI API: /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses, /v1/models, "
         "/tokenize, /detokenize; vLLM's /v1/chat/completions/render, /v1/completions/render, "
         "/v1/score, /v1/rerank (and /v2/rerank), /v1/classify, /pooling; "

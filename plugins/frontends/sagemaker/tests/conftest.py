@@ -2,7 +2,6 @@
 
 * ``server``: a tiny random Llama with the SageMaker and OpenAI front-ends, so ``/invocations``
   can be checked against ``/v1/chat/completions`` and ``/v1/completions``.
-* ``auth_server``: the same behind ``--api-key``.
 * ``cross_encoder``: a tiny random BERT cross-encoder (one label: classify, score, pooling): the
   server, the model directory and the transformers model, for the pooling bodies; it needs the bert
   model plugin, absent from this
@@ -26,8 +25,6 @@ import pytest
 
 from llmp.testing import LiveServer, save_tiny_llama, serving
 
-API_KEY = "Secret-Key-42"
-
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -45,11 +42,6 @@ def _serve(model: Path, *args: str) -> Iterator[LiveServer]:
 @pytest.fixture(scope="module")
 def server(model_dir: Path) -> Iterator[LiveServer]:
     yield from _serve(model_dir, "--frontend", "sagemaker", "--frontend", "openai")
-
-
-@pytest.fixture(scope="module")
-def auth_server(model_dir: Path) -> Iterator[LiveServer]:
-    yield from _serve(model_dir, "--frontend", "sagemaker", "--api-key", API_KEY)
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import httpx
 
-API_KEY = "Secret-Key-42"
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "The quick brown fox"}]
 
 
@@ -81,16 +80,6 @@ def test_bad_bodies(http):
 def test_ping(http):
     response = http.get("/ping")
     assert response.status_code == 200
-
-
-def test_api_key(auth_server):
-    with httpx.Client(base_url=auth_server.url, timeout=60) as c:
-        body = {"prompt": "Paged attention keeps", "max_tokens": 3, "temperature": 0}
-        assert c.post("/invocations", json=body).status_code == 401
-        assert c.post("/invocations", json=body, headers={"Authorization": "Bearer wrong"}).status_code == 401
-        ok = c.post("/invocations", json=body, headers={"Authorization": f"Bearer {API_KEY}"})
-        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
-        assert c.get("/ping").status_code == 200  # probes stay open
 
 
 def test_every_openai_field_is_honoured_or_refused():

@@ -1,5 +1,9 @@
 """The web chat page: ``llmp serve --frontend webui`` (``/`` is a chat page on the server's OpenAI routes)."""
 
+from llmp.api import require_api
+
+require_api(">=0.5,<0.6")  # first, before any other llmp import (docs/plugins.md, "API versioning")
+
 from collections.abc import Iterator
 
 from llmp import hookimpl

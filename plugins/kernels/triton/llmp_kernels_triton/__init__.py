@@ -5,6 +5,10 @@ loads on selection. On CPU the kernels run only under Triton's interpreter
 (``TRITON_INTERPRET=1`` set before triton is imported), which is for tests.
 """
 
+from llmp.api import require_api
+
+require_api(">=0.5,<0.6")  # first, before any other llmp import (docs/plugins.md, "API versioning")
+
 from collections.abc import Iterator
 
 from llmp import hookimpl

@@ -288,8 +288,8 @@ def test_a_positions_attention_does_not_depend_on_how_it_is_batched(dtype):
 
 # -- end to end -----------------------------------------------------------------
 
+# a tiny Llama: tests/test_conformance.py
 MODELS = {
-    "llama": ("LlamaForCausalLM", "llmp_models_llama", {}),
     "qwen3-qk-norm": ("Qwen3ForCausalLM", "llmp_models_qwen", dict(head_dim=16)),
     "gemma2-window-softcap-gelu": (
         "Gemma2ForCausalLM",
@@ -311,8 +311,7 @@ def test_engine_greedy_output_equals_the_torch_set(tmp_path, model):
     from llmp.testing import engine_greedy, mixed_prompts, save_tiny_model
 
     architecture, plugin, config = MODELS[model]
-    if model != "llama":  # the llama plugin is always installed beside this one; the others only in the dev venv
-        pytest.importorskip(plugin, reason=f"{plugin} is not installed")
+    pytest.importorskip(plugin, reason=f"{plugin} is not installed")  # beside this one only in the dev venv
     save_tiny_model(tmp_path, architecture, vocab_size=400, **config)
     # a shared prefix (prefix-cache hits) and 16-token chunks: prefill chunks after cached blocks, mixed with decodes
     prompts = mixed_prompts(3, shared_prefix=8, vocab=400)

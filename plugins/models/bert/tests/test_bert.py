@@ -1,4 +1,6 @@
-"""The native BERT encoder equals transformers' BertModel on random weights, batched or not."""
+"""The native BERT encoder's pooling options (a sentence-transformers config's mean pooling and
+normalisation, Matryoshka dimensions) and refusals. (Its token states and CLS embeddings against
+transformers' BertModel: tests/test_conformance.py.)"""
 
 from __future__ import annotations
 
@@ -42,18 +44,6 @@ def reference(model: torch.nn.Module, ids: list[int], pooling: str) -> torch.Ten
 def prompts(count: int = 6) -> list[list[int]]:
     rng = random.Random(0)
     return [[rng.randrange(3, 400) for _ in range(rng.randint(2, 40))] for _ in range(count)]
-
-
-def test_cls_embeddings_of_a_batch_match_transformers(tiny_bert):
-    path, model = tiny_bert
-    llm = LLM(str(path), dtype="float32")
-    assert llm.engine.task == "embed"
-    batch = prompts()
-    outputs = llm.embed([{"prompt_token_ids": p} for p in batch], use_tqdm=False)
-    for ids, output in zip(batch, outputs, strict=True):
-        got = torch.tensor(output.outputs.embedding)
-        assert torch.allclose(got, reference(model, ids, "cls"), atol=1e-5)
-        assert output.prompt_token_ids == ids
 
 
 def test_sentence_transformers_config_selects_mean_pooling_and_normalisation(tiny_bert, tmp_path):

@@ -1,6 +1,6 @@
-"""Gemma and Gemma 2 sequence classifiers: logits, probabilities and per-token rewards equal
-transformers'; bge-reranker-v2-gemma's recipe (a GemmaForCausalLM read as a classifier of the
-"Yes" token's logit) equals that logit in transformers."""
+"""bge-reranker-v2-gemma's recipe (a GemmaForCausalLM read as a classifier of the "Yes" token's
+logit) equals that logit in transformers. (The Gemma and Gemma 2 sequence classifiers:
+tests/test_conformance.py.)"""
 
 from __future__ import annotations
 
@@ -8,21 +8,7 @@ import pytest
 import torch
 
 from llmp import LLM, PoolingParams
-from llmp.testing import assert_classifier_parity, save_tiny_model, tiny_tokenizer
-
-GEMMA2 = dict(
-    head_dim=16, query_pre_attn_scalar=16, sliding_window=8, attn_logit_softcapping=50.0, final_logit_softcapping=30.0
-)
-CASES = {
-    "gemma2": ("Gemma2ForSequenceClassification", GEMMA2),
-    "gemma": ("GemmaForSequenceClassification", dict(head_dim=16)),
-}
-
-
-@pytest.mark.parametrize("case", CASES)
-def test_classifier_and_rewards_match_transformers(tmp_path, case):
-    architecture, config = CASES[case]
-    assert_classifier_parity(tmp_path, architecture, seed=5, **config)
+from llmp.testing import save_tiny_model, tiny_tokenizer
 
 
 def test_bge_reranker_gemma_recipe_scores_the_yes_logit(tmp_path):

@@ -1,7 +1,6 @@
-"""Qwen2 and Qwen3 sequence classifiers equal transformers (logits, probabilities, per-token
-rewards), and Qwen3-Reranker as vLLM serves it: a Qwen3ForCausalLM whose "yes" and "no" token
-logits become a score through hf_overrides, as a pooling-only classifier or, without the
-architectures override, in an engine that also generates."""
+"""Qwen3-Reranker as vLLM serves it: a Qwen3ForCausalLM whose "yes" and "no" token logits become a
+score through hf_overrides, as a pooling-only classifier or, without the architectures override, in
+an engine that also generates. (The Qwen2 and Qwen3 sequence classifiers: tests/test_conformance.py.)"""
 
 from __future__ import annotations
 
@@ -10,25 +9,12 @@ import torch
 
 from llmp import LLM, PoolingParams
 from llmp.testing import (
-    assert_classifier_parity,
     assert_greedy_parity,
     engine_greedy,
     mixed_prompts,
     save_tiny_model,
     tiny_tokenizer,
 )
-
-CASES = {
-    "qwen2": ("Qwen2ForSequenceClassification", {}),
-    "qwen3": ("Qwen3ForSequenceClassification", dict(head_dim=16)),
-}
-
-
-@pytest.mark.parametrize("case", CASES)
-def test_classifier_and_rewards_match_transformers(tmp_path, case):
-    architecture, config = CASES[case]
-    assert_classifier_parity(tmp_path, architecture, seed=8, **config)
-
 
 RERANKER = {"classifier_from_token": ["no", "yes"], "is_original_qwen3_reranker": True}
 QUERY = "What is paged attention?"

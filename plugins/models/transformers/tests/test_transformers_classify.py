@@ -1,5 +1,6 @@
 """The transformers fallback serves sequence classifiers no native plugin claims (ModernBERT,
-ELECTRA ...): scores of text pairs and class probabilities equal transformers' own."""
+ELECTRA ...): scores of text pairs equal transformers' own. (Class probabilities:
+tests/test_conformance.py.)"""
 
 from __future__ import annotations
 
@@ -88,16 +89,3 @@ def test_cross_encoder_scores_match_transformers(tmp_path, build):
     assert "token_classify" not in llm.engine.info.options["supported_tasks"]
     with pytest.raises(ValueError, match="Classification API is not supported"):
         llm.reward(QUERY, use_tqdm=False)
-
-
-def test_classifier_probabilities_match_transformers(tmp_path):
-    model, tokenizer = save_classifier(tmp_path, modernbert, num_labels=3)
-    llm = LLM(str(tmp_path), dtype="float32")
-    texts = [QUERY, *DOCUMENTS]
-    raw = llm.classify(texts, pooling_params=PoolingParams(use_activation=False), use_tqdm=False)
-    probs = llm.classify(texts, use_tqdm=False)
-    for text, got_raw, got in zip(texts, raw, probs, strict=True):
-        with torch.no_grad():
-            logits = model(**tokenizer(text, return_tensors="pt")).logits[0]
-        torch.testing.assert_close(torch.tensor(got_raw.outputs.probs), logits, atol=1e-5, rtol=1e-4)
-        torch.testing.assert_close(torch.tensor(got.outputs.probs), logits.softmax(-1), atol=1e-5, rtol=1e-4)

@@ -1,6 +1,6 @@
-"""The transformers fallback serves architectures with no native plugin, and its greedy output
-equals transformers' own, token for token, through batching, prefix caching, chunked prefill
-and preemption."""
+"""The transformers fallback is chosen as it should be: for architectures with no native plugin, for
+any with model_impl="transformers", never for one transformers lacks or cannot run on the KV cache.
+(Its greedy output against transformers' through every engine path: tests/test_conformance.py.)"""
 
 from __future__ import annotations
 
@@ -11,11 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from llmp import LLM, SamplingParams
+from llmp import LLM
 from llmp.api import ModelLoadError, UnknownComponentError
 from llmp.testing import assert_greedy_parity, engine_greedy, mixed_prompts, save_tiny_llama, tiny_tokenizer
 
-NEW_TOKENS = 24
 # initializer_range 0.1 (not 0.02) makes attention sharp enough that a wrong key, position or window shows
 SMALL = dict(vocab_size=512, bos_token_id=0, eos_token_id=1, pad_token_id=2, initializer_range=0.1)
 
@@ -29,40 +28,6 @@ def gpt2() -> torch.nn.Module:  # learned absolute positions, tied LM head, Conv
     return model
 
 
-def phi3() -> torch.nn.Module:  # fused qkv, partial rotary, a sliding window shorter than most prompts
-    from transformers import Phi3Config, Phi3ForCausalLM
-
-    return Phi3ForCausalLM(
-        Phi3Config(
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=256,
-            sliding_window=20,
-            partial_rotary_factor=0.5,
-            **SMALL,
-        )
-    )
-
-
-def gpt_neox() -> torch.nn.Module:  # parallel residual, rotary on a quarter of each head
-    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
-
-    return GPTNeoXForCausalLM(
-        GPTNeoXConfig(
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            rotary_pct=0.25,
-            max_position_embeddings=256,
-            **SMALL,
-        )
-    )
-
-
 def save_tiny(path: Path, build: Callable[[], torch.nn.Module], seed: int = 0) -> torch.nn.Module:
     """Save a random-weight model and a tiny tokenizer; the LM head is scaled up so greedy margins are wide."""
     torch.manual_seed(seed)
@@ -74,65 +39,14 @@ def save_tiny(path: Path, build: Callable[[], torch.nn.Module], seed: int = 0) -
     return model
 
 
-@pytest.fixture(scope="module", params=[gpt2, phi3, gpt_neox], ids=lambda b: b.__name__)
-def tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Module]:
-    path = tmp_path_factory.mktemp(request.param.__name__)
-    return path, save_tiny(path, request.param)
-
-
 @pytest.fixture(scope="module")
 def tiny_gpt2(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Module]:
     path = tmp_path_factory.mktemp("gpt2")
     return path, save_tiny(path, gpt2, seed=1)
 
 
-@pytest.fixture(scope="module")
-def tiny_phi3(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Module]:
-    path = tmp_path_factory.mktemp("phi3")
-    return path, save_tiny(path, phi3, seed=2)
-
-
 def model_spec(llm: LLM):
     return llm.engine.model.spec
-
-
-def test_batch_of_mixed_lengths_matches_transformers(tiny):
-    path, model = tiny
-    prompts = mixed_prompts()
-    got, llm = engine_greedy(path, prompts, enable_prefix_caching=False)
-    spec = model_spec(llm)
-    assert (spec.name, spec.model_impl, spec.distribution) == ("*", "transformers", "llmp-models-transformers")
-    assert type(llm.engine.executor.runner.model.hf_model) is type(model)
-    assert_greedy_parity(model, prompts, got)
-
-
-def test_prefix_caching_hits_and_matches_transformers(tiny_gpt2):
-    path, model = tiny_gpt2
-    prompts = mixed_prompts(count=6, shared_prefix=24, seed=2)
-    llm = LLM(str(path), dtype="float32", block_size=4)
-    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
-    # The first request fills the cache; the others then reuse its prefix blocks.
-    first = llm.generate({"prompt_token_ids": prompts[0]}, params, use_tqdm=False)
-    rest = llm.generate([{"prompt_token_ids": p} for p in prompts[1:]], params, use_tqdm=False)
-    assert all(o.num_cached_tokens >= 24 for o in rest)
-    assert_greedy_parity(model, prompts, [o.outputs[0].token_ids for o in first + rest])
-
-
-def test_chunked_prefill_with_sliding_window_matches_transformers(tiny_phi3):
-    path, model = tiny_phi3
-    prompts = mixed_prompts(seed=4)
-    got, llm = engine_greedy(path, prompts, max_num_batched_tokens=16, enable_prefix_caching=False)
-    assert llm.engine.scheduler.num_prefill_chunks > 0
-    assert_greedy_parity(model, prompts, got)
-
-
-def test_preemption_recomputes_and_matches_transformers(tiny_gpt2):
-    path, model = tiny_gpt2
-    prompts = mixed_prompts(seed=3)
-    # 40 blocks of 4 tokens hold 160 tokens: far less than 8 prompts plus their outputs.
-    got, llm = engine_greedy(path, prompts, num_kv_blocks=40, max_model_len=128)
-    assert llm.engine.scheduler.num_preemptions > 0
-    assert_greedy_parity(model, prompts, got)
 
 
 def test_model_impl_transformers_forces_the_fallback_on_llama(tmp_path):

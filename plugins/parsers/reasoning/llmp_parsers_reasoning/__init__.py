@@ -3,6 +3,10 @@
 Registering imports nothing but ``llmp.api``; a parser's module is imported when it is selected.
 """
 
+from llmp.api import require_api
+
+require_api(">=0.5,<0.6")  # first, before any other llmp import (docs/plugins.md, "API versioning")
+
 from collections.abc import Iterator
 
 from llmp import hookimpl

@@ -38,15 +38,6 @@ def test_results_only_grow(parser_class, in_reasoning) -> None:
         assert _extends(whole, before), (text, before, whole)
 
 
-@pytest.mark.parametrize("parser_class", PARSERS)
-def test_prompt_closed_reasoning_is_all_content(parser_class) -> None:
-    parser = parser_class(None)
-    for final in (False, True):
-        assert parser.parse("x</think>[/THINK]y", final=final, in_reasoning=False) == ReasoningParse(
-            None, "x</think>[/THINK]y"
-        )
-
-
 @pytest.mark.parametrize(
     "name, parser_class",
     [

@@ -1,5 +1,9 @@
 """Tool-call parsers for code-style formats: ``--tool-call-parser pythonic`` and ``--tool-call-parser qwen3_xml``."""
 
+from llmp.api import require_api
+
+require_api(">=0.5,<0.6")  # first, before any other llmp import (docs/plugins.md, "API versioning")
+
 from collections.abc import Iterator
 
 from llmp import hookimpl

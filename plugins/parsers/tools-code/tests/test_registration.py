@@ -18,12 +18,3 @@ def test_load_component(name: str, cls: type) -> None:
     parser = cls(None)
     assert parser.keep_special_tokens is False
     assert isinstance(parser.parse("hello", final=True), ToolCallParse)
-
-
-def test_no_state_between_requests() -> None:
-    """One instance serves interleaved requests: a parse depends on its text only."""
-    parser = PythonicToolParser(None)
-    first = parser.parse("[a(x=1), b(", final=False)
-    parser.parse("plain text", final=True)
-    parser.parse("[c(y='z')]", final=True)
-    assert parser.parse("[a(x=1), b(", final=False) == first

@@ -1,6 +1,10 @@
 """Tool-call parsers for JSON-based formats: ``--tool-call-parser hermes``, ``llama3_json``, ``mistral``
 and ``deepseek_v3``."""
 
+from llmp.api import require_api
+
+require_api(">=0.5,<0.6")  # first, before any other llmp import (docs/plugins.md, "API versioning")
+
 from collections.abc import Iterator
 
 from llmp import hookimpl

@@ -31,15 +31,6 @@ def test_registered_and_loadable(name: str) -> None:
     assert isinstance(result, ToolCallParse) and result.content == "plain text" and result.calls == []
 
 
-def test_accepts_a_hugging_face_tokenizer() -> None:
-    from llmp.testing import tiny_tokenizer
-
-    tokenizer = tiny_tokenizer()
-    for name in PARSERS:
-        parser = registry.load_component("tool_parser", name)(tokenizer)
-        assert parser.parse("hello", final=False).content == "hello"
-
-
 def test_registering_imports_no_parser_module() -> None:
     code = (
         "import sys, llmp_parsers_tools as p\n"

@@ -1,0 +1,10 @@
+"""The conformance kit's checks for this plugin's kind.
+
+`llmp plugins verify NAME` runs the same checks against the installed plugin.
+"""
+
+from llmp.conformance import assert_conforms
+
+
+def test_frontend_tgi_conforms():
+    assert_conforms("frontend-tgi")

@@ -1,0 +1,11 @@
+"""`llmp plugins verify parsers-tools`: the conformance kit's checks on hermes, llama3_json, mistral and deepseek_v3.
+
+Streamed deltas add up to the whole parse on llmp's recorded outputs cut every way, results only
+grow, malformed output never raises or loses text, one instance serves interleaved requests.
+"""
+
+from llmp.conformance import assert_conforms
+
+
+def test_conforms():
+    assert_conforms("parsers-tools")
