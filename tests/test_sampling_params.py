@@ -127,3 +127,11 @@ def test_a_sampling_request_takes_a_bodys_declared_fields_by_name():
     assert request.seed is None  # an extra key the client sent is not a declared field: not read
     assert request.structured_outputs is None  # the compiled constraint is the handler's to give
     assert request.names == {"max_tokens": "mct"}
+
+
+@pytest.mark.parametrize("flag", ["ignore_eos", "include_stop_str_in_output", "skip_special_tokens"])
+def test_a_flag_that_is_not_a_bool_is_refused_naming_it(flag):
+    """A front-end passing raw JSON once got such a request accepted, then lost by the engine."""
+    with pytest.raises(SamplingParamsError, match=f"{flag} must be true or false, got 'maybe'") as caught:
+        SamplingParams(**{flag: "maybe"})
+    assert caught.value.field == flag

@@ -29,7 +29,7 @@ VERIFIED_BY_COMMAND = ("lora_resolver", "tool_parser")  # cheap suites: the comm
 
 
 def plugin_name(kind: str) -> str:
-    return "scaffolded-" + kind.replace("_", "-")
+    return "made-" + kind.replace("_", "-")
 
 
 def test_every_kind_has_a_template():
@@ -234,7 +234,7 @@ def test_a_generated_distribution_builds_an_sdist_and_a_wheel_twine_accepts(gene
     build = [sys.executable, "-m", "hatchling", "build", "-t", "sdist", "-t", "wheel", "-d", str(dist)]
     subprocess.run(build, cwd=project, check=True, capture_output=True, timeout=120)
     built = sorted(path.name for path in dist.iterdir())
-    assert built == ["llmp_scaffolded_tool_parser-0.1.0-py3-none-any.whl", "llmp_scaffolded_tool_parser-0.1.0.tar.gz"]
+    assert built == ["llmp_made_tool_parser-0.1.0-py3-none-any.whl", "llmp_made_tool_parser-0.1.0.tar.gz"]
     check = subprocess.run(
         [sys.executable, "-m", "twine", "check", "--strict", *map(str, dist.iterdir())],
         capture_output=True,

@@ -166,6 +166,17 @@ class SamplingParams:
                 raise SamplingParamsError("allowed_token_ids", lambda name: f"{name} must not be empty when given")
             for token in self.allowed_token_ids:
                 _at_least("allowed_token_ids", token, 0, label="allowed_token_ids[]")
+        for flag in (
+            "ignore_eos",
+            "include_stop_str_in_output",
+            "skip_special_tokens",
+            "spaces_between_special_tokens",
+        ):
+            value = getattr(self, flag)
+            if not isinstance(value, bool):  # the engine's message would not carry it: refused here, not lost
+                raise SamplingParamsError(
+                    flag, lambda name, value=value: f"{name} must be true or false, got {value!r}"
+                )
         if self.bad_words is not None and (
             not isinstance(self.bad_words, list) or not all(isinstance(w, str) and w for w in self.bad_words)
         ):
