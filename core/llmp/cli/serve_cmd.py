@@ -6,6 +6,11 @@ Kept light at import time: the server, the engine and torch load only when the c
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+import typer
+
 from llmp.cli.options import options_command
 from llmp.options import EngineConfig, FrontendOptions, ServerOptions
 
@@ -17,4 +22,9 @@ def serve(engine: EngineConfig, server: ServerOptions, request: FrontendOptions)
     from llmp.server.launch import run
     from llmp.server.settings import ServeSettings
 
-    exit_without_teardown(run(ServeSettings(engine=engine, server=server, frontend=request)))
+    status = run(ServeSettings(engine=engine, server=server, frontend=request))
+    # a process started as `llmp serve` ends without the interpreter's slow teardown; a caller running
+    # the command in its own process (a test) keeps its process
+    if len(sys.argv) > 1 and sys.argv[1] == "serve" and Path(sys.argv[0]).name in ("llmp", "__main__.py"):
+        exit_without_teardown(status)
+    raise typer.Exit(status)
