@@ -41,7 +41,7 @@ def test_the_json_report_has_what_a_bug_report_needs(report):
     engine = report["engine"]
     assert engine["model"] == "HuggingFaceTB/SmolLM2-135M-Instruct" and engine["device"] == "cpu"
     assert engine["kernels"] == "cpu" and engine["kernels_plugin"] == "kernels-cpu"
-    assert engine["dtype"] == "bfloat16"  # the default model's, as LLM() would resolve it
+    assert engine["dtype"] == "float32"  # the default model's, as LLM() would resolve it (a small GGUF file)
     assert engine["isa_path"].startswith(torch.backends.cpu.get_cpu_capability())
     plugins = {p["name"]: p for p in report["plugins"]}
     assert plugins["kernels-cpu"]["status"] == "ok" and plugins["llmp-commands"]["distribution"] == "llmp"

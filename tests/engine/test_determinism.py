@@ -99,7 +99,7 @@ def test_same_tokens_cold_warm_alone_mixed_and_chunked(tiny_dir: Path, kernels: 
 @pytest.mark.parametrize("kernels", ["cpu", "torch"])
 def test_default_model_answers_the_readme_chat_the_same_cold_and_warm(kernels: str) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=40)
-    llm = LLM(kernels=kernels)  # the README's default: SmolLM2-135M, bfloat16
+    llm = LLM(kernels=kernels)  # the README's default: SmolLM2-135M, float32
     answers = [llm.chat(CHAT, params, use_tqdm=False)[0].outputs[0].text for _ in range(3)]
     assert answers[1:] == answers[:1] * 2, answers
     batch = [CHAT, [{"role": "user", "content": "Name three colors."}], [{"role": "user", "content": "Hi" * 40}]]

@@ -24,9 +24,19 @@ PROMPTS = [
 ]
 
 
+QUESTIONS = [
+    "What is the capital of France?",
+    "Name three colors.",
+    "How many legs does a spider have?",
+    "What is 12 times 12?",
+    "Write a haiku about the sea.",
+    "Who wrote Romeo and Juliet?",
+]
+
+
 @pytest.fixture(scope="module")
 def llm() -> LLM:
-    return LLM(dtype="float32")
+    return LLM()  # as a user gets it: the default dtype (float32 for this small GGUF file) and kernel set
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +56,15 @@ def test_greedy_matches_transformers_on_the_same_gguf(llm, hf_model):
         assert output.outputs[0].token_ids == hf_greedy(hf_model, output.prompt_token_ids, 32), prompt
 
 
+def test_everyday_chat_answers_begin_as_transformers_float32_run_of_the_same_file(llm, hf_model):
+    params = SamplingParams(temperature=0.0, max_tokens=8)
+    outputs = llm.chat([[{"role": "user", "content": q}] for q in QUESTIONS], params, use_tqdm=False)
+    for question, output in zip(QUESTIONS, outputs, strict=True):
+        tokens = list(output.outputs[0].token_ids)
+        assert len(tokens) == 8 or output.outputs[0].finish_reason == "stop", question
+        assert tokens == hf_greedy(hf_model, output.prompt_token_ids, 8)[: len(tokens)], question
+
+
 def test_chat_answers_a_simple_question(llm):
     params = SamplingParams(temperature=0.0, max_tokens=40)
     [output] = llm.chat([{"role": "user", "content": "What is the capital of France?"}], params, use_tqdm=False)
@@ -60,8 +79,8 @@ def test_default_model_is_smollm2_and_loads_from_the_conversion_cache():
     llm = LLM()
     assert llm.engine.model.architectures == ("LlamaForCausalLM",)
     assert llm.engine.model.config.num_hidden_layers == 30
-    assert llm.engine.model.dtype == "bfloat16"
-    assert llm.engine.executor.runner.dtype.__str__() == "torch.bfloat16"
+    assert llm.engine.model.dtype == "float32"  # a small GGUF model computes in float32, as llama.cpp does
+    assert llm.engine.executor.runner.dtype.__str__() == "torch.float32"
     assert llm.engine.model.model_dir == converted
     assert llm.engine.startup_seconds < 10  # a cached conversion is plain safetensors: no GGUF parsing
 

@@ -48,8 +48,12 @@ _GGUF_LAYER_NAMES = {
     "ffn_down": "mlp.down_proj",
 }
 
-_CONVERSION_VERSION = 2  # bump when the converted layout changes, so old caches are not reused
+_CONVERSION_VERSION = 3  # bump when the converted layout changes, so old caches are not reused
 GGUF_ARCHITECTURES = ("llama",)  # the general.architecture values the converter handles
+# The largest model (in float32 bytes) whose conversion computes in float32, as llama.cpp does: a file's
+# numbers rounded to bfloat16 flip near-ties (the default model then answers "L'Étoile" for Paris);
+# a larger model computes in bfloat16 so that its dequantised weights still fit in memory.
+FLOAT32_COMPUTE_BYTES = 4 << 30
 HUB_BLOB = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")  # a Hugging Face cache blob: named by its hash
 
 
@@ -181,7 +185,8 @@ def _convert(path: Path, out: Path, reader: Any, bar: Bar) -> None:
         if hasattr(config, attr):
             delattr(config, attr)
     config.architectures = ["LlamaForCausalLM"]
-    config.dtype = "bfloat16"  # the precision such models are trained in; the file holds float32
+    float32_bytes = 4 * sum(int(tensor.n_elements) for tensor in reader.tensors)
+    config.dtype = "float32" if float32_bytes <= FLOAT32_COMPUTE_BYTES else "bfloat16"
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     tensors = {}
     for tensor in reader.tensors:
