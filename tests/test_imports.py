@@ -37,6 +37,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "llmp.hookspecs",
             "llmp.config",
             "llmp.progress",  # log set-up and progress bars: stdlib only, rich and torch imported when used
+            "llmp.quantization",  # GGML block formats: torch only
         ),
     ),
     ("plugins", ("llmp.plugins", "llmp.registry", "llmp.builtins")),

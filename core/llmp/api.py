@@ -22,6 +22,8 @@ module                       for                               what it holds
                                                                ``MessageStream``
 ``llmp.modeling``            model plugins                     model building blocks (its submodules:
                                                                ``layers``, ``decoder``, ``moe`` ...)
+``llmp.quantization``        kernel and model plugins          GGML block formats in torch: ``dequantize``,
+                                                               ``quantize``, ``matmul_reference``
 ``llmp.executor``            executor plugins                  ``Worker``, ``exit_with_parent``,
                                                                ``call_worker_method``
 ``llmp.scheduling``          scheduler and KV-manager plugins  ``SchedulerConfig``, ``Request``,
@@ -138,6 +140,7 @@ PUBLIC_MODULES = (
     "llmp.frontend",
     "llmp.parsing",
     "llmp.modeling",
+    "llmp.quantization",
     "llmp.executor",
     "llmp.scheduling",
     "llmp.registry",

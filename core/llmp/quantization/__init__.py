@@ -1,0 +1,10 @@
+"""Quantised weight formats in torch, for kernel and model plugins.
+
+:mod:`llmp.quantization.ggml` holds GGML's block formats (the tensor types of GGUF files): their table,
+:func:`dequantize` (bit for bit ``gguf``'s own), :func:`quantize` (for test files) and :func:`matmul_reference`,
+the reference a kernel set's quantised matmul is checked against.
+"""
+
+from llmp.quantization.ggml import GGML_FORMATS, BlockFormat, dequantize, format_of, matmul_reference, quantize
+
+__all__ = ["GGML_FORMATS", "BlockFormat", "dequantize", "format_of", "matmul_reference", "quantize"]
