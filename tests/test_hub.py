@@ -27,7 +27,7 @@ LLAMA = "tiny-org/tiny-llama"
 GGUF = "tiny-org/Tiny-GGUF"
 GATED = "tiny-org/gated-llama"
 SHARDED = "tiny-org/sharded-llama"
-QWEN_GGUF = "tiny-org/qwen-GGUF"
+PHI3_GGUF = "tiny-org/phi3-GGUF"
 BIG = "tiny-org/big-llama"
 TOKEN = "hf_test_token"
 
@@ -53,14 +53,14 @@ def repos(tmp_path_factory: pytest.TempPathFactory) -> list[HubRepo]:
     ggufs |= {f"tiny-{odd}.gguf": ggufs["tiny-Q4_K_M.gguf"] for odd in ("Q4_K_M-imatrix", "UD-Q4_K_M")}
     save_tiny_llama(root / "sharded", max_shard_size="200KB")
     sharded = {**HubRepo.files_of(root / "sharded"), "consolidated.safetensors": b"0" * 64}  # Mistral's second copy
-    save_tiny_gguf(root / "qwen.gguf", file_type=15, architecture="qwen2")
+    save_tiny_gguf(root / "phi3.gguf", file_type=15, architecture="phi3")
     big = {**llama, "model.safetensors": os.urandom(3_000_000)}
     return [
         HubRepo(LLAMA, {"main": {**llama, **extras}, "v2": longer}),
         HubRepo(GGUF, {"main": {**ggufs, "mmproj-tiny-F16.gguf": ggufs["tiny-F16.gguf"], "README.md": b"#"}}),
         HubRepo(GATED, {"main": llama}, gated=True),
         HubRepo(SHARDED, {"main": sharded}),
-        HubRepo(QWEN_GGUF, {"main": {"qwen-Q4_K_M.gguf": (root / "qwen.gguf").read_bytes()}}),
+        HubRepo(PHI3_GGUF, {"main": {"phi3-Q4_K_M.gguf": (root / "phi3.gguf").read_bytes()}}),
         HubRepo(BIG, {"main": big}),
     ]
 
@@ -266,9 +266,10 @@ def test_an_interrupted_download_is_resumed_online_and_named_offline(hub, hub_en
 
 def test_a_gguf_file_llmp_cannot_convert_is_refused_from_its_header_before_downloading(hub, hub_env):
     with pytest.raises(ModelLoadError) as caught:
-        find_model_dir(QWEN_GGUF)
+        find_model_dir(PHI3_GGUF)
     message = str(caught.value)
-    assert "qwen-Q4_K_M.gguf is a GGUF file of architecture 'qwen2', which llmp cannot convert" in message
+    assert "phi3-Q4_K_M.gguf is a GGUF file of architecture 'phi3', which llmp cannot convert" in message
+    assert "(it converts llama, qwen2, qwen3, qwen3moe, gemma2)" in message
     assert "nothing was downloaded" in message
     assert hub.downloads() == [] and [r for _, r in hub.ranges] == ["bytes=0-262143"]
     assert not list(Path(hub_env["HF_HOME"], "hub").glob("models--*/blobs/*"))

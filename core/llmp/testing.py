@@ -5,9 +5,9 @@
   :func:`save_tiny_llama`, :func:`mixed_prompts`, :func:`engine_greedy`,
   :func:`assert_greedy_parity`, :func:`hf_greedy`, :func:`assert_classifier_parity`; embeddings: :func:`minilm_dir`,
   :func:`sentence_transformers_reference`; cross-encoders: :func:`tiny_pair_tokenizer`,
-  :func:`save_tiny_cross_encoder`; a model class loaded alone: :func:`load_native_model`; the tiny Llama
-  as a llama.cpp GGUF file: :func:`save_tiny_gguf`; LoRA adapters in PEFT's format: :func:`save_random_lora`
-  (no peft needed) and :func:`save_peft_lora`.
+  :func:`save_tiny_cross_encoder`; a model class loaded alone: :func:`load_native_model`; a tiny model of
+  each GGUF architecture llmp converts as a llama.cpp GGUF file, quantised or not: :func:`save_tiny_gguf`;
+  LoRA adapters in PEFT's format: :func:`save_random_lora` (no peft needed) and :func:`save_peft_lora`.
 - Servers: :func:`serving` and :class:`LiveServer` (a real ``llmp serve`` on loopback),
   :func:`frontend_app` (a front-end's routes on the server's app, in-process),
   :func:`assert_openai_error`, :func:`free_port`, :func:`pid_alive`; a Hugging Face Hub on loopback
@@ -20,13 +20,14 @@ Importing this module is cheap; each helper imports what it needs (torch, transf
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
     "TINY_DECODER",
@@ -810,78 +811,180 @@ def _message_key(message: Any) -> tuple:
 
 # -- tiny GGUF files and a loopback Hugging Face Hub ---------------------------
 
-# llmp.model_files.gguf's names, the other way: Hugging Face -> llama.cpp
-_HF_TO_GGUF = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
-_HF_TO_GGUF_LAYER = {
-    "input_layernorm": "attn_norm",
-    "post_attention_layernorm": "ffn_norm",
-    "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output",
-    "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
+
+class _TinyGGUF(NamedTuple):
+    hf_class: str  # the transformers class of the random model
+    gguf_arch: str  # the general.architecture llama.cpp's convert_hf_to_gguf.py writes for it
+    config: dict[str, Any]  # beyond TINY_DECODER
+
+
+# The models of save_tiny_gguf. Each config is one transformers reads back whole from the file: it reads no head size
+# of a qwen3 file and no expert size of a qwen3moe one (its defaults, 128 and 768, are used; the top-k experts'
+# weights are renormalised, as llama.cpp computes Qwen3-MoE), and Gemma 2 ties its embeddings (llama.cpp drops its
+# lm_head). Mistral is a "llama" file, as llama.cpp writes it.
+_TINY_GGUF_MODELS = {
+    "llama": _TinyGGUF("LlamaForCausalLM", "llama", {}),
+    "mistral": _TinyGGUF("MistralForCausalLM", "llama", {}),
+    "qwen2": _TinyGGUF("Qwen2ForCausalLM", "qwen2", {}),
+    "qwen3": _TinyGGUF("Qwen3ForCausalLM", "qwen3", {"head_dim": 128}),
+    "qwen3moe": _TinyGGUF(
+        "Qwen3MoeForCausalLM",
+        "qwen3moe",
+        {
+            "head_dim": 16,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 768,
+            "norm_topk_prob": True,
+        },
+    ),
+    "gemma2": _TinyGGUF(
+        "Gemma2ForCausalLM", "gemma2", {"head_dim": 16, "sliding_window": 8, "tie_word_embeddings": True}
+    ),
 }
+_K_QUANTS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")  # no quantiser in gguf: llmp.quantization.ggml's
+# one expert's matrix in a checkpoint; llama.cpp stacks a layer's experts into one tensor per projection
+_CHECKPOINT_EXPERT = re.compile(r"(?P<experts>.+\.experts)\.(?P<index>\d+)\.(?P<proj>\w+)\.weight$")
 
 
-def save_tiny_gguf(path: Path, *, file_type: int = 0, seed: int = 0, architecture: str = "llama") -> Any:
-    """Write the tiny Llama of :func:`save_tiny_llama` (and its tokenizer) as a llama.cpp GGUF file at
-    ``path``, float32 tensors, ``general.file_type`` set to ``file_type`` (``gguf.LlamaFileType``:
-    15 is Q4_K_M); returns the transformers model. The file converts as a real one does; another
-    ``architecture`` in its header makes a file llmp refuses."""
+def save_tiny_gguf(
+    path: Path, *, file_type: int = 0, seed: int = 0, architecture: str = "llama", tensor_type: int = 0, **config: Any
+) -> Any:
+    """Write a tiny random model of ``architecture`` (and the tiny tokenizer) as a GGUF file at ``path``, converted
+    as llama.cpp's ``convert_hf_to_gguf.py`` does (its tensor names and metadata keys, the q/k permutation of a
+    llama file, Gemma 2's norms stored plus one); returns the transformers model.
+
+    ``architecture`` is one of llama, mistral (a "llama" file named "mistral", which transformers reads as Mistral),
+    qwen2, qwen3, qwen3moe and gemma2; another (``"phi3"``) writes the tiny Llama under that name, a file llmp
+    refuses. The weight matrices are stored as ``tensor_type`` (a ``gguf.GGMLQuantizationType``, F32 by default)
+    except those whose rows are not a whole number of its blocks, which stay F32 as in llama.cpp; norms, biases and
+    expert routers stay F32. ``general.file_type`` is ``file_type`` (``gguf.LlamaFileType``: 15 is Q4_K_M) whatever
+    the tensors are. ``config`` overrides :data:`TINY_DECODER` (k-quants need rows of 256 weights:
+    ``hidden_size=256, intermediate_size=512``)."""
     import json
     import tempfile
 
     import gguf
-    import numpy as np
+    from safetensors.numpy import load_file
 
+    model_spec = _TINY_GGUF_MODELS.get(architecture, _TINY_GGUF_MODELS["llama"])
     with tempfile.TemporaryDirectory() as tmp:
-        model = save_tiny_llama(Path(tmp), seed=seed)
+        model = save_tiny_model(Path(tmp), model_spec.hf_class, seed=seed, **{**model_spec.config, **config})
         tokenizer = json.loads((Path(tmp) / "tokenizer.json").read_text())
-    vocab = tokenizer["model"]["vocab"]
-    tokens = sorted(vocab, key=vocab.__getitem__)
-    tokens += [f"<unused{i}>" for i in range(TINY_DECODER["vocab_size"] - len(tokens))]
-    special = {"<s>", "</s>", "<unk>"}
-    types = [3 if t in special else 5 if t.startswith("<unused") else 1 for t in tokens]  # control, unused, normal
-    writer = gguf.GGUFWriter(str(path), architecture)
-    writer.add_context_length(TINY_DECODER["max_position_embeddings"])
-    writer.add_embedding_length(TINY_DECODER["hidden_size"])
-    writer.add_block_count(TINY_DECODER["num_hidden_layers"])
-    writer.add_feed_forward_length(TINY_DECODER["intermediate_size"])
-    writer.add_head_count(TINY_DECODER["num_attention_heads"])
-    writer.add_head_count_kv(TINY_DECODER["num_key_value_heads"])
-    writer.add_layer_norm_rms_eps(model.config.rms_norm_eps)
-    writer.add_rope_freq_base(model.config.rope_parameters["rope_theta"])
-    writer.add_vocab_size(TINY_DECODER["vocab_size"])
+        checkpoint = {}  # what llama.cpp converts: the checkpoint's names and layout
+        for file in sorted(Path(tmp).glob("*.safetensors")):
+            checkpoint |= load_file(file)
+    file_arch = model_spec.gguf_arch if architecture in _TINY_GGUF_MODELS else architecture
+    writer = gguf.GGUFWriter(str(path), file_arch)
+    writer.add_name(architecture)
     writer.add_file_type(file_type)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_token_list(tokens)
-    writer.add_token_types(types)
-    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tokenizer["model"]["merges"]])
-    writer.add_bos_token_id(TINY_DECODER["bos_token_id"])
-    writer.add_eos_token_id(TINY_DECODER["eos_token_id"])
-    for name, tensor in model.state_dict().items():
-        weight = tensor.detach().float().numpy()
-        if name == "lm_head.weight":
-            gguf_name = "output.weight"
-        elif name in _HF_TO_GGUF:
-            gguf_name = _HF_TO_GGUF[name]
-        else:  # model.layers.N.self_attn.q_proj.weight
-            parts = name.split(".")
-            gguf_name = f"blk.{parts[2]}.{_HF_TO_GGUF_LAYER['.'.join(parts[3:-1])]}.{parts[-1]}"
-        heads = {"attn_q": TINY_DECODER["num_attention_heads"], "attn_k": TINY_DECODER["num_key_value_heads"]}
-        kind = gguf_name.split(".")[-2]
-        if kind in heads:  # llama.cpp interleaves each head's rotary halves
-            n = heads[kind]
-            weight = weight.reshape(n, 2, weight.shape[0] // n // 2, *weight.shape[1:]).swapaxes(1, 2)
-            weight = weight.reshape(tensor.shape)
-        writer.add_tensor(gguf_name, np.ascontiguousarray(weight))
+    _add_gguf_hparams(writer, model.config, model_spec.gguf_arch)
+    _add_gguf_tokenizer(writer, tokenizer, model.config)
+    arch_id = next(arch for arch, name in gguf.MODEL_ARCH_NAMES.items() if name == model_spec.gguf_arch)
+    names = gguf.get_tensor_name_map(arch_id, model.config.num_hidden_layers)
+    for hf_name, weight in _stack_experts(checkpoint).items():
+        gguf_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        if gguf_name is None:
+            raise ValueError(f"llama.cpp has no {model_spec.gguf_arch} tensor for {hf_name}")
+        weight = _llama_cpp_transform(model_spec.gguf_arch, hf_name, weight.astype("float32"), model.config)
+        _add_gguf_tensor(writer, gguf_name, weight, gguf.GGMLQuantizationType(tensor_type))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     return model
+
+
+def _add_gguf_hparams(writer: Any, config: Any, gguf_arch: str) -> None:
+    """The hyperparameters llama.cpp's converter writes for ``gguf_arch`` (those transformers reads among them)."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    rope = getattr(config, "rope_parameters", None) or {}
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_freq_base(rope.get("rope_theta", 10000.0))
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    if gguf_arch == "llama":
+        writer.add_vocab_size(config.vocab_size)
+        writer.add_rope_dimension_count(head_dim)
+    if getattr(config, "num_experts", None):
+        writer.add_expert_count(config.num_experts)
+        writer.add_expert_used_count(config.num_experts_per_tok)
+        writer.add_expert_feed_forward_length(config.moe_intermediate_size)
+    if gguf_arch == "gemma2":
+        writer.add_attn_logit_softcapping(config.attn_logit_softcapping)
+        writer.add_final_logit_softcapping(config.final_logit_softcapping)
+        writer.add_sliding_window(config.sliding_window)
+
+
+def _add_gguf_tokenizer(writer: Any, tokenizer: dict[str, Any], config: Any) -> None:
+    """The tiny byte-level BPE tokenizer (``tokenizer.json``) as llama.cpp writes a GPT-2-style one."""
+    vocab = tokenizer["model"]["vocab"]
+    tokens = sorted(vocab, key=vocab.__getitem__)
+    tokens += [f"<unused{i}>" for i in range(config.vocab_size - len(tokens))]
+    special = {"<s>", "</s>", "<unk>"}
+    types = [3 if t in special else 5 if t.startswith("<unused") else 1 for t in tokens]  # control, unused, normal
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tokenizer["model"]["merges"]])
+    writer.add_bos_token_id(config.bos_token_id)
+    writer.add_eos_token_id(config.eos_token_id)
+
+
+def _stack_experts(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """The checkpoint with each layer's expert matrices stacked as llama.cpp does: ``...experts.{i}.gate_proj.weight``
+    ([I, N] each) become ``...experts.gate_proj.weight`` [E, I, N]."""
+    import numpy as np
+
+    tensors: dict[str, Any] = {}
+    experts: dict[str, dict[int, Any]] = {}
+    for name, weight in checkpoint.items():
+        if found := _CHECKPOINT_EXPERT.match(name):
+            experts.setdefault(f"{found['experts']}.{found['proj']}.weight", {})[int(found["index"])] = weight
+        else:
+            tensors[name] = weight
+    for name, by_index in experts.items():
+        tensors[name] = np.stack([by_index[index] for index in sorted(by_index)])
+    return tensors
+
+
+def _llama_cpp_transform(gguf_arch: str, hf_name: str, weight: Any, config: Any) -> Any:
+    """A tensor as llama.cpp stores it: a llama file's q and k rows with each head's rotary halves interleaved,
+    Gemma 2's norms as ``1 + w``."""
+    if gguf_arch == "llama" and hf_name.endswith(("q_proj.weight", "k_proj.weight")):
+        heads = config.num_attention_heads if ".q_proj." in hf_name else config.num_key_value_heads
+        halves = weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:])
+        return halves.swapaxes(1, 2).reshape(weight.shape)
+    if gguf_arch == "gemma2" and hf_name.endswith("norm.weight"):
+        return weight + 1
+    return weight
+
+
+def _add_gguf_tensor(writer: Any, name: str, weight: Any, tensor_type: Any) -> None:
+    """Add ``weight`` quantised to ``tensor_type`` when it is a weight matrix (or a stack of them) whose rows are
+    whole blocks of that type; otherwise in float32."""
+    import gguf
+    import torch
+
+    block_size = gguf.GGML_QUANT_SIZES[tensor_type][0]
+    matrix = weight.ndim >= 2 and not name.endswith("ffn_gate_inp.weight")  # llama.cpp keeps routers in F32
+    if not matrix or tensor_type == gguf.GGMLQuantizationType.F32 or weight.shape[-1] % block_size:
+        writer.add_tensor(name, weight)
+        return
+    if tensor_type.name in _K_QUANTS:
+        from llmp.quantization.ggml import quantize
+
+        rows = torch.from_numpy(weight.reshape(-1, weight.shape[-1]))
+        data = quantize(rows, tensor_type.name).numpy().reshape(*weight.shape[:-1], -1)
+    else:
+        data = gguf.quants.quantize(weight, tensor_type)
+    writer.add_tensor(name, data, raw_dtype=tensor_type)
 
 
 class HubRepo:

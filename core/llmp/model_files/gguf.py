@@ -2,8 +2,10 @@
 
 A GGUF file is converted once into a Hugging Face directory (config, float32
 safetensors of the dequantized weights, tokenizer) under the llmp cache, so
-every later load reads plain safetensors and needs no GGUF parsing. The
-conversion is keyed by the file's content, so a re-download or a reinstall
+every later load reads plain safetensors and needs no GGUF parsing. The file is
+read as transformers reads it (its GGUF loader's config, tensor names and
+per-architecture transforms), for the architectures of :data:`GGUF_ARCHITECTURES`.
+The conversion is keyed by the file's content, so a re-download or a reinstall
 reuses it. A small header reader answers ``llmp ls`` (the file type) and the
 Hub download (the architecture, from the first bytes) without parsing the vocabulary.
 """
@@ -26,30 +28,23 @@ from llmp.api import ModelLoadError
 from llmp.model_files import cache_dir
 
 if TYPE_CHECKING:
+    import torch
+
     from llmp.progress import Bar
 
 log = logging.getLogger("llmp.model_files")
 
-# llama.cpp tensor names -> Hugging Face names, for Llama-architecture files.
-_GGUF_GLOBAL_NAMES = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
-_GGUF_LAYER_NAMES = {
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-
 _CONVERSION_VERSION = 3  # bump when the converted layout changes, so old caches are not reused
-GGUF_ARCHITECTURES = ("llama",)  # the general.architecture values the converter handles
+# The general.architecture of the GGUF files llmp converts: those transformers reads (its GGUF loader names and
+# un-transforms their tensors) whose model a native llmp plugin serves. A Mistral model is a "llama" file, as
+# llama.cpp writes it; transformers cannot read a gemma (1) file.
+GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma2")
+# GGUF metadata transformers leaves out of the config it reads (its defaults then fit only some models):
+# architecture -> {key under the architecture: config attribute}
+_METADATA_TRANSFORMERS_SKIPS = {
+    "qwen3": {"attention.key_length": "head_dim"},  # its default, 128, is every released Qwen3's
+    "qwen3moe": {"expert_feed_forward_length": "moe_intermediate_size"},  # 768: Qwen3-30B-A3B's, not 235B-A22B's
+}
 # The largest model (in float32 bytes) whose conversion computes in float32, as llama.cpp does: a file's
 # numbers rounded to bfloat16 flip near-ties (the default model then answers "L'Étoile" for Paris);
 # a larger model computes in bfloat16 so that its dequantised weights still fit in memory.
@@ -123,6 +118,7 @@ def convert_gguf(path: Path) -> Path:
     """Convert a GGUF file to a cached Hugging Face directory (once) and return it."""
     if not path.is_file():
         raise ModelLoadError(f"GGUF file {path} does not exist")
+    check_gguf_architecture(path)  # before the file is hashed or a tensor read
     target = conversion_dir(path)
     if (target / ".complete").is_file():
         return target
@@ -155,6 +151,21 @@ def convert_gguf(path: Path) -> Path:
     return target
 
 
+def check_gguf_architecture(path: Path) -> str:
+    """The GGUF file's ``general.architecture``, read from its header; a one-line ``ModelLoadError`` naming it and
+    the supported ones when llmp does not convert it."""
+    try:
+        architecture = gguf_metadata(path, {"general.architecture"}).get("general.architecture")
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"{path} is not a readable GGUF file: {exc}") from None
+    if architecture not in GGUF_ARCHITECTURES:
+        raise ModelLoadError(
+            f"GGUF file {path} has architecture {architecture!r}, which llmp does not convert; supported: "
+            f"{', '.join(GGUF_ARCHITECTURES)} (a Mistral model is a llama file)"
+        )
+    return architecture
+
+
 def _write_hf_dir(path: Path, out: Path) -> None:
     import gguf
 
@@ -164,42 +175,27 @@ def _write_hf_dir(path: Path, out: Path) -> None:
         reader = gguf.GGUFReader(path)
     except Exception as exc:
         raise ModelLoadError(f"{path} is not a readable GGUF file: {exc}") from exc
-    arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
-    if arch not in GGUF_ARCHITECTURES:
-        raise ModelLoadError(f"GGUF file {path} has architecture {arch!r}; only 'llama' files are supported")
+    if _field(reader, "llama.expert_count"):  # transformers reads a llama file's MLP only: Mixtral's would be lost
+        raise ModelLoadError(
+            f"GGUF file {path} is a mixture-of-experts llama file (Mixtral), which llmp does not convert; "
+            "serve the model's safetensors repository instead"
+        )
     # steps: the config, each tensor, the safetensors file, the tokenizer (the slowest step after the tensors)
     with progress_bar("Converting GGUF: config", len(reader.tensors) + 3, "steps") as bar:
         _convert(path, out, reader, bar)
 
 
 def _convert(path: Path, out: Path, reader: Any, bar: Bar) -> None:
-    import gguf
-    import torch
     from safetensors.torch import save_file
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    config = _hf_config(path, reader)
     bar.advance()
     bar.describe("Converting GGUF: tensors")
-    for attr in ("quantization_config", "_model_name_or_path"):
-        if hasattr(config, attr):
-            delattr(config, attr)
-    config.architectures = ["LlamaForCausalLM"]
-    float32_bytes = 4 * sum(int(tensor.n_elements) for tensor in reader.tensors)
-    config.dtype = "float32" if float32_bytes <= FLOAT32_COMPUTE_BYTES else "bfloat16"
-    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
-    tensors = {}
-    for tensor in reader.tensors:
-        name = _hf_name(tensor.name)
-        weight = torch.from_numpy(gguf.quants.dequantize(tensor.data, tensor.tensor_type).copy()).float()
-        if name.endswith("q_proj.weight"):
-            weight = _unpermute_rope(weight, heads)
-        elif name.endswith("k_proj.weight"):
-            weight = _unpermute_rope(weight, kv_heads)
-        tensors[name] = weight.contiguous()
-        bar.advance()
+    tensors = _hf_tensors(reader, config, bar)
     bar.describe("Converting GGUF: safetensors")
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    del tensors
     config.save_pretrained(out)
     bar.advance()
     bar.describe("Converting GGUF: tokenizer")
@@ -207,19 +203,83 @@ def _convert(path: Path, out: Path, reader: Any, bar: Bar) -> None:
     bar.advance()
 
 
-def _hf_name(name: str) -> str:
-    if name in _GGUF_GLOBAL_NAMES:
-        return _GGUF_GLOBAL_NAMES[name]
-    parts = name.split(".")  # blk.N.attn_q.weight
-    if parts[0] == "blk" and parts[2] in _GGUF_LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{_GGUF_LAYER_NAMES[parts[2]]}.{parts[3]}"
-    raise ModelLoadError(f"unknown GGUF tensor {name!r}")
+def _hf_config(path: Path, reader: Any) -> Any:
+    """The config transformers reads from the file, completed with what it leaves out, naming the causal-LM class
+    llmp serves and the compute dtype (:data:`FLOAT32_COMPUTE_BYTES`)."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    for attr in ("quantization_config", "_model_name_or_path"):
+        if hasattr(config, attr):
+            delattr(config, attr)
+    architecture = _field(reader, "general.architecture")
+    for key, attribute in _METADATA_TRANSFORMERS_SKIPS.get(architecture, {}).items():
+        if (value := _field(reader, f"{architecture}.{key}")) is not None:
+            setattr(config, attribute, value)
+    config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]]
+    float32_bytes = 4 * sum(int(tensor.n_elements) for tensor in reader.tensors)
+    config.dtype = "float32" if float32_bytes <= FLOAT32_COMPUTE_BYTES else "bfloat16"
+    return config
 
 
-def _unpermute_rope(weight: "torch.Tensor", num_heads: int) -> "torch.Tensor":  # noqa: F821
-    # llama.cpp interleaves each head's rotary halves; undo it for the neox (half-split) layout
-    rows, cols = weight.shape
-    return weight.reshape(num_heads, rows // num_heads // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
+def _hf_tensors(reader: Any, config: Any, bar: Bar) -> dict[str, torch.Tensor]:
+    """The file's tensors in float32 under the checkpoint names of ``config``'s model, as transformers' GGUF loader
+    reads them (its name map and the tensor processor of the architecture: llama's q/k un-permutation, Gemma's
+    norms less one, Qwen-MoE's experts), dequantised one at a time. Tensors the model has no place for (a llama
+    file's ``rope_freqs``) are left out, as transformers leaves them."""
+    import numpy as np
+    import torch
+    from gguf import dequantize
+    from transformers import AutoModelForCausalLM
+    from transformers.core_model_loading import revert_weight_conversion
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
+
+    architecture = _field(reader, "general.architecture")
+    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=config.to_dict())
+    with torch.device("meta"):  # the model's parameter names, without memory
+        model = AutoModelForCausalLM.from_config(config)
+    # GGUF names by the file's architecture: transformers goes by the model's, and a llama file it reads as
+    # Mistral (one named "mistral") has no "mistral" names in gguf
+    hf_names = get_gguf_hf_weights_map(_TopLevelNames(model), processor, model_type=architecture)
+    parsed: dict[str, dict[str, torch.Tensor]] = {"tensors": {}}  # a processor merging tensors (experts) puts them here
+    for tensor in reader.tensors:
+        weights = dequantize(tensor.data, tensor.tensor_type)
+        processed = processor.process(
+            weights=weights, name=tensor.name, tensor_key_mapping=hf_names, parsed_parameters=parsed
+        )
+        if processed.name in hf_names:  # a float32 array of its own (an F32 tensor is a read-only view of the file)
+            parsed["tensors"][hf_names[processed.name]] = torch.from_numpy(
+                np.require(processed.weights, np.float32, "CW")
+            )
+        elif processed.name is not None:
+            log.debug("GGUF tensor %s has no place in %s; left out", processed.name, config.architectures[0])
+        bar.advance()
+    # transformers' names in memory -> the checkpoint's (a Qwen-MoE layer's stacked experts -> one matrix each)
+    return revert_weight_conversion(model, parsed["tensors"])
+
+
+class _TopLevelNames:
+    """A causal LM as ``get_gguf_hf_weights_map`` reads it, without its submodules: the map of the whole model's
+    parameter names is complete, and mapping each of its hundreds of submodules again (for models converted from
+    a submodule, as Bloom) builds gguf's name table each time: seconds for a 30-layer model."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.config, self._state_dict = model.config, model.state_dict()
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self._state_dict
+
+    def named_children(self) -> list[tuple[str, torch.nn.Module]]:
+        return []
+
+
+def _field(reader: Any, key: str) -> Any:
+    """A scalar or string field of the GGUF header, or None."""
+    from transformers.modeling_gguf_pytorch_utils import read_field
+
+    values = read_field(reader, key)
+    return values[0] if values else None
 
 
 # -- the header: metadata without the tensors -----------------------------------------------------------
