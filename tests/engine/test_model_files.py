@@ -124,6 +124,16 @@ def test_unsupported_architecture_lists_the_supported_ones(tmp_path):
         LLM(str(tmp_path), dtype="float32")
 
 
+@pytest.mark.parametrize("method", ["awq", "gptq", "compressed-tensors"])
+def test_a_quantised_checkpoint_is_refused_in_one_line_naming_its_method(tmp_path, method):
+    save_tiny_llama(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": method, "bits": 4, "group_size": 128}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match=f"holds '{method}'-quantised weights .* which llmp does not run yet"):
+        LLM(str(tmp_path), dtype="float32")
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
 def test_dtype_is_applied_to_weights_and_cache(tmp_path, dtype):
     save_tiny_llama(tmp_path)

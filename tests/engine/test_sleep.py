@@ -205,19 +205,24 @@ def test_an_executor_without_collective_rpc_is_a_clear_error(model_dir):
 
 def test_async_llm_sleep_aborts_or_waits_for_requests_in_flight(model_dir):
     long = SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)
+    longest = SamplingParams(temperature=0.0, max_tokens=120, ignore_eos=True)  # all max_model_len leaves
 
-    async def last_output(engine: AsyncLLM, request_id: str, params: SamplingParams):
+    async def last_output(
+        engine: AsyncLLM, request_id: str, params: SamplingParams, started: asyncio.Event | None = None
+    ):
         output = None
         async for output in engine.generate(PROMPTS[0], params, request_id):
-            pass
+            if started is not None:
+                started.set()
         return output
 
     async def scenario() -> None:
         engine = AsyncLLM(str(model_dir), dtype="float32", max_model_len=128, engine_mode="thread")
         try:
             before = (await last_output(engine, "before", GREEDY)).outputs[0].token_ids
-            running = asyncio.create_task(last_output(engine, "aborted", long))
-            await asyncio.sleep(0.2)
+            started = asyncio.Event()
+            running = asyncio.create_task(last_output(engine, "aborted", longest, started))
+            await started.wait()  # its first token is out; the tiny model makes the rest in a fraction of a second
             await engine.sleep(1)  # vLLM's default mode: abort
             aborted = await running
             assert aborted.finished and aborted.outputs[0].finish_reason == "abort"

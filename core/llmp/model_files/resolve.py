@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llmp import registry
-from llmp.api import ModelSpec, ModelTask, PoolingConfig, ResolvedModel
+from llmp.api import ModelLoadError, ModelSpec, ModelTask, PoolingConfig, ResolvedModel
 from llmp.model_files.config import (
     PlainConfig,
     architectures,
@@ -59,6 +59,7 @@ def resolve_model(config: EngineConfig) -> ResolvedModel:
     tokenizer = str(config.tokenizer or model_dir)
     overrides = dict(config.hf_overrides or {})
     hf_config = with_classifier_tokens(with_overrides(load_plain_config(model_dir), overrides), tokenizer)
+    check_quantization(hf_config, model_dir)
     names = architectures(hf_config)
     spec = registry.select_model(names, config.model_impl)
     task = resolve_task(config, spec, names, hf_config, has_sentence_transformers_config(model_dir))
@@ -362,6 +363,19 @@ def resolve_pooling(model_dir: Path, spec: ModelSpec, task: ModelTask) -> Poolin
         return PoolingConfig(default, False)
     return sentence_transformers_pooling(
         model_dir, PoolingConfig(default, getattr(model_cls, "default_normalize", False))
+    )
+
+
+def check_quantization(hf_config: Any, model_dir: Path) -> None:
+    """Refuse a checkpoint whose ``quantization_config`` llmp cannot run (AWQ, GPTQ, compressed-tensors ...):
+    read as plain weights, its packed integer tensors would not load or would compute garbage."""
+    quantization = getattr(hf_config, "quantization_config", None)
+    if not quantization:
+        return
+    method = quantization.get("quant_method", "unnamed") if isinstance(quantization, dict) else "unnamed"
+    raise ModelLoadError(
+        f"{model_dir} holds {method!r}-quantised weights (quantization_config in config.json), which llmp does not "
+        "run yet: serve the model's unquantised checkpoint or a GGUF file of it"
     )
 
 
