@@ -118,8 +118,10 @@ def test_ls_sizes_are_the_disk_used_and_a_re_download_reuses_its_conversion(env,
     assert [p for p in (tmp_path / "llmp" / "gguf").glob("tiny-Q8_0-*") if p.is_dir()] == [converted]
 
 
-def test_ls_names_serve_what_each_row_shows_and_a_hub_copy_of_a_packaged_model_is_its_own_row(env, tmp_path):
+def test_ls_names_serve_what_each_row_shows_and_a_hub_copy_of_a_packaged_model_is_its_own_row(built, env, tmp_path):
     from huggingface_hub import hf_hub_download
+
+    from llmp.cli.models_cmd import human_size
 
     for gguf in ("tiny-Q4_K_M.gguf", "tiny-UD-Q4_K_M.gguf", "tiny-Q8_0.gguf"):  # into the cache, not converted
         hf_hub_download(GGUF, gguf)
@@ -134,7 +136,8 @@ def test_ls_names_serve_what_each_row_shows_and_a_hub_copy_of_a_packaged_model_i
     for name, gguf in rows.items():  # the name picks the row's file, as `llmp serve NAME` would
         assert choose_files(GGUF, files, name.partition(":")[2], None).gguf == gguf
     removed = run_llmp("rm", f"{GGUF}:Q4_K_M", env=env)
-    assert removed.stdout.strip() == f"deleted {GGUF}:Q4_K_M (570 KB, gguf)"  # that file, not UD-Q4_K_M too
+    q4_size = human_size(len(built[0][1].revisions["main"]["tiny-Q4_K_M.gguf"]))
+    assert removed.stdout.strip() == f"deleted {GGUF}:Q4_K_M ({q4_size}, gguf)"  # that file, not UD-Q4_K_M too
     assert _listed(env)[f"{GGUF}:Q4_K_M"]["gguf_file"] == "tiny-UD-Q4_K_M.gguf"  # now the one that tag serves
 
     pulled = run_llmp("pull", f"hf.co/{SMOLLM2}", env=env)  # Ollama's spelling: the Hub's copy, not the package's
