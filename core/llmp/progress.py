@@ -121,12 +121,13 @@ def isa_path(device: str, dtype: str) -> str:
 
 
 def engine_summary(info: Mapping[str, Any]) -> str:
-    """One line of what an engine serves and how: model, dtype, kernel set and ISA path, context,
+    """One line of what an engine serves and how: model (and its quantisation), dtype, kernel set and ISA path, context,
     KV cache. ``info`` is ``EngineInfo.options`` with ``model`` and ``kernels`` (``AsyncLLM.info``)."""
     kernels = info["kernels"] + (f" ({info['isa']})" if info.get("isa") else "")
     blocks, block_size = info["num_kv_blocks"], info["block_size"]
     return (
-        f"model {info['model']}, dtype {info['dtype']}, kernels {kernels}, "
+        f"model {info['model']}{f' ({quantization})' if (quantization := info.get('quantization')) else ''}, "
+        f"dtype {info['dtype']}, kernels {kernels}, "
         f"max model len {info['max_model_len']}, "
         f"KV cache {blocks} blocks × {block_size} = {blocks * block_size} tokens"
     )

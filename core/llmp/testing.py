@@ -24,7 +24,7 @@ import re
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -848,7 +848,14 @@ _CHECKPOINT_EXPERT = re.compile(r"(?P<experts>.+\.experts)\.(?P<index>\d+)\.(?P<
 
 
 def save_tiny_gguf(
-    path: Path, *, file_type: int = 0, seed: int = 0, architecture: str = "llama", tensor_type: int = 0, **config: Any
+    path: Path,
+    *,
+    file_type: int = 0,
+    seed: int = 0,
+    architecture: str = "llama",
+    tensor_type: int = 0,
+    tensor_types: Mapping[str, int] | None = None,
+    **config: Any,
 ) -> Any:
     """Write a tiny random model of ``architecture`` (and the tiny tokenizer) as a GGUF file at ``path``, converted
     as llama.cpp's ``convert_hf_to_gguf.py`` does (its tensor names and metadata keys, the q/k permutation of a
@@ -858,9 +865,10 @@ def save_tiny_gguf(
     qwen2, qwen3, qwen3moe and gemma2; another (``"phi3"``) writes the tiny Llama under that name, a file llmp
     refuses. The weight matrices are stored as ``tensor_type`` (a ``gguf.GGMLQuantizationType``, F32 by default)
     except those whose rows are not a whole number of its blocks, which stay F32 as in llama.cpp; norms, biases and
-    expert routers stay F32. ``general.file_type`` is ``file_type`` (``gguf.LlamaFileType``: 15 is Q4_K_M) whatever
-    the tensors are. ``config`` overrides :data:`TINY_DECODER` (k-quants need rows of 256 weights:
-    ``hidden_size=256, intermediate_size=512``)."""
+    expert routers stay F32. ``tensor_types`` mixes types as a ``Q4_K_M`` file does: the type of the matrices whose
+    GGUF name contains a key (``{"attn_v": Q6_K}``), the first key found. ``general.file_type`` is ``file_type``
+    (``gguf.LlamaFileType``: 15 is Q4_K_M) whatever the tensors are. ``config`` overrides :data:`TINY_DECODER`
+    (k-quants need rows of 256 weights: ``hidden_size=256, intermediate_size=512``)."""
     import json
     import tempfile
 
@@ -887,7 +895,8 @@ def save_tiny_gguf(
         if gguf_name is None:
             raise ValueError(f"llama.cpp has no {model_spec.gguf_arch} tensor for {hf_name}")
         weight = _llama_cpp_transform(model_spec.gguf_arch, hf_name, weight.astype("float32"), model.config)
-        _add_gguf_tensor(writer, gguf_name, weight, gguf.GGMLQuantizationType(tensor_type))
+        chosen = next((t for part, t in (tensor_types or {}).items() if part in gguf_name), tensor_type)
+        _add_gguf_tensor(writer, gguf_name, weight, gguf.GGMLQuantizationType(chosen))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

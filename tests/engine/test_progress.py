@@ -79,25 +79,26 @@ def _lines(terminal: str) -> str:
 def _assert_summary(text: str, model: str, dtype: str) -> None:
     [summary] = [line for line in text.splitlines() if "engine ready in" in line]
     assert f"model {model}, dtype {dtype}, kernels " in summary
-    assert re.search(r"kernels \w+ \((AVX|SSE|DEFAULT|NEON|SVE|VSX|ZVECTOR)", summary), summary  # the ISA path
+    assert re.search(r"kernels [\w-]+ \((AVX|SSE|DEFAULT|NEON|SVE|VSX|ZVECTOR)", summary), summary  # the ISA path
     assert "max model len 256" in summary and "KV cache 300 blocks × 4 = 1200 tokens" in summary
 
 
 def test_a_terminal_sees_the_gguf_conversion_and_weights_bars_then_the_summary(tmp_path):
-    """The default model on a first run: converted from GGUF (a bar), loaded (a bar), summarised."""
+    """The default model on a first run: its GGUF config and tokenizer read (a bar), the weights loaded from the
+    file (a bar), summarised."""
     env = _env(LLMP_CACHE_DIR=str(tmp_path / "cache"))
     terminal = run_in_pty([sys.executable, "-c", SCRIPT], env)
     text = _lines(terminal)
     assert ESCAPE in terminal  # bars are drawn on a terminal
-    assert re.search(r"INFO llmp.model_files: converting \S+\.gguf to a Hugging Face directory", text)
-    assert re.search(r"Converting GGUF: tokenizer .* 275/275 steps", text), text
-    assert re.search(r"INFO llmp.model_files: converted \S+\.gguf in [\d.]+ s", text)
-    assert re.search(r"INFO llmp.engine: loading weights from .* \(1 file\(s\), \d+ MiB\)", text)
+    assert re.search(r"INFO llmp.model_files: reading the config and tokenizer of \S+\.gguf, once", text)
+    assert re.search(r"Reading GGUF: tokenizer .* 3/3 steps", text), text
+    assert re.search(r"INFO llmp.model_files: read the config and tokenizer of \S+\.gguf in [\d.]+ s", text)
+    assert re.search(r"INFO llmp.engine: loading weights from \S+\.gguf \(1 file\(s\), \d+ MiB\)", text)
     assert re.search(r"Loading weights .* 272/272 tensors", text), text
     assert re.search(r"INFO llmp.engine: weights loaded in [\d.]+ s", text)
     assert "INFO llmp.engine: building the KV cache: 300 blocks of 4 tokens" in text
     [summary] = [line for line in text.splitlines() if "engine ready in" in line]
-    assert "dtype float32" in summary  # a small GGUF file computes in float32, as llama.cpp does
+    assert "(GGUF Q4_1), dtype float32" in summary  # a small GGUF file computes in float32, as llama.cpp does
     assert "matmul" not in summary  # whether the CPU multiplies bf16 itself is said only for bf16/fp16
     assert re.search(r"Processed prompts .* 2/2", text)  # LLM.generate's bar, on stderr
     assert "GENERATED 2" in text

@@ -72,7 +72,7 @@ def test_the_stats_line_follows_requests_then_stops_while_idle(model_dir):
     # the start-up summary: the engine's facts, then where it serves
     [summary] = [line for line in log.splitlines() if "engine ready in" in line]
     assert f"model {model_dir}, dtype float32, kernels " in summary
-    assert re.search(r"kernels \w+ \(\w+", summary) and "max model len 512" in summary
+    assert re.search(r"kernels [\w-]+ \(\w+", summary) and "max model len 512" in summary
     assert re.search(r"KV cache (\d+) blocks × 4 = \d+ tokens", summary)
     assert f"at {server.url} (openai" in log
     assert "INFO llmp.engine: loading weights from" in log and "building the KV cache" in log

@@ -27,6 +27,7 @@ from llmp.engine.step_stats import IterationTokens, step_prompt_tokens
 from llmp.engine.worker import WorkerCallError
 from llmp.inputs import Prompt, PromptType, as_prompt
 from llmp.lora import LORA_DISABLED, LoRARequest
+from llmp.model_files.gguf import weights_quantization
 from llmp.modeling.decoder import as_pooling_model
 from llmp.modeling.pooling import (
     POOLERS,
@@ -135,6 +136,7 @@ class LLMEngine:
                 "block_size": config.block_size,
                 "dtype": model.dtype,
                 "isa": isa_path(config.device, model.dtype),
+                "quantization": weights_quantization(model.model_dir),
                 "tensor_parallel_size": config.tensor_parallel_size,
                 "task": self.task,
                 "vocab_size": self.vocab_size,

@@ -8,7 +8,9 @@ pooled from the same hidden states (``StepInputs.pool_items``).
 
 from __future__ import annotations
 
+import logging
 import time
+from collections import Counter
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
@@ -23,8 +25,11 @@ from llmp.engine.sampler import Sampler, TokenLogprobs, gather_logprobs
 from llmp.engine.scheduler import SchedulerOutput
 from llmp.model_files.weights import iter_weights
 from llmp.modeling.decoder import as_pooling_model
+from llmp.modeling.layers import pack_quantized_layers
 from llmp.modeling.pooling import POOLERS, PoolSlice
 from llmp.options import EngineConfig
+
+log = logging.getLogger("llmp.engine")
 
 TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -34,6 +39,22 @@ class ModelRunnerOutput:
     sampled: list[int | None]  # per scheduled request; None for a partial prefill chunk
     logprobs: list[TokenLogprobs | None]
     prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)  # request id -> new positions
+
+
+def _log_quantized(counts: Counter[tuple[str, bool]], kernels: str, dtype: torch.dtype) -> None:
+    """One line (first rank) of the quantised weights: computed in their blocks by the kernel set, or dequantised."""
+    from llmp.modeling.parallel import tp_rank
+
+    if not counts or tp_rank() != 0:
+        return
+    kept = ", ".join(f"{n} {fmt}" for (fmt, in_blocks), n in sorted(counts.items()) if in_blocks)
+    dense = ", ".join(f"{n} {fmt}" for (fmt, in_blocks), n in sorted(counts.items()) if not in_blocks)
+    parts = [f"{kept} computed in their blocks by kernel set {kernels!r}"] if kept else []
+    if dense:
+        parts.append(
+            f"{dense} dequantised to {str(dtype).removeprefix('torch.')} (kernel set {kernels!r} does not compute them)"
+        )
+    log.info("quantised weights: %s", "; ".join(parts))
 
 
 class ModelRunner:
@@ -73,7 +94,8 @@ class ModelRunner:
         model = model.to(dtype=self.dtype)._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=self.device))
         if hasattr(model, "tie_weights"):
             model.tie_weights()
-        model.load_weights(iter_weights(resolved.model_dir))
+        model.load_weights(iter_weights(resolved.model_dir, quantized=getattr(model, "keeps_quantized_weights", False)))
+        _log_quantized(pack_quantized_layers(model, self.kernels, self.dtype), self.kernels_spec.name, self.dtype)
         if isinstance(self.kernels, PacksLinear):
             from llmp.modeling.layers import pack_linear_layers
 

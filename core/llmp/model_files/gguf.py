@@ -1,12 +1,11 @@
-"""Converting a GGUF file into a Hugging Face directory.
+"""Serving a GGUF file: its config and tokenizer as a Hugging Face directory, its tensors straight from the file.
 
-A GGUF file is converted once into a Hugging Face directory (config, float32
-safetensors of the dequantized weights, tokenizer) under the llmp cache, so
-every later load reads plain safetensors and needs no GGUF parsing. The file is
-read as transformers reads it (its GGUF loader's config, tensor names and
-per-architecture transforms), for the architectures of :data:`GGUF_ARCHITECTURES`.
-The conversion is keyed by the file's content, so a re-download or a reinstall
-reuses it. A small header reader answers ``llmp ls`` (the file type) and the
+A GGUF file's config and tokenizer are written once into a small Hugging Face directory under the llmp cache
+(reading a vocabulary out of GGUF takes seconds), keyed by the file's content, so a re-download or a reinstall
+reuses it; the directory names the file (:data:`GGUF_SOURCE`). The weights are read from the file at every
+load by :func:`iter_gguf_weights`, memory-mapped: quantised matrices stay in their blocks. The file is read
+as transformers reads it (its GGUF loader's config, tensor names and per-architecture transforms), for the
+architectures of :data:`GGUF_ARCHITECTURES`. A small header reader answers ``llmp ls`` (the file type) and the
 Hub download (the architecture, from the first bytes) without parsing the vocabulary.
 """
 
@@ -15,7 +14,9 @@ from __future__ import annotations
 import errno
 import fcntl
 import hashlib
+import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -28,13 +29,12 @@ from llmp.api import ModelLoadError
 from llmp.model_files import cache_dir
 
 if TYPE_CHECKING:
-    import torch
+    pass
 
-    from llmp.progress import Bar
 
 log = logging.getLogger("llmp.model_files")
 
-_CONVERSION_VERSION = 3  # bump when the converted layout changes, so old caches are not reused
+_CONVERSION_VERSION = 6  # bump when the converted layout changes, so old caches are not reused
 # The general.architecture of the GGUF files llmp converts: those transformers reads (its GGUF loader names and
 # un-transforms their tensors) whose model a native llmp plugin serves. A Mistral model is a "llama" file, as
 # llama.cpp writes it; transformers cannot read a gemma (1) file.
@@ -49,6 +49,7 @@ _METADATA_TRANSFORMERS_SKIPS = {
 # numbers rounded to bfloat16 flip near-ties (the default model then answers "L'Étoile" for Paris);
 # a larger model computes in bfloat16 so that its dequantised weights still fit in memory.
 FLOAT32_COMPUTE_BYTES = 4 << 30
+GGUF_SOURCE = "gguf-source.json"  # in a converted directory: the GGUF file its weights are read from
 HUB_BLOB = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")  # a Hugging Face cache blob: named by its hash
 
 
@@ -115,12 +116,13 @@ def _existing(path: Path) -> Path:
 
 
 def convert_gguf(path: Path) -> Path:
-    """Convert a GGUF file to a cached Hugging Face directory (once) and return it."""
+    """The cached Hugging Face directory of a GGUF file (its config and tokenizer, written once, naming the file)."""
     if not path.is_file():
         raise ModelLoadError(f"GGUF file {path} does not exist")
     check_gguf_architecture(path)  # before the file is hashed or a tensor read
     target = conversion_dir(path)
     if (target / ".complete").is_file():
+        _record_source(target, path)
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     # one converter at a time (servers and test workers may start on the same file together);
@@ -128,24 +130,25 @@ def convert_gguf(path: Path) -> Path:
     with open(target.with_name(target.name + ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (target / ".complete").is_file():
+            _record_source(target, path)
             return target
         partial = target.with_name(target.name + f".partial-{os.getpid()}")
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
         started = time.perf_counter()
-        log.info("converting %s to a Hugging Face directory, once (cached in %s) …", path.name, target.parent)
+        log.info("reading the config and tokenizer of %s, once (cached in %s) …", path.name, target.parent)
         try:
             _write_hf_dir(path, partial)
             (partial / ".complete").touch()
             shutil.rmtree(target, ignore_errors=True)  # an incomplete leftover of a killed converter
             os.replace(partial, target)
-            log.info("converted %s in %.1f s", path.name, time.perf_counter() - started)
+            log.info("read the config and tokenizer of %s in %.1f s", path.name, time.perf_counter() - started)
         except Exception as exc:
             shutil.rmtree(partial, ignore_errors=True)
             if isinstance(exc, ModelLoadError):
                 raise
             if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-                doing = f"converting {path.name} (float32 weights, about 4 bytes a parameter)"
+                doing = f"writing the config and tokenizer of {path.name}"
                 raise ModelLoadError(no_space_message(doing, target.parent, "LLMP_CACHE_DIR", None)) from None
             raise ModelLoadError(f"cannot convert GGUF file {path}: {exc}") from exc
     return target
@@ -180,27 +183,47 @@ def _write_hf_dir(path: Path, out: Path) -> None:
             f"GGUF file {path} is a mixture-of-experts llama file (Mixtral), which llmp does not convert; "
             "serve the model's safetensors repository instead"
         )
-    # steps: the config, each tensor, the safetensors file, the tokenizer (the slowest step after the tensors)
-    with progress_bar("Converting GGUF: config", len(reader.tensors) + 3, "steps") as bar:
-        _convert(path, out, reader, bar)
+    with progress_bar("Reading GGUF: config", 3, "steps") as bar:  # the tokenizer is the slow step
+        from transformers import AutoTokenizer
+
+        from llmp.model_files.gguf_tensors import write_tensor_plan
+
+        config = _hf_config(path, reader)
+        config.save_pretrained(out)
+        bar.advance()
+        bar.describe("Reading GGUF: tensor names")
+        write_tensor_plan(path, out, config, _field(reader, "general.architecture"))
+        bar.advance()
+        bar.describe("Reading GGUF: tokenizer")
+        AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name).save_pretrained(out)
+        bar.advance()
+    _record_source(out, path)
 
 
-def _convert(path: Path, out: Path, reader: Any, bar: Bar) -> None:
-    from safetensors.torch import save_file
-    from transformers import AutoTokenizer
+def _record_source(model_dir: Path, path: Path) -> None:
+    """Name the GGUF file whose tensors ``model_dir``'s model loads (the last path it was converted from:
+    a directory is shared by copies of one file, and any of them will do)."""
+    record = model_dir / GGUF_SOURCE
+    text = json.dumps({"file": str(path.resolve())})
+    try:
+        if record.is_file() and record.read_text() == text:
+            return
+        partial = record.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(text)
+        os.replace(partial, record)
+    except OSError as exc:
+        raise ModelLoadError(f"cannot record the GGUF file of {model_dir}: {exc}") from exc
 
-    config = _hf_config(path, reader)
-    bar.advance()
-    bar.describe("Converting GGUF: tensors")
-    tensors = _hf_tensors(reader, config, bar)
-    bar.describe("Converting GGUF: safetensors")
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    del tensors
-    config.save_pretrained(out)
-    bar.advance()
-    bar.describe("Converting GGUF: tokenizer")
-    AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name).save_pretrained(out)
-    bar.advance()
+
+def gguf_source(model_dir: Path) -> Path | None:
+    """The GGUF file whose tensors the model of ``model_dir`` loads, or None for a directory of safetensors."""
+    record = model_dir / GGUF_SOURCE
+    if not record.is_file():
+        return None
+    source = Path(json.loads(record.read_text())["file"])
+    if not source.is_file():
+        raise ModelLoadError(f"GGUF file {source}, which {model_dir} was read from, is gone: serve the file again")
+    return source
 
 
 def _hf_config(path: Path, reader: Any) -> Any:
@@ -223,55 +246,43 @@ def _hf_config(path: Path, reader: Any) -> Any:
     return config
 
 
-def _hf_tensors(reader: Any, config: Any, bar: Bar) -> dict[str, torch.Tensor]:
-    """The file's tensors in float32 under the checkpoint names of ``config``'s model, as transformers' GGUF loader
-    reads them (its name map and the tensor processor of the architecture: llama's q/k un-permutation, Gemma's
-    norms less one, Qwen-MoE's experts), dequantised one at a time. Tensors the model has no place for (a llama
-    file's ``rope_freqs``) are left out, as transformers leaves them."""
-    import numpy as np
-    import torch
-    from gguf import dequantize
-    from transformers import AutoModelForCausalLM
-    from transformers.core_model_loading import revert_weight_conversion
-    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
-
-    architecture = _field(reader, "general.architecture")
-    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=config.to_dict())
-    with torch.device("meta"):  # the model's parameter names, without memory
-        model = AutoModelForCausalLM.from_config(config)
-    # GGUF names by the file's architecture: transformers goes by the model's, and a llama file it reads as
-    # Mistral (one named "mistral") has no "mistral" names in gguf
-    hf_names = get_gguf_hf_weights_map(_TopLevelNames(model), processor, model_type=architecture)
-    parsed: dict[str, dict[str, torch.Tensor]] = {"tensors": {}}  # a processor merging tensors (experts) puts them here
-    for tensor in reader.tensors:
-        weights = dequantize(tensor.data, tensor.tensor_type)
-        processed = processor.process(
-            weights=weights, name=tensor.name, tensor_key_mapping=hf_names, parsed_parameters=parsed
-        )
-        if processed.name in hf_names:  # a float32 array of its own (an F32 tensor is a read-only view of the file)
-            parsed["tensors"][hf_names[processed.name]] = torch.from_numpy(
-                np.require(processed.weights, np.float32, "CW")
-            )
-        elif processed.name is not None:
-            log.debug("GGUF tensor %s has no place in %s; left out", processed.name, config.architectures[0])
-        bar.advance()
-    # transformers' names in memory -> the checkpoint's (a Qwen-MoE layer's stacked experts -> one matrix each)
-    return revert_weight_conversion(model, parsed["tensors"])
+def weights_quantization(model_dir: Path) -> str | None:
+    """How the model's weights are quantised, for the start-up line: ``GGUF Q4_K_M`` for a GGUF file's
+    model, else None."""
+    source = gguf_source(model_dir)
+    return None if source is None else f"GGUF {gguf_file_type(source)}"
 
 
-class _TopLevelNames:
-    """A causal LM as ``get_gguf_hf_weights_map`` reads it, without its submodules: the map of the whole model's
-    parameter names is complete, and mapping each of its hundreds of submodules again (for models converted from
-    a submodule, as Bloom) builds gguf's name table each time: seconds for a 30-layer model."""
+def gguf_file_type(path: Path) -> str:
+    """The file type a GGUF header names (``general.file_type``: Q4_K_M, Q4_1, F16 ...), read from
+    the header alone; ``unknown`` when it names none or cannot be read."""
+    try:
+        import gguf
 
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.config, self._state_dict = model.config, model.state_dict()
+        file_type = gguf_metadata(path, {"general.file_type"}).get("general.file_type")
+        return "unknown" if file_type is None else gguf.LlamaFileType(int(file_type)).name.split("_", 1)[1]
+    except (OSError, ValueError):  # an unreadable header is shown as such, not a failed listing
+        return "unknown"
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return self._state_dict
 
-    def named_children(self) -> list[tuple[str, torch.nn.Module]]:
-        return []
+def gguf_parameter_count(path: Path) -> int:
+    """How many weights the GGUF file holds (its tensor table's element counts)."""
+    import mmap
+
+    from llmp.model_files.gguf_tensors import read_tensor_table
+
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        return sum(math.prod(tensor.shape) for tensor in read_tensor_table(data))
+
+
+def gguf_tensor_count(path: Path) -> int:
+    """How many tensors the GGUF file holds (from its header: the metadata is skipped, not decoded)."""
+    with open(path, "rb") as f:
+        if _exactly(f, 4) != b"GGUF":
+            raise ModelLoadError(f"{path} is not a GGUF file")
+        _exactly(f, 4)
+        (count,) = struct.unpack("<Q", _exactly(f, 8))
+    return count
 
 
 def _field(reader: Any, key: str) -> Any:

@@ -30,7 +30,7 @@ from llmp.model_files.gguf import (
     GGUF_ARCHITECTURES,
     conversion_dir,
     convert_gguf,
-    gguf_metadata,
+    gguf_file_type,
     no_space_message,
     read_gguf_metadata,
     remove_conversion,
@@ -627,7 +627,7 @@ def local_models() -> list[LocalModel]:
                 name=model.hub_id,
                 size_bytes=_size(location) + (_size(conversion_dir(location)) if gguf else 0),
                 format="gguf" if gguf else "safetensors",
-                quantization=_gguf_quantization(location) if gguf else _checkpoint_quantization(location),
+                quantization=gguf_file_type(location) if gguf else _checkpoint_quantization(location),
                 last_used=last_use(packaged_use_key(model.hub_id)),
                 source="packaged",
                 path=str(location),
@@ -710,7 +710,7 @@ def _cached_models(folder: Path, shadowed: set[str]) -> list[LocalModel]:
                 name=f"{prefix}{repo_id}:{_serving_tag(ggufs, gguf)}",
                 size_bytes=_size(files[gguf]) + _size(converted),
                 format="gguf",
-                quantization=_gguf_quantization(files[gguf]),
+                quantization=gguf_file_type(files[gguf]),
                 last_used=last_use(_use_key(repo_id, gguf)),
                 source="hf-cache",
                 path=str(files[gguf]),
@@ -766,18 +766,6 @@ def _size(path: Path) -> int:
     if not path.is_dir():
         return 0
     return sum(p.stat().st_size for p in path.resolve().rglob("*") if p.is_file())
-
-
-def _gguf_quantization(path: Path) -> str:
-    """The file type a GGUF header names (``general.file_type``: Q4_K_M, Q4_1, F16 ...), read from
-    the header alone."""
-    try:
-        import gguf
-
-        file_type = gguf_metadata(path, {"general.file_type"}).get("general.file_type")
-        return "unknown" if file_type is None else gguf.LlamaFileType(int(file_type)).name.split("_", 1)[1]
-    except (OSError, ValueError):  # an unreadable header is shown as such, not a failed listing
-        return "unknown"
 
 
 def _checkpoint_quantization(directory: Path) -> str:

@@ -1,4 +1,4 @@
-"""A model directory's safetensors weights, read lazily."""
+"""A model's weights, read lazily: a directory's safetensors, or the GGUF file it was read from."""
 
 from __future__ import annotations
 
@@ -36,23 +36,37 @@ def weight_files(model_dir: Path) -> list[Path]:
     return files
 
 
-def iter_weights(model_dir: Path) -> Iterator[tuple[str, "torch.Tensor"]]:  # noqa: F821
-    """``(name, tensor)`` for every tensor of every weight file, memory-mapped.
+def iter_weights(model_dir: Path, *, quantized: bool = False) -> Iterator[tuple[str, "torch.Tensor | QuantizedWeight"]]:  # noqa: F821
+    """``(name, tensor)`` for every tensor of every weight file, memory-mapped; for a GGUF model, its
+    file's tensors (:func:`llmp.model_files.gguf.iter_gguf_weights`; with ``quantized``, for a model
+    whose layers keep blocks, quantised matrices as :class:`llmp.quantization.QuantizedWeight`).
 
     The first tensor-parallel rank reports the loading: an INFO line with the size, a bar over the
     tensors (see :mod:`llmp.progress`), and the time it took once the last one is read."""
+    from llmp.model_files.gguf import gguf_source, gguf_tensor_count
+    from llmp.model_files.gguf_tensors import iter_gguf_weights
     from llmp.modeling.parallel import tp_rank
     from llmp.progress import Bar, human_bytes, progress_bar
 
-    files = weight_files(model_dir)
+    source = gguf_source(model_dir)
+    files = [source] if source is not None else weight_files(model_dir)
+    if source is not None:
+        count, read = (
+            gguf_tensor_count(source),
+            lambda bar: iter_gguf_weights(source, model_dir, bar, quantized=quantized),
+        )
+    else:
+        count, read = _count_tensors(files), lambda bar: _read(files, bar)
     if tp_rank() != 0:
-        yield from _read(files, Bar())
+        yield from read(Bar())
         return
     started = time.perf_counter()
     size = sum(file.stat().st_size for file in files)
-    log.info("loading weights from %s (%d file(s), %s)", model_dir, len(files), human_bytes(size))
-    with progress_bar("Loading weights", _count_tensors(files), "tensors") as bar:
-        yield from _read(files, bar)
+    log.info(
+        "loading weights from %s (%d file(s), %s)", files[0] if source else model_dir, len(files), human_bytes(size)
+    )
+    with progress_bar("Loading weights", count, "tensors") as bar:
+        yield from read(bar)
     log.info("weights loaded in %.1f s", time.perf_counter() - started)
 
 

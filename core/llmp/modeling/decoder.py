@@ -297,6 +297,8 @@ def sequence_classification_variant(causal_lm: type[CausalLM]) -> type[CausalLM]
             weight = self.score.weight.float()  # row by row: a score does not depend on its batch
             return row_invariant(lambda rows: F.linear(rows, weight), pooled.float())
 
+        keeps_quantized_weights = False  # the score head may be built from the LM head's rows
+
         def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
             renamed = (("model." + name if _BASE_WEIGHT.match(name) else name, tensor) for name, tensor in weights)
             method = token_classifier_method(self.config)

@@ -20,6 +20,7 @@ from torch import nn
 from llmp.api import AttentionMetadata, KernelSet, ModelLoadError
 from llmp.modeling.parallel import all_gather, all_reduce, divide, tp_rank, tp_size
 from llmp.modeling.rope import cos_sin_table
+from llmp.quantization import QuantizedWeight
 
 __all__ = [
     "CausalLM",
@@ -38,6 +39,7 @@ __all__ = [
     "kv_head_slice",
     "load_weights",
     "pack_linear_layers",
+    "pack_quantized_layers",
     "row_invariant",
     "token_classifier_method",
     "token_classifier_weight",
@@ -139,19 +141,41 @@ def _with_window(metadata: AttentionMetadata, window: int | None) -> AttentionMe
 
 
 class PackableLinear(nn.Module):
-    """A layer whose ``x @ weight.T`` a kernel set may compute from its own copy of the weight."""
+    """A layer whose ``x @ weight.T`` a kernel set may compute from its own copy of the weight.
+
+    Loaded from a GGUF file, the layer keeps quantised rows in their blocks (``quantized``: output row
+    offset -> :class:`QuantizedWeight`) and leaves those rows of ``weight`` untouched (allocated, never
+    written: no memory) until :func:`pack_quantized_layers` hands them to the kernel set.
+    """
 
     weight: nn.Parameter
     packed: Callable[[torch.Tensor], torch.Tensor] | None = None
+    packed_row_invariant = False  # the packed function's rows are independent already: no row_invariant blocks
+    quantized: dict[int, QuantizedWeight] | None = None
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         if self.packed is not None:
-            return row_invariant(self.packed, x)
+            return self.packed(x) if self.packed_row_invariant else row_invariant(self.packed, x)
         return row_invariant(lambda rows: F.linear(rows, self.weight, bias), x)
 
     def packed_bias(self) -> torch.Tensor | None:
         """The bias the packed matmul adds itself (a row-parallel layer adds its own after the all-reduce)."""
         return None
+
+    def keep_quantized(self, offset: int, weight: QuantizedWeight) -> None:
+        """Keep ``weight`` as this layer's output rows from ``offset`` on, in its blocks."""
+        if self.quantized is None:
+            self.quantized = {}
+        self.quantized[offset] = weight
+
+    def dense_weight(self) -> torch.Tensor:
+        """The whole weight, quantised rows dequantised (a copy when there are any)."""
+        if not self.quantized:
+            return self.weight.detach()
+        weight = self.weight.detach().clone()
+        for offset, part in self.quantized.items():
+            weight[offset : offset + part.out_features] = part.dequantize(weight.dtype)
+        return weight
 
 
 # Rows of every matmul call on the CPU. oneDNN and MKL pick their kernel, and with it the order in
@@ -219,10 +243,13 @@ class MergedLinear(PackableLinear):
     def packed_bias(self) -> torch.Tensor | None:
         return self.bias
 
-    def load_shard(self, shard: str, param_name: str, tensor: torch.Tensor) -> None:
+    def load_shard(self, shard: str, param_name: str, tensor: torch.Tensor | QuantizedWeight) -> None:
         offset, (rows, start, length) = self.shard_offsets[shard]
         expected = (rows, self.in_features) if param_name == "weight" else (rows,)
         _check_shape(tensor, expected, f"{shard} shard of {param_name}")
+        if isinstance(tensor, QuantizedWeight):
+            self.keep_quantized(offset, tensor.narrow(start, length))
+            return
         getattr(self, param_name).data.narrow(0, offset, length).copy_(tensor.narrow(0, start, length))
 
 
@@ -257,11 +284,17 @@ class RowParallelLinear(PackableLinear):
         out = all_reduce(partial)
         return out + self.bias if self.bias is not None else out
 
-    def load_weight(self, param_name: str, tensor: torch.Tensor) -> None:
+    def load_weight(self, param_name: str, tensor: torch.Tensor | QuantizedWeight) -> None:
         if param_name == "bias":
-            _copy_checked(self.bias.data, tensor, "bias")
+            _copy_checked(self.bias.data, _dense(tensor), "bias")
             return
         _check_shape(tensor, (self.out_features, self.in_features), param_name)
+        if isinstance(tensor, QuantizedWeight):
+            share = tensor.narrow_columns(tp_rank() * self.in_local, self.in_local)
+            if share is not None:  # a rank's columns on block boundaries stay quantised
+                self.keep_quantized(0, share)
+                return
+            tensor = tensor.dequantize()
         self.weight.data.copy_(tensor.narrow(1, tp_rank() * self.in_local, self.in_local))
 
 
@@ -283,8 +316,13 @@ class VocabParallelEmbedding(nn.Module):
         out = F.embedding(local.masked_fill(outside, 0), self.weight)
         return all_reduce(out.masked_fill(outside.unsqueeze(-1), 0))
 
-    def load_weight(self, param_name: str, tensor: torch.Tensor) -> None:
+    def load_weight(self, param_name: str, tensor: torch.Tensor | QuantizedWeight) -> None:
         _check_shape(tensor, (self.vocab_size, self.hidden_size), param_name)
+        if isinstance(tensor, QuantizedWeight):
+            if isinstance(self, PackableLinear) and self.rows == self.vocab_size:  # a head of one rank's rows
+                self.keep_quantized(0, tensor)
+                return
+            tensor = tensor.dequantize()  # looked up by row, or split over ranks with padding
         kept = tensor[self.start : self.start + self.rows]
         self.weight.data.zero_()
         self.weight.data[: kept.shape[0]].copy_(kept)
@@ -311,7 +349,7 @@ def pack_linear_layers(model: nn.Module, kernels: Any) -> int:
     uses = Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))
     packed = 0
     for module in model.modules():
-        if not isinstance(module, PackableLinear) or module.weight.numel() == 0:
+        if not isinstance(module, PackableLinear) or module.weight.numel() == 0 or module.packed is not None:
             continue
         bias = module.packed_bias()
         module.packed = kernels.pack_linear(module.weight.detach(), None if bias is None else bias.detach())
@@ -320,6 +358,72 @@ def pack_linear_layers(model: nn.Module, kernels: Any) -> int:
             if uses[id(module.weight)] == 1:
                 module.weight.data = module.weight.data.new_empty(0)
     return packed
+
+
+def pack_quantized_layers(model: nn.Module, kernels: Any, dtype: torch.dtype) -> Counter[tuple[str, bool]]:
+    """Hand every layer's quantised rows to ``kernels.pack_quantized`` (:class:`llmp.api.PacksQuantized`), once,
+    after loading; rows of a format the set does not compute (or every format, for a set without it) are
+    dequantised to ``dtype`` and computed as dense rows. A layer's rows of several formats (a fused q|k|v of
+    ``Q4_K`` and ``Q6_K``) are computed format by format and concatenated.
+
+    Returns the count of quantised weights by ``(format name, computed in blocks)``.
+    """
+    from llmp.api import PacksQuantized
+
+    counts: Counter[tuple[str, bool]] = Counter()
+    for module in model.modules():
+        if not isinstance(module, PackableLinear) or not module.quantized:
+            continue
+        pieces = []
+        for start, length, part in _row_regions(module):
+            if part is None:
+                pieces.append(_dense_rows(module.weight.detach()[start : start + length].clone()))
+                continue
+            compute = kernels.pack_quantized(part) if isinstance(kernels, PacksQuantized) else None
+            counts[part.format.name, compute is not None] += 1
+            pieces.append(compute or _dense_rows(part.dequantize(dtype)))
+        module.packed = _concatenated(pieces, module.packed_bias())
+        module.packed_row_invariant = True
+        module.quantized = None
+        module.weight.data = module.weight.data.new_empty(0)
+    return counts
+
+
+def _row_regions(module: PackableLinear) -> list[tuple[int, int, QuantizedWeight | None]]:
+    """The layer's output rows as ``(start, length, quantised rows or None for dense ones)``, in order; adjacent
+    quantised parts of one format stacked into one."""
+    regions: list[tuple[int, int, QuantizedWeight | None]] = []
+    position = 0
+    for offset, part in sorted((module.quantized or {}).items()):
+        if offset > position:
+            regions.append((position, offset - position, None))
+        previous = regions[-1][2] if regions else None
+        if previous is not None and regions[-1][0] + regions[-1][1] == offset and previous.format == part.format:
+            start, length, _ = regions.pop()
+            regions.append((start, length + part.out_features, QuantizedWeight.stack([previous, part])))
+        else:
+            regions.append((offset, part.out_features, part))
+        position = offset + part.out_features
+    if position < module.weight.shape[0]:
+        regions.append((position, module.weight.shape[0] - position, None))
+    return regions
+
+
+def _dense_rows(weight: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    return lambda x: row_invariant(lambda rows: F.linear(rows, weight), x)
+
+
+def _concatenated(
+    pieces: list[Callable[[torch.Tensor], torch.Tensor]], bias: torch.Tensor | None
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``x -> cat(piece(x) for piece in pieces) + bias``."""
+    bias = None if bias is None else bias.detach()
+
+    def matmul(x: torch.Tensor) -> torch.Tensor:
+        out = pieces[0](x) if len(pieces) == 1 else torch.cat([piece(x) for piece in pieces], dim=-1)
+        return out if bias is None else out + bias
+
+    return matmul
 
 
 class GatedMLP(nn.Module):
@@ -377,6 +481,7 @@ class CausalLM(nn.Module):
     }
     ignored_weights: tuple[str, ...] = ("rotary_emb.inv_freq",)
     tie_word_embeddings: bool = False
+    keeps_quantized_weights: bool = True  # load_weights takes QuantizedWeight matrices (a GGUF file's blocks)
     classifier_weight: torch.Tensor | None = None  # [labels, hidden] float32; set when the config names tokens
 
     def tie_weights(self) -> None:
@@ -424,7 +529,7 @@ class CausalLM(nn.Module):
             raise ModelLoadError(f"classifier token ids {ids.tolist()} are outside the vocabulary ({head.vocab_size})")
         local = ids - head.start  # the head's rows are split over ranks: each rank adds the rows it holds
         held = (local >= 0) & (local < head.rows)
-        rows = head.weight.detach()[local.clamp(0, head.rows - 1)].float() * held[:, None]
+        rows = head.dense_weight()[local.clamp(0, head.rows - 1)].float() * held[:, None]
         self.classifier_weight = token_classifier_weight(all_reduce(rows), method)
 
 
@@ -498,7 +603,7 @@ def load_weights(
                 with _naming(name, model):
                     module.load_weight(param_name, tensor)
             else:
-                _copy_checked(params[name].data, tensor, name)
+                _copy_checked(params[name].data, _dense(tensor), name)
             loaded.add(name)
     expected = set()
     for name in params:
@@ -557,7 +662,12 @@ def _expert_target(name: str) -> tuple[str, str] | None:
     return f"{name[: match.start()]}.experts.{param}", f"{match.group(1)}:{shard}"
 
 
-def _check_shape(tensor: torch.Tensor, expected: tuple[int, ...], name: str) -> None:
+def _dense(tensor: torch.Tensor | QuantizedWeight) -> torch.Tensor:
+    """A checkpoint tensor as numbers: a quantised one dequantised (for a layer that does not keep blocks)."""
+    return tensor.dequantize() if isinstance(tensor, QuantizedWeight) else tensor
+
+
+def _check_shape(tensor: torch.Tensor | QuantizedWeight, expected: tuple[int, ...], name: str) -> None:
     if tuple(tensor.shape) != tuple(expected):
         raise ModelLoadError(f"{name} has shape {tuple(tensor.shape)}, the model expects {tuple(expected)}")
 

@@ -1,7 +1,8 @@
 """What ``/api/tags``, ``/api/show`` and ``/api/ps`` say about the served model, read once from its files.
 
-A GGUF model is served from the Hugging Face directory llmp converted it into (under the llmp cache,
-named after the file), so its format and quantisation are read from that name.
+A GGUF model is served from the small Hugging Face directory of its config and tokenizer (under the llmp
+cache, named after the file), which names the file: its quantisation is read from that name, its size and
+parameter count from the file.
 """
 
 from __future__ import annotations
@@ -10,11 +11,12 @@ import hashlib
 import json
 import re
 import struct
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from llmp.frontend import gguf_parameter_count, gguf_source
 
 # a GGUF file's quantisation, as its name ends (SmolLM2-135M-Instruct.Q4_1, model-q4_k_m)
 _QUANT = re.compile(r"[.\-_](I?Q\d(?:_K)?(?:_[A-Z0-9]+)?|BF16|F16|F32)$", re.IGNORECASE)
@@ -45,9 +47,8 @@ class ModelFacts:
         }
 
 
-def read_facts(model_root: str, dtype: str | None, names: Sequence[str] = ()) -> ModelFacts:
-    """The facts of the model in ``model_root`` (a Hugging Face directory) served as ``names``;
-    unknown ones stay empty."""
+def read_facts(model_root: str, dtype: str | None) -> ModelFacts:
+    """The facts of the model in ``model_root`` (a Hugging Face directory); unknown ones stay empty."""
     root = Path(model_root) if model_root else None
     facts = ModelFacts()
     if root is None or not root.is_dir():
@@ -62,28 +63,17 @@ def read_facts(model_root: str, dtype: str | None, names: Sequence[str] = ()) ->
     facts.parameter_count = sum(_safetensors_elements(f) for f in weights)
     stamp = max((f.stat().st_mtime for f in weights), default=root.stat().st_mtime)
     facts.modified_at = datetime.fromtimestamp(stamp, UTC).isoformat().replace("+00:00", "Z")
-    quant = _QUANT.search(root.name.rsplit("-", 1)[0]) if root.parent.name == "gguf" else None
-    if quant:
-        facts.format, facts.quantization_level = "gguf", quant.group(1).upper()
-        source = gguf_source(root, names)
-        if source is not None:  # what Ollama reports: the GGUF file, not llmp's float32 conversion of it
-            facts.size = source.stat().st_size
+    source = gguf_source(root)
+    if source is not None:  # what Ollama reports: the GGUF file
+        quant = _QUANT.search(source.stem)
+        facts.format, facts.quantization_level = "gguf", quant.group(1).upper() if quant else ""
+        facts.size, facts.parameter_count = source.stat().st_size, gguf_parameter_count(source)
+        facts.modified_at = datetime.fromtimestamp(source.stat().st_mtime, UTC).isoformat().replace("+00:00", "Z")
     else:
         declared = facts.config.get("torch_dtype") or facts.config.get("dtype") or dtype or ""
         facts.quantization_level = _DTYPES.get(str(declared), str(declared).upper())
     facts.digest = hashlib.sha256(str(root.resolve()).encode()).hexdigest()
     return facts
-
-
-def gguf_source(converted: Path, names: Sequence[str]) -> Path | None:
-    """The GGUF file llmp converted into ``converted`` (a directory named after the file's stem),
-    when a served name or an installed packaged model points at it; None when it cannot be told."""
-    from llmp.frontend import installed_packaged_models
-
-    stem = converted.name.rsplit("-", 1)[0]
-    candidates = [Path(name) for name in names if name.endswith(".gguf")]
-    candidates += [m.location() for m in installed_packaged_models() if m.path.endswith(".gguf")]
-    return next((path for path in candidates if path and path.stem == stem and path.is_file()), None)
 
 
 def parameter_size(count: int) -> str:

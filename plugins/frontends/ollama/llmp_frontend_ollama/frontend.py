@@ -79,7 +79,7 @@ class OllamaFrontend(FrontendKit):
 
     def __init__(self, engine: Any, options: FrontendOptions) -> None:
         super().__init__(engine, options)
-        self.facts = read_facts(options.model_root, engine.info.get("dtype"), self.model_names)
+        self.facts = read_facts(options.model_root, engine.info.get("dtype"))
         self.names = self._accepted_names()
         self.template_renders_tools = "tools" in read_variables(self.tokenizer, options.chat_template)
 
