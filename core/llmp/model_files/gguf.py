@@ -119,7 +119,7 @@ def convert_gguf(path: Path) -> Path:
     """The cached Hugging Face directory of a GGUF file (its config and tokenizer, written once, naming the file)."""
     if not path.is_file():
         raise ModelLoadError(f"GGUF file {path} does not exist")
-    check_gguf_architecture(path)  # before the file is hashed or a tensor read
+    architecture = check_gguf_architecture(path)  # before the file is hashed or a tensor read
     target = conversion_dir(path)
     if (target / ".complete").is_file():
         _record_source(target, path)
@@ -138,7 +138,7 @@ def convert_gguf(path: Path) -> Path:
         started = time.perf_counter()
         log.info("reading the config and tokenizer of %s, once (cached in %s) …", path.name, target.parent)
         try:
-            _write_hf_dir(path, partial)
+            _write_hf_dir(path, partial, architecture)
             (partial / ".complete").touch()
             shutil.rmtree(target, ignore_errors=True)  # an incomplete leftover of a killed converter
             os.replace(partial, target)
@@ -169,16 +169,16 @@ def check_gguf_architecture(path: Path) -> str:
     return architecture
 
 
-def _write_hf_dir(path: Path, out: Path) -> None:
-    import gguf
-
+def _write_hf_dir(path: Path, out: Path, architecture: str) -> None:
     from llmp.progress import progress_bar
 
+    # the header's few keys llmp needs, read by its own reader: gguf's decodes the whole vocabulary first
+    keys = {f"{architecture}.{key}" for key in _METADATA_TRANSFORMERS_SKIPS.get(architecture, {})}
     try:
-        reader = gguf.GGUFReader(path)
-    except Exception as exc:
+        metadata = gguf_metadata(path, {"llama.expert_count", *keys})
+    except (OSError, ValueError) as exc:
         raise ModelLoadError(f"{path} is not a readable GGUF file: {exc}") from exc
-    if _field(reader, "llama.expert_count"):  # transformers reads a llama file's MLP only: Mixtral's would be lost
+    if metadata.get("llama.expert_count"):  # transformers reads a llama file's MLP only: Mixtral's would be lost
         raise ModelLoadError(
             f"GGUF file {path} is a mixture-of-experts llama file (Mixtral), which llmp does not convert; "
             "serve the model's safetensors repository instead"
@@ -188,11 +188,11 @@ def _write_hf_dir(path: Path, out: Path) -> None:
 
         from llmp.model_files.gguf_tensors import write_tensor_plan
 
-        config = _hf_config(path, reader)
+        config = _hf_config(path, architecture, metadata)
         config.save_pretrained(out)
         bar.advance()
         bar.describe("Reading GGUF: tensor names")
-        write_tensor_plan(path, out, config, _field(reader, "general.architecture"))
+        write_tensor_plan(path, out, config, architecture)
         bar.advance()
         bar.describe("Reading GGUF: tokenizer")
         AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name).save_pretrained(out)
@@ -226,9 +226,9 @@ def gguf_source(model_dir: Path) -> Path | None:
     return source
 
 
-def _hf_config(path: Path, reader: Any) -> Any:
-    """The config transformers reads from the file, completed with what it leaves out, naming the causal-LM class
-    llmp serves and the compute dtype (:data:`FLOAT32_COMPUTE_BYTES`)."""
+def _hf_config(path: Path, architecture: str, metadata: dict[str, Any]) -> Any:
+    """The config transformers reads from the file, completed with what it leaves out (from ``metadata``, the
+    header's values), naming the causal-LM class llmp serves and the compute dtype (:data:`FLOAT32_COMPUTE_BYTES`)."""
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
@@ -236,12 +236,11 @@ def _hf_config(path: Path, reader: Any) -> Any:
     for attr in ("quantization_config", "_model_name_or_path"):
         if hasattr(config, attr):
             delattr(config, attr)
-    architecture = _field(reader, "general.architecture")
     for key, attribute in _METADATA_TRANSFORMERS_SKIPS.get(architecture, {}).items():
-        if (value := _field(reader, f"{architecture}.{key}")) is not None:
+        if (value := metadata.get(f"{architecture}.{key}")) is not None:
             setattr(config, attribute, value)
     config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]]
-    float32_bytes = 4 * sum(int(tensor.n_elements) for tensor in reader.tensors)
+    float32_bytes = 4 * gguf_parameter_count(path)
     config.dtype = "float32" if float32_bytes <= FLOAT32_COMPUTE_BYTES else "bfloat16"
     return config
 
@@ -283,14 +282,6 @@ def gguf_tensor_count(path: Path) -> int:
         _exactly(f, 4)
         (count,) = struct.unpack("<Q", _exactly(f, 8))
     return count
-
-
-def _field(reader: Any, key: str) -> Any:
-    """A scalar or string field of the GGUF header, or None."""
-    from transformers.modeling_gguf_pytorch_utils import read_field
-
-    values = read_field(reader, key)
-    return values[0] if values else None
 
 
 # -- the header: metadata without the tensors -----------------------------------------------------------
