@@ -7,6 +7,7 @@ header, before any tensor is read."""
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -196,7 +197,11 @@ def test_a_kernel_set_gets_each_formats_rows_and_greedy_output_is_transformers(t
     model = llm.engine.executor.runner.model
     qkv = model.model.layers[0].self_attn.qkv_proj
     assert qkv.weight.numel() == 0 and qkv.packed_row_invariant  # no dense copy, no row padding
-    assert "computed in their blocks by kernel set 'blocks'" in caplog.text
+    assert re.search(
+        r"weights: [\d.]+ [KM]iB resident; quantised: \d+ Q4_K, \d+ Q6_K computed in their blocks by "
+        "kernel set 'blocks'",
+        caplog.text,
+    ), caplog.text
     assert "dequantised to float32 (kernel set 'blocks' does not compute them)" in caplog.text
     assert_greedy_parity(transformers_model(path), prompts, got, max_tokens=8)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
@@ -25,9 +24,10 @@ from llmp.engine.sampler import Sampler, TokenLogprobs, gather_logprobs
 from llmp.engine.scheduler import SchedulerOutput
 from llmp.model_files.weights import iter_weights
 from llmp.modeling.decoder import as_pooling_model
-from llmp.modeling.layers import pack_quantized_layers
+from llmp.modeling.layers import QuantizedLayers, pack_quantized_layers
 from llmp.modeling.pooling import POOLERS, PoolSlice
 from llmp.options import EngineConfig
+from llmp.progress import human_bytes
 
 log = logging.getLogger("llmp.engine")
 
@@ -41,20 +41,26 @@ class ModelRunnerOutput:
     prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)  # request id -> new positions
 
 
-def _log_quantized(counts: Counter[tuple[str, bool]], kernels: str, dtype: torch.dtype) -> None:
-    """One line (first rank) of the quantised weights: computed in their blocks by the kernel set, or dequantised."""
+def _log_weights(model: Any, quantized: QuantizedLayers, kernels: str, dtype: torch.dtype) -> None:
+    """One line (first rank) of the weights' resident size and, for quantised ones, which are computed in their
+    blocks by the kernel set and which were dequantised."""
     from llmp.modeling.parallel import tp_rank
 
-    if not counts or tp_rank() != 0:
+    if tp_rank() != 0:
         return
-    kept = ", ".join(f"{n} {fmt}" for (fmt, in_blocks), n in sorted(counts.items()) if in_blocks)
-    dense = ", ".join(f"{n} {fmt}" for (fmt, in_blocks), n in sorted(counts.items()) if not in_blocks)
+    params = {id(p): p for p in model.parameters()}.values()  # a tied head counted once
+    resident = human_bytes(sum(p.nbytes for p in params) + quantized.nbytes)
+    if not quantized.counts:
+        log.info("weights: %s resident", resident)
+        return
+    counts = sorted(quantized.counts.items())
+    kept = ", ".join(f"{n} {fmt}" for (fmt, in_blocks), n in counts if in_blocks)
+    dense = ", ".join(f"{n} {fmt}" for (fmt, in_blocks), n in counts if not in_blocks)
     parts = [f"{kept} computed in their blocks by kernel set {kernels!r}"] if kept else []
     if dense:
-        parts.append(
-            f"{dense} dequantised to {str(dtype).removeprefix('torch.')} (kernel set {kernels!r} does not compute them)"
-        )
-    log.info("quantised weights: %s", "; ".join(parts))
+        dtype_name = str(dtype).removeprefix("torch.")
+        parts.append(f"{dense} dequantised to {dtype_name} (kernel set {kernels!r} does not compute them)")
+    log.info("weights: %s resident; quantised: %s", resident, "; ".join(parts))
 
 
 class ModelRunner:
@@ -95,7 +101,8 @@ class ModelRunner:
         if hasattr(model, "tie_weights"):
             model.tie_weights()
         model.load_weights(iter_weights(resolved.model_dir, quantized=getattr(model, "keeps_quantized_weights", False)))
-        _log_quantized(pack_quantized_layers(model, self.kernels, self.dtype), self.kernels_spec.name, self.dtype)
+        quantized = pack_quantized_layers(model, self.kernels, self.dtype)
+        _log_weights(model, quantized, self.kernels_spec.name, self.dtype)
         if isinstance(self.kernels, PacksLinear):
             from llmp.modeling.layers import pack_linear_layers
 

@@ -11,6 +11,7 @@ import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -29,6 +30,7 @@ __all__ = [
     "MergedLinear",
     "PackableLinear",
     "PagedAttention",
+    "QuantizedLayers",
     "ParallelLMHead",
     "RMSNorm",
     "RotaryEmbedding",
@@ -360,33 +362,47 @@ def pack_linear_layers(model: nn.Module, kernels: Any) -> int:
     return packed
 
 
-def pack_quantized_layers(model: nn.Module, kernels: Any, dtype: torch.dtype) -> Counter[tuple[str, bool]]:
+@dataclass
+class QuantizedLayers:
+    """What :func:`pack_quantized_layers` did: quantised weights by ``(format name, computed in blocks)``, and
+    the bytes the layers now hold (blocks, and dequantised or dense rows)."""
+
+    counts: Counter[tuple[str, bool]] = field(default_factory=Counter)
+    nbytes: int = 0
+
+
+def pack_quantized_layers(model: nn.Module, kernels: Any, dtype: torch.dtype) -> QuantizedLayers:
     """Hand every layer's quantised rows to ``kernels.pack_quantized`` (:class:`llmp.api.PacksQuantized`), once,
     after loading; rows of a format the set does not compute (or every format, for a set without it) are
     dequantised to ``dtype`` and computed as dense rows. A layer's rows of several formats (a fused q|k|v of
     ``Q4_K`` and ``Q6_K``) are computed format by format and concatenated.
 
-    Returns the count of quantised weights by ``(format name, computed in blocks)``.
     """
     from llmp.api import PacksQuantized
 
-    counts: Counter[tuple[str, bool]] = Counter()
+    done = QuantizedLayers()
     for module in model.modules():
         if not isinstance(module, PackableLinear) or not module.quantized:
             continue
         pieces = []
         for start, length, part in _row_regions(module):
             if part is None:
-                pieces.append(_dense_rows(module.weight.detach()[start : start + length].clone()))
-                continue
-            compute = kernels.pack_quantized(part) if isinstance(kernels, PacksQuantized) else None
-            counts[part.format.name, compute is not None] += 1
-            pieces.append(compute or _dense_rows(part.dequantize(dtype)))
+                dense = module.weight.detach()[start : start + length].clone()
+            else:
+                compute = kernels.pack_quantized(part) if isinstance(kernels, PacksQuantized) else None
+                done.counts[part.format.name, compute is not None] += 1
+                if compute is not None:
+                    done.nbytes += part.blocks.nbytes
+                    pieces.append(compute)
+                    continue
+                dense = part.dequantize(dtype)
+            done.nbytes += dense.nbytes
+            pieces.append(_dense_rows(dense))
         module.packed = _concatenated(pieces, module.packed_bias())
         module.packed_row_invariant = True
         module.quantized = None
         module.weight.data = module.weight.data.new_empty(0)
-    return counts
+    return done
 
 
 def _row_regions(module: PackableLinear) -> list[tuple[int, int, QuantizedWeight | None]]:
