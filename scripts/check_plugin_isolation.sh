@@ -7,7 +7,8 @@
 # A plugin is exercised on the reference stack: models need a kernel set and
 # executors need a model, so kernels/torch and models/llama are installed
 # beside every plugin, and front-ends are compared against the reference
-# front-end, frontends/openai; nothing else is.
+# front-end, frontends/openai; nothing else is, but for the kernel set a plugin
+# extends (kernels/cpu-native is the cpu set and more).
 #
 # Usage: check_plugin_isolation.sh [--skipped-nodeids FILE] [plugins/KIND/NAME ...]
 #   (default: every plugin). --skipped-nodeids appends the node ids of the plugin tests
@@ -45,7 +46,7 @@ wheel() {  # PROJECT: the path of its wheel, built by build_dists
 
 build_dists() {  # the kernel, the reference stack and the plugins asked for: each sdist and wheel once
     local project pairs=()
-    for project in . plugins/kernels/torch plugins/models/llama plugins/frontends/openai "$@"; do
+    for project in . plugins/kernels/torch plugins/kernels/cpu plugins/models/llama plugins/frontends/openai "$@"; do
         [[ -d $work/dists/$(key "$project") ]] && continue
         mkdir -p "$work/dists/$(key "$project")"
         pairs+=("$project" "$work/dists/$(key "$project")")
@@ -70,6 +71,7 @@ check_one() {  # PROJECT: its venv, its entry points, its tests; the log goes to
     local wheels=("$(wheel .)[test]")
     local bases=(plugins/kernels/torch plugins/models/llama)
     [[ $project == plugins/frontends/* ]] && bases+=(plugins/frontends/openai)
+    [[ $project == plugins/kernels/cpu-native ]] && bases+=(plugins/kernels/cpu)
     for base in "${bases[@]}"; do
         [[ $project == "$base" ]] || wheels+=("$(wheel "$base")")
     done

@@ -51,6 +51,7 @@ PANELS = (
 )
 
 Dtype = Literal["auto", "bfloat16", "float16", "float32"]
+Quantization = Literal["awq", "gptq", "compressed-tensors", "gguf"]  # vLLM's --quantization, the methods llmp loads
 SchedulingPolicy = Literal["fcfs", "priority"]
 ModelImpl = Literal["auto", "native", "transformers"]
 Task = Literal["auto", "generate", "embed", "classify", "score", "reward"]
@@ -179,6 +180,13 @@ class EngineConfig:
         None, "Ray cluster for --executor ray (default: RAY_ADDRESS).", metavar="ADDRESS", panel="Parallelism"
     )
     dtype: Dtype = option("auto", "Data type of the weights and the KV cache.", panel="Model")
+    quantization: Quantization | None = option(
+        None,
+        "Quantisation: awq, gptq, compressed-tensors or gguf (default: detected).",
+        short="-q",
+        metavar="METHOD",
+        panel="Model",
+    )
     max_model_len: int | None = option(
         None, "Context length (default: the model's, capped by the KV cache).", ge=2, panel="Model"
     )

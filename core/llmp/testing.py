@@ -944,6 +944,8 @@ def _add_gguf_tokenizer(writer: Any, tokenizer: dict[str, Any], config: Any) -> 
     writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tokenizer["model"]["merges"]])
     writer.add_bos_token_id(config.bos_token_id)
     writer.add_eos_token_id(config.eos_token_id)
+    if "<unk>" in vocab:  # as llama.cpp writes it (a tokenizer read as Gemma's needs one)
+        writer.add_unk_token_id(vocab["<unk>"])
 
 
 def _stack_experts(checkpoint: dict[str, Any]) -> dict[str, Any]:

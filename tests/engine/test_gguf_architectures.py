@@ -15,6 +15,7 @@ import gguf
 import pytest
 import torch
 from llmp_kernels_torch.kernels import TorchKernels
+from transformers import AutoTokenizer
 
 from llmp import LLM, SamplingParams, hookimpl
 from llmp.api import KernelSetSpec, ModelLoadError
@@ -79,6 +80,13 @@ def test_a_file_of_each_architecture_is_served_natively_greedy_as_transformers_r
     # written (the same float32 numbers) is the reference
     reference = written if architecture == "mistral" else transformers_model(path)
     assert_greedy_parity(reference, prompts, got, max_tokens=8)
+    # the tokenizer is the one AutoTokenizer reads from the file
+    auto = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    ours = llm.get_tokenizer()
+    assert type(ours) is type(auto) and ours.get_vocab() == auto.get_vocab()
+    if architecture != "gemma2":  # Gemma's tokenizer saved and read back encodes the tiny byte-level vocabulary
+        text = "The quick brown fox jumps over the lazy dog."  # otherwise (unknown tokens): a known gap
+        assert ours(text).input_ids == auto(text).input_ids
 
 
 @pytest.mark.parametrize("tensor_type", QUANTISED)

@@ -124,13 +124,14 @@ def test_unsupported_architecture_lists_the_supported_ones(tmp_path):
         LLM(str(tmp_path), dtype="float32")
 
 
-@pytest.mark.parametrize("method", ["awq", "gptq", "compressed-tensors"])
-def test_a_quantised_checkpoint_is_refused_in_one_line_naming_its_method(tmp_path, method):
+@pytest.mark.parametrize("method", ["bitsandbytes", "fp8", "hqq"])
+def test_a_quantised_checkpoint_of_another_method_is_refused_in_one_line_naming_it(tmp_path, method):
+    """AWQ, GPTQ and compressed-tensors int8 load (tests/engine/test_hf_quantized.py); other methods are refused."""
     save_tiny_llama(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     config["quantization_config"] = {"quant_method": method, "bits": 4, "group_size": 128}
     (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ModelLoadError, match=f"holds '{method}'-quantised weights .* which llmp does not run yet"):
+    with pytest.raises(ModelLoadError, match=f"method '{method}' .* not supported: llmp runs awq, gptq"):
         LLM(str(tmp_path), dtype="float32")
 
 

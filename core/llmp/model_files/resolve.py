@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llmp import registry
-from llmp.api import ModelLoadError, ModelSpec, ModelTask, PoolingConfig, ResolvedModel
+from llmp.api import ModelSpec, ModelTask, PoolingConfig, ResolvedModel
 from llmp.model_files.config import (
     PlainConfig,
     architectures,
@@ -59,7 +59,7 @@ def resolve_model(config: EngineConfig) -> ResolvedModel:
     tokenizer = str(config.tokenizer or model_dir)
     overrides = dict(config.hf_overrides or {})
     hf_config = with_classifier_tokens(with_overrides(load_plain_config(model_dir), overrides), tokenizer)
-    check_quantization(hf_config, model_dir)
+    check_quantization(hf_config, model_dir, config.quantization)
     names = architectures(hf_config)
     spec = registry.select_model(names, config.model_impl)
     task = resolve_task(config, spec, names, hf_config, has_sentence_transformers_config(model_dir))
@@ -366,16 +366,29 @@ def resolve_pooling(model_dir: Path, spec: ModelSpec, task: ModelTask) -> Poolin
     )
 
 
-def check_quantization(hf_config: Any, model_dir: Path) -> None:
-    """Refuse a checkpoint whose ``quantization_config`` llmp cannot run (AWQ, GPTQ, compressed-tensors ...):
-    read as plain weights, its packed integer tensors would not load or would compute garbage."""
+def check_quantization(hf_config: Any, model_dir: Path, requested: str | None = None) -> None:
+    """Check the checkpoint's ``quantization_config`` (AWQ, GPTQ, compressed-tensors int8: what
+    :mod:`llmp.model_files.hf_quantized` loads; ``ModelLoadError`` in one line for anything else) and that
+    ``requested`` (``EngineConfig.quantization``) names the method the model has (``ValueError`` in one
+    line, as vLLM's ``verify_quantization`` words it; ``gguf`` for a GGUF file)."""
+    from llmp.model_files.gguf import gguf_source
+    from llmp.model_files.hf_quantized import parse_quantization_config
+
     quantization = getattr(hf_config, "quantization_config", None)
-    if not quantization:
+    if quantization:
+        detected: str | None = parse_quantization_config(quantization).method
+    else:
+        detected = "gguf" if gguf_source(model_dir) is not None else None
+    if requested is None or requested == detected:
         return
-    method = quantization.get("quant_method", "unnamed") if isinstance(quantization, dict) else "unnamed"
-    raise ModelLoadError(
-        f"{model_dir} holds {method!r}-quantised weights (quantization_config in config.json), which llmp does not "
-        "run yet: serve the model's unquantised checkpoint or a GGUF file of it"
+    if detected is None:
+        raise ValueError(
+            f"quantization {requested!r} was asked for, but {model_dir} holds unquantised weights (no "
+            "quantization_config in config.json, not a GGUF file): drop the `quantization` argument"
+        )
+    raise ValueError(
+        f"Quantization method specified in the model config ({detected}) does not match the quantization method "
+        f"specified in the `quantization` argument ({requested})."
     )
 
 

@@ -45,6 +45,7 @@ def iter_weights(model_dir: Path, *, quantized: bool = False) -> Iterator[tuple[
     tensors (see :mod:`llmp.progress`), and the time it took once the last one is read."""
     from llmp.model_files.gguf import gguf_source, gguf_tensor_count
     from llmp.model_files.gguf_tensors import iter_gguf_weights
+    from llmp.model_files.hf_quantized import checkpoint_quantization, iter_hf_quantized
     from llmp.modeling.parallel import tp_rank
     from llmp.progress import Bar, human_bytes, progress_bar
 
@@ -57,6 +58,8 @@ def iter_weights(model_dir: Path, *, quantized: bool = False) -> Iterator[tuple[
         )
     else:
         count, read = _count_tensors(files), lambda bar: _read(files, bar)
+        if (hf_quantization := checkpoint_quantization(model_dir)) is not None:  # AWQ, GPTQ, compressed-tensors
+            read = lambda bar: iter_hf_quantized(_read(files, bar), hf_quantization, quantized=quantized)  # noqa: E731
     if tp_rank() != 0:
         yield from read(Bar())
         return

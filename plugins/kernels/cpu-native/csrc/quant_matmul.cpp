@@ -1,0 +1,163 @@
+// quant_matmul: x @ W.T with W kept in GGML blocks (llmp_native::quant_matmul; schema in library.cpp).
+//
+// Work is split over output columns only (at::parallel_for over weight rows): each dot product runs whole on
+// one thread in a fixed order, so the result does not depend on the thread count or on T.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define LLMP_X86 1
+#endif
+
+#include "isa.h"
+
+namespace llmp_native {
+namespace {
+
+// GGML type ids (gguf.GGMLQuantizationType), as llmp.quantization.BlockFormat.ggml_type
+enum GgmlType : int64_t {
+    kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8,
+    kQ2_K = 10, kQ3_K = 11, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14,
+};
+
+struct BlockShape {
+    int64_t block_size, type_size;
+};
+
+bool block_shape(int64_t ggml_type, BlockShape* shape) {
+    switch (ggml_type) {
+        case kQ4_0: *shape = {32, 18}; return true;
+        case kQ4_1: *shape = {32, 20}; return true;
+        case kQ5_0: *shape = {32, 22}; return true;
+        case kQ5_1: *shape = {32, 24}; return true;
+        case kQ8_0: *shape = {32, 34}; return true;
+        case kQ2_K: *shape = {256, 84}; return true;
+        case kQ3_K: *shape = {256, 110}; return true;
+        case kQ4_K: *shape = {256, 144}; return true;
+        case kQ5_K: *shape = {256, 176}; return true;
+        case kQ6_K: *shape = {256, 210}; return true;
+        default: return false;
+    }
+}
+
+// Byte b's 8 bits as 8 bytes of 0 or 16 (little-endian: bit i is byte i): Q5_0/Q5_1's fifth bits, in place.
+constexpr std::array<uint64_t, 256> bits_as_sixteens() {
+    std::array<uint64_t, 256> table{};
+    for (int b = 0; b < 256; ++b) {
+        for (int i = 0; i < 8; ++i) table[b] |= static_cast<uint64_t>(((b >> i) & 1) << 4) << (8 * i);
+    }
+    return table;
+}
+constexpr std::array<uint64_t, 256> kBitsAsSixteens = bits_as_sixteens();
+
+constexpr int kTileRows = 4;  // weight rows dequantised together: each load of x serves four dot products
+
+struct QuantMatmulArgs {
+    const float* x;         // [T, K], contiguous
+    const uint8_t* blocks;  // [N, K / block_size * type_size], contiguous
+    float* out;             // [T, N], contiguous
+    int64_t T, N, in_features, ggml_type;
+};
+
+namespace scalar {
+#define LLMP_TARGET
+#define LLMP_ISA_LEVEL 0
+#include "quant_matmul_impl.h"
+#undef LLMP_ISA_LEVEL
+#undef LLMP_TARGET
+}  // namespace scalar
+
+#ifdef LLMP_X86
+namespace avx2 {
+#define LLMP_TARGET __attribute__((target("avx2,fma,f16c")))
+#define LLMP_ISA_LEVEL 1
+#include "quant_matmul_impl.h"
+#undef LLMP_ISA_LEVEL
+#undef LLMP_TARGET
+}  // namespace avx2
+
+// GCC 12's AVX-512 intrinsics warn of their own deliberately undefined operands (GCC bug 105593)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+namespace avx512 {
+#define LLMP_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")))
+#define LLMP_ISA_LEVEL 2
+#include "quant_matmul_impl.h"
+#undef LLMP_ISA_LEVEL
+#undef LLMP_TARGET
+}  // namespace avx512
+#pragma GCC diagnostic pop
+#endif
+
+using RowsFn = bool (*)(const QuantMatmulArgs&, int64_t, int64_t, float*);
+
+RowsFn rows_for_isa() {
+#ifdef LLMP_X86
+    switch (selected_isa()) {
+        case Isa::avx512: return avx512::quant_matmul_rows;
+        case Isa::avx2: return avx2::quant_matmul_rows;
+        default: break;
+    }
+#endif
+    return scalar::quant_matmul_rows;
+}
+
+// Rows per task: enough weight bytes (about 64 KiB) that a task outweighs its scheduling, in whole tiles.
+int64_t grain_rows(int64_t row_bytes) {
+    const int64_t rows = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(row_bytes, 1));
+    return (rows + 3) / 4 * 4;
+}
+
+at::Tensor quant_matmul(const at::Tensor& x, const at::Tensor& blocks, int64_t ggml_type, int64_t in_features) {
+    BlockShape shape;
+    TORCH_CHECK(block_shape(ggml_type, &shape), "quant_matmul: GGML type ", ggml_type, " is not supported");
+    TORCH_CHECK(x.device().is_cpu() && blocks.device().is_cpu(), "quant_matmul: CPU tensors only");
+    TORCH_CHECK(x.dim() == 2 && x.size(1) == in_features, "quant_matmul: x must be [T, ", in_features, "], not ",
+                x.sizes());
+    TORCH_CHECK(at::isFloatingType(x.scalar_type()), "quant_matmul: x must be floating point, not ", x.scalar_type());
+    TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 2, "quant_matmul: blocks must be uint8 [N, bytes]");
+    TORCH_CHECK(in_features > 0 && in_features % shape.block_size == 0 &&
+                    blocks.size(1) == in_features / shape.block_size * shape.type_size,
+                "quant_matmul: ", blocks.size(1), " bytes a row do not hold ", in_features, " weights of type ",
+                ggml_type);
+
+    const at::Tensor xf = x.to(at::kFloat).contiguous();  // bfloat16 and float16 widen exactly; float32 stays
+    const at::Tensor w = blocks.contiguous();
+    const int64_t T = x.size(0), N = blocks.size(0), K = in_features;
+    at::Tensor out = at::empty({T, N}, x.options().dtype(at::kFloat));
+    if (T == 0 || N == 0) return out.to(x.scalar_type());
+
+    const QuantMatmulArgs args{xf.data_ptr<float>(), w.data_ptr<uint8_t>(), out.data_ptr<float>(), T, N, K, ggml_type};
+    static const RowsFn rows = rows_for_isa();
+    at::parallel_for(0, N, grain_rows(blocks.size(1)), [&](int64_t begin, int64_t end) {
+        // this thread's dequantised tile of weight rows, kept between calls
+        thread_local std::vector<float> buffer;
+        buffer.resize(static_cast<size_t>(kTileRows * K));
+        rows(args, begin, end, buffer.data());
+    });
+    return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());  // one rounding to x's dtype
+}
+
+std::vector<int64_t> quant_matmul_types() {
+    return {kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0, kQ2_K, kQ3_K, kQ4_K, kQ5_K, kQ6_K};
+}
+
+}  // namespace
+}  // namespace llmp_native
+
+TORCH_LIBRARY_FRAGMENT(llmp_native, m) {
+    // x [T, in] float32/bfloat16 @ W.T, W GGML blocks uint8 [out, row_bytes] of type ggml_type -> [T, out] in x's
+    // dtype, accumulated in float32
+    m.def("quant_matmul(Tensor x, Tensor blocks, int ggml_type, int in_features) -> Tensor");
+    m.def("quant_matmul_types() -> int[]", &llmp_native::quant_matmul_types);  // the GGML type ids it computes
+}
+
+TORCH_LIBRARY_IMPL(llmp_native, CPU, m) { m.impl("quant_matmul", &llmp_native::quant_matmul); }

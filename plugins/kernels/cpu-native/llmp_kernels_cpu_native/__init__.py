@@ -1,0 +1,37 @@
+"""llmp plugin: the ``cpu-native`` kernel set, the compiled CPU kernels (chosen before ``cpu`` when they load).
+
+This module only registers, and cheaply: it checks that the compiled library was built (and for the torch
+installed now) without importing torch; ``kernels.py`` loads the library on selection. When the library is
+missing, the registration hook fails with the reason, so ``llmp plugins list`` shows the plugin broken in one
+line and the engine picks the next set (``cpu``).
+"""
+
+from llmp.api import require_api
+
+require_api(">=0.5,<0.6")  # first, before any other llmp import (docs/plugins.md, "API versioning")
+
+import sys
+from collections.abc import Iterator
+
+from llmp import hookimpl
+from llmp.api import KernelSetSpec
+from llmp_kernels_cpu_native.built import NativeLibraryUnavailable, check_library
+
+__all__ = ["NativeLibraryUnavailable", "check_library", "llmp_register_kernels"]
+
+
+@hookimpl
+def llmp_register_kernels() -> Iterator[KernelSetSpec]:
+    check_library()
+    if "torch" in sys.modules:  # loading costs nothing more here: check what only loading can tell (ABI, symbols)
+        from llmp_kernels_cpu_native.library import load
+
+        load()
+    yield KernelSetSpec(
+        name="cpu-native",
+        impl="llmp_kernels_cpu_native.kernels:NativeKernels",
+        description="Compiled CPU kernels: matmuls straight from GGUF's quantised blocks (AVX-512, AVX2 or "
+        "scalar, chosen at load), over the cpu set.",
+        devices=("cpu",),
+        priority=6,
+    )

@@ -1,0 +1,45 @@
+"""Compiled CPU kernels: the cpu set, with the parts the compiled library does better replaced.
+
+- **Quantised linear layers** (``pack_quantized``) compute ``x @ W.T`` straight from the GGML blocks of a
+  GGUF file (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q2_K to Q6_K): each tile of weight rows is dequantised to
+  float32 in registers and L1 (the reference's values, bit for bit) and multiplied with every input row, so
+  the weight is read once per call in its quantised size. A row's result depends only on that row (one fixed
+  summation order), and work is split over output columns only, so it does not depend on the thread count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from llmp_kernels_cpu.kernels import CpuKernels
+
+from llmp.quantization import QuantizedWeight
+from llmp_kernels_cpu_native.library import load, quant_matmul_types
+
+
+class QuantizedLinear:
+    """``x @ W.T`` for x ``[..., in_features]``, ``W`` kept as its GGML blocks."""
+
+    def __init__(self, weight: QuantizedWeight) -> None:
+        self.blocks = weight.blocks.contiguous()  # a view of the file's bytes when they already are
+        self.ggml_type = weight.format.ggml_type
+        self.in_features = weight.in_features
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        out = torch.ops.llmp_native.quant_matmul(rows, self.blocks, self.ggml_type, self.in_features)
+        return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+class NativeKernels(CpuKernels):
+    name = "cpu-native"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.isa = load()
+
+    def pack_quantized(self, weight: QuantizedWeight) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        if weight.blocks.device.type != "cpu" or weight.format.ggml_type not in quant_matmul_types():
+            return None
+        return QuantizedLinear(weight)

@@ -1,0 +1,33 @@
+"""Loading the compiled library (``torch.ops.llmp_native``) once per process."""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import torch
+
+from llmp_kernels_cpu_native.built import NativeLibraryUnavailable, check_library
+
+log = logging.getLogger(__name__)
+
+
+@functools.cache
+def load() -> str:
+    """Load the library's ops into ``torch.ops.llmp_native``; the instruction set its hot loops run on
+    (``avx512``, ``avx2`` or ``scalar``: the best the CPU has, or lower with ``LLMP_NATIVE_ISA``)."""
+    path = check_library()
+    try:
+        torch.ops.load_library(str(path))
+    except OSError as error:  # built for another torch or platform: undefined symbols, a wrong ELF class
+        raise NativeLibraryUnavailable(f"the compiled kernels at {path} do not load: {error}") from error
+    isa = torch.ops.llmp_native.isa()
+    log.info("cpu-native kernels: %s loops (%s)", isa, path.name)
+    return isa
+
+
+@functools.cache
+def quant_matmul_types() -> frozenset[int]:
+    """The GGML type ids the library's ``quant_matmul`` computes."""
+    load()
+    return frozenset(torch.ops.llmp_native.quant_matmul_types())
