@@ -301,7 +301,14 @@ class RowParallelLinear(PackableLinear):
 
 
 class VocabParallelEmbedding(nn.Module):
-    """Embedding rows split over ranks (the vocabulary padded to a multiple of the rank count)."""
+    """Embedding rows split over ranks (the vocabulary padded to a multiple of the rank count).
+
+    Loaded from a GGUF file on one rank, the table stays in its blocks (``quantized_rows``) and each step
+    dequantises only the rows it looks up (as the dense table's rows: the same float32 numbers, then
+    the model's dtype); a tied LM head then computes from the same blocks.
+    """
+
+    quantized_rows: QuantizedWeight | None = None
 
     def __init__(self, vocab_size: int, hidden_size: int) -> None:
         super().__init__()
@@ -311,6 +318,9 @@ class VocabParallelEmbedding(nn.Module):
         self.weight = nn.Parameter(torch.empty(self.rows, hidden_size))
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.quantized_rows is not None:
+            rows = self.quantized_rows.take(input_ids.reshape(-1)).dequantize(self.weight.dtype)
+            return rows.view(*input_ids.shape, self.hidden_size)
         if tp_size() == 1:
             return F.embedding(input_ids, self.weight)
         local = input_ids - self.start
@@ -321,10 +331,13 @@ class VocabParallelEmbedding(nn.Module):
     def load_weight(self, param_name: str, tensor: torch.Tensor | QuantizedWeight) -> None:
         _check_shape(tensor, (self.vocab_size, self.hidden_size), param_name)
         if isinstance(tensor, QuantizedWeight):
-            if isinstance(self, PackableLinear) and self.rows == self.vocab_size:  # a head of one rank's rows
-                self.keep_quantized(0, tensor)
+            if self.rows == self.vocab_size:  # one rank's rows: no padding
+                if isinstance(self, PackableLinear):  # a head
+                    self.keep_quantized(0, tensor)
+                else:
+                    self.quantized_rows = tensor
                 return
-            tensor = tensor.dequantize()  # looked up by row, or split over ranks with padding
+            tensor = tensor.dequantize()  # split over ranks with padding
         kept = tensor[self.start : self.start + self.rows]
         self.weight.data.zero_()
         self.weight.data[: kept.shape[0]].copy_(kept)
@@ -381,7 +394,11 @@ def pack_quantized_layers(model: nn.Module, kernels: Any, dtype: torch.dtype) ->
     from llmp.api import PacksQuantized
 
     done = QuantizedLayers()
+    blocks = _Blocks()
     for module in model.modules():
+        if isinstance(module, VocabParallelEmbedding) and module.quantized_rows is not None:
+            blocks.add(module.quantized_rows.blocks)
+            module.weight.data = module.weight.data.new_empty(0)  # a tied head's too: it computes from the blocks
         if not isinstance(module, PackableLinear) or not module.quantized:
             continue
         pieces = []
@@ -392,7 +409,7 @@ def pack_quantized_layers(model: nn.Module, kernels: Any, dtype: torch.dtype) ->
                 compute = kernels.pack_quantized(part) if isinstance(kernels, PacksQuantized) else None
                 done.counts[part.format.name, compute is not None] += 1
                 if compute is not None:
-                    done.nbytes += part.blocks.nbytes
+                    blocks.add(part.blocks)
                     pieces.append(compute)
                     continue
                 dense = part.dequantize(dtype)
@@ -402,7 +419,23 @@ def pack_quantized_layers(model: nn.Module, kernels: Any, dtype: torch.dtype) ->
         module.packed_row_invariant = True
         module.quantized = None
         module.weight.data = module.weight.data.new_empty(0)
+    done.nbytes += blocks.nbytes
     return done
+
+
+class _Blocks:
+    """Bytes of quantised blocks, each storage counted once (a tied head computes from the embedding's)."""
+
+    def __init__(self) -> None:
+        self.storages: dict[int, int] = {}
+
+    def add(self, blocks: torch.Tensor) -> None:
+        storage = blocks.untyped_storage()
+        self.storages[storage.data_ptr()] = max(self.storages.get(storage.data_ptr(), 0), blocks.nbytes)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self.storages.values())
 
 
 def _row_regions(module: PackableLinear) -> list[tuple[int, int, QuantizedWeight | None]]:
@@ -531,6 +564,8 @@ class CausalLM(nn.Module):
         tied = self.lm_head.weight is self.model.embed_tokens.weight
         ignored = (*self.ignored_weights, *(("lm_head.weight",) if tied else ()))
         load_weights(self, weights, self.stacked_params, ignored)
+        if tied and (blocks := self.model.embed_tokens.quantized_rows) is not None:
+            self.lm_head.keep_quantized(0, blocks)  # the head computes from the embedding's blocks
         self.bind_token_classifier()
 
     def bind_token_classifier(self) -> None:
