@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 from llmp import hookimpl
 from llmp.api import KernelSetSpec
-from llmp_kernels_cpu_native.built import NativeLibraryUnavailable, check_library
+from llmp_kernels_cpu_native.built import NativeLibraryUnavailable, check_library, expected_isa
 
 __all__ = ["NativeLibraryUnavailable", "check_library", "llmp_register_kernels"]
 
@@ -30,8 +30,8 @@ def llmp_register_kernels() -> Iterator[KernelSetSpec]:
     yield KernelSetSpec(
         name="cpu-native",
         impl="llmp_kernels_cpu_native.kernels:NativeKernels",
-        description="Compiled CPU kernels: matmuls straight from GGUF's quantised blocks (AVX-512, AVX2 or "
-        "scalar, chosen at load), over the cpu set.",
+        description=f"Compiled CPU kernels, the {expected_isa()} path on this CPU (of avx512, avx2, scalar): "
+        "matmuls straight from GGUF's quantised blocks (Q4_0 ... Q8_0, Q2_K ... Q6_K), over the cpu set.",
         devices=("cpu",),
         priority=6,
     )

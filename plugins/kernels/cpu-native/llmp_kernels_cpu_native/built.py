@@ -51,3 +51,26 @@ def _installed_torch() -> str | None:
         return version("torch")
     except PackageNotFoundError:
         return None
+
+
+# the CPU flags each path's loops need (csrc/isa.cpp checks the same with __builtin_cpu_supports)
+ISA_FLAGS = {
+    "avx512": {"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma", "f16c"},
+    "avx2": {"avx2", "fma", "f16c"},
+    "scalar": set(),
+}
+
+
+def expected_isa() -> str:
+    """The path the library's loops will take on this CPU (``LLMP_NATIVE_ISA`` may only lower it), from
+    /proc/cpuinfo: what ``llmp plugins show`` says without loading the library."""
+    try:
+        flags = set(Path("/proc/cpuinfo").read_text().partition("flags")[2].partition("\n")[0].split())
+    except OSError:
+        flags = set()
+    names = list(ISA_FLAGS)  # best first
+    best = next(name for name in names if ISA_FLAGS[name] <= flags)
+    forced = os.environ.get("LLMP_NATIVE_ISA", "")
+    if forced in names and names.index(forced) > names.index(best):
+        return forced
+    return best

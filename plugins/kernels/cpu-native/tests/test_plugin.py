@@ -89,3 +89,12 @@ def test_registering_imports_no_torch():
 
 def test_the_package_data_is_beside_the_module():
     assert Path(plugin.__file__).parent == plugin.PACKAGE_DIR
+
+
+@pytest.mark.parametrize("forced", ["", "avx2", "scalar"])
+def test_plugins_show_names_the_path_the_library_takes(forced):
+    loaded = "from llmp_kernels_cpu_native.library import load; print(load())"
+    isa = run(sys.executable, "-c", loaded, LLMP_NATIVE_ISA=forced)
+    assert isa.returncode == 0, isa.stderr
+    shown = run(*LLMP, "plugins", "show", "kernels-cpu-native", LLMP_NATIVE_ISA=forced)
+    assert f"the {isa.stdout.strip()} path on this CPU" in shown.stdout, shown.stdout
