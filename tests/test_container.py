@@ -109,6 +109,10 @@ def test_the_runtime_list_installs_the_kernel_and_every_plugin_without_extras():
     assert "." in entries
     assert not [entry for entry in entries if entry.startswith("-e") or "[" in entry], entries
     plugins = {f"./{path.parent.relative_to(REPO).as_posix()}" for path in REPO.glob("plugins/*/*/pyproject.toml")}
+    # a compiled plugin builds against the installed torch with a C++ compiler, which the slim image lacks
+    # (docs/container.md): it is left out rather than installed without its library
+    plugins -= {f"./{path.parent.relative_to(REPO).as_posix()}" for path in REPO.glob("plugins/*/*/setup.py")}
+    assert "./plugins/kernels/cpu-native" not in plugins
     assert {"./plugins/frontends/ollama", "./plugins/frontends/webui"} <= set(entries)
     missing = sorted(plugins - set(entries))
     assert not missing, f"plugins missing from requirements.txt (the image would lack them): {missing}"
