@@ -58,6 +58,10 @@ constexpr std::array<uint64_t, 256> bits_as_sixteens() {
 constexpr std::array<uint64_t, 256> kBitsAsSixteens = bits_as_sixteens();
 
 constexpr int kTileRows = 4;  // weight rows dequantised together: each load of x serves four dot products
+// Up to this many inputs, weights are unpacked in registers for each input rather than dequantised once to a
+// buffer: with one input (decoding) the buffer's store and reload cost more than the unpacking; from two, the
+// unpacking repeated for each input costs more than the buffer (measured on Zen 5)
+constexpr int64_t kFusedMaxT = 1;
 
 struct QuantMatmulArgs {
     const float* x;         // [T, K], contiguous
@@ -75,6 +79,9 @@ namespace scalar {
 }  // namespace scalar
 
 #ifdef LLMP_X86
+// the vector structs (V32) of the AVX2 and AVX-512 copies only live inside their target functions, all inlined:
+// no call between differently compiled code passes them, whatever GCC's ABI note says
+#pragma GCC diagnostic ignored "-Wpsabi"
 namespace avx2 {
 #define LLMP_TARGET __attribute__((target("avx2,fma,f16c")))
 #define LLMP_ISA_LEVEL 1

@@ -3,11 +3,15 @@
 // (0 scalar, 1 AVX2 + FMA, 2 AVX-512).
 //
 // For each tile of weight rows: dequantise the rows into a float32 buffer (bit-identical to the reference
-// dequantize), then take their dot products with every input row. One dot product always runs the same way,
-// whatever T and whatever tile it is part of: the lanes, accumulators and final reduction depend only on K,
-// so a row's result never depends on the batch (row invariance).
+// dequantize), then take their dot products with every input row. With a single input row (batch-1 decoding)
+// the buffer's store and reload would cost more than the arithmetic, so the weights go straight from the blocks
+// into registers instead (Q4_0, Q4_1, Q8_0, Q4_K on AVX2/AVX-512; the other formats block by block through a
+// small buffer). One dot product always runs the same way, whatever T and whatever tile it is part of: the
+// dequantised values, lanes, accumulators (Acc) and final reduction depend only on K, so a row's result never
+// depends on the batch (row invariance).
 
 #define LLMP_FN static inline LLMP_TARGET
+#define LLMP_METHOD inline LLMP_TARGET  // a member function
 
 // -- scaling a block's integers ------------------------------------------------------------------------
 // q int8 [n] (n a multiple of 16) -> out float32: q * d, q * d - m, q * d + m (each product exact, one rounding)
@@ -64,9 +68,13 @@ LLMP_FN void scale(const int8_t* q, int n, float d, float* out) { scale_m(q, n, 
 
 #include "ggml_blocks.h"
 
-// -- dot products --------------------------------------------------------------------------------------
-// K is a multiple of 32 (every format's block). dot_rows computes R dot products sharing each load of x;
-// every one of them sums exactly as dot_rows<1> would.
+// -- one dot product's accumulation ------------------------------------------------------------------------
+// K is a multiple of 32 (every format's block). A dot product is taken 32 elements at a time, in order:
+// Acc::add takes x's 32 (X32, loaded once for all the weight rows that share it) and a weight row's 32 (W32,
+// loaded from a dequantised buffer or unpacked straight into registers), and Acc::sum reduces at the end.
+// Both paths below (many inputs: dequantise a tile to a buffer; a few: unpack in registers) go through these
+// same operations, in the same order, on the same dequantised values: a row's result is the same bits
+// whatever T (row invariance), only where the weights come from differs.
 
 #if LLMP_ISA_LEVEL >= 1
 
@@ -87,70 +95,271 @@ LLMP_FN float hsum16(__m512 v) {
     return hsum8(_mm256_add_ps(low, high));
 }
 
+struct V32 {
+    __m512 v0, v1;
+};
+using X32 = V32;
+using W32 = V32;
+LLMP_FN V32 load32(const float* p) { return {_mm512_loadu_ps(p), _mm512_loadu_ps(p + 16)}; }
+LLMP_FN void store32(const V32& w, float* p) {
+    _mm512_storeu_ps(p, w.v0);
+    _mm512_storeu_ps(p + 16, w.v1);
+}
+
 // two accumulators of 16 lanes: element i goes to lane i % 16 of accumulator (i / 16) % 2
-template <int R>
-LLMP_FN void dot_rows(const float* x, const float* w, int64_t K, float* out) {
-    __m512 a0[R], a1[R];
-    for (int r = 0; r < R; ++r) a0[r] = a1[r] = _mm512_setzero_ps();
-    for (int64_t i = 0; i < K; i += 32) {
-        const __m512 x0 = _mm512_loadu_ps(x + i), x1 = _mm512_loadu_ps(x + i + 16);
-        for (int r = 0; r < R; ++r) {
-            a0[r] = _mm512_fmadd_ps(x0, _mm512_loadu_ps(w + r * K + i), a0[r]);
-            a1[r] = _mm512_fmadd_ps(x1, _mm512_loadu_ps(w + r * K + i + 16), a1[r]);
+struct Acc {
+    __m512 a0, a1;
+    LLMP_METHOD Acc() : a0(_mm512_setzero_ps()), a1(_mm512_setzero_ps()) {}
+    LLMP_METHOD void add(const X32& x, const W32& w) {
+        a0 = _mm512_fmadd_ps(x.v0, w.v0, a0);
+        a1 = _mm512_fmadd_ps(x.v1, w.v1, a1);
+    }
+    LLMP_METHOD float sum() const { return hsum16(_mm512_add_ps(a0, a1)); }
+};
+
+// 16 bytes of small integers (uint8 or int8) as float32
+LLMP_FN __m512 u8_to_ps(__m128i b) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)); }
+LLMP_FN __m512 i8_to_ps(__m128i b) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)); }
+LLMP_FN __m512 set1(float v) { return _mm512_set1_ps(v); }
+#define LLMP_MUL _mm512_mul_ps
+#define LLMP_FMA _mm512_fmadd_ps
+
+#elif LLMP_ISA_LEVEL == 1
+
+struct V32 {
+    __m256 v[4];
+};
+using X32 = V32;
+using W32 = V32;
+LLMP_FN V32 load32(const float* p) {
+    return {{_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8), _mm256_loadu_ps(p + 16), _mm256_loadu_ps(p + 24)}};
+}
+LLMP_FN void store32(const V32& w, float* p) {
+    for (int i = 0; i < 4; ++i) _mm256_storeu_ps(p + 8 * i, w.v[i]);
+}
+
+// two accumulators of 8 lanes: element i goes to lane i % 8 of accumulator (i / 8) % 2
+struct Acc {
+    __m256 a0, a1;
+    LLMP_METHOD Acc() : a0(_mm256_setzero_ps()), a1(_mm256_setzero_ps()) {}
+    LLMP_METHOD void add(const X32& x, const W32& w) {
+        a0 = _mm256_fmadd_ps(x.v[0], w.v[0], a0);
+        a1 = _mm256_fmadd_ps(x.v[1], w.v[1], a1);
+        a0 = _mm256_fmadd_ps(x.v[2], w.v[2], a0);
+        a1 = _mm256_fmadd_ps(x.v[3], w.v[3], a1);
+    }
+    LLMP_METHOD float sum() const { return hsum8(_mm256_add_ps(a0, a1)); }
+};
+
+#else
+
+struct X32 {
+    const float* p;
+};
+struct W32 {
+    float v[32];
+};
+LLMP_FN X32 x32_at(const float* p) { return {p}; }
+LLMP_FN W32 load32(const float* p) {
+    W32 w;
+    std::memcpy(w.v, p, sizeof w.v);
+    return w;
+}
+
+// eight partial sums (element i to sum i % 8), added pairwise: the same order for every dot product
+struct Acc {
+    float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    LLMP_METHOD void add(const X32& x, const W32& w) {
+        for (int i = 0; i < 32; i += 8) {
+            for (int l = 0; l < 8; ++l) s[l] += x.p[i + l] * w.v[i + l];
         }
     }
-    for (int r = 0; r < R; ++r) out[r] = hsum16(_mm512_add_ps(a0[r], a1[r]));
+    LLMP_METHOD float sum() const { return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])); }
+};
+
+#endif
+
+#if LLMP_ISA_LEVEL >= 1
+LLMP_FN X32 x32_at(const float* p) { return load32(p); }
+#endif
+
+// -- weights unpacked straight into registers (the formats of the common models, AVX2 and AVX-512) -----------
+// Each chunk32 gives a block's 32 weights [32c, 32c + 32) with the reference's values, bit for bit: the float16
+// scales widen exactly and every product of a scale and an integer (at most 8 bits) is exact, so q * d + m in
+// one FMA rounds once, as the reference's product-then-add does.
+
+#if LLMP_ISA_LEVEL == 2
+
+LLMP_FN W32 chunk_q8_0(const uint8_t* b, int) {  // q * d
+    const __m512 d = set1(f16_at(b));
+    const __m128i* q = reinterpret_cast<const __m128i*>(b + 2);
+    return {LLMP_MUL(i8_to_ps(_mm_loadu_si128(q)), d), LLMP_MUL(i8_to_ps(_mm_loadu_si128(q + 1)), d)};
+}
+
+// element j < 16 is the low nibble of qs[j], element j + 16 its high nibble
+LLMP_FN void nibbles(const uint8_t* qs, __m128i* low, __m128i* high) {
+    const __m128i mask = _mm_set1_epi8(0x0F), v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+    *low = _mm_and_si128(v, mask);
+    *high = _mm_and_si128(_mm_srli_epi16(v, 4), mask);
+}
+
+LLMP_FN W32 chunk_q4_1(const uint8_t* b, int) {  // q * d + m
+    const __m512 d = set1(f16_at(b)), m = set1(f16_at(b + 2));
+    __m128i low, high;
+    nibbles(b + 4, &low, &high);
+    return {LLMP_FMA(u8_to_ps(low), d, m), LLMP_FMA(u8_to_ps(high), d, m)};
+}
+
+LLMP_FN W32 chunk_q4_0(const uint8_t* b, int) {  // (q - 8) * d
+    const __m512 d = set1(f16_at(b));
+    const __m128i eight = _mm_set1_epi8(8);
+    __m128i low, high;
+    nibbles(b + 2, &low, &high);
+    return {LLMP_MUL(i8_to_ps(_mm_sub_epi8(low, eight)), d), LLMP_MUL(i8_to_ps(_mm_sub_epi8(high, eight)), d)};
+}
+
+// Q4_K: sub-block c's q * (d * sc) - dmin * m (product, then difference: the first product is not exact)
+LLMP_FN W32 chunk_q4_k(const uint8_t* b, int c) {
+    int sc, mn;
+    scale_min_k4(b + 4, c, &sc, &mn);
+    const __m512 dl = set1(f16_at(b) * static_cast<float>(sc)), ml = set1(f16_at(b + 2) * static_cast<float>(mn));
+    const uint8_t* group = b + 16 + 32 * (c >> 1);  // low nibbles for even c, high ones for odd
+    const __m128i mask = _mm_set1_epi8(0x0F);
+    const int shift = 4 * (c & 1);
+    const __m128i q0 = _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(group)), shift), mask);
+    const __m128i q1 =
+        _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(group + 16)), shift), mask);
+    return {_mm512_sub_ps(LLMP_MUL(u8_to_ps(q0), dl), ml), _mm512_sub_ps(LLMP_MUL(u8_to_ps(q1), dl), ml)};
 }
 
 #elif LLMP_ISA_LEVEL == 1
 
-// two accumulators of 8 lanes: element i goes to lane i % 8 of accumulator (i / 8) % 2
-template <int R>
-LLMP_FN void dot_rows(const float* x, const float* w, int64_t K, float* out) {
-    __m256 a0[R], a1[R];
-    for (int r = 0; r < R; ++r) a0[r] = a1[r] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < K; i += 16) {
-        const __m256 x0 = _mm256_loadu_ps(x + i), x1 = _mm256_loadu_ps(x + i + 8);
-        for (int r = 0; r < R; ++r) {
-            a0[r] = _mm256_fmadd_ps(x0, _mm256_loadu_ps(w + r * K + i), a0[r]);
-            a1[r] = _mm256_fmadd_ps(x1, _mm256_loadu_ps(w + r * K + i + 8), a1[r]);
-        }
+// 8 bytes of small integers as float32
+LLMP_FN __m256 u8_to_ps(__m128i b) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)); }
+LLMP_FN __m256 i8_to_ps(__m128i b) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)); }
+
+LLMP_FN W32 chunk_q8_0(const uint8_t* b, int) {  // q * d
+    const __m256 d = _mm256_set1_ps(f16_at(b));
+    W32 w;
+    for (int i = 0; i < 4; ++i) {
+        w.v[i] = _mm256_mul_ps(i8_to_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 2 + 8 * i))), d);
     }
-    for (int r = 0; r < R; ++r) out[r] = hsum8(_mm256_add_ps(a0[r], a1[r]));
+    return w;
 }
 
-#else
+LLMP_FN void nibbles(const uint8_t* qs, __m128i* low, __m128i* high) {
+    const __m128i mask = _mm_set1_epi8(0x0F), v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+    *low = _mm_and_si128(v, mask);
+    *high = _mm_and_si128(_mm_srli_epi16(v, 4), mask);
+}
 
-// eight partial sums (element i to sum i % 8), added pairwise: the same order for every dot product
-template <int R>
-LLMP_FN void dot_rows(const float* x, const float* w, int64_t K, float* out) {
-    for (int r = 0; r < R; ++r) {
-        const float* wr = w + r * K;
-        float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (int64_t i = 0; i < K; i += 8) {
-            for (int l = 0; l < 8; ++l) s[l] += x[i + l] * wr[i + l];
-        }
-        out[r] = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+LLMP_FN W32 chunk_q4_1(const uint8_t* b, int) {  // q * d + m
+    const __m256 d = _mm256_set1_ps(f16_at(b)), m = _mm256_set1_ps(f16_at(b + 2));
+    __m128i low, high;
+    nibbles(b + 4, &low, &high);
+    return {{_mm256_fmadd_ps(u8_to_ps(low), d, m), _mm256_fmadd_ps(u8_to_ps(_mm_srli_si128(low, 8)), d, m),
+             _mm256_fmadd_ps(u8_to_ps(high), d, m), _mm256_fmadd_ps(u8_to_ps(_mm_srli_si128(high, 8)), d, m)}};
+}
+
+LLMP_FN W32 chunk_q4_0(const uint8_t* b, int) {  // (q - 8) * d
+    const __m256 d = _mm256_set1_ps(f16_at(b));
+    const __m128i eight = _mm_set1_epi8(8);
+    __m128i low, high;
+    nibbles(b + 2, &low, &high);
+    low = _mm_sub_epi8(low, eight);
+    high = _mm_sub_epi8(high, eight);
+    return {{_mm256_mul_ps(i8_to_ps(low), d), _mm256_mul_ps(i8_to_ps(_mm_srli_si128(low, 8)), d),
+             _mm256_mul_ps(i8_to_ps(high), d), _mm256_mul_ps(i8_to_ps(_mm_srli_si128(high, 8)), d)}};
+}
+
+// Q4_K: sub-block c's q * (d * sc) - dmin * m (product, then difference: the first product is not exact)
+LLMP_FN W32 chunk_q4_k(const uint8_t* b, int c) {
+    int sc, mn;
+    scale_min_k4(b + 4, c, &sc, &mn);
+    const __m256 dl = _mm256_set1_ps(f16_at(b) * static_cast<float>(sc));
+    const __m256 ml = _mm256_set1_ps(f16_at(b + 2) * static_cast<float>(mn));
+    const uint8_t* group = b + 16 + 32 * (c >> 1);  // low nibbles for even c, high ones for odd
+    const __m128i mask = _mm_set1_epi8(0x0F);
+    const int shift = 4 * (c & 1);
+    W32 w;
+    for (int h = 0; h < 2; ++h) {
+        const __m128i q =
+            _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(group + 16 * h)), shift), mask);
+        w.v[2 * h] = _mm256_sub_ps(_mm256_mul_ps(u8_to_ps(q), dl), ml);
+        w.v[2 * h + 1] = _mm256_sub_ps(_mm256_mul_ps(u8_to_ps(_mm_srli_si128(q, 8)), dl), ml);
     }
+    return w;
 }
 
 #endif
 
-// -- the row loop --------------------------------------------------------------------------------------
+#undef LLMP_MUL
+#undef LLMP_FMA
 
-template <void (*DEQUANTIZE)(const uint8_t*, float*), int BLOCK, int TYPE_SIZE>
-LLMP_FN void dequantize_row(const uint8_t* row, int64_t K, float* out) {
-    for (int64_t k = 0; k < K; k += BLOCK, row += TYPE_SIZE) DEQUANTIZE(row, out + k);
+// -- formats: how a block's weights are had, 32 at a time -------------------------------------------------
+// A Blocks<...> decoder reads one block (prepare) and gives its chunks in order (chunk). Formats unpacked in
+// registers read them straight from the block; the others dequantise the whole block to a small buffer first.
+
+template <void (*DEQUANTIZE)(const uint8_t*, float*), int BLOCK_, int TYPE_SIZE_>
+struct Buffered {
+    static constexpr int BLOCK = BLOCK_, TYPE_SIZE = TYPE_SIZE_;
+    static LLMP_METHOD void dequantize(const uint8_t* b, float* out) { DEQUANTIZE(b, out); }
+    alignas(64) float values[BLOCK];
+    LLMP_METHOD void prepare(const uint8_t* b) { DEQUANTIZE(b, values); }
+    LLMP_METHOD W32 chunk(int c) const { return load32(values + 32 * c); }
+};
+
+#if LLMP_ISA_LEVEL >= 1
+template <W32 (*CHUNK)(const uint8_t*, int), int BLOCK_, int TYPE_SIZE_>
+struct InRegisters {
+    static constexpr int BLOCK = BLOCK_, TYPE_SIZE = TYPE_SIZE_;
+    // the buffer path stores the very same chunks: one unpacking for both paths
+    static LLMP_METHOD void dequantize(const uint8_t* b, float* out) {
+        for (int c = 0; c < BLOCK / 32; ++c) store32(CHUNK(b, c), out + 32 * c);
+    }
+    const uint8_t* block = nullptr;
+    LLMP_METHOD void prepare(const uint8_t* b) { block = b; }
+    LLMP_METHOD W32 chunk(int c) const { return CHUNK(block, c); }
+};
+using Q4_0 = InRegisters<chunk_q4_0, 32, 18>;
+using Q4_1 = InRegisters<chunk_q4_1, 32, 20>;
+using Q8_0 = InRegisters<chunk_q8_0, 32, 34>;
+using Q4_K = InRegisters<chunk_q4_k, 256, 144>;
+#else
+using Q4_0 = Buffered<dequantize_q4_0, 32, 18>;
+using Q4_1 = Buffered<dequantize_q4_1, 32, 20>;
+using Q8_0 = Buffered<dequantize_q8_0, 32, 34>;
+using Q4_K = Buffered<dequantize_q4_k, 256, 144>;
+#endif
+using Q5_0 = Buffered<dequantize_q5_0, 32, 22>;
+using Q5_1 = Buffered<dequantize_q5_1, 32, 24>;
+using Q2_K = Buffered<dequantize_q2_k, 256, 84>;
+using Q3_K = Buffered<dequantize_q3_k, 256, 110>;
+using Q5_K = Buffered<dequantize_q5_k, 256, 176>;
+using Q6_K = Buffered<dequantize_q6_k, 256, 210>;
+
+// -- the row loops ---------------------------------------------------------------------------------------
+
+// R dot products of x with R dequantised rows (w, K apart), sharing each load of x
+template <int R>
+LLMP_FN void dot_rows(const float* x, const float* w, int64_t K, float* out) {
+    Acc acc[R];
+    for (int64_t i = 0; i < K; i += 32) {
+        const X32 xi = x32_at(x + i);
+        for (int r = 0; r < R; ++r) acc[r].add(xi, load32(w + r * K + i));
+    }
+    for (int r = 0; r < R; ++r) out[r] = acc[r].sum();
 }
 
-// out[t, n] = x[t] . W[n] for n in [n_begin, n_end): each tile of rows is dequantised once, for all T inputs
-template <void (*DEQUANTIZE)(const uint8_t*, float*), int BLOCK, int TYPE_SIZE>
-LLMP_FN void rows_of(const QuantMatmulArgs& a, int64_t n_begin, int64_t n_end, float* buffer) {
-    const int64_t K = a.in_features, row_bytes = K / BLOCK * TYPE_SIZE;
+// Many inputs: each tile of rows is dequantised once into the buffer, for all T inputs.
+template <class F>
+LLMP_FN void rows_buffered(const QuantMatmulArgs& a, int64_t n_begin, int64_t n_end, float* buffer) {
+    const int64_t K = a.in_features, row_bytes = K / F::BLOCK * F::TYPE_SIZE;
     for (int64_t n = n_begin; n < n_end; n += kTileRows) {
         const int rows = static_cast<int>(std::min<int64_t>(kTileRows, n_end - n));
         for (int r = 0; r < rows; ++r) {
-            dequantize_row<DEQUANTIZE, BLOCK, TYPE_SIZE>(a.blocks + (n + r) * row_bytes, K, buffer + r * K);
+            const uint8_t* row = a.blocks + (n + r) * row_bytes;
+            for (int64_t k = 0; k < K; k += F::BLOCK, row += F::TYPE_SIZE) F::dequantize(row, buffer + r * K + k);
         }
         for (int64_t t = 0; t < a.T; ++t) {
             const float* x = a.x + t * K;
@@ -164,21 +373,71 @@ LLMP_FN void rows_of(const QuantMatmulArgs& a, int64_t n_begin, int64_t n_end, f
     }
 }
 
+// R rows' dot products with one input, the weights unpacked block by block as they are used (no buffer round
+// trip): the same Acc operations in the same order as dot_rows, on the same values.
+template <class F, int R>
+LLMP_FN void dot_rows_fused(const float* x, const uint8_t* w, int64_t row_bytes, int64_t K, float* out) {
+    Acc acc[R];
+    F dec[R];
+    for (int64_t k = 0, offset = 0; k < K; k += F::BLOCK, offset += F::TYPE_SIZE) {
+        for (int r = 0; r < R; ++r) dec[r].prepare(w + r * row_bytes + offset);
+        for (int c = 0; c < F::BLOCK / 32; ++c) {
+            const X32 xi = x32_at(x + k + 32 * c);
+            for (int r = 0; r < R; ++r) acc[r].add(xi, dec[r].chunk(c));
+        }
+    }
+    for (int r = 0; r < R; ++r) out[r] = acc[r].sum();
+}
+
+// One input (batch-1 decoding, T <= kFusedMaxT): tiles of rows unpacked on the fly, read once at memory speed.
+template <class F>
+LLMP_FN void rows_fused(const QuantMatmulArgs& a, int64_t n_begin, int64_t n_end) {
+    const int64_t K = a.in_features, row_bytes = K / F::BLOCK * F::TYPE_SIZE;
+    for (int64_t n = n_begin; n < n_end; n += kTileRows) {
+        const int rows = static_cast<int>(std::min<int64_t>(kTileRows, n_end - n));
+        const uint8_t* w = a.blocks + n * row_bytes;
+        // the tile's rows are read as interleaved streams, which the hardware prefetcher follows badly in a
+        // matrix larger than the caches: ask for the next tile (its rows are contiguous) in one sequential sweep
+        const uint8_t* next = w + kTileRows * row_bytes;
+        const int64_t next_bytes = std::min<int64_t>(kTileRows, std::max<int64_t>(0, n_end - n - kTileRows)) * row_bytes;
+        for (int64_t offset = 0; offset < next_bytes; offset += 64) __builtin_prefetch(next + offset);
+        for (int64_t t = 0; t < a.T; ++t) {
+            const float* x = a.x + t * K;
+            float* out = a.out + t * a.N + n;
+            if (rows == kTileRows) {
+                dot_rows_fused<F, kTileRows>(x, w, row_bytes, K, out);
+            } else {
+                for (int r = 0; r < rows; ++r) dot_rows_fused<F, 1>(x, w + r * row_bytes, row_bytes, K, out + r);
+            }
+        }
+    }
+}
+
+template <class F>
+LLMP_FN void rows_of(const QuantMatmulArgs& a, int64_t n_begin, int64_t n_end, float* buffer) {
+    if (a.T <= kFusedMaxT) {
+        rows_fused<F>(a, n_begin, n_end);
+    } else {
+        rows_buffered<F>(a, n_begin, n_end, buffer);
+    }
+}
+
 // The entry point of this ISA's copy: rows [n_begin, n_end) of format a.ggml_type; false for a format not here.
 LLMP_TARGET bool quant_matmul_rows(const QuantMatmulArgs& a, int64_t n_begin, int64_t n_end, float* buffer) {
     switch (a.ggml_type) {
-        case kQ4_0: rows_of<dequantize_q4_0, 32, 18>(a, n_begin, n_end, buffer); return true;
-        case kQ4_1: rows_of<dequantize_q4_1, 32, 20>(a, n_begin, n_end, buffer); return true;
-        case kQ5_0: rows_of<dequantize_q5_0, 32, 22>(a, n_begin, n_end, buffer); return true;
-        case kQ5_1: rows_of<dequantize_q5_1, 32, 24>(a, n_begin, n_end, buffer); return true;
-        case kQ8_0: rows_of<dequantize_q8_0, 32, 34>(a, n_begin, n_end, buffer); return true;
-        case kQ2_K: rows_of<dequantize_q2_k, 256, 84>(a, n_begin, n_end, buffer); return true;
-        case kQ3_K: rows_of<dequantize_q3_k, 256, 110>(a, n_begin, n_end, buffer); return true;
-        case kQ4_K: rows_of<dequantize_q4_k, 256, 144>(a, n_begin, n_end, buffer); return true;
-        case kQ5_K: rows_of<dequantize_q5_k, 256, 176>(a, n_begin, n_end, buffer); return true;
-        case kQ6_K: rows_of<dequantize_q6_k, 256, 210>(a, n_begin, n_end, buffer); return true;
+        case kQ4_0: rows_of<Q4_0>(a, n_begin, n_end, buffer); return true;
+        case kQ4_1: rows_of<Q4_1>(a, n_begin, n_end, buffer); return true;
+        case kQ5_0: rows_of<Q5_0>(a, n_begin, n_end, buffer); return true;
+        case kQ5_1: rows_of<Q5_1>(a, n_begin, n_end, buffer); return true;
+        case kQ8_0: rows_of<Q8_0>(a, n_begin, n_end, buffer); return true;
+        case kQ2_K: rows_of<Q2_K>(a, n_begin, n_end, buffer); return true;
+        case kQ3_K: rows_of<Q3_K>(a, n_begin, n_end, buffer); return true;
+        case kQ4_K: rows_of<Q4_K>(a, n_begin, n_end, buffer); return true;
+        case kQ5_K: rows_of<Q5_K>(a, n_begin, n_end, buffer); return true;
+        case kQ6_K: rows_of<Q6_K>(a, n_begin, n_end, buffer); return true;
         default: return false;
     }
 }
 
 #undef LLMP_FN
+#undef LLMP_METHOD

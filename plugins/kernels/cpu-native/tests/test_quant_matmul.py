@@ -102,6 +102,23 @@ def test_a_row_does_not_depend_on_the_batch(kernels, fmt):
     assert torch.equal(matmul(x.bfloat16())[41], matmul(x[41:42].bfloat16())[0])
 
 
+# T = 1 unpacks the weights in registers, larger T dequantises tiles to a buffer: the same bits either way
+BATCH_SIZES = (1, 2, 3, 4, 5, 8, 33)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_small_batches_are_rows_of_a_large_one_bit_for_bit(kernels, fmt):
+    block = GGML_FORMATS[fmt].block_size
+    for out_features, in_features in ((37, 3 * block if block == 32 else block), (37, 512), (130, 1536)):
+        w = weight(fmt, out_features, in_features)
+        matmul = kernels.pack_quantized(w)
+        x = inputs(64, in_features)
+        batch = matmul(x)
+        for rows in BATCH_SIZES:
+            for start in (0, 64 - rows):
+                assert torch.equal(matmul(x[start : start + rows]), batch[start : start + rows]), (fmt, rows, start)
+
+
 def test_the_result_does_not_depend_on_the_thread_count(kernels):
     w = weight("Q4_K", 576, 1024)
     matmul = kernels.pack_quantized(w)
@@ -148,6 +165,11 @@ CHECK_PATH = textwrap.dedent(
         got, expected = matmul(x), matmul_reference(x, w.blocks, fmt)
         torch.testing.assert_close(got, expected, rtol=0, atol=1e-5 * expected.abs().max().item())
         assert torch.equal(matmul(x[5:6]), got[5:6]), fmt.name
+        batch = matmul(torch.cat([x, x[:31]]))  # 64 rows
+        for rows in (1, 2, 3, 4, 5, 8, 33):
+            for start in (0, 64 - rows):
+                rows_alone = matmul(torch.cat([x, x[:31]])[start : start + rows])
+                assert torch.equal(rows_alone, batch[start : start + rows]), (fmt.name, rows, start)
         assert torch.equal(matmul(torch.eye(k)), dequantize(w.blocks, fmt).T), fmt.name
     print("ok")
     """
