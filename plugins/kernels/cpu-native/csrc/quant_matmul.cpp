@@ -1,7 +1,9 @@
 // quant_matmul: x @ W.T with W kept in GGML blocks (llmp_native::quant_matmul; schema in library.cpp).
 //
 // Work is split over output columns only (at::parallel_for over weight rows): each dot product runs whole on
-// one thread in a fixed order, so the result does not depend on the thread count or on T.
+// one thread in a fixed order, so the result does not depend on the thread count or on T. Built without
+// OpenMP (setup.py), at::parallel_for runs the whole range inline on the calling thread: a second OpenMP
+// runtime beside torch's bundled one measured ~8 ms stalls on some shapes; sharing torch's is future work.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
