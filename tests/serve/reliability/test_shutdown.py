@@ -55,7 +55,7 @@ def aborted(worker: Call | StreamReader) -> bool:
 def test_sigterm_under_load_drains_running_and_queued_requests_then_exits_0(tiny_model):
     with serving(tiny_model, "--dtype", "float32", "--shutdown-timeout", "30", "--max-num-seqs", "2") as server:
         url = server.url
-        tokens = 80
+        tokens = 240  # long enough that all five are in the engine together for a while (two run at a time)
         fixed = {"max_tokens": tokens, "ignore_eos": True}
         streams = [
             StreamReader(url, "/v1/chat/completions", chat_body(stream=True, **fixed)),
