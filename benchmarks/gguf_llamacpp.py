@@ -15,7 +15,7 @@ both engines; greedy, EOS ignored; the engines take turns on each workload, best
   memory    resident set of each engine's process after load and after the runs (llama.cpp
             maps the file, so its pages count); for llmp also the file's size and its KV cache;
   ready     llmp's `LLM()` in a fresh process with a cold llmp cache (LLMP_CACHE_DIR a new
-            temporary directory: the GGUF conversion counts) and then warm (the same directory
+            temporary directory: reading the file's config and tokenizer counts) and then warm (the same directory
             again); llama.cpp's `Llama(...)` of the file (the page cache is warm for both).
 
 llmp runs with its default options (dtype auto, the default kernel set), max_model_len 2048.
