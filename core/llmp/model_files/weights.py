@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,40 +38,46 @@ def weight_files(model_dir: Path) -> list[Path]:
 
 
 def iter_weights(model_dir: Path, *, quantized: bool = False) -> Iterator[tuple[str, "torch.Tensor | QuantizedWeight"]]:  # noqa: F821
-    """``(name, tensor)`` for every tensor of every weight file, memory-mapped; for a GGUF model, its
-    file's tensors (:func:`llmp.model_files.gguf.iter_gguf_weights`; with ``quantized``, for a model
-    whose layers keep blocks, quantised matrices as :class:`llmp.quantization.QuantizedWeight`).
+    """``(name, tensor)`` for every tensor of every weight file, memory-mapped: a directory's safetensors
+    (a quantised checkpoint's layers unpacked by :mod:`llmp.model_files.hf_quantized`), or the GGUF file a
+    GGUF model's directory names (:func:`llmp.model_files.gguf_tensors.iter_gguf_weights`). With
+    ``quantized`` (a model whose layers keep blocks), matrices exactly held in GGML blocks come as
+    :class:`llmp.quantization.QuantizedWeight`.
 
     The first tensor-parallel rank reports the loading: an INFO line with the size, a bar over the
     tensors (see :mod:`llmp.progress`), and the time it took once the last one is read."""
-    from llmp.model_files.gguf import gguf_source, gguf_tensor_count
-    from llmp.model_files.gguf_tensors import iter_gguf_weights
-    from llmp.model_files.hf_quantized import checkpoint_quantization, iter_hf_quantized
     from llmp.modeling.parallel import tp_rank
     from llmp.progress import Bar, human_bytes, progress_bar
 
-    source = gguf_source(model_dir)
-    files = [source] if source is not None else weight_files(model_dir)
-    if source is not None:
-        count, read = (
-            gguf_tensor_count(source),
-            lambda bar: iter_gguf_weights(source, model_dir, bar, quantized=quantized),
-        )
-    else:
-        count, read = _count_tensors(files), lambda bar: _read(files, bar)
-        if (hf_quantization := checkpoint_quantization(model_dir)) is not None:  # AWQ, GPTQ, compressed-tensors
-            read = lambda bar: iter_hf_quantized(_read(files, bar), hf_quantization, quantized=quantized)  # noqa: E731
+    files, count, read = _weights_reader(model_dir, quantized)
     if tp_rank() != 0:
         yield from read(Bar())
         return
     started = time.perf_counter()
     size = sum(file.stat().st_size for file in files)
-    log.info(
-        "loading weights from %s (%d file(s), %s)", files[0] if source else model_dir, len(files), human_bytes(size)
-    )
+    where = files[0] if files[0].suffix == ".gguf" else model_dir
+    log.info("loading weights from %s (%d file(s), %s)", where, len(files), human_bytes(size))
     with progress_bar("Loading weights", count, "tensors") as bar:
         yield from read(bar)
     log.info("weights loaded in %.1f s", time.perf_counter() - started)
+
+
+def _weights_reader(model_dir: Path, quantized: bool) -> tuple[list[Path], int, Callable[[Bar], Iterator]]:
+    """The files the weights come from, how many tensors they hold, and the reader of their tensors."""
+    from llmp.model_files.gguf import gguf_source, gguf_tensor_count
+    from llmp.model_files.gguf_tensors import iter_gguf_weights
+    from llmp.model_files.hf_quantized import checkpoint_quantization, iter_hf_quantized
+
+    if (source := gguf_source(model_dir)) is not None:
+        return [source], gguf_tensor_count(source), partial(iter_gguf_weights, source, model_dir, quantized=quantized)
+    files = weight_files(model_dir)
+    if (quantization := checkpoint_quantization(model_dir)) is not None:  # AWQ, GPTQ, compressed-tensors
+
+        def unpacked(bar: Bar) -> Iterator:
+            return iter_hf_quantized(_read(files, bar), quantization, quantized=quantized)
+
+        return files, _count_tensors(files), unpacked
+    return files, _count_tensors(files), partial(_read, files)
 
 
 def _read(files: list[Path], bar: Bar) -> Iterator[tuple[str, "torch.Tensor"]]:  # noqa: F821
