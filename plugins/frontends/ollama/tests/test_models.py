@@ -128,11 +128,13 @@ def test_api_key_guards_all_but_the_banner_and_version(guarded_server):
 
 def test_an_error_before_the_first_streamed_line_is_a_real_status(guarded_server):
     # the server's --request-timeout is shorter than any reply: the request fails before its first token
+    # (a prompt of some length: the tiny model answers a two-token one in about a millisecond on a fast CPU)
     key = {"Authorization": "Bearer Secret-Key-42"}
+    prompt = " ".join(["the quick brown fox jumps over the lazy dog"] * 25)
     with httpx.Client(base_url=guarded_server.url, timeout=60, headers=key) as http:
         for path, body in (
-            ("/api/chat", {"messages": [{"role": "user", "content": "hi"}]}),
-            ("/api/generate", {"prompt": "hi"}),
+            ("/api/chat", {"messages": [{"role": "user", "content": prompt}]}),
+            ("/api/generate", {"prompt": prompt}),
         ):
             response = http.post(path, json={"model": "tiny", **body})  # streamed: Ollama's default
             assert response.status_code == 408, response.text
