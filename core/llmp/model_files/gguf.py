@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("llmp.model_files")
 
 _CONVERSION_VERSION = 6  # bump when the converted layout changes, so old caches are not reused
-# The general.architecture of the GGUF files llmp converts: those transformers reads (its GGUF loader names and
+# The general.architecture of the GGUF files llmp loads: those transformers reads (its GGUF loader names and
 # un-transforms their tensors) whose model a native llmp plugin serves. A Mistral model is a "llama" file, as
 # llama.cpp writes it; transformers cannot read a gemma (1) file.
 GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma2")
@@ -66,6 +66,20 @@ def remove_conversion(target: Path) -> None:
     for leftover in [target, *target.parent.glob(f"{target.name}.partial-*")]:
         shutil.rmtree(leftover, ignore_errors=True)
     target.with_name(target.name + ".lock").unlink(missing_ok=True)
+
+
+def _remove_old_layouts(directory: Path) -> None:
+    """Remove what older llmp releases wrote for GGUF files (their ``.complete`` does not name this
+    layout's version; one held a float32 copy of the weights, half a gigabyte for the default model):
+    nothing would ever read them again, and ``llmp ls``/``rm`` do not see them."""
+    for complete in directory.glob("*/.complete"):
+        try:
+            current = complete.read_text().strip() == str(_CONVERSION_VERSION)
+        except OSError:
+            continue
+        if not current:
+            log.info("removing %s, written for GGUF files by an older llmp", complete.parent)
+            remove_conversion(complete.parent)
 
 
 def _content_id(path: Path) -> str:
@@ -139,9 +153,10 @@ def convert_gguf(path: Path) -> Path:
         log.info("reading the config and tokenizer of %s, once (cached in %s) …", path.name, target.parent)
         try:
             _write_hf_dir(path, partial, architecture)
-            (partial / ".complete").touch()
+            (partial / ".complete").write_text(str(_CONVERSION_VERSION))
             shutil.rmtree(target, ignore_errors=True)  # an incomplete leftover of a killed converter
             os.replace(partial, target)
+            _remove_old_layouts(target.parent)
             log.info("read the config and tokenizer of %s in %.1f s", path.name, time.perf_counter() - started)
         except Exception as exc:
             shutil.rmtree(partial, ignore_errors=True)
@@ -150,20 +165,20 @@ def convert_gguf(path: Path) -> Path:
             if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
                 doing = f"writing the config and tokenizer of {path.name}"
                 raise ModelLoadError(no_space_message(doing, target.parent, "LLMP_CACHE_DIR", None)) from None
-            raise ModelLoadError(f"cannot convert GGUF file {path}: {exc}") from exc
+            raise ModelLoadError(f"cannot read GGUF file {path}: {exc}") from exc
     return target
 
 
 def check_gguf_architecture(path: Path) -> str:
     """The GGUF file's ``general.architecture``, read from its header; a one-line ``ModelLoadError`` naming it and
-    the supported ones when llmp does not convert it."""
+    the supported ones when llmp does not load it."""
     try:
         architecture = gguf_metadata(path, {"general.architecture"}).get("general.architecture")
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"{path} is not a readable GGUF file: {exc}") from None
     if architecture not in GGUF_ARCHITECTURES:
         raise ModelLoadError(
-            f"GGUF file {path} has architecture {architecture!r}, which llmp does not convert; supported: "
+            f"GGUF file {path} has architecture {architecture!r}, which llmp does not load; supported: "
             f"{', '.join(GGUF_ARCHITECTURES)} (a Mistral model is a llama file)"
         )
     return architecture
@@ -180,7 +195,7 @@ def _write_hf_dir(path: Path, out: Path, architecture: str) -> None:
         raise ModelLoadError(f"{path} is not a readable GGUF file: {exc}") from exc
     if metadata.get("llama.expert_count"):  # transformers reads a llama file's MLP only: Mixtral's would be lost
         raise ModelLoadError(
-            f"GGUF file {path} is a mixture-of-experts llama file (Mixtral), which llmp does not convert; "
+            f"GGUF file {path} is a mixture-of-experts llama file (Mixtral), which llmp does not load; "
             "serve the model's safetensors repository instead"
         )
     with progress_bar("Reading GGUF: config", 3, "steps") as bar:  # the tokenizer is the slow step

@@ -426,7 +426,7 @@ def _check_remote_gguf(repo_id: str, commit: str, filename: str) -> None:
         return
     if arch is not None and arch not in GGUF_ARCHITECTURES:
         raise ModelLoadError(
-            f"{repo_id}: {filename} is a GGUF file of architecture {arch!r}, which llmp cannot convert (it converts "
+            f"{repo_id}: {filename} is a GGUF file of architecture {arch!r}, which llmp cannot load (it loads "
             f"{', '.join(GGUF_ARCHITECTURES)}); nothing was downloaded. Serve the model's safetensors repository "
             "instead"
         )

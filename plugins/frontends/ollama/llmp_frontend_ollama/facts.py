@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from llmp.frontend import gguf_parameter_count, gguf_source
+from llmp.frontend import gguf_file_type, gguf_parameter_count, gguf_source
 
 # a GGUF file's quantisation, as its name ends (SmolLM2-135M-Instruct.Q4_1, model-q4_k_m)
 _QUANT = re.compile(r"[.\-_](I?Q\d(?:_K)?(?:_[A-Z0-9]+)?|BF16|F16|F32)$", re.IGNORECASE)
@@ -65,8 +65,12 @@ def read_facts(model_root: str, dtype: str | None) -> ModelFacts:
     facts.modified_at = datetime.fromtimestamp(stamp, UTC).isoformat().replace("+00:00", "Z")
     source = gguf_source(root)
     if source is not None:  # what Ollama reports: the GGUF file
-        quant = _QUANT.search(source.stem)
-        facts.format, facts.quantization_level = "gguf", quant.group(1).upper() if quant else ""
+        # the header names it (a file downloaded from the Hub is a blob named by its hash); else the file's name
+        file_type = gguf_file_type(source)
+        if file_type == "unknown":
+            quant = _QUANT.search(source.stem)
+            file_type = quant.group(1).upper() if quant else ""
+        facts.format, facts.quantization_level = "gguf", file_type
         facts.size, facts.parameter_count = source.stat().st_size, gguf_parameter_count(source)
         facts.modified_at = datetime.fromtimestamp(source.stat().st_mtime, UTC).isoformat().replace("+00:00", "Z")
     else:

@@ -148,9 +148,25 @@ def test_the_default_gguf_model_as_ollama_lists_it(default_server):
     client = ollama.Client(host=default_server.url, timeout=60)
     listed = client.list().models
     assert [m.model for m in listed] == ["HuggingFaceTB/SmolLM2-135M-Instruct:latest", "smollm2:135m"]
-    for model in listed:  # the GGUF file's size, not that of llmp's float32 conversion of it
+    for model in listed:  # the GGUF file's size, not that of llmp's small record of it
         assert model.size == gguf.stat().st_size and model.details.format == "gguf"
         assert model.details.quantization_level == "Q4_1" and model.details.parameter_size == "134.52M"
     shown = client.show("smollm2:135m")
     assert shown.modelinfo["general.basename"] == "smollm2:135m"
     assert 'stop                           "<|im_end|>"' in shown.parameters.splitlines()
+
+
+def test_a_gguf_file_named_by_its_hash_reports_the_quantisation_its_header_names(tmp_path, monkeypatch):
+    # a GGUF file downloaded from the Hub is a blob named by its hash: the facts read the header, not the name
+    import gguf
+    from llmp_frontend_ollama.facts import read_facts
+
+    from llmp.model_files.gguf import convert_gguf
+    from llmp.testing import save_tiny_gguf
+
+    monkeypatch.setenv("LLMP_CACHE_DIR", str(tmp_path / "cache"))
+    blob = tmp_path / "blobs" / "0f3c9a7e51d2"
+    blob.parent.mkdir()
+    save_tiny_gguf(blob, file_type=gguf.LlamaFileType.MOSTLY_Q8_0, tensor_type=gguf.GGMLQuantizationType.Q8_0)
+    facts = read_facts(str(convert_gguf(blob)), None)
+    assert (facts.format, facts.quantization_level, facts.size) == ("gguf", "Q8_0", blob.stat().st_size)
