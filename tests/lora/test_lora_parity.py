@@ -57,6 +57,17 @@ def test_family_parity_on_all_seven_projections(tmp_path, architecture, config):
     assert llmp_greedy(llm, prompts, None) == base  # the base model's requests in the same engine
 
 
+@pytest.mark.parametrize("architecture", ["MixtralForCausalLM", "Qwen3MoeForCausalLM"])
+def test_mixture_of_experts_families_on_the_attention_projections(tmp_path, architecture):
+    # the experts are not adaptable (an adapter naming them is refused); attention is, in every family
+    model_dir, adapter_dir, prompts, base, applied = peft_reference(
+        tmp_path, architecture, {}, targets=("q_proj", "k_proj", "v_proj", "o_proj"), seed=3
+    )
+    llm = LLM(str(model_dir), dtype="float32", block_size=4, enable_lora=True)
+    assert llmp_greedy(llm, prompts, LoRARequest("a", 1, str(adapter_dir))) == applied
+    assert llmp_greedy(llm, prompts, None) == base
+
+
 @pytest.mark.parametrize("architecture", ["LlamaForCausalLM", "Qwen2ForCausalLM"])
 def test_embedding_and_lm_head_adapters(tmp_path, architecture):
     targets = (*LORA_TARGETS_ALL, "embed_tokens", "lm_head")
