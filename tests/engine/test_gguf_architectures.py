@@ -89,6 +89,28 @@ def test_a_file_of_each_architecture_is_served_natively_greedy_as_transformers_r
         assert ours(text).input_ids == auto(text).input_ids
 
 
+@pytest.mark.parametrize("architecture", [*SERVED, "default"])
+def test_the_config_read_from_the_header_is_the_one_transformers_reads(tmp_path, architecture):
+    # llmp reads the config with its own header reader and transformers' mapping tables (transformers' reader
+    # decodes the whole vocabulary first): the two must agree, key for key
+    from transformers import AutoConfig
+
+    from llmp.model_files.gguf import _transformers_config_dict, check_gguf_architecture
+    from llmp.model_files.packaged import packaged_model
+    from llmp.options import DEFAULT_MODEL
+
+    if architecture == "default":
+        path = packaged_model(DEFAULT_MODEL).location()
+    else:
+        path = tmp_path / f"tiny-{architecture}.gguf"
+        save_tiny_gguf(path, architecture=architecture)
+    expected = AutoConfig.from_pretrained(path.parent, gguf_file=path.name).to_dict()
+    read = _transformers_config_dict(path, check_gguf_architecture(path))
+    ours = type(AutoConfig.from_pretrained(path.parent, gguf_file=path.name)).from_dict(read).to_dict()
+    expected.pop("_name_or_path")  # where from_pretrained read it: llmp drops it
+    assert ours == {**expected, "_name_or_path": ""}
+
+
 @pytest.mark.parametrize("tensor_type", QUANTISED)
 def test_a_quantised_file_has_the_perplexity_of_transformers_float32_model_of_it(tmp_path, tensor_type):
     quantised = gguf.GGMLQuantizationType[tensor_type]

@@ -259,10 +259,11 @@ def gguf_source(model_dir: Path) -> Path | None:
 def _hf_config(path: Path, architecture: str, metadata: dict[str, Any]) -> Any:
     """The config transformers reads from the file, completed with what it leaves out (from ``metadata``, the
     header's values), naming the causal-LM class llmp serves and the compute dtype (:data:`FLOAT32_COMPUTE_BYTES`)."""
-    from transformers import AutoConfig
+    from transformers import CONFIG_MAPPING
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    config_dict = _transformers_config_dict(path, architecture)
+    config = CONFIG_MAPPING[config_dict["model_type"]].from_dict(config_dict)
     for attr in ("quantization_config", "_model_name_or_path"):
         if hasattr(config, attr):
             delattr(config, attr)
@@ -272,6 +273,46 @@ def _hf_config(path: Path, architecture: str, metadata: dict[str, Any]) -> Any:
     config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]]
     float32_bytes = 4 * gguf_parameter_count(path)
     config.dtype = "float32" if float32_bytes <= FLOAT32_COMPUTE_BYTES else "bfloat16"
+    return config
+
+
+def _transformers_config_dict(path: Path, architecture: str) -> dict[str, Any]:
+    """The config dict ``AutoConfig.from_pretrained(gguf_file=...)`` reads from a GGUF file of ``architecture``,
+    built with transformers' own mapping tables from the header as llmp's reader reads it: transformers' reader
+    (``gguf.GGUFReader``) decodes every field of the file first, the vocabulary's 100 000 strings included, which
+    was seconds of a cold start. ``tests/engine/test_gguf_architectures.py`` checks the two are equal."""
+    import mmap
+
+    from transformers.integrations.ggml import GGUF_CONFIG_DEFAULTS_MAPPING
+    from transformers.modeling_gguf_pytorch_utils import GGUF_TO_TRANSFORMERS_MAPPING
+
+    from llmp.model_files.gguf_tensors import read_tensor_table
+
+    with open(path, "rb") as f:
+        metadata = read_gguf_metadata(f, None)
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            tensor_names = {tensor.name for tensor in read_tensor_table(data)}
+    # as transformers reads it: a llama file whose general.name is exactly "mistral" is a Mistral model
+    renamed = "mistral" if architecture == "llama" and metadata.get("general.name") == "mistral" else architecture
+    renamed = {"qwen3moe": "qwen3_moe"}.get(architecture, renamed)
+    config: dict[str, Any] = {"tie_word_embeddings": "output.weight" not in tensor_names}
+    defaults = GGUF_CONFIG_DEFAULTS_MAPPING
+    for key, value in defaults.get(renamed, defaults.get(architecture, {})).items():
+        config.setdefault(key, value)
+    renames = GGUF_TO_TRANSFORMERS_MAPPING["config"]
+    for key, value in metadata.items():
+        prefix, _, config_key = key.replace(architecture, renamed).partition(".")
+        if isinstance(value, list) and len(value) == 1:
+            value = value[0]
+        if isinstance(value, str) and architecture in value:
+            value = value.replace(architecture, renamed)
+        target = renames.get(prefix, {}).get(config_key)
+        if target is not None and target != -1:
+            config[target] = value
+    if "vocab_size" not in config:  # as transformers: the tokenizer's vocabulary (its strings are decoded here only)
+        tokens = gguf_metadata(path, {"tokenizer.ggml.tokens"}).get("tokenizer.ggml.tokens")
+        if tokens is not None:
+            config["vocab_size"] = len(tokens)
     return config
 
 
@@ -326,10 +367,11 @@ def gguf_metadata(path: Path, keys: set[str]) -> dict[str, Any]:
         return read_gguf_metadata(f, keys)
 
 
-def read_gguf_metadata(stream: IO[bytes], keys: set[str]) -> dict[str, Any]:
+def read_gguf_metadata(stream: IO[bytes], keys: set[str] | None) -> dict[str, Any]:
     """The values of ``keys`` among the key-value pairs at the start of a GGUF stream, reading no
-    further than the last one wanted (arrays are skipped, not decoded). ``ValueError`` when the
-    stream is not GGUF or ends first (a truncated read of a remote file's first bytes)."""
+    further than the last one wanted (arrays are skipped, not decoded); ``keys=None``: every value but
+    the tokenizer's arrays. ``ValueError`` when the stream is not GGUF or ends first (a truncated read
+    of a remote file's first bytes)."""
     if _exactly(stream, 4) != b"GGUF":
         raise ValueError("not a GGUF file")
     (version,) = struct.unpack("<I", _exactly(stream, 4))
@@ -338,11 +380,11 @@ def read_gguf_metadata(stream: IO[bytes], keys: set[str]) -> dict[str, Any]:
     _, count = struct.unpack("<QQ", _exactly(stream, 16))
     found: dict[str, Any] = {}
     for _ in range(count):
-        if len(found) == len(keys):
+        if keys is not None and len(found) == len(keys):
             break
         key = _string(stream)
         (kind,) = struct.unpack("<I", _exactly(stream, 4))
-        if key in keys:
+        if key in keys if keys is not None else not (kind == _ARRAY and key.startswith("tokenizer.")):
             found[key] = _value(stream, kind)
         else:
             _skip(stream, kind)

@@ -26,6 +26,15 @@ BUILT_WITH = Path(PACKAGE) / "_built_with.txt"  # the torch version it was built
 COMPILE_ARGS = ["-O3", "-g0", "-std=c++20", "-ffp-contract=off", "-fvisibility=hidden", "-Wall"]
 
 
+def openmp_flags() -> list[str]:
+    """``-fopenmp`` when torch's ATen runs its threads with OpenMP (torch's Linux wheels): at::parallel_for is
+    then an inline OpenMP region in the library's own code, which needs the flag to run on torch's threads; the
+    library's libgomp.so.1 is the one torch loaded (the loader reuses a loaded library of the same SONAME)."""
+    import torch
+
+    return ["-fopenmp"] if torch.backends.openmp.is_available() else []
+
+
 def torch_build_ext() -> tuple[type, str | None]:
     """torch's BuildExtension (it adds the C++ ABI flag torch was built with), or setuptools' own and the reason
     torch cannot build (it is imported here, not at the top: reading the metadata must not need it)."""
@@ -50,10 +59,13 @@ class OptionalBuildExt(TorchBuildExt):
                 raise RuntimeError(TORCH_MISSING)
             from torch.utils.cpp_extension import include_paths, library_paths
 
+            openmp = openmp_flags()
             for extension in self.extensions:
                 extension.include_dirs += include_paths()
                 extension.library_dirs += library_paths()
                 extension.libraries += ["c10", "torch", "torch_cpu"]
+                extension.extra_compile_args += openmp
+                extension.extra_link_args += openmp
             super().build_extensions()
         except Exception as error:  # a compiler's failure, a refused flag: the pure-Python package still installs
             self._record(f"{type(error).__name__}: {error}".strip(), traceback.format_exc())

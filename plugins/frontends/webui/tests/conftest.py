@@ -3,6 +3,8 @@
 * ``server``: the default model (SmolLM2-135M, packaged) under two served names, for real replies
   (a tiny random Llama where the default model is not installed, as in a plugin's own venv).
 * ``key_server``: a tiny random Llama behind ``--api-key``, mounted under ``--root-path /llm``.
+* ``reasoning_server``: ``--reasoning-parser deepseek_r1`` on a tiny Llama whose weights make it write
+  reasoning, ``</think>`` and an answer (``save_reasoning_llama``), so replies carry real reasoning.
 * ``browser``: headless Debian chromium; the tests using it skip, saying why, without one.
 """
 
@@ -16,7 +18,14 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # for webui_frontend_support (tests import it too)
 
-from webui_frontend_support import API_KEY, MODEL_NAMES, default_model_installed, missing_browser, start_browser
+from webui_frontend_support import (
+    API_KEY,
+    MODEL_NAMES,
+    default_model_installed,
+    missing_browser,
+    save_reasoning_llama,
+    start_browser,
+)
 
 from llmp.testing import LiveServer, save_tiny_llama, serving
 
@@ -44,6 +53,14 @@ def server(tiny_model: Path) -> Iterator[LiveServer]:
 @pytest.fixture(scope="module")
 def key_server(tiny_model: Path) -> Iterator[LiveServer]:
     yield from _serve(tiny_model, "--frontend", "webui", "--api-key", API_KEY, "--root-path", "/llm")
+
+
+@pytest.fixture(scope="module")
+def reasoning_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    model = tmp_path_factory.mktemp("reasoning-llama")
+    save_reasoning_llama(model)
+    parser = ("--reasoning-parser", "deepseek_r1")
+    yield from _serve(model, "--frontend", "webui", *parser, "--served-model-name", "thinker")
 
 
 @pytest.fixture(scope="module")

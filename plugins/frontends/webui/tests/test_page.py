@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
-from webui_frontend_support import API_KEY, MODEL_NAMES, Page, default_model_installed, wait_for
+from webui_frontend_support import ANSWER, API_KEY, MODEL_NAMES, REASONING, Page, default_model_installed, wait_for
 
 from llmp.testing import LiveServer
 
@@ -308,6 +308,65 @@ def test_the_page_is_usable_on_a_phone_sized_screen(browser: Any, server: LiveSe
         browser.set_window_size(1200, 820)
 
 
+# while a reply streams in: whether the page or the conversation could be scrolled sideways
+SIDEWAYS_RECORDER = """
+window.__sideways = [];
+const root = document.documentElement, list = document.getElementById("messages");
+new MutationObserver(() => {
+  const over = Math.max(root.scrollWidth - root.clientWidth, list.scrollWidth - list.clientWidth);
+  if (over > 0) window.__sideways.push(over);
+}).observe(list, {subtree: true, childList: true, characterData: true});
+"""
+
+SIDEWAYS = """
+const root = document.documentElement, list = document.getElementById("messages");
+const width = root.clientWidth;
+return {
+  width, page: root.scrollWidth, list: list.scrollWidth - list.clientWidth, bodyScroll: window.scrollX,
+  outside: [...document.querySelectorAll(".message, .message .content, .message .bubble, #prompt, #send, #stop")]
+    .filter((e) => e.getClientRects().length)
+    .map((e) => [e.id || e.className, e.getBoundingClientRect()])
+    .filter(([, r]) => r.left < 0 || r.right > width + 0.5).map(([name, r]) => [name, r.left, r.right]),
+};
+"""
+
+
+def test_a_message_is_sent_and_its_reply_streams_in_on_a_phone_sized_screen(browser: Any, server: LiveServer) -> None:
+    # a phone's screen (390x844 CSS px, 3x): a mobile viewport, which widens to fit a page too wide for it
+    phone = {"width": 390, "height": 844, "deviceScaleFactor": 3, "mobile": True}
+    browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", phone)
+    try:
+        page = Page(browser, server.url).open(fresh=True)
+        assert page.js("return [window.innerWidth, window.innerHeight]") == [390, 844]
+        page.settings(max_tokens=24, temperature=0)
+        page.js(SIDEWAYS_RECORDER)
+        link = "https://example.com/search?q=" + "abcdefghij" * 12  # too long for a line, nowhere to break
+        page.send(f"In one sentence, what is at {link} ?")
+        reply = page.wait_reply_done()
+        assert not reply.find_element("css selector", ".error").is_displayed()
+        lengths = page.js("return window.__lengths")
+        assert len([n for n in lengths if n > 0]) >= 3, f"the reply did not stream in: {lengths}"
+        assert page.js("return window.__sideways") == [], "the chat scrolled sideways while the reply streamed"
+        layout = page.js(SIDEWAYS)
+        assert layout["page"] <= layout["width"] and layout["list"] <= 0 and layout["bodyScroll"] == 0, layout
+        assert not layout["outside"], f"beyond the screen's edges: {layout['outside']}"
+        assert link in page.el(".message.user .content").text
+        # the reply is in sight above the message box, and the box is ready for the next message
+        content = reply.find_element("css selector", ".content")
+        assert content.is_displayed() and page.reply_text().strip()
+        seen = page.js(
+            "const r = arguments[0].getBoundingClientRect(), box = arguments[1].getBoundingClientRect();"
+            "return r.bottom > box.top && r.top < box.bottom && r.bottom <= box.bottom + 1",
+            content,
+            page.el("#messages"),
+        )
+        assert seen, "the reply is not scrolled into view"
+        assert page.el("#send").is_displayed() and not page.streaming()
+        assert page.js("return [window.innerWidth, document.documentElement.clientWidth]") == [390, 390]
+    finally:
+        browser.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+
+
 def test_tabs_never_erase_each_others_chats_and_a_full_storage_is_told(page: Page) -> None:
     page.settings(max_tokens=3, temperature=0)
     page.send("Say A")
@@ -399,6 +458,61 @@ def test_reasoning_is_open_while_it_streams_and_folded_once_the_answer_starts(pa
     assert len(page.all("details.reasoning")) == 2 and page.reply_text() == "The answer."
 
 
+def test_a_real_servers_reasoning_is_folded_apart_from_the_answer(browser: Any, reasoning_server: LiveServer) -> None:
+    from selenium.webdriver.common.keys import Keys
+
+    browser.set_window_size(1200, 820)
+    page = Page(browser, reasoning_server.url).open(fresh=True)
+    page.settings(max_tokens=30)
+    page.send("What is the answer?")
+    reply = page.wait_reply_done()
+    assert not reply.find_element("css selector", ".error").is_displayed()
+    # the server's parser split the reply: the reasoning came as delta.reasoning, never in the content
+    stored = page.js(
+        "const key = Object.keys(localStorage).find((k) => k.startsWith('llmp.webui.chat.'));"
+        "return JSON.parse(localStorage.getItem(key)).messages[1]"
+    )
+    assert (stored["reasoning"], stored["content"]) == (REASONING, ANSWER), stored
+
+    def shown() -> dict:
+        return page.js(
+            "const article = [...document.querySelectorAll('.message.assistant')].pop();"
+            "const details = article.querySelectorAll('details.reasoning'), d = details[0];"
+            "const content = article.querySelector('.content');"
+            "return {count: details.length, open: d?.open, summary: d?.querySelector('summary').textContent,"
+            "  text: d?.querySelector('.markdown').textContent, answer: content.textContent,"
+            "  apart: Boolean(d) && !d.contains(content) && !content.contains(d),"
+            "  above: Boolean(d) && d.getBoundingClientRect().bottom <= content.getBoundingClientRect().top}"
+        )
+
+    folded = {"count": 1, "open": False, "summary": "Reasoning", "text": REASONING, "answer": ANSWER}
+    folded |= {"apart": True, "above": True}  # its own element, above the answer
+    assert shown() == folded
+    details = reply.find_element("css selector", "details.reasoning")
+    assert not details.find_element("css selector", ".markdown").is_displayed(), "the folded reasoning is seen"
+    assert reply.find_element("css selector", ".content").text == ANSWER
+    assert reply.find_element("css selector", ".meta").text.startswith("thinker")
+    wait_for(lambda: page.js("return window.__announced.length"), "the finished reply to be announced")
+    assert page.js("return window.__announced") == [ANSWER]  # the answer is read out, not the reasoning
+
+    # unfolded from the keyboard, and folded again
+    summary = details.find_element("css selector", "summary")
+    summary.send_keys(Keys.ENTER)
+    wait_for(lambda: details.find_element("css selector", ".markdown").is_displayed(), "the reasoning to unfold")
+    assert details.find_element("css selector", ".markdown").text == REASONING
+    summary.send_keys(Keys.ENTER)
+    wait_for(lambda: not details.get_attribute("open"), "the reasoning to fold again")
+
+    # the next turn sends the answer back without the reasoning; a reload keeps both replies folded
+    page.send("And why?")
+    page.wait_reply_done()
+    assert page.sent_messages()[1] == {"role": "assistant", "content": ANSWER}
+    page.open()
+    assert len(page.all("details.reasoning")) == 2
+    assert shown() == folded
+    assert not any(d.get_attribute("open") for d in page.all("details.reasoning"))
+
+
 def contrast(a: str, b: str) -> float:
     def luminance(colour: str) -> float:
         channels = [int(c) / 255 for c in re.findall(r"[\d.]+", colour)[:3]]
@@ -434,6 +548,111 @@ def test_fields_and_text_meet_wcag_contrast_in_both_schemes(page: Page) -> None:
                     assert contrast(colours[name], against) >= 4.5, (scheme, name, against)
     finally:
         page.driver.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": []})
+
+
+# the focused element: its name, and whether the focus is shown (an outline or a shadow) where it is seen
+FOCUSED = """
+const e = document.activeElement, style = getComputedStyle(e), box = e.getBoundingClientRect();
+const outlined = style.outlineStyle !== "none" && parseFloat(style.outlineWidth) >= 2;
+return {
+  name: e.id || e.classList[0] || e.tagName.toLowerCase(),
+  focusVisible: e.matches(":focus-visible"),
+  indicator: outlined ? style.outlineColor : style.boxShadow !== "none" ? style.boxShadow : null,
+  inView: box.width > 0 && box.height > 0 && box.left >= 0 && box.top >= 0
+    && box.right <= innerWidth && box.bottom <= innerHeight,
+};
+"""
+
+
+def test_everything_works_from_the_keyboard_with_the_focus_always_shown(page: Page) -> None:
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.keys import Keys
+
+    stops: list[dict] = []  # every element the keys moved the focus to
+
+    def press(*keys: str) -> str:
+        ActionChains(page.driver).send_keys(*keys).perform()
+        return focused()
+
+    def focused() -> str:
+        stops.append(page.js(FOCUSED))
+        return stops[-1]["name"]
+
+    def tab(back: bool = False) -> str:
+        chain = ActionChains(page.driver)
+        if back:
+            chain.key_down(Keys.SHIFT).send_keys(Keys.TAB).key_up(Keys.SHIFT)
+        else:
+            chain.send_keys(Keys.TAB)
+        chain.perform()
+        return focused()
+
+    def tab_to(name: str, back: bool = False) -> None:
+        walked = [tab(back) for _ in range(1)]
+        while walked[-1] != name:
+            assert len(walked) < 25, f"{'Shift+' if back else ''}Tab never reached {name}: {walked}"
+            walked.append(tab(back))
+
+    def enter_sends(count: int) -> None:
+        wait_for(lambda: len(page.requests("v1/chat/completions")) == count, "the message to be sent")
+        page.wait_reply_done()
+
+    # Tab from the top: the skip link, the chats, the model, the settings, the box, Send
+    assert [tab() for _ in range(6)] == ["skip-link", "new-chat", "model", "toggle-settings", "prompt", "send"]
+    tab_to("skip-link", back=True)
+    assert press(Keys.ENTER) == "prompt"  # the skip link jumps to the message box
+
+    # the settings: Enter opens them on their first field; typed values are sent
+    tab_to("toggle-settings", back=True)
+    assert press(Keys.ENTER) == "system-prompt" and page.el("#settings").is_displayed()
+    assert page.el("#toggle-settings").get_attribute("aria-expanded") == "true"
+    assert tab() == "temperature" and press("0") == "temperature"
+    assert tab() == "max-tokens" and press("6") == "max-tokens"
+    assert tab() == "prompt"
+    # the model picker: its arrow keys choose
+    tab_to("model", back=True)
+    press(Keys.ARROW_DOWN)
+    assert page.el("#model").get_attribute("value") == MODEL_NAMES[1]
+
+    # a message sent with Send (Tab, Enter), another with Enter in the box; the focus comes back to it
+    tab_to("prompt")
+    press("Hello")
+    assert tab() == "send"
+    assert press(Keys.ENTER) in ("stop", "prompt")  # Stop takes Send's place, and the focus
+    enter_sends(1)
+    body = json.loads(page.requests("v1/chat/completions")[0]["body"])
+    assert (body["model"], body["max_tokens"], body["temperature"]) == (MODEL_NAMES[1], 6, 0)
+    assert page.el(".message.user .content").text == "Hello"
+    wait_for(lambda: focused() == "prompt", "the focus back in the message box after the reply")
+    press("Thanks", Keys.ENTER)
+    enter_sends(2)
+    assert [e.text for e in page.all(".message.user .content")] == ["Hello", "Thanks"]
+    # a reply's buttons are stops too: Regenerate asks again
+    tab_to("regenerate", back=True)
+    assert press(Keys.ENTER) in ("stop", "prompt")
+    enter_sends(3)
+    assert len(page.all(".message")) == 4
+    wait_for(lambda: focused() == "prompt", "the focus back in the message box after the reply")
+
+    # New chat, then back to the first one from the list; its Delete asks in a dialog Esc closes
+    tab_to("new-chat", back=True)
+    assert press(Keys.ENTER) == "prompt" and not page.all(".message")
+    tab_to("conversation-open", back=True)
+    assert press(Keys.ENTER) == "prompt" and len(page.all(".message")) == 4
+    tab_to("conversation-delete", back=True)
+    assert press(Keys.ENTER) == "delete-cancel" and page.el("#delete-dialog").is_displayed()
+    assert press(Keys.ESCAPE) == "conversation-delete" and not page.el("#delete-dialog").is_displayed()
+    assert page.titles() == ["Hello"]
+
+    # wherever the keys took the focus, it was shown, in sight, in a colour that stands out (3:1)
+    background = page.js("return getComputedStyle(document.body).backgroundColor")
+    for stop in stops:
+        assert stop["focusVisible"] and stop["indicator"] and stop["inView"], f"{stop} in {[s['name'] for s in stops]}"
+        if stop["indicator"].startswith("rgb"):
+            assert contrast(stop["indicator"], background) >= 3, stop
+    assert {"new-chat", "model", "toggle-settings", "temperature", "prompt", "send", "regenerate"} <= {
+        stop["name"] for stop in stops
+    }
 
 
 def test_enter_in_an_empty_box_does_nothing_and_the_settings_say_their_defaults(page: Page) -> None:

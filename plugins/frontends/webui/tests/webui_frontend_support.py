@@ -6,6 +6,7 @@ import json
 import shutil
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 API_KEY = "Secret-Key-42"
@@ -51,6 +52,49 @@ new MutationObserver(() => {
   if (box.querySelector(".message.assistant[aria-busy='true']")) window.__busySeen = true;
 }).observe(box, {subtree: true, childList: true, attributes: true, attributeFilter: ["aria-busy"]});
 """
+
+
+# what the reasoning model writes, whatever it is asked: reasoning, the end marker, the answer
+REASONING = "Hmm, let me think."
+ANSWER = "The answer is 42."
+_REASONING_TOKENS = ("Hmm,", " let", " me", " think.")
+_ANSWER_TOKENS = ("The", " answer", " is", " 42.")
+
+
+def save_reasoning_llama(path: Path) -> None:
+    """A tiny Llama that always writes ``REASONING</think>ANSWER`` then its end token, greedy or sampled.
+
+    A random model never writes ``</think>`` on cue, so its weights are set: the layers add
+    nothing (``o_proj`` and ``down_proj`` are zero), so each next token depends on the last token
+    alone, and the embedding and LM head make that a chain: any token not in the chain is followed
+    by the first one, each chain token by the next, the last by ``</s>``; logit margins of about 70
+    leave nothing to chance at any temperature. The words are added tokens of the tokenizer.
+    """
+    import torch
+    from transformers import AutoTokenizer
+
+    from llmp.testing import save_tiny_llama
+
+    model = save_tiny_llama(path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.add_tokens(["</think>", *_REASONING_TOKENS, *_ANSWER_TOKENS])
+    tokenizer.save_pretrained(path)
+    chain = [tokenizer.convert_tokens_to_ids(token) for token in (*_REASONING_TOKENS, "</think>", *_ANSWER_TOKENS)]
+    assert len(set(chain)) == len(chain) and max(chain) < model.config.vocab_size, chain
+    assert tokenizer.decode(chain) == f"{REASONING}</think>{ANSWER}", tokenizer.decode(chain)
+    embed, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(("o_proj.weight", "down_proj.weight")):
+                param.zero_()
+        embed.zero_()
+        embed[:, 0] = 1  # every token: one shared direction
+        head.zero_()
+        head[chain[0], 0] = 10  # which makes any other token lead into the chain
+        for k, token in enumerate(chain):
+            embed[token, k + 1] = 10  # each chain token: a direction of its own
+            head[chain[k + 1] if k + 1 < len(chain) else model.config.eos_token_id, k + 1] = 10
+    model.save_pretrained(path)
 
 
 def default_model_installed() -> bool:

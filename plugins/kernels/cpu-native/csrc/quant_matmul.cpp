@@ -1,16 +1,21 @@
 // quant_matmul: x @ W.T with W kept in GGML blocks (llmp_native::quant_matmul; schema in library.cpp).
 //
-// Work is split over output columns only (at::parallel_for over weight rows): each dot product runs whole on
-// one thread in a fixed order, so the result does not depend on the thread count or on T. Built without
-// OpenMP (setup.py), at::parallel_for runs the whole range inline on the calling thread. A build with
-// -fopenmp (the system's OpenMP runtime beside torch's bundled copy) halved the large calls' time on 2 threads
-// but took ~8 ms a call on some batch-1 shapes, cause not yet found: threads are future work.
+// Threads: the output columns (weight rows) are cut into chunks of whole 16-row groups, which the threads
+// torch is configured with (torch.set_num_threads, the engine's --num-threads) take in turn; each dot product
+// runs whole on one thread in a fixed order, so the result does not depend on the thread count or on T, and K
+// is never split. The threads are torch's own: built with -fopenmp where torch's ATen is (setup.py), so
+// at::parallel_for opens an OpenMP region of torch's team in torch's libgomp (the same SONAME: the loader
+// reuses the copy libtorch_cpu already loaded, the system's is never mapped). Small calls stay on the calling
+// thread (kMinParallelBytes). A region waits for every thread of the team at its end: when another process
+// holds the other core, a call (like torch's own multi-threaded ops) waits for the scheduler to run the late
+// thread, a few milliseconds. Built without OpenMP, at::parallel_for runs the whole range inline.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -120,10 +125,17 @@ RowsFn rows_for_isa() {
     return scalar::quant_matmul_rows;
 }
 
-// Rows per task: enough weight bytes (about 64 KiB) that a task outweighs its scheduling, in whole tiles.
-int64_t grain_rows(int64_t row_bytes) {
-    const int64_t rows = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(row_bytes, 1));
-    return (rows + 3) / 4 * 4;
+// Chunks: whole groups of 16 rows (whole tiles; 16 float32 outputs, a cache line, so no two threads write one
+// line of a row of out) of about kChunkBytes of blocks, taken in turn by the threads.
+constexpr int64_t kChunkRowMultiple = 16;
+constexpr int64_t kChunkBytes = 16 << 10;
+// A call reading fewer bytes of blocks than this (plus 4 bytes of x per weight row... per input beyond the first,
+// see call_bytes) stays on the calling thread: waking a second thread and its barrier cost more than they save
+constexpr int64_t kMinParallelBytes = 48 << 10;
+
+int64_t chunk_rows(int64_t row_bytes) {
+    const int64_t rows = std::max<int64_t>(1, kChunkBytes / std::max<int64_t>(row_bytes, 1));
+    return (rows + kChunkRowMultiple - 1) / kChunkRowMultiple * kChunkRowMultiple;
 }
 
 at::Tensor quant_matmul(const at::Tensor& x, const at::Tensor& blocks, int64_t ggml_type, int64_t in_features) {
@@ -147,12 +159,24 @@ at::Tensor quant_matmul(const at::Tensor& x, const at::Tensor& blocks, int64_t g
 
     const QuantMatmulArgs args{xf.data_ptr<float>(), w.data_ptr<uint8_t>(), out.data_ptr<float>(), T, N, K, ggml_type};
     static const RowsFn rows = rows_for_isa();
-    at::parallel_for(0, N, grain_rows(blocks.size(1)), [&](int64_t begin, int64_t end) {
+    const int64_t row_bytes = blocks.size(1), chunk = chunk_rows(row_bytes), chunks = (N + chunk - 1) / chunk;
+    std::atomic<int64_t> next{0};  // the next chunk to take
+    auto take_chunks = [&](int64_t, int64_t) {
         // this thread's dequantised tile of weight rows, kept between calls
         thread_local std::vector<float> buffer;
         buffer.resize(static_cast<size_t>(kTileRows * K));
-        rows(args, begin, end, buffer.data());
-    });
+        for (int64_t c; (c = next.fetch_add(1, std::memory_order_relaxed)) < chunks;) {
+            rows(args, c * chunk, std::min(N, (c + 1) * chunk), buffer.data());
+        }
+    };
+    // the weight bytes read, and the work of the inputs beyond the first as as many more bytes
+    const int64_t work = row_bytes * N * T;
+    const int64_t threads = work < kMinParallelBytes ? 1 : std::min<int64_t>(at::get_num_threads(), chunks);
+    if (threads > 1) {
+        at::parallel_for(0, threads, 1, take_chunks);  // one task a thread (of torch's team), chunks taken in turn
+    } else {
+        take_chunks(0, 1);
+    }
     return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());  // one rounding to x's dtype
 }
 

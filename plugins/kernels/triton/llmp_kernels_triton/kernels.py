@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from llmp.api import AttentionMetadata, LoRAMapping
-from llmp_kernels_triton import activation, attention, kv_write, lora, rms_norm, rotary
+from llmp.quantization import QuantizedWeight
+from llmp_kernels_triton import activation, attention, kv_write, lora, quant_matmul, rms_norm, rotary
 from llmp_kernels_triton._common import INTERPRET
 
 
@@ -62,3 +65,6 @@ class TritonKernels:
 
     def lora_expand(self, y: torch.Tensor, s: torch.Tensor, b: torch.Tensor, mapping: LoRAMapping) -> None:
         lora.lora_expand(y, s, b, mapping)
+
+    def pack_quantized(self, weight: QuantizedWeight) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        return quant_matmul.pack_quantized(weight)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 import triton
-from llmp_kernels_triton import activation, attention, kv_write, lora, rms_norm, rotary
+from llmp_kernels_triton import activation, attention, kv_write, lora, quant_matmul, rms_norm, rotary
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
@@ -19,9 +19,9 @@ assert not os.environ.get("TRITON_INTERPRET"), "compile_for_gpu needs the compil
 TARGET = GPUTarget("cuda", 90, 32)
 
 
-def build(fn, types: dict[str, str], consts: dict[str, object]) -> None:
+def build(fn, types: dict[str, str], consts: dict[str, object], num_warps: int = 4) -> None:
     signature = {name: "constexpr" if name in consts else types[name] for name in fn.arg_names}
-    kernel = triton.compile(ASTSource(fn, signature, consts), target=TARGET)
+    kernel = triton.compile(ASTSource(fn, signature, consts), target=TARGET, options=dict(num_warps=num_warps))
     assert kernel.asm["cubin"], fn.__name__
     print("ok", fn.__name__, consts)
 
@@ -130,6 +130,28 @@ def main() -> None:
         dict(lora_types, y_ptr=bf16, s_ptr=bf16, b_ptr=bf16, n_out=i32, y_stride=i32, b_stride_l=i32, b_stride_o=i32),
         dict(BLOCK_M=lora.BLOCK_M, BLOCK_R=16, BLOCK_N=lora.BLOCK_N, F32=False),
     )
+    # quantised matmuls: every format with the decode tile (one row, bf16), and the prefill tile of a legacy
+    # format and of a Q4_K_M file's two, in the other dtypes
+    launches = [(name, "bf16", 1) for name in quant_matmul.FORMATS]
+    launches += [("Q4_0", "fp16", 17), ("Q4_K", "bf16", 17), ("Q6_K", "fp32", 17)]
+    for name, dtype, tokens in launches:
+        ggml_type, block_size, type_size = quant_matmul.FORMATS[name]
+        block_t, block_n, warps = quant_matmul.launch_config(tokens)
+        build(
+            quant_matmul._quant_matmul_kernel,
+            dict(
+                x_ptr=f"*{dtype}",
+                w_ptr="*u8",
+                out_ptr=f"*{dtype}",
+                n_tokens=i32,
+                n_out=i32,
+                n_blocks=i32,
+                x_stride=i32,
+                w_stride=i32,
+            ),
+            dict(FMT=ggml_type, BLOCK_SIZE=block_size, TYPE_SIZE=type_size, BLOCK_T=block_t, BLOCK_N=block_n),
+            num_warps=warps,
+        )
 
 
 if __name__ == "__main__":

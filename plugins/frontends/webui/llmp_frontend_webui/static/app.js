@@ -628,11 +628,15 @@
     ui.messages.scrollTop = ui.messages.scrollHeight;
   }
 
+  // the focus never falls to the page: pressing Send (or Regenerate, which the re-render removes)
+  // puts it on Stop, in Send's place; once the reply ends, Stop's goes to the message box
   function setStreaming(on) {
+    const focus = document.activeElement;
+    const lost = focus === document.body || focus === null || focus === (on ? ui.send : ui.stop);
     ui.send.hidden = on;
     ui.stop.hidden = !on;
     ui.composer.classList.toggle("busy", on);
-    if (!on && document.activeElement === document.body) ui.prompt.focus();
+    if (lost) (on ? ui.stop : ui.prompt).focus();
   }
 
   function updateKeyButton() {
