@@ -1,7 +1,8 @@
 """The chat page in a real headless browser against a live server: streamed Markdown replies,
 stop, the model picker, conversations kept across a reload and shared between tabs, the API-key
-prompt, errors that never wedge a chat, reasoning, screen-reader announcements, contrast, a
-phone-sized screen, and the renderer never letting model text become markup."""
+prompt, errors that never wedge a chat, reasoning (scripted, and a real server's parser),
+screen-reader announcements, contrast, the keyboard alone, a phone-sized screen, and the renderer
+never letting model text become markup."""
 
 from __future__ import annotations
 
@@ -588,7 +589,7 @@ def test_everything_works_from_the_keyboard_with_the_focus_always_shown(page: Pa
         return focused()
 
     def tab_to(name: str, back: bool = False) -> None:
-        walked = [tab(back) for _ in range(1)]
+        walked = [tab(back)]
         while walked[-1] != name:
             assert len(walked) < 25, f"{'Shift+' if back else ''}Tab never reached {name}: {walked}"
             walked.append(tab(back))
