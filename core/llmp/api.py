@@ -737,7 +737,8 @@ class PacksQuantized(Protocol):
     format it does not compute; the layer then dequantises that weight once, to the model's dtype,
     and computes it as a dense one (``pack_linear`` or ``F.linear``). A row's result must depend only on
     that row (fixed summation order whatever ``T``), so greedy output never depends on the batch.
-    The conformance kit checks the function against :func:`llmp.quantization.matmul_reference`.
+    The conformance kit (``llmp plugins verify``) checks the function against
+    :func:`llmp.quantization.matmul_reference` and a row alone against the same row in a batch.
     """
 
     def pack_quantized(self, weight: QuantizedWeight) -> Callable[[Tensor], Tensor] | None: ...

@@ -49,8 +49,40 @@ def broken_kernels_module() -> types.ModuleType:
             k_cache.view(-1, *k_cache.shape[2:])[slot_mapping] = k.to(k_cache.dtype)
             v_cache.view(-1, *v_cache.shape[2:])[slot_mapping] = v.to(v_cache.dtype)
 
+    class LossyBlocksKernels(TorchKernels):
+        """Computes Q8_0 blocks with its weights rounded to bfloat16 first."""
+
+        name = "lossy-blocks"
+
+        def pack_quantized(self, weight):
+            from llmp.quantization import dequantize
+
+            if weight.format.name != "Q8_0":
+                return None
+            w = dequantize(weight.blocks, weight.format).to(torch.bfloat16).float()
+            return lambda x: (x.float() @ w.T).to(x.dtype)
+
+    class BatchDependentKernels(TorchKernels):
+        """Computes Q4_0 blocks with a BLAS matmul, whose summation order follows the batch size."""
+
+        name = "batch-dependent"
+
+        def pack_quantized(self, weight):
+            from llmp.quantization import dequantize
+
+            if weight.format.name != "Q4_0":
+                return None
+            w = dequantize(weight.blocks, weight.format)
+            # exact in every order for one row; a batch sums in halves: another rounding
+            return lambda x: (
+                x.float() @ w.T
+                if len(x) == 1
+                else x.float()[:, :128] @ w[:, :128].T + x.float()[:, 128:] @ w[:, 128:].T
+            ).to(x.dtype)
+
     module = types.ModuleType(BROKEN_MODULE)
     module.NoWindowKernels, module.StaleSlotKernels = NoWindowKernels, StaleSlotKernels
+    module.LossyBlocksKernels, module.BatchDependentKernels = LossyBlocksKernels, BatchDependentKernels
     return module
 
 
@@ -60,6 +92,10 @@ def broken(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     specs = [
         KernelSetSpec(name="no-window", impl=f"{BROKEN_MODULE}:NoWindowKernels", devices=("cpu",), priority=-1),
         KernelSetSpec(name="stale-slot", impl=f"{BROKEN_MODULE}:StaleSlotKernels", devices=("cpu",), priority=-1),
+        KernelSetSpec(name="lossy-blocks", impl=f"{BROKEN_MODULE}:LossyBlocksKernels", devices=("cpu",), priority=-1),
+        KernelSetSpec(
+            name="batch-dependent", impl=f"{BROKEN_MODULE}:BatchDependentKernels", devices=("cpu",), priority=-1
+        ),
     ]
     plugin = type("Plugin", (), {"llmp_register_kernels": hookimpl(lambda self: specs)})()
     with registered(plugin, "broken-kernels"):
@@ -92,6 +128,19 @@ def test_a_write_to_the_skipped_slot_is_caught(broken):
     assert result.status == "failed"
     assert result.detail.startswith("write_kv k, v [4, 2, 8] into caches [3, 4, 2, 8] at slots [5, -1, 10, 0]")
     assert "a number where it should leave NaN" in result.detail
+
+
+QUANTIZED = "pack_quantized computes matmul_reference, a row alike alone and in a batch"
+
+
+def test_quantised_matmuls_that_lose_precision_or_depend_on_the_batch_fail(broken):
+    lossy = run_check("lossy-blocks", QUANTIZED)
+    assert lossy.status == "failed"
+    assert lossy.detail.startswith("pack_quantized Q8_0 [40, 256], x [64, 256], float32: max abs error")
+    batched = run_check("batch-dependent", QUANTIZED)
+    assert batched.status == "failed" and "(row invariance)" in batched.detail, batched.detail
+    with pytest.raises(LookupError):  # a set without pack_quantized has no such check
+        run_check("stale-slot", QUANTIZED)
 
 
 def test_the_formulas_agree_with_first_principles():

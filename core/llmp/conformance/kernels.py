@@ -5,8 +5,10 @@ against float64 formulas (:class:`FormulaKernels`). Each kernel runs over the sh
 gives it: float32 and bfloat16, head sizes 16 and 64, grouped-query ratios 1:2 and 1:4, blocks of 4
 and 16 tokens, prefills, chunks after a cached prefix, decodes and mixed batches, sliding windows
 and soft-capping. Caches start filled with NaN, so a kernel that reads a slot nobody wrote shows it.
-Optional parts are checked when the set has them: ``lora_shrink``/``lora_expand`` (``LoRAKernels``)
-and ``pack_linear`` (``PacksLinear``). Last, a tiny Llama's greedy tokens with the set equal those
+Optional parts are checked when the set has them: ``lora_shrink``/``lora_expand`` (``LoRAKernels``),
+``pack_linear`` (``PacksLinear``) and ``pack_quantized`` (``PacksQuantized``: every GGML format the set
+computes against ``llmp.quantization.matmul_reference``, and a row alone bit for bit as in a batch).
+Last, a tiny Llama's greedy tokens with the set equal those
 with the torch set (chunked prefill and prefix-cache hits included).
 
 A set that runs only on CUDA is checked on a machine without one under Triton's interpreter
@@ -45,6 +47,8 @@ def suite(spec: KernelSetSpec, context: Context) -> Iterator[Check]:
         yield Check(f"lora_shrink and lora_expand match {checks.reference_name}", checks.lora)
     if checks.has("pack_linear"):
         yield Check("pack_linear computes F.linear", checks.pack_linear)
+    if checks.has("pack_quantized"):
+        yield Check("pack_quantized computes matmul_reference, a row alike alone and in a batch", checks.pack_quantized)
     against = "transformers'" if spec.name == "torch" else "the torch set's"
     yield Check(f"engine greedy tokens of a tiny Llama equal {against}", checks.engine_parity)
 
@@ -319,6 +323,58 @@ class _SetChecks:
                     expected = F.linear(x.float(), weight.float(), None if b is None else b.float()).to(x.dtype)
                     label = f"weight [96, 64]{' with bias' if bias else ''}, x [{rows}, 64], {dtype}"
                     _compare("pack_linear", label, packed(x), expected, atol=0.1 if dtype != "float32" else None)
+
+    def pack_quantized(self) -> None:
+        import torch
+
+        from llmp.quantization import GGML_FORMATS, QuantizedWeight, dequantize, matmul_reference, quantize
+
+        kernels = self.kernels()
+        generator = torch.Generator().manual_seed(3)
+        rows = (1, 3, 9) if self.interpreted() else (1, 3, 17, 64)
+        computed = []
+        for name, fmt in GGML_FORMATS.items():
+            in_features = 256  # a whole number of blocks of every format
+            dense = torch.randn(40, in_features, generator=generator)
+            weight = QuantizedWeight(quantize(dense, fmt).to(self.device()), fmt, in_features)
+            matmul = kernels.pack_quantized(weight)
+            if matmul is None:
+                continue  # the layer dequantises this format
+            computed.append(name)
+            w = dequantize(weight.blocks.cpu(), fmt).double()
+            batch = None
+            for dtype in DTYPES:
+                x = self.tensor(generator, max(rows), in_features, dtype=dtype)
+                got = matmul(x)
+                expected = matmul_reference(x.float().cpu(), weight.blocks.cpu(), fmt)  # not yet rounded to x's
+                label = f"{name} [40, {in_features}], x [{max(rows)}, {in_features}], {dtype}"
+                if got.shape != expected.shape or got.dtype != x.dtype:
+                    raise AssertionError(
+                        f"pack_quantized {label}: returned {got.dtype} {list(got.shape)}, "
+                        f"expected {x.dtype} {list(expected.shape)}"
+                    )
+                # float32 sums of in_features products in any fixed order, then one rounding to x's dtype
+                magnitude = x.double().cpu().abs() @ w.abs().T
+                unit = torch.finfo(x.dtype).eps / 2
+                bound = 2 * in_features * 2.0**-24 * magnitude + unit * expected.double().abs() + 1e-30
+                error = (got.double().cpu() - expected.double()).abs()
+                if bool((error > bound).any()):
+                    raise AssertionError(
+                        f"pack_quantized {label}: max abs error {error.max().item():.3g} beyond float32 accumulation"
+                    )
+                if dtype == "float32":
+                    batch = (x, got)
+            x, whole = batch
+            for count in rows:  # the contract: a row's result does not depend on its batch
+                for start in (0, max(rows) - count):
+                    alone = matmul(x[start : start + count])
+                    if not torch.equal(alone, whole[start : start + count]):
+                        raise AssertionError(
+                            f"pack_quantized {name}: rows {start}..{start + count - 1} computed as a batch of "
+                            f"{count} differ from the same rows in a batch of {max(rows)} (row invariance)"
+                        )
+        if not computed:
+            raise SkipCheck("pack_quantized computes no GGML format on this machine (every one is dequantised)")
 
     # -- the engine ------------------------------------------------------------------------------
 

@@ -395,8 +395,21 @@ def pack_quantized_layers(model: nn.Module, kernels: Any, dtype: torch.dtype) ->
 
     done = QuantizedLayers()
     blocks = _Blocks()
+    moved: dict[tuple[int, tuple[int, ...]], QuantizedWeight] = {}
+
+    def on_device(part: QuantizedWeight, device: torch.device) -> QuantizedWeight:
+        """The blocks where the layer computes (a GGUF file's are memory-mapped host memory); a tied
+        head's blocks, the embedding's, are copied once."""
+        if part.blocks.device == device:
+            return part
+        key = (part.blocks.data_ptr(), tuple(part.blocks.shape))
+        if key not in moved:
+            moved[key] = part.to(device)
+        return moved[key]
+
     for module in model.modules():
         if isinstance(module, VocabParallelEmbedding) and module.quantized_rows is not None:
+            module.quantized_rows = on_device(module.quantized_rows, module.weight.device)
             blocks.add(module.quantized_rows.blocks)
             module.weight.data = module.weight.data.new_empty(0)  # a tied head's too: it computes from the blocks
         if not isinstance(module, PackableLinear) or not module.quantized:
@@ -406,6 +419,7 @@ def pack_quantized_layers(model: nn.Module, kernels: Any, dtype: torch.dtype) ->
             if part is None:
                 dense = module.weight.detach()[start : start + length].clone()
             else:
+                part = on_device(part, module.weight.device)
                 compute = kernels.pack_quantized(part) if isinstance(kernels, PacksQuantized) else None
                 done.counts[part.format.name, compute is not None] += 1
                 if compute is not None:

@@ -21,7 +21,8 @@ def llmp_register_kernels() -> Iterator[KernelSetSpec]:
         name="triton",
         impl="llmp_kernels_triton.kernels:TritonKernels",
         description="Triton kernels for CUDA: one-launch paged attention for mixed prefill/decode batches "
-        "(GQA, sliding window, soft-capping), fused RMSNorm, rotary, gated activations, KV writes.",
+        "(GQA, sliding window, soft-capping), fused RMSNorm, rotary, gated activations, KV writes, multi-LoRA, "
+        "matmuls straight from GGUF blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K).",
         devices=("cuda",),
         priority=10,
     )

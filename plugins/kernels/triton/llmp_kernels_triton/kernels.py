@@ -1,4 +1,5 @@
-"""The ``triton`` kernel set: each op is a Triton kernel in its own module (see the launchers there)."""
+"""The ``triton`` kernel set: each op is a Triton kernel in its own module (see the launchers there); the
+optional parts too: LoRA shrink/expand (``lora``) and matmuls from GGML blocks (``quant_matmul``)."""
 
 from __future__ import annotations
 

@@ -190,9 +190,7 @@ def _quant_matmul_kernel(
     acc = _halve(acc, BLOCK_T, BLOCK_N, 4)
     acc = tl.reshape(_halve(acc, BLOCK_T, BLOCK_N, 2), (BLOCK_T, BLOCK_N))
     mask = (t[:, None] < n_tokens) & (n[None, :] < n_out)
-    tl.store(
-        out_ptr + t.to(tl.int64)[:, None] * n_out + n[None, :], round_to(acc, out_ptr.dtype.element_ty), mask=mask
-    )
+    tl.store(out_ptr + t.to(tl.int64)[:, None] * n_out + n[None, :], round_to(acc, out_ptr.dtype.element_ty), mask=mask)
 
 
 def launch_config(tokens: int) -> tuple[int, int, int]:
