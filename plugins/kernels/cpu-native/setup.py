@@ -7,7 +7,9 @@ refuses) the install still succeeds with the Python package alone, and the reaso
 
 from __future__ import annotations
 
+import re
 import sys
+import tempfile
 import traceback
 from pathlib import Path
 
@@ -24,15 +26,6 @@ BUILT_WITH = Path(PACKAGE) / "_built_with.txt"  # the torch version it was built
 # -g0 over Python's own -g: no debug information (a tenth of the size).
 # No contraction of a * b + c into FMA where the source does not ask for one: the same bits from every compiler.
 COMPILE_ARGS = ["-O3", "-g0", "-std=c++20", "-ffp-contract=off", "-fvisibility=hidden", "-Wall"]
-
-
-def openmp_flags() -> list[str]:
-    """``-fopenmp`` when torch's ATen runs its threads with OpenMP (torch's Linux wheels): at::parallel_for is
-    then an inline OpenMP region in the library's own code, which needs the flag to run on torch's threads; the
-    library's libgomp.so.1 is the one torch loaded (the loader reuses a loaded library of the same SONAME)."""
-    import torch
-
-    return ["-fopenmp"] if torch.backends.openmp.is_available() else []
 
 
 def torch_build_ext() -> tuple[type, str | None]:
@@ -59,13 +52,12 @@ class OptionalBuildExt(TorchBuildExt):
                 raise RuntimeError(TORCH_MISSING)
             from torch.utils.cpp_extension import include_paths, library_paths
 
-            openmp = openmp_flags()
+            openmp = self._openmp_flags(include_paths())
             for extension in self.extensions:
                 extension.include_dirs += include_paths()
                 extension.library_dirs += library_paths()
                 extension.libraries += ["c10", "torch", "torch_cpu"]
-                extension.extra_compile_args += openmp
-                extension.extra_link_args += openmp
+                extension.extra_compile_args += openmp  # compiled, not linked: see _openmp_flags
             super().build_extensions()
         except Exception as error:  # a compiler's failure, a refused flag: the pure-Python package still installs
             self._record(f"{type(error).__name__}: {error}".strip(), traceback.format_exc())
@@ -74,6 +66,28 @@ class OptionalBuildExt(TorchBuildExt):
 
             self.built = True
             self._record(None, None, torch.__version__)
+
+    def _openmp_flags(self, torch_include_dirs: list[str]) -> list[str]:
+        """``-fopenmp`` to compile with, when torch's ATen runs its threads with OpenMP (torch's Linux wheels) and
+        this compiler has OpenMP: at::parallel_for is then an OpenMP region inlined into the library, which runs
+        on torch's threads only when compiled with the flag. Not linked with it: the library names no OpenMP
+        runtime, and its few OpenMP calls (GOMP_parallel, omp_get_thread_num, ...) bind when it loads to the
+        runtime libtorch_cpu already loaded (the copy in torch's wheel, whatever its file name): one runtime, one
+        team of threads, never the system's libgomp beside torch's. Otherwise no flag: each call runs on the
+        calling thread."""
+        configs = [Path(d) / "ATen" / "Config.h" for d in torch_include_dirs]
+        config = next((path.read_text() for path in configs if path.is_file()), "")
+        if not re.search(r"#define\s+AT_PARALLEL_OPENMP\s+1\b", config):
+            return []
+        with tempfile.TemporaryDirectory() as tmp:
+            source = Path(tmp) / "openmp.cpp"
+            source.write_text("#include <omp.h>\nint threads() { return omp_get_max_threads(); }\n")
+            try:
+                self.compiler.compile([str(source)], output_dir=tmp, extra_postargs=["-fPIC", "-fopenmp"])
+            except Exception as error:  # CompileError: e.g. a clang without OpenMP's headers
+                print(f"warning: {PACKAGE}: built without threads, -fopenmp fails here: {error}", file=sys.stderr)
+                return []
+        return ["-fopenmp"]
 
     def _record(self, reason: str | None, details: str | None, torch_version: str | None = None) -> None:
         """Beside the package being installed: the build error file, or (after a successful build) the torch

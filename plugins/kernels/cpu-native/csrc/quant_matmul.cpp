@@ -1,21 +1,22 @@
 // quant_matmul: x @ W.T with W kept in GGML blocks (llmp_native::quant_matmul; schema in library.cpp).
 //
-// Threads: the output columns (weight rows) are cut into chunks of whole 16-row groups, which the threads
-// torch is configured with (torch.set_num_threads, the engine's --num-threads) take in turn; each dot product
-// runs whole on one thread in a fixed order, so the result does not depend on the thread count or on T, and K
-// is never split. The threads are torch's own: built with -fopenmp where torch's ATen is (setup.py), so
-// at::parallel_for opens an OpenMP region of torch's team in torch's libgomp (the same SONAME: the loader
-// reuses the copy libtorch_cpu already loaded, the system's is never mapped). Small calls stay on the calling
-// thread (kMinParallelBytes). A region waits for every thread of the team at its end: when another process
-// holds the other core, a call (like torch's own multi-threaded ops) waits for the scheduler to run the late
-// thread, a few milliseconds. Built without OpenMP, at::parallel_for runs the whole range inline.
+// Threads: the output columns (weight rows) are split into one contiguous range a thread, over the threads torch
+// is configured with (torch.set_num_threads: the engine's --num-threads), fewer for a small call
+// (threads_for). Each dot product runs whole on one thread in a fixed order, K is never split: the result does
+// not depend on the thread count or on T. The threads are torch's own: where torch's ATen uses OpenMP (its
+// Linux wheels), setup.py compiles with -fopenmp, so at::parallel_for is an OpenMP region of torch's team; the
+// library is not linked with an OpenMP runtime, its OpenMP calls bind at load to the one libtorch_cpu loaded
+// (torch's libgomp: the system's is never mapped). A region ends when every thread of the team has arrived:
+// when other processes keep the cores busy, a call (as torch's own threaded ops) waits for the scheduler to run
+// the late thread, in multiples of the 4 ms tick (the "8 ms stalls" of an earlier -fopenmp build: measured as
+// that thread's run-queue wait, absent on an idle machine). Built without OpenMP, at::parallel_for runs the
+// whole range inline on the calling thread.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -125,17 +126,22 @@ RowsFn rows_for_isa() {
     return scalar::quant_matmul_rows;
 }
 
-// Chunks: whole groups of 16 rows (whole tiles; 16 float32 outputs, a cache line, so no two threads write one
-// line of a row of out) of about kChunkBytes of blocks, taken in turn by the threads.
-constexpr int64_t kChunkRowMultiple = 16;
-constexpr int64_t kChunkBytes = 16 << 10;
-// A call reading fewer bytes of blocks than this (plus 4 bytes of x per weight row... per input beyond the first,
-// see call_bytes) stays on the calling thread: waking a second thread and its barrier cost more than they save
-constexpr int64_t kMinParallelBytes = 48 << 10;
+// The threads take contiguous ranges of whole groups of 16 weight rows (whole tiles; 16 float32 outputs, a
+// cache line of a row of out, so no two threads write one line). Contiguous, not interleaved chunks: each
+// thread then streams its own part of the matrix, which the hardware prefetcher follows (chunks of ~16 KiB
+// taken in turn measured up to 2.6x slower at T = 1 on the 49152-row head).
+constexpr int64_t kGroupRows = 16;
+// Each thread gets at least this much work, counted in bytes of blocks read, an input beyond the first adding a
+// quarter of them (a row's blocks are dequantised once for all T inputs): below that, waking a thread and
+// waiting for it at the region's end cost more than it saves (measured on 2 cores: the 192x576 Q4_1
+// matrix, 69 KB, is slower on 2 threads than on 1 at T = 1 and 2; 576x576, 207 KB, is 1.3x faster).
+constexpr int64_t kMinBytesPerThread = 64 << 10;
 
-int64_t chunk_rows(int64_t row_bytes) {
-    const int64_t rows = std::max<int64_t>(1, kChunkBytes / std::max<int64_t>(row_bytes, 1));
-    return (rows + kChunkRowMultiple - 1) / kChunkRowMultiple * kChunkRowMultiple;
+// The threads a call runs on: torch's (at::get_num_threads()), fewer for a small call.
+int64_t threads_for(int64_t weight_bytes, int64_t T, int64_t groups) {
+    const int64_t work = weight_bytes + weight_bytes / 4 * (T - 1);
+    const int64_t most = std::min<int64_t>(at::get_num_threads(), groups);
+    return std::clamp<int64_t>(work / kMinBytesPerThread, 1, std::max<int64_t>(most, 1));
 }
 
 at::Tensor quant_matmul(const at::Tensor& x, const at::Tensor& blocks, int64_t ggml_type, int64_t in_features) {
@@ -159,24 +165,16 @@ at::Tensor quant_matmul(const at::Tensor& x, const at::Tensor& blocks, int64_t g
 
     const QuantMatmulArgs args{xf.data_ptr<float>(), w.data_ptr<uint8_t>(), out.data_ptr<float>(), T, N, K, ggml_type};
     static const RowsFn rows = rows_for_isa();
-    const int64_t row_bytes = blocks.size(1), chunk = chunk_rows(row_bytes), chunks = (N + chunk - 1) / chunk;
-    std::atomic<int64_t> next{0};  // the next chunk to take
-    auto take_chunks = [&](int64_t, int64_t) {
+    const int64_t groups = (N + kGroupRows - 1) / kGroupRows;
+    const int64_t threads = threads_for(blocks.size(1) * N, T, groups);
+    // a grain of all the groups runs inline on the calling thread; otherwise an OpenMP region of torch's team
+    // (its threads beyond `threads` get no range), each thread one contiguous range of about groups / threads
+    at::parallel_for(0, groups, (groups + threads - 1) / threads, [&](int64_t begin, int64_t end) {
         // this thread's dequantised tile of weight rows, kept between calls
         thread_local std::vector<float> buffer;
         buffer.resize(static_cast<size_t>(kTileRows * K));
-        for (int64_t c; (c = next.fetch_add(1, std::memory_order_relaxed)) < chunks;) {
-            rows(args, c * chunk, std::min(N, (c + 1) * chunk), buffer.data());
-        }
-    };
-    // the weight bytes read, and the work of the inputs beyond the first as as many more bytes
-    const int64_t work = row_bytes * N * T;
-    const int64_t threads = work < kMinParallelBytes ? 1 : std::min<int64_t>(at::get_num_threads(), chunks);
-    if (threads > 1) {
-        at::parallel_for(0, threads, 1, take_chunks);  // one task a thread (of torch's team), chunks taken in turn
-    } else {
-        take_chunks(0, 1);
-    }
+        rows(args, begin * kGroupRows, std::min(N, end * kGroupRows), buffer.data());
+    });
     return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());  // one rounding to x's dtype
 }
 

@@ -22,7 +22,7 @@ def load() -> str:
     except OSError as error:  # built for another torch or platform: undefined symbols, a wrong ELF class
         raise NativeLibraryUnavailable(f"the compiled kernels at {path} do not load: {error}") from error
     isa = torch.ops.llmp_native.isa()
-    log.info("cpu-native kernels: %s loops (%s)", isa, path.name)
+    log.info("cpu-native kernels: %s loops, threads: %s (%s)", isa, threads(), path.name)
     return isa
 
 
@@ -31,3 +31,12 @@ def quant_matmul_types() -> frozenset[int]:
     """The GGML type ids the library's ``quant_matmul`` computes."""
     load()
     return frozenset(torch.ops.llmp_native.quant_matmul_types())
+
+
+def threads() -> str:
+    """What a call runs on: ``openmp`` (split over torch's threads, ``torch.get_num_threads()``) or
+    ``calling thread`` (a library built without OpenMP). Before ``load``, ``unknown``."""
+    try:
+        return torch.ops.llmp_native.threads()
+    except (AttributeError, RuntimeError):  # not loaded yet; a library from before this op
+        return "unknown"

@@ -119,18 +119,52 @@ def test_small_batches_are_rows_of_a_large_one_bit_for_bit(kernels, fmt):
                 assert torch.equal(matmul(x[start : start + rows]), batch[start : start + rows]), (fmt, rows, start)
 
 
-def test_the_result_does_not_depend_on_the_thread_count(kernels):
-    w = weight("Q4_K", 576, 1024)
-    matmul = kernels.pack_quantized(w)
-    x = inputs(32, 1024)
+@pytest.mark.parametrize("fmt", ["Q4_1", "Q8_0", "Q4_K", "Q6_K"])
+def test_the_result_does_not_depend_on_the_thread_count(kernels, fmt):
+    # rows split over threads in whole groups of 16, small calls on one thread: shapes on both sides of that
+    k = 1024 if fmt.endswith("_K") else 576
     threads = torch.get_num_threads()
     try:
-        torch.set_num_threads(1)
-        alone = matmul(x)
-        torch.set_num_threads(max(2, threads))
-        assert torch.equal(matmul(x), alone)
+        for out_features in (37, 192, 576, 1537):
+            matmul = kernels.pack_quantized(weight(fmt, out_features, k))
+            for rows in (1, 2, 8, 33):
+                x = inputs(rows, k)
+                torch.set_num_threads(1)
+                alone = matmul(x)
+                for count in (2, 3):
+                    torch.set_num_threads(count)
+                    assert torch.equal(matmul(x), alone), (out_features, rows, count)
     finally:
         torch.set_num_threads(threads)
+
+
+ONE_OPENMP = textwrap.dedent(
+    """
+    import torch
+    from llmp.quantization import GGML_FORMATS, QuantizedWeight, quantize
+    from llmp_kernels_cpu_native.kernels import NativeKernels
+    from llmp_kernels_cpu_native.library import threads
+
+    kernels = NativeKernels()
+    torch.set_num_threads(2)
+    w = QuantizedWeight(quantize(torch.randn(1536, 576), "Q4_1"), GGML_FORMATS["Q4_1"], 576)
+    kernels.pack_quantized(w)(torch.randn(4, 576))
+    with open("/proc/self/maps") as maps:
+        print(threads(), sorted({line.split()[-1] for line in maps if "libgomp" in line}))
+    """
+)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="reads /proc/self/maps")
+def test_the_threads_are_torchs_openmp_runtime():
+    # built with -fopenmp, the library needs libgomp.so.1: the copy torch loaded, never a second runtime
+    result = subprocess.run([sys.executable, "-c", ONE_OPENMP], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    kind, mapped = result.stdout.strip().split(" ", 1)
+    if kind != "openmp":
+        pytest.skip(f"the library runs each call on the {kind}")
+    torch_lib = os.path.dirname(torch.__file__)
+    assert mapped.count("libgomp") <= 1 and (mapped == "[]" or torch_lib in mapped), mapped
 
 
 def test_leading_dimensions_are_kept(kernels):
