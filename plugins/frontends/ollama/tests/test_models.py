@@ -161,12 +161,19 @@ def test_a_gguf_file_named_by_its_hash_reports_the_quantisation_its_header_names
     import gguf
     from llmp_frontend_ollama.facts import read_facts
 
-    from llmp.model_files.gguf import convert_gguf
+    from llmp import LLM
+    from llmp.frontend import gguf_source
     from llmp.testing import save_tiny_gguf
 
     monkeypatch.setenv("LLMP_CACHE_DIR", str(tmp_path / "cache"))
     blob = tmp_path / "blobs" / "0f3c9a7e51d2"
     blob.parent.mkdir()
     save_tiny_gguf(blob, file_type=gguf.LlamaFileType.MOSTLY_Q8_0, tensor_type=gguf.GGMLQuantizationType.Q8_0)
-    facts = read_facts(str(convert_gguf(blob)), None)
+    link = tmp_path / "snapshot" / "tiny.gguf"  # as the Hub cache links a snapshot's file to its blob
+    link.parent.mkdir()
+    link.symlink_to(blob)
+    llm = LLM(str(link), max_model_len=64)
+    model_dir = llm.engine.model.model_dir
+    assert gguf_source(model_dir) == blob
+    facts = read_facts(str(model_dir), None)
     assert (facts.format, facts.quantization_level, facts.size) == ("gguf", "Q8_0", blob.stat().st_size)
