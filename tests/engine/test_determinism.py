@@ -50,7 +50,7 @@ def _tiny(path: Path, kernels: str, **options) -> LLM:
     return LLM(str(path), dtype="bfloat16", kernels=kernels, block_size=BLOCK, num_threads=2, **options)
 
 
-@pytest.mark.parametrize("kernels", ["torch", "cpu"])
+@pytest.mark.parametrize("kernels", ["torch", "cpu", "cpu-native"])
 def test_same_tokens_cold_warm_alone_mixed_and_chunked(tiny_dir: Path, kernels: str) -> None:
     target = _prompt(1, 83)  # 5 full blocks and 3 tokens
     boundary = _prompt(2, 4 * BLOCK)  # ends on a block boundary
@@ -96,7 +96,7 @@ def test_same_tokens_cold_warm_alone_mixed_and_chunked(tiny_dir: Path, kernels: 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kernels", ["cpu", "torch"])
+@pytest.mark.parametrize("kernels", ["cpu", "torch", "cpu-native"])
 def test_default_model_answers_the_readme_chat_the_same_cold_and_warm(kernels: str) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=40)
     llm = LLM(kernels=kernels)  # the README's default: SmolLM2-135M, float32

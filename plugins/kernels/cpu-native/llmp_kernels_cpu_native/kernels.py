@@ -5,6 +5,11 @@
   float32 in registers and L1 (the reference's values, bit for bit) and multiplied with every input row, so
   the weight is read once per call in its quantised size. A row's result depends only on that row (one fixed
   summation order), and work is split over output columns only, so it does not depend on the thread count.
+- **Attention** (``paged_attention``) reads keys and values through the block table where they lie (no
+  gather, no query block padded to 16 rows for one decode token), each KV head's tile of keys shared by its
+  query heads, with sliding windows and soft-capping. Every query row is computed alone in an order fixed by
+  its position (key tiles aligned to absolute positions), so a token's numbers are the same cold, warm,
+  chunked, alone or batched, as the reference's plan of aligned query blocks makes them for the other sets.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from collections.abc import Callable
 import torch
 from llmp_kernels_cpu.kernels import CpuKernels
 
+from llmp.api import AttentionMetadata
 from llmp.quantization import QuantizedWeight
 from llmp_kernels_cpu_native.library import load, quant_matmul_types
 
@@ -43,3 +49,26 @@ class NativeKernels(CpuKernels):
         if weight.blocks.device.type != "cpu" or weight.format.ggml_type not in quant_matmul_types():
             return None
         return QuantizedLinear(weight)
+
+    def paged_attention(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        scale: float,
+        softcap: float | None = None,
+    ) -> torch.Tensor:
+        if q.device.type != "cpu":
+            return super().paged_attention(q, k_cache, v_cache, metadata, scale, softcap)
+        return torch.ops.llmp_native.paged_attention(
+            q,
+            k_cache,
+            v_cache,
+            metadata.query_start_loc,
+            metadata.seq_lens,
+            metadata.block_tables,
+            scale,
+            softcap or 0.0,
+            metadata.sliding_window or 0,
+        )

@@ -1,0 +1,241 @@
+// paged_attention: causal attention of a mixed prefill/decode batch straight over the paged KV cache
+// (llmp_native::paged_attention; the KernelSet.paged_attention contract, metadata as plain tensors).
+//
+// Keys and values are read through the block table where they lie: no gather, no mirror, no padded query
+// block. Grouped-query attention shares each tile of keys between the query heads of its KV head. Sliding
+// windows and Gemma 2's soft-capping as the torch reference computes them; bfloat16, float16 and float32 queries
+// and caches, float32 arithmetic. A query row's result depends only on that row (see paged_attention_impl.h).
+//
+// Threads: work items are (request, KV head, up to kItemPositions query positions), split over torch's threads
+// as quant_matmul's rows are; an item runs whole on one thread.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "isa.h"
+
+namespace llmp_native {
+namespace {
+
+constexpr int kTile = 16;  // keys a tile, aligned to absolute positions; lanes of Vf
+typedef float Vf __attribute__((vector_size(kTile * sizeof(float))));
+typedef int32_t Vi __attribute__((vector_size(kTile * sizeof(int32_t))));
+
+constexpr float kExpMin = -87.3365448f, kExpMax = 88.3762626f;
+constexpr float kLog2e = 1.44269504088896341f, kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+
+enum class Dtype { f32, bf16, f16 };
+
+struct AttentionArgs {
+    const void* q;  // [T, H, D], head dim contiguous
+    const void* k_cache;  // [B, S, Hkv, D], contiguous
+    const void* v_cache;
+    void* out;  // [T, H, D], contiguous, q's dtype
+    const int32_t* query_start_loc;  // [R + 1]
+    const int32_t* seq_lens;  // [R]
+    const int32_t* block_tables;  // [R, block_table_stride]
+    int64_t block_table_stride;
+    Dtype q_dtype, cache_dtype;
+    int64_t q_stride_token, q_stride_head;  // in elements
+    int64_t heads, kv_heads, group, head_dim, block_size, window;  // window 0: none
+    float scale, softcap;  // softcap 0: none
+};
+
+constexpr int kRowBlock = 4;  // query rows computed together over a tile of keys
+
+struct ActiveRow {
+    int64_t k;  // the row in the item
+    int j_lo, j_hi;  // its keys in the tile: lanes j_lo..j_hi
+};
+
+struct ItemBuffers {
+    int64_t dv = 0;  // head_dim padded to whole tiles
+    std::vector<float> q, acc, m, l, kt, vt, row;
+    std::vector<ActiveRow> active;
+
+    void reserve(int64_t rows, int64_t head_dim) {
+        dv = (head_dim + kTile - 1) / kTile * kTile;
+        q.resize(rows * dv);
+        acc.resize(rows * dv);
+        m.resize(rows);
+        l.resize(rows);
+        active.resize(rows);
+        kt.resize(head_dim * kTile);
+        vt.resize(kTile * dv);
+        row.resize(head_dim);
+    }
+};
+
+// elements offset..offset+n of a tensor's data as float32
+void load_row(Dtype dtype, const void* base, int64_t offset, int64_t n, float* out) {
+    switch (dtype) {
+        case Dtype::f32: std::copy_n(static_cast<const float*>(base) + offset, n, out); break;
+        case Dtype::bf16: {
+            const auto* src = static_cast<const c10::BFloat16*>(base) + offset;
+            for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(src[i]);
+            break;
+        }
+        case Dtype::f16: {
+            const auto* src = static_cast<const c10::Half*>(base) + offset;
+            for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(src[i]);
+            break;
+        }
+    }
+}
+
+// n float32 values into a tensor's data at offset, rounded to its dtype (to nearest even)
+void store_row(Dtype dtype, void* base, int64_t offset, int64_t n, const float* values) {
+    switch (dtype) {
+        case Dtype::f32: std::copy_n(values, n, static_cast<float*>(base) + offset); break;
+        case Dtype::bf16: {
+            auto* dst = static_cast<c10::BFloat16*>(base) + offset;
+            for (int64_t i = 0; i < n; ++i) dst[i] = c10::BFloat16(values[i]);
+            break;
+        }
+        case Dtype::f16: {
+            auto* dst = static_cast<c10::Half*>(base) + offset;
+            for (int64_t i = 0; i < n; ++i) dst[i] = c10::Half(values[i]);
+            break;
+        }
+    }
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define LLMP_X86 1
+#endif
+
+namespace scalar {
+#define LLMP_TARGET
+#define LLMP_ISA_LEVEL 0
+#include "paged_attention_impl.h"
+#undef LLMP_ISA_LEVEL
+#undef LLMP_TARGET
+}  // namespace scalar
+
+#ifdef LLMP_X86
+// Vf lives only inside each copy's own (inlined) functions: no call between differently compiled code passes it
+#pragma GCC diagnostic ignored "-Wpsabi"
+namespace avx2 {
+#define LLMP_TARGET __attribute__((target("avx2,fma,f16c")))
+#define LLMP_ISA_LEVEL 1
+#include "paged_attention_impl.h"
+#undef LLMP_ISA_LEVEL
+#undef LLMP_TARGET
+}  // namespace avx2
+namespace avx512 {
+#define LLMP_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")))
+#define LLMP_ISA_LEVEL 2
+#include "paged_attention_impl.h"
+#undef LLMP_ISA_LEVEL
+#undef LLMP_TARGET
+}  // namespace avx512
+#endif
+
+using ItemFn = void (*)(const AttentionArgs&, int64_t, int64_t, int64_t, int64_t, ItemBuffers&);
+
+ItemFn item_for_isa() {
+#ifdef LLMP_X86
+    switch (selected_isa()) {
+        case Isa::avx512: return avx512::attend_item;
+        case Isa::avx2: return avx2::attend_item;
+        default: break;
+    }
+#endif
+    return scalar::attend_item;
+}
+
+// Query positions an item: its rows (positions x query heads of a KV head) share each tile of keys read.
+constexpr int64_t kItemRows = 64;
+
+Dtype dtype_of(const at::Tensor& t, const char* name) {
+    switch (t.scalar_type()) {
+        case at::kFloat: return Dtype::f32;
+        case at::kBFloat16: return Dtype::bf16;
+        case at::kHalf: return Dtype::f16;
+        default: TORCH_CHECK(false, "paged_attention: ", name, " must be float32, bfloat16 or float16, not ",
+                             t.scalar_type());
+    }
+    return Dtype::f32;  // not reached
+}
+
+struct Item {
+    int64_t request, kv, q0, q1;
+};
+
+at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                           const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
+                           const at::Tensor& block_tables, double scale, double softcap, int64_t window) {
+    TORCH_CHECK(q.device().is_cpu() && k_cache.device().is_cpu() && v_cache.device().is_cpu(),
+                "paged_attention: CPU tensors only");
+    TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(),
+                "paged_attention: q must be [T, H, D] and the caches [B, S, Hkv, D], not ", q.sizes(), " and ",
+                k_cache.sizes());
+    TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type() && k_cache.is_contiguous() && v_cache.is_contiguous(),
+                "paged_attention: the caches must be contiguous and of one dtype");
+    const int64_t T = q.size(0), H = q.size(1), D = q.size(2), Hkv = k_cache.size(2);
+    TORCH_CHECK(k_cache.size(3) == D && Hkv > 0 && H % Hkv == 0, "paged_attention: ", H, " query heads of size ", D,
+                " do not group over ", Hkv, " KV heads of size ", k_cache.size(3));
+    for (const at::Tensor* t : {&query_start_loc, &seq_lens, &block_tables}) {
+        TORCH_CHECK(t->scalar_type() == at::kInt && t->device().is_cpu(), "paged_attention: metadata must be int32");
+    }
+    const at::Tensor qs = q.stride(2) == 1 ? q : q.contiguous();
+    const at::Tensor starts = query_start_loc.contiguous(), lens = seq_lens.contiguous();
+    const at::Tensor tables = block_tables.dim() == 2 && block_tables.stride(1) == 1 ? block_tables
+                                                                                     : block_tables.contiguous();
+    const int64_t R = lens.size(0);
+    TORCH_CHECK(starts.size(0) == R + 1 && tables.dim() == 2 && tables.size(0) >= R,
+                "paged_attention: query_start_loc, seq_lens and block_tables disagree on the requests");
+    at::Tensor out = at::empty({T, H, D}, q.options().memory_format(at::MemoryFormat::Contiguous));
+
+    const AttentionArgs args{qs.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
+                             starts.data_ptr<int32_t>(), lens.data_ptr<int32_t>(), tables.data_ptr<int32_t>(),
+                             tables.stride(0), dtype_of(q, "q"), dtype_of(k_cache, "the cache"), qs.stride(0),
+                             qs.stride(1), H, Hkv, H / Hkv, D, k_cache.size(1), std::max<int64_t>(window, 0),
+                             static_cast<float>(scale), softcap > 0 ? static_cast<float>(softcap) : 0.0f};
+    const int64_t positions = std::max<int64_t>(1, kItemRows / args.group);
+    std::vector<Item> items;
+    for (int64_t r = 0; r < R; ++r) {
+        const int64_t qlen = args.query_start_loc[r + 1] - args.query_start_loc[r];
+        TORCH_CHECK(qlen >= 0 && qlen <= args.seq_lens[r], "paged_attention: request ", r, " has ", qlen,
+                    " queries but ", args.seq_lens[r], " tokens");
+        TORCH_CHECK((args.seq_lens[r] + args.block_size - 1) / args.block_size <= tables.size(1),
+                    "paged_attention: request ", r, "'s block table is too short for ", args.seq_lens[r], " tokens");
+        for (int64_t q0 = 0; q0 < qlen; q0 += positions) {
+            for (int64_t kv = 0; kv < Hkv; ++kv) items.push_back({r, kv, q0, std::min(qlen, q0 + positions)});
+        }
+    }
+    static const ItemFn attend = item_for_isa();
+    const int64_t n = static_cast<int64_t>(items.size());
+    const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n));
+    at::parallel_for(0, n, (n + threads - 1) / threads, [&](int64_t begin, int64_t end) {
+        thread_local ItemBuffers buffers;
+        buffers.reserve(positions * args.group, D);
+        for (int64_t i = begin; i < end; ++i) {
+            const Item& item = items[i];
+            attend(args, item.request, item.kv, item.q0, item.q1, buffers);
+        }
+    });
+    return out;
+}
+
+}  // namespace
+}  // namespace llmp_native
+
+TORCH_LIBRARY_FRAGMENT(llmp_native, m) {
+    // causal attention of q [T, H, D] over the paged caches [B, S, Hkv, D] for the batch the metadata describes
+    // (int32 query_start_loc [R + 1], seq_lens [R], block_tables [R, max_blocks]) -> [T, H, D] in q's dtype;
+    // softcap 0 and window 0 mean none
+    m.def(
+        "paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor query_start_loc, Tensor seq_lens, "
+        "Tensor block_tables, float scale, float softcap, int window) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(llmp_native, CPU, m) { m.impl("paged_attention", &llmp_native::paged_attention); }

@@ -1,0 +1,184 @@
+// Paged attention's hot loop, compiled once per instruction set: paged_attention.cpp includes this file three
+// times, each inside its own namespace with LLMP_TARGET set. The arithmetic is written once, on GCC's generic
+// 16-lane vectors (Vf): the AVX-512 copy runs them in one register, the AVX2 copy in two, the scalar copy in SSE2.
+// Every copy performs the same float32 operations in the same order (no FMA contraction: -ffp-contract=off);
+// the scalar copy differs only in rounding a * b + c twice where the others fuse it (vfma).
+//
+// One query row (a position of one query head) is computed alone, in a fixed order that depends only on its
+// position, its window and the keys: keys are taken in tiles of 16 aligned to absolute positions (0-15, 16-31, ...),
+// and within a tile in ascending order. So a row's bits never depend on the other rows of the batch, on how the
+// prompt was chunked, on what the prefix cache held, or on the thread count (batch invariance).
+
+#define LLMP_FN static inline LLMP_TARGET
+
+// c + a * b, one rounding where the instruction set has FMA (so the scalar copy's bits differ from the others')
+LLMP_FN Vf vfma(Vf a, Vf b, Vf c) {
+#if LLMP_ISA_LEVEL == 2
+    return reinterpret_cast<Vf>(_mm512_fmadd_ps(reinterpret_cast<__m512>(a), reinterpret_cast<__m512>(b),
+                                                 reinterpret_cast<__m512>(c)));
+#elif LLMP_ISA_LEVEL == 1
+    __m256 x[2], y[2], z[2];
+    __builtin_memcpy(x, &a, sizeof a);
+    __builtin_memcpy(y, &b, sizeof b);
+    __builtin_memcpy(z, &c, sizeof c);
+    z[0] = _mm256_fmadd_ps(x[0], y[0], z[0]);
+    z[1] = _mm256_fmadd_ps(x[1], y[1], z[1]);
+    Vf out;
+    __builtin_memcpy(&out, z, sizeof out);
+    return out;
+#else
+    return c + a * b;
+#endif
+}
+
+// exp(x) for x in [-inf, 88]: Cephes' expf (range reduction by ln 2 in two parts, a degree-5 polynomial, the
+// exponent set directly); 0 below -87.3 (so exp(-inf) = 0 exactly: masked keys add nothing).
+LLMP_FN Vf vexp(Vf x) {
+    const Vf lo = x < kExpMin ? Vf{} + 1.0f : Vf{};  // lanes that underflow (and -inf)
+    x = x < kExpMin ? Vf{} + kExpMin : x;
+    x = x > kExpMax ? Vf{} + kExpMax : x;
+    const Vf y = x * kLog2e + 0.5f;
+    Vi n = __builtin_convertvector(y, Vi);
+    n = n - (__builtin_convertvector(n, Vf) > y ? 1 : 0);  // floor: truncation rounds negatives up
+    const Vf fn = __builtin_convertvector(n, Vf);
+    const Vf r = x - fn * kLn2Hi - fn * kLn2Lo;
+    const Vf r2 = r * r;
+    Vf p = Vf{} + 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r2 + r + 1.0f;
+    const Vi bits = (n + 127) << 23;
+    Vf scale;
+    __builtin_memcpy(&scale, &bits, sizeof scale);
+    const Vf result = p * scale;
+    return lo > 0.0f ? Vf{} : result;
+}
+
+// cap * tanh(s / cap), tanh(y) = 1 - 2 / (exp(2y) + 1)
+LLMP_FN Vf vsoftcap(Vf s, float cap) {
+    const Vf e = vexp(s * (2.0f / cap));
+    return (1.0f - 2.0f / (e + 1.0f)) * cap;
+}
+
+// The rows of one work item: query positions q0..q1 of request `r` (their rows in q: row0 + i), every query head
+// of KV head `kv` (`group` of them), attending to the paged cache. Buffers are the calling thread's own.
+LLMP_FN void attend_item(const AttentionArgs& a, int64_t r, int64_t kv, int64_t q0, int64_t q1, ItemBuffers& buf) {
+    const int64_t D = a.head_dim, Dv = buf.dv, G = a.group;
+    const int64_t row0 = a.query_start_loc[r], qlen = a.query_start_loc[r + 1] - row0;
+    const int64_t seq = a.seq_lens[r];
+    const int32_t* blocks = a.block_tables + r * a.block_table_stride;
+    const int64_t rows = (q1 - q0) * G;
+    // queries times the scale, float32, padded to Dv lanes with zeros
+    for (int64_t i = q0; i < q1; ++i) {
+        for (int64_t g = 0; g < G; ++g) {
+            float* qf = buf.q.data() + ((i - q0) * G + g) * Dv;
+            load_row(a.q_dtype, a.q, (row0 + i) * a.q_stride_token + (kv * G + g) * a.q_stride_head, D, qf);
+            for (int64_t d = 0; d < D; ++d) qf[d] *= a.scale;
+            for (int64_t d = D; d < Dv; ++d) qf[d] = 0.0f;
+        }
+    }
+    for (int64_t k = 0; k < rows; ++k) {
+        buf.m[k] = -std::numeric_limits<float>::infinity();
+        buf.l[k] = 0.0f;
+    }
+    std::fill(buf.acc.begin(), buf.acc.begin() + rows * Dv, 0.0f);
+
+    auto position = [&](int64_t i) { return seq - qlen + i; };  // the position of query i
+    auto first_key = [&](int64_t i) { return a.window > 0 ? std::max<int64_t>(0, position(i) - a.window + 1) : 0; };
+    const int64_t first_tile = first_key(q0) / kTile * kTile, last_key = position(q1 - 1);
+    float* kt = buf.kt.data();  // [D][16]: the tile's keys, transposed
+    float* vt = buf.vt.data();  // [16][Dv]: the tile's values
+    for (int64_t t0 = first_tile; t0 <= last_key; t0 += kTile) {
+        const int64_t n = std::min<int64_t>(kTile, last_key + 1 - t0);
+        for (int64_t j = 0; j < kTile; ++j) {
+            if (j < n) {
+                const int64_t pos = t0 + j;
+                const int64_t slot = static_cast<int64_t>(blocks[pos / a.block_size]) * a.block_size + pos % a.block_size;
+                const int64_t offset = (slot * a.kv_heads + kv) * D;
+                load_row(a.cache_dtype, a.k_cache, offset, D, buf.row.data());
+                for (int64_t d = 0; d < D; ++d) kt[d * kTile + j] = buf.row[d];
+                load_row(a.cache_dtype, a.v_cache, offset, D, vt + j * Dv);
+                for (int64_t d = D; d < Dv; ++d) vt[j * Dv + d] = 0.0f;
+            } else {
+                for (int64_t d = 0; d < D; ++d) kt[d * kTile + j] = 0.0f;
+            }
+        }
+        // the rows with a key in this tile, taken kRowBlock at a time: each load of a key or value column serves
+        // all of them (a block's last row repeats to fill it; its copies are not stored)
+        int64_t active = 0;
+        for (int64_t i = q0; i < q1; ++i) {
+            const int64_t lo = first_key(i), hi = position(i);  // keys lo..hi, inclusive
+            if (t0 > hi || t0 + kTile - 1 < lo) continue;
+            const int j_lo = static_cast<int>(std::max<int64_t>(lo - t0, 0));
+            const int j_hi = static_cast<int>(std::min<int64_t>(hi - t0, kTile - 1));
+            for (int64_t g = 0; g < G; ++g) buf.active[active++] = {(i - q0) * G + g, j_lo, j_hi};
+        }
+        Vi lane;
+        for (int j = 0; j < kTile; ++j) lane[j] = j;
+        for (int64_t b = 0; b < active; b += kRowBlock) {
+            const int count = static_cast<int>(std::min<int64_t>(kRowBlock, active - b));
+            const ActiveRow* row[kRowBlock];
+            const float* qf[kRowBlock];
+            for (int r = 0; r < kRowBlock; ++r) {
+                row[r] = &buf.active[b + std::min(r, count - 1)];
+                qf[r] = buf.q.data() + row[r]->k * Dv;
+            }
+            Vf s[kRowBlock] = {};
+            for (int64_t d = 0; d < D; ++d) {
+                Vf kd;
+                __builtin_memcpy(&kd, kt + d * kTile, sizeof kd);
+                for (int r = 0; r < kRowBlock; ++r) s[r] = vfma(Vf{} + qf[r][d], kd, s[r]);
+            }
+            Vf p[kRowBlock];
+            float alpha[kRowBlock];
+            int j_first = kTile, j_last = -1;
+            for (int r = 0; r < kRowBlock; ++r) {
+                const int64_t k = row[r]->k;
+                if (a.softcap > 0.0f) s[r] = vsoftcap(s[r], a.softcap);
+                const Vi valid = (lane >= row[r]->j_lo) & (lane <= row[r]->j_hi);
+                s[r] = valid ? s[r] : Vf{} - std::numeric_limits<float>::infinity();
+                float tile_max = s[r][0];
+                for (int j = 1; j < kTile; ++j) tile_max = std::max(tile_max, s[r][j]);
+                const float m_new = std::max(buf.m[k], tile_max);
+                p[r] = vexp(s[r] - m_new);
+                alpha[r] = vexp(Vf{} + (buf.m[k] - m_new))[0];
+                if (r < count) {
+                    float sum = 0.0f;
+                    for (int j = 0; j < kTile; ++j) sum += p[r][j];
+                    buf.l[k] = buf.l[k] * alpha[r] + sum;
+                    buf.m[k] = m_new;
+                }
+                j_first = std::min(j_first, row[r]->j_lo);
+                j_last = std::max(j_last, row[r]->j_hi);
+            }
+            // a row's weights outside its own keys are exactly 0: adding 0 * v leaves its sums as they are
+            for (int64_t d = 0; d < Dv; d += kTile) {
+                Vf o[kRowBlock];
+                for (int r = 0; r < kRowBlock; ++r) {
+                    __builtin_memcpy(&o[r], buf.acc.data() + row[r]->k * Dv + d, sizeof o[r]);
+                    o[r] = o[r] * alpha[r];
+                }
+                for (int j = j_first; j <= j_last; ++j) {
+                    Vf v;
+                    __builtin_memcpy(&v, vt + j * Dv + d, sizeof v);
+                    for (int r = 0; r < kRowBlock; ++r) o[r] = vfma(Vf{} + p[r][j], v, o[r]);
+                }
+                for (int r = 0; r < count; ++r) __builtin_memcpy(buf.acc.data() + row[r]->k * Dv + d, &o[r], sizeof o[r]);
+            }
+        }
+    }
+    for (int64_t i = q0; i < q1; ++i) {
+        for (int64_t g = 0; g < G; ++g) {
+            const int64_t k = (i - q0) * G + g;
+            const float inv = 1.0f / buf.l[k];
+            float* acc = buf.acc.data() + k * Dv;
+            for (int64_t d = 0; d < D; ++d) acc[d] *= inv;
+            store_row(a.q_dtype, a.out, ((row0 + i) * a.heads + kv * G + g) * D, D, acc);
+        }
+    }
+}
+
+#undef LLMP_FN

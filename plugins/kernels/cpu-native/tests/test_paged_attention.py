@@ -1,0 +1,186 @@
+"""paged_attention against the torch reference set: values over the engine's shapes, batch invariance bit for bit
+(alone, batched, chunked, any thread count), every ISA path, and clear errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from llmp_kernels_cpu_native.kernels import NativeKernels
+from llmp_kernels_cpu_native.library import load
+from llmp_kernels_torch.kernels import TorchKernels
+
+from llmp.api import AttentionMetadata
+
+SCALE = 0.125
+
+
+@pytest.fixture(scope="module")
+def kernels() -> NativeKernels:
+    return NativeKernels()
+
+
+class Cache:
+    """A paged cache with random keys and values; each request's blocks scattered over it in random order."""
+
+    def __init__(self, seq_lens, heads=9, kv_heads=3, head_dim=64, block_size=16, dtype=torch.float32, seed=0):
+        generator = torch.Generator().manual_seed(seed)
+        self.block_size, self.heads, self.head_dim, self.dtype = block_size, heads, head_dim, dtype
+        per_request = max(-(-n // block_size) for n in seq_lens)
+        blocks = len(seq_lens) * per_request + 3
+        shape = (blocks, block_size, kv_heads, head_dim)
+        self.k = torch.randn(shape, generator=generator).to(dtype)
+        self.v = torch.randn(shape, generator=generator).to(dtype)
+        order = torch.randperm(blocks, generator=generator)[: len(seq_lens) * per_request]
+        self.tables = order.view(len(seq_lens), per_request).int()
+        self.queries = torch.randn(max(seq_lens), heads, head_dim, generator=generator).to(dtype)
+
+    def batch(self, requests, window=None):
+        """q and metadata for requests [(request index, first new position, new tokens)]: request i's query at
+        position p is always the same vector, so one position can be compared across batches."""
+        q = torch.cat([self.queries[start : start + new] for _, start, new in requests])
+        lens = [new for *_, new in requests]
+        metadata = AttentionMetadata(
+            query_start_loc=torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32),
+            seq_lens=torch.tensor([start + new for _, start, new in requests], dtype=torch.int32),
+            block_tables=self.tables[[i for i, *_ in requests]].contiguous(),
+            slot_mapping=torch.full((q.shape[0],), -1, dtype=torch.long),
+            max_query_len=max(lens),
+            max_seq_len=max(start + new for _, start, new in requests),
+            sliding_window=window,
+        )
+        return q, metadata
+
+
+MIXED = [(0, 0, 37), (1, 40, 1), (2, 100, 29), (3, 16, 1), (4, 0, 1)]  # prefill, decode, chunk on a cached prefix
+SEQ_LENS = [37, 41, 129, 17, 1]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(
+    "heads, kv_heads, head_dim, block_size",
+    [(9, 3, 64, 16), (14, 2, 64, 16), (4, 4, 40, 8), (8, 1, 256, 32), (6, 2, 24, 5)],
+)
+@pytest.mark.parametrize("window, softcap", [(None, None), (20, None), (None, 30.0), (7, 50.0)])
+def test_matches_the_reference(kernels, dtype, heads, kv_heads, head_dim, block_size, window, softcap):
+    cache = Cache(SEQ_LENS, heads, kv_heads, head_dim, block_size, dtype)
+    q, metadata = cache.batch(MIXED, window)
+    got = kernels.paged_attention(q, cache.k, cache.v, metadata, SCALE, softcap)
+    # the reference in float32 (its bfloat16 SDPA rounds more than this kernel's float32 arithmetic)
+    expected = TorchKernels().paged_attention(q.float(), cache.k.float(), cache.v.float(), metadata, SCALE, softcap)
+    assert got.dtype == dtype and got.shape == q.shape
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2  # float32 summation order; one rounding to dtype
+    torch.testing.assert_close(got.float(), expected, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window, softcap", [(None, None), (20, 30.0)])
+def test_a_position_has_the_same_bits_alone_batched_and_chunked(kernels, dtype, window, softcap):
+    cache = Cache([130, 130, 64], dtype=dtype)
+
+    def attend(requests):
+        q, metadata = cache.batch(requests, window)
+        out = kernels.paged_attention(q, cache.k, cache.v, metadata, SCALE, softcap)
+        rows, at = {}, 0
+        for index, start, new in requests:
+            for position in range(start, start + new):
+                rows[index, position] = out[at]
+                at += 1
+        return rows
+
+    whole = attend([(0, 0, 130)])  # one prefill
+    chunked = {}
+    for requests in ([(0, 0, 17)], [(1, 0, 64), (0, 17, 50)], [(0, 67, 1), (2, 0, 64)], [(0, 68, 62)]):
+        chunked.update(attend(requests))
+    alone = {(0, p): attend([(0, p, 1)])[0, p] for p in (0, 15, 16, 63, 64, 129)}  # decode steps
+    for key, row in {**chunked, **alone}.items():
+        if key[0] == 0:
+            assert torch.equal(row, whole[key]), key
+
+
+def test_the_result_does_not_depend_on_the_thread_count(kernels):
+    cache = Cache(SEQ_LENS, 14, 2, 64, 16, torch.bfloat16)
+    q, metadata = cache.batch(MIXED)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = kernels.paged_attention(q, cache.k, cache.v, metadata, SCALE)
+        for count in (2, 3):
+            torch.set_num_threads(count)
+            assert torch.equal(kernels.paged_attention(q, cache.k, cache.v, metadata, SCALE), alone)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_a_query_view_of_a_fused_projection(kernels):
+    # q as models pass it: a view of the q|k|v projection, rows not contiguous
+    cache = Cache(SEQ_LENS)
+    q, metadata = cache.batch(MIXED)
+    fused = torch.cat([q.reshape(q.shape[0], -1), torch.randn(q.shape[0], 2 * 3 * 64)], dim=1)
+    view = fused[:, : q[0].numel()].view(q.shape)
+    assert not view.is_contiguous()
+    assert torch.equal(
+        kernels.paged_attention(view, cache.k, cache.v, metadata, SCALE),
+        kernels.paged_attention(q, cache.k, cache.v, metadata, SCALE),
+    )
+
+
+def test_bad_input_is_a_clear_error(kernels):
+    cache = Cache(SEQ_LENS)
+    q, metadata = cache.batch(MIXED)
+    with pytest.raises(RuntimeError, match="do not group"):
+        kernels.paged_attention(q[:, :8], cache.k, cache.v, metadata, SCALE)
+    short = dataclasses.replace(metadata, block_tables=metadata.block_tables[:, :1].contiguous())
+    with pytest.raises(RuntimeError, match="block table is too short"):
+        kernels.paged_attention(q, cache.k, cache.v, short, SCALE)
+    with pytest.raises(RuntimeError, match="float32, bfloat16 or float16"):
+        kernels.paged_attention(q.double(), cache.k, cache.v, metadata, SCALE)
+
+
+# -- each instruction set path, forced in a fresh process -------------------------------------------------
+
+ISAS = ("scalar", "avx2", "avx512")
+
+CHECK_PATH = textwrap.dedent(
+    """
+    import sys
+    import torch
+    from llmp_kernels_cpu_native.kernels import NativeKernels
+    from llmp_kernels_torch.kernels import TorchKernels
+    sys.path.insert(0, sys.argv[2])
+    from test_paged_attention import MIXED, SCALE, SEQ_LENS, Cache
+
+    kernels = NativeKernels()
+    assert kernels.isa == sys.argv[1], kernels.isa
+    for dtype in (torch.float32, torch.bfloat16):
+        cache = Cache(SEQ_LENS, 14, 2, 64, 16, dtype)
+        for window, softcap in ((None, None), (20, 30.0)):
+            q, metadata = cache.batch(MIXED, window)
+            got = kernels.paged_attention(q, cache.k, cache.v, metadata, SCALE, softcap)
+            ref = TorchKernels().paged_attention(q.float(), cache.k.float(), cache.v.float(), metadata, SCALE, softcap)
+            tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+            torch.testing.assert_close(got.float(), ref, rtol=tolerance, atol=tolerance)
+            q1, one = cache.batch([MIXED[2]], window)
+            alone = kernels.paged_attention(q1, cache.k, cache.v, one, SCALE, softcap)
+            assert torch.equal(alone, got[38:67]), (dtype, window)
+    print("ok")
+    """
+)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_each_instruction_set_path(isa):
+    best = load()
+    if ISAS.index(isa) > ISAS.index(best):
+        pytest.skip(f"this CPU runs {best} at best")
+    env = {**os.environ, "LLMP_NATIVE_ISA": isa}
+    here = os.path.dirname(__file__)
+    result = subprocess.run(
+        [sys.executable, "-c", CHECK_PATH, isa, here], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-3000:]
