@@ -6,8 +6,8 @@
 // windows and Gemma 2's soft-capping as the torch reference computes them; bfloat16, float16 and float32 queries
 // and caches, float32 arithmetic. A query row's result depends only on that row (see paged_attention_impl.h).
 //
-// Threads: work items are (request, KV head, up to kItemPositions query positions), split over torch's threads
-// as quant_matmul's rows are; an item runs whole on one thread.
+// Threads: work items are (request, KV head, up to kItemRows query rows), split over torch's threads as
+// quant_matmul's rows are (fewer threads for a call under kMinWorkPerThread a thread); an item runs whole on one.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -47,8 +47,6 @@ struct AttentionArgs {
     int64_t heads, kv_heads, group, head_dim, block_size, window;  // window 0: none
     float scale, softcap;  // softcap 0: none
 };
-
-constexpr int kRowBlock = 4;  // query rows computed together over a tile of keys
 
 struct ActiveRow {
     int64_t k;  // the row in the item
@@ -152,8 +150,12 @@ ItemFn item_for_isa() {
     return scalar::attend_item;
 }
 
-// Query positions an item: its rows (positions x query heads of a KV head) share each tile of keys read.
-constexpr int64_t kItemRows = 64;
+// Each thread gets at least this many (query row, key) pairs, about 20 us of work: below that, waking a thread
+// and waiting for it costs more than it saves.
+constexpr int64_t kMinWorkPerThread = 2048;
+
+// Query rows an item (its positions x the query heads of its KV head): they share each tile of keys read.
+constexpr int64_t kItemRows = 256;
 
 Dtype dtype_of(const at::Tensor& t, const char* name) {
     switch (t.scalar_type()) {
@@ -202,25 +204,38 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
                              static_cast<float>(scale), softcap > 0 ? static_cast<float>(softcap) : 0.0f};
     const int64_t positions = std::max<int64_t>(1, kItemRows / args.group);
     std::vector<Item> items;
+    std::vector<int64_t> ends;  // the (query row, key) pairs of items 0..i, for a split of equal work
+    int64_t work = 0;
     for (int64_t r = 0; r < R; ++r) {
-        const int64_t qlen = args.query_start_loc[r + 1] - args.query_start_loc[r];
-        TORCH_CHECK(qlen >= 0 && qlen <= args.seq_lens[r], "paged_attention: request ", r, " has ", qlen,
-                    " queries but ", args.seq_lens[r], " tokens");
-        TORCH_CHECK((args.seq_lens[r] + args.block_size - 1) / args.block_size <= tables.size(1),
-                    "paged_attention: request ", r, "'s block table is too short for ", args.seq_lens[r], " tokens");
+        const int64_t qlen = args.query_start_loc[r + 1] - args.query_start_loc[r], seq = args.seq_lens[r];
+        TORCH_CHECK(qlen >= 0 && qlen <= seq, "paged_attention: request ", r, " has ", qlen, " queries but ", seq,
+                    " tokens");
+        TORCH_CHECK((seq + args.block_size - 1) / args.block_size <= tables.size(1), "paged_attention: request ", r,
+                    "'s block table is too short for ", seq, " tokens");
         for (int64_t q0 = 0; q0 < qlen; q0 += positions) {
-            for (int64_t kv = 0; kv < Hkv; ++kv) items.push_back({r, kv, q0, std::min(qlen, q0 + positions)});
+            const int64_t q1 = std::min(qlen, q0 + positions), keys = seq - qlen + q1;  // its last row's keys
+            for (int64_t kv = 0; kv < Hkv; ++kv) {
+                items.push_back({r, kv, q0, q1});
+                work += (q1 - q0) * args.group * (args.window > 0 ? std::min(args.window, keys) : keys);
+                ends.push_back(work);
+            }
         }
     }
     static const ItemFn attend = item_for_isa();
     const int64_t n = static_cast<int64_t>(items.size());
-    const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n));
-    at::parallel_for(0, n, (n + threads - 1) / threads, [&](int64_t begin, int64_t end) {
+    const int64_t threads = std::clamp<int64_t>(work / kMinWorkPerThread, 1, std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n)));
+    // thread t takes the items whose work ends in (t, t + 1] / threads of the total: contiguous, about equal
+    // (a prefill's later rows read more keys than its first)
+    at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
         thread_local ItemBuffers buffers;
         buffers.reserve(positions * args.group, D);
-        for (int64_t i = begin; i < end; ++i) {
-            const Item& item = items[i];
-            attend(args, item.request, item.kv, item.q0, item.q1, buffers);
+        for (int64_t t = begin; t < end; ++t) {
+            const auto first = std::lower_bound(ends.begin(), ends.end(), work * t / threads + 1);
+            const auto last = std::lower_bound(ends.begin(), ends.end(), work * (t + 1) / threads + 1);
+            for (auto i = first - ends.begin(); i < std::min<int64_t>(last - ends.begin(), n); ++i) {
+                const Item& item = items[i];
+                attend(args, item.request, item.kv, item.q0, item.q1, buffers);
+            }
         }
     });
     return out;

@@ -63,6 +63,67 @@ LLMP_FN Vf vsoftcap(Vf s, float cap) {
     return (1.0f - 2.0f / (e + 1.0f)) * cap;
 }
 
+// Rows b..b+count-1 of the tile's active rows, R at a time (a block's last row repeats to fill it; its copies are
+// not stored): each load of a key or value column serves every row of the block. One row's operations are the
+// same whatever R and whatever the other rows.
+template <int R>
+LLMP_FN void attend_rows(const AttentionArgs& a, ItemBuffers& buf, int64_t b, int count, const float* kt,
+                         const float* vt) {
+    const int64_t D = a.head_dim, Dv = buf.dv;
+    const ActiveRow* row[R];
+    const float* qf[R];
+    for (int r = 0; r < R; ++r) {
+        row[r] = &buf.active[b + std::min(r, count - 1)];
+        qf[r] = buf.q.data() + row[r]->k * Dv;
+    }
+    Vf s[R];
+    for (int r = 0; r < R; ++r) s[r] = Vf{};
+    for (int64_t d = 0; d < D; ++d) {
+        Vf kd;
+        __builtin_memcpy(&kd, kt + d * kTile, sizeof kd);
+        for (int r = 0; r < R; ++r) s[r] = vfma(Vf{} + qf[r][d], kd, s[r]);
+    }
+    Vi lane;
+    for (int j = 0; j < kTile; ++j) lane[j] = j;
+    alignas(64) float p[R][kTile];  // the weights, read back one at a time (a load, not a shuffle)
+    float alpha[R];
+    int j_first = kTile, j_last = -1;
+    for (int r = 0; r < R; ++r) {
+        const int64_t k = row[r]->k;
+        if (a.softcap > 0.0f) s[r] = vsoftcap(s[r], a.softcap);
+        const Vi valid = (lane >= row[r]->j_lo) & (lane <= row[r]->j_hi);
+        s[r] = valid ? s[r] : Vf{} - std::numeric_limits<float>::infinity();
+        float tile_max = s[r][0];
+        for (int j = 1; j < kTile; ++j) tile_max = std::max(tile_max, s[r][j]);
+        const float m_new = std::max(buf.m[k], tile_max);
+        const Vf weights = vexp(s[r] - m_new);
+        __builtin_memcpy(p[r], &weights, sizeof weights);
+        alpha[r] = vexp(Vf{} + (buf.m[k] - m_new))[0];
+        if (r < count) {
+            float sum = 0.0f;
+            for (int j = 0; j < kTile; ++j) sum += p[r][j];
+            buf.l[k] = buf.l[k] * alpha[r] + sum;
+            buf.m[k] = m_new;
+        }
+        j_first = std::min(j_first, row[r]->j_lo);
+        j_last = std::max(j_last, row[r]->j_hi);
+    }
+    // a row's weights outside its own keys are exactly 0: adding 0 * v leaves its sums as they are
+    for (int64_t d = 0; d < Dv; d += kTile) {
+        Vf o[R];
+        for (int r = 0; r < R; ++r) {
+            __builtin_memcpy(&o[r], buf.acc.data() + row[r]->k * Dv + d, sizeof o[r]);
+            o[r] = o[r] * alpha[r];
+        }
+        for (int j = j_first; j <= j_last; ++j) {
+            Vf v;
+            __builtin_memcpy(&v, vt + j * Dv + d, sizeof v);
+            for (int r = 0; r < R; ++r) o[r] = vfma(Vf{} + p[r][j], v, o[r]);
+        }
+        for (int r = 0; r < count; ++r) __builtin_memcpy(buf.acc.data() + row[r]->k * Dv + d, &o[r], sizeof o[r]);
+    }
+}
+
 // The rows of one work item: query positions q0..q1 of request `r` (their rows in q: row0 + i), every query head
 // of KV head `kv` (`group` of them), attending to the paged cache. Buffers are the calling thread's own.
 LLMP_FN void attend_item(const AttentionArgs& a, int64_t r, int64_t kv, int64_t q0, int64_t q1, ItemBuffers& buf) {
@@ -106,8 +167,7 @@ LLMP_FN void attend_item(const AttentionArgs& a, int64_t r, int64_t kv, int64_t 
                 for (int64_t d = 0; d < D; ++d) kt[d * kTile + j] = 0.0f;
             }
         }
-        // the rows with a key in this tile, taken kRowBlock at a time: each load of a key or value column serves
-        // all of them (a block's last row repeats to fill it; its copies are not stored)
+        // the rows with a key in this tile
         int64_t active = 0;
         for (int64_t i = q0; i < q1; ++i) {
             const int64_t lo = first_key(i), hi = position(i);  // keys lo..hi, inclusive
@@ -116,59 +176,10 @@ LLMP_FN void attend_item(const AttentionArgs& a, int64_t r, int64_t kv, int64_t 
             const int j_hi = static_cast<int>(std::min<int64_t>(hi - t0, kTile - 1));
             for (int64_t g = 0; g < G; ++g) buf.active[active++] = {(i - q0) * G + g, j_lo, j_hi};
         }
-        Vi lane;
-        for (int j = 0; j < kTile; ++j) lane[j] = j;
-        for (int64_t b = 0; b < active; b += kRowBlock) {
-            const int count = static_cast<int>(std::min<int64_t>(kRowBlock, active - b));
-            const ActiveRow* row[kRowBlock];
-            const float* qf[kRowBlock];
-            for (int r = 0; r < kRowBlock; ++r) {
-                row[r] = &buf.active[b + std::min(r, count - 1)];
-                qf[r] = buf.q.data() + row[r]->k * Dv;
-            }
-            Vf s[kRowBlock] = {};
-            for (int64_t d = 0; d < D; ++d) {
-                Vf kd;
-                __builtin_memcpy(&kd, kt + d * kTile, sizeof kd);
-                for (int r = 0; r < kRowBlock; ++r) s[r] = vfma(Vf{} + qf[r][d], kd, s[r]);
-            }
-            Vf p[kRowBlock];
-            float alpha[kRowBlock];
-            int j_first = kTile, j_last = -1;
-            for (int r = 0; r < kRowBlock; ++r) {
-                const int64_t k = row[r]->k;
-                if (a.softcap > 0.0f) s[r] = vsoftcap(s[r], a.softcap);
-                const Vi valid = (lane >= row[r]->j_lo) & (lane <= row[r]->j_hi);
-                s[r] = valid ? s[r] : Vf{} - std::numeric_limits<float>::infinity();
-                float tile_max = s[r][0];
-                for (int j = 1; j < kTile; ++j) tile_max = std::max(tile_max, s[r][j]);
-                const float m_new = std::max(buf.m[k], tile_max);
-                p[r] = vexp(s[r] - m_new);
-                alpha[r] = vexp(Vf{} + (buf.m[k] - m_new))[0];
-                if (r < count) {
-                    float sum = 0.0f;
-                    for (int j = 0; j < kTile; ++j) sum += p[r][j];
-                    buf.l[k] = buf.l[k] * alpha[r] + sum;
-                    buf.m[k] = m_new;
-                }
-                j_first = std::min(j_first, row[r]->j_lo);
-                j_last = std::max(j_last, row[r]->j_hi);
-            }
-            // a row's weights outside its own keys are exactly 0: adding 0 * v leaves its sums as they are
-            for (int64_t d = 0; d < Dv; d += kTile) {
-                Vf o[kRowBlock];
-                for (int r = 0; r < kRowBlock; ++r) {
-                    __builtin_memcpy(&o[r], buf.acc.data() + row[r]->k * Dv + d, sizeof o[r]);
-                    o[r] = o[r] * alpha[r];
-                }
-                for (int j = j_first; j <= j_last; ++j) {
-                    Vf v;
-                    __builtin_memcpy(&v, vt + j * Dv + d, sizeof v);
-                    for (int r = 0; r < kRowBlock; ++r) o[r] = vfma(Vf{} + p[r][j], v, o[r]);
-                }
-                for (int r = 0; r < count; ++r) __builtin_memcpy(buf.acc.data() + row[r]->k * Dv + d, &o[r], sizeof o[r]);
-            }
-        }
+        // blocks of 8 rows while they last, then of 4: a row's operations are the same in either
+        int64_t b = 0;
+        for (; b + 8 <= active; b += 8) attend_rows<8>(a, buf, b, 8, kt, vt);
+        for (; b < active; b += 4) attend_rows<4>(a, buf, b, static_cast<int>(std::min<int64_t>(4, active - b)), kt, vt);
     }
     for (int64_t i = q0; i < q1; ++i) {
         for (int64_t g = 0; g < G; ++g) {
