@@ -1,12 +1,13 @@
-"""Where an engine step's time goes, by kernel, with the `cpu` kernel set.
+"""Where an engine step's time goes, by kernel, with the `cpu` or `cpu-native` kernel set.
 
     .venv/bin/python benchmarks/step_anatomy.py offline            # the engine benchmark's offline workload
     .venv/bin/python benchmarks/step_anatomy.py prefill            # its prompts alone, one new token each
     .venv/bin/python benchmarks/step_anatomy.py decode --batch 32  # B prompts of 128 tokens, 128 new tokens
+    .venv/bin/python benchmarks/step_anatomy.py decode --batch 1 --kernels cpu-native
 
-Timers wrap the `cpu` set's kernels (RMSNorm, rotary, SiLU-and-mul, KV writes, paged attention and,
-inside it, the SDPA calls) and the packed matmuls; they are installed on the classes before the model
-is built, so layers that bound a kernel at construction are timed too. `LLMEngine.step()` is driven
+Timers wrap the set's kernels (RMSNorm, rotary, SiLU-and-mul, KV writes, paged attention and, inside
+the `cpu` set's, the SDPA calls) and the packed matmuls; they are installed on the classes before the
+model is built, so layers that bound a kernel at construction are timed too. `LLMEngine.step()` is driven
 in a loop on the Qwen2.5-0.5B-shaped model of engine_throughput.py (bfloat16, 2 threads, same limits).
 "the rest" is the step's time outside every timed kernel: embedding, residual adds, sampling,
 scheduling, inputs and outputs. Decode figures are per step, averaged over the steps with no prompt
@@ -28,7 +29,8 @@ from engine_throughput import build_model, random_prompts  # noqa: E402  (import
 
 SECONDS: collections.defaultdict[str, float] = collections.defaultdict(float)
 KERNELS = ("rms_norm", "rotary", "silu_and_mul", "write_kv", "paged_attention")
-INNER = ("_prefill", "_decode")  # SDPA calls inside paged_attention: reported, not added to the total
+INNER = ("_attend",)  # the cpu set's SDPA calls inside paged_attention: reported, not added to the total
+STEP_TOKENS: list[int] = []  # the tokens of the step (KV rows written by its first layer)
 
 
 def timed(function, label: str):
@@ -42,14 +44,29 @@ def timed(function, label: str):
     return wrapper
 
 
-def install_timers() -> None:
+def install_timers(kernels: str) -> None:
     import llmp_kernels_cpu.kernels as cpu
 
-    for name in KERNELS:
-        setattr(cpu.CpuKernels, name, timed(getattr(cpu.CpuKernels, name), name))
+    classes = [cpu.CpuKernels]
+    if kernels == "cpu-native":
+        from llmp_kernels_cpu_native.kernels import NativeKernels
+
+        classes.append(NativeKernels)
+    for cls in classes:
+        for name in KERNELS:
+            if name in vars(cls):  # the class's own, not one it inherits (timed once)
+                setattr(cls, name, timed(vars(cls)[name], name))
+    write_kv = cpu.CpuKernels.write_kv
+
+    def counting_write_kv(self, k, *args):
+        if not STEP_TOKENS:
+            STEP_TOKENS.append(k.shape[0])
+        return write_kv(self, k, *args)
+
+    cpu.CpuKernels.write_kv = counting_write_kv
     cpu.PackedLinear.__call__ = timed(cpu.PackedLinear.__call__, "matmuls")
     for name in INNER:
-        setattr(cpu, name, timed(getattr(cpu, name), f"sdpa{name}"))
+        setattr(cpu, name, timed(getattr(cpu, name), "sdpa"))
 
 
 def workload(name: str, batch: int, rng: random.Random) -> tuple[list[list[int]], list[int]]:
@@ -65,16 +82,17 @@ def main() -> None:
     parser.add_argument("workload", choices=["offline", "prefill", "decode"])
     parser.add_argument("--batch", type=int, default=32, help="decode batch size")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--kernels", choices=["cpu", "cpu-native"], default="cpu")
     parser.add_argument("--model-dir", type=Path, default=Path.home() / ".cache" / "llmp" / "bench" / "qwen05b-shape")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    install_timers()
+    install_timers(args.kernels)
     from llmp import LLM, SamplingParams
 
     llm = LLM(
         str(build_model(args.model_dir)),
         dtype="bfloat16",
-        kernels="cpu",
+        kernels=args.kernels,
         max_model_len=1024,
         max_num_seqs=64,
         max_num_batched_tokens=2048,
@@ -92,22 +110,24 @@ def main() -> None:
             {"prompt_token_ids": prompt},
             SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True),
         )
-    steps: list[tuple[float, dict[str, float]]] = []
+    steps: list[tuple[float, dict[str, float], int]] = []
     while engine.has_unfinished_requests():
         SECONDS.clear()
+        STEP_TOKENS.clear()
         start = time.perf_counter()
         engine.step()
-        steps.append((time.perf_counter() - start, dict(SECONDS)))
+        steps.append((time.perf_counter() - start, dict(SECONDS), sum(STEP_TOKENS)))
     if args.workload == "decode":
-        steps = [step for step in steps if "sdpa_prefill" not in step[1]]  # decode-only steps
+        steps = [step for step in steps if step[2] <= args.batch]  # decode-only steps: a token a request
         scale, unit = 1e3 / len(steps), "ms a step"
     else:
         scale, unit = 1.0, "s"
-    total = sum(t for t, _ in steps) * scale
+    total = sum(t for t, *_ in steps) * scale
     parts: collections.Counter[str] = collections.Counter()
-    for _, seconds in steps:
+    for _, seconds, _ in steps:
         parts.update({k: v * scale for k, v in seconds.items()})
-    print(f"{args.workload}: {len(steps)} steps, {sum(len(p) for p in prompts)} prompt tokens, {total:.2f} {unit}")
+    tokens = sum(len(p) for p in prompts)
+    print(f"{args.workload} ({args.kernels}): {len(steps)} steps, {tokens} prompt tokens, {total:.2f} {unit}")
     for label, value in parts.most_common():
         inner = label.startswith("sdpa")
         print(f"  {'  ' if inner else ''}{label:20s} {value:9.2f}  {100 * value / total:5.1f}%")

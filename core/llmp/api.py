@@ -719,6 +719,12 @@ class PacksLinear(Protocol):
     in whatever layout its matmul reads fastest (oneDNN's blocked layouts,
     quantized copies ...), or ``None`` to leave the layer on ``F.linear``.
     The layer drops its dense weight afterwards unless another module shares it.
+
+    The layer calls the function in blocks of exactly ``llmp.modeling.layers.INVARIANT_ROWS`` rows (the
+    last padded), so that a row's result never depends on the batch whatever the matmul library does with
+    other row counts. A function whose rows are independent by construction (one fixed summation order
+    per row, whatever ``T``) says so with the attribute ``row_invariant = True``; it is then called on the
+    batch as it is, without the padding (a decode step of one sequence multiplies one row, not 32).
     """
 
     def pack_linear(self, weight: Tensor, bias: Tensor | None) -> Callable[[Tensor], Tensor] | None: ...

@@ -369,6 +369,7 @@ def pack_linear_layers(model: nn.Module, kernels: Any) -> int:
         bias = module.packed_bias()
         module.packed = kernels.pack_linear(module.weight.detach(), None if bias is None else bias.detach())
         if module.packed is not None:
+            module.packed_row_invariant = getattr(module.packed, "row_invariant", False)
             packed += 1
             if uses[id(module.weight)] == 1:
                 module.weight.data = module.weight.data.new_empty(0)

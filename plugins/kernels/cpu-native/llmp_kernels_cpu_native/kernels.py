@@ -5,6 +5,11 @@
   float32 in registers and L1 (the reference's values, bit for bit) and multiplied with every input row, so
   the weight is read once per call in its quantised size. A row's result depends only on that row (one fixed
   summation order), and work is split over output columns only, so it does not depend on the thread count.
+- **Dense bfloat16 linear layers** (``pack_linear``, on CPUs with AVX-512 BF16 and no AMX) multiply the layer's own
+  weight with ``vdpbf16ps``, each output one dot product in a fixed order whatever the batch: the layer then
+  calls it on the rows it has, where oneDNN's packed matmul (the ``cpu`` set's, used elsewhere) is called in
+  padded 32-row blocks to keep a row's bits independent of the batch. A decode step of one sequence
+  multiplies one row instead of 32, at the memory bandwidth a matrix-vector product reaches.
 - **Attention** (``paged_attention``) reads keys and values through the block table where they lie (no
   gather, no query block padded to 16 rows for one decode token), each KV head's tile of keys shared by its
   query heads, with sliding windows and soft-capping. Every query row is computed alone in an order fixed by
@@ -21,7 +26,7 @@ from llmp_kernels_cpu.kernels import CpuKernels
 
 from llmp.api import AttentionMetadata
 from llmp.quantization import QuantizedWeight
-from llmp_kernels_cpu_native.library import load, quant_matmul_types
+from llmp_kernels_cpu_native.library import dense_chosen, load, quant_matmul_types
 
 
 class QuantizedLinear:
@@ -38,12 +43,34 @@ class QuantizedLinear:
         return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
+class DenseLinear:
+    """``x @ weight.T (+ bias)`` in bfloat16 with AVX-512 BF16, each row alone: called on the batch as it is."""
+
+    row_invariant = True  # one fixed summation order per row: no 32-row blocks (llmp.api.PacksLinear)
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        self.weight = weight.contiguous()  # the layer's own tensor, not a copy (a tied head shares the embedding)
+        self.bias = bias
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.weight.shape[1])
+        out = torch.ops.llmp_native.dense_matmul(rows, self.weight, self.bias)
+        return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
 class NativeKernels(CpuKernels):
     name = "cpu-native"
 
     def __init__(self) -> None:
         super().__init__()
         self.isa = load()
+
+    def pack_linear(
+        self, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        if weight.device.type == "cpu" and weight.dim() == 2 and weight.dtype == torch.bfloat16 and dense_chosen():
+            return DenseLinear(weight, bias)
+        return super().pack_linear(weight, bias)
 
     def pack_quantized(self, weight: QuantizedWeight) -> Callable[[torch.Tensor], torch.Tensor] | None:
         if weight.blocks.device.type != "cpu" or weight.format.ggml_type not in quant_matmul_types():

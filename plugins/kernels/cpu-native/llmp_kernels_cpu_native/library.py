@@ -33,6 +33,20 @@ def quant_matmul_types() -> frozenset[int]:
     return frozenset(torch.ops.llmp_native.quant_matmul_types())
 
 
+@functools.cache
+def dense_supported() -> bool:
+    """Whether the library's ``dense_matmul`` runs here (a CPU with AVX-512 BF16)."""
+    load()
+    return bool(torch.ops.llmp_native.dense_matmul_supported())
+
+
+@functools.cache
+def dense_chosen() -> bool:
+    """Whether bfloat16 layers take ``dense_matmul``: it runs here and the CPU has no AMX (where it has, oneDNN's
+    AMX kernels multiply a prefill several times faster: the cpu set's matmuls stay)."""
+    return dense_supported() and not torch.ops.llmp_native.has_amx()
+
+
 def threads() -> str:
     """What a call runs on: ``openmp`` (split over torch's threads, ``torch.get_num_threads()``) or
     ``calling thread`` (a library built without OpenMP). Before ``load``, ``unknown``."""
