@@ -15,6 +15,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "isa.h"
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define LLMP_X86 1
@@ -27,11 +29,11 @@ constexpr int64_t kGroupRows = 16;  // weight rows a thread's range is made of
 constexpr int64_t kTileT = 128;  // input rows whose chunks stay in L2 while the weight rows pass (best of 16-128)
 constexpr int64_t kMinBytesPerThread = 64 << 10;  // as quant_matmul: less work than this a thread costs more than it saves
 
+// The AVX-512 level is selected (LLMP_NATIVE_ISA lowers it for every kernel, this one too) and the CPU has BF16
 bool supported() {
 #ifdef LLMP_X86
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512bf16");
+    return selected_isa() == Isa::avx512 && __builtin_cpu_supports("avx512bf16");
 #else
     return false;
 #endif
@@ -112,7 +114,7 @@ LLMP_BF16 void rows(const uint16_t* x, const uint16_t* w, const float* bias, c10
 #endif
 
 at::Tensor dense_matmul(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
-    TORCH_CHECK(supported(), "dense_matmul: this CPU has no AVX-512 BF16");
+    TORCH_CHECK(supported(), "dense_matmul: needs AVX-512 BF16 (and LLMP_NATIVE_ISA not below avx512)");
     TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu(), "dense_matmul: CPU tensors only");
     TORCH_CHECK(x.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kBFloat16,
                 "dense_matmul: x and the weight must be bfloat16");

@@ -122,14 +122,14 @@ namespace scalar {
 // Vf lives only inside each copy's own (inlined) functions: no call between differently compiled code passes it
 #pragma GCC diagnostic ignored "-Wpsabi"
 namespace avx2 {
-#define LLMP_TARGET __attribute__((target("avx2,fma,f16c")))
+#define LLMP_TARGET LLMP_TARGET_AVX2
 #define LLMP_ISA_LEVEL 1
 #include "paged_attention_impl.h"
 #undef LLMP_ISA_LEVEL
 #undef LLMP_TARGET
 }  // namespace avx2
 namespace avx512 {
-#define LLMP_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")))
+#define LLMP_TARGET LLMP_TARGET_AVX512
 #define LLMP_ISA_LEVEL 2
 #include "paged_attention_impl.h"
 #undef LLMP_ISA_LEVEL

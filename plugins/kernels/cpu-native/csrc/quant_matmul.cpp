@@ -92,7 +92,7 @@ namespace scalar {
 // no call between differently compiled code passes them, whatever GCC's ABI note says
 #pragma GCC diagnostic ignored "-Wpsabi"
 namespace avx2 {
-#define LLMP_TARGET __attribute__((target("avx2,fma,f16c")))
+#define LLMP_TARGET LLMP_TARGET_AVX2
 #define LLMP_ISA_LEVEL 1
 #include "quant_matmul_impl.h"
 #undef LLMP_ISA_LEVEL
@@ -104,7 +104,7 @@ namespace avx2 {
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 namespace avx512 {
-#define LLMP_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")))
+#define LLMP_TARGET LLMP_TARGET_AVX512
 #define LLMP_ISA_LEVEL 2
 #include "quant_matmul_impl.h"
 #undef LLMP_ISA_LEVEL

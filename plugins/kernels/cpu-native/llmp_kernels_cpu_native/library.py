@@ -35,7 +35,8 @@ def quant_matmul_types() -> frozenset[int]:
 
 @functools.cache
 def dense_supported() -> bool:
-    """Whether the library's ``dense_matmul`` runs here (a CPU with AVX-512 BF16)."""
+    """Whether the library's ``dense_matmul`` runs here: a CPU with AVX-512 BF16, its AVX-512 loops selected
+    (``LLMP_NATIVE_ISA=avx2`` or ``scalar`` leaves bfloat16 layers to the cpu set)."""
     load()
     return bool(torch.ops.llmp_native.dense_matmul_supported())
 

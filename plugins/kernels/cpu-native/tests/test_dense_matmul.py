@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from llmp_kernels_cpu.kernels import PackedLinear, UpcastLinear
 from llmp_kernels_cpu_native.kernels import DenseLinear, NativeKernels
-from llmp_kernels_cpu_native.library import dense_chosen, dense_supported
+from llmp_kernels_cpu_native.library import dense_supported
 
 pytestmark = pytest.mark.skipif(not dense_supported(), reason="no AVX-512 BF16: the library cannot run it here")
 
@@ -31,8 +31,7 @@ def kernels() -> NativeKernels:
 
 def test_bfloat16_layers_take_it_unless_the_cpu_has_amx():
     packed = NativeKernels().pack_linear(torch.randn(8, 64).bfloat16(), None)
-    assert isinstance(packed, DenseLinear) == dense_chosen()
-    assert dense_chosen() == (dense_supported() and not torch.ops.llmp_native.has_amx())
+    assert isinstance(packed, DenseLinear) == (dense_supported() and not torch.ops.llmp_native.has_amx())
 
 
 def operands(n: int, k: int, rows: int, seed: int = 0):
@@ -68,19 +67,15 @@ def test_a_row_has_the_same_bits_alone_and_in_any_batch(kernels, n, k):
             assert torch.equal(matmul(x[start : start + rows]), batch[start : start + rows]), (rows, start)
 
 
-def test_the_result_does_not_depend_on_the_thread_count(kernels):
-    threads = torch.get_num_threads()
-    try:
-        for n, k in ((9728, 896), (896, 4864), (37, 70)):
-            weight, bias, x = operands(n, k, 9)
-            matmul = kernels.pack_linear(weight, bias)
-            torch.set_num_threads(1)
-            alone = matmul(x)
-            for count in (2, 3):
-                torch.set_num_threads(count)
-                assert torch.equal(matmul(x), alone), (n, k, count)
-    finally:
-        torch.set_num_threads(threads)
+def test_the_result_does_not_depend_on_the_thread_count(kernels, set_threads):
+    for n, k in ((9728, 896), (896, 4864), (37, 70)):
+        weight, bias, x = operands(n, k, 9)
+        matmul = kernels.pack_linear(weight, bias)
+        set_threads(1)
+        alone = matmul(x)
+        for count in (2, 3):
+            set_threads(count)
+            assert torch.equal(matmul(x), alone), (n, k, count)
 
 
 def test_leading_dimensions_are_kept(kernels):

@@ -10,7 +10,6 @@ import textwrap
 import pytest
 import torch
 from llmp_kernels_cpu_native.kernels import NativeKernels
-from llmp_kernels_cpu_native.library import load
 
 from llmp.quantization import GGML_FORMATS, QuantizedWeight, dequantize, matmul_reference, quantize
 
@@ -120,22 +119,18 @@ def test_small_batches_are_rows_of_a_large_one_bit_for_bit(kernels, fmt):
 
 
 @pytest.mark.parametrize("fmt", ["Q4_1", "Q8_0", "Q4_K", "Q6_K"])
-def test_the_result_does_not_depend_on_the_thread_count(kernels, fmt):
+def test_the_result_does_not_depend_on_the_thread_count(kernels, fmt, set_threads):
     # rows split over threads in whole groups of 16, small calls on one thread: shapes on both sides of that
     k = 1024 if fmt.endswith("_K") else 576
-    threads = torch.get_num_threads()
-    try:
-        for out_features in (37, 192, 576, 1537):
-            matmul = kernels.pack_quantized(weight(fmt, out_features, k))
-            for rows in (1, 2, 8, 33):
-                x = inputs(rows, k)
-                torch.set_num_threads(1)
-                alone = matmul(x)
-                for count in (2, 3):
-                    torch.set_num_threads(count)
-                    assert torch.equal(matmul(x), alone), (out_features, rows, count)
-    finally:
-        torch.set_num_threads(threads)
+    for out_features in (37, 192, 576, 1537):
+        matmul = kernels.pack_quantized(weight(fmt, out_features, k))
+        for rows in (1, 2, 8, 33):
+            x = inputs(rows, k)
+            set_threads(1)
+            alone = matmul(x)
+            for count in (2, 3):
+                set_threads(count)
+                assert torch.equal(matmul(x), alone), (out_features, rows, count)
 
 
 ONE_OPENMP = textwrap.dedent(
@@ -177,7 +172,7 @@ def test_leading_dimensions_are_kept(kernels):
 
 # -- each instruction set path, forced in a fresh process -------------------------------------------------
 
-ISAS = ("scalar", "avx2", "avx512")
+ISAS = ("scalar", "avx2", "avx512")  # as conftest.ISAS
 
 CHECK_PATH = textwrap.dedent(
     """
@@ -211,12 +206,5 @@ CHECK_PATH = textwrap.dedent(
 
 
 @pytest.mark.parametrize("isa", ISAS)
-def test_each_instruction_set_path(isa):
-    best = load()
-    if ISAS.index(isa) > ISAS.index(best):
-        pytest.skip(f"this CPU runs {best} at best")
-    env = {**os.environ, "LLMP_NATIVE_ISA": isa}
-    result = subprocess.run(
-        [sys.executable, "-c", CHECK_PATH, isa], env=env, capture_output=True, text=True, timeout=120
-    )
-    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-3000:]
+def test_each_instruction_set_path(isa, run_on_isa):
+    run_on_isa(isa, CHECK_PATH)
