@@ -49,9 +49,11 @@ def install_timers(kernels: str) -> None:
 
     classes = [cpu.CpuKernels]
     if kernels == "cpu-native":
-        from llmp_kernels_cpu_native.kernels import NativeKernels
+        from llmp_kernels_cpu_native.kernels import DenseLinear, NativeKernels, QuantizedLinear
 
         classes.append(NativeKernels)
+        for matmul in (DenseLinear, QuantizedLinear):
+            matmul.__call__ = timed(matmul.__call__, "matmuls")
     for cls in classes:
         for name in KERNELS:
             if name in vars(cls):  # the class's own, not one it inherits (timed once)

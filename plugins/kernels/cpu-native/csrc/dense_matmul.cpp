@@ -1,19 +1,23 @@
 // dense_matmul: x @ W.T (+ bias) for bfloat16 x [T, K] and W [N, K], on CPUs with AVX-512 BF16 and no AMX
-// (AMD Zen 4 and 5) (llmp_native::dense_matmul).
+// (AMD Zen 4 and 5) (llmp_native::dense_pack, llmp_native::dense_matmul).
 //
-// Each output is one dot product computed the same way whatever T: 32 products at a time into a 16-lane float32
-// accumulator (vdpbf16ps; a bfloat16 product is exact in float32), the K tail masked to zeros, one fixed
-// reduction of the lanes, the bias added, one rounding to bfloat16. So a row's result never depends on the other
-// rows: the model layer calls it on the batch as it is, where oneDNN must be called in padded 32-row blocks for
-// the same guarantee (a decode step of one sequence then multiplies 32 rows, at about half the memory bandwidth
-// a matrix-vector product reaches). Weight rows are split over torch's threads in whole groups, as in
-// quant_matmul, so the bits do not depend on the thread count either.
+// The weight is packed once, in panels of 64 output columns: panel p holds, for each pair of K (k, k+1), the 64
+// columns' two bfloat16 values side by side ([P][K/2][64][2], zero-padded), so one vdpbf16ps with an input row's
+// pair broadcast adds x[k] * w[n][k] + x[k+1] * w[n][k+1] to 16 columns' float32 accumulators. A tile is up to 6
+// input rows x one panel (24 accumulators, 4 weight vectors, the broadcast). Each output (t, n) is one lane
+// accumulated over the pairs of K in order, then the bias, then one rounding to bfloat16: the same operations
+// whatever T, the tile or the thread count. So a row's result never depends on the other rows, and the model layer
+// calls it on the batch as it is, where oneDNN must be called in padded 32-row blocks for the same guarantee (a
+// decode step of one sequence then multiplies 32 rows, and a prefill re-reads the whole weight every 32 rows).
+// No lane reduction at the end: an earlier dot-product form spent a third of a 896-long row reducing lanes.
+// Threads take whole panels; every thread walks the input in chunks of rows that stay in L2.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 
 #include "isa.h"
 
@@ -25,8 +29,9 @@
 namespace llmp_native {
 namespace {
 
-constexpr int64_t kGroupRows = 16;  // weight rows a thread's range is made of
-constexpr int64_t kTileT = 128;  // input rows whose chunks stay in L2 while the weight rows pass (best of 16-128)
+constexpr int64_t kPanel = 64;  // output columns of a panel: four 16-lane vectors
+constexpr int64_t kMaxRows = 6;  // input rows of a tile
+constexpr int64_t kChunkRows = 96;  // input rows a thread takes through all its panels at a time (best of 48-192)
 constexpr int64_t kMinBytesPerThread = 64 << 10;  // as quant_matmul: less work than this a thread costs more than it saves
 
 // The AVX-512 level is selected (LLMP_NATIVE_ISA lowers it for every kernel, this one too) and the CPU has BF16
@@ -52,81 +57,91 @@ bool has_amx() {
 
 #ifdef LLMP_X86
 #define LLMP_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+#endif
 
-// TB input rows x NB weight rows: TB * NB accumulators, each chunk of x and W loaded once for all of them
-template <int TB, int NB>
-LLMP_BF16 inline void tile(const uint16_t* const* x, const uint16_t* const* w, int64_t K, float (*out)[NB]) {
-    __m512 acc[TB][NB];
-    for (int t = 0; t < TB; ++t)
-        for (int n = 0; n < NB; ++n) acc[t][n] = _mm512_setzero_ps();
-    int64_t k = 0;
-    for (; k + 32 <= K; k += 32) {
-        __m512bh wv[NB];
-        for (int n = 0; n < NB; ++n) wv[n] = (__m512bh)_mm512_loadu_si512(w[n] + k);
-        for (int t = 0; t < TB; ++t) {
-            const __m512bh xv = (__m512bh)_mm512_loadu_si512(x[t] + k);
-            for (int n = 0; n < NB; ++n) acc[t][n] = _mm512_dpbf16_ps(acc[t][n], xv, wv[n]);
-        }
-    }
-    if (k < K) {  // the tail, zero-padded: 0 * w adds nothing
-        const __mmask32 mask = (1u << (K - k)) - 1;
-        __m512bh wv[NB];
-        for (int n = 0; n < NB; ++n) wv[n] = (__m512bh)_mm512_maskz_loadu_epi16(mask, w[n] + k);
-        for (int t = 0; t < TB; ++t) {
-            const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(mask, x[t] + k);
-            for (int n = 0; n < NB; ++n) acc[t][n] = _mm512_dpbf16_ps(acc[t][n], xv, wv[n]);
-        }
-    }
-    for (int t = 0; t < TB; ++t)
-        for (int n = 0; n < NB; ++n) out[t][n] = _mm512_reduce_add_ps(acc[t][n]);
+int64_t packed_pairs(int64_t K) { return (K + 1) / 2; }
+
+at::Tensor dense_pack(const at::Tensor& weight) {
+    TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kBFloat16 && weight.device().is_cpu(),
+                "dense_pack: a 2-D bfloat16 CPU weight");
+    const int64_t N = weight.size(0), K = weight.size(1), P = (N + kPanel - 1) / kPanel, pairs = packed_pairs(K);
+    // [N, K] -> zero-padded [P * 64, 2 * pairs] -> [P, 64, pairs, 2] -> [P, pairs, 64, 2]
+    at::Tensor padded = at::zeros({P * kPanel, 2 * pairs}, weight.options());
+    padded.narrow(0, 0, N).narrow(1, 0, K).copy_(weight);
+    return padded.view({P, kPanel, pairs, 2}).permute({0, 2, 1, 3}).contiguous();
 }
 
-// rows n0..n1 of the output for every input row: NB weight rows (in L1) against TB input rows at a time (4 x 6:
-// 24 accumulators, 6 weight chunks and an input chunk fill the 32 registers; measured best of 4x4, 3x8, 4x6)
-template <int TB, int NB>
-LLMP_BF16 void rows(const uint16_t* x, const uint16_t* w, const float* bias, c10::BFloat16* y, int64_t T, int64_t N,
-                    int64_t K, int64_t n0, int64_t n1) {
-    auto store = [&](int64_t t, int64_t n, float value) { y[t * N + n] = c10::BFloat16(bias ? value + bias[n] : value); };
-    for (int64_t t0 = 0; t0 < T; t0 += kTileT) {
-        const int64_t t1 = std::min(T, t0 + kTileT);
-        for (int64_t n = n0; n < n1; n += NB) {
-            const int64_t nb = std::min<int64_t>(NB, n1 - n);
-            const uint16_t* wr[NB];
-            for (int j = 0; j < NB; ++j) wr[j] = w + (n + std::min<int64_t>(j, nb - 1)) * K;  // repeats the last
-            int64_t t = t0;
-            for (; t + TB <= t1; t += TB) {
-                const uint16_t* xr[TB];
-                for (int i = 0; i < TB; ++i) xr[i] = x + (t + i) * K;
-                float out[TB][NB];
-                tile<TB, NB>(xr, wr, K, out);
-                for (int i = 0; i < TB; ++i)
-                    for (int j = 0; j < nb; ++j) store(t + i, n + j, out[i][j]);
-            }
-            for (; t < t1; ++t) {
-                const uint16_t* xr[1] = {x + t * K};
-                float out[1][NB];
-                tile<1, NB>(xr, wr, K, out);
-                for (int j = 0; j < nb; ++j) store(t, n + j, out[0][j]);
-            }
+#ifdef LLMP_X86
+// rows t..t+R of the output, columns of one panel: R x 4 accumulators over every pair of K
+template <int R>
+LLMP_BF16 inline void packed_tile(const uint16_t* x, int64_t K, const uint16_t* panel, const float* bias, int64_t n0,
+                                  int64_t cols, c10::BFloat16* y, int64_t N) {
+    __m512 acc[R][4];
+    for (int r = 0; r < R; ++r)
+        for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_setzero_ps();
+    const int64_t full = K / 2;
+    const auto* wp = reinterpret_cast<const __m512i*>(panel);
+    for (int64_t p = 0; p < full; ++p, wp += 4) {
+        const __m512bh w0 = (__m512bh)_mm512_loadu_si512(wp), w1 = (__m512bh)_mm512_loadu_si512(wp + 1);
+        const __m512bh w2 = (__m512bh)_mm512_loadu_si512(wp + 2), w3 = (__m512bh)_mm512_loadu_si512(wp + 3);
+        for (int r = 0; r < R; ++r) {
+            int32_t pair;
+            __builtin_memcpy(&pair, x + r * K + 2 * p, 4);
+            const __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);
+            acc[r][0] = _mm512_dpbf16_ps(acc[r][0], xv, w0);
+            acc[r][1] = _mm512_dpbf16_ps(acc[r][1], xv, w1);
+            acc[r][2] = _mm512_dpbf16_ps(acc[r][2], xv, w2);
+            acc[r][3] = _mm512_dpbf16_ps(acc[r][3], xv, w3);
         }
     }
+    if (K & 1) {  // the last pair holds one value of K: its partner is 0 in the weight and in x
+        const __m512bh w0 = (__m512bh)_mm512_loadu_si512(wp), w1 = (__m512bh)_mm512_loadu_si512(wp + 1);
+        const __m512bh w2 = (__m512bh)_mm512_loadu_si512(wp + 2), w3 = (__m512bh)_mm512_loadu_si512(wp + 3);
+        for (int r = 0; r < R; ++r) {
+            const __m512bh xv = (__m512bh)_mm512_set1_epi32(int32_t(x[r * K + K - 1]));
+            acc[r][0] = _mm512_dpbf16_ps(acc[r][0], xv, w0);
+            acc[r][1] = _mm512_dpbf16_ps(acc[r][1], xv, w1);
+            acc[r][2] = _mm512_dpbf16_ps(acc[r][2], xv, w2);
+            acc[r][3] = _mm512_dpbf16_ps(acc[r][3], xv, w3);
+        }
+    }
+    for (int j = 0; j < 4; ++j) {
+        const int64_t c0 = j * 16;
+        if (c0 >= cols) break;
+        const __mmask16 mask = cols - c0 >= 16 ? __mmask16(0xffff) : __mmask16((1u << (cols - c0)) - 1);
+        const __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + n0 + c0) : _mm512_setzero_ps();
+        for (int r = 0; r < R; ++r) {
+            const __m256i out = (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(acc[r][j], b));
+            _mm256_mask_storeu_epi16(y + r * N + n0 + c0, mask, out);
+        }
+    }
+}
+
+template <int... R>
+LLMP_BF16 void packed_rows(std::integer_sequence<int, R...>, int64_t rows, const uint16_t* x, int64_t K,
+                           const uint16_t* panel, const float* bias, int64_t n0, int64_t cols, c10::BFloat16* y,
+                           int64_t N) {
+    ((rows == R + 1 ? (packed_tile<R + 1>(x, K, panel, bias, n0, cols, y, N), 0) : 0), ...);
 }
 #endif
 
-at::Tensor dense_matmul(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
+at::Tensor dense_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t N,
+                        const c10::optional<at::Tensor>& bias) {
     TORCH_CHECK(supported(), "dense_matmul: needs AVX-512 BF16 (and LLMP_NATIVE_ISA not below avx512)");
-    TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu(), "dense_matmul: CPU tensors only");
-    TORCH_CHECK(x.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kBFloat16,
-                "dense_matmul: x and the weight must be bfloat16");
-    TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1), "dense_matmul: x ", x.sizes(),
-                " does not match the weight ", weight.sizes());
-    const int64_t T = x.size(0), N = weight.size(0), K = weight.size(1);
+    TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kBFloat16 && x.dim() == 2,
+                "dense_matmul: x must be a 2-D bfloat16 CPU tensor");
+    TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == at::kBFloat16 && packed.size(2) == kPanel &&
+                    packed.size(3) == 2 && packed.size(1) == packed_pairs(x.size(1)) &&
+                    (N + kPanel - 1) / kPanel == packed.size(0),
+                "dense_matmul: x ", x.sizes(), " does not match the packed weight ", packed.sizes(), " of ", N,
+                " rows");
+    const int64_t T = x.size(0), K = x.size(1), P = packed.size(0), pairs = packed.size(1);
     at::Tensor b;
     if (bias.has_value() && bias->defined()) {
         TORCH_CHECK(bias->dim() == 1 && bias->size(0) == N, "dense_matmul: the bias must be [", N, "]");
         b = bias->to(at::kFloat).contiguous();
     }
-    const at::Tensor xs = x.contiguous(), ws = weight.contiguous();
+    const at::Tensor xs = x.contiguous(), ws = packed.contiguous();
     at::Tensor y = at::empty({T, N}, x.options());
     if (T == 0 || N == 0) return y;
 #ifdef LLMP_X86
@@ -134,12 +149,22 @@ at::Tensor dense_matmul(const at::Tensor& x, const at::Tensor& weight, const c10
     const auto* wp = reinterpret_cast<const uint16_t*>(ws.data_ptr());
     const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
     auto* yp = y.data_ptr<c10::BFloat16>();
-    const int64_t groups = (N + kGroupRows - 1) / kGroupRows;
-    const int64_t bytes = N * K * 2 + N * K / 2 * (T - 1);  // as quant_matmul: later rows cost less than the first
+    const int64_t bytes = N * K * 2 + N * K / 2 * (T - 1);
     const int64_t threads = std::clamp<int64_t>(bytes / kMinBytesPerThread, 1,
-                                                std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), groups)));
-    at::parallel_for(0, groups, (groups + threads - 1) / threads, [&](int64_t begin, int64_t end) {
-        rows<4, 6>(xp, wp, bp, yp, T, N, K, begin * kGroupRows, std::min(N, end * kGroupRows));
+                                                std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), P)));
+    at::parallel_for(0, P, (P + threads - 1) / threads, [&](int64_t begin, int64_t end) {
+        for (int64_t t0 = 0; t0 < T; t0 += kChunkRows) {
+            const int64_t t1 = std::min(T, t0 + kChunkRows);
+            for (int64_t p = begin; p < end; ++p) {
+                const uint16_t* panel = wp + p * pairs * kPanel * 2;
+                const int64_t n0 = p * kPanel, cols = std::min(kPanel, N - n0);
+                for (int64_t t = t0; t < t1; t += kMaxRows) {
+                    const int64_t rows = std::min(kMaxRows, t1 - t);
+                    packed_rows(std::make_integer_sequence<int, kMaxRows>{}, rows, xp + t * K, K, panel, bp, n0,
+                                cols, yp + t * N, N);
+                }
+            }
+        }
     });
 #endif
     return y;
@@ -149,10 +174,15 @@ at::Tensor dense_matmul(const at::Tensor& x, const at::Tensor& weight, const c10
 }  // namespace llmp_native
 
 TORCH_LIBRARY_FRAGMENT(llmp_native, m) {
-    // x [T, K] @ weight [N, K].T (+ bias [N]) -> [T, N], all bfloat16, float32 accumulation; each row alone
-    m.def("dense_matmul(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
+    // weight [N, K] bfloat16 -> its panels [ceil(N / 64), ceil(K / 2), 64, 2], zero-padded
+    m.def("dense_pack(Tensor weight) -> Tensor");
+    // x [T, K] @ W.T (+ bias [N]) -> [T, N] from W's panels, all bfloat16, float32 accumulation; each row alone
+    m.def("dense_matmul(Tensor x, Tensor packed, int n, Tensor? bias) -> Tensor");
     m.def("dense_matmul_supported() -> bool", &llmp_native::supported);  // the CPU has AVX-512 BF16
     m.def("has_amx() -> bool", &llmp_native::has_amx);  // the CPU has AMX tiles (bfloat16)
 }
 
-TORCH_LIBRARY_IMPL(llmp_native, CPU, m) { m.impl("dense_matmul", &llmp_native::dense_matmul); }
+TORCH_LIBRARY_IMPL(llmp_native, CPU, m) {
+    m.impl("dense_pack", &llmp_native::dense_pack);
+    m.impl("dense_matmul", &llmp_native::dense_matmul);
+}

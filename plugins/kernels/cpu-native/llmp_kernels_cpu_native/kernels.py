@@ -5,11 +5,12 @@
   float32 in registers and L1 (the reference's values, bit for bit) and multiplied with every input row, so
   the weight is read once per call in its quantised size. A row's result depends only on that row (one fixed
   summation order), and work is split over output columns only, so it does not depend on the thread count.
-- **Dense bfloat16 linear layers** (``pack_linear``, on CPUs with AVX-512 BF16 and no AMX) multiply the layer's own
-  weight with ``vdpbf16ps``, each output one dot product in a fixed order whatever the batch: the layer then
-  calls it on the rows it has, where oneDNN's packed matmul (the ``cpu`` set's, used elsewhere) is called in
-  padded 32-row blocks to keep a row's bits independent of the batch. A decode step of one sequence
-  multiplies one row instead of 32, at the memory bandwidth a matrix-vector product reaches.
+- **Dense bfloat16 linear layers** (``pack_linear``, on CPUs with AVX-512 BF16 and no AMX) multiply a copy of
+  the weight packed in panels of 64 columns with ``vdpbf16ps``, each output one float32 lane accumulated over K
+  in order whatever the batch: the layer then calls it on the rows it has, where oneDNN's packed matmul (the
+  ``cpu`` set's, used elsewhere) is called in padded 32-row blocks to keep a row's bits independent of the batch.
+  A decode step of one sequence multiplies one row instead of 32, and a prefill reads each weight panel once per
+  96 rows instead of the whole weight every 32.
 - **Attention** (``paged_attention``) reads keys and values through the block table where they lie (no
   gather, no query block padded to 16 rows for one decode token), each KV head's tile of keys shared by its
   query heads, with sliding windows and soft-capping. Every query row is computed alone in an order fixed by
@@ -44,18 +45,21 @@ class QuantizedLinear:
 
 
 class DenseLinear:
-    """``x @ weight.T (+ bias)`` in bfloat16 with AVX-512 BF16, each row alone: called on the batch as it is."""
+    """``x @ weight.T (+ bias)`` in bfloat16 with AVX-512 BF16, each row alone: called on the batch as it is.
+
+    The weight is packed in panels (the layer then drops its own copy; a head tied to the embedding keeps both)."""
 
     row_invariant = True  # one fixed summation order per row: no 32-row blocks (llmp.api.PacksLinear)
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        self.weight = weight.contiguous()  # the layer's own tensor, not a copy (a tied head shares the embedding)
+        self.out_features, self.in_features = weight.shape
+        self.panels = torch.ops.llmp_native.dense_pack(weight)
         self.bias = bias
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.weight.shape[1])
-        out = torch.ops.llmp_native.dense_matmul(rows, self.weight, self.bias)
-        return out.reshape(*x.shape[:-1], out.shape[-1])
+        rows = x.reshape(-1, self.in_features)
+        out = torch.ops.llmp_native.dense_matmul(rows, self.panels, self.out_features, self.bias)
+        return out.reshape(*x.shape[:-1], self.out_features)
 
 
 class NativeKernels(CpuKernels):

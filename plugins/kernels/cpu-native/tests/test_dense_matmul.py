@@ -103,3 +103,21 @@ def test_a_layer_calls_it_on_its_rows_without_padding(kernels):
     layer.packed = lambda x: seen.append(x.shape[0]) or packed(x)
     layer.matmul(torch.randn(3, 64).bfloat16())
     assert seen == [3]  # not a 32-row block
+
+
+def test_a_mismatched_input_is_a_clear_error(kernels):
+    weight, bias, x = operands(40, 64, 3)
+    matmul = kernels.pack_linear(weight, bias)
+    with pytest.raises(RuntimeError, match="does not match the packed weight"):
+        torch.ops.llmp_native.dense_matmul(torch.randn(3, 65).bfloat16(), matmul.panels, 40, None)
+    with pytest.raises(RuntimeError, match="bfloat16"):
+        torch.ops.llmp_native.dense_matmul(x.float(), matmul.panels, 40, None)
+
+
+def test_the_packed_panels_hold_the_weight_zero_padded(kernels):
+    weight, _, _ = operands(70, 33, 1)
+    panels = torch.ops.llmp_native.dense_pack(weight)
+    assert panels.shape == (2, 17, 64, 2)  # 70 columns in panels of 64; 33 values of K in 17 pairs
+    unpacked = panels.permute(0, 2, 1, 3).reshape(128, 34)
+    assert torch.equal(unpacked[:70, :33], weight)
+    assert not unpacked[70:].any() and not unpacked[:, 33:].any()
