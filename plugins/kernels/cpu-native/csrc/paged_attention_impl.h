@@ -63,6 +63,45 @@ LLMP_FN Vf vsoftcap(Vf s, float cap) {
     return (1.0f - 2.0f / (e + 1.0f)) * cap;
 }
 
+// n values of a bfloat16 or float32 row as float32 (exact: either way the same bits), 16 lanes at a time;
+// a float16 row through the scalar conversion
+LLMP_FN void load_floats(Dtype dtype, const void* base, int64_t offset, int64_t n, float* out) {
+    int64_t i = 0;
+    if (dtype == Dtype::bf16) {
+        const auto* src = static_cast<const uint16_t*>(base) + offset;
+        for (; i + kTile <= n; i += kTile) {
+            Vh h;
+            __builtin_memcpy(&h, src + i, sizeof h);
+            const Vi bits = __builtin_convertvector(h, Vi) << 16;  // a bfloat16 is a float32's upper half
+            __builtin_memcpy(out + i, &bits, sizeof bits);
+        }
+    } else if (dtype == Dtype::f32) {
+        const auto* src = static_cast<const float*>(base) + offset;
+        for (; i + kTile <= n; i += kTile) __builtin_memcpy(out + i, src + i, sizeof(Vf));
+    }
+    if (i < n) load_row(dtype, base, offset + i, n - i, out + i);
+}
+
+// rows[16][Dv] -> kt[Dv][16], one 16 x 16 block at a time: four rounds of pairing row i with row i + 8, which
+// rotate the bits of (row, column) by one each, so that after four the row's bits are the column's
+LLMP_FN void transpose_tiles(const float* rows, int64_t Dv, float* kt) {
+    for (int64_t d0 = 0; d0 < Dv; d0 += kTile) {
+        Vf r[kTile];
+        for (int j = 0; j < kTile; ++j) __builtin_memcpy(&r[j], rows + j * Dv + d0, sizeof(Vf));
+        for (int round = 0; round < 4; ++round) {
+            Vf next[kTile];
+            for (int i = 0; i < 8; ++i) {
+                next[2 * i] = __builtin_shufflevector(r[i], r[i + 8], 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6,
+                                                      22, 7, 23);
+                next[2 * i + 1] = __builtin_shufflevector(r[i], r[i + 8], 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13,
+                                                          29, 14, 30, 15, 31);
+            }
+            for (int j = 0; j < kTile; ++j) r[j] = next[j];
+        }
+        for (int d = 0; d < kTile; ++d) __builtin_memcpy(kt + (d0 + d) * kTile, &r[d], sizeof(Vf));
+    }
+}
+
 // Rows b..b+count-1 of the tile's active rows, R at a time (a block's last row repeats to fill it; its copies are
 // not stored): each load of a key or value column serves every row of the block. One row's operations are the
 // same whatever R and whatever the other rows.
@@ -154,19 +193,21 @@ LLMP_FN void attend_item(const AttentionArgs& a, int64_t r, int64_t kv, int64_t 
     float* vt = buf.vt.data();  // [16][Dv]: the tile's values
     for (int64_t t0 = first_tile; t0 <= last_key; t0 += kTile) {
         const int64_t n = std::min<int64_t>(kTile, last_key + 1 - t0);
+        float* key_rows = buf.row.data();  // [16][Dv], zero-padded
         for (int64_t j = 0; j < kTile; ++j) {
             if (j < n) {
                 const int64_t pos = t0 + j;
                 const int64_t slot = static_cast<int64_t>(blocks[pos / a.block_size]) * a.block_size + pos % a.block_size;
                 const int64_t offset = (slot * a.kv_heads + kv) * D;
-                load_row(a.cache_dtype, a.k_cache, offset, D, buf.row.data());
-                for (int64_t d = 0; d < D; ++d) kt[d * kTile + j] = buf.row[d];
-                load_row(a.cache_dtype, a.v_cache, offset, D, vt + j * Dv);
-                for (int64_t d = D; d < Dv; ++d) vt[j * Dv + d] = 0.0f;
+                load_floats(a.cache_dtype, a.k_cache, offset, D, key_rows + j * Dv);
+                load_floats(a.cache_dtype, a.v_cache, offset, D, vt + j * Dv);
+                std::fill(key_rows + j * Dv + D, key_rows + (j + 1) * Dv, 0.0f);
+                std::fill(vt + j * Dv + D, vt + (j + 1) * Dv, 0.0f);
             } else {
-                for (int64_t d = 0; d < D; ++d) kt[d * kTile + j] = 0.0f;
+                std::fill(key_rows + j * Dv, key_rows + (j + 1) * Dv, 0.0f);
             }
         }
+        transpose_tiles(key_rows, Dv, kt);
         // the rows with a key in this tile
         int64_t active = 0;
         for (int64_t i = q0; i < q1; ++i) {
