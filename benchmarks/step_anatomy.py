@@ -58,14 +58,14 @@ def install_timers(kernels: str) -> None:
         for name in KERNELS:
             if name in vars(cls):  # the class's own, not one it inherits (timed once)
                 setattr(cls, name, timed(vars(cls)[name], name))
-    write_kv = cpu.CpuKernels.write_kv
+    write_kv = classes[-1].write_kv  # the chosen set's (timed above)
 
     def counting_write_kv(self, k, *args):
         if not STEP_TOKENS:
             STEP_TOKENS.append(k.shape[0])
         return write_kv(self, k, *args)
 
-    cpu.CpuKernels.write_kv = counting_write_kv
+    classes[-1].write_kv = counting_write_kv
     cpu.PackedLinear.__call__ = timed(cpu.PackedLinear.__call__, "matmuls")
     for name in INNER:
         setattr(cpu, name, timed(getattr(cpu, name), "sdpa"))

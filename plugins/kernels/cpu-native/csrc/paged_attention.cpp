@@ -20,17 +20,12 @@
 #include <vector>
 
 #include "isa.h"
+#include "vec16.h"
 
 namespace llmp_native {
 namespace {
 
-constexpr int kTile = 16;  // keys a tile, aligned to absolute positions; lanes of Vf
-typedef float Vf __attribute__((vector_size(kTile * sizeof(float))));
-typedef int32_t Vi __attribute__((vector_size(kTile * sizeof(int32_t))));
-typedef uint16_t Vh __attribute__((vector_size(kTile * sizeof(uint16_t))));  // 16 bfloat16 bits
-
-constexpr float kExpMin = -87.3365448f, kExpMax = 88.3762626f;
-constexpr float kLog2e = 1.44269504088896341f, kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+constexpr int kTile = kLanes;  // keys a tile, aligned to absolute positions
 
 enum class Dtype { f32, bf16, f16 };
 

@@ -16,6 +16,11 @@
   query heads, with sliding windows and soft-capping. Every query row is computed alone in an order fixed by
   its position (key tiles aligned to absolute positions), so a token's numbers are the same cold, warm,
   chunked, alone or batched, as the reference's plan of aligned query blocks makes them for the other sets.
+- **Row-wise ops** (``rms_norm`` with or without the residual, ``rotary`` in place, ``silu_and_mul``,
+  ``gelu_tanh_and_mul``, and ``write_kv`` into caches of the model's dtype) in one pass each over bfloat16 or
+  float16 rows, where torch runs a chain of small ops (dispatches dominate a decode step's share of them).
+  float32 models keep the reference's ops, and so its bits (the greedy parity with transformers); ``write_kv``
+  copies their rows too (a copy has no rounding).
 """
 
 from __future__ import annotations
@@ -28,6 +33,12 @@ from llmp_kernels_cpu.kernels import CpuKernels
 from llmp.api import AttentionMetadata
 from llmp.quantization import QuantizedWeight
 from llmp_kernels_cpu_native.library import dense_chosen, load, quant_matmul_types
+
+HALF_DTYPES = (torch.bfloat16, torch.float16)  # the row-wise ops' dtypes: float32 stays on the reference's
+
+
+def _native_rows(x: torch.Tensor, *others: torch.Tensor) -> bool:
+    return x.device.type == "cpu" and x.dtype in HALF_DTYPES and all(t.dtype == x.dtype for t in others)
 
 
 class QuantizedLinear:
@@ -75,6 +86,43 @@ class NativeKernels(CpuKernels):
         if weight.device.type == "cpu" and weight.dim() == 2 and weight.dtype == torch.bfloat16 and dense_chosen():
             return DenseLinear(weight, bias)
         return super().pack_linear(weight, bias)
+
+    def rms_norm(
+        self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            if _native_rows(x, weight):
+                return torch.ops.llmp_native.rms_norm(x, weight, eps)
+        elif _native_rows(x, weight, residual) and residual.shape == x.shape:
+            return torch.ops.llmp_native.add_rms_norm(x, residual, weight, eps)
+        return super().rms_norm(x, weight, eps, residual)
+
+    def rotary(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        # in place: q and k are this step's fresh projections (views of one fused output)
+        if _native_rows(q, k) and cos_sin.shape[-1] == q.shape[-1] and cos_sin.dtype == torch.float32:
+            torch.ops.llmp_native.rotary_(positions, q, k, cos_sin)
+            return q, k
+        return super().rotary(positions, q, k, cos_sin)  # partial rotary, float32
+
+    def write_kv(
+        self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+    ) -> None:
+        if k.device.type == "cpu" and k.dtype == v.dtype == k_cache.dtype == v_cache.dtype and k_cache.is_contiguous():
+            torch.ops.llmp_native.write_kv_(k, v, k_cache, v_cache, slot_mapping)
+        else:  # a cache of another dtype: the cpu set converts
+            super().write_kv(k, v, k_cache, v_cache, slot_mapping)
+
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        if _native_rows(x):
+            return torch.ops.llmp_native.silu_and_mul(x)
+        return super().silu_and_mul(x)
+
+    def gelu_tanh_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        if _native_rows(x):
+            return torch.ops.llmp_native.gelu_tanh_and_mul(x)
+        return super().gelu_tanh_and_mul(x)
 
     def pack_quantized(self, weight: QuantizedWeight) -> Callable[[torch.Tensor], torch.Tensor] | None:
         if weight.blocks.device.type != "cpu" or weight.format.ggml_type not in quant_matmul_types():

@@ -1,0 +1,264 @@
+// Row-wise kernels of a decoder layer, each one pass over its rows in place of torch's chains of small ops
+// (a decode step's RMSNorm, rotary and SiLU-and-mul were ~20 dispatches a layer):
+//   llmp_native::rms_norm, llmp_native::add_rms_norm (the residual added, rounded, normed; both returned),
+//   llmp_native::silu_and_mul, llmp_native::gelu_tanh_and_mul, llmp_native::rotary_ (neox layout, in place),
+//   llmp_native::write_kv_ (a step's keys and values into their cache slots).
+// bfloat16 and float16 tensors, float32 arithmetic; float32 models keep the reference's ops (their greedy parity
+// with transformers). Rows are split over torch's threads only when a call is large enough to pay for waking them.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <tuple>
+#include <type_traits>
+
+#include "isa.h"
+#include "vec16.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define LLMP_X86 1
+#endif
+
+namespace llmp_native {
+namespace {
+
+constexpr int64_t kMinValuesPerThread = 1 << 16;  // below this a second thread costs more than it saves
+
+namespace scalar {
+#define LLMP_TARGET
+#define LLMP_ISA_LEVEL 0
+#include "elementwise_impl.h"
+#undef LLMP_ISA_LEVEL
+#undef LLMP_TARGET
+}  // namespace scalar
+
+#ifdef LLMP_X86
+#pragma GCC diagnostic ignored "-Wpsabi"
+namespace avx2 {
+#define LLMP_TARGET LLMP_TARGET_AVX2
+#define LLMP_ISA_LEVEL 1
+#include "elementwise_impl.h"
+#undef LLMP_ISA_LEVEL
+#undef LLMP_TARGET
+}  // namespace avx2
+namespace avx512 {
+#define LLMP_TARGET LLMP_TARGET_AVX512
+#define LLMP_ISA_LEVEL 2
+#include "elementwise_impl.h"
+#undef LLMP_ISA_LEVEL
+#undef LLMP_TARGET
+}  // namespace avx512
+#endif
+
+// the selected instruction set's copy of RowKernels<E>
+template <typename E, typename F>
+auto with_isa(F&& body) {
+#ifdef LLMP_X86
+    switch (selected_isa()) {
+        case Isa::avx512: return body(avx512::RowKernels<E>{});
+        case Isa::avx2: return body(avx2::RowKernels<E>{});
+        default: break;
+    }
+#endif
+    return body(scalar::RowKernels<E>{});
+}
+
+// rows 0..rows-1 through fn(begin, end), on one thread unless the call is large
+template <typename F>
+void over_rows(int64_t rows, int64_t values_per_row, F&& fn) {
+    const int64_t grain = std::max<int64_t>(1, kMinValuesPerThread / std::max<int64_t>(1, values_per_row));
+    if (rows <= grain) {
+        fn(0, rows);
+        return;
+    }
+    at::parallel_for(0, rows, grain, fn);
+}
+
+template <typename F>
+auto dispatch(at::ScalarType dtype, const char* op, F&& body) {
+    if (dtype == at::kBFloat16) return body(c10::BFloat16{});
+    TORCH_CHECK(dtype == at::kHalf, op, ": bfloat16 or float16 tensors, not ", dtype);
+    return body(c10::Half{});
+}
+
+void check_rows(const at::Tensor& x, const at::Tensor& weight, const char* op) {
+    TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu(), op, ": CPU tensors only");
+    TORCH_CHECK(x.dim() >= 1 && weight.dim() == 1 && weight.size(0) == x.size(-1), op, ": x ", x.sizes(),
+                " and the weight ", weight.sizes(), " do not match");
+    TORCH_CHECK(weight.scalar_type() == x.scalar_type(), op, ": the weight must be ", x.scalar_type());
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+    check_rows(x, weight, "rms_norm");
+    const at::Tensor xs = x.contiguous(), ws = weight.contiguous();
+    at::Tensor out = at::empty_like(xs);
+    const int64_t n = xs.size(-1), rows = n == 0 ? 0 : xs.numel() / n;
+    dispatch(xs.scalar_type(), "rms_norm", [&](auto tag) {
+        using E = decltype(tag);
+        const E *xp = xs.data_ptr<E>(), *wp = ws.data_ptr<E>();
+        E* op = out.data_ptr<E>();
+        with_isa<E>([&](auto k) {
+            over_rows(rows, n, [&](int64_t begin, int64_t end) {
+                for (int64_t r = begin; r < end; ++r)
+                    k.rms_norm(xp + r * n, nullptr, wp, op + r * n, nullptr, n, static_cast<float>(eps));
+            });
+            return 0;
+        });
+        return 0;
+    });
+    return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
+                                                const at::Tensor& weight, double eps) {
+    check_rows(x, weight, "add_rms_norm");
+    TORCH_CHECK(residual.sizes() == x.sizes() && residual.scalar_type() == x.scalar_type(),
+                "add_rms_norm: the residual ", residual.sizes(), " must match x ", x.sizes());
+    const at::Tensor xs = x.contiguous(), rs = residual.contiguous(), ws = weight.contiguous();
+    at::Tensor out = at::empty_like(xs), sum = at::empty_like(xs);
+    const int64_t n = xs.size(-1), rows = n == 0 ? 0 : xs.numel() / n;
+    dispatch(xs.scalar_type(), "add_rms_norm", [&](auto tag) {
+        using E = decltype(tag);
+        const E *xp = xs.data_ptr<E>(), *rp = rs.data_ptr<E>(), *wp = ws.data_ptr<E>();
+        E *op = out.data_ptr<E>(), *sp = sum.data_ptr<E>();
+        with_isa<E>([&](auto k) {
+            over_rows(rows, n, [&](int64_t begin, int64_t end) {
+                for (int64_t r = begin; r < end; ++r)
+                    k.rms_norm(xp + r * n, rp + r * n, wp, op + r * n, sp + r * n, n, static_cast<float>(eps));
+            });
+            return 0;
+        });
+        return 0;
+    });
+    return {out, sum};
+}
+
+template <bool kGelu>
+at::Tensor act_and_mul(const at::Tensor& x, const char* op) {
+    TORCH_CHECK(x.device().is_cpu() && x.dim() >= 1 && x.size(-1) % 2 == 0, op, ": x [..., 2d] on the CPU, not ",
+                x.sizes());
+    const at::Tensor xs = x.contiguous();
+    std::vector<int64_t> shape = xs.sizes().vec();
+    const int64_t half = shape.back() / 2, rows = half == 0 ? 0 : xs.numel() / (2 * half);
+    shape.back() = half;
+    at::Tensor out = at::empty(shape, xs.options());
+    dispatch(xs.scalar_type(), op, [&](auto tag) {
+        using E = decltype(tag);
+        const E* xp = xs.data_ptr<E>();
+        E* outp = out.data_ptr<E>();
+        with_isa<E>([&](auto k) {
+            over_rows(rows, 2 * half, [&](int64_t begin, int64_t end) {
+                for (int64_t r = begin; r < end; ++r) {
+                    if constexpr (kGelu) k.gelu_and_mul(xp + r * 2 * half, outp + r * half, half);
+                    else k.silu_and_mul(xp + r * 2 * half, outp + r * half, half);
+                }
+            });
+            return 0;
+        });
+        return 0;
+    });
+    return out;
+}
+
+at::Tensor silu_and_mul(const at::Tensor& x) { return act_and_mul<false>(x, "silu_and_mul"); }
+at::Tensor gelu_tanh_and_mul(const at::Tensor& x) { return act_and_mul<true>(x, "gelu_tanh_and_mul"); }
+
+// q [T, H, D] and k [T, Hkv, D] (any token and head strides, D contiguous) rotated in place by the rows of
+// cos_sin [max_pos, D] (float32: D/2 cosines, then D/2 sines) at positions [T]
+void rotary_(const at::Tensor& positions, const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos_sin) {
+    TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && q.size(0) == k.size(0) && q.size(2) == k.size(2) &&
+                    q.stride(2) == 1 && k.stride(2) == 1 && q.size(2) % 2 == 0,
+                "rotary_: q [T, H, D] and k [T, Hkv, D] with D even and contiguous, not ", q.sizes(), " and ",
+                k.sizes());
+    TORCH_CHECK(q.scalar_type() == k.scalar_type(), "rotary_: q and k must have one dtype");
+    TORCH_CHECK(cos_sin.dim() == 2 && cos_sin.size(1) == q.size(2) && cos_sin.scalar_type() == at::kFloat,
+                "rotary_: cos_sin must be float32 [max_positions, ", q.size(2), "], not ", cos_sin.sizes());
+    TORCH_CHECK(positions.dim() == 1 && positions.size(0) == q.size(0), "rotary_: positions must be [", q.size(0),
+                "]");
+    const at::Tensor pos = positions.to(at::kLong).contiguous(), table = cos_sin.contiguous();
+    const int64_t T = q.size(0), D = q.size(2), half = D / 2, max_pos = table.size(0);
+    const int64_t* pp = pos.data_ptr<int64_t>();
+    for (int64_t t = 0; t < T; ++t)
+        TORCH_CHECK(pp[t] >= 0 && pp[t] < max_pos, "rotary_: position ", pp[t], " is outside the table's ", max_pos);
+    const float* cs = table.data_ptr<float>();
+    dispatch(q.scalar_type(), "rotary_", [&](auto tag) {
+        using E = decltype(tag);
+        E *qp = q.data_ptr<E>(), *kp = k.data_ptr<E>();
+        with_isa<E>([&](auto kern) {
+            over_rows(T, (q.size(1) + k.size(1)) * D, [&](int64_t begin, int64_t end) {
+                for (int64_t t = begin; t < end; ++t) {
+                    const float* cos = cs + pp[t] * D;
+                    for (int64_t h = 0; h < q.size(1); ++h)
+                        kern.rotate(qp + t * q.stride(0) + h * q.stride(1), cos, cos + half, half);
+                    for (int64_t h = 0; h < k.size(1); ++h)
+                        kern.rotate(kp + t * k.stride(0) + h * k.stride(1), cos, cos + half, half);
+                }
+            });
+            return 0;
+        });
+        return 0;
+    });
+}
+
+// k, v [T, Hkv, D] (any token stride, heads and D contiguous) copied into the caches [B, S, Hkv, D] at the flat
+// slots [T] (-1: not written); one dtype throughout (the cpu set converts other cache dtypes)
+void write_kv_(const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache, const at::Tensor& v_cache,
+               const at::Tensor& slot_mapping) {
+    TORCH_CHECK(k.dim() == 3 && v.sizes() == k.sizes() && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes() &&
+                    k_cache.size(2) == k.size(1) && k_cache.size(3) == k.size(2),
+                "write_kv_: k, v [T, Hkv, D] and caches [B, S, Hkv, D] do not match: ", k.sizes(), " and ",
+                k_cache.sizes());
+    TORCH_CHECK(k.scalar_type() == k_cache.scalar_type() && v.scalar_type() == k_cache.scalar_type() &&
+                    v_cache.scalar_type() == k_cache.scalar_type(),
+                "write_kv_: k, v and the caches must have one dtype");
+    TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "write_kv_: contiguous caches only");
+    TORCH_CHECK(slot_mapping.dim() == 1 && slot_mapping.size(0) == k.size(0), "write_kv_: slot_mapping must be [",
+                k.size(0), "]");
+    const int64_t row = k.size(1) * k.size(2), slots = k_cache.size(0) * k_cache.size(1);
+    const at::Tensor ks = k.stride(2) == 1 && k.stride(1) == k.size(2) ? k : k.contiguous();
+    const at::Tensor vs = v.stride(2) == 1 && v.stride(1) == v.size(2) ? v : v.contiguous();
+    const at::Tensor map = slot_mapping.to(at::kLong).contiguous();
+    const int64_t* sp = map.data_ptr<int64_t>();
+    const int64_t bytes = row * k.element_size();
+    auto* kc = static_cast<char*>(k_cache.data_ptr());
+    auto* vc = static_cast<char*>(v_cache.data_ptr());
+    const auto* kp = static_cast<const char*>(ks.data_ptr());
+    const auto* vp = static_cast<const char*>(vs.data_ptr());
+    const int64_t k_stride = ks.stride(0) * k.element_size(), v_stride = vs.stride(0) * v.element_size();
+    for (int64_t t = 0; t < k.size(0); ++t) {
+        const int64_t slot = sp[t];
+        if (slot < 0) continue;
+        TORCH_CHECK(slot < slots, "write_kv_: slot ", slot, " is outside the cache's ", slots);
+        std::memcpy(kc + slot * bytes, kp + t * k_stride, bytes);
+        std::memcpy(vc + slot * bytes, vp + t * v_stride, bytes);
+    }
+}
+
+}  // namespace
+}  // namespace llmp_native
+
+TORCH_LIBRARY_FRAGMENT(llmp_native, m) {
+    m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+    // (norm(round(x + residual)), round(x + residual))
+    m.def("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)");
+    m.def("silu_and_mul(Tensor x) -> Tensor");
+    m.def("gelu_tanh_and_mul(Tensor x) -> Tensor");
+    m.def("rotary_(Tensor positions, Tensor(a!) q, Tensor(b!) k, Tensor cos_sin) -> ()");
+    m.def("write_kv_(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(llmp_native, CPU, m) {
+    m.impl("rms_norm", &llmp_native::rms_norm);
+    m.impl("add_rms_norm", &llmp_native::add_rms_norm);
+    m.impl("silu_and_mul", &llmp_native::silu_and_mul);
+    m.impl("gelu_tanh_and_mul", &llmp_native::gelu_tanh_and_mul);
+    m.impl("rotary_", &llmp_native::rotary_);
+    m.impl("write_kv_", &llmp_native::write_kv_);
+}

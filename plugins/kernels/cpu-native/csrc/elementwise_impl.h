@@ -1,0 +1,116 @@
+// The row-wise kernels' loops (elementwise.cpp), compiled once per instruction set as paged_attention_impl.h is:
+// elementwise.cpp includes this file inside each copy's namespace with LLMP_TARGET and LLMP_ISA_LEVEL set.
+// A row is computed alone, 16 lanes at a time in a fixed order: its bits never depend on the other rows.
+
+#define LLMP_FN static inline LLMP_TARGET
+
+#include "vec16_math.h"
+
+// n <= 16 values as float32, lanes past n zero (bfloat16 and float32 exactly, float16 through its conversion)
+template <typename E>
+LLMP_FN Vf load_n(const E* p, int64_t n) {
+    if constexpr (std::is_same_v<E, c10::BFloat16>) {
+        Vh h{};
+        if (n == kLanes) __builtin_memcpy(&h, p, sizeof h);  // a constant size: one vector load
+        else __builtin_memcpy(&h, p, n * sizeof(E));
+        const Vi bits = __builtin_convertvector(h, Vi) << 16;  // a bfloat16 is a float32's upper half
+        Vf v;
+        __builtin_memcpy(&v, &bits, sizeof v);
+        return v;
+    } else if constexpr (std::is_same_v<E, float>) {
+        Vf v{};
+        if (n == kLanes) __builtin_memcpy(&v, p, sizeof v);
+        else __builtin_memcpy(&v, p, n * sizeof(float));
+        return v;
+    } else {
+        alignas(64) float t[kLanes] = {};
+        for (int64_t i = 0; i < n; ++i) t[i] = static_cast<float>(p[i]);
+        Vf v;
+        __builtin_memcpy(&v, t, sizeof v);
+        return v;
+    }
+}
+
+// the first n lanes rounded to E (to nearest even, as c10's conversions: a NaN stays a quiet NaN)
+template <typename E>
+LLMP_FN void store_n(E* p, Vf v, int64_t n) {
+    if constexpr (std::is_same_v<E, c10::BFloat16>) {
+        Vu bits;
+        __builtin_memcpy(&bits, &v, sizeof bits);
+        const Vu rounded = (bits + (((bits >> 16) & 1u) + 0x7fffu)) >> 16;
+        const Vu out = v != v ? Vu{} + 0x7fc0u : rounded;
+        const Vh h = __builtin_convertvector(out, Vh);
+        if (n == kLanes) __builtin_memcpy(p, &h, sizeof h);
+        else __builtin_memcpy(p, &h, n * sizeof(E));
+    } else {
+        alignas(64) float t[kLanes];
+        __builtin_memcpy(t, &v, sizeof v);
+        for (int64_t i = 0; i < n; ++i) p[i] = E(t[i]);
+    }
+}
+
+// out = x / rms(x) * w; with res, sum = round(x + res) first, and the norm of sum
+template <typename E>
+LLMP_FN void rms_norm_row(const E* x, const E* res, const E* w, E* out, E* sum, int64_t n, float eps) {
+    Vf squares{};
+    for (int64_t i = 0; i < n; i += kLanes) {
+        const int64_t m = std::min<int64_t>(kLanes, n - i);
+        Vf v = load_n(x + i, m);
+        if (res != nullptr) {
+            store_n(sum + i, v + load_n(res + i, m), m);
+            v = load_n(sum + i, m);  // the sum as stored
+        }
+        squares = squares + v * v;
+    }
+    float total = 0.0f;
+    for (int l = 0; l < kLanes; ++l) total += squares[l];
+    const float inv = 1.0f / std::sqrt(total / static_cast<float>(n) + eps);
+    const E* normed = res != nullptr ? sum : x;
+    for (int64_t i = 0; i < n; i += kLanes) {
+        const int64_t m = std::min<int64_t>(kLanes, n - i);
+        store_n(out + i, load_n(normed + i, m) * inv * load_n(w + i, m), m);
+    }
+}
+
+// out[i] = act(x[i]) * x[half + i]: SiLU (gate / (1 + exp(-gate))) or tanh-approximated GELU
+template <typename E, bool kGelu>
+LLMP_FN void act_and_mul_row(const E* x, E* out, int64_t half) {
+    for (int64_t i = 0; i < half; i += kLanes) {
+        const int64_t m = std::min<int64_t>(kLanes, half - i);
+        const Vf g = load_n(x + i, m), u = load_n(x + half + i, m);
+        Vf a;
+        if constexpr (kGelu) {  // 0.5 g (1 + tanh(y)), tanh(y) = 1 - 2 / (exp(2y) + 1)
+            const Vf y = (g + g * g * g * 0.044715f) * 0.7978845608028654f;
+            a = g * 0.5f * (2.0f - 2.0f / (vexp(y * 2.0f) + 1.0f));
+        } else {
+            a = g / (vexp(-g) + 1.0f);
+        }
+        store_n(out + i, a * u, m);
+    }
+}
+
+// neox rotation in place of one head's row: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin)
+template <typename E>
+LLMP_FN void rotate_row(E* row, const float* cos, const float* sin, int64_t half) {
+    for (int64_t i = 0; i < half; i += kLanes) {
+        const int64_t m = std::min<int64_t>(kLanes, half - i);
+        const Vf x1 = load_n(row + i, m), x2 = load_n(row + half + i, m);
+        const Vf c = load_n(cos + i, m), s = load_n(sin + i, m);
+        store_n(row + i, x1 * c - x2 * s, m);
+        store_n(row + half + i, x2 * c + x1 * s, m);
+    }
+}
+
+template <typename E>
+struct RowKernels {
+    static LLMP_TARGET void rms_norm(const E* x, const E* res, const E* w, E* out, E* sum, int64_t n, float eps) {
+        rms_norm_row(x, res, w, out, sum, n, eps);
+    }
+    static LLMP_TARGET void silu_and_mul(const E* x, E* out, int64_t half) { act_and_mul_row<E, false>(x, out, half); }
+    static LLMP_TARGET void gelu_and_mul(const E* x, E* out, int64_t half) { act_and_mul_row<E, true>(x, out, half); }
+    static LLMP_TARGET void rotate(E* row, const float* cos, const float* sin, int64_t half) {
+        rotate_row(row, cos, sin, half);
+    }
+};
+
+#undef LLMP_FN

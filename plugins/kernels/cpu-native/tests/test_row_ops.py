@@ -1,0 +1,177 @@
+"""The row-wise ops (RMSNorm with and without the residual, rotary in place, SiLU/GELU-and-mul) against the torch
+reference set in bfloat16 and float16: values within the dtype's rounding, a row's bits alone and in any batch,
+thread counts, float32 left to the reference, each ISA path, and clear errors."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import torch
+from llmp_kernels_cpu_native.kernels import NativeKernels
+from llmp_kernels_torch.kernels import TorchKernels
+
+from llmp.modeling.rope import cos_sin_table
+
+DTYPES = [torch.bfloat16, torch.float16]
+WIDTHS = [896, 64, 37, 1, 4864]  # whole vectors, a tail, one value
+
+
+@pytest.fixture(scope="module")
+def kernels() -> NativeKernels:
+    return NativeKernels()
+
+
+def rand(*shape, dtype, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def close(got, expected, dtype):
+    """Within two roundings of the dtype (the reference rounds in between where the kernel does not)."""
+    ulp = 2**-7 if dtype == torch.bfloat16 else 2**-10
+    assert got.dtype == dtype and got.shape == expected.shape
+    torch.testing.assert_close(got.float(), expected.float(), rtol=2 * ulp, atol=2 * ulp)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("width", WIDTHS)
+def test_rms_norm(kernels, dtype, width):
+    x, w = rand(7, width, dtype=dtype), rand(width, dtype=dtype, seed=1)
+    close(kernels.rms_norm(x, w, 1e-6), TorchKernels().rms_norm(x.float(), w.float(), 1e-6), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("width", WIDTHS)
+def test_rms_norm_with_the_residual(kernels, dtype, width):
+    x, res, w = rand(7, width, dtype=dtype), rand(7, width, dtype=dtype, seed=2), rand(width, dtype=dtype, seed=1)
+    out, total = kernels.rms_norm(x, w, 1e-5, res)
+    assert torch.equal(total, x + res)  # the residual stream is the dtype's sum, as the reference's
+    close(out, TorchKernels().rms_norm(total.float(), w.float(), 1e-5), dtype)
+
+
+def test_rms_norm_of_per_head_rows(kernels):
+    x, w = rand(5, 3, 128, dtype=torch.bfloat16), rand(128, dtype=torch.bfloat16, seed=1)  # Qwen3's q/k norms
+    out = kernels.rms_norm(x, w, 1e-6)
+    assert out.shape == x.shape
+    close(out, TorchKernels().rms_norm(x.float(), w.float(), 1e-6), torch.bfloat16)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", ["silu_and_mul", "gelu_tanh_and_mul"])
+@pytest.mark.parametrize("half", [4864, 37, 1])
+def test_act_and_mul(kernels, dtype, op, half):
+    x = rand(6, 2 * half, dtype=dtype) * 4  # reaches both tails of the activation
+    close(getattr(kernels, op)(x), getattr(TorchKernels(), op)(x.float()), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", [64, 128, 80, 24])
+def test_rotary_in_place_on_views_of_a_fused_projection(kernels, dtype, head_dim):
+    heads, kv_heads, tokens = 6, 2, 9
+    qkv = rand(tokens, (heads + 2 * kv_heads) * head_dim, dtype=dtype)
+    q = qkv[:, : heads * head_dim].view(tokens, heads, head_dim)
+    k = qkv[:, heads * head_dim : (heads + kv_heads) * head_dim].view(tokens, kv_heads, head_dim)
+    v_before = qkv[:, (heads + kv_heads) * head_dim :].clone()
+    positions = torch.tensor([0, 1, 2, 3, 100, 5, 4095, 7, 8])
+    table = cos_sin_table(head_dim, 4096, 10000.0)
+    q_ref, k_ref = TorchKernels().rotary(positions, q.float(), k.float(), table)
+    q_out, k_out = kernels.rotary(positions, q, k, table)
+    assert q_out.data_ptr() == q.data_ptr() and k_out.data_ptr() == k.data_ptr()  # in place
+    close(q_out, q_ref, dtype)
+    close(k_out, k_ref, dtype)
+    assert torch.equal(qkv[:, (heads + kv_heads) * head_dim :], v_before)  # v untouched
+
+
+def test_partial_rotary_and_float32_stay_on_the_reference(kernels):
+    q, k = rand(3, 2, 64, dtype=torch.float32), rand(3, 1, 64, dtype=torch.float32)
+    positions, table = torch.arange(3), cos_sin_table(64, 16, 10000.0)
+    for got, expected in zip(kernels.rotary(positions, q, k, table), TorchKernels().rotary(positions, q, k, table)):
+        assert torch.equal(got, expected)
+    x, w = rand(4, 32, dtype=torch.float32), rand(32, dtype=torch.float32)
+    assert torch.equal(kernels.rms_norm(x, w, 1e-6), TorchKernels().rms_norm(x, w, 1e-6))
+    qb, kb = q.bfloat16(), k.bfloat16()
+    partial = cos_sin_table(32, 16, 10000.0)  # rotary_dim 32 of 64
+    got = kernels.rotary(positions, qb.clone(), kb.clone(), partial)
+    expected = TorchKernels().rotary(positions, qb, kb, partial)
+    assert all(torch.equal(a, b) for a, b in zip(got, expected))
+
+
+def test_a_row_has_the_same_bits_alone_and_in_any_batch(kernels, set_threads):
+    x, res, w = (
+        rand(300, 896, dtype=torch.bfloat16),
+        rand(300, 896, dtype=torch.bfloat16, seed=2),
+        rand(896, dtype=torch.bfloat16),
+    )
+    gate_up = rand(300, 2 * 4864, dtype=torch.bfloat16, seed=3)
+    full_norm, full_sum = kernels.rms_norm(x, w, 1e-6, res)
+    full_act = kernels.silu_and_mul(gate_up)
+    for threads in (1, 2, 3):
+        set_threads(threads)
+        for start, rows in ((0, 1), (17, 5), (0, 300)):
+            part = slice(start, start + rows)
+            norm, total = kernels.rms_norm(x[part], w, 1e-6, res[part])
+            assert torch.equal(norm, full_norm[part]) and torch.equal(total, full_sum[part])
+            assert torch.equal(kernels.silu_and_mul(gate_up[part]), full_act[part])
+
+
+def test_bad_input_is_a_clear_error():
+    ops = torch.ops.llmp_native
+    with pytest.raises(RuntimeError, match="do not match"):
+        ops.rms_norm(torch.randn(2, 8).bfloat16(), torch.randn(7).bfloat16(), 1e-6)
+    with pytest.raises(RuntimeError, match="bfloat16 or float16"):
+        ops.silu_and_mul(torch.randn(2, 8).double())
+    q, k = torch.randn(2, 2, 8).bfloat16(), torch.randn(2, 1, 8).bfloat16()
+    with pytest.raises(RuntimeError, match="outside the table"):
+        ops.rotary_(torch.tensor([0, 16]), q, k, cos_sin_table(8, 16, 10000.0))
+
+
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512"])
+def test_each_instruction_set_path(isa, run_on_isa):
+    run_on_isa(
+        isa,
+        textwrap.dedent(
+            """
+            import torch
+            from llmp_kernels_cpu_native.kernels import NativeKernels
+            from llmp_kernels_torch.kernels import TorchKernels
+            from llmp.modeling.rope import cos_sin_table
+            native, ref = NativeKernels(), TorchKernels()
+            tol = dict(rtol=2**-6, atol=2**-6)
+            g = torch.Generator().manual_seed(0)
+            x, res = (torch.randn(5, 200, generator=g).bfloat16() for _ in range(2))
+            w = torch.randn(200, generator=g).bfloat16()
+            out, total = native.rms_norm(x, w, 1e-6, res)
+            torch.testing.assert_close(out.float(), ref.rms_norm(total.float(), w.float(), 1e-6), **tol)
+            gu = torch.randn(5, 2 * 75, generator=g).bfloat16() * 4
+            torch.testing.assert_close(native.silu_and_mul(gu).float(), ref.silu_and_mul(gu.float()), **tol)
+            q, k = torch.randn(5, 3, 64, generator=g).bfloat16(), torch.randn(5, 1, 64, generator=g).bfloat16()
+            table, pos = cos_sin_table(64, 64, 10000.0), torch.arange(5) * 7
+            rq, rk = ref.rotary(pos, q.float(), k.float(), table)
+            nq, nk = native.rotary(pos, q, k, table)
+            torch.testing.assert_close(nq.float(), rq, **tol)
+            print("ok")
+            """
+        ),
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_write_kv_matches_the_reference(kernels, dtype):
+    blocks, block_size, kv_heads, head_dim, tokens = 6, 4, 2, 24, 5
+    kv = rand(tokens, 3 * kv_heads * head_dim, dtype=dtype)  # k and v as views of a fused projection
+    k = kv[:, : kv_heads * head_dim].view(tokens, kv_heads, head_dim)
+    v = kv[:, kv_heads * head_dim : 2 * kv_heads * head_dim].view(tokens, kv_heads, head_dim)
+    slots = torch.tensor([3, -1, 23, 0, 10])
+    caches = [torch.zeros(blocks, block_size, kv_heads, head_dim, dtype=dtype) for _ in range(4)]
+    kernels.write_kv(k, v, caches[0], caches[1], slots)
+    TorchKernels().write_kv(k, v, caches[2], caches[3], slots)
+    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3]) and caches[0].any()
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        kernels.write_kv(k, v, caches[0], caches[1], torch.tensor([3, -1, 24, 0, 10]))
+
+
+def test_write_kv_into_a_cache_of_another_dtype_converts(kernels):
+    k, v = rand(3, 1, 8, dtype=torch.bfloat16), rand(3, 1, 8, dtype=torch.bfloat16, seed=1)
+    k_cache, v_cache = torch.zeros(2, 4, 1, 8), torch.zeros(2, 4, 1, 8)
+    kernels.write_kv(k, v, k_cache, v_cache, torch.tensor([0, 5, 7]))
+    assert torch.equal(k_cache.view(-1, 1, 8)[[0, 5, 7]], k.float())
