@@ -105,7 +105,7 @@ def vllm_serving(python: Path, model_dir: Path, threads: int) -> Iterator[LiveSe
 
 def bench(url: str, concurrency: int, requests_per_slot: int, input_len: int, output_len: int) -> dict:
     settings = BenchServeSettings(
-        base_url=url,
+        url=url,
         num_prompts=concurrency * requests_per_slot,
         max_concurrency=concurrency,
         input_len=input_len,
@@ -192,7 +192,7 @@ def main() -> None:
     with serving(args.model_dir, "--disable-access-log", *args.serve_args.split(), ready_timeout=600) as server:
         for concurrency in args.concurrency:
             settings = BenchServeSettings(
-                base_url=server.url,
+                url=server.url,
                 num_prompts=concurrency * args.requests_per_slot,
                 max_concurrency=concurrency,
                 input_len=args.input_len,

@@ -19,8 +19,8 @@
 - **Row-wise ops** (``rms_norm`` with or without the residual, ``rotary`` in place, ``silu_and_mul``,
   ``gelu_tanh_and_mul``, and ``write_kv`` into caches of the model's dtype) in one pass each over bfloat16 or
   float16 rows, where torch runs a chain of small ops (dispatches dominate a decode step's share of them).
-  float32 models keep the reference's ops, and so its bits (the greedy parity with transformers); ``write_kv``
-  copies their rows too (a copy has no rounding).
+  float32 models keep the reference's RMSNorm and activations, and so its bits (the greedy parity with
+  transformers); ``rotary`` and ``write_kv`` serve them too (the reference's bits: no FMA contraction, a copy).
 """
 
 from __future__ import annotations
@@ -100,11 +100,13 @@ class NativeKernels(CpuKernels):
     def rotary(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        # in place: q and k are this step's fresh projections (views of one fused output)
-        if _native_rows(q, k) and cos_sin.shape[-1] == q.shape[-1] and cos_sin.dtype == torch.float32:
+        # in place: q and k are this step's fresh projections (views of one fused output); float32 too, where
+        # x1 * cos - x2 * sin, each operation rounded, gives the reference's bits
+        same = q.dtype == k.dtype and q.device.type == "cpu"
+        if same and cos_sin.shape[-1] == q.shape[-1] and cos_sin.dtype == torch.float32:
             torch.ops.llmp_native.rotary_(positions, q, k, cos_sin)
             return q, k
-        return super().rotary(positions, q, k, cos_sin)  # partial rotary, float32
+        return super().rotary(positions, q, k, cos_sin)  # partial rotary
 
     def write_kv(
         self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor

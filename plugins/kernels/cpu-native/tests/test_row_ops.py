@@ -82,17 +82,21 @@ def test_rotary_in_place_on_views_of_a_fused_projection(kernels, dtype, head_dim
     assert torch.equal(qkv[:, (heads + kv_heads) * head_dim :], v_before)  # v untouched
 
 
-def test_partial_rotary_and_float32_stay_on_the_reference(kernels):
-    q, k = rand(3, 2, 64, dtype=torch.float32), rand(3, 1, 64, dtype=torch.float32)
-    positions, table = torch.arange(3), cos_sin_table(64, 16, 10000.0)
-    for got, expected in zip(kernels.rotary(positions, q, k, table), TorchKernels().rotary(positions, q, k, table)):
-        assert torch.equal(got, expected)
+def test_float32_rotary_has_the_reference_bits_and_norms_stay_on_it(kernels):
+    q, k = rand(33, 5, 128, dtype=torch.float32), rand(33, 1, 128, dtype=torch.float32, seed=1)
+    positions, table = torch.arange(33) * 31, cos_sin_table(128, 2048, 1e6)
+    expected = TorchKernels().rotary(positions, q, k, table)
+    got = kernels.rotary(positions, q.clone(), k.clone(), table)
+    assert all(torch.equal(a, b) for a, b in zip(got, expected))
     x, w = rand(4, 32, dtype=torch.float32), rand(32, dtype=torch.float32)
     assert torch.equal(kernels.rms_norm(x, w, 1e-6), TorchKernels().rms_norm(x, w, 1e-6))
-    qb, kb = q.bfloat16(), k.bfloat16()
-    partial = cos_sin_table(32, 16, 10000.0)  # rotary_dim 32 of 64
-    got = kernels.rotary(positions, qb.clone(), kb.clone(), partial)
-    expected = TorchKernels().rotary(positions, qb, kb, partial)
+
+
+def test_partial_rotary_stays_on_the_reference(kernels):
+    q, k = rand(3, 2, 64, dtype=torch.bfloat16), rand(3, 1, 64, dtype=torch.bfloat16)
+    positions, partial = torch.arange(3), cos_sin_table(32, 16, 10000.0)  # rotary_dim 32 of 64
+    got = kernels.rotary(positions, q.clone(), k.clone(), partial)
+    expected = TorchKernels().rotary(positions, q, k, partial)
     assert all(torch.equal(a, b) for a, b in zip(got, expected))
 
 
