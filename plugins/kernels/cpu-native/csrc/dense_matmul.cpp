@@ -10,7 +10,7 @@
 // calls it on the batch as it is, where oneDNN must be called in padded 32-row blocks for the same guarantee (a
 // decode step of one sequence then multiplies 32 rows, and a prefill re-reads the whole weight every 32 rows).
 // No lane reduction at the end: an earlier dot-product form spent a third of a 896-long row reducing lanes.
-// Threads claim chunks of whole panels (work_pool.h); each walks the input in chunks of rows that stay in L2.
+// Threads take whole panels; every thread walks the input in chunks of rows that stay in L2.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -20,7 +20,6 @@
 #include <utility>
 
 #include "isa.h"
-#include "work_pool.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -156,10 +155,7 @@ at::Tensor dense_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t N
     const int64_t bytes = N * K * 2 + N * K / 2 * (T - 1);
     const int64_t threads = std::clamp<int64_t>(bytes / kMinBytesPerThread, 1,
                                                 std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), P)));
-    // chunks of whole panels, claimed one at a time by the threads (work_pool.h); a chunk is computed alone
-    const int64_t chunks = threads == 1 ? 1 : std::min<int64_t>(P, threads * kChunksPerThread);
-    run_chunks(chunks, [&](int64_t chunk) {
-        const int64_t begin = P * chunk / chunks, end = P * (chunk + 1) / chunks;
+    at::parallel_for(0, P, (P + threads - 1) / threads, [&](int64_t begin, int64_t end) {
         for (int64_t t0 = 0; t0 < T; t0 += kChunkRows) {
             const int64_t t1 = std::min(T, t0 + kChunkRows);
             for (int64_t p = begin; p < end; ++p) {
@@ -180,7 +176,7 @@ at::Tensor dense_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t N
                 }
             }
         }
-    }, static_cast<int>(threads));
+    });
 #endif
     return y;
 }

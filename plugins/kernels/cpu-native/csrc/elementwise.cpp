@@ -4,7 +4,8 @@
 //   llmp_native::silu_and_mul, llmp_native::gelu_tanh_and_mul, llmp_native::rotary_ (neox layout, in place),
 //   llmp_native::write_kv_ (a step's keys and values into their cache slots).
 // bfloat16 and float16 tensors, float32 arithmetic; float32 models keep the reference's ops (their greedy parity
-// with transformers), except rotary_, whose float32 bits are the reference's (no FMA contraction). Rows are split over torch's threads only when a call is large enough to pay for waking them.
+// with transformers), except rotary_, whose float32 bits are the reference's (no FMA contraction). Rows are split
+// over torch's threads only when a call is large enough to pay for waking them.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -20,7 +21,6 @@
 
 #include "isa.h"
 #include "vec16.h"
-#include "work_pool.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -71,18 +71,15 @@ auto with_isa(F&& body) {
     return body(scalar::RowKernels<E>{});
 }
 
-// rows 0..rows-1 through fn(begin, end), on one thread unless the call is large (then in chunks the threads
-// claim one at a time: work_pool.h)
+// rows 0..rows-1 through fn(begin, end), on one thread unless the call is large
 template <typename F>
 void over_rows(int64_t rows, int64_t values_per_row, F&& fn) {
     const int64_t grain = std::max<int64_t>(1, kMinValuesPerThread / std::max<int64_t>(1, values_per_row));
-    const int64_t threads = std::min<int64_t>(at::get_num_threads(), rows / grain);
-    if (threads <= 1) {
+    if (rows <= grain) {
         fn(0, rows);
         return;
     }
-    const int64_t chunks = std::min<int64_t>(rows, threads * kChunksPerThread);
-    run_chunks(chunks, [&](int64_t c) { fn(rows * c / chunks, rows * (c + 1) / chunks); }, static_cast<int>(threads));
+    at::parallel_for(0, rows, grain, fn);
 }
 
 template <typename F>

@@ -4,12 +4,17 @@
 #include <string>
 
 #include "isa.h"
-#include "work_pool.h"
 
 TORCH_LIBRARY(llmp_native, m) {
     // the instruction set the hot loops run on: avx512, avx2 or scalar
     m.def("isa() -> str", [] { return std::string(llmp_native::isa_name(llmp_native::selected_isa())); });
-    // what a call runs on: the calling thread and helpers up to torch's thread count (torch.get_num_threads()),
-    // claiming chunks of the call one at a time (work_pool.h)
-    m.def("threads() -> str", [] { return std::string(llmp_native::work_sharing()); });
+    // what a call runs on: "openmp" (built with -fopenmp: split over torch's OpenMP threads, torch.get_num_threads())
+    // or "calling thread" (built without: at::parallel_for runs inline)
+    m.def("threads() -> str", [] {
+#ifdef _OPENMP
+        return std::string("openmp");
+#else
+        return std::string("calling thread");
+#endif
+    });
 }

@@ -20,7 +20,6 @@
 #include <vector>
 
 #include "isa.h"
-#include "work_pool.h"
 #include "vec16.h"
 
 namespace llmp_native {
@@ -221,19 +220,20 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
     static const ItemFn attend = item_for_isa();
     const int64_t n = static_cast<int64_t>(items.size());
     const int64_t threads = std::clamp<int64_t>(work / kMinWorkPerThread, 1, std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n)));
-    // chunk t holds the items whose work ends in (t, t + 1] / chunks of the total: contiguous, about equal
-    // (a prefill's later rows read more keys than its first); threads claim chunks one at a time (work_pool.h)
-    const int64_t chunks = threads == 1 ? 1 : std::min<int64_t>(n, threads * kChunksPerThread);
-    run_chunks(chunks, [&](int64_t t) {
+    // thread t takes the items whose work ends in (t, t + 1] / threads of the total: contiguous, about equal
+    // (a prefill's later rows read more keys than its first)
+    at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
         thread_local ItemBuffers buffers;
         buffers.reserve(positions * args.group, D);
-        const auto first = std::lower_bound(ends.begin(), ends.end(), work * t / chunks + 1);
-        const auto last = std::lower_bound(ends.begin(), ends.end(), work * (t + 1) / chunks + 1);
-        for (auto i = first - ends.begin(); i < std::min<int64_t>(last - ends.begin(), n); ++i) {
-            const Item& item = items[i];
-            attend(args, item.request, item.kv, item.q0, item.q1, buffers);
+        for (int64_t t = begin; t < end; ++t) {
+            const auto first = std::lower_bound(ends.begin(), ends.end(), work * t / threads + 1);
+            const auto last = std::lower_bound(ends.begin(), ends.end(), work * (t + 1) / threads + 1);
+            for (auto i = first - ends.begin(); i < std::min<int64_t>(last - ends.begin(), n); ++i) {
+                const Item& item = items[i];
+                attend(args, item.request, item.kv, item.q0, item.q1, buffers);
+            }
         }
-    }, static_cast<int>(threads));
+    });
     return out;
 }
 

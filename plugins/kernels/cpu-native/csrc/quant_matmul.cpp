@@ -1,10 +1,16 @@
 // quant_matmul: x @ W.T with W kept in GGML blocks (llmp_native::quant_matmul; schema in library.cpp).
 //
-// Threads: the output columns (weight rows) are cut into chunks of whole 16-row groups, claimed one at a time by
-// the calling thread and helpers up to torch's thread count (torch.set_num_threads: the engine's --num-threads),
-// a small call staying on the calling thread (threads_for); see work_pool.h for why not at::parallel_for. Each
-// dot product runs whole on one thread in a fixed order, K is never split: the result does not depend on the
-// thread count or on T.
+// Threads: the output columns (weight rows) are split into one contiguous range a thread, over the threads torch
+// is configured with (torch.set_num_threads: the engine's --num-threads), fewer for a small call
+// (threads_for). Each dot product runs whole on one thread in a fixed order, K is never split: the result does
+// not depend on the thread count or on T. The threads are torch's own: where torch's ATen uses OpenMP (its
+// Linux wheels), setup.py compiles with -fopenmp, so at::parallel_for is an OpenMP region of torch's team; the
+// library is not linked with an OpenMP runtime, its OpenMP calls bind at load to the one libtorch_cpu loaded
+// (torch's libgomp: the system's is never mapped). A region ends when every thread of the team has arrived:
+// when other processes keep the cores busy, a call (as torch's own threaded ops) waits for the scheduler to run
+// the late thread, in multiples of the 4 ms tick (the "8 ms stalls" of an earlier -fopenmp build: measured as
+// that thread's run-queue wait, absent on an idle machine). Built without OpenMP, at::parallel_for runs the
+// whole range inline on the calling thread.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -13,8 +19,6 @@
 #include <array>
 #include <cstdint>
 #include <vector>
-
-#include "work_pool.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -163,16 +167,14 @@ at::Tensor quant_matmul(const at::Tensor& x, const at::Tensor& blocks, int64_t g
     static const RowsFn rows = rows_for_isa();
     const int64_t groups = (N + kGroupRows - 1) / kGroupRows;
     const int64_t threads = threads_for(blocks.size(1) * N, T, groups);
-    // one chunk (the calling thread) for a small call; otherwise chunks of whole groups claimed one at a time by
-    // the calling thread and the pool's helpers (work_pool.h)
-    const int64_t chunks = threads == 1 ? 1 : std::min<int64_t>(groups, threads * kChunksPerThread);
-    run_chunks(chunks, [&](int64_t chunk) {
-        const int64_t begin = groups * chunk / chunks, end = groups * (chunk + 1) / chunks;
+    // a grain of all the groups runs inline on the calling thread; otherwise an OpenMP region of torch's team
+    // (its threads beyond `threads` get no range), each thread one contiguous range of about groups / threads
+    at::parallel_for(0, groups, (groups + threads - 1) / threads, [&](int64_t begin, int64_t end) {
         // this thread's dequantised tile of weight rows, kept between calls
         thread_local std::vector<float> buffer;
         buffer.resize(static_cast<size_t>(kTileRows * K));
         rows(args, begin * kGroupRows, std::min(N, end * kGroupRows), buffer.data());
-    }, static_cast<int>(threads));
+    });
     return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());  // one rounding to x's dtype
 }
 

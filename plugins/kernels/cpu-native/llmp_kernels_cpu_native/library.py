@@ -49,8 +49,8 @@ def dense_chosen() -> bool:
 
 
 def threads() -> str:
-    """What a call runs on: ``pool`` (the calling thread and helpers up to ``torch.get_num_threads()``, claiming
-    chunks of the call one at a time). Before ``load``, ``unknown``."""
+    """What a call runs on: ``openmp`` (split over torch's threads, ``torch.get_num_threads()``) or
+    ``calling thread`` (a library built without OpenMP). Before ``load``, ``unknown``."""
     try:
         return torch.ops.llmp_native.threads()
     except (AttributeError, RuntimeError):  # not loaded yet; a library from before this op

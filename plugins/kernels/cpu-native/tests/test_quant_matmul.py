@@ -133,32 +133,31 @@ def test_the_result_does_not_depend_on_the_thread_count(kernels, fmt, set_thread
                 assert torch.equal(matmul(x), alone), (out_features, rows, count)
 
 
-HELPERS = textwrap.dedent(
+ONE_OPENMP = textwrap.dedent(
     """
-    import threading, time
     import torch
     from llmp.quantization import GGML_FORMATS, QuantizedWeight, quantize
     from llmp_kernels_cpu_native.kernels import NativeKernels
     from llmp_kernels_cpu_native.library import threads
 
     kernels = NativeKernels()
-    torch.set_num_threads(3)
-    w = QuantizedWeight(quantize(torch.randn(4096, 576), "Q4_1"), GGML_FORMATS["Q4_1"], 576)
+    torch.set_num_threads(2)
+    w = QuantizedWeight(quantize(torch.randn(1536, 576), "Q4_1"), GGML_FORMATS["Q4_1"], 576)
     kernels.pack_quantized(w)(torch.randn(4, 576))
     with open("/proc/self/maps") as maps:
-        gomp = sorted({line.split()[-1] for line in maps if "libgomp" in line})
-    print(threads(), threading.active_count(), len(__import__("os").listdir("/proc/self/task")), gomp)
+        print(threads(), sorted({line.split()[-1] for line in maps if "libgomp" in line}))
     """
 )
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="reads /proc/self/task")
-def test_a_large_call_runs_on_the_pool_and_no_second_openmp_runtime():
-    result = subprocess.run([sys.executable, "-c", HELPERS], capture_output=True, text=True, timeout=120)
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="reads /proc/self/maps")
+def test_the_threads_are_torchs_openmp_runtime():
+    # built with -fopenmp, the library needs libgomp.so.1: the copy torch loaded, never a second runtime
+    result = subprocess.run([sys.executable, "-c", ONE_OPENMP], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
-    kind, _, tasks, mapped = result.stdout.strip().split(" ", 3)
-    assert kind == "pool"
-    assert int(tasks) >= 3  # the main thread and the pool's two helpers at least
+    kind, mapped = result.stdout.strip().split(" ", 1)
+    if kind != "openmp":
+        pytest.skip(f"the library runs each call on the {kind}")
     torch_lib = os.path.dirname(torch.__file__)
     assert mapped.count("libgomp") <= 1 and (mapped == "[]" or torch_lib in mapped), mapped
 
