@@ -32,6 +32,8 @@ namespace {
 
 constexpr int64_t kMinValuesPerThread = 1 << 16;  // below this a second thread costs more than it saves
 
+// Vf lives only inside each copy's own (inlined) functions: no call between differently compiled code passes it
+#pragma GCC diagnostic ignored "-Wpsabi"
 namespace scalar {
 #define LLMP_TARGET
 #define LLMP_ISA_LEVEL 0
@@ -41,7 +43,6 @@ namespace scalar {
 }  // namespace scalar
 
 #ifdef LLMP_X86
-#pragma GCC diagnostic ignored "-Wpsabi"
 namespace avx2 {
 #define LLMP_TARGET LLMP_TARGET_AVX2
 #define LLMP_ISA_LEVEL 1

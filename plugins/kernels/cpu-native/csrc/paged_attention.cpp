@@ -106,6 +106,8 @@ void store_row(Dtype dtype, void* base, int64_t offset, int64_t n, const float* 
 #define LLMP_X86 1
 #endif
 
+// Vf lives only inside each copy's own (inlined) functions: no call between differently compiled code passes it
+#pragma GCC diagnostic ignored "-Wpsabi"
 namespace scalar {
 #define LLMP_TARGET
 #define LLMP_ISA_LEVEL 0
@@ -115,8 +117,6 @@ namespace scalar {
 }  // namespace scalar
 
 #ifdef LLMP_X86
-// Vf lives only inside each copy's own (inlined) functions: no call between differently compiled code passes it
-#pragma GCC diagnostic ignored "-Wpsabi"
 namespace avx2 {
 #define LLMP_TARGET LLMP_TARGET_AVX2
 #define LLMP_ISA_LEVEL 1
