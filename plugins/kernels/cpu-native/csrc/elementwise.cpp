@@ -32,32 +32,8 @@ namespace {
 
 constexpr int64_t kMinValuesPerThread = 1 << 16;  // below this a second thread costs more than it saves
 
-// Vf lives only inside each copy's own (inlined) functions: no call between differently compiled code passes it
-#pragma GCC diagnostic ignored "-Wpsabi"
-namespace scalar {
-#define LLMP_TARGET
-#define LLMP_ISA_LEVEL 0
-#include "elementwise_impl.h"
-#undef LLMP_ISA_LEVEL
-#undef LLMP_TARGET
-}  // namespace scalar
-
-#ifdef LLMP_X86
-namespace avx2 {
-#define LLMP_TARGET LLMP_TARGET_AVX2
-#define LLMP_ISA_LEVEL 1
-#include "elementwise_impl.h"
-#undef LLMP_ISA_LEVEL
-#undef LLMP_TARGET
-}  // namespace avx2
-namespace avx512 {
-#define LLMP_TARGET LLMP_TARGET_AVX512
-#define LLMP_ISA_LEVEL 2
-#include "elementwise_impl.h"
-#undef LLMP_ISA_LEVEL
-#undef LLMP_TARGET
-}  // namespace avx512
-#endif
+#define LLMP_ISA_IMPL "elementwise_impl.h"
+#include "isa_copies.h"
 
 // the selected instruction set's copy of RowKernels<E>
 template <typename E, typename F>

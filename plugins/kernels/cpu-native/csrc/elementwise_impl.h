@@ -1,5 +1,5 @@
 // The row-wise kernels' loops (elementwise.cpp), compiled once per instruction set as paged_attention_impl.h is:
-// elementwise.cpp includes this file inside each copy's namespace with LLMP_TARGET and LLMP_ISA_LEVEL set.
+// elementwise.cpp includes this file (isa_copies.h) inside each copy's namespace with LLMP_TARGET and LLMP_ISA_LEVEL set.
 // A row is computed alone, 16 lanes at a time in a fixed order: its bits never depend on the other rows.
 
 #define LLMP_FN static inline LLMP_TARGET

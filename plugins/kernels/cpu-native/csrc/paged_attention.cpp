@@ -106,32 +106,8 @@ void store_row(Dtype dtype, void* base, int64_t offset, int64_t n, const float* 
 #define LLMP_X86 1
 #endif
 
-// Vf lives only inside each copy's own (inlined) functions: no call between differently compiled code passes it
-#pragma GCC diagnostic ignored "-Wpsabi"
-namespace scalar {
-#define LLMP_TARGET
-#define LLMP_ISA_LEVEL 0
-#include "paged_attention_impl.h"
-#undef LLMP_ISA_LEVEL
-#undef LLMP_TARGET
-}  // namespace scalar
-
-#ifdef LLMP_X86
-namespace avx2 {
-#define LLMP_TARGET LLMP_TARGET_AVX2
-#define LLMP_ISA_LEVEL 1
-#include "paged_attention_impl.h"
-#undef LLMP_ISA_LEVEL
-#undef LLMP_TARGET
-}  // namespace avx2
-namespace avx512 {
-#define LLMP_TARGET LLMP_TARGET_AVX512
-#define LLMP_ISA_LEVEL 2
-#include "paged_attention_impl.h"
-#undef LLMP_ISA_LEVEL
-#undef LLMP_TARGET
-}  // namespace avx512
-#endif
+#define LLMP_ISA_IMPL "paged_attention_impl.h"
+#include "isa_copies.h"
 
 using ItemFn = void (*)(const AttentionArgs&, int64_t, int64_t, int64_t, int64_t, ItemBuffers&);
 

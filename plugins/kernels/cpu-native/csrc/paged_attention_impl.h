@@ -1,5 +1,5 @@
 // Paged attention's hot loop, compiled once per instruction set: paged_attention.cpp includes this file three
-// times, each inside its own namespace with LLMP_TARGET set. The arithmetic is written once, on GCC's generic
+// times (isa_copies.h), each inside its own namespace with LLMP_TARGET set. The arithmetic is written once, on GCC's generic
 // 16-lane vectors (Vf): the AVX-512 copy runs them in one register, the AVX2 copy in two, the scalar copy in SSE2.
 // Every copy performs the same float32 operations in the same order (no FMA contraction: -ffp-contract=off);
 // the scalar copy differs only in rounding a * b + c twice where the others fuse it (vfma).

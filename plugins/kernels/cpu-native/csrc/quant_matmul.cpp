@@ -79,39 +79,13 @@ struct QuantMatmulArgs {
     int64_t T, N, in_features, ggml_type;
 };
 
-namespace scalar {
-#define LLMP_TARGET
-#define LLMP_ISA_LEVEL 0
-#include "quant_matmul_impl.h"
-#undef LLMP_ISA_LEVEL
-#undef LLMP_TARGET
-}  // namespace scalar
-
-#ifdef LLMP_X86
-// the vector structs (V32) of the AVX2 and AVX-512 copies only live inside their target functions, all inlined:
-// no call between differently compiled code passes them, whatever GCC's ABI note says
-#pragma GCC diagnostic ignored "-Wpsabi"
-namespace avx2 {
-#define LLMP_TARGET LLMP_TARGET_AVX2
-#define LLMP_ISA_LEVEL 1
-#include "quant_matmul_impl.h"
-#undef LLMP_ISA_LEVEL
-#undef LLMP_TARGET
-}  // namespace avx2
-
 // GCC 12's AVX-512 intrinsics warn of their own deliberately undefined operands (GCC bug 105593)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-namespace avx512 {
-#define LLMP_TARGET LLMP_TARGET_AVX512
-#define LLMP_ISA_LEVEL 2
-#include "quant_matmul_impl.h"
-#undef LLMP_ISA_LEVEL
-#undef LLMP_TARGET
-}  // namespace avx512
+#define LLMP_ISA_IMPL "quant_matmul_impl.h"
+#include "isa_copies.h"
 #pragma GCC diagnostic pop
-#endif
 
 using RowsFn = bool (*)(const QuantMatmulArgs&, int64_t, int64_t, float*);
 

@@ -1,5 +1,5 @@
 // The quantised matmul's hot loops, compiled once per instruction set: quant_matmul.cpp includes this file
-// three times, each inside its own namespace with LLMP_TARGET and LLMP_ISA_LEVEL set
+// three times through isa_copies.h, each inside its own namespace with LLMP_TARGET and LLMP_ISA_LEVEL set
 // (0 scalar, 1 AVX2 + FMA, 2 AVX-512).
 //
 // For each tile of weight rows: dequantise the rows into a float32 buffer (bit-identical to the reference
