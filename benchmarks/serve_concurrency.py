@@ -127,10 +127,11 @@ def compare_online(
     requests_per_slot: int = 2,
     input_len: int = 128,
     output_len: int = 64,
+    serve_args: tuple[str, ...] = (),
 ) -> dict[str, float]:
     """``llmp serve`` and ``vllm serve`` under the same client, taking turns; the best round of each side.
     Returns ``online_c{C}_{llmp|vllm}_tok_s``, ``..._ttft_p99_ms`` and the ratios llmp / vLLM."""
-    llmp_args = ["--disable-access-log", *limit_args(), *(["--kernels", kernels] if kernels else [])]
+    llmp_args = ["--disable-access-log", *limit_args(), *(["--kernels", kernels] if kernels else []), *serve_args]
     env = {"OMP_NUM_THREADS": str(threads)}
     results: dict[str, float] = {}
     with (
@@ -183,6 +184,7 @@ def main() -> None:
             requests_per_slot=args.requests_per_slot,
             input_len=args.input_len,
             output_len=args.output_len,
+            serve_args=tuple(args.serve_args.split()),
         )
         for key, value in figures.items():
             print(f"{key:40s} {value:10.2f}")
