@@ -82,6 +82,12 @@ def test_queued_and_running_disconnects_are_aborted_and_the_stream_that_stays_is
     assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 3
 
 
+def prefilling(text: str) -> str | None:
+    """The scrape ``text`` when it shows one running request holding KV blocks, else None."""
+    running = metric(text, "llmp_num_requests_running") == 1
+    return text if running and metric(text, "llmp_kv_cache_usage_perc") > 0 else None
+
+
 def test_a_disconnect_in_the_middle_of_the_prefill_aborts_it(main_server):
     url, port = main_server.url, main_server.port
     # the disconnect must land while the prompt is still prefilling; on a fast, idle CPU the whole
@@ -93,14 +99,15 @@ def test_a_disconnect_in_the_middle_of_the_prefill_aborts_it(main_server):
         prompt = [rng.randrange(3, 500) for _ in range(2000)]
         sock = raw_post(port, "/v1/completions", {"prompt": prompt, "max_tokens": 5, "ignore_eos": True})
         try:
-            wait_for(lambda: holds(url, running=1) and load(url)["kv"] > 0, 30, "the long prompt to be in prefill")
-            during = scrape(url)
-            # no token yet: the request is still prefilling when its client goes away
-            in_prefill = metric(during, "llmp_time_to_first_token_seconds_count") == metric(
-                before, "llmp_time_to_first_token_seconds_count"
-            )
+            # one scrape a poll, and the socket closed right after the scrape that shows the prompt
+            # in prefill: every scrape between that sight and the close widens the race
+            during = wait_for(lambda: prefilling(scrape(url)), 30, "the long prompt to be in prefill", interval=0.005)
         finally:
             sock.close()
+        # no token yet when the client went away: the request was still prefilling
+        in_prefill = metric(during, "llmp_time_to_first_token_seconds_count") == metric(
+            before, "llmp_time_to_first_token_seconds_count"
+        )
         if in_prefill:
             break
     else:
