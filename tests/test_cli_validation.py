@@ -41,7 +41,10 @@ COMMAND_LINE = [
     (["serve", "--max-num-seqs", "0"], "--max-num-seqs must be >= 1, got 0"),
     (["serve", "--kv-cache-memory-gib", "0"], "--kv-cache-memory-gib must be > 0, got 0"),
     (["serve", "--dtype", "bf16"], "--dtype must be auto, bfloat16, float16 or float32, got 'bf16' (did you mean"),
-    (["serve", "--device", "tpu"], "--device must be cpu or cuda, got 'tpu'"),
+    (["serve", "--device", "tpu"], "--device must be auto, cpu, cuda or cuda:N, got 'tpu'"),
+    (["serve", "--device", "cuda:x"], "--device must be auto, cpu, cuda or cuda:N, got 'cuda:x'"),
+    (["serve", "--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization must be > 0 and <= 1, got 1.5"),
+    (["serve", "--cuda-graph-sizes", "0"], "--cuda-graph-sizes must be a whole number >= 1, got 0"),
     (["serve", "--device", "cuda:0", "--port", "99999"], "--port must be between"),  # cuda:N is a device
     (["serve", "--tool-call-parser", "hermess"], "--tool-call-parser must be "),
     (["serve", "--reasoning-parser", "nosuch"], "--reasoning-parser must be "),
@@ -79,11 +82,6 @@ COMMAND_LINE = [
     (["serve", "--seed", "-1"], "--seed must be between 0 and 18446744073709551615, got -1"),
     (["serve", "--config", "."], "--config file '.' is a directory"),
     # a vLLM flag llmp has under another name points to it
-    (
-        ["serve", "--gpu-memory-utilization", "0.9"],
-        "No such option: --gpu-memory-utilization (use --kv-cache-memory-gib",
-    ),
-    (["bench", "throughput", "--gpu-memory-utilization", "0.9"], "No such option: --gpu-memory-utilization (use --kv"),
     (["serve", "--model", "m"], "No such option: --model (the model is the first argument: llmp serve MODEL)"),
     (["serve", "--uvicorn-log-level", "debug"], "No such option: --uvicorn-log-level (use --log-level)"),
     (

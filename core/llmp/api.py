@@ -78,6 +78,7 @@ __all__ = [
     "CommandSpec",
     "ComponentImportError",
     "ComponentSpec",
+    "DeviceError",
     "DuplicateComponentError",
     "EngineClient",
     "EngineDeadError",
@@ -336,6 +337,12 @@ class ModelLoadError(LLMPError):
     Model plugins raise it from ``load_weights`` (naming the missing or misshapen
     weight) and from ``load_pretrained``; the kernel raises it for a model it cannot find.
     """
+
+
+class DeviceError(LLMPError, ValueError):
+    """The engine cannot run where it was asked to: ``--device cuda`` without a usable GPU, a device
+    index the machine lacks, a dtype the GPU lacks, or a model that does not fit its memory. One
+    line, at start-up."""
 
 
 class ComponentImportError(LLMPError, ImportError):

@@ -137,7 +137,7 @@ def record_options(param: str, record: Any) -> list[OptionSpec]:
         if default is MISSING and f.default_factory is not MISSING:
             default = f.default_factory()
         scale = meta.get("scale")
-        if scale is not None and default is not MISSING:
+        if scale is not None and default not in (MISSING, None):
             default = default / scale
         specs.append(
             OptionSpec(

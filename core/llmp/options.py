@@ -29,6 +29,7 @@ __all__ = [
     "EngineConfig",
     "FrontendOptions",
     "ServerOptions",
+    "device_name",
     "json_object",
     "nonempty",
     "option",
@@ -114,6 +115,18 @@ def option(
     return field(default=default, metadata=meta)
 
 
+def device_name(value: Any) -> str | None:
+    """The problem with a ``--device`` value (auto, cpu, cuda or cuda:N), or None."""
+    name, _, index = str(value).partition(":")
+    if name in ("auto", "cpu") and not index or name == "cuda" and (not _ or index.isdigit()):
+        return None
+    return f"must be auto, cpu, cuda or cuda:N, got {value!r}"
+
+
+def positive(value: Any) -> str | None:
+    return None if isinstance(value, int) and value >= 1 else f"must be a whole number >= 1, got {value!r}"
+
+
 def nonempty(value: Any) -> str | None:
     """An option's ``check``: refuses an empty (or all-blank) text."""
     return "must not be empty" if isinstance(value, str) and not value.strip() else None
@@ -171,7 +184,13 @@ class EngineConfig:
         panel="Model",
     )
     tokenizer: str | None = None  # defaults to the model's directory
-    device: str = option("cpu", "Device the model runs on: cpu or cuda.", metavar="DEVICE", panel="Engine")
+    device: str = option(
+        "auto",
+        "Device the model runs on: auto (cuda when torch sees a GPU, else cpu), cpu, cuda or cuda:N.",
+        metavar="DEVICE",
+        check=device_name,
+        panel="Engine",
+    )
     executor: str = option("uniproc", "Executor plugin: uniproc, mp or ray.", component="executor", panel="Parallelism")
     tensor_parallel_size: int = option(
         1, "Tensor-parallel workers (more than 1 needs --executor mp or ray).", short="-tp", ge=1, panel="Parallelism"
@@ -201,9 +220,9 @@ class EngineConfig:
     )
     enable_prefix_caching: bool = option(True, "Reuse the KV cache of a shared prompt prefix.", panel="Engine")
     enable_chunked_prefill: bool = option(True, "Split long prompts over several steps.", panel="Engine")
-    kv_cache_memory_bytes: int = option(
-        4 << 30,
-        "Memory for the KV cache, in GiB.",
+    kv_cache_memory_bytes: int | None = option(
+        None,
+        "Memory for the KV cache, in GiB (default: 4 on the CPU; on a GPU, what --gpu-memory-utilization leaves).",
         name="kv_cache_memory_gib",
         scale=1 << 30,
         gt=0,
@@ -211,6 +230,24 @@ class EngineConfig:
         panel="Engine",
     )
     num_kv_blocks: int | None = None  # overrides kv_cache_memory_bytes
+    gpu_memory_utilization: float = option(
+        0.9,
+        "Fraction of the GPU's memory this engine may use (weights, activations, KV cache); the KV cache "
+        "gets what a profiling forward pass at the largest batch leaves.",
+        gt=0,
+        le=1,
+        panel="Engine",
+    )
+    enforce_eager: bool = option(False, "No CUDA graphs: every decode step runs eagerly.", panel="Engine")
+    cuda_graph_sizes: tuple[int, ...] = option(
+        (),
+        "Decode batch sizes captured as CUDA graphs (repeatable; default 1, 2, 4, 8 and multiples of 8 "
+        "up to 256, capped by --max-num-seqs); a batch runs in the smallest that holds it.",
+        check=positive,
+        nargs="+",
+        metavar="N",
+        panel="Engine",
+    )
     block_size: int = option(16, "Tokens per KV-cache block.", ge=1, panel="Engine")
     kernels: str | None = option(
         None, "Kernel set plugin (default: the best for the device).", component="kernels", panel="Engine"

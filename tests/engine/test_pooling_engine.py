@@ -114,11 +114,11 @@ def test_prepare_inputs_keeps_pooling_rows_apart_and_builds_token_types():
     chat = Request("chat", [9, 10, 11], SamplingParams())
     pair.block_ids, chat.block_ids = [0], [1]
     out = SchedulerOutput([ScheduledRequest(chat, 0, 3), ScheduledRequest(pair, 0, 4)])
-    inputs, _ = prepare_inputs(out, block_size=4)
+    inputs = prepare_inputs(out, block_size=4)
     assert inputs.logit_rows == [2]  # only the generation request is sampled
     assert inputs.pool_items == [PoolItem(1, "classify", "cls", PoolSlice(3, 4, None))]
     assert inputs.token_type_ids.tolist() == [0, 0, 0, 0, 0, 1, 1]
-    inputs, _ = prepare_inputs(SchedulerOutput([ScheduledRequest(chat, 0, 3)]), block_size=4)
+    inputs = prepare_inputs(SchedulerOutput([ScheduledRequest(chat, 0, 3)]), block_size=4)
     assert inputs.token_type_ids is None and inputs.pool_items == []
 
 

@@ -13,7 +13,15 @@ import pytest
 import torch
 
 from llmp.engine.request import Request
-from llmp.engine.sampler import Sampler, SamplerOutput, _apply_masks_and_bias, _apply_penalties, argmax_rows
+from llmp.engine.sampler import (
+    Sampler,
+    SamplerOutput,
+    SamplingBatch,
+    SamplingRow,
+    _apply_masks_and_bias,
+    _apply_penalties,
+    argmax_rows,
+)
 from llmp.sampling_params import SamplingParams
 
 EOS = 2
@@ -30,7 +38,7 @@ def make(prompt: list[int] | None = None, output: list[int] | None = None, rid: 
 
 
 def sample(logits: torch.Tensor, requests: list[Request]) -> SamplerOutput:
-    return Sampler(seed=0)(logits, requests)
+    return Sampler(seed=0)(logits, SamplingBatch.of(requests, logits.shape[-1]))
 
 
 def draw_counts(logits: list[float], n: int = 10000, **params) -> torch.Tensor:
@@ -169,7 +177,11 @@ def test_mixed_batch_greedy_rows_stay_greedy():
 def _seeded_draws(seed: int, steps: int = 12, vocab: int = 50) -> list[int]:
     logits = torch.zeros(1, vocab)  # uniform: every draw is pure generator output
     request = make(seed=seed)
-    return [sample(logits, [request]).token_ids[0] for _ in range(steps)]
+    draws = []
+    for _ in range(steps):  # as the engine does: each drawn token joins the output
+        draws.append(sample(logits, [request]).token_ids[0])
+        request.append_token(draws[-1])
+    return draws
 
 
 def test_seeded_requests_reproduce():
@@ -178,7 +190,7 @@ def test_seeded_requests_reproduce():
     torch.manual_seed(999)  # the global generator has no say
     second = _seeded_draws(123)
     assert first == second
-    assert len(set(first)) > 1  # the generator advances between calls
+    assert len(set(first)) > 1  # each output position draws afresh
     assert _seeded_draws(124) != first
 
 
@@ -279,7 +291,7 @@ def test_apply_masks_and_bias_exact():
         make(allowed_token_ids=[0, 3], logit_bias={3: 1.5, 4: 10.0}),
         make(),
     ]
-    result = _apply_masks_and_bias(logits.clone(), requests)
+    result = _apply_masks_and_bias(logits.clone(), [SamplingRow.of(r) for r in requests])
     expected = torch.tensor(
         [
             [-INF, 2.0, -INF, 4.0, -INF, -INF],
@@ -299,7 +311,7 @@ def test_min_tokens_bans_eos_and_stop_token_ids_until_reached():
         make(min_tokens=3, output=[0], stop_token_ids=[4], ignore_eos=True),  # EOS stays allowed
         make(min_tokens=0, stop_token_ids=[4]),
     ]
-    result = _apply_masks_and_bias(torch.tensor([row] * 4), requests)
+    result = _apply_masks_and_bias(torch.tensor([row] * 4), [SamplingRow.of(r) for r in requests])
     expected = torch.tensor(
         [
             [0.0, 0.0, -INF, 0.0, -INF, 0.0],
@@ -346,7 +358,7 @@ def test_apply_penalties_exact():
         make(prompt=[4, 4, 4], output=[1], repetition_penalty=0.5),  # < 1 favours repeats
         make(prompt=[4], output=[3, 3, 3], frequency_penalty=-1.0, presence_penalty=-0.5),
     ]
-    result = _apply_penalties(logits.clone(), requests)
+    result = _apply_penalties(logits.clone(), [SamplingRow.of(r) for r in requests])
     expected = torch.tensor(
         [
             [2.0 / 2 - 0.5 - 0.25, -1.0 * 2, 0.5 / 2 - 2 * 0.5 - 0.25, -0.5 * 2 - 0.5 - 0.25, 3.0, 0.0],

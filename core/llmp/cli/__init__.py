@@ -91,7 +91,6 @@ app = typer.Typer(
 # vLLM flags that llmp has no option of that name for: the llmp option doing their job, and the hint
 # given with the unknown-option error of a command that takes that option
 VLLM_EQUIVALENTS = {
-    "--gpu-memory-utilization": ("--kv-cache-memory-gib", "use --kv-cache-memory-gib: llmp sizes the KV cache in GiB"),
     "--kv-cache-memory": ("--kv-cache-memory-gib", "use --kv-cache-memory-gib: llmp sizes the KV cache in GiB"),
     "--num-gpu-blocks-override": ("--kv-cache-memory-gib", "use --kv-cache-memory-gib to size the KV cache"),
     "--swap-space": ("--kv-cache-memory-gib", "llmp does not swap the KV cache; --kv-cache-memory-gib sizes it"),

@@ -124,7 +124,7 @@ def _engine(cpu: dict[str, Any], build: dict[str, Any]) -> dict[str, Any]:
         config = EngineConfig()
     except Exception as exc:
         return {"model": DEFAULT_MODEL, "error": f"{type(exc).__name__}: {exc}"}
-    report: dict[str, Any] = {"model": DEFAULT_MODEL, "device": config.device}
+    report: dict[str, Any] = {"model": DEFAULT_MODEL}
     try:
         from llmp.model_files.resolve import resolve_model
 
@@ -132,8 +132,16 @@ def _engine(cpu: dict[str, Any], build: dict[str, Any]) -> dict[str, Any]:
     except Exception as exc:  # the default model is not installed, say
         report["dtype"] = None
         report["dtype_error"] = f"{type(exc).__name__}: {exc}"
+    from llmp.engine.device import resolve_device
+
+    try:  # what --device auto picks here, as the engine resolves it
+        device = resolve_device(config.device, report["dtype"] or "float32")
+    except Exception as exc:
+        device = "cpu"
+        report["device_error"] = f"{type(exc).__name__}: {exc}"
+    report["device"] = device
     try:
-        spec = registry.select_kernels(config.kernels, config.device)
+        spec = registry.select_kernels(config.kernels, device.partition(":")[0])
         report["kernels"] = spec.name
         report["kernels_plugin"] = spec.plugin
         reported = getattr(spec.load(), "isa", None)  # a kernel set may say which ISA path it takes
@@ -141,9 +149,7 @@ def _engine(cpu: dict[str, Any], build: dict[str, Any]) -> dict[str, Any]:
         report["kernels"] = None
         report["kernels_error"] = f"{type(exc).__name__}: {exc}"
         reported = None
-    report["isa_path"] = (
-        reported if isinstance(reported, str) else _isa_path(config.device, report.get("dtype"), cpu, build)
-    )
+    report["isa_path"] = reported if isinstance(reported, str) else _isa_path(device, report.get("dtype"), cpu, build)
     return report
 
 

@@ -62,7 +62,8 @@ def combination_problems(specs: list[OptionSpec], values: Mapping[str, Setting])
     if "device" in values:  # a named kernel set may run elsewhere (triton under TRITON_INTERPRET): not checked
         device = values["device"]
         devices = sorted({d for s in registry.components("kernels").values() for d in getattr(s, "devices", ())})
-        if devices and str(device.value).partition(":")[0] not in devices:  # cuda:1 is a cuda device
+        kind = str(device.value).partition(":")[0]  # cuda:1 is a cuda device; auto is resolved by the engine
+        if devices and kind != "auto" and kind not in devices:
             problems.append(f"{device.source} must be {alternatives(tuple(devices))}, got {device.value!r}")
     if "max_model_len" in values and "model" in taken and taken["model"].record == taken["max_model_len"].record:
         problems += context_problems(setting("model"), values["max_model_len"])

@@ -1,8 +1,9 @@
 """The ``uniproc`` executor: the model runs in the engine's own process.
 
 An executor owns the model workers. The engine prepares each step's inputs
-(``prepare_inputs``) and samples from the logits it gets back, so an executor
-only loads the model, holds the KV cache and runs forward passes.
+(``prepare_inputs``, with the rows' sampling parameters); the workers run the
+forward pass and rank 0 samples on the model's device, so an executor only
+loads the model, holds the KV cache and carries steps and their tokens.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from llmp.api import ResolvedModel
-from llmp.engine.model_runner import StepInputs, StepLogits
+from llmp.engine.model_runner import ModelRunnerOutput, StepInputs
 from llmp.engine.worker import Worker, raise_rpc_failures, rpc_outcome
 from llmp.options import EngineConfig
 
@@ -35,8 +36,8 @@ class UniprocExecutor:
     def allocate_kv_cache(self, num_blocks: int) -> None:
         self.runner.allocate_kv_cache(num_blocks)
 
-    def execute_model(self, inputs: StepInputs) -> StepLogits:
-        return self.runner.forward(inputs)
+    def execute_model(self, inputs: StepInputs) -> ModelRunnerOutput:
+        return self.worker.execute_model(inputs)
 
     def collective_rpc(
         self,

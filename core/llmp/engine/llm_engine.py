@@ -17,10 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 from llmp import plugins, registry
 from llmp.api import EngineInfo, EngineSleepingError, FinishedRequestStats, ResolvedModel, SchedulerStats
-from llmp.engine.model_runner import prepare_inputs, sample_step
+from llmp.engine.device import kv_cache_blocks, resolve_device
+from llmp.engine.model_runner import prepare_inputs
 from llmp.engine.output_processor import OutputProcessor, RequestState
 from llmp.engine.request import Request, RequestStatus
-from llmp.engine.sampler import Sampler, bad_words_token_ids
+from llmp.engine.sampler import SamplingBatch, bad_words_token_ids
 from llmp.engine.scheduler import SchedulerConfig, check_priority
 from llmp.engine.stat_loggers import StatLoggers
 from llmp.engine.step_stats import IterationTokens, step_prompt_tokens
@@ -57,10 +58,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("llmp.engine")
 # the pooling task of a request that names none, by the model's primary task
 PRIMARY_POOLING_TASK = {"embed": "embed", "classify": "classify", "reward": "token_classify"}
+DEFAULT_CPU_KV_CACHE_BYTES = 4 << 30  # the KV cache's memory on the CPU when kv_cache_memory_bytes is not given
 SLEEP_TAGS = ("weights", "kv_cache")  # what sleep() takes away and wake_up(tags) brings back, as vLLM's tags
 # worker methods the engine drives itself: a collective_rpc call to one would leave it out of step with them
 ENGINE_DRIVEN_WORKER_METHODS = frozenset(
-    {"execute_model", "allocate_kv_cache", "sleep", "wake_up", "start_profile", "stop_profile"}
+    {"execute_model", "allocate_kv_cache", "profile_memory", "sleep", "wake_up", "start_profile", "stop_profile"}
 )
 
 
@@ -73,9 +75,11 @@ class LLMEngine:
 
         from llmp.model_files.tokenizer import load_tokenizer
 
+        started = time.perf_counter()
+        # resolved once, here in the engine's process; the executor and every worker get the result
+        config = dataclasses.replace(config, device=resolve_device(config.device, model.dtype))
         self.config = config
         self.model = model
-        started = time.perf_counter()
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         self.pm = plugins.load_plugins()
@@ -90,16 +94,16 @@ class LLMEngine:
         self.max_model_len = self._max_model_len(num_blocks)
         if per_block := self.executor.bytes_per_block():  # an encoder has no cache to build
             log.info(
-                "building the KV cache: %d blocks of %d tokens (%s)",
+                "building the KV cache: %d blocks of %d tokens, %d tokens (%s)",
                 num_blocks,
                 config.block_size,
+                num_blocks * config.block_size,
                 human_bytes(num_blocks * per_block),
             )
         self.executor.allocate_kv_cache(num_blocks)
         # only "last"-pooled requests of a model with a KV cache (a causal LM) keep prefix caching and chunks
         self.has_kv_cache = per_block > 0
         self._setup_pooling()
-        self.sampler = Sampler(config.seed)
         self.kv_manager = registry.load_component("kv_manager", config.kv_manager)(
             num_blocks, config.block_size, config.enable_prefix_caching
         )
@@ -182,14 +186,38 @@ class LLMEngine:
         per_block = self.executor.bytes_per_block()
         if per_block == 0:  # a model without a KV cache (an encoder): blocks only count tokens
             return enough
-        blocks = self.config.kv_cache_memory_bytes // per_block
+        memory = self.config.kv_cache_memory_bytes
+        if memory is None and self.config.device.startswith("cuda"):
+            return int(min(self._gpu_kv_blocks(per_block), enough))
+        memory = memory or DEFAULT_CPU_KV_CACHE_BYTES
+        blocks = memory // per_block
         if blocks < 1:
             raise ValueError(
-                f"the KV-cache memory ({self.config.kv_cache_memory_bytes} bytes) holds no block of "
+                f"the KV-cache memory ({memory} bytes) holds no block of "
                 f"{self.config.block_size} tokens ({per_block} bytes): raise kv_cache_memory_bytes "
                 "(--kv-cache-memory-gib)"
             )
         return int(min(blocks, enough))
+
+    def _gpu_kv_blocks(self, per_block: int) -> int:
+        """What --gpu-memory-utilization leaves for the KV cache once every rank ran a profiling
+        forward pass at the largest batch (the smallest rank's share: every rank holds as many blocks)."""
+        profiles = self.executor.collective_rpc("profile_memory")
+        blocks = min(
+            kv_cache_blocks(p["total"], p["used"], p["activations"], self.config.gpu_memory_utilization, per_block)
+            for p in profiles
+        )
+        first = profiles[0]
+        log.info(
+            "memory profile: %s of %s in use after loading, %s of activations at %d tokens; the KV cache gets "
+            "the rest of --gpu-memory-utilization %g",
+            human_bytes(first["used"]),
+            human_bytes(first["total"]),
+            human_bytes(first["activations"]),
+            self.config.max_num_batched_tokens,
+            self.config.gpu_memory_utilization,
+        )
+        return blocks
 
     def _max_model_len(self, num_blocks: int) -> int:
         model_len = self.model.context_len
@@ -684,18 +712,20 @@ class LLMEngine:
         scheduled_at = time.time()
         for item in scheduled.scheduled:
             item.request.record_scheduled(scheduled_at)
-        inputs, prompt_targets = prepare_inputs(scheduled, self.config.block_size)
+        inputs = prepare_inputs(scheduled, self.config.block_size)
+        if inputs.sample_index:
+            requests = [scheduled.scheduled[i].request for i in inputs.sample_index]
+            inputs.sampling = SamplingBatch.of(requests, self.vocab_size)
         if self.lora is not None:
             inputs.lora = self.lora.step_inputs(scheduled)
-        step_logits = self.executor.execute_model(inputs)
-        result = sample_step(self.sampler, scheduled, step_logits, prompt_targets)
+        result = self.executor.execute_model(inputs)
         self.num_steps += 1
         sampled_at = time.time()
         if not self.stat_loggers.muted:  # the server's warm-up is not part of the workload
             num_sampled = sum(token is not None for token in result.sampled)
             self.iteration_tokens.observe(step_prompt_tokens(scheduled) + num_sampled)
         self.scheduler.update_from_output(scheduled, result.sampled)
-        pooled = self._finish_pooling(scheduled, inputs.pool_items, step_logits.pooled)
+        pooled = self._finish_pooling(scheduled, inputs.pool_items, result.pooled)
         changed: dict[str, RequestState] = {}
         now = time.monotonic()
         for request_id, entries in result.prompt_logprobs.items():

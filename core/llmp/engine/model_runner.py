@@ -20,7 +20,8 @@ import torch
 
 from llmp import registry
 from llmp.api import AttentionMetadata, PacksLinear, ResolvedModel
-from llmp.engine.sampler import Sampler, TokenLogprobs, gather_logprobs
+from llmp.engine.decode_graphs import DecodeGraphs, default_graph_sizes
+from llmp.engine.sampler import Sampler, SamplingBatch, TokenLogprobs, batch_logprobs
 from llmp.engine.scheduler import SchedulerOutput
 from llmp.model_files.weights import iter_weights
 from llmp.modeling.decoder import as_pooling_model
@@ -36,9 +37,12 @@ TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32":
 
 @dataclass(slots=True)
 class ModelRunnerOutput:
-    sampled: list[int | None]  # per scheduled request; None for a partial prefill chunk
+    """What a step sends back to the engine (rank 0): tokens and logprobs, never logits."""
+
+    sampled: list[int | None]  # per scheduled request; None for a partial prefill chunk or a pooling request
     logprobs: list[TokenLogprobs | None]
     prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)  # request id -> new positions
+    pooled: list[torch.Tensor] = field(default_factory=list)  # per StepInputs.pool_items (StepLogits.pooled)
 
 
 def _log_weights(model: Any, quantized: QuantizedLayers, kernels: str, dtype: torch.dtype) -> None:
@@ -67,6 +71,8 @@ class ModelRunner:
     def __init__(self, config: EngineConfig, resolved: ResolvedModel) -> None:
         self.config = config
         self.device = torch.device(config.device)
+        if self.device.type == "cuda":  # kernels launch on the current device
+            torch.cuda.set_device(self.device)
         self.dtype = TORCH_DTYPES[resolved.dtype]
         started = time.perf_counter()
         self.kernels_spec = registry.select_kernels(config.kernels, self.device.type)
@@ -78,10 +84,12 @@ class ModelRunner:
         self.accepts_output_rows = bool(getattr(self.model, "accepts_output_rows", False))
         self.load_seconds = time.perf_counter() - started
         self.block_size = config.block_size
+        self.resolved_context_len = resolved.context_len
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.kv_shapes: list[tuple[int, int, int, int]] = []
         self.resolved = resolved
         self.asleep: set[str] = set()  # what sleep() took away: "weights", "kv_cache"
+        self.graphs = self._decode_graphs()
 
     def _load_model(self, model_cls: Any, resolved: ResolvedModel) -> Any:
         if resolved.spec.model_impl == "native":
@@ -108,6 +116,18 @@ class ModelRunner:
 
             pack_linear_layers(model, self.kernels)
         return model.eval()
+
+    def _decode_graphs(self) -> DecodeGraphs | None:
+        """CUDA graphs of decode steps on a GPU (not with --enforce-eager or LoRA, whose slots change
+        per step); ``extra["static_decode_buffers"]`` runs their padded buffers eagerly on any device
+        (the CPU tests of that padding)."""
+        config = self.config
+        capture = self.device.type == "cuda" and not config.enforce_eager and self.lora is None
+        if not (capture or config.extra.get("static_decode_buffers")) or not hasattr(self.model, "attention_layers"):
+            return None
+        sizes = list(config.cuda_graph_sizes) or default_graph_sizes(config.max_num_seqs)
+        max_len = config.max_model_len or self.resolved_context_len
+        return DecodeGraphs(self.model, sizes, max_len, config.block_size, self.device, capture)
 
     def _install_lora(self) -> Any:
         """The model's LoRA-adapted layers with empty slots (``llmp.modeling.lora.LoRAModelState``)."""
@@ -139,6 +159,12 @@ class ModelRunner:
             (num_blocks, self.block_size, layer.num_kv_heads, layer.head_dim) for layer in self.model.attention_layers()
         ]
         self._build_kv_cache()
+        self._capture_graphs()
+
+    def _capture_graphs(self) -> None:
+        if self.graphs is not None and self.kv_caches and not self.asleep:
+            self.graphs.model = self.model
+            self.graphs.capture()
 
     def _build_kv_cache(self) -> None:
         # torch.empty: untouched pages cost nothing; kernels read only slots they wrote
@@ -156,6 +182,68 @@ class ModelRunner:
         for layer, cache in zip(self.model.attention_layers(), self.kv_caches, strict=True):
             layer.kv_cache = cache
 
+    def profile_memory(self) -> dict[str, int]:
+        """Bytes of the device's memory: ``total``, ``used`` now (weights, the CUDA context and other
+        processes; before any KV cache) and ``activations``, the peak a forward pass at the largest
+        batch adds (:meth:`run_largest_batch`, its temporary cache not counted). CUDA only: on the
+        CPU the KV cache's size is given (kv_cache_memory_bytes)."""
+        device = self.device
+        if device.type != "cuda":
+            raise ValueError("memory profiles measure a CUDA device; on the CPU the KV cache's size is given")
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info(device)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        cache_bytes = self.run_largest_batch()
+        torch.cuda.synchronize(device)
+        activations = torch.cuda.max_memory_allocated(device) - before - cache_bytes
+        torch.cuda.empty_cache()
+        return {"total": total, "used": total - free, "activations": max(activations, 0)}
+
+    @torch.inference_mode()
+    def run_largest_batch(self) -> int:
+        """One forward pass (and the logits of each sequence's last row, in float32 as the sampler
+        takes them) at the step the scheduler may build at its largest: ``max_num_batched_tokens``
+        tokens over up to ``max_num_seqs`` sequences, on a temporary KV cache just large enough
+        (freed after). Returns that cache's bytes."""
+        config, size = self.config, self.block_size
+        tokens = max(1, min(config.max_num_batched_tokens, config.max_num_seqs * (config.max_model_len or 1 << 30)))
+        seqs = max(1, min(config.max_num_seqs, tokens))
+        lengths = [tokens // seqs + (i < tokens % seqs) for i in range(seqs)]
+        blocks_per_seq = -(-max(lengths) // size)
+        self.kv_shapes = [
+            (seqs * blocks_per_seq, size, layer.num_kv_heads, layer.head_dim) for layer in self.model.attention_layers()
+        ]
+        self._build_kv_cache()  # no graphs captured on it
+        cache_bytes = self.bytes_per_block() * seqs * blocks_per_seq
+        try:
+            starts = np.cumsum([0, *lengths])
+            positions = np.concatenate([np.arange(n) for n in lengths])
+            tables = np.arange(seqs * blocks_per_seq, dtype=np.int32).reshape(seqs, blocks_per_seq)
+            seq_of_row = np.repeat(np.arange(seqs), lengths)
+            slots = tables[seq_of_row, positions // size].astype(np.int64) * size + positions % size
+            metadata = AttentionMetadata(
+                query_start_loc=torch.tensor(starts, dtype=torch.int32),
+                seq_lens=torch.tensor(lengths, dtype=torch.int32),
+                block_tables=torch.from_numpy(tables),
+                slot_mapping=torch.from_numpy(slots),
+                max_query_len=max(lengths),
+                max_seq_len=max(lengths),
+            )
+            last_rows = (starts[1:] - 1).tolist()
+            inputs = StepInputs(
+                torch.zeros(tokens, dtype=torch.long), torch.from_numpy(positions), metadata, last_rows, []
+            )
+            step = self.forward(inputs)
+            if step.logits is not None:
+                step.logits.float().softmax(-1)
+        finally:
+            for layer in self.model.attention_layers():
+                layer.kv_cache = None
+            self.kv_caches, self.kv_shapes = [], []
+        return cache_bytes
+
     # -- sleep -----------------------------------------------------------
 
     def sleep(self, level: int) -> None:
@@ -168,6 +256,8 @@ class ModelRunner:
         for layer in self.model.attention_layers():
             layer.kv_cache = None
         self.kv_caches = []
+        if self.graphs is not None:  # they point at the cache and the weights going away
+            self.graphs.reset()
         if level == 2:
             self.model = self.lora = None
         elif self.device.type != "cpu":
@@ -191,6 +281,7 @@ class ModelRunner:
         if "kv_cache" in wanted:
             self._build_kv_cache()
         self.asleep -= wanted
+        self._capture_graphs()
 
     # -- one step --------------------------------------------------------
 
@@ -238,17 +329,21 @@ class ModelRunner:
             # the poolers read one row per request: the model computes only those in its last layer
             extra["output_rows"] = torch.tensor(rows, device=device)
             pool_items = [replace(item, rows=PoolSlice(i, 1)) for i, item in enumerate(pool_items)]
-        hidden = self.model(input_ids, inputs.positions.to(device), metadata, **extra)
+        size = self.graphs.size_for(inputs) if self.graphs is not None and not extra else None
+        if size is not None:
+            hidden = self.graphs.run(inputs, size)
+        else:
+            hidden = self.model(input_ids, inputs.positions.to(device), metadata, **extra)
         logits = None
         if inputs.logit_rows:
             rows = torch.tensor(inputs.logit_rows, device=device)
             # in the model's dtype: the sampler converts only when it needs to (a greedy argmax does not)
             with self._lora_rows(inputs.logit_rows):
-                logits = self.model.compute_logits(hidden[rows]).cpu()
+                logits = self.model.compute_logits(hidden[rows])
         prompt_logits = []
         for start, count in inputs.prompt_rows:
             with self._lora_rows(np.arange(start, start + count)):
-                prompt_logits.append(self.model.compute_logits(hidden[start : start + count]).float().cpu())
+                prompt_logits.append(self.model.compute_logits(hidden[start : start + count]).float())
         pooled = self._pool(hidden, input_ids, pool_items) if pool_items else []
         return StepLogits(logits, prompt_logits, pooled)
 
@@ -303,7 +398,7 @@ def _one_row_per_request(inputs: StepInputs) -> list[int] | None:
 
 @dataclass(slots=True)
 class StepInputs:
-    """Everything a worker needs for one forward pass (CPU tensors; picklable)."""
+    """Everything a worker needs for one step: the forward pass, then sampling (CPU tensors; picklable)."""
 
     input_ids: torch.Tensor
     positions: torch.Tensor
@@ -313,6 +408,9 @@ class StepInputs:
     pool_items: list[PoolItem] = field(default_factory=list)  # pooling requests this step completes
     token_type_ids: torch.Tensor | None = None  # [T]: only when some scheduled request has them
     lora: LoRAStepInputs | None = None  # only when some scheduled request runs with a LoRA adapter
+    sample_index: list[int] = field(default_factory=list)  # per logit row: its index in the scheduled requests
+    sampling: SamplingBatch | None = None  # per logit row: its sampling parameters (the engine fills it)
+    prompt_targets: list[PromptTarget] = field(default_factory=list)  # per prompt_rows entry
 
 
 @dataclass(slots=True)
@@ -338,18 +436,27 @@ class PoolItem:
 
 @dataclass(slots=True)
 class StepLogits:
+    """A forward pass's logits, on the model's device: the sampler reads them where they are."""
+
     logits: torch.Tensor | None  # [len(logit_rows), V] in the model's dtype
-    prompt_logits: list[torch.Tensor]
+    prompt_logits: list[torch.Tensor]  # float32, per StepInputs.prompt_rows
     # per StepInputs.pool_items, float32 on the CPU: [H] (embed), [num_labels] (classify, score),
     # [rows, H] (token_embed) or [rows, num_labels] (token_classify); before any activation
     pooled: list[torch.Tensor] = field(default_factory=list)
 
 
-PromptTargets = dict[str, tuple[list[int], int]]  # request id -> (prompt tokens its rows predict, top-k)
+@dataclass(frozen=True, slots=True)
+class PromptTarget:
+    """A request wanting prompt logprobs: the prompt tokens its rows of the step predict, and its top-k."""
+
+    request_id: str
+    token_ids: list[int]
+    k: int
 
 
-def prepare_inputs(out: SchedulerOutput, block_size: int) -> tuple[StepInputs, PromptTargets]:
-    """Flatten a scheduled step; also returns what prompt logprobs each request wants."""
+def prepare_inputs(out: SchedulerOutput, block_size: int) -> StepInputs:
+    """Flatten a scheduled step: its tokens and attention metadata, the rows to sample and the
+    prompt logprobs each request wants (``StepInputs.sampling`` is left to the engine)."""
     tokens: list[int] = []
     positions: list[np.ndarray] = []
     slots: list[np.ndarray] = []
@@ -357,7 +464,8 @@ def prepare_inputs(out: SchedulerOutput, block_size: int) -> tuple[StepInputs, P
     seq_lens: list[int] = []
     logit_rows: list[int] = []
     prompt_rows: list[tuple[int, int]] = []
-    prompt_targets: PromptTargets = {}
+    prompt_targets: list[PromptTarget] = []
+    sample_index: list[int] = []
     pool_items: list[PoolItem] = []
     with_types = any(s.request.token_type_ids is not None for s in out.scheduled)
     token_types: list[int] = []
@@ -383,11 +491,12 @@ def prepare_inputs(out: SchedulerOutput, block_size: int) -> tuple[StepInputs, P
                 pool_items.append(PoolItem(i, request.pooling_task, request.pooler, rows))
         elif item.completes_sequence:
             logit_rows.append(query_start[-1] - 1)
+            sample_index.append(i)
         if request.params.prompt_logprobs is not None and start < request.num_prompt_tokens - 1:
             last = min(end, request.num_prompt_tokens - 1)  # position whose next token is the last prompt token
             targets = request.prompt_token_ids[start + 1 : last + 1]
             prompt_rows.append((row0, len(targets)))
-            prompt_targets[request.request_id] = (targets, request.params.prompt_logprobs)
+            prompt_targets.append(PromptTarget(request.request_id, targets, request.params.prompt_logprobs))
     metadata = AttentionMetadata(
         query_start_loc=torch.tensor(query_start, dtype=torch.int32),
         seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
@@ -396,7 +505,7 @@ def prepare_inputs(out: SchedulerOutput, block_size: int) -> tuple[StepInputs, P
         max_query_len=max(s.num_tokens for s in out.scheduled),
         max_seq_len=max(seq_lens),
     )
-    inputs = StepInputs(
+    return StepInputs(
         torch.tensor(tokens, dtype=torch.long),
         torch.from_numpy(np.concatenate(positions)),
         metadata,
@@ -404,24 +513,26 @@ def prepare_inputs(out: SchedulerOutput, block_size: int) -> tuple[StepInputs, P
         prompt_rows,
         pool_items,
         torch.tensor(token_types, dtype=torch.long) if with_types else None,
+        sample_index=sample_index,
+        prompt_targets=prompt_targets,
     )
-    return inputs, prompt_targets
 
 
-def sample_step(
-    sampler: Sampler, out: SchedulerOutput, logits: StepLogits, prompt_targets: PromptTargets
-) -> ModelRunnerOutput:
-    """Sample the generation requests whose sequence the step completed; gather prompt logprobs.
-    Pooling requests get ``None`` (the engine finishes them from ``logits.pooled``)."""
-    sample_index = [i for i, s in enumerate(out.scheduled) if s.completes_sequence and s.request.pooling_params is None]
-    sampled: list[int | None] = [None] * len(out.scheduled)
-    logprobs: list[TokenLogprobs | None] = [None] * len(out.scheduled)
-    if sample_index:
-        result = sampler(logits.logits, [out.scheduled[i].request for i in sample_index])
-        for row, i in enumerate(sample_index):
+def sample_step(sampler: Sampler, inputs: StepInputs, logits: StepLogits) -> ModelRunnerOutput:
+    """Sample the generation requests whose sequence the step completed and gather prompt logprobs,
+    on the logits' device. Pooling requests get ``None`` (the engine finishes them from ``pooled``)."""
+    num_scheduled = len(inputs.metadata.query_start_loc) - 1
+    sampled: list[int | None] = [None] * num_scheduled
+    logprobs: list[TokenLogprobs | None] = [None] * num_scheduled
+    if inputs.sample_index:
+        if inputs.sampling is None:
+            raise ValueError("a step with rows to sample needs StepInputs.sampling")
+        result = sampler(logits.logits, inputs.sampling)
+        for row, i in enumerate(inputs.sample_index):
             sampled[i], logprobs[i] = result.token_ids[row], result.logprobs[row]
     prompt_logprobs = {}
-    for (request_id, (targets, k)), rows in zip(prompt_targets.items(), logits.prompt_logits, strict=True):
+    for target, rows in zip(inputs.prompt_targets, logits.prompt_logits, strict=True):
         table = rows.log_softmax(-1)
-        prompt_logprobs[request_id] = [gather_logprobs(table[j], t, k) for j, t in enumerate(targets)]
-    return ModelRunnerOutput(sampled, logprobs, prompt_logprobs)
+        ids = torch.tensor(target.token_ids, dtype=torch.long, device=table.device)
+        prompt_logprobs[target.request_id], _ = batch_logprobs(table, ids, [target.k] * len(ids))
+    return ModelRunnerOutput(sampled, logprobs, prompt_logprobs, logits.pooled)

@@ -5,17 +5,21 @@ Order, as in vLLM: the structured-output grammar mask, allowed tokens, bad words
 then repetition, frequency and presence penalties (greedy rows included);
 then temperature, min-p, top-k and top-p; then a draw. Logprobs are those of
 the raw model distribution. Only rows that use a feature pay for it.
+
+The engine describes each row (:class:`SamplingBatch`, plain data); the worker of rank 0 samples on
+the model's device, so a step sends back token ids and requested logprobs, never logits.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from llmp.api import RequestValidationError
 from llmp.engine.request import Request
+from llmp.sampling_params import SamplingParams
 
 
 @dataclass(slots=True)
@@ -53,90 +57,178 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
     return best * _ARGMAX_CHUNK + inside
 
 
+@dataclass(slots=True)
+class SamplingRow:
+    """What sampling needs of one request: plain, picklable data, built where the requests live (the
+    engine) and sent with the step to the worker that samples, on the model's device. The token
+    lists come along only for the rows whose penalties or bad words read them."""
+
+    params: SamplingParams
+    num_output_tokens: int
+    eos_token_ids: frozenset[int] = frozenset()
+    has_grammar: bool = False
+    bad_words_token_ids: list[list[int]] = field(default_factory=list)
+    output_token_ids: list[int] | None = None
+    prompt_token_ids: list[int] | None = None
+
+    @classmethod
+    def of(cls, request: Request) -> SamplingRow:
+        params = request.params
+        penalties = params.repetition_penalty != 1.0 or params.frequency_penalty or params.presence_penalty
+        return cls(
+            params,
+            request.num_output_tokens,
+            request.eos_token_ids,
+            request.grammar is not None,
+            request.bad_words_token_ids,
+            request.output_token_ids if penalties or request.bad_words_token_ids else None,
+            request.prompt_token_ids if params.repetition_penalty != 1.0 else None,
+        )
+
+
+@dataclass(slots=True)
+class SamplingBatch:
+    """The rows of one step's sampler call, in logit-row order, and the grammar masks of its
+    constrained rows (``structured_output.grammar_bitmask``, filled by the engine)."""
+
+    rows: list[SamplingRow]
+    grammar_bitmask: torch.Tensor | None = None
+    grammar_rows: list[int] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, requests: list[Request], vocab_size: int) -> SamplingBatch:
+        batch = cls([SamplingRow.of(r) for r in requests])
+        if any(r.grammar is not None for r in requests):
+            from llmp.engine.structured_output import grammar_bitmask
+
+            masks = grammar_bitmask([r.grammar for r in requests], vocab_size)
+            if masks is not None:
+                batch.grammar_bitmask, batch.grammar_rows = masks
+        return batch
+
+
 class Sampler:
-    """Draws for rows without their own seed come from one generator seeded with the engine seed
+    """Runs where the logits are (the model's device, in the worker of rank 0): only the token ids
+    and the requested logprobs come back to the host, in one copy.
+
+    Draws for rows without their own seed come from one generator seeded with the engine seed
     (vLLM seeds its workers' random state with it): a fresh engine given the same requests in the
-    same order gives the same text. A request's own ``seed`` gives it a generator of its own."""
+    same order gives the same text. A request's own ``seed`` draws its n-th token from a generator
+    seeded with (seed, n): the same text whatever else shares its steps, and nothing to keep
+    between steps."""
 
-    def __init__(self, seed: int) -> None:
-        self.generator = torch.Generator().manual_seed(seed)
+    def __init__(self, seed: int, device: torch.device | str = "cpu") -> None:
+        self.device = torch.device(device)
+        self.generator = torch.Generator(self.device).manual_seed(seed)
 
-    def __call__(self, logits: torch.Tensor, requests: list[Request]) -> SamplerOutput:
+    def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
         # logits: [R, V] in the model's dtype (bfloat16 logits become float32 here only when needed)
-        wants_logprobs = [r.params.logprobs is not None for r in requests]
-        plain_greedy = all(_plain_greedy(r) for r in requests)
+        rows = batch.rows
+        wants_logprobs = [r.params.logprobs is not None for r in rows]
+        plain_greedy = all(_plain_greedy(r) for r in rows)
         if plain_greedy and not any(wants_logprobs):
             # the common fast path: nothing to mask, copy or draw. A float32 copy of 64 rows of a
             # 152k vocabulary costs more than the argmax, and converting cannot change which is largest.
-            return self._finish(argmax_rows(logits).tolist(), requests, wants_logprobs, None)
+            return SamplerOutput(to_host(argmax_rows(logits)).tolist(), [None] * len(rows))
         given, logits = logits, logits.float()
         raw_logprobs = logits.log_softmax(-1) if any(wants_logprobs) else None
         if plain_greedy:
-            return self._finish(argmax_rows(logits).tolist(), requests, wants_logprobs, raw_logprobs)
+            return self._finish(argmax_rows(logits), rows, wants_logprobs, raw_logprobs)
         if logits is given:  # the masks below write in place
             logits = logits.clone()
-        if any(r.grammar is not None for r in requests):
-            from llmp.engine.structured_output import apply_grammar_masks
+        if batch.grammar_bitmask is not None:
+            from llmp.engine.structured_output import apply_token_bitmask
 
-            apply_grammar_masks(logits, [r.grammar for r in requests])
-        logits = _apply_masks_and_bias(logits, requests)
-        logits = _apply_penalties(logits, requests)
-        random_rows = [i for i, r in enumerate(requests) if not r.params.is_greedy]
-        if len(random_rows) < len(requests):
+            apply_token_bitmask(logits, batch.grammar_bitmask, batch.grammar_rows)
+        logits = _apply_masks_and_bias(logits, rows)
+        logits = _apply_penalties(logits, rows)
+        random_rows = [i for i, r in enumerate(rows) if not r.params.is_greedy]
+        if len(random_rows) < len(rows):
             tokens = argmax_rows(logits)
         else:  # every row is drawn: no argmax to take
-            tokens = logits.new_empty(len(requests), dtype=torch.long)
+            tokens = logits.new_empty(len(rows), dtype=torch.long)
         if random_rows:
-            rows = torch.tensor(random_rows)
-            tokens[rows] = _sample(logits[rows], [requests[i] for i in random_rows], self.generator)
-        return self._finish(tokens.tolist(), requests, wants_logprobs, raw_logprobs)
+            index = torch.tensor(random_rows, device=logits.device)
+            tokens[index] = _sample(logits[index], [rows[i] for i in random_rows], self.generator)
+        return self._finish(tokens, rows, wants_logprobs, raw_logprobs)
 
     @staticmethod
     def _finish(
-        token_list: list[int], requests: list[Request], wants_logprobs: list[bool], raw_logprobs: torch.Tensor | None
+        tokens: torch.Tensor, rows: list[SamplingRow], wants_logprobs: list[bool], raw_logprobs: torch.Tensor | None
     ) -> SamplerOutput:
-        logprobs: list[TokenLogprobs | None] = [None] * len(requests)
-        if raw_logprobs is not None:
-            for i, request in enumerate(requests):
-                if wants_logprobs[i]:
-                    logprobs[i] = gather_logprobs(raw_logprobs[i], token_list[i], request.params.logprobs)
+        logprobs: list[TokenLogprobs | None] = [None] * len(rows)
+        if raw_logprobs is None:
+            return SamplerOutput(to_host(tokens).tolist(), logprobs)
+        chosen = [i for i, wants in enumerate(wants_logprobs) if wants]
+        index = torch.tensor(chosen, device=tokens.device)
+        gathered, token_list = batch_logprobs(
+            raw_logprobs[index], tokens[index], [rows[i].params.logprobs for i in chosen], also=tokens
+        )
+        for i, entry in zip(chosen, gathered, strict=True):
+            logprobs[i] = entry
         return SamplerOutput(token_list, logprobs)
 
 
-def _plain_greedy(request: Request) -> bool:
+def to_host(*values: torch.Tensor) -> Any:
+    """``values`` on the CPU (one tensor: it; several: a tuple). From a GPU: into pinned memory with
+    non-blocking copies, then one wait for the stream (the only synchronisation of a step's sampling)."""
+    if all(v.device.type == "cpu" for v in values):
+        return values[0] if len(values) == 1 else values
+    hosts = []
+    for v in values:
+        host = torch.empty(v.shape, dtype=v.dtype, pin_memory=True)
+        host.copy_(v, non_blocking=True)
+        hosts.append(host)
+    torch.cuda.current_stream(values[0].device).synchronize()
+    return hosts[0] if len(hosts) == 1 else tuple(hosts)
+
+
+def batch_logprobs(
+    table: torch.Tensor, token_ids: torch.Tensor, ks: list[int], also: torch.Tensor | None = None
+) -> tuple[list[TokenLogprobs], list[int]]:
+    """Per row of ``table`` (log-softmax rows, [R, V]): the logprob and rank of ``token_ids[r]``,
+    then its top ``ks[r]``; computed on the table's device and brought back in two copies and one wait.
+    ``also`` (int64) travels with them; its values are returned as a list (else [])."""
+    rows, vocab = table.shape
+    chosen = table.gather(1, token_ids.view(-1, 1))
+    ranks = (table > chosen).sum(-1) + 1
+    k = min(max(ks, default=0), vocab)
+    top = table.topk(k, dim=-1) if k > 0 else None
+    ints = [ranks, token_ids.view(-1)] + ([top.indices.reshape(-1)] if top is not None else [])
+    extra = 0 if also is None else also.numel()
+    if also is not None:
+        ints.append(also.view(-1))
+    floats = [chosen.view(-1)] + ([top.values.reshape(-1)] if top is not None else [])
+    int_host, float_host = (t.tolist() for t in to_host(torch.cat(ints), torch.cat(floats).float()))
+    out = []
+    for r in range(rows):
+        kr = min(ks[r], vocab)
+        ids = [int_host[rows + r]] + (int_host[2 * rows + r * k : 2 * rows + r * k + kr] if kr else [])
+        values = [float_host[r]] + (float_host[rows + r * k : rows + r * k + kr] if kr else [])
+        out.append(TokenLogprobs(ids, values, [int_host[r]] + list(range(1, kr + 1))))
+    return out, (int_host[len(int_host) - extra :] if extra else [])
+
+
+def _plain_greedy(row: SamplingRow) -> bool:
     """A greedy row that no mask, bias, ban or penalty changes: its token is the argmax of the raw logits."""
-    params = request.params
+    params = row.params
     return (
         params.is_greedy
-        and request.grammar is None
+        and not row.has_grammar
         and params.allowed_token_ids is None
         and not params.logit_bias
-        and not _bans_tokens(request)
-        and not request.bad_words_token_ids
+        and not _bans_tokens(row)
+        and not row.bad_words_token_ids
         and params.repetition_penalty == 1.0
         and not params.frequency_penalty
         and not params.presence_penalty
     )
 
 
-def gather_logprobs(row: torch.Tensor, token_id: int, k: int) -> TokenLogprobs:
-    """Logprob and rank of ``token_id`` in ``row`` (a log-softmax), then the top ``k``."""
-    chosen = row[token_id]
-    rank = int((row > chosen).sum()) + 1
-    ids, values, ranks = [token_id], [float(chosen)], [rank]
-    k = min(k, row.shape[-1])
-    if k > 0:
-        top = row.topk(k)
-        ids += top.indices.tolist()
-        values += top.values.tolist()
-        ranks += list(range(1, k + 1))
-    return TokenLogprobs(ids, values, ranks)
-
-
-def _bans_tokens(request: Request) -> bool:
+def _bans_tokens(row: SamplingRow) -> bool:
     """Whether ``min_tokens`` bans a stop or end token for this row now."""
-    params = request.params
-    if request.num_output_tokens >= params.min_tokens:
+    params = row.params
+    if row.num_output_tokens >= params.min_tokens:
         return False
     return bool(params.stop_token_ids) or not params.ignore_eos
 
@@ -164,104 +256,118 @@ def bad_words_token_ids(bad_words: list[str], tokenizer: Any, vocab_size: int) -
     return sequences
 
 
-def _ban_bad_words(row: torch.Tensor, request: Request) -> None:
+def _ban_bad_words(logits_row: torch.Tensor, row: SamplingRow) -> None:
     # a sequence's last token is banned when the output ends with the rest of it (vLLM: output tokens only)
-    output = request.output_token_ids
-    for ids in request.bad_words_token_ids:
+    output = row.output_token_ids or []
+    for ids in row.bad_words_token_ids:
         prefix = len(ids) - 1
         if prefix <= len(output) and (prefix == 0 or output[-prefix:] == ids[:-1]):
-            row[ids[-1]] = float("-inf")
+            logits_row[ids[-1]] = float("-inf")
 
 
-def _apply_masks_and_bias(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
-    vocab = logits.shape[-1]
-    for i, request in enumerate(requests):
-        params = request.params
+def _apply_masks_and_bias(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    vocab, device = logits.shape[-1], logits.device
+    for i, row in enumerate(rows):
+        params = row.params
         if params.allowed_token_ids is not None:
-            allowed = torch.tensor([t for t in params.allowed_token_ids if t < vocab], dtype=torch.long)
+            allowed = torch.tensor([t for t in params.allowed_token_ids if t < vocab], dtype=torch.long, device=device)
             keep = logits[i, allowed]
             logits[i] = float("-inf")
             logits[i, allowed] = keep
-        if request.bad_words_token_ids:
-            _ban_bad_words(logits[i], request)
+        if row.bad_words_token_ids:
+            _ban_bad_words(logits[i], row)
         if params.logit_bias:
-            ids = torch.tensor([t for t in params.logit_bias if t < vocab], dtype=torch.long)
-            logits[i, ids] += torch.tensor([params.logit_bias[t] for t in ids.tolist()])
-        if request.num_output_tokens < params.min_tokens:
+            ids = [t for t in params.logit_bias if t < vocab]
+            bias = torch.tensor([params.logit_bias[t] for t in ids], dtype=logits.dtype, device=device)
+            logits[i, torch.tensor(ids, dtype=torch.long, device=device)] += bias
+        if row.num_output_tokens < params.min_tokens:
             banned = list(params.stop_token_ids)
-            if not params.ignore_eos or request.grammar is not None:  # a grammar ends a sequence with EOS
-                banned.extend(request.eos_token_ids)
+            if not params.ignore_eos or row.has_grammar:  # a grammar ends a sequence with EOS
+                banned.extend(row.eos_token_ids)
             banned = [t for t in banned if t < vocab]
             if banned:
-                kept = logits[i, banned].clone() if request.grammar is not None else None
+                kept = logits[i, banned].clone() if row.has_grammar else None
                 logits[i, banned] = float("-inf")
                 if kept is not None and bool(torch.isneginf(logits[i]).all()):
                     logits[i, banned] = kept  # the grammar is complete: it may only end, min_tokens or not
     return logits
 
 
-def _token_counts(sequences: list[list[int]], vocab: int) -> torch.Tensor:
+def _token_counts(sequences: list[list[int]], vocab: int, device: torch.device) -> torch.Tensor:
     # [R, V] counts via one scatter over a padded matrix (pad id = vocab, dropped)
     width = max((len(s) for s in sequences), default=0)
     padded = torch.full((len(sequences), width + 1), vocab, dtype=torch.long)
     for i, s in enumerate(sequences):
         if s:
             padded[i, : len(s)] = torch.tensor(s, dtype=torch.long)
-    counts = torch.zeros(len(sequences), vocab + 1)
+    padded = padded.to(device, non_blocking=True)
+    counts = torch.zeros(len(sequences), vocab + 1, device=device)
     counts.scatter_add_(1, padded, torch.ones_like(padded, dtype=counts.dtype))
     return counts[:, :vocab]
 
 
-def _apply_penalties(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
-    rows = [
+def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    chosen_rows = [
         i
-        for i, r in enumerate(requests)
+        for i, r in enumerate(rows)
         if r.params.repetition_penalty != 1.0 or r.params.frequency_penalty or r.params.presence_penalty
     ]
-    if not rows:
+    if not chosen_rows:
         return logits
-    vocab = logits.shape[-1]
-    index = torch.tensor(rows)
+    vocab, device = logits.shape[-1], logits.device
+    index = torch.tensor(chosen_rows, device=device)
     sub = logits[index]
-    chosen = [requests[i] for i in rows]
-    output_counts = _token_counts([r.output_token_ids for r in chosen], vocab)
-    seen = (_token_counts([r.prompt_token_ids for r in chosen], vocab) > 0) | (output_counts > 0)
-    repetition = torch.tensor([r.params.repetition_penalty for r in chosen]).unsqueeze(1)
+    chosen = [rows[i] for i in chosen_rows]
+    output_counts = _token_counts([r.output_token_ids or [] for r in chosen], vocab, device)
+    seen = (_token_counts([r.prompt_token_ids or [] for r in chosen], vocab, device) > 0) | (output_counts > 0)
+
+    def column(values: list[float]) -> torch.Tensor:
+        return torch.tensor(values, device=device).unsqueeze(1)
+
+    repetition = column([r.params.repetition_penalty for r in chosen])
     penalised = torch.where(sub > 0, sub / repetition, sub * repetition)
     sub = torch.where(seen, penalised, sub)
-    frequency = torch.tensor([r.params.frequency_penalty for r in chosen]).unsqueeze(1)
-    presence = torch.tensor([r.params.presence_penalty for r in chosen]).unsqueeze(1)
+    frequency = column([r.params.frequency_penalty for r in chosen])
+    presence = column([r.params.presence_penalty for r in chosen])
     sub = sub - frequency * output_counts - presence * (output_counts > 0).float()
     logits[index] = sub
     return logits
 
 
-def _sample(logits: torch.Tensor, requests: list[Request], generator: torch.Generator) -> torch.Tensor:
-    params = [r.params for r in requests]
-    logits = logits / torch.tensor([p.temperature for p in params]).unsqueeze(1)
+def _sample(logits: torch.Tensor, rows: list[SamplingRow], generator: torch.Generator) -> torch.Tensor:
+    params = [r.params for r in rows]
+    device = logits.device
+    logits = logits / torch.tensor([p.temperature for p in params], device=device).unsqueeze(1)
     top_k = [p.top_k for p in params]
     if any(top_k):
         vocab = logits.shape[-1]
-        k = torch.tensor([t if t > 0 else vocab for t in top_k]).clamp(max=vocab)
-        kth = logits.topk(int(k.max()), dim=-1).values.gather(1, (k - 1).unsqueeze(1))
+        k = torch.tensor([t if t > 0 else vocab for t in top_k], device=device).clamp(max=vocab)
+        kth = logits.topk(min(max(t if t > 0 else vocab for t in top_k), vocab), dim=-1).values.gather(
+            1, (k - 1).unsqueeze(1)
+        )
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = logits.softmax(-1)
-    min_p = torch.tensor([p.min_p for p in params])
-    if bool((min_p > 0).any()):
+    if any(p.min_p > 0 for p in params):
+        min_p = torch.tensor([p.min_p for p in params], device=device)
         threshold = min_p.unsqueeze(1) * probs.max(-1, keepdim=True).values
         probs = probs.masked_fill(probs < threshold, 0.0)
-    top_p = torch.tensor([p.top_p for p in params])
-    if bool((top_p < 1).any()):
+    if any(p.top_p < 1 for p in params):
+        top_p = torch.tensor([p.top_p for p in params], device=device)
         sorted_probs, order = probs.sort(-1, descending=True)
         before = sorted_probs.cumsum(-1) - sorted_probs  # mass strictly above each token
         drop_sorted = before >= top_p.unsqueeze(1) * sorted_probs.sum(-1, keepdim=True)  # smallest set reaching p
         probs = probs.masked_fill(drop_sorted.scatter(1, order, drop_sorted), 0.0)
     # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p; seeded rows use their own generator.
     noise = torch.empty_like(probs).exponential_(generator=generator)
-    for i, request in enumerate(requests):
-        if request.params.seed is not None:
-            if request.generator is None:
-                request.generator = torch.Generator().manual_seed(request.params.seed)
-            noise[i].exponential_(generator=request.generator)
+    for i, row in enumerate(rows):
+        if row.params.seed is not None:
+            noise[i].exponential_(generator=seeded_generator(row.params.seed, row.num_output_tokens, device))
     # a zero draw would turn a removed token's 0 / 0 into NaN, which argmax picks
     return (probs / noise.clamp_min_(torch.finfo(noise.dtype).tiny)).argmax(-1)
+
+
+def seeded_generator(seed: int, position: int, device: torch.device) -> torch.Generator:
+    """The generator of a seeded request's ``position``-th output token: one (seed, position) pair,
+    one stream, so its text does not depend on the batch, the step or the process that samples."""
+    mixed = (seed * 0x9E3779B97F4A7C15 + position) % (1 << 63)
+    return torch.Generator(device).manual_seed(mixed)

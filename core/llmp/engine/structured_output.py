@@ -160,14 +160,29 @@ class GrammarState:
         return self.matcher.is_terminated()
 
 
-def apply_grammar_masks(logits: torch.Tensor, states: Sequence[GrammarState | None]) -> None:
-    """Mask each active grammar row of ``logits`` [R, V] to the tokens its grammar allows, in place."""
+def grammar_bitmask(states: Sequence[GrammarState | None], vocab_size: int) -> tuple[torch.Tensor, list[int]] | None:
+    """The token bitmask of a step's active grammar rows (xgrammar's layout, int32 ``[R, ceil(V/32)]``:
+    token ``t`` allowed when bit ``t % 32`` of word ``t // 32`` is set) and those rows; None without any.
+    Filled here, where the matchers live; applied where the logits are (:func:`apply_token_bitmask`)."""
     import xgrammar as xgr
 
     rows = [i for i, state in enumerate(states) if state is not None and state.active]
     if not rows:
-        return
-    bitmask = xgr.allocate_token_bitmask(len(states), logits.shape[-1])
+        return None
+    bitmask = xgr.allocate_token_bitmask(len(states), vocab_size)
     for i in rows:
         states[i].matcher.fill_next_token_bitmask(bitmask, i)
-    xgr.apply_token_bitmask_inplace(logits, bitmask, indices=rows)
+    return bitmask, rows
+
+
+def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: Sequence[int]) -> None:
+    """Mask ``logits`` [R, V] rows ``rows`` to the tokens ``bitmask`` allows, in place, on the logits'
+    device (plain torch: the bits unpacked, no xgrammar kernel needed where the model runs)."""
+    index = torch.tensor(list(rows), device=logits.device)
+    words = bitmask.to(logits.device, non_blocking=True)[index]
+    shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
+    allowed = ((words.unsqueeze(-1) >> shifts) & 1).bool().reshape(len(rows), -1)
+    vocab = logits.shape[-1]
+    if allowed.shape[-1] < vocab:  # tokens past the grammar's vocabulary: never allowed
+        allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[-1]))
+    logits[index] = logits[index].masked_fill(~allowed[:, :vocab], float("-inf"))

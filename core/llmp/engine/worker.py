@@ -29,9 +29,12 @@ class Worker:
         from llmp.engine.model_runner import ModelRunner
 
         if init_method is not None:
+            import dataclasses
+
             import torch
 
             from llmp import plugins
+            from llmp.engine.device import rank_device
             from llmp.modeling.parallel import init_tensor_parallel
             from llmp.progress import configure_logging
 
@@ -39,11 +42,19 @@ class Worker:
             threads = config.num_threads or max(1, (os.cpu_count() or 1) // world_size)
             torch.set_num_threads(threads)
             torch.manual_seed(config.seed)  # as vLLM seeds each worker: anything random in a rank repeats per run
-            init_tensor_parallel(rank, world_size, init_method)
+            config = dataclasses.replace(config, device=rank_device(config.device, rank, world_size))
+            on_gpu = config.device.startswith("cuda")
+            if on_gpu:  # NCCL binds a rank to the current device
+                torch.cuda.set_device(config.device)
+            init_tensor_parallel(rank, world_size, init_method, backend="nccl" if on_gpu else "gloo")
             plugins.load_plugins()  # the kernel sets; the model was selected once, by the caller
+        from llmp.engine.sampler import Sampler
+
         self.config = config
         self.rank = rank
         self.runner = ModelRunner(config, model)
+        # rank 0 samples, on the model's device: only token ids and logprobs leave the worker
+        self.sampler = Sampler(config.seed, self.runner.device) if rank == 0 else None
         self._profiler: Any = None
 
     def describe(self) -> dict[str, Any]:
@@ -60,10 +71,18 @@ class Worker:
     def allocate_kv_cache(self, num_blocks: int) -> None:
         self.runner.allocate_kv_cache(num_blocks)
 
+    def profile_memory(self) -> dict[str, int]:
+        """This rank's GPU memory before the KV cache: total, used, and a largest-batch forward pass's
+        activations (``ModelRunner.profile_memory``); the engine sizes the cache from every rank's."""
+        return self.runner.profile_memory()
+
     def execute_model(self, inputs: Any) -> Any:
-        """Every rank runs the step (the collectives need all of them); rank 0 returns the logits."""
-        out = self.runner.forward(inputs)
-        return out if self.rank == 0 else None
+        """Every rank runs the forward pass (the collectives need all of them); rank 0 samples and
+        returns the step's ``ModelRunnerOutput``."""
+        from llmp.engine.model_runner import sample_step
+
+        logits = self.runner.forward(inputs)
+        return sample_step(self.sampler, inputs, logits) if self.sampler is not None else None
 
     # -- sleep and profiles (driven by the engine through Executor.collective_rpc) --------------
 

@@ -25,7 +25,8 @@ _state = _TensorParallel()
 
 
 def init_tensor_parallel(rank: int, size: int, init_method: str, backend: str | None = None) -> None:
-    """Join the process group of ``size`` ranks (gloo on CPU, nccl on CUDA)."""
+    """Join the process group of ``size`` ranks: ``backend`` (the worker's: nccl for a rank on a GPU,
+    gloo on the CPU), else nccl when torch sees a GPU."""
     if size > 1:
         backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
         dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=size)

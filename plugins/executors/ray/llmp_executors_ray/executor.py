@@ -69,7 +69,7 @@ class RayExecutor:
                 **({} if address else {"num_cpus": max(os.cpu_count() or 1, self.world_size)}),
             )
             self._connected = True
-        device = "GPU" if config.device == "cuda" else "CPU"
+        device = "GPU" if config.device.startswith("cuda") else "CPU"
         self.group = placement_group([{device: 1}] * self.world_size, strategy="PACK")
         try:
             ray.get(self.group.ready(), timeout=max(self.timeout, 60))

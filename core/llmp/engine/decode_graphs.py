@@ -1,0 +1,139 @@
+"""Decode steps replayed from CUDA graphs.
+
+A decode step (one new token per request, nothing else) of ``B`` requests runs in the smallest
+captured size ``S >= B``: its inputs are copied into static buffers, the ``S - B`` spare rows
+write no KV (slot -1) and attend to one position, and the graph of ``S`` replays the whole forward
+pass in one launch. The LM head runs eagerly on the ``B`` real rows.
+
+The same buffers and padding run eagerly where there is no CUDA graph (``capture=False``: the
+CPU tests of this padding), so the code a GPU replays is the code the CPU tests run.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+
+from llmp.api import AttentionMetadata
+
+log = logging.getLogger("llmp.engine")
+
+
+def default_graph_sizes(max_num_seqs: int) -> list[int]:
+    """vLLM's shape of the list: 1, 2, 4, then every multiple of 8 up to 256; none above ``max_num_seqs``
+    but the first that holds it (a larger batch runs eagerly)."""
+    sizes = [1, 2, 4, *range(8, 257, 8)]
+    kept = [s for s in sizes if s < max_num_seqs]
+    return kept + [next((s for s in sizes if s >= max_num_seqs), sizes[-1])]
+
+
+class DecodeGraphs:
+    def __init__(
+        self, model: Any, sizes: list[int], max_len: int, block_size: int, device: torch.device, capture: bool
+    ) -> None:
+        self.model = model
+        self.sizes = sorted(set(sizes))
+        self.capture_graphs = capture
+        largest = self.sizes[-1]
+        self.max_blocks = -(-max_len // block_size)
+        self.max_seq_len = self.max_blocks * block_size
+        self.input_ids = torch.zeros(largest, dtype=torch.long, device=device)
+        self.positions = torch.zeros(largest, dtype=torch.long, device=device)
+        self.query_start_loc = torch.arange(largest + 1, dtype=torch.int32, device=device)
+        self.seq_lens = torch.ones(largest, dtype=torch.int32, device=device)
+        self.block_tables = torch.zeros(largest, self.max_blocks, dtype=torch.int32, device=device)
+        self.slot_mapping = torch.full((largest,), -1, dtype=torch.long, device=device)
+        self.graphs: dict[int, tuple[Any, torch.Tensor]] = {}
+        self.capture_seconds = 0.0
+        self.steps_by_size: dict[int, int] = {}  # decode steps run at each size (replayed or eager)
+
+    def metadata(self, size: int) -> AttentionMetadata:
+        return AttentionMetadata(
+            self.query_start_loc[: size + 1],
+            self.seq_lens[:size],
+            self.block_tables[:size],
+            self.slot_mapping[:size],
+            max_query_len=1,
+            max_seq_len=self.max_seq_len,  # a bound: every request's length is in seq_lens
+        )
+
+    def size_for(self, inputs: Any) -> int | None:
+        """The captured size that runs this step, or None when it is not a plain decode step that fits."""
+        metadata = inputs.metadata
+        requests = len(metadata.seq_lens)
+        if (
+            metadata.max_query_len != 1
+            or inputs.prompt_rows
+            or inputs.pool_items
+            or inputs.token_type_ids is not None
+            or inputs.lora is not None
+            or metadata.sliding_window is not None
+            or requests > self.sizes[-1]
+            or metadata.block_tables.shape[1] > self.max_blocks
+        ):
+            return None
+        return next(s for s in self.sizes if s >= requests)
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """Record one graph per size, largest first (the smaller ones reuse its memory pool)."""
+        if not self.capture_graphs:
+            return
+        started = time.perf_counter()
+        self._reset_spare_rows(0)
+        pool = None
+        stream = torch.cuda.Stream()
+        for size in reversed(self.sizes):
+            metadata = self.metadata(size)
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):  # warm-up off the capture: lazy initialisation, autotuning
+                self.model(self.input_ids[:size], self.positions[:size], metadata)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                hidden = self.model(self.input_ids[:size], self.positions[:size], metadata)
+            pool = graph.pool()
+            self.graphs[size] = (graph, hidden)
+        torch.cuda.synchronize()
+        self.capture_seconds = time.perf_counter() - started
+        log.info(
+            "captured %d CUDA graphs of decode steps (batch sizes %s) in %.1f s",
+            len(self.graphs),
+            ", ".join(map(str, self.sizes)),
+            self.capture_seconds,
+        )
+
+    def reset(self) -> None:
+        """Drop the graphs (their KV cache or weights went away: sleep)."""
+        self.graphs.clear()
+
+    def run(self, inputs: Any, size: int) -> torch.Tensor:
+        """The hidden states of a decode step's ``B`` rows, computed at ``size``."""
+        metadata = inputs.metadata
+        rows = len(metadata.seq_lens)
+        device = self.input_ids.device
+        self.input_ids[:rows].copy_(inputs.input_ids, non_blocking=True)
+        self.positions[:rows].copy_(inputs.positions, non_blocking=True)
+        self.seq_lens[:rows].copy_(metadata.seq_lens, non_blocking=True)
+        self.slot_mapping[:rows].copy_(metadata.slot_mapping, non_blocking=True)
+        width = metadata.block_tables.shape[1]
+        self.block_tables[:rows, :width].copy_(metadata.block_tables.to(device, non_blocking=True))
+        self._reset_spare_rows(rows)
+        self.steps_by_size[size] = self.steps_by_size.get(size, 0) + 1
+        if size in self.graphs:
+            graph, hidden = self.graphs[size]
+            graph.replay()
+            return hidden[:rows]
+        hidden = self.model(self.input_ids[:size], self.positions[:size], self.metadata(size))
+        return hidden[:rows]
+
+    def _reset_spare_rows(self, rows: int) -> None:
+        # spare rows: one position, block 0, nothing written; their outputs are never read
+        self.input_ids[rows:].zero_()
+        self.positions[rows:].zero_()
+        self.seq_lens[rows:].fill_(1)
+        self.slot_mapping[rows:].fill_(-1)
+        self.block_tables[rows:].zero_()
