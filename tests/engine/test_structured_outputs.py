@@ -366,7 +366,7 @@ def test_after_token_ids_that_never_occur_leave_the_output_free(llm):
 
 
 def test_grammar_state_waits_for_the_marker_and_masks_only_active_rows(llm):
-    from llmp.engine.structured_output import GrammarCompiler, apply_grammar_masks
+    from llmp.engine.structured_output import GrammarCompiler, apply_token_bitmask, grammar_bitmask
 
     tokenizer = llm.get_tokenizer()
     vocab = 400
@@ -385,7 +385,9 @@ def test_grammar_state_waits_for_the_marker_and_masks_only_active_rows(llm):
     active = compiler.state(compiled, None)
     assert active.active
     logits = torch.zeros(3, vocab)
-    apply_grammar_masks(logits, [compiler.state(compiled, marker), None, active])
+    masks = grammar_bitmask([compiler.state(compiled, marker), None, active], vocab)
+    assert masks is not None and masks[1] == [2]  # only the active row has a mask
+    apply_token_bitmask(logits, *masks)
     assert bool((logits[:2] == 0).all())  # inactive and unconstrained rows untouched
     allowed = torch.isfinite(logits[2]).nonzero().flatten().tolist()
     assert digit in allowed and letter not in allowed and eos not in allowed  # [0-9]+ needs a digit first
@@ -394,6 +396,27 @@ def test_grammar_state_waits_for_the_marker_and_masks_only_active_rows(llm):
     assert active.accept(eos, [digit, eos])  # ends on the end token
     rejecting = compiler.state(compiled, None)
     assert rejecting.accept(letter, [letter])  # a token the grammar rejects (all were masked) ends the sequence
+
+
+@pytest.mark.parametrize("vocab", [400, 401, 32 * 13])
+def test_the_bitmask_applied_in_torch_equals_xgrammars_kernel(vocab):
+    """The sampler unpacks the engine's bitmask in plain torch where the logits are; xgrammar's own
+    kernel is the reference (random words, every bit pattern, a vocabulary not a multiple of 32)."""
+    import xgrammar as xgr
+
+    from llmp.engine.structured_output import apply_token_bitmask
+
+    generator = torch.Generator().manual_seed(vocab)
+    bitmask = xgr.allocate_token_bitmask(5, vocab)
+    bitmask.copy_(torch.randint(-(2**31), 2**31 - 1, bitmask.shape, generator=generator, dtype=torch.int32))
+    logits = torch.randn(5, vocab, generator=generator)
+    rows = [0, 2, 3]
+    expected = logits.clone()
+    xgr.apply_token_bitmask_inplace(expected, bitmask, indices=rows)
+    got = logits.clone()
+    apply_token_bitmask(got, bitmask, rows)
+    assert torch.equal(got, expected)
+    assert not torch.equal(got, logits)  # some tokens were masked
 
 
 # -- invalid constraints -------------------------------------------------------------------

@@ -354,7 +354,8 @@ def random_adapter(targets: dict[str, LoRATarget], lora_id: int, rank: int, seed
 
 
 def runner_for(path: Path, kernels: str, dtype: str = "float32", **options: object) -> ModelRunner:
-    config = EngineConfig(model=str(path), dtype=dtype, block_size=4, kernels=kernels, **options)
+    # a runner takes a resolved device (the engine resolves --device once)
+    config = EngineConfig(model=str(path), dtype=dtype, block_size=4, kernels=kernels, device="cpu", **options)
     runner = ModelRunner(config, resolve_model(config))
     runner.allocate_kv_cache(128)
     return runner
