@@ -16,6 +16,15 @@ from llmp.testing import assert_greedy_parity, engine_greedy, mixed_prompts, sav
 DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
 
 
+def _greedy_params():
+    from llmp import SamplingParams
+
+    return SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+
+
+SAME_GREEDY = _greedy_params()  # engine_greedy's parameters
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory):
     path = tmp_path_factory.mktemp("device-llama")
@@ -169,3 +178,26 @@ def test_serve_on_cuda_without_a_gpu_exits_with_one_line():
     assert result.returncode == 1
     errors = [line for line in result.stderr.splitlines() if line.startswith("llmp: error")]
     assert len(errors) == 1 and "--device cuda: no usable GPU" in errors[0] and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_largest_batch_pass_of_the_memory_profile_runs_and_leaves_the_cache_alone(tiny, device):
+    """The forward pass a GPU's memory profile measures (max_num_batched_tokens over up to max_num_seqs
+    sequences, on a temporary cache), on each device; the engine's own cache and answers are untouched."""
+    path, model = tiny
+    prompts = mixed_prompts(3, seed=8)
+    got, llm = engine_greedy(path, prompts, device=device, max_num_batched_tokens=300, max_num_seqs=7)
+    runner = llm.engine.executor.runner
+    cache = runner.kv_caches[0][0]
+    temporary = runner.run_largest_batch()
+    assert temporary == runner.bytes_per_block() * 7 * -(-43 // 4)  # 300 tokens: 7 sequences of 42 or 43
+    assert runner.kv_caches[0][0] is cache and runner.model.attention_layers()[0].kv_cache[0] is cache
+    again = llm.generate([{"prompt_token_ids": p} for p in prompts], SAME_GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in again] == got
+    assert_greedy_parity(model, prompts, got)
+    if device == "cuda":
+        profile = runner.profile_memory()
+        assert 0 < profile["used"] < profile["total"] and profile["activations"] > 0
+    else:
+        with pytest.raises(ValueError, match="CUDA"):
+            runner.profile_memory()

@@ -48,6 +48,7 @@ class DecodeGraphs:
         self.slot_mapping = torch.full((largest,), -1, dtype=torch.long, device=device)
         self.graphs: dict[int, tuple[Any, torch.Tensor]] = {}
         self.capture_seconds = 0.0
+        self.disabled: str | None = None  # why capturing failed: every step then runs eagerly, unpadded
         self.steps_by_size: dict[int, int] = {}  # decode steps run at each size (replayed or eager)
 
     def metadata(self, size: int) -> AttentionMetadata:
@@ -65,7 +66,8 @@ class DecodeGraphs:
         metadata = inputs.metadata
         requests = len(metadata.seq_lens)
         if (
-            metadata.max_query_len != 1
+            self.disabled is not None
+            or metadata.max_query_len != 1
             or inputs.prompt_rows
             or inputs.pool_items
             or inputs.token_type_ids is not None
@@ -84,6 +86,24 @@ class DecodeGraphs:
             return
         started = time.perf_counter()
         self._reset_spare_rows(0)
+        try:
+            self._capture_each()
+        except Exception as exc:  # a model that syncs with the host mid-pass (MoE routing): eager, said once
+            self.graphs.clear()
+            self.capture_graphs = False
+            self.disabled = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            log.warning("CUDA graphs off, decode steps run eagerly: capturing failed (%s)", self.disabled)
+            return
+        torch.cuda.synchronize()
+        self.capture_seconds = time.perf_counter() - started
+        log.info(
+            "captured %d CUDA graphs of decode steps (batch sizes %s) in %.1f s",
+            len(self.graphs),
+            ", ".join(map(str, self.sizes)),
+            self.capture_seconds,
+        )
+
+    def _capture_each(self) -> None:
         pool = None
         stream = torch.cuda.Stream()
         for size in reversed(self.sizes):
@@ -97,14 +117,6 @@ class DecodeGraphs:
                 hidden = self.model(self.input_ids[:size], self.positions[:size], metadata)
             pool = graph.pool()
             self.graphs[size] = (graph, hidden)
-        torch.cuda.synchronize()
-        self.capture_seconds = time.perf_counter() - started
-        log.info(
-            "captured %d CUDA graphs of decode steps (batch sizes %s) in %.1f s",
-            len(self.graphs),
-            ", ".join(map(str, self.sizes)),
-            self.capture_seconds,
-        )
 
     def reset(self) -> None:
         """Drop the graphs (their KV cache or weights went away: sleep)."""

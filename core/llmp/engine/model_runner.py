@@ -208,10 +208,12 @@ class ModelRunner:
         tokens over up to ``max_num_seqs`` sequences, on a temporary KV cache just large enough
         (freed after). Returns that cache's bytes."""
         config, size = self.config, self.block_size
-        tokens = max(1, min(config.max_num_batched_tokens, config.max_num_seqs * (config.max_model_len or 1 << 30)))
-        seqs = max(1, min(config.max_num_seqs, tokens))
+        longest = config.max_model_len or self.resolved_context_len
+        tokens = max(1, min(config.max_num_batched_tokens, config.max_num_seqs * longest))
+        seqs = max(1, min(config.max_num_seqs, tokens), -(-tokens // longest))
         lengths = [tokens // seqs + (i < tokens % seqs) for i in range(seqs)]
         blocks_per_seq = -(-max(lengths) // size)
+        saved = self.kv_shapes, self.kv_caches  # the real cache, when there is one already, comes back after
         self.kv_shapes = [
             (seqs * blocks_per_seq, size, layer.num_kv_heads, layer.head_dim) for layer in self.model.attention_layers()
         ]
@@ -239,9 +241,12 @@ class ModelRunner:
             if step.logits is not None:
                 step.logits.float().softmax(-1)
         finally:
-            for layer in self.model.attention_layers():
-                layer.kv_cache = None
-            self.kv_caches, self.kv_shapes = [], []
+            self.kv_shapes, self.kv_caches = saved
+            if self.kv_caches:
+                self._bind_kv_cache()
+            else:
+                for layer in self.model.attention_layers():
+                    layer.kv_cache = None
         return cache_bytes
 
     # -- sleep -----------------------------------------------------------
