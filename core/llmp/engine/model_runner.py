@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from llmp import registry
-from llmp.api import AttentionMetadata, PacksLinear, ResolvedModel
+from llmp.api import AttentionMetadata, DeviceError, PacksLinear, ResolvedModel
 from llmp.engine.decode_graphs import DecodeGraphs, default_graph_sizes
 from llmp.engine.sampler import Sampler, SamplingBatch, TokenLogprobs, batch_logprobs
 from llmp.engine.scheduler import SchedulerOutput
@@ -78,7 +78,15 @@ class ModelRunner:
         self.kernels_spec = registry.select_kernels(config.kernels, self.device.type)
         self.kernels = self.kernels_spec.load()()
         model_cls = as_pooling_model(resolved.spec.load(), resolved.task)
-        self.model = self._load_model(model_cls, resolved)
+        try:
+            self.model = self._load_model(model_cls, resolved)
+        except torch.OutOfMemoryError:  # a GPU's (the CPU's allocator raises no such error)
+            free, total = torch.cuda.mem_get_info(self.device)
+            raise DeviceError(
+                f"the model does not fit: its weights in {resolved.dtype} need more than the {human_bytes(free)} free "
+                f"of {human_bytes(total)} on {self.device} (use more GPUs with --tensor-parallel-size, or a "
+                "quantised model)"
+            ) from None
         self.lora = self._install_lora() if config.enable_lora else None
         self.accepts_token_type_ids = bool(getattr(self.model, "accepts_token_type_ids", False))
         self.accepts_output_rows = bool(getattr(self.model, "accepts_output_rows", False))
