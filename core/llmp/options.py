@@ -220,12 +220,13 @@ class EngineConfig:
     )
     enable_prefix_caching: bool = option(True, "Reuse the KV cache of a shared prompt prefix.", panel="Engine")
     enable_chunked_prefill: bool = option(True, "Split long prompts over several steps.", panel="Engine")
-    kv_cache_memory_bytes: int | None = option(
-        None,
-        "Memory for the KV cache, in GiB (default: 4 on the CPU; on a GPU, what --gpu-memory-utilization leaves).",
+    kv_cache_memory_bytes: int = option(
+        0,
+        "Memory for the KV cache, in GiB (0, the default: 4 on the CPU; on a GPU, what --gpu-memory-utilization "
+        "leaves).",
         name="kv_cache_memory_gib",
         scale=1 << 30,
-        gt=0,
+        ge=0,
         metavar="GIB",
         panel="Engine",
     )

@@ -29,6 +29,7 @@ from llmp.conformance.probes import (
 )
 from llmp.conformance.report import CheckResult, Report
 from llmp.conformance.runner import SUITES, Check, Context, SkipCheck, assert_conforms, verify
+from llmp.conformance.tiny_models import TinyModel, save_tiny_architecture
 
 __all__ = [
     "SUITES",
@@ -43,8 +44,10 @@ __all__ = [
     "Refused",
     "Report",
     "SkipCheck",
+    "TinyModel",
     "assert_conforms",
     "json_lines",
+    "save_tiny_architecture",
     "sse_events",
     "verify",
 ]

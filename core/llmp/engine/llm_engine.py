@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("llmp.engine")
 # the pooling task of a request that names none, by the model's primary task
 PRIMARY_POOLING_TASK = {"embed": "embed", "classify": "classify", "reward": "token_classify"}
-DEFAULT_CPU_KV_CACHE_BYTES = 4 << 30  # the KV cache's memory on the CPU when kv_cache_memory_bytes is not given
+DEFAULT_CPU_KV_CACHE_BYTES = 4 << 30  # the KV cache's memory on the CPU when kv_cache_memory_bytes is 0 (not given)
 SLEEP_TAGS = ("weights", "kv_cache")  # what sleep() takes away and wake_up(tags) brings back, as vLLM's tags
 # worker methods the engine drives itself: a collective_rpc call to one would leave it out of step with them
 ENGINE_DRIVEN_WORKER_METHODS = frozenset(
@@ -187,7 +187,7 @@ class LLMEngine:
         if per_block == 0:  # a model without a KV cache (an encoder): blocks only count tokens
             return enough
         memory = self.config.kv_cache_memory_bytes
-        if memory is None and self.config.device.startswith("cuda"):
+        if not memory and self.config.device.startswith("cuda"):
             return int(min(self._gpu_kv_blocks(per_block), enough))
         memory = memory or DEFAULT_CPU_KV_CACHE_BYTES
         blocks = memory // per_block

@@ -130,6 +130,8 @@ class ModelRunner:
         per step); ``extra["static_decode_buffers"]`` runs their padded buffers eagerly on any device
         (the CPU tests of that padding)."""
         config = self.config
+        if self.resolved.task != "generate":  # pooling steps never take the decode path
+            return None
         capture = self.device.type == "cuda" and not config.enforce_eager and self.lora is None
         if not (capture or config.extra.get("static_decode_buffers")) or not hasattr(self.model, "attention_layers"):
             return None
@@ -241,7 +243,8 @@ class ModelRunner:
                 max_query_len=max(lengths),
                 max_seq_len=max(lengths),
             )
-            last_rows = (starts[1:] - 1).tolist()
+            # logits for a generating model only: a pooling model's head runs in the pooler
+            last_rows = (starts[1:] - 1).tolist() if self.resolved.task == "generate" else []
             inputs = StepInputs(
                 torch.zeros(tokens, dtype=torch.long), torch.from_numpy(positions), metadata, last_rows, []
             )

@@ -62,6 +62,7 @@ class Request:
     # no prefix-cache reuse or registration, never chunked
     whole_prompt: bool = False
     token_type_ids: list[int] | None = None  # segment ids of a text pair (cross-encoders), one per prompt token
+    generator: Any = None  # unused since API 0.5's sampling moved to the worker (a seeded draw keeps no state)
     grammar: Any = None  # structured_output.GrammarState of a constrained request
     bad_words_token_ids: list[list[int]] = field(default_factory=list)  # see sampler.bad_words_token_ids
     lora_request: Any = None  # the llmp.LoRARequest it runs with, or None (the base model)

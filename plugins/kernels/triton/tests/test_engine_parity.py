@@ -21,7 +21,7 @@ import torch
 from llmp_kernels_triton._common import INTERPRET
 
 from llmp import LLM, SamplingParams, registry
-from llmp.conformance.tiny_models import TinyModel, save_tiny_architecture
+from llmp.conformance import TinyModel, save_tiny_architecture
 from llmp.testing import hf_greedy
 
 DEVICES = [
