@@ -201,3 +201,25 @@ def test_the_largest_batch_pass_of_the_memory_profile_runs_and_leaves_the_cache_
     else:
         with pytest.raises(ValueError, match="CUDA"):
             runner.profile_memory()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_prompt_logprobs_of_a_long_prompt_equal_transformers_across_slices(tiny, device):
+    """Prompt logprobs are gathered on the device in slices of rows (PROMPT_LOGPROB_ROWS): a 300-token
+    prompt crosses a slice boundary; every position's logprob and rank match transformers'."""
+    from llmp import SamplingParams
+    from llmp.engine.model_runner import PROMPT_LOGPROB_ROWS
+
+    path, model = tiny
+    prompt = mixed_prompts(1, shared_prefix=PROMPT_LOGPROB_ROWS + 40, seed=9)[0]
+    _, llm = engine_greedy(path, [prompt[:4]], max_tokens=1, device=device)
+    params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=2)
+    out = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)[0]
+    with torch.no_grad():
+        table = model(torch.tensor([prompt])).logits[0].float().log_softmax(-1)
+    assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(prompt)
+    for position in range(1, len(prompt)):
+        entry = out.prompt_logprobs[position][prompt[position]]
+        expected = table[position - 1]
+        assert abs(entry.logprob - float(expected[prompt[position]])) < 1e-3, position
+        assert entry.rank == int((expected > expected[prompt[position]]).sum()) + 1, position

@@ -81,6 +81,10 @@ class ModelRunner:
         try:
             self.model = self._load_model(model_cls, resolved)
         except torch.OutOfMemoryError:  # a GPU's (the CPU's allocator raises no such error)
+            import gc
+
+            gc.collect()  # the half-loaded model goes, so the free memory reads as it was
+            torch.cuda.empty_cache()
             free, total = torch.cuda.mem_get_info(self.device)
             raise DeviceError(
                 f"the model does not fit: its weights in {resolved.dtype} need more than the {human_bytes(free)} free "
@@ -534,6 +538,9 @@ def prepare_inputs(out: SchedulerOutput, block_size: int) -> StepInputs:
     )
 
 
+PROMPT_LOGPROB_ROWS = 256  # prompt rows whose logprobs are gathered at once
+
+
 def sample_step(sampler: Sampler, inputs: StepInputs, logits: StepLogits) -> ModelRunnerOutput:
     """Sample the generation requests whose sequence the step completed and gather prompt logprobs,
     on the logits' device. Pooling requests get ``None`` (the engine finishes them from ``pooled``)."""
@@ -548,7 +555,11 @@ def sample_step(sampler: Sampler, inputs: StepInputs, logits: StepLogits) -> Mod
             sampled[i], logprobs[i] = result.token_ids[row], result.logprobs[row]
     prompt_logprobs = {}
     for target, rows in zip(inputs.prompt_targets, logits.prompt_logits, strict=True):
-        table = rows.log_softmax(-1)
-        ids = torch.tensor(target.token_ids, dtype=torch.long, device=table.device)
-        prompt_logprobs[target.request_id], _ = batch_logprobs(table, ids, [target.k] * len(ids))
+        entries: list[TokenLogprobs] = []
+        # in slices: a long prompt's [rows, V] tables (log-softmax, comparisons) would not fit a GPU's slack
+        for start in range(0, len(target.token_ids), PROMPT_LOGPROB_ROWS):
+            table = rows[start : start + PROMPT_LOGPROB_ROWS].log_softmax(-1)
+            ids = torch.tensor(target.token_ids[start : start + len(table)], dtype=torch.long, device=table.device)
+            entries += batch_logprobs(table, ids, [target.k] * len(ids))[0]
+        prompt_logprobs[target.request_id] = entries
     return ModelRunnerOutput(sampled, logprobs, prompt_logprobs, logits.pooled)
