@@ -104,9 +104,16 @@ def _resolve(fmt: BlockFormat | str) -> BlockFormat:
 # the arithmetic. Nibbles and bit planes are unpacked with broadcast shifts, so the element order is the layout's.
 
 
+_SHIFTS: dict[tuple[torch.device, tuple[int, ...]], torch.Tensor] = {}
+
+
 def _shifts(like: torch.Tensor, *values: int) -> torch.Tensor:
-    """The shift amounts as a uint8 tensor on ``like``'s device (CUDA refuses a CPU operand)."""
-    return torch.tensor(values, dtype=torch.uint8, device=like.device)
+    """The shift amounts as a uint8 tensor on ``like``'s device (CUDA refuses a CPU operand), made once per
+    device: a copy from the host in every forward pass would block, and could not be captured in a CUDA graph."""
+    key = (like.device, values)
+    if key not in _SHIFTS:
+        _SHIFTS[key] = torch.tensor(values, dtype=torch.uint8, device=like.device)
+    return _SHIFTS[key]
 
 
 def _f16(blocks: torch.Tensor, offset: int) -> torch.Tensor:
