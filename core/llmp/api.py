@@ -672,6 +672,12 @@ class KernelSet(Protocol):
     Optional attribute: ``mlp_block_rows`` (int). Gated MLPs then run a batch
     longer than that in blocks of that many rows, so a long prefill's
     intermediate activations stay in cache (the ``cpu`` set uses 256).
+
+    Optional attribute: ``traceable_decode`` (bool, default False). True says
+    every kernel of a step is torch ops whose work depends only on tensor
+    values and shapes (no Python branch on a tensor's value, no host copy):
+    on the CPU the engine may then replay small decode steps from TorchScript
+    traces, checked against the eager model before use (``docs/architecture.md``).
     """
 
     name: str
@@ -685,7 +691,9 @@ class KernelSet(Protocol):
 
     def rotary(self, positions: Tensor, q: Tensor, k: Tensor, cos_sin: Tensor) -> tuple[Tensor, Tensor]:
         """Apply rotary embeddings (neox layout) to q [T, H, D] and k [T, Hkv, D]
-        using ``cos_sin`` [max_pos, D] (cos half, sin half) rows at ``positions`` [T]."""
+        using ``cos_sin`` [max_pos, D] (cos half, sin half) rows at ``positions`` [T].
+        A set may rotate q and k in place and return them: callers use the returned
+        tensors and must not keep the unrotated ones."""
         ...
 
     def silu_and_mul(self, x: Tensor) -> Tensor:

@@ -239,7 +239,9 @@ class EngineConfig:
         le=1,
         panel="Engine",
     )
-    enforce_eager: bool = option(False, "No CUDA graphs: every decode step runs eagerly.", panel="Engine")
+    enforce_eager: bool = option(
+        False, "Every decode step runs eagerly: no CUDA graphs, no TorchScript traces on the CPU.", panel="Engine"
+    )
     cuda_graph_sizes: tuple[int, ...] = option(
         (),
         "Decode batch sizes captured as CUDA graphs (repeatable; default 1, 2, 4, 8 and multiples of 8 "

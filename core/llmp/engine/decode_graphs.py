@@ -1,4 +1,4 @@
-"""Decode steps replayed from CUDA graphs.
+"""Decode steps replayed from CUDA graphs, or on the CPU from TorchScript traces.
 
 A decode step (one new token per request, nothing else) of ``B`` requests runs in the smallest
 captured size ``S >= B``: its inputs are copied into static buffers, the ``S - B`` spare rows
@@ -7,17 +7,28 @@ pass in one launch. The LM head runs eagerly on the ``B`` real rows.
 
 The same buffers and padding run eagerly where there is no CUDA graph (``capture=False``: the
 CPU tests of this padding), so the code a GPU replays is the code the CPU tests run.
+
+On the CPU (``trace=True``, a kernel set with ``traceable_decode``) a small decode step is mostly
+Python: some 20 module calls and kernel dispatches a layer cost more than the arithmetic at batch 1.
+Each size (exact sizes, no padding: on a CPU a padded row costs its full compute) is traced with
+``torch.jit.trace`` when a step of that size first comes, and replayed by TorchScript's interpreter,
+which dispatches the same ops in C++: the same kernels, the same bits. The embedding lookup stays
+eager (a GGUF table is dequantised per lookup by ops the tracer cannot record). A trace is kept
+only if it gives the eager model's bits on other inputs too (a model with data-dependent Python,
+such as MoE routing, fails that check and runs eagerly).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+import warnings
 from typing import Any
 
 import torch
 
 from llmp.api import AttentionMetadata
+from llmp.modeling.layers import VocabParallelEmbedding
 
 log = logging.getLogger("llmp.engine")
 
@@ -30,13 +41,29 @@ def default_graph_sizes(max_num_seqs: int) -> list[int]:
     return kept + [next((s for s in sizes if s >= max_num_seqs), sizes[-1])]
 
 
+# Batch sizes traced on the CPU: each is traced once, when first run (about 0.2 s for a 30-layer model);
+# larger decode steps run eagerly, where the Python overhead is a small share of the step.
+CPU_TRACE_SIZES = list(range(1, 9))
+
+
 class DecodeGraphs:
     def __init__(
-        self, model: Any, sizes: list[int], max_len: int, block_size: int, device: torch.device, capture: bool
+        self,
+        model: Any,
+        sizes: list[int],
+        max_len: int,
+        block_size: int,
+        device: torch.device,
+        capture: bool,
+        trace: bool = False,
     ) -> None:
         self.model = model
         self.sizes = sorted(set(sizes))
         self.capture_graphs = capture
+        self.trace_graphs = trace  # CPU: TorchScript traces of each size, made when the size first runs
+        self.traces: dict[int, Any] = {}  # size -> the traced forward, or None where tracing failed
+        self._embedding_of: Any = None
+        self._embedding_layer: VocabParallelEmbedding | None = None
         largest = self.sizes[-1]
         self.max_blocks = -(-max_len // block_size)
         self.max_seq_len = self.max_blocks * block_size
@@ -121,6 +148,7 @@ class DecodeGraphs:
     def reset(self) -> None:
         """Drop the graphs (their KV cache or weights went away: sleep)."""
         self.graphs.clear()
+        self.traces.clear()
 
     def run(self, inputs: Any, size: int) -> torch.Tensor:
         """The hidden states of a decode step's ``B`` rows, computed at ``size``."""
@@ -139,8 +167,87 @@ class DecodeGraphs:
             graph, hidden = self.graphs[size]
             graph.replay()
             return hidden[:rows]
+        if self.trace_graphs:
+            traced = self.traces[size] if size in self.traces else self._trace(size)
+            if traced is not None:
+                return _replay(traced, self._trace_inputs(size))[:rows]
         hidden = self.model(self.input_ids[:size], self.positions[:size], self.metadata(size))
         return hidden[:rows]
+
+    # -- CPU traces --------------------------------------------------------------------------------
+
+    def _embedding(self) -> VocabParallelEmbedding | None:
+        if self._embedding_of is not self.model:  # found once per model (wake_up may bring a new one)
+            self._embedding_of = self.model
+            layers = (m for m in self.model.modules() if isinstance(m, VocabParallelEmbedding))
+            self._embedding_layer = next(layers, None)
+        return self._embedding_layer
+
+    def _trace_inputs(self, size: int, input_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+        """The traced forward's arguments: the step's embeddings (or ids, for a model without the embedding
+        layer), positions and attention metadata, from the static buffers."""
+        ids = self.input_ids[:size] if input_ids is None else input_ids
+        embedding = self._embedding()
+        first = ids if embedding is None else embedding(ids)
+        return (first, self.positions[:size], *self._metadata_tensors(size))
+
+    def _metadata_tensors(self, size: int) -> tuple[torch.Tensor, ...]:
+        m = self.metadata(size)
+        return m.query_start_loc, m.seq_lens, m.block_tables, m.slot_mapping
+
+    def _traceable_forward(self, size: int) -> Any:
+        model, embedding, max_seq_len = self.model, self._embedding(), self.max_seq_len
+        dummy_ids = self.input_ids[:size]
+
+        def forward(first: torch.Tensor, positions: torch.Tensor, *metadata: torch.Tensor) -> torch.Tensor:
+            attention = AttentionMetadata(*metadata, max_query_len=1, max_seq_len=max_seq_len)
+            if embedding is None:
+                return model(first, positions, attention)
+            embedding.forward = lambda input_ids: first  # the lookup ran eagerly: its rows are the input
+            try:
+                return model(dummy_ids, positions, attention)
+            finally:
+                del embedding.forward
+
+        return forward
+
+    @torch.inference_mode()
+    def _trace(self, size: int) -> Any:
+        """Trace the forward pass at ``size`` on this step's buffers, check it, keep it (None: eager)."""
+        started = time.perf_counter()
+        self.model.requires_grad_(False)  # the tracer takes parameters as constants, which must not need grad
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # its deprecation note and shape-specialisation warnings
+                traced = torch.jit.trace(self._traceable_forward(size), self._trace_inputs(size), check_trace=False)
+            mismatch = self._check_trace(traced, size)
+        except Exception as exc:  # an op the tracer cannot record: this size runs eagerly
+            mismatch = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        if mismatch:
+            log.warning("decode steps of %d run eagerly: tracing them failed (%s)", size, mismatch)
+            self.traces[size] = None
+            return None
+        self.traces[size] = traced
+        log.info("traced decode steps of %d sequence(s) in %.2f s", size, time.perf_counter() - started)
+        return traced
+
+    def _check_trace(self, traced: Any, size: int) -> str | None:
+        """Why the trace is not the eager model, on inputs other than those traced (no KV written)."""
+        saved = [t[:size].clone() for t in (self.input_ids, self.positions, self.seq_lens, self.slot_mapping)]
+        try:
+            ids = saved[0]
+            self.input_ids[:size].copy_(torch.where(ids > 0, ids - 1, ids + 1))
+            self.positions[:size].copy_(saved[1] // 2)
+            self.seq_lens[:size].copy_(saved[1] // 2 + 1)
+            self.slot_mapping[:size].fill_(-1)
+            expected = self.model(self.input_ids[:size], self.positions[:size], self.metadata(size))
+            got = _replay(traced, self._trace_inputs(size))
+            if not torch.equal(got, expected):
+                return f"its output differs from the eager model's by up to {(got - expected).abs().max().item():.3g}"
+            return None
+        finally:
+            for buffer, value in zip((self.input_ids, self.positions, self.seq_lens, self.slot_mapping), saved):
+                buffer[:size].copy_(value)
 
     def _reset_spare_rows(self, rows: int) -> None:
         # spare rows: one position, block 0, nothing written; their outputs are never read
@@ -149,3 +256,10 @@ class DecodeGraphs:
         self.seq_lens[rows:].fill_(1)
         self.slot_mapping[rows:].fill_(-1)
         self.block_tables[rows:].zero_()
+
+
+def _replay(traced: Any, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    # the plain interpreter: TorchScript's optimising executor would spend tens of seconds on its second run
+    # re-optimising a graph of thousands of nodes, to run it no faster
+    with torch.jit.optimized_execution(False):
+        return traced(*inputs)

@@ -20,7 +20,7 @@ import torch
 
 from llmp import registry
 from llmp.api import AttentionMetadata, DeviceError, PacksLinear, ResolvedModel
-from llmp.engine.decode_graphs import DecodeGraphs, default_graph_sizes
+from llmp.engine.decode_graphs import CPU_TRACE_SIZES, DecodeGraphs, default_graph_sizes
 from llmp.engine.sampler import Sampler, SamplingBatch, TokenLogprobs, batch_logprobs
 from llmp.engine.scheduler import SchedulerOutput
 from llmp.model_files.weights import iter_weights
@@ -130,18 +130,27 @@ class ModelRunner:
         return model.eval()
 
     def _decode_graphs(self) -> DecodeGraphs | None:
-        """CUDA graphs of decode steps on a GPU (not with --enforce-eager or LoRA, whose slots change
-        per step); ``extra["static_decode_buffers"]`` runs their padded buffers eagerly on any device
-        (the CPU tests of that padding)."""
+        """CUDA graphs of decode steps on a GPU, TorchScript traces of small ones on the CPU when the kernel
+        set is ``traceable_decode`` (neither with --enforce-eager or LoRA, whose slots change per step);
+        ``extra["static_decode_buffers"]`` runs the padded buffers eagerly on any device (the CPU tests of
+        that padding)."""
         config = self.config
         if self.resolved.task != "generate":  # pooling steps never take the decode path
             return None
-        capture = self.device.type == "cuda" and not config.enforce_eager and self.lora is None
-        if not (capture or config.extra.get("static_decode_buffers")) or not hasattr(self.model, "attention_layers"):
+        replay = not config.enforce_eager and self.lora is None
+        capture = self.device.type == "cuda" and replay
+        padded = bool(config.extra.get("static_decode_buffers"))
+        traceable = bool(getattr(self.kernels, "traceable_decode", False))
+        trace = self.device.type == "cpu" and replay and traceable and not padded
+        static = capture or trace or padded
+        if not static or not hasattr(self.model, "attention_layers"):
             return None
-        sizes = list(config.cuda_graph_sizes) or default_graph_sizes(config.max_num_seqs)
+        if trace:
+            sizes = [s for s in CPU_TRACE_SIZES if s <= config.max_num_seqs]
+        else:
+            sizes = list(config.cuda_graph_sizes) or default_graph_sizes(config.max_num_seqs)
         max_len = config.max_model_len or self.resolved_context_len
-        return DecodeGraphs(self.model, sizes, max_len, config.block_size, self.device, capture)
+        return DecodeGraphs(self.model, sizes, max_len, config.block_size, self.device, capture, trace=trace)
 
     def _install_lora(self) -> Any:
         """The model's LoRA-adapted layers with empty slots (``llmp.modeling.lora.LoRAModelState``)."""

@@ -3,9 +3,10 @@
 //   llmp_native::rms_norm, llmp_native::add_rms_norm (the residual added, rounded, normed; both returned),
 //   llmp_native::silu_and_mul, llmp_native::gelu_tanh_and_mul, llmp_native::rotary_ (neox layout, in place),
 //   llmp_native::write_kv_ (a step's keys and values into their cache slots).
-// bfloat16 and float16 tensors, float32 arithmetic; float32 models keep the reference's ops (their greedy parity
-// with transformers), except rotary_, whose float32 bits are the reference's (no FMA contraction). Rows are split
-// over torch's threads only when a call is large enough to pay for waking them.
+// float32, bfloat16 and float16 tensors, float32 arithmetic. In float32 the norms and activations differ from the
+// reference's chains of ops only in the order of the RMS sum and the exponential's last bits (within a few ulps;
+// rotary_ has the reference's very bits: no FMA contraction); float32 GELU is left to the reference. Rows are split over torch's threads only when a call
+// is large enough to pay for waking them.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -92,7 +93,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
             return 0;
         });
         return 0;
-    });
+    }, /*with_float=*/true);
     return out;
 }
 
@@ -116,7 +117,7 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::T
             return 0;
         });
         return 0;
-    });
+    }, /*with_float=*/true);
     return {out, sum};
 }
 
@@ -143,7 +144,7 @@ at::Tensor act_and_mul(const at::Tensor& x, const char* op) {
             return 0;
         });
         return 0;
-    });
+    }, /*with_float=*/!kGelu);  // float32 GELU stays on the reference: 1 - 2 / (e + 1) loses tanh's small values
     return out;
 }
 

@@ -42,6 +42,9 @@ LLMP_FN void store_n(E* p, Vf v, int64_t n) {
         const Vh h = __builtin_convertvector(out, Vh);
         if (n == kLanes) __builtin_memcpy(p, &h, sizeof h);
         else __builtin_memcpy(p, &h, n * sizeof(E));
+    } else if constexpr (std::is_same_v<E, float>) {
+        if (n == kLanes) __builtin_memcpy(p, &v, sizeof v);
+        else __builtin_memcpy(p, &v, n * sizeof(float));
     } else {
         alignas(64) float t[kLanes];
         __builtin_memcpy(t, &v, sizeof v);

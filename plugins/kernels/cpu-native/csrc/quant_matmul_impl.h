@@ -340,59 +340,88 @@ using Q6_K = Buffered<dequantize_q6_k, 256, 210>;
 
 // -- the row loops ---------------------------------------------------------------------------------------
 
-// R dot products of x with R dequantised rows (w, K apart), sharing each load of x
-template <int R>
-LLMP_FN void dot_rows(const float* x, const float* w, int64_t K, float* out) {
-    Acc acc[R];
+// Inputs taken together by the row loops (U below): each weight chunk loaded or unpacked once serves U inputs
+// and each x chunk R rows. AVX-512 has the 32 registers for 4 rows x 2 inputs of accumulators (16), the inputs'
+// chunks (4) and a row's chunk; the AVX2 and scalar copies take one input at a time.
+#if LLMP_ISA_LEVEL == 2
+constexpr int kInputs = 2;
+#else
+constexpr int kInputs = 1;
+#endif
+
+// R dot products of each of U inputs (x, K apart) with R dequantised rows (w, K apart), sharing the loads
+template <int R, int U>
+LLMP_FN void dot_rows(const float* x, const float* w, int64_t K, float* out, int64_t N) {
+    Acc acc[U][R];
     for (int64_t i = 0; i < K; i += 32) {
-        const X32 xi = x32_at(x + i);
-        for (int r = 0; r < R; ++r) acc[r].add(xi, load32(w + r * K + i));
+        X32 xi[U];
+        for (int u = 0; u < U; ++u) xi[u] = x32_at(x + u * K + i);
+        for (int r = 0; r < R; ++r) {
+            const W32 wr = load32(w + r * K + i);
+            for (int u = 0; u < U; ++u) acc[u][r].add(xi[u], wr);
+        }
     }
-    for (int r = 0; r < R; ++r) out[r] = acc[r].sum();
+    for (int u = 0; u < U; ++u) {
+        for (int r = 0; r < R; ++r) out[u * N + r] = acc[u][r].sum();
+    }
 }
+
+// inputs t0.. of out's rows n..n + rows, U at a time, given a tile function of <R, U>
+#define LLMP_FOR_INPUTS(TILE, ...)                                                        \
+    do {                                                                                  \
+        int64_t t = 0;                                                                    \
+        for (; t + kInputs <= a.T; t += kInputs) TILE(kInputs, __VA_ARGS__);              \
+        for (; t < a.T; ++t) TILE(1, __VA_ARGS__);                                        \
+    } while (0)
 
 // Many inputs: each tile of rows is dequantised once into the buffer, for all T inputs.
 template <class F>
 LLMP_FN void rows_buffered(const QuantMatmulArgs& a, int64_t n_begin, int64_t n_end, float* buffer) {
-    const int64_t K = a.in_features, row_bytes = K / F::BLOCK * F::TYPE_SIZE;
+    const int64_t K = a.in_features, N = a.N, row_bytes = K / F::BLOCK * F::TYPE_SIZE;
     for (int64_t n = n_begin; n < n_end; n += kTileRows) {
         const int rows = static_cast<int>(std::min<int64_t>(kTileRows, n_end - n));
         for (int r = 0; r < rows; ++r) {
             const uint8_t* row = a.blocks + (n + r) * row_bytes;
             for (int64_t k = 0; k < K; k += F::BLOCK, row += F::TYPE_SIZE) F::dequantize(row, buffer + r * K + k);
         }
-        for (int64_t t = 0; t < a.T; ++t) {
-            const float* x = a.x + t * K;
-            float* out = a.out + t * a.N + n;
-            if (rows == kTileRows) {
-                dot_rows<kTileRows>(x, buffer, K, out);
-            } else {
-                for (int r = 0; r < rows; ++r) dot_rows<1>(x, buffer + r * K, K, out + r);
-            }
+        float* out = a.out + n;
+#define LLMP_TILE(U, R) dot_rows<R, U>(a.x + t * K, buffer, K, out + t * N, N)
+        if (rows == kTileRows) {
+            LLMP_FOR_INPUTS(LLMP_TILE, kTileRows);
+        } else {
+            for (int r = 0; r < rows; ++r, ++out, buffer += K) LLMP_FOR_INPUTS(LLMP_TILE, 1);
+            buffer -= rows * K;
         }
+#undef LLMP_TILE
     }
 }
 
-// R rows' dot products with one input, the weights unpacked block by block as they are used (no buffer round
-// trip): the same Acc operations in the same order as dot_rows, on the same values.
-template <class F, int R>
-LLMP_FN void dot_rows_fused(const float* x, const uint8_t* w, int64_t row_bytes, int64_t K, float* out) {
-    Acc acc[R];
+// R rows' dot products with each of U inputs, the weights unpacked block by block as they are used (no buffer
+// round trip): the same Acc operations in the same order as dot_rows, on the same values.
+template <class F, int R, int U>
+LLMP_FN void dot_rows_fused(const float* x, const uint8_t* w, int64_t row_bytes, int64_t K, float* out, int64_t N) {
+    Acc acc[U][R];
     F dec[R];
     for (int64_t k = 0, offset = 0; k < K; k += F::BLOCK, offset += F::TYPE_SIZE) {
         for (int r = 0; r < R; ++r) dec[r].prepare(w + r * row_bytes + offset);
         for (int c = 0; c < F::BLOCK / 32; ++c) {
-            const X32 xi = x32_at(x + k + 32 * c);
-            for (int r = 0; r < R; ++r) acc[r].add(xi, dec[r].chunk(c));
+            X32 xi[U];
+            for (int u = 0; u < U; ++u) xi[u] = x32_at(x + u * K + k + 32 * c);
+            for (int r = 0; r < R; ++r) {
+                const W32 wr = dec[r].chunk(c);
+                for (int u = 0; u < U; ++u) acc[u][r].add(xi[u], wr);
+            }
         }
     }
-    for (int r = 0; r < R; ++r) out[r] = acc[r].sum();
+    for (int u = 0; u < U; ++u) {
+        for (int r = 0; r < R; ++r) out[u * N + r] = acc[u][r].sum();
+    }
 }
 
-// One input (batch-1 decoding, T <= kFusedMaxT): tiles of rows unpacked on the fly, read once at memory speed.
+// Few inputs (decoding, T <= kFusedMaxT): tiles of rows unpacked on the fly, read once at memory speed.
 template <class F>
 LLMP_FN void rows_fused(const QuantMatmulArgs& a, int64_t n_begin, int64_t n_end) {
-    const int64_t K = a.in_features, row_bytes = K / F::BLOCK * F::TYPE_SIZE;
+    const int64_t K = a.in_features, N = a.N, row_bytes = K / F::BLOCK * F::TYPE_SIZE;
     for (int64_t n = n_begin; n < n_end; n += kTileRows) {
         const int rows = static_cast<int>(std::min<int64_t>(kTileRows, n_end - n));
         const uint8_t* w = a.blocks + n * row_bytes;
@@ -401,17 +430,17 @@ LLMP_FN void rows_fused(const QuantMatmulArgs& a, int64_t n_begin, int64_t n_end
         const uint8_t* next = w + kTileRows * row_bytes;
         const int64_t next_bytes = std::min<int64_t>(kTileRows, std::max<int64_t>(0, n_end - n - kTileRows)) * row_bytes;
         for (int64_t offset = 0; offset < next_bytes; offset += 64) __builtin_prefetch(next + offset);
-        for (int64_t t = 0; t < a.T; ++t) {
-            const float* x = a.x + t * K;
-            float* out = a.out + t * a.N + n;
-            if (rows == kTileRows) {
-                dot_rows_fused<F, kTileRows>(x, w, row_bytes, K, out);
-            } else {
-                for (int r = 0; r < rows; ++r) dot_rows_fused<F, 1>(x, w + r * row_bytes, row_bytes, K, out + r);
-            }
+        float* out = a.out + n;
+#define LLMP_TILE(U, R) dot_rows_fused<F, R, U>(a.x + t * K, w, row_bytes, K, out + t * N, N)
+        if (rows == kTileRows) {
+            LLMP_FOR_INPUTS(LLMP_TILE, kTileRows);
+        } else {
+            for (int r = 0; r < rows; ++r, ++out, w += row_bytes) LLMP_FOR_INPUTS(LLMP_TILE, 1);
         }
+#undef LLMP_TILE
     }
 }
+#undef LLMP_FOR_INPUTS
 
 template <class F>
 LLMP_FN void rows_of(const QuantMatmulArgs& a, int64_t n_begin, int64_t n_end, float* buffer) {

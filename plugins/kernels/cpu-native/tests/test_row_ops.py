@@ -1,6 +1,6 @@
 """The row-wise ops (RMSNorm with and without the residual, rotary in place, SiLU/GELU-and-mul) against the torch
-reference set in bfloat16 and float16: values within the dtype's rounding, a row's bits alone and in any batch,
-thread counts, float32 left to the reference, each ISA path, and clear errors."""
+reference set in float32, bfloat16 and float16: values within the dtype's rounding (float32: a few ulps), a row's
+bits alone and in any batch, thread counts, float32 rotary bit for bit, each ISA path, and clear errors."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from llmp_kernels_torch.kernels import TorchKernels
 
 from llmp.modeling.rope import cos_sin_table
 
-DTYPES = [torch.bfloat16, torch.float16]
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 WIDTHS = [896, 64, 37, 1, 4864]  # whole vectors, a tail, one value
 
 
@@ -27,8 +27,9 @@ def rand(*shape, dtype, seed=0):
 
 
 def close(got, expected, dtype):
-    """Within two roundings of the dtype (the reference rounds in between where the kernel does not)."""
-    ulp = 2**-7 if dtype == torch.bfloat16 else 2**-10
+    """Within two roundings of the dtype (the reference rounds in between where the kernel does not); float32
+    within 8 ulps (another order of the RMS sum, another exponential)."""
+    ulp = {torch.bfloat16: 2**-7, torch.float16: 2**-10, torch.float32: 4 * 2**-23}[dtype]
     assert got.dtype == dtype and got.shape == expected.shape
     torch.testing.assert_close(got.float(), expected.float(), rtol=2 * ulp, atol=2 * ulp)
 
@@ -61,6 +62,9 @@ def test_rms_norm_of_per_head_rows(kernels):
 @pytest.mark.parametrize("half", [4864, 37, 1])
 def test_act_and_mul(kernels, dtype, op, half):
     x = rand(6, 2 * half, dtype=dtype) * 4  # reaches both tails of the activation
+    if dtype == torch.float32 and op == "gelu_tanh_and_mul":  # float32 GELU is the reference's own
+        assert torch.equal(kernels.gelu_tanh_and_mul(x), TorchKernels().gelu_tanh_and_mul(x))
+        return
     close(getattr(kernels, op)(x), getattr(TorchKernels(), op)(x.float()), dtype)
 
 
@@ -82,14 +86,23 @@ def test_rotary_in_place_on_views_of_a_fused_projection(kernels, dtype, head_dim
     assert torch.equal(qkv[:, (heads + kv_heads) * head_dim :], v_before)  # v untouched
 
 
-def test_float32_rotary_has_the_reference_bits_and_norms_stay_on_it(kernels):
+def test_float32_rotary_has_the_reference_bits(kernels):
     q, k = rand(33, 5, 128, dtype=torch.float32), rand(33, 1, 128, dtype=torch.float32, seed=1)
     positions, table = torch.arange(33) * 31, cos_sin_table(128, 2048, 1e6)
     expected = TorchKernels().rotary(positions, q, k, table)
     got = kernels.rotary(positions, q.clone(), k.clone(), table)
     assert all(torch.equal(a, b) for a, b in zip(got, expected))
-    x, w = rand(4, 32, dtype=torch.float32), rand(32, dtype=torch.float32)
-    assert torch.equal(kernels.rms_norm(x, w, 1e-6), TorchKernels().rms_norm(x, w, 1e-6))
+
+
+def test_float32_norms_and_activations_are_compiled(kernels, monkeypatch):
+    """float32 rows take the compiled ops (one dispatch, not the reference's chain), not the cpu set's."""
+    calls = []
+    monkeypatch.setattr(torch.ops.llmp_native, "add_rms_norm", lambda *a: calls.append("add_rms_norm") or (a[0], a[1]))
+    monkeypatch.setattr(torch.ops.llmp_native, "silu_and_mul", lambda x: calls.append("silu_and_mul") or x)
+    x = rand(2, 32, dtype=torch.float32)
+    kernels.rms_norm(x, x[0], 1e-6, residual=x)
+    kernels.silu_and_mul(x)
+    assert calls == ["add_rms_norm", "silu_and_mul"]
 
 
 def test_partial_rotary_stays_on_the_reference(kernels):

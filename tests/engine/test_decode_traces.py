@@ -1,0 +1,134 @@
+"""Small CPU decode steps replayed from TorchScript traces (llmp.engine.decode_graphs, trace mode): the
+tokens are transformers' greedy ones, each size is traced once and replayed, the embedding lookup stays
+eager, a trace that does not give the eager model's bits is dropped, and --enforce-eager turns it off."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from llmp import SamplingParams, registry
+from llmp.api import AttentionMetadata
+from llmp.engine.decode_graphs import CPU_TRACE_SIZES, DecodeGraphs
+from llmp.modeling.layers import VocabParallelEmbedding
+from llmp.testing import assert_greedy_parity, engine_greedy, mixed_prompts, save_tiny_llama
+
+BLOCK = 4
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory):
+    path = tmp_path_factory.mktemp("traced-llama")
+    return path, save_tiny_llama(path)
+
+
+def traceable_set() -> str:
+    """cpu-native (built by ./dev setup), whose kernels are all torch ops: its decode steps may be traced."""
+    assert registry.load_component("kernels", "cpu-native").traceable_decode
+    return "cpu-native"
+
+
+def test_small_decode_steps_replay_traces_with_transformers_tokens(tiny):
+    path, model = tiny
+    prompts = mixed_prompts(3, shared_prefix=5, seed=7)
+    got, llm = engine_greedy(path, prompts, kernels=traceable_set())
+    assert_greedy_parity(model, prompts, got)
+    graphs = llm.engine.executor.runner.graphs
+    assert graphs is not None and graphs.trace_graphs and graphs.sizes == CPU_TRACE_SIZES
+    # 3 requests decode together, then fewer as they finish (all end together here: same max_tokens)
+    assert graphs.traces.get(3) is not None, graphs.traces
+    assert graphs.steps_by_size.get(3, 0) > 10, graphs.steps_by_size
+    # a second batch of another size: traced when it first comes, the first trace replayed again
+    pair = mixed_prompts(2, seed=8)
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in pair], params, use_tqdm=False)
+    assert_greedy_parity(model, pair, [o.outputs[0].token_ids for o in outputs])
+    assert graphs.traces.get(2) is not None and set(graphs.traces) == {2, 3}
+
+
+def test_a_batch_above_the_traced_sizes_runs_eagerly(tiny):
+    path, model = tiny
+    prompts = mixed_prompts(CPU_TRACE_SIZES[-1] + 2, seed=9)
+    got, llm = engine_greedy(path, prompts, max_tokens=6, kernels=traceable_set())
+    assert_greedy_parity(model, prompts, got, max_tokens=6)
+    assert not llm.engine.executor.runner.graphs.traces  # 10 sequences: no size traced
+
+
+def test_enforce_eager_traces_nothing(tiny):
+    path, model = tiny
+    prompts = mixed_prompts(2, seed=10)
+    got, llm = engine_greedy(path, prompts, max_tokens=8, kernels=traceable_set(), enforce_eager=True)
+    assert_greedy_parity(model, prompts, got, max_tokens=8)
+    assert llm.engine.executor.runner.graphs is None
+
+
+# -- the trace itself, on small models ---------------------------------------------------------------
+
+
+class Toy(torch.nn.Module):
+    """An embedding, a matmul, the positions and sequence lengths; optionally a Python branch on a value."""
+
+    def __init__(self, branch_on_positions: bool = False) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed_tokens = VocabParallelEmbedding(64, 8)
+        torch.nn.init.normal_(self.embed_tokens.weight)
+        self.proj = torch.nn.Linear(8, 8)
+        self.branch_on_positions = branch_on_positions
+
+    def forward(self, input_ids, positions, metadata):
+        hidden = self.proj(self.embed_tokens(input_ids)) + positions[:, None] + metadata.seq_lens[:, None]
+        if self.branch_on_positions and bool(positions.max() > 10):  # data-dependent Python: a trace freezes it
+            hidden = hidden * 2
+        return hidden
+
+
+def step(ids: list[int], positions: list[int]) -> SimpleNamespace:
+    rows = len(ids)
+    metadata = AttentionMetadata(
+        torch.arange(rows + 1, dtype=torch.int32),
+        torch.tensor(positions, dtype=torch.int32) + 1,
+        torch.zeros(rows, 1, dtype=torch.int32),
+        torch.full((rows,), -1, dtype=torch.long),
+        max_query_len=1,
+        max_seq_len=BLOCK,
+    )
+    return SimpleNamespace(input_ids=torch.tensor(ids), positions=torch.tensor(positions), metadata=metadata)
+
+
+def graphs_of(model: torch.nn.Module) -> DecodeGraphs:
+    return DecodeGraphs(model, [1, 2], 64, BLOCK, torch.device("cpu"), capture=False, trace=True)
+
+
+def eager(model: torch.nn.Module, inputs: SimpleNamespace) -> torch.Tensor:
+    with torch.inference_mode():
+        return model(inputs.input_ids, inputs.positions, inputs.metadata)
+
+
+def test_a_trace_replays_new_ids_and_positions_through_the_eager_embedding():
+    model = Toy()
+    graphs = graphs_of(model)
+    first = step([3, 5], [20, 30])
+    assert torch.equal(graphs.run(first, 2), eager(model, first))
+    traced = graphs.traces[2]
+    assert traced is not None
+    later = step([60, 1], [31, 7])  # other tokens: their embeddings come from the lookup, not the trace
+    assert torch.equal(graphs.run(later, 2), eager(model, later))
+    assert graphs.traces[2] is traced  # traced once
+    graphs.reset()
+    assert not graphs.traces
+
+
+def test_a_trace_that_differs_from_the_eager_model_is_dropped(caplog):
+    model = Toy(branch_on_positions=True)
+    graphs = graphs_of(model)
+    inputs = step([3], [12])  # traced with the branch taken; the check's inputs (positions halved) do not take it
+    with caplog.at_level(logging.WARNING, logger="llmp.engine"):
+        assert torch.equal(graphs.run(inputs, 1), eager(model, inputs))
+    assert graphs.traces[1] is None
+    assert "decode steps of 1 run eagerly: tracing them failed (its output differs" in caplog.text
+    other = step([3], [4])
+    assert torch.equal(graphs.run(other, 1), eager(model, other))  # eager from then on
