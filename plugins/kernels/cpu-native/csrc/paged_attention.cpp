@@ -51,7 +51,7 @@ struct ActiveRow {
 
 struct ItemBuffers {
     int64_t dv = 0;  // head_dim padded to whole tiles
-    std::vector<float> q, acc, m, l, kt, vt, row;  // row: a tile's keys as float32 rows, before the transpose
+    std::vector<float> q, acc, m, l, kt, vt, row, zeros;  // row: a tile's keys as float32 rows, before the transpose
     std::vector<ActiveRow> active;
 
     void reserve(int64_t rows, int64_t head_dim) {
@@ -64,6 +64,7 @@ struct ItemBuffers {
         kt.resize(dv * kTile);
         vt.resize(kTile * dv);
         row.resize(kTile * dv);
+        zeros.assign(dv, 0.0f);
     }
 };
 

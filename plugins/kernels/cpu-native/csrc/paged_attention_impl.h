@@ -38,12 +38,12 @@ LLMP_FN void load_floats(Dtype dtype, const void* base, int64_t offset, int64_t 
     if (i < n) load_row(dtype, base, offset + i, n - i, out + i);
 }
 
-// rows[16][Dv] -> kt[Dv][16], one 16 x 16 block at a time: four rounds of pairing row i with row i + 8, which
-// rotate the bits of (row, column) by one each, so that after four the row's bits are the column's
-LLMP_FN void transpose_tiles(const float* rows, int64_t Dv, float* kt) {
+// 16 rows of Dv floats -> kt[Dv][16], one 16 x 16 block at a time: four rounds of pairing row i with row i + 8,
+// which rotate the bits of (row, column) by one each, so that after four the row's bits are the column's
+LLMP_FN void transpose_tiles(const float* const* rows, int64_t Dv, float* kt) {
     for (int64_t d0 = 0; d0 < Dv; d0 += kTile) {
         Vf r[kTile];
-        for (int j = 0; j < kTile; ++j) __builtin_memcpy(&r[j], rows + j * Dv + d0, sizeof(Vf));
+        for (int j = 0; j < kTile; ++j) __builtin_memcpy(&r[j], rows[j] + d0, sizeof(Vf));
         for (int round = 0; round < 4; ++round) {
             Vf next[kTile];
             for (int i = 0; i < 8; ++i) {
@@ -63,7 +63,7 @@ LLMP_FN void transpose_tiles(const float* rows, int64_t Dv, float* kt) {
 // same whatever R and whatever the other rows.
 template <int R>
 LLMP_FN void attend_rows(const AttentionArgs& a, ItemBuffers& buf, int64_t b, int count, const float* kt,
-                         const float* vt) {
+                         const float* const* vrow) {
     const int64_t D = a.head_dim, Dv = buf.dv;
     const ActiveRow* row[R];
     const float* qf[R];
@@ -112,7 +112,7 @@ LLMP_FN void attend_rows(const AttentionArgs& a, ItemBuffers& buf, int64_t b, in
         }
         for (int j = j_first; j <= j_last; ++j) {
             Vf v;
-            __builtin_memcpy(&v, vt + j * Dv + d, sizeof v);
+            __builtin_memcpy(&v, vrow[j] + d, sizeof v);
             for (int r = 0; r < R; ++r) o[r] = vfma(Vf{} + p[r][j], v, o[r]);
         }
         for (int r = 0; r < count; ++r) __builtin_memcpy(buf.acc.data() + row[r]->k * Dv + d, &o[r], sizeof o[r]);
@@ -146,7 +146,11 @@ LLMP_FN void attend_item(const AttentionArgs& a, int64_t r, int64_t kv, int64_t 
     auto first_key = [&](int64_t i) { return a.window > 0 ? std::max<int64_t>(0, position(i) - a.window + 1) : 0; };
     const int64_t first_tile = first_key(q0) / kTile * kTile, last_key = position(q1 - 1);
     float* kt = buf.kt.data();  // [D][16]: the tile's keys, transposed
-    float* vt = buf.vt.data();  // [16][Dv]: the tile's values
+    float* vt = buf.vt.data();  // [16][Dv]: the tile's values, where they are copied
+    // float32 rows of whole tiles are read where they lie in the cache; others are converted (and padded) first
+    const bool in_place = a.cache_dtype == Dtype::f32 && D == Dv;
+    const float* krow[kTile];
+    const float* vrow[kTile];
     for (int64_t t0 = first_tile; t0 <= last_key; t0 += kTile) {
         const int64_t n = std::min<int64_t>(kTile, last_key + 1 - t0);
         float* key_rows = buf.row.data();  // [16][Dv], zero-padded
@@ -155,15 +159,22 @@ LLMP_FN void attend_item(const AttentionArgs& a, int64_t r, int64_t kv, int64_t 
                 const int64_t pos = t0 + j;
                 const int64_t slot = static_cast<int64_t>(blocks[pos / a.block_size]) * a.block_size + pos % a.block_size;
                 const int64_t offset = (slot * a.kv_heads + kv) * D;
+                if (in_place) {
+                    krow[j] = static_cast<const float*>(a.k_cache) + offset;
+                    vrow[j] = static_cast<const float*>(a.v_cache) + offset;
+                    continue;
+                }
                 load_floats(a.cache_dtype, a.k_cache, offset, D, key_rows + j * Dv);
                 load_floats(a.cache_dtype, a.v_cache, offset, D, vt + j * Dv);
                 std::fill(key_rows + j * Dv + D, key_rows + (j + 1) * Dv, 0.0f);
                 std::fill(vt + j * Dv + D, vt + (j + 1) * Dv, 0.0f);
+                krow[j] = key_rows + j * Dv;
+                vrow[j] = vt + j * Dv;
             } else {
-                std::fill(key_rows + j * Dv, key_rows + (j + 1) * Dv, 0.0f);
+                krow[j] = vrow[j] = buf.zeros.data();  // past the last key: zero keys, values never read
             }
         }
-        transpose_tiles(key_rows, Dv, kt);
+        transpose_tiles(krow, Dv, kt);
         // the rows with a key in this tile
         int64_t active = 0;
         for (int64_t i = q0; i < q1; ++i) {
@@ -173,10 +184,17 @@ LLMP_FN void attend_item(const AttentionArgs& a, int64_t r, int64_t kv, int64_t 
             const int j_hi = static_cast<int>(std::min<int64_t>(hi - t0, kTile - 1));
             for (int64_t g = 0; g < G; ++g) buf.active[active++] = {(i - q0) * G + g, j_lo, j_hi};
         }
-        // blocks of 8 rows while they last, then of 4: a row's operations are the same in either
+        // blocks of 8 rows while they last, then of 4, then the rest (a decode token of a 3-query-head group: 3):
+        // a row's operations are the same in any
         int64_t b = 0;
-        for (; b + 8 <= active; b += 8) attend_rows<8>(a, buf, b, 8, kt, vt);
-        for (; b < active; b += 4) attend_rows<4>(a, buf, b, static_cast<int>(std::min<int64_t>(4, active - b)), kt, vt);
+        for (; b + 8 <= active; b += 8) attend_rows<8>(a, buf, b, 8, kt, vrow);
+        for (; b + 4 <= active; b += 4) attend_rows<4>(a, buf, b, 4, kt, vrow);
+        switch (active - b) {
+            case 3: attend_rows<3>(a, buf, b, 3, kt, vrow); break;
+            case 2: attend_rows<2>(a, buf, b, 2, kt, vrow); break;
+            case 1: attend_rows<1>(a, buf, b, 1, kt, vrow); break;
+            default: break;
+        }
     }
     for (int64_t i = q0; i < q1; ++i) {
         for (int64_t g = 0; g < G; ++g) {

@@ -340,6 +340,14 @@ using Q6_K = Buffered<dequantize_q6_k, 256, 210>;
 
 // -- the row loops ---------------------------------------------------------------------------------------
 
+// The tile's rows are read as interleaved streams, which the hardware prefetcher follows badly in a matrix larger
+// than the caches: ask for the next tile (its rows are contiguous) in one sequential sweep. `left`: rows from w on.
+LLMP_FN void prefetch_next_tile(const uint8_t* w, int64_t row_bytes, int64_t left) {
+    const uint8_t* next = w + kTileRows * row_bytes;
+    const int64_t next_bytes = std::min<int64_t>(kTileRows, std::max<int64_t>(0, left - kTileRows)) * row_bytes;
+    for (int64_t offset = 0; offset < next_bytes; offset += 64) __builtin_prefetch(next + offset);
+}
+
 // Inputs taken together by the row loops (U below): each weight chunk loaded or unpacked once serves U inputs
 // and each x chunk R rows. AVX-512 has the 32 registers for 4 rows x 2 inputs of accumulators (16), the inputs'
 // chunks (4) and a row's chunk; the AVX2 and scalar copies take one input at a time.
@@ -380,6 +388,7 @@ LLMP_FN void rows_buffered(const QuantMatmulArgs& a, int64_t n_begin, int64_t n_
     const int64_t K = a.in_features, N = a.N, row_bytes = K / F::BLOCK * F::TYPE_SIZE;
     for (int64_t n = n_begin; n < n_end; n += kTileRows) {
         const int rows = static_cast<int>(std::min<int64_t>(kTileRows, n_end - n));
+        prefetch_next_tile(a.blocks + n * row_bytes, row_bytes, n_end - n);
         for (int r = 0; r < rows; ++r) {
             const uint8_t* row = a.blocks + (n + r) * row_bytes;
             for (int64_t k = 0; k < K; k += F::BLOCK, row += F::TYPE_SIZE) F::dequantize(row, buffer + r * K + k);
@@ -425,11 +434,7 @@ LLMP_FN void rows_fused(const QuantMatmulArgs& a, int64_t n_begin, int64_t n_end
     for (int64_t n = n_begin; n < n_end; n += kTileRows) {
         const int rows = static_cast<int>(std::min<int64_t>(kTileRows, n_end - n));
         const uint8_t* w = a.blocks + n * row_bytes;
-        // the tile's rows are read as interleaved streams, which the hardware prefetcher follows badly in a
-        // matrix larger than the caches: ask for the next tile (its rows are contiguous) in one sequential sweep
-        const uint8_t* next = w + kTileRows * row_bytes;
-        const int64_t next_bytes = std::min<int64_t>(kTileRows, std::max<int64_t>(0, n_end - n - kTileRows)) * row_bytes;
-        for (int64_t offset = 0; offset < next_bytes; offset += 64) __builtin_prefetch(next + offset);
+        prefetch_next_tile(w, row_bytes, n_end - n);
         float* out = a.out + n;
 #define LLMP_TILE(U, R) dot_rows_fused<F, R, U>(a.x + t * K, w, row_bytes, K, out + t * N, N)
         if (rows == kTileRows) {
