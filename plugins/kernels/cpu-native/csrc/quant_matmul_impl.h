@@ -3,9 +3,9 @@
 // (0 scalar, 1 AVX2 + FMA, 2 AVX-512).
 //
 // For each tile of weight rows: dequantise the rows into a float32 buffer (bit-identical to the reference
-// dequantize), then take their dot products with every input row. With a single input row (batch-1 decoding)
-// the buffer's store and reload would cost more than the arithmetic, so the weights go straight from the blocks
-// into registers instead (Q4_0, Q4_1, Q8_0, Q4_K on AVX2/AVX-512; the other formats block by block through a
+// dequantize), then take their dot products with every input row. With few input rows (decoding, up to
+// kFusedMaxT) the buffer's store and reload would cost more than the arithmetic, so the weights go straight from
+// the blocks into registers instead, unpacked once for each pair of inputs (Q4_0, Q4_1, Q8_0, Q4_K on AVX2/AVX-512; the other formats block by block through a
 // small buffer). One dot product always runs the same way, whatever T and whatever tile it is part of: the
 // dequantised values, lanes, accumulators (Acc) and final reduction depend only on K, so a row's result never
 // depends on the batch (row invariance).
