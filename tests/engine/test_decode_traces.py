@@ -132,3 +132,15 @@ def test_a_trace_that_differs_from_the_eager_model_is_dropped(caplog):
     assert "decode steps of 1 run eagerly: tracing them failed (its output differs" in caplog.text
     other = step([3], [4])
     assert torch.equal(graphs.run(other, 1), eager(model, other))  # eager from then on
+
+
+def test_only_models_that_say_so_are_traced_and_moe_routing_says_not():
+    from llmp.engine.model_runner import _traceable
+    from llmp.modeling.layers import CausalLM
+    from llmp.modeling.moe import SparseMoE
+
+    model = CausalLM()
+    assert _traceable(model)
+    model.moe = SparseMoE(8, 16, num_experts=4, top_k=2, renormalize=True, kernels=None)
+    assert not _traceable(model)  # its Python loops over the experts a step chose
+    assert not _traceable(Toy())  # a plain module does not say it

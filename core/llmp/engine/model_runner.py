@@ -140,8 +140,10 @@ class ModelRunner:
         replay = not config.enforce_eager and self.lora is None
         capture = self.device.type == "cuda" and replay
         padded = bool(config.extra.get("static_decode_buffers"))
-        traceable = bool(getattr(self.kernels, "traceable_decode", False))
-        trace = self.device.type == "cpu" and replay and traceable and not padded
+        traceable = bool(getattr(self.kernels, "traceable_decode", False)) and _traceable(self.model)
+        # one rank: the tracer records no collective, so a rank would skip its all-reduce
+        single = config.tensor_parallel_size == 1
+        trace = self.device.type == "cpu" and replay and traceable and single and not padded
         static = capture or trace or padded
         if not static or not hasattr(self.model, "attention_layers"):
             return None
@@ -398,6 +400,13 @@ class ModelRunner:
 
 
 _TENSOR_FIELDS = ("query_start_loc", "seq_lens", "block_tables", "slot_mapping")
+
+
+def _traceable(model: Any) -> bool:
+    """Whether a model's decode step may be traced: it says so (``CausalLM``) and no module of it says not."""
+    if not getattr(model, "traceable_decode", False):
+        return False
+    return all(getattr(module, "traceable_decode", True) for module in model.modules())
 
 
 def _release_memory(device: torch.device, collect: bool) -> None:

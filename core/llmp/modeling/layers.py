@@ -546,6 +546,10 @@ class CausalLM(nn.Module):
     ignored_weights: tuple[str, ...] = ("rotary_emb.inv_freq",)
     tie_word_embeddings: bool = False
     keeps_quantized_weights: bool = True  # load_weights takes QuantizedWeight matrices (a GGUF file's blocks)
+    # its forward pass is torch ops whose Python depends on shapes only: on the CPU a decode step may be replayed
+    # from a TorchScript trace (llmp.engine.decode_graphs); a module with ``traceable_decode = False`` (MoE
+    # routing) anywhere in the model turns that off
+    traceable_decode: bool = True
     classifier_weight: torch.Tensor | None = None  # [labels, hidden] float32; set when the config names tokens
 
     def tie_weights(self) -> None:

@@ -56,6 +56,8 @@ class FusedExperts(nn.Module):
 class SparseMoE(nn.Module):
     """Routes each token to its ``top_k`` experts and sums their outputs weighted by the router."""
 
+    traceable_decode = False  # Python loops over the experts a step chose: a trace would freeze that choice
+
     def __init__(
         self, hidden: int, intermediate: int, num_experts: int, top_k: int, renormalize: bool, kernels: KernelSet
     ) -> None:
