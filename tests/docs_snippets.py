@@ -568,18 +568,29 @@ def run_server_command(
     return process, port
 
 
+# a `grep` of a log that a background server writes is read again for this long until its lines are there:
+# the server may write a request's last line just after the client has its response
+LOG_WAIT = 10.0
+
+
 def run_command(command: Command, scratch: Scratch, env: dict[str, str], port: int | None) -> None:
     stdin = "".join(f"{line}\n" for line in command.typed)
-    result = subprocess.run(
-        ["bash", "-c", rewrite(command.text, port)],
-        cwd=scratch.root,
-        env=env,
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=COMMAND_TIMEOUT,
-    )
-    printed = result.stdout + result.stderr
+    deadline = time.monotonic() + (LOG_WAIT if command.text.startswith("grep ") else 0.0)
+    while True:
+        result = subprocess.run(
+            ["bash", "-c", rewrite(command.text, port)],
+            cwd=scratch.root,
+            env=env,
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=COMMAND_TIMEOUT,
+        )
+        printed = result.stdout + result.stderr
+        shown = [rewrite(line, port) for line in command.shown]
+        if time.monotonic() >= deadline or not missing_lines(shown, printed):
+            break
+        time.sleep(0.5)
     if expects_failure(command.shown):
         assert result.returncode != 0, f"{command.text}: the doc shows an error, but it exited 0:\n{printed}"
     else:
