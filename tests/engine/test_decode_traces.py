@@ -144,3 +144,20 @@ def test_only_models_that_say_so_are_traced_and_moe_routing_says_not():
     model.moe = SparseMoE(8, 16, num_experts=4, top_k=2, renormalize=True, kernels=None)
     assert not _traceable(model)  # its Python loops over the experts a step chose
     assert not _traceable(Toy())  # a plain module does not say it
+
+
+def test_a_traced_engine_s_kv_cache_goes_with_it(tiny):
+    """The cache is an input of the traces, not one of their constants (which torch keeps for the process)."""
+    import gc
+    import weakref
+
+    path, _ = tiny
+    _, llm = engine_greedy(path, mixed_prompts(2, seed=11), max_tokens=4, kernels=traceable_set())
+    runner = llm.engine.executor.runner
+    assert runner.graphs.traces.get(2) is not None
+    caches = [weakref.ref(tensor) for pair in runner.kv_caches for tensor in pair]
+    del runner
+    llm.shutdown()
+    del llm
+    gc.collect()
+    assert not [ref for ref in caches if ref() is not None]

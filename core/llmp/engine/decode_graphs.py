@@ -15,7 +15,8 @@ Each size (exact sizes, no padding: on a CPU a padded row costs its full compute
 which dispatches the same ops in C++: the same kernels, the same bits. The embedding lookup stays
 eager (a GGUF table is dequantised per lookup by ops the tracer cannot record). A trace is kept
 only if it gives the eager model's bits on other inputs too (a model with data-dependent Python,
-such as MoE routing, fails that check and runs eagerly).
+such as MoE routing, fails that check and runs eagerly). The KV cache is an input of the trace; the
+weights are its constants, which torch's global compilation unit keeps for the process's life.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ class DecodeGraphs:
         self.traces: dict[int, Any] = {}  # size -> the traced forward, or None where tracing failed
         self._embedding_of: Any = None
         self._embedding_layer: VocabParallelEmbedding | None = None
+        self._attention_layers: list[Any] = []
         largest = self.sizes[-1]
         self.max_blocks = -(-max_len // block_size)
         self.max_seq_len = self.max_blocks * block_size
@@ -181,7 +183,14 @@ class DecodeGraphs:
             self._embedding_of = self.model
             layers = (m for m in self.model.modules() if isinstance(m, VocabParallelEmbedding))
             self._embedding_layer = next(layers, None)
+            self._attention_layers = list(getattr(self.model, "attention_layers", list)())
         return self._embedding_layer
+
+    def _kv_caches(self) -> list[torch.Tensor]:
+        # inputs of the trace, not constants: a traced function's constants live as long as the process (torch
+        # keeps traced functions in its global compilation unit), and the cache must go with its engine or sleep
+        self._embedding()
+        return [tensor for layer in self._attention_layers for tensor in layer.kv_cache]
 
     def _trace_inputs(self, size: int, input_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
         """The traced forward's arguments: the step's embeddings (or ids, for a model without the embedding
@@ -189,7 +198,7 @@ class DecodeGraphs:
         ids = self.input_ids[:size] if input_ids is None else input_ids
         embedding = self._embedding()
         first = ids if embedding is None else embedding(ids)
-        return (first, self.positions[:size], *self._metadata_tensors(size))
+        return (first, self.positions[:size], *self._metadata_tensors(size), *self._kv_caches())
 
     def _metadata_tensors(self, size: int) -> tuple[torch.Tensor, ...]:
         m = self.metadata(size)
@@ -197,17 +206,24 @@ class DecodeGraphs:
 
     def _traceable_forward(self, size: int) -> Any:
         model, embedding, max_seq_len = self.model, self._embedding(), self.max_seq_len
-        dummy_ids = self.input_ids[:size]
+        layers, dummy_ids = self._attention_layers, self.input_ids[:size]
 
-        def forward(first: torch.Tensor, positions: torch.Tensor, *metadata: torch.Tensor) -> torch.Tensor:
-            attention = AttentionMetadata(*metadata, max_query_len=1, max_seq_len=max_seq_len)
-            if embedding is None:
-                return model(first, positions, attention)
-            embedding.forward = lambda input_ids: first  # the lookup ran eagerly: its rows are the input
+        def forward(first: torch.Tensor, positions: torch.Tensor, *tensors: torch.Tensor) -> torch.Tensor:
+            attention = AttentionMetadata(*tensors[:4], max_query_len=1, max_seq_len=max_seq_len)
+            caches, saved = tensors[4:], [layer.kv_cache for layer in layers]
+            for layer, k_cache, v_cache in zip(layers, caches[0::2], caches[1::2], strict=True):
+                layer.kv_cache = (k_cache, v_cache)
             try:
-                return model(dummy_ids, positions, attention)
+                if embedding is None:
+                    return model(first, positions, attention)
+                embedding.forward = lambda input_ids: first  # the lookup ran eagerly: its rows are the input
+                try:
+                    return model(dummy_ids, positions, attention)
+                finally:
+                    del embedding.forward
             finally:
-                del embedding.forward
+                for layer, cache in zip(layers, saved, strict=True):
+                    layer.kv_cache = cache
 
         return forward
 
