@@ -38,3 +38,12 @@ def clean_plugin_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 # authentication, decided before any test starts Ray in this process (a driver
 # keeps the auth mode of its first connection).
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_handlecrashitem(crashitem: str, report: pytest.TestReport, sched: object) -> None:
+    """Name the test a pytest-xdist worker died in, at once: the summary that would name it may never come
+    (xdist can hang after replacing a crashed worker), and a worker killed for memory leaves no traceback."""
+    import sys
+
+    print(f"\n[conftest] a worker died running {crashitem}", file=sys.stderr, flush=True)

@@ -57,6 +57,22 @@ def test_a_batch_above_the_traced_sizes_runs_eagerly(tiny):
     assert not llm.engine.executor.runner.graphs.traces  # 10 sequences: no size traced
 
 
+def test_an_engine_whose_first_step_is_decode_shaped_traces_no_lazy_initialisation(tiny):
+    """One-token prompts: the first step is traced before any prefill ran, so the warm-up must build the rotary
+    table eagerly, or every replay would recompute the whole table (cos, sin of every position, every layer)."""
+    path, model = tiny
+    prompts = [[5], [9]]
+    got, llm = engine_greedy(path, prompts, max_tokens=6, kernels=traceable_set())
+    assert_greedy_parity(model, prompts, got, max_tokens=6)
+    runner = llm.engine.executor.runner
+    ops = {node.kind() for node in runner.graphs.traces[2].function.graph.nodes()}
+    assert not ops & {"aten::cos", "aten::sin", "aten::outer"}, sorted(ops)
+    from llmp.modeling.layers import RotaryEmbedding
+
+    tables = {id(m._table) for m in runner.model.modules() if isinstance(m, RotaryEmbedding)}
+    assert len(tables) == 1  # one table shared by the layers
+
+
 def test_enforce_eager_traces_nothing(tiny):
     path, model = tiny
     prompts = mixed_prompts(2, seed=10)
@@ -146,8 +162,9 @@ def test_only_models_that_say_so_are_traced_and_moe_routing_says_not():
     assert not _traceable(Toy())  # a plain module does not say it
 
 
-def test_a_traced_engine_s_kv_cache_goes_with_it(tiny):
-    """The cache is an input of the traces, not one of their constants (which torch keeps for the process)."""
+def test_a_traced_engine_s_kv_cache_and_weights_go_with_it(tiny):
+    """Nothing a trace reads stays behind: the cache is an input, and the constants the tracer recorded
+    (weights) are lifted into inputs; torch keeps each traced function for the life of the process."""
     import gc
     import weakref
 
@@ -156,8 +173,11 @@ def test_a_traced_engine_s_kv_cache_goes_with_it(tiny):
     runner = llm.engine.executor.runner
     assert runner.graphs.traces.get(2) is not None
     caches = [weakref.ref(tensor) for pair in runner.kv_caches for tensor in pair]
+    weights = [weakref.ref(tensor) for tensor in runner.model.parameters()]
+    assert weights and runner.graphs.traces[2].constants
     del runner
     llm.shutdown()
     del llm
     gc.collect()
     assert not [ref for ref in caches if ref() is not None]
+    assert not [ref for ref in weights if ref() is not None]

@@ -329,27 +329,57 @@ def test_the_packing_round_trips_the_float_weight_to_within_a_step():
 
 
 @pytest.mark.parametrize("layout", ["awq-g64", "gptq-act-order", "gptq-8bit-v2", "ct-w8a16-packed"])
-def test_greedy_output_is_transformers_with_the_dequantised_weights(tmp_path, layout):
+def test_greedy_output_is_transformers_with_the_dequantised_weights(tmp_path, layout, caplog):
+    """On the default kernel set: the matrices a GGML format holds are computed in its blocks."""
     config, pack = LAYOUTS[layout]
     model, _ = save_quantized(tmp_path, config, pack, seed=5)
     prompts = mixed_prompts(3, seed=2)
-    got, _ = engine_greedy(tmp_path, prompts, max_tokens=8)
+    with caplog.at_level("INFO", logger="llmp.engine"):
+        got, _ = engine_greedy(tmp_path, prompts, max_tokens=8)
+    fmt = BLOCK_FORMATS[layout]
+    kept = f"matrices kept in blocks: 14 in {fmt}; 0 dequantised" if fmt else "matrices kept in blocks: none; 14"
+    assert kept in caplog.text
     assert_greedy_parity(model, prompts, got, max_tokens=8)
 
 
-@pytest.mark.parametrize(
-    "layout, in_blocks", [("gptq-sym-g32", True), ("gptq-sym-one-group", True), ("gptq-asym-g64", False)]
-)
-def test_a_symmetric_gptq_matrix_comes_as_q4_0_blocks_equal_to_its_dequantisation(tmp_path, layout, in_blocks):
+BLOCK_FORMATS = {  # the GGML format each layout's matrices stay in (None: dequantised: act-order's shuffled groups)
+    "awq-g32": "Q5_0",  # q - zero spans -15..15
+    "awq-g64": "Q5_0",
+    "awq-g128": "Q5_0",
+    "gptq-sym-g32": "Q4_0",  # zero 8: -8..7
+    "gptq-asym-g64": "Q5_0",
+    "gptq-sym-one-group": "Q4_0",
+    "gptq-act-order": None,
+    "gptq-8bit-v2": None,  # asymmetric 8-bit: q - zero spans -255..255, more than Q8_0's int8
+    "ct-w8a16-packed": "Q8_0",  # fp16 scales, one a row, repeated in each block
+    "ct-w8a16-int-asym": None,
+}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_each_integer_matrix_stays_in_exact_ggml_blocks_where_a_format_holds_it(tmp_path, layout):
     config, pack = LAYOUTS[layout]
     _, dense = save_quantized(tmp_path, config, pack)
     blocks = dict(iter_weights(tmp_path, quantized=True))
+    fmt = BLOCK_FORMATS[layout]
     for name, expected in dense.items():
         got = blocks[name]
-        assert isinstance(got, QuantizedWeight) is in_blocks, name
-        if in_blocks:
-            assert got.format.name == "Q4_0" and got.shape == expected.shape
-            assert torch.equal(got.dequantize(), expected), name
+        if fmt is None:
+            assert isinstance(got, torch.Tensor) and torch.equal(got, expected), name
+            continue
+        assert isinstance(got, QuantizedWeight) and got.format.name == fmt, (name, got)
+        assert got.shape == expected.shape
+        assert torch.equal(got.dequantize(), expected), name
+
+
+def test_int8_with_scales_float16_cannot_hold_is_dequantised():
+    weight = torch.randn(64, 128)
+    tensors = ct_tensors(weight)
+    tensors["weight_scale"] = tensors["weight_scale"].float() * (1 + 2**-20)  # not a float16 value
+    stream = [(f"a.{s}", t) for s, t in tensors.items()]
+    got = dict(iter_hf_quantized(iter(stream), ct_config(), quantized=True))["a.weight"]
+    assert isinstance(got, torch.Tensor)
+    assert torch.equal(got, ct_reference(tensors))
 
 
 def test_act_order_keeps_blocks_only_where_g_idx_is_the_plain_grouping():
@@ -392,8 +422,9 @@ def test_a_symmetric_gptq_checkpoint_runs_in_q4_0_blocks_greedy_as_transformers(
     with registered(Q4KernelsPlugin()), caplog.at_level("INFO", logger="llmp.engine"):
         got, _ = engine_greedy(tmp_path, prompts, max_tokens=8, kernels="q4")
     assert Q4Kernels.packed == [256, 128, 512, 128] * 2  # each layer's fused q|k|v, o, fused gate|up, down
-    assert "quantization_config: gptq 4-bit, group size 32, sym true, desc_act false; 14 matrices kept in Q4_0" in (
-        caplog.text
+    assert (
+        "quantization_config: gptq 4-bit, group size 32, sym true, desc_act false; "
+        "matrices kept in blocks: 14 in Q4_0; 0 dequantised" in caplog.text
     )
     assert "computed in their blocks by kernel set 'q4'" in caplog.text
     assert_greedy_parity(model, prompts, got, max_tokens=8)

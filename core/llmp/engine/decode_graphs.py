@@ -15,8 +15,10 @@ Each size (exact sizes, no padding: on a CPU a padded row costs its full compute
 which dispatches the same ops in C++: the same kernels, the same bits. The embedding lookup stays
 eager (a GGUF table is dequantised per lookup by ops the tracer cannot record). A trace is kept
 only if it gives the eager model's bits on other inputs too (a model with data-dependent Python,
-such as MoE routing, fails that check and runs eagerly). The KV cache is an input of the trace; the
-weights are its constants, which torch's global compilation unit keeps for the process's life.
+such as MoE routing, fails that check and runs eagerly). Everything a trace reads is an input: the
+KV cache explicitly, and the weights and other tensors the tracer recorded as constants are lifted
+into inputs afterwards (``_TracedStep``), since torch keeps each traced function for the life of
+the process and its constants with it.
 """
 
 from __future__ import annotations
@@ -187,8 +189,7 @@ class DecodeGraphs:
         return self._embedding_layer
 
     def _kv_caches(self) -> list[torch.Tensor]:
-        # inputs of the trace, not constants: a traced function's constants live as long as the process (torch
-        # keeps traced functions in its global compilation unit), and the cache must go with its engine or sleep
+        # inputs of the trace, not constants: the cache is replaced by sleep, and its tensors are read per step
         self._embedding()
         return [tensor for layer in self._attention_layers for tensor in layer.kv_cache]
 
@@ -233,9 +234,11 @@ class DecodeGraphs:
         started = time.perf_counter()
         self.model.requires_grad_(False)  # the tracer takes parameters as constants, which must not need grad
         try:
+            self._warm_up(size)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # its deprecation note and shape-specialisation warnings
                 traced = torch.jit.trace(self._traceable_forward(size), self._trace_inputs(size), check_trace=False)
+            traced = _TracedStep(traced)
             mismatch = self._check_trace(traced, size)
         except Exception as exc:  # an op the tracer cannot record: this size runs eagerly
             mismatch = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
@@ -246,6 +249,16 @@ class DecodeGraphs:
         self.traces[size] = traced
         log.info("traced decode steps of %d sequence(s) in %.2f s", size, time.perf_counter() - started)
         return traced
+
+    def _warm_up(self, size: int) -> None:
+        """One eager step on this step's inputs, writing no KV, so that lazy initialisation (a rotary table built
+        on first use: an engine's first step may be a decode-shaped one) is not recorded into the trace."""
+        slots = self.slot_mapping[:size].clone()
+        self.slot_mapping[:size].fill_(-1)
+        try:
+            self.model(self.input_ids[:size], self.positions[:size], self.metadata(size))
+        finally:
+            self.slot_mapping[:size].copy_(slots)
 
     def _check_trace(self, traced: Any, size: int) -> str | None:
         """Why the trace is not the eager model, on inputs other than those traced (no KV written)."""
@@ -274,7 +287,33 @@ class DecodeGraphs:
         self.block_tables[rows:].zero_()
 
 
-def _replay(traced: Any, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+class _TracedStep:
+    """A traced forward whose tensor constants (weights, rotary tables) are inputs passed at each call.
+
+    torch keeps every traced function in its global compilation unit for the life of the process, and
+    a constant with its function: an engine closed in a process that goes on (a notebook making several
+    ``LLM``s, a test run, a level-2 sleep) would leave its weights' memory behind. So the trace's graph
+    is rewritten in place (the global copy holds no tensor any more) and run as a function of a private
+    compilation unit, freed with this object.
+    """
+
+    def __init__(self, traced: Any) -> None:
+        graph = traced.graph
+        self.constants: list[torch.Tensor] = []
+        for node in list(graph.nodes()):
+            if node.kind() == "prim::Constant" and node.output().type().kind() == "TensorType":
+                lifted = graph.addInput()
+                lifted.setType(node.output().type())
+                node.output().replaceAllUsesWith(lifted)
+                self.constants.append(node.t("value"))
+                node.destroy()
+        self.function = torch._C.CompilationUnit().create_function("decode_step", graph.copy())
+
+    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
+        return self.function(*inputs, *self.constants)
+
+
+def _replay(traced: _TracedStep, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
     # the plain interpreter: TorchScript's optimising executor would spend tens of seconds on its second run
     # re-optimising a graph of thousands of nodes, to run it no faster
     with torch.jit.optimized_execution(False):

@@ -20,14 +20,17 @@ The layouts are those of the tools that write them (and of vLLM's loaders):
 :func:`iter_hf_quantized` wraps a checkpoint's ``(name, tensor)`` stream: it holds a layer's packed tensors
 until the last arrives and yields ``<prefix>.weight``, dequantised to float32 (exact: the small integer times
 the fp16 scale is exact in float32), or with ``quantized`` and where exact a
-:class:`~llmp.quantization.QuantizedWeight`: a symmetric 4-bit GPTQ matrix whose 32-column blocks each lie in
-one group is GGML ``Q4_0`` (``d * (q - 8)``), so it stays in 4-bit blocks for the kernel set.
+:class:`~llmp.quantization.QuantizedWeight` of GGML blocks for the kernel set. A matrix whose 32-column blocks
+each lie in one group (no act-order shuffle) with fp16 scales is ``d * level`` per block, ``level = q - zero``:
+symmetric 4-bit GPTQ fits ``Q4_0`` (-8..7), AWQ and asymmetric 4-bit GPTQ ``Q5_0`` (-15..15, 5.5 bits a
+weight), 8-bit GPTQ and int8 compressed-tensors with fp16-exact scales ``Q8_0``.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,7 +56,7 @@ CT_FORMATS = ("int-quantized", "naive-quantized", "pack-quantized")
 GROUP_SIZES = (32, 64, 128)
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AutoAWQ's gemm pack: nibble i of a word holds column AWQ_ORDER[i]
 AWQ_REVERSE_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)  # column c of eight is nibble AWQ_REVERSE_ORDER[c]
-Q4_0_BLOCK = 32
+BLOCK = 32  # weights per GGML block (Q4_0, Q5_0, Q8_0)
 
 
 @dataclass(frozen=True)
@@ -274,28 +277,41 @@ def _packed_integers(quant: HFQuantization, parts: dict[str, torch.Tensor]) -> _
     return _Integers(q, zeros, scales, g)
 
 
-def _q4_0(ints: _Integers) -> Any:
-    """The weight as GGML ``Q4_0`` blocks when that is exact (every zero is 8 and each 32-row run of input
-    rows lies in one group), else ``None``. A block is ``d`` (the group's fp16 scale) then 16 bytes, byte
-    ``j`` holding weight ``j`` in its low nibble and weight ``j + 16`` in its high one."""
+def _in_blocks(levels: torch.Tensor, d: torch.Tensor) -> Any:
+    """``levels`` integers ``[out, in]`` and fp16 scales ``d`` ``[out, in / 32]`` (``w = d * level``, one scale per
+    32-wide block) as GGML blocks of the narrowest format holding every level: ``Q4_0`` (a symmetric 4-bit
+    checkpoint), ``Q5_0`` (4-bit with zero points: ``q - zero`` spans -15..15) or ``Q8_0``; exact in each.
+    ``None`` where no format holds them."""
+    from llmp.quantization import GGML_FORMATS, QuantizedWeight
+    from llmp.quantization.ggml import LEVEL_RANGES, pack_levels
+
+    low, high = int(levels.min()), int(levels.max())
+    fmt = next((f for f, (lo, hi) in LEVEL_RANGES.items() if lo <= low and high <= hi), None)
+    if fmt is None:
+        return None
+    out, rows = levels.shape
+    blocks = pack_levels(levels.reshape(-1, BLOCK), d.reshape(-1), fmt)
+    return QuantizedWeight(blocks.reshape(out, -1), GGML_FORMATS[fmt], rows)
+
+
+def _integers_in_blocks(ints: _Integers) -> Any:
+    """A GPTQ/AWQ weight as GGML blocks where that is exact: fp16 scales, and each 32-row run of input rows in
+    one group (act-order's shuffled groups are not); else ``None``."""
     import torch
 
-    from llmp.quantization import GGML_FORMATS, QuantizedWeight
-
-    rows, out = ints.q.shape
-    if ints.scales.dtype != torch.float16 or rows % Q4_0_BLOCK or not bool((ints.zeros == 8).all()):
+    rows, _ = ints.q.shape
+    if ints.scales.dtype != torch.float16 or rows % BLOCK:
         return None
-    block_groups = ints.g.reshape(-1, Q4_0_BLOCK)
+    block_groups = ints.g.reshape(-1, BLOCK)
     if not bool((block_groups == block_groups[:, :1]).all()):
         return None
-    d = ints.scales[block_groups[:, 0]].t().contiguous()  # [out, blocks] fp16
-    qs = ints.q.t().to(torch.uint8).reshape(out, -1, 2, Q4_0_BLOCK // 2)
-    nibbles = qs[:, :, 0] | (qs[:, :, 1] << 4)
-    blocks = torch.cat([d.view(torch.uint8).reshape(out, -1, 2), nibbles], dim=2).reshape(out, -1)
-    return QuantizedWeight(blocks, GGML_FORMATS["Q4_0"], rows)
+    levels = (ints.q - ints.zeros[ints.g]).t()  # [out, in]
+    return _in_blocks(levels, ints.scales[block_groups[:, 0]].t())
 
 
-def _compressed_tensors_weight(quant: HFQuantization, parts: dict[str, torch.Tensor]) -> torch.Tensor:
+def _compressed_tensors_weight(quant: HFQuantization, parts: dict[str, torch.Tensor], quantized: bool) -> Any:
+    """The float32 weight, or (``quantized``) ``Q8_0`` blocks where exact: every ``q - zero_point`` an int8 and
+    every scale a float16 value (a per-channel scale repeats in each of its row's blocks)."""
     import torch
 
     if quant.packed:  # four int8 values per little-endian int32, each stored plus 128 (compressed-tensors' pack)
@@ -306,6 +322,12 @@ def _compressed_tensors_weight(quant: HFQuantization, parts: dict[str, torch.Ten
     if "weight_zero_point" in parts:
         q = q - parts["weight_zero_point"].int().reshape(-1, 1)
     scale = parts["weight_scale"].float()
+    out, rows = q.shape
+    if quantized and rows % BLOCK == 0 and torch.equal(scale.half().float(), scale):
+        d = scale.half().reshape(-1, 1).expand(out, rows // BLOCK)
+        blocks = _in_blocks(q, d.contiguous())
+        if blocks is not None:
+            return blocks
     return q.float().mul_(scale.reshape(-1, 1) if scale.numel() > 1 else scale.reshape(()))
 
 
@@ -324,15 +346,16 @@ def iter_hf_quantized(
     stream: Iterator[tuple[str, torch.Tensor]], config: Any, *, quantized: bool = False
 ) -> Iterator[tuple[str, Any]]:
     """``stream`` with each quantised layer's packed tensors replaced by ``<prefix>.weight``: a float32
-    tensor, or (``quantized``, symmetric 4-bit GPTQ) a ``Q4_0`` :class:`~llmp.quantization.QuantizedWeight`.
-    Other tensors pass as they are. One INFO line at the end: the method and how many matrices are kept in
-    blocks and how many dequantised."""
+    tensor, or (``quantized``, where exact) a :class:`~llmp.quantization.QuantizedWeight` of GGML blocks
+    (``Q4_0``, ``Q5_0`` or ``Q8_0``). Other tensors pass as they are. One INFO line at the end: the method,
+    how many matrices are kept in blocks of each format and how many dequantised."""
     import torch
 
     quant = parse_quantization_config(config)
     needed, _ = _parts(quant)
     pending: dict[str, dict[str, torch.Tensor]] = {}
-    kept = dense = 0
+    kept: Counter[str] = Counter()
+    dense = 0
     for name, tensor in stream:
         prefix, _, suffix = name.rpartition(".")
         if not _is_part(quant, suffix, tensor):
@@ -348,7 +371,7 @@ def iter_hf_quantized(
         if isinstance(weight, torch.Tensor):
             dense += 1
         else:
-            kept += 1
+            kept[weight.format.name] += 1
         yield f"{prefix}.weight", weight
     if pending:
         prefix, parts = next(iter(pending.items()))
@@ -360,21 +383,22 @@ def iter_hf_quantized(
 def _layer_weight(quant: HFQuantization, parts: dict[str, torch.Tensor], prefix: str, quantized: bool) -> Any:
     try:
         if quant.method == "compressed-tensors":
-            return _compressed_tensors_weight(quant, parts)
+            return _compressed_tensors_weight(quant, parts, quantized)
         ints = _packed_integers(quant, parts)
-        blocks = _q4_0(ints) if quantized and quant.method == "gptq" and quant.bits == 4 else None
+        blocks = _integers_in_blocks(ints) if quantized else None
         return blocks if blocks is not None else ints.dequantize()
     except (RuntimeError, ValueError, IndexError) as exc:  # shapes that do not fit the declared layout
         raise ModelLoadError(f"{quant.method} checkpoint: cannot unpack layer {prefix}: {exc}") from exc
 
 
-def _log_load(quant: HFQuantization, kept: int, dense: int) -> None:
+def _log_load(quant: HFQuantization, kept: Counter[str], dense: int) -> None:
     from llmp.modeling.parallel import tp_rank
 
     if tp_rank() == 0:
+        blocks = ", ".join(f"{n} in {fmt}" for fmt, n in sorted(kept.items())) or "none"
         log.info(
-            "quantization_config: %s; %d matrices kept in Q4_0 blocks, %d dequantised to float32 at load",
+            "quantization_config: %s; matrices kept in blocks: %s; %d dequantised to float32 at load",
             quant.describe(),
-            kept,
+            blocks,
             dense,
         )

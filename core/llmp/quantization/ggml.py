@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["GGML_FORMATS", "BlockFormat", "dequantize", "format_of", "matmul_reference", "quantize"]
+__all__ = ["GGML_FORMATS", "BlockFormat", "dequantize", "format_of", "matmul_reference", "pack_levels", "quantize"]
 
 QK_K = 256  # weights per k-quant super-block
 
@@ -285,6 +285,26 @@ def matmul_reference(
 # Each ``_quantize_*`` takes float32 ``[n_blocks, block_size]`` and returns uint8 ``[n_blocks, type_size]``.
 # The legacy ones repeat gguf/quants.py's float32 steps (truncation after ``+ 8.5``, round half away from
 # zero for Q8_0, scales rounded to float16 after use), so the bytes are gguf's.
+
+
+# the signed integer levels each format stores in a block, decoded as ``d * level``
+LEVEL_RANGES = {"Q4_0": (-8, 7), "Q5_0": (-16, 15), "Q8_0": (-128, 127)}
+
+
+def pack_levels(levels: torch.Tensor, d: torch.Tensor, fmt: str) -> torch.Tensor:
+    """Blocks of ``fmt`` (``Q4_0``, ``Q5_0`` or ``Q8_0``) holding given integer levels and scales, with no
+    rounding: ``levels`` integers ``[n, 32]`` within the format's range (``LEVEL_RANGES``), ``d`` float16 ``[n]``;
+    block ``i`` decodes to ``d[i] * levels[i]``. How an integer checkpoint (GPTQ, AWQ) stays exact in blocks."""
+    low, high = LEVEL_RANGES[fmt]
+    if levels.numel() and (int(levels.min()) < low or int(levels.max()) > high):
+        raise ValueError(f"levels outside {fmt}'s range {low}..{high}")
+    scale = d.to(torch.float16).view(torch.uint8).reshape(-1, 2)
+    if fmt == "Q8_0":
+        return torch.cat([scale, levels.to(torch.int8).view(torch.uint8)], dim=-1)
+    stored = (levels - low).to(torch.uint8)  # Q4_0: level + 8; Q5_0: level + 16
+    if fmt == "Q4_0":
+        return torch.cat([scale, _pack_nibbles(stored)], dim=-1)
+    return torch.cat([scale, _pack_bits(stored >> 4), _pack_nibbles(stored)], dim=-1)
 
 
 def _f16_bytes(values: torch.Tensor) -> torch.Tensor:
