@@ -292,7 +292,12 @@ class EngineConfig:
     max_cpu_loras: int | None = option(
         None, "LoRA adapters kept in CPU memory (default: --max-loras).", ge=1, panel="LoRA adapters"
     )
-    num_threads: int | None = option(None, "Torch threads of the engine (default: all cores).", ge=1, panel="Engine")
+    num_threads: int | None = option(
+        None,
+        "Torch threads of the engine (default: all cores, one while another process competes for them).",
+        ge=1,
+        panel="Engine",
+    )
     # torch's generators take 0 to 2**64-1; vLLM refuses a negative engine seed too (numpy's seeding)
     seed: int = option(0, "Engine seed for requests without one.", ge=0, le=2**64 - 1, panel="Engine")
     disable_log_stats: bool = option(

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from llmp import plugins, registry
 from llmp.api import EngineInfo, EngineSleepingError, FinishedRequestStats, ResolvedModel, SchedulerStats
+from llmp.engine.core_share import CoreShareGovernor
 from llmp.engine.device import kv_cache_blocks, resolve_device
 from llmp.engine.model_runner import prepare_inputs
 from llmp.engine.output_processor import OutputProcessor, RequestState
@@ -82,6 +83,7 @@ class LLMEngine:
         self.model = model
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
+        self.core_share = self._core_share_governor()
         self.pm = plugins.load_plugins()
         self.tokenizer = load_tokenizer(model.tokenizer)
         self.task = model.task  # the primary task
@@ -701,6 +703,17 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
+    def _core_share_governor(self) -> CoreShareGovernor | None:
+        """One thread while another process competes for the cores (``llmp.engine.core_share``): for a CPU
+        engine whose model runs in this thread (``uniproc``) on every core, as no ``--num-threads`` asked."""
+        import torch
+
+        config = self.config
+        if config.device != "cpu" or config.executor != "uniproc" or config.num_threads:
+            return None
+        threads = torch.get_num_threads()
+        return CoreShareGovernor(threads, torch.set_num_threads) if threads > 1 else None
+
     # -- one step ----------------------------------------------------------
 
     def step(self) -> list[RequestOutput | PoolingRequestOutput]:
@@ -720,6 +733,8 @@ class LLMEngine:
             inputs.lora = self.lora.step_inputs(scheduled)
         result = self.executor.execute_model(inputs)
         self.num_steps += 1
+        if self.core_share is not None:
+            self.core_share.after_step()
         sampled_at = time.time()
         if not self.stat_loggers.muted:  # the server's warm-up is not part of the workload
             num_sampled = sum(token is not None for token in result.sampled)
