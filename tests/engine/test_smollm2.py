@@ -4,6 +4,10 @@ greedy parity with transformers (which reads the same GGUF itself) and a sensibl
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -99,7 +103,18 @@ def test_ray_tensor_parallel_3_equals_uniproc(llm):
     prompts = ["The capital of France is"]
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
     expected = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
-    # no ray_address and no RAY_ADDRESS: the executor starts a local Ray instance and stops it at shutdown
-    parallel = LLM(dtype="float32", max_model_len=256, executor="ray", tensor_parallel_size=3)
-    assert [o.outputs[0].token_ids for o in parallel.generate(prompts, params, use_tqdm=False)] == expected
-    parallel.shutdown()
+    # no ray_address and no RAY_ADDRESS: the executor starts a local Ray instance and stops it at shutdown. The
+    # driver is a child process: a Ray driver keeps Ray's core worker loaded (its threads, and fatal-signal
+    # handlers that print nothing) for the rest of its life, which must not be this test worker's
+    code = (
+        "import json\nfrom llmp import LLM, SamplingParams\n"
+        "parallel = LLM(dtype='float32', max_model_len=256, executor='ray', tensor_parallel_size=3)\n"
+        "params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)\n"
+        f"outputs = parallel.generate({prompts!r}, params, use_tqdm=False)\n"
+        "print(json.dumps([list(o.outputs[0].token_ids) for o in outputs]))\n"
+        "parallel.shutdown()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240, env=env)
+    assert child.returncode == 0, child.stderr[-3000:]
+    assert json.loads(child.stdout.strip().splitlines()[-1]) == [list(tokens) for tokens in expected]
