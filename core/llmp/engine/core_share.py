@@ -4,7 +4,7 @@ Work split over torch's OpenMP team ends only when every thread of the team has 
 step waits for whichever thread the OS has descheduled. With one other CPU-bound process on a
 2-core machine, the engine's two threads and that process take turns on two cores and a step gets
 slower by more than the share of the cores taken (2.4-2.8x, docs/benchmarks.md). One thread keeps a
-core to itself instead: the step costs what a single thread costs (1.6-1.9x on 2 cores).
+core to itself instead: the step costs what it costs on one thread alone.
 
 The sign of competition is the time the engine's threads spend runnable but waiting for a core (Linux's
 ``/proc/self/task/*/schedstat``, second field), as a share of the time they could have run. Measured
