@@ -294,7 +294,7 @@ class EngineConfig:
     )
     num_threads: int | None = option(
         None,
-        "Torch threads of the engine (default: all cores, one while another process competes for them).",
+        "Torch threads of the engine (default: the cores other processes leave free, all when they are idle).",
         ge=1,
         panel="Engine",
     )

@@ -1,110 +1,119 @@
-"""One compute thread while another process competes for the CPU's cores, all of them otherwise.
+"""Compute on the cores other processes leave free: fewer threads while another process competes, all again after.
 
 Work split over torch's OpenMP team ends only when every thread of the team has done its part, so a
 step waits for whichever thread the OS has descheduled. With one other CPU-bound process on a
 2-core machine, the engine's two threads and that process take turns on two cores and a step gets
 slower by more than the share of the cores taken (2.4-2.8x, docs/benchmarks.md). One thread keeps a
-core to itself instead: the step costs what it costs on one thread alone.
+core to itself instead: the step costs what it costs on one thread alone (1.6x on that machine).
 
-The sign of competition is the time the engine's threads spend runnable but waiting for a core (Linux's
-``/proc/self/task/*/schedstat``, second field), as a share of the time they could have run. Measured
-over windows of steps; when it is high the engine computes on one thread, and now and then (after 5 s,
-doubling to a minute while the competition lasts) it tries all its threads again for one window.
-Linux only, CPU engines of one rank that were not given ``--num-threads``.
+The measure is what the other processes take of the CPUs this process may run on: the CPUs' busy time
+(Linux's ``/proc/stat``) less this process's own CPU time, in cores, over windows of at least half a
+second. It reads the same whatever the engine's thread count, and across idle pauses, so no window is
+spent trying all threads to see whether the competition has gone, and the first step after a pause
+already runs on the right count. Linux only, CPU engines of one rank that were not given
+``--num-threads``.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections.abc import Callable
 
 log = logging.getLogger("llmp.engine")
 
-WINDOW_S = 0.5  # steps measured together
-IDLE_GAP_S = 1.0  # a pause between steps longer than this starts a new window (an idle engine waits for nothing)
-CONTENDED = 0.2  # share of the threads' time spent waiting for a core above which the cores are shared
-PROBE_FIRST_S, PROBE_MAX_S = 5.0, 60.0
+WINDOW_S = 0.5  # shortest span measured (the clock ticks of /proc/stat are 10 ms)
+STALE_S = 30.0  # a longer pause says nothing of the cores now: measure afresh
+# A core counts as taken when the others use more than this much of it on average; as free again below RETURN.
+TAKEN, RETURN = 0.7, 0.5
 
 
-def run_delay_seconds() -> float | None:
-    """Seconds this process's threads have spent runnable but not running, or None where the kernel does not
-    say (no schedstat)."""
-    total = 0
+def busy_seconds(cpus: frozenset[int]) -> float | None:
+    """Seconds the given CPUs have spent running anything, from ``/proc/stat`` (idle, I/O wait and a
+    hypervisor's steal time excluded), or None where the kernel does not say."""
     try:
-        tasks = os.listdir("/proc/self/task")
+        with open("/proc/stat") as f:
+            lines = f.readlines()
     except OSError:
         return None
-    for tid in tasks:
-        try:
-            with open(f"/proc/self/task/{tid}/schedstat") as f:
-                total += int(f.read().split()[1])
-        except (OSError, IndexError, ValueError):  # a thread that ended meanwhile
+    ticks, seen = 0, 0
+    for line in lines:
+        name, *fields = line.split()
+        if not name.startswith("cpu") or name == "cpu" or int(name[3:]) not in cpus:
             continue
-    return total / 1e9
+        user, nice, system, _idle, _iowait, irq, softirq = (int(v) for v in fields[:7])
+        ticks += user + nice + system + irq + softirq
+        seen += 1
+    return ticks / os.sysconf("SC_CLK_TCK") if seen == len(cpus) else None
+
+
+def others_cpu_seconds(cpus: frozenset[int]) -> float | None:
+    """CPU seconds other processes have used on ``cpus``: their busy time less this process's CPU time."""
+    busy = busy_seconds(cpus)
+    return None if busy is None else busy - time.process_time()
 
 
 class CoreShareGovernor:
-    """Call ``after_step()`` after each step, in the thread that runs the model (torch's thread count is that
+    """Call ``before_step()`` before each step, in the thread that runs the model (torch's thread count is that
     thread's)."""
 
     def __init__(
         self,
         threads: int,
         set_threads: Callable[[int], None],
+        cpus: int,
+        others: Callable[[], float | None],
         clock: Callable[[], float] = time.monotonic,
-        run_delay: Callable[[], float | None] = run_delay_seconds,
     ) -> None:
-        self.full = threads
-        self.current = threads
-        self._set_threads, self._clock, self._run_delay = set_threads, clock, run_delay
-        self._probe_after = PROBE_FIRST_S
-        self._single_since: float | None = None  # when the engine went to one thread
+        self.full = self.current = threads
+        self.cpus = cpus
+        self._set_threads, self._others, self._clock = set_threads, others, clock
         self._start_window(clock())
 
-    def _start_window(self, now: float) -> None:
-        self._window_start, self._delay_start, self._last_step = now, self._run_delay(), now
+    @classmethod
+    def for_this_process(cls, threads: int, set_threads: Callable[[int], None]) -> CoreShareGovernor | None:
+        """A governor over the CPUs this process may run on, or None where Linux does not say what they do."""
+        cpus = frozenset(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else frozenset()
+        if not cpus or others_cpu_seconds(cpus) is None:
+            return None
+        return cls(threads, set_threads, len(cpus), lambda: others_cpu_seconds(cpus))
 
-    def after_step(self) -> None:
+    def _start_window(self, now: float) -> None:
+        self._window_start, self._others_start = now, self._others()
+
+    def before_step(self) -> None:
         now = self._clock()
-        if now - self._last_step > IDLE_GAP_S or self._delay_start is None:
-            self._start_window(now)
-            return
-        self._last_step = now
         elapsed = now - self._window_start
         if elapsed < WINDOW_S:
             return
-        delay = self._run_delay()
-        if delay is None:
-            return
-        waited = (delay - self._delay_start) / (elapsed * self.current)
-        self._decide(waited, now)
-        self._start_window(now)
+        others = self._others()
+        if elapsed <= STALE_S and others is not None and self._others_start is not None:
+            self._decide(max(0.0, others - self._others_start) / elapsed)
+        self._window_start, self._others_start = now, others
 
-    def _decide(self, waited: float, now: float) -> None:
-        if self.current == 1:  # after a while, one window on every thread: is the competition gone?
-            if now - self._single_since >= self._probe_after:
-                self._use(self.full)
-            return
-        probing = self._single_since is not None
-        if waited <= CONTENDED:
-            if probing:
-                log.info("the cores are free again: computing on %d threads", self.full)
-                self._single_since, self._probe_after = None, PROBE_FIRST_S
-            return
-        if probing:  # still there: the next try comes later
-            self._probe_after = min(self._probe_after * 2, PROBE_MAX_S)
+    def _decide(self, others: float) -> None:
+        """``others``: cores the other processes kept busy on average over the window."""
+        free = self.cpus - others
+        fits = max(1, min(self.full, math.floor(free + TAKEN)))  # threads that still have a core each
+        clearly_fits = max(1, min(self.full, math.floor(free + RETURN)))
+        if fits < self.current:
+            threads = fits
+        elif clearly_fits > self.current:
+            threads = clearly_fits
         else:
+            return
+        if threads < self.current:
             log.info(
-                "another process competes for the cores (the engine's threads waited %.0f%% of the time for one): "
-                "computing on 1 thread instead of %d",
-                100 * waited,
-                self.full,
+                "other processes keep %.1f of this process's %d cores busy: computing on %d thread%s instead of %d",
+                others,
+                self.cpus,
+                threads,
+                "" if threads == 1 else "s",
+                self.current,
             )
-        self._single_since = now
-        self._use(1)
-
-    def _use(self, threads: int) -> None:
+        else:
+            log.info("the cores are free again: computing on %d threads", threads)
         self.current = threads
         self._set_threads(threads)

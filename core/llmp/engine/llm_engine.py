@@ -704,15 +704,15 @@ class LLMEngine:
         return self.scheduler.has_unfinished_requests()
 
     def _core_share_governor(self) -> CoreShareGovernor | None:
-        """One thread while another process competes for the cores (``llmp.engine.core_share``): for a CPU
-        engine whose model runs in this thread (``uniproc``) on every core, as no ``--num-threads`` asked."""
+        """Fewer threads while other processes take cores (``llmp.engine.core_share``): for a CPU engine whose
+        model runs in this thread (``uniproc``) on every core, as no ``--num-threads`` asked."""
         import torch
 
         config = self.config
         if config.device != "cpu" or config.executor != "uniproc" or config.num_threads:
             return None
         threads = torch.get_num_threads()
-        return CoreShareGovernor(threads, torch.set_num_threads) if threads > 1 else None
+        return CoreShareGovernor.for_this_process(threads, torch.set_num_threads) if threads > 1 else None
 
     # -- one step ----------------------------------------------------------
 
@@ -731,10 +731,10 @@ class LLMEngine:
             inputs.sampling = SamplingBatch.of(requests, self.vocab_size)
         if self.lora is not None:
             inputs.lora = self.lora.step_inputs(scheduled)
+        if self.core_share is not None:
+            self.core_share.before_step()
         result = self.executor.execute_model(inputs)
         self.num_steps += 1
-        if self.core_share is not None:
-            self.core_share.after_step()
         sampled_at = time.time()
         if not self.stat_loggers.muted:  # the server's warm-up is not part of the workload
             num_sampled = sum(token is not None for token in result.sampled)
