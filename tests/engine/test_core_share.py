@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from llmp.engine.core_share import STALE_S, CoreShareGovernor, busy_seconds, others_cpu_seconds
+from llmp.engine.core_share import CoreShareGovernor, busy_seconds, others_cpu_seconds
 
 
 class Machine:
@@ -31,6 +31,7 @@ class Machine:
             governor.before_step()
             self.now += step_s
             self.others += step_s * others_cores
+            governor.after_step()
 
     def pause(self, seconds: float, others_cores: float) -> None:
         self.now += seconds
@@ -71,24 +72,22 @@ def test_a_light_or_wavering_competitor_changes_nothing_either_way():
     assert governor.current == 1 and machine.threads_set == [1]
 
 
-def test_the_first_step_after_a_pause_runs_on_what_the_pause_measured():
+def test_what_ran_while_the_engine_waited_decides_nothing():
     machine = Machine()
     governor = machine.governor()
     machine.steps(governor, 1.0, others_cores=0.0)
-    machine.pause(3.0, others_cores=1.0)  # a competitor starts while the engine waits for work
-    governor.before_step()
-    assert governor.current == 1 and machine.threads_set == [1]
-
-
-def test_a_long_pause_is_measured_afresh():
-    machine = Machine()
-    governor = machine.governor()
-    machine.steps(governor, 1.0, others_cores=0.0)
-    machine.pause(STALE_S + 10, others_cores=1.0)  # busy long ago, perhaps no longer
-    governor.before_step()
-    assert governor.current == 2
-    machine.steps(governor, 0.6, others_cores=0.0)
+    machine.pause(3.0, others_cores=2.0)  # another engine takes its turn while this one waits for work
+    machine.steps(governor, 1.2, others_cores=0.0)
     assert governor.current == 2 and machine.threads_set == []
+
+
+def test_a_competitor_that_started_while_the_engine_waited_is_seen_in_the_first_window_of_steps():
+    machine = Machine()
+    governor = machine.governor()
+    machine.steps(governor, 1.0, others_cores=0.0)
+    machine.pause(3.0, others_cores=1.0)
+    machine.steps(governor, 0.6, others_cores=1.0)
+    assert governor.current == 1 and machine.threads_set == [1]
 
 
 def test_more_cores_give_up_only_the_cores_taken():

@@ -8,10 +8,11 @@ core to itself instead: the step costs what it costs on one thread alone (1.6x o
 
 The measure is what the other processes take of the CPUs this process may run on: the CPUs' busy time
 (Linux's ``/proc/stat``) less this process's own CPU time, in cores, over windows of at least half a
-second. It reads the same whatever the engine's thread count, and across idle pauses, so no window is
-spent trying all threads to see whether the competition has gone, and the first step after a pause
-already runs on the right count. Linux only, CPU engines of one rank that were not given
-``--num-threads``.
+second of steps. It reads the same whatever the engine's thread count, so no window is spent trying all
+threads to see whether the competition has gone. A window spans steps only: after the engine idles a
+new one starts, since what ran while it waited (another engine taking its turn) may be gone, and giving
+up a thread wrongly costs far more (nearly half the speed) than keeping one a window too long (under
+a tenth). Linux only, CPU engines of one rank that were not given ``--num-threads``.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from collections.abc import Callable
 log = logging.getLogger("llmp.engine")
 
 WINDOW_S = 0.5  # shortest span measured (the clock ticks of /proc/stat are 10 ms)
-STALE_S = 30.0  # a longer pause says nothing of the cores now: measure afresh
+IDLE_S = 0.1  # a longer gap between steps is the engine waiting for work: the window starts again
 # A core counts as taken when the others use more than this much of it on average; as free again below RETURN.
 TAKEN, RETURN = 0.7, 0.5
 
@@ -56,8 +57,8 @@ def others_cpu_seconds(cpus: frozenset[int]) -> float | None:
 
 
 class CoreShareGovernor:
-    """Call ``before_step()`` before each step, in the thread that runs the model (torch's thread count is that
-    thread's)."""
+    """Call ``before_step()`` and ``after_step()`` around each step, in the thread that runs the model (torch's
+    thread count is that thread's)."""
 
     def __init__(
         self,
@@ -70,7 +71,8 @@ class CoreShareGovernor:
         self.full = self.current = threads
         self.cpus = cpus
         self._set_threads, self._others, self._clock = set_threads, others, clock
-        self._start_window(clock())
+        self._window_start, self._others_start = clock(), None
+        self._last_step_end = -math.inf
 
     @classmethod
     def for_this_process(cls, threads: int, set_threads: Callable[[int], None]) -> CoreShareGovernor | None:
@@ -80,18 +82,21 @@ class CoreShareGovernor:
             return None
         return cls(threads, set_threads, len(cpus), lambda: others_cpu_seconds(cpus))
 
-    def _start_window(self, now: float) -> None:
-        self._window_start, self._others_start = now, self._others()
-
     def before_step(self) -> None:
         now = self._clock()
+        if now - self._last_step_end > IDLE_S:
+            self._window_start, self._others_start = now, self._others()
+            return
         elapsed = now - self._window_start
         if elapsed < WINDOW_S:
             return
         others = self._others()
-        if elapsed <= STALE_S and others is not None and self._others_start is not None:
+        if others is not None and self._others_start is not None:
             self._decide(max(0.0, others - self._others_start) / elapsed)
         self._window_start, self._others_start = now, others
+
+    def after_step(self) -> None:
+        self._last_step_end = self._clock()
 
     def _decide(self, others: float) -> None:
         """``others``: cores the other processes kept busy on average over the window."""

@@ -734,6 +734,8 @@ class LLMEngine:
         if self.core_share is not None:
             self.core_share.before_step()
         result = self.executor.execute_model(inputs)
+        if self.core_share is not None:
+            self.core_share.after_step()
         self.num_steps += 1
         sampled_at = time.time()
         if not self.stat_loggers.muted:  # the server's warm-up is not part of the workload
