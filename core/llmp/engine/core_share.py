@@ -10,10 +10,10 @@ The measure is what the other processes would take of the CPUs this process may 
 time (Linux's ``/proc/stat``) less this process's own CPU time, in cores, over windows of at least half a
 second of steps, scaled up by the OS's fair share where every CPU was busy (``_demand``). It reads about the
 same whatever the engine's thread count, so no window is spent trying all threads to see whether the
-competition has gone. A window spans steps only: after the engine idles a
-new one starts, since what ran while it waited (another engine taking its turn) may be gone, and giving
-up a thread wrongly costs far more (nearly half the speed) than keeping one a window too long (under
-a tenth). Linux only, CPU engines of one rank that were not given ``--num-threads``.
+competition has gone. A window spans steps only: after the engine idles a new one starts, since what ran
+while it waited (another engine taking its turn) may be gone, and giving up a thread wrongly costs far more
+(nearly half the speed) than keeping one a window too long (under a tenth). Linux only, CPU engines of one
+rank that were not given ``--num-threads``.
 """
 
 from __future__ import annotations
