@@ -154,7 +154,7 @@ def _k_block(acc, blk, x_at, j, FMT: tl.constexpr):
     return acc
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_tokens"])
 def _quant_matmul_kernel(
     x_ptr,
     w_ptr,

@@ -9,7 +9,7 @@ import triton.language as tl
 from llmp_kernels_triton._common import check_float, check_tensors, round_to
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_rows"])
 def _rms_norm_kernel(
     x_ptr,
     res_ptr,

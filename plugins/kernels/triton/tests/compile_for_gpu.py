@@ -34,38 +34,35 @@ def main() -> None:
         ("fp32", True, True, True, 4, 80, 16),  # float32 (exact dot) and a padded head size
     ):
         ptr = f"*{dtype}"
-        build(
-            attention._paged_attention_kernel,
-            dict(
-                q_ptr=ptr,
-                k_cache_ptr=ptr,
-                v_cache_ptr=ptr,
-                out_ptr=ptr,
-                q_start_ptr="*i32",
-                seq_lens_ptr="*i32",
-                block_tables_ptr="*i32",
-                n_requests=i32,
-                n_kv_heads=i32,
-                q_stride_t=i32,
-                q_stride_h=i32,
-                bt_stride=i32,
-                scale="fp32",
-                softcap="fp32",
-                window=i32,
-            ),
-            dict(
-                GROUP=group,
-                HEAD_DIM=head_dim,
-                D_PAD=triton.next_power_of_2(head_dim),
-                BLOCK_SIZE=16,
-                BLOCK_M=block_m,
-                BLOCK_Q=block_m // group,
-                TILE_N=64,
-                USE_WINDOW=window,
-                USE_SOFTCAP=softcap,
-                F32=f32,
-            ),
+        types = dict(
+            q_ptr=ptr,
+            k_cache_ptr=ptr,
+            v_cache_ptr=ptr,
+            out_ptr=ptr,
+            part_m_ptr="*fp32",
+            part_l_ptr="*fp32",
+            part_acc_ptr="*fp32",
+            q_start_ptr="*i32",
+            seq_lens_ptr="*i32",
+            block_tables_ptr="*i32",
+            n_requests=i32,
+            n_kv_heads=i32,
+            n_segments=i32,
+            q_stride_t=i32,
+            q_stride_h=i32,
+            bt_stride=i32,
+            scale="fp32",
+            softcap="fp32",
+            window=i32,
         )
+        shapes = dict(GROUP=group, HEAD_DIM=head_dim, D_PAD=triton.next_power_of_2(head_dim))
+        flags = dict(USE_WINDOW=window, USE_SOFTCAP=softcap, F32=f32)
+        tiles = dict(BLOCK_SIZE=16, BLOCK_M=block_m, BLOCK_Q=block_m // group, TILE_N=64, SEG=attention.SEGMENT)
+        for skip in (False, True):
+            build(attention._paged_attention_kernel, types, dict(**shapes, **tiles, **flags, SKIP_DECODES=skip))
+        build(attention._decode_segment_kernel, types, dict(**shapes, **tiles, **flags))
+        merge = dict(BLOCK_M=max(16, triton.next_power_of_2(group)), SEG=attention.SEGMENT, USE_WINDOW=window)
+        build(attention._decode_merge_kernel, types, dict(**shapes, **merge))
     norm_types = dict(
         x_ptr=bf16,
         res_ptr=bf16,
