@@ -21,6 +21,7 @@ from llmp.engine.core_share import CoreShareGovernor
 from llmp.engine.device import kv_cache_blocks, resolve_device
 from llmp.engine.model_runner import prepare_inputs
 from llmp.engine.output_processor import OutputProcessor, RequestState
+from llmp.engine.process_settings import release_freed_memory
 from llmp.engine.request import Request, RequestStatus
 from llmp.engine.sampler import SamplingBatch, bad_words_token_ids
 from llmp.engine.scheduler import SchedulerConfig, check_priority
@@ -128,6 +129,7 @@ class LLMEngine:
         self.sleep_level = 0
         self.profiling = False
         self.iteration_tokens = IterationTokens()  # tokens per step, for /metrics
+        release_freed_memory()  # the weights' loading buffers
         self.startup_seconds = time.perf_counter() - started
         self.info = EngineInfo(
             model=model.name,

@@ -1,4 +1,4 @@
-"""Process-wide thread settings of a process that runs an engine, applied where the engine starts.
+"""Process-wide settings of a process that runs an engine (threads, the allocator), applied where the engine starts.
 
 ``import llmp`` changes nothing in the process; the engine process (``llmp.engine.core_proc``)
 applies these before torch loads, and its workers inherit them. An engine run inside the
@@ -9,8 +9,10 @@ the engine's worker processes get them either way.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
+import platform
 import sys
 from typing import NoReturn
 
@@ -34,6 +36,29 @@ def apply_engine_process_settings() -> None:
     if "torch" in sys.modules:  # still set: the engine's worker processes read it when they start
         log.debug("torch is already loaded: %s takes no effect in this process", ", ".join(missing))
     os.environ.update(missing)
+
+
+def release_freed_memory() -> int:
+    """Give the memory freed while loading (the tokenizer's and the weights' temporaries) back to the OS.
+
+    glibc keeps freed memory in its heaps (the ``cpu`` kernel set asks it to keep up to 512 MiB, for
+    the steps' activations), so a process's resident set after start-up counts what loading let go:
+    about 30 MB of the default model's 178 (2026-12-04). One ``malloc_trim`` after each load returns
+    it; the steps' memory is taken afterwards. Returns the bytes the resident set shrank by; 0 where
+    the C library is not glibc.
+    """
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return 0
+    before = _resident_bytes()
+    ctypes.CDLL(None).malloc_trim(0)
+    released = max(0, before - _resident_bytes())
+    log.debug("returned %.1f MB of memory freed while loading to the OS", released / 1e6)
+    return released
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def exit_without_teardown(code: int) -> NoReturn:

@@ -160,11 +160,26 @@ class MultiprocExecutor:
         return raise_rpc_failures(method, [replies[rank] for rank in range(self.world_size)])
 
     def check_health(self) -> None:
-        for rank, process in enumerate(self.processes):
-            code = process.poll()
-            if code is not None:
-                how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
-                raise EngineDeadError(f"worker {rank} (pid {process.pid}) died ({how})")
+        dead = [(rank, p.pid, code) for rank, p in enumerate(self.processes) if (code := p.poll()) is not None]
+        if not dead:
+            return
+        # a worker killed by a signal is the cause; the others exit after reporting what its loss did to them
+        killed = [d for d in dead if d[2] < 0]
+        if not killed:
+            self._raise_reported_error()
+        rank, pid, code = (killed or dead)[0]
+        how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+        raise EngineDeadError(f"worker {rank} (pid {pid}) died ({how})")
+
+    def _raise_reported_error(self, wait: float = 1.0) -> None:
+        """Raise the error a worker sent before it exited: on a loaded machine its message can land
+        after its process is seen gone, and "worker 0 failed: ValueError: ..." says why where
+        "worker 0 died (exit code 1)" does not."""
+        deadline = time.monotonic() + wait
+        while self.results.poll(max(0, int((deadline - time.monotonic()) * 1000))):
+            rank, _, ok, payload = pickle.loads(self.results.recv())
+            if not ok:
+                raise EngineDeadError(f"worker {rank} failed: {payload}")
 
     def shutdown(self) -> None:
         if self._closed:

@@ -13,7 +13,6 @@ import pickle
 import signal
 import sys
 import threading
-import time
 import traceback
 
 import zmq
@@ -60,7 +59,10 @@ def main() -> None:
     except Exception as exc:
         traceback.print_exc()  # the whole story to the worker's stderr; the engine gets the gist
         reply(False, f"{type(exc).__name__}: {exc}")
-        time.sleep(0.5)  # let the message leave before the process does
+        # the message leaves before the process does: term() waits for it (up to the linger); os._exit skips finally
+        results.close(linger=5000)
+        commands.close(linger=0)
+        context.term()
         os._exit(1)
     finally:
         results.close(linger=1000)
