@@ -14,7 +14,7 @@ from llmp_kernels_cpu_native.kernels import NativeKernels
 from llmp.quantization import GGML_FORMATS, QuantizedWeight, dequantize, matmul_reference, quantize
 
 FORMATS = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
-ROWS = (1, 2, 7, 32, 100)
+ROWS = (1, 2, 7, 8, 32, 100)  # 7 and 8: four inputs a row unpacked for (AVX-512), then two, then one
 
 
 def shapes(fmt: str) -> list[tuple[int, int]]:
