@@ -72,6 +72,11 @@ constexpr int kTileRows = 4;  // weight rows dequantised together: each load of 
 // reload cost more than unpacking again (measured on Zen 5, 2 threads, 3.5M weights of Q4_1: T = 2 103 vs
 // 249 us, T = 4 199 vs 279, T = 8 382 vs 430, T = 16 about even; a decode step of 8 sequences 31 -> 26 ms)
 constexpr int64_t kFusedMaxT = 8;
+// With more, the inputs are taken about this many bytes at a time (a Zen 4/5 core's L2, half a Sapphire Rapids
+// core's), each chunk passed over by every tile of dequantised rows while it is near. Zen 5, 2 threads, Q4_K
+// 896x4864, 2026-12-04, GFLOP/s at T = 128 / 1024: all inputs at once 166 / 102, chunks of 256 KiB 155 / 155
+// (the rows dequantised again for every 12 inputs), 1 MiB 188 / 189.
+constexpr int64_t kInputChunkBytes = 1 << 20;
 
 struct QuantMatmulArgs {
     const float* x;         // [T, K], contiguous

@@ -101,6 +101,22 @@ def test_a_row_does_not_depend_on_the_batch(kernels, fmt):
     assert torch.equal(matmul(x.bfloat16())[41], matmul(x[41:42].bfloat16())[0])
 
 
+@pytest.mark.parametrize("fmt", ["Q4_1", "Q5_0", "Q4_K", "Q6_K"])
+def test_inputs_taken_in_chunks_give_the_rows_of_one_pass(kernels, fmt):
+    """Past 1 MiB of inputs (256 rows of 1024) the inputs are taken in chunks, each tile of rows dequantised
+    again for each: the rows are still each input's alone, bit for bit, and the reference's values."""
+    in_features = 1024
+    w = weight(fmt, 45, in_features)
+    matmul = kernels.pack_quantized(w)
+    x = inputs(600, in_features)
+    batch = matmul(x)
+    for row in (0, 255, 256, 257, 511, 512, 599):  # chunk edges
+        assert torch.equal(matmul(x[row : row + 1]), batch[row : row + 1]), row
+        assert torch.equal(matmul(x[row : row + 9])[0], batch[row]), row
+    expected = matmul_reference(x, w.blocks, w.format)
+    torch.testing.assert_close(batch, expected, rtol=0, atol=1e-5 * expected.abs().max().item())
+
+
 # T = 1 unpacks the weights in registers, larger T dequantises tiles to a buffer: the same bits either way
 BATCH_SIZES = (1, 2, 3, 4, 5, 8, 33)
 
