@@ -43,7 +43,7 @@ def release_freed_memory() -> int:
 
     glibc keeps freed memory in its heaps (the ``cpu`` kernel set asks it to keep up to 512 MiB, for
     the steps' activations), so a process's resident set after start-up counts what loading let go:
-    about 30 MB of the default model's 178 (2026-12-04). One ``malloc_trim`` after each load returns
+    about 30 MB of the default model's 178 (2026-12-04). One ``malloc_trim`` after loading returns
     it; the steps' memory is taken afterwards. Returns the bytes the resident set shrank by; 0 where
     the C library is not glibc.
     """

@@ -7,8 +7,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-from llmp.engine.process_settings import release_freed_memory
-
 GENERIC_TOKENIZER_CLASSES = frozenset({"PreTrainedTokenizerFast", "TokenizersBackend"})
 
 
@@ -27,10 +25,7 @@ def load_tokenizer(path: str | os.PathLike) -> Any:
     if declared in GENERIC_TOKENIZER_CLASSES and (path / "tokenizer.json").is_file():
         from transformers import PreTrainedTokenizerFast
 
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
-    else:
-        from transformers import AutoTokenizer
+        return PreTrainedTokenizerFast.from_pretrained(path)
+    from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(path)
-    release_freed_memory()  # reading tokenizer.json leaves about as much freed as the tokenizer keeps
-    return tokenizer
+    return AutoTokenizer.from_pretrained(path)

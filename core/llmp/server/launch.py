@@ -243,10 +243,12 @@ def _wait_ready(engine: Any) -> Any:
 
 
 def _load_tokenizer(path: str) -> Any:
+    from llmp.engine.process_settings import release_freed_memory
     from llmp.model_files.tokenizer import load_tokenizer
 
     started = time.monotonic()
     tokenizer = load_tokenizer(path)
+    release_freed_memory()  # reading tokenizer.json leaves about as much freed as the tokenizer keeps
     log.debug("tokenizer loaded in %.2f s (in a thread)", time.monotonic() - started)
     return tokenizer
 
