@@ -58,7 +58,11 @@ class LLM:
         self._ids = itertools.count()
 
     def get_tokenizer(self) -> Any:
-        return self.engine.tokenizer
+        """transformers' tokenizer of the model, as vLLM's (the engine's own reads tokenizer.json without
+        transformers where it can: llmp.model_files.tokenizer)."""
+        from llmp.model_files.tokenizer import transformers_tokenizer
+
+        return transformers_tokenizer(self.engine.tokenizer)
 
     def generate(
         self,

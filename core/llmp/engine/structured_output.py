@@ -30,9 +30,14 @@ class GrammarCompiler:
     def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: Iterable[int]) -> None:
         import xgrammar as xgr
 
+        from llmp.model_files.tokenizer import transformers_tokenizer
+
         self.vocab_size = vocab_size
         stop = sorted(eos_token_ids) or None
-        detected = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop)
+        # xgrammar reads the vocabulary's kind from transformers' class (loaded here on the first constraint)
+        detected = xgr.TokenizerInfo.from_huggingface(
+            transformers_tokenizer(tokenizer), vocab_size=vocab_size, stop_token_ids=stop
+        )
         # special tokens (<s>, <|im_start|>) as empty strings: xgrammar never allows an empty token, where
         # it would read "<s>" as that text although the detokenizer drops it
         special = set(getattr(tokenizer, "all_special_ids", []) or [])

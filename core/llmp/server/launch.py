@@ -247,7 +247,7 @@ def _load_tokenizer(path: str) -> Any:
     from llmp.model_files.tokenizer import load_tokenizer
 
     started = time.monotonic()
-    tokenizer = load_tokenizer(path)
+    tokenizer = load_tokenizer(path, light=False)  # its chat templates are transformers'
     release_freed_memory()  # reading tokenizer.json leaves about as much freed as the tokenizer keeps
     log.debug("tokenizer loaded in %.2f s (in a thread)", time.monotonic() - started)
     return tokenizer
