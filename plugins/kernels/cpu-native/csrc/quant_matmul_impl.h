@@ -5,11 +5,11 @@
 // For each tile of weight rows: dequantise the rows into a float32 buffer (bit-identical to the reference
 // dequantize), then take their dot products with every input row (a chunk of inputs at a time). With few inputs
 // (decoding, up to kFusedMaxT) the buffer's store and reload would cost more than the arithmetic, so the weights go
-// straight from the blocks into registers instead (Q4_0, Q4_1, Q8_0, Q4_K on AVX2/AVX-512; Q5_0 and Q5_1 on
-// AVX-512 from four inputs on; the other formats block by block through a small buffer), unpacked once for each
-// pair of inputs, or for four on AVX-512. One dot product always runs the same way, whatever T and whatever tile
-// it is part of: the dequantised values, lanes, accumulators (Acc) and final reduction depend only on K, so a
-// row's result never depends on the batch (row invariance).
+// straight from the blocks into registers instead (Q4_0, Q4_1, Q8_0, Q4_K on AVX2/AVX-512; Q5_K and Q6_K on
+// AVX-512; Q5_0 and Q5_1 on AVX-512 from four inputs on; the other formats block by block through a small
+// buffer), unpacked once for each pair of inputs, or for four on AVX-512. One dot product always runs the same
+// way, whatever T and whatever tile it is part of: the dequantised values, lanes, accumulators (Acc) and final
+// reduction depend only on K, so a row's result never depends on the batch (row invariance).
 
 #define LLMP_FN static inline LLMP_TARGET
 #define LLMP_METHOD inline LLMP_TARGET  // a member function
@@ -343,6 +343,99 @@ struct Buffered {
     LLMP_METHOD W32 chunk(int c) const { return load32(values + 32 * c); }
 };
 
+#if LLMP_ISA_LEVEL == 2
+// The k-quants in registers: a block's sub-block scales are worked out once (prepare, vectorised), where
+// chunk_q4_k took each from its packed bits and float16 for every chunk and every input pair (the scalar work
+// was most of Q4_K's time at T = 1), and Q5_K/Q6_K went through the buffer (their bits gathered byte by byte).
+// The values are the reference's: each float scale is the same one float product, each weight the same
+// product (and difference) of it.
+
+// Q4_K/Q5_K's 8 6-bit scales and 8 6-bit mins (12 bytes at p) as 16 bytes: scales, then mins (ggml's masks)
+LLMP_FN __m128i scales_mins_k4(const uint8_t* p) {
+    uint32_t u[4];
+    std::memcpy(u, p, 12);
+    constexpr uint32_t kLow6 = 0x3f3f3f3f, kLow4 = 0x0f0f0f0f, kLow2 = 0x03030303;
+    u[3] = ((u[2] >> 4) & kLow4) | (((u[1] >> 6) & kLow2) << 4);  // mins 4-7
+    const uint32_t mins_low = u[1] & kLow6;                         // mins 0-3
+    u[1] = (u[2] & kLow4) | (((u[0] >> 6) & kLow2) << 4);           // scales 4-7
+    u[2] = mins_low;
+    u[0] &= kLow6;                                                  // scales 0-3
+    return _mm_loadu_si128(reinterpret_cast<const __m128i*>(u));
+}
+
+template <bool FIVE_BITS>
+struct K4InRegisters {
+    static constexpr int BLOCK = 256, TYPE_SIZE = FIVE_BITS ? 176 : 144;
+    static constexpr bool WIDE_INPUTS = true;
+    using Wide = K4InRegisters;
+    alignas(32) float dl[8], ml[8];  // sub-block s: d * sc[s], dmin * m[s]
+    const uint8_t* block = nullptr;
+    LLMP_METHOD void prepare(const uint8_t* b) {
+        block = b;
+        const __m128i sm = scales_mins_k4(b + 4);
+        const __m256 scales = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sm));
+        const __m256 mins = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8)));
+        _mm256_store_ps(dl, _mm256_mul_ps(_mm256_set1_ps(f16_at(b)), scales));
+        _mm256_store_ps(ml, _mm256_mul_ps(_mm256_set1_ps(f16_at(b + 2)), mins));
+    }
+    // sub-block c: q * dl - ml (product, then difference, as dequantize_k4)
+    LLMP_METHOD W32 chunk(int c) const {
+        const uint8_t* group = block + (FIVE_BITS ? 48 : 16) + 32 * (c >> 1);  // low nibbles for even c
+        const __m128i mask = _mm_set1_epi8(0x0F);
+        const int shift = 4 * (c & 1);
+        __m128i q0 = _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(group)), shift), mask);
+        __m128i q1 =
+            _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(group + 16)), shift), mask);
+        if constexpr (FIVE_BITS) {  // bit c of qh[j] is element j's fifth bit
+            const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 16));
+            const __mmask32 fifth = _mm256_test_epi8_mask(qh, _mm256_set1_epi8(static_cast<char>(1 << c)));
+            const __m128i sixteen = _mm_set1_epi8(0x10);
+            q0 = _mm_or_si128(q0, _mm_maskz_mov_epi8(static_cast<__mmask16>(fifth), sixteen));
+            q1 = _mm_or_si128(q1, _mm_maskz_mov_epi8(static_cast<__mmask16>(fifth >> 16), sixteen));
+        }
+        const __m512 d = _mm512_set1_ps(dl[c]), m = _mm512_set1_ps(ml[c]);
+        return {_mm512_sub_ps(_mm512_mul_ps(u8_to_ps(q0), d), m), _mm512_sub_ps(_mm512_mul_ps(u8_to_ps(q1), d), m)};
+    }
+    static LLMP_METHOD void dequantize(const uint8_t* b, float* out) {
+        K4InRegisters decoder;
+        decoder.prepare(b);
+        for (int c = 0; c < BLOCK / 32; ++c) store32(decoder.chunk(c), out + 32 * c);
+    }
+};
+
+// Q6_K: (q - 32) * (d * sc), 16 sub-blocks of 16. Chunk c = 4g + p (g: which 128, p: which 32 of them):
+// its low nibbles are ql[64g + 32(p & 1) + j] (high nibbles for p >= 2), its high 2 bits bits 2p, 2p + 1 of
+// qh[32g + j].
+struct Q6KInRegisters {
+    static constexpr int BLOCK = 256, TYPE_SIZE = 210;
+    static constexpr bool WIDE_INPUTS = true;
+    using Wide = Q6KInRegisters;
+    alignas(64) float ds[16];  // sub-block s: d * sc[s]
+    const uint8_t* block = nullptr;
+    LLMP_METHOD void prepare(const uint8_t* b) {
+        block = b;
+        const __m128i scales = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192));
+        _mm512_store_ps(ds, _mm512_mul_ps(_mm512_set1_ps(f16_at(b + 208)), i8_to_ps(scales)));
+    }
+    LLMP_METHOD W32 chunk(int c) const {
+        const int g = c >> 2, p = c & 3;
+        const __m256i low =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * g + 32 * (p & 1)));
+        const __m256i high = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 128 + 32 * g));
+        const __m256i nibble = _mm256_and_si256(_mm256_srli_epi16(low, 4 * (p >> 1)), _mm256_set1_epi8(0x0F));
+        const __m256i two = _mm256_and_si256(_mm256_srli_epi16(high, 2 * p), _mm256_set1_epi8(0x03));
+        const __m256i q = _mm256_sub_epi8(_mm256_or_si256(nibble, _mm256_slli_epi16(two, 4)), _mm256_set1_epi8(32));
+        return {_mm512_mul_ps(i8_to_ps(_mm256_castsi256_si128(q)), _mm512_set1_ps(ds[2 * c])),
+                _mm512_mul_ps(i8_to_ps(_mm256_extracti128_si256(q, 1)), _mm512_set1_ps(ds[2 * c + 1]))};
+    }
+    static LLMP_METHOD void dequantize(const uint8_t* b, float* out) {
+        Q6KInRegisters decoder;
+        decoder.prepare(b);
+        for (int c = 0; c < BLOCK / 32; ++c) store32(decoder.chunk(c), out + 32 * c);
+    }
+};
+#endif
+
 #if LLMP_ISA_LEVEL >= 1
 template <W32 (*CHUNK)(const uint8_t*, int), int BLOCK_, int TYPE_SIZE_>
 struct InRegisters {
@@ -360,7 +453,11 @@ struct InRegisters {
 using Q4_0 = InRegisters<chunk_q4_0, 32, 18>;
 using Q4_1 = InRegisters<chunk_q4_1, 32, 20>;
 using Q8_0 = InRegisters<chunk_q8_0, 32, 34>;
+#if LLMP_ISA_LEVEL == 2
+using Q4_K = K4InRegisters<false>;
+#else
 using Q4_K = InRegisters<chunk_q4_k, 256, 144>;
+#endif
 #else
 using Q4_0 = Buffered<dequantize_q4_0, 32, 18>;
 using Q4_1 = Buffered<dequantize_q4_1, 32, 20>;
@@ -383,8 +480,13 @@ using Q5_1 = Buffered<dequantize_q5_1, 32, 24>;
 #endif
 using Q2_K = Buffered<dequantize_q2_k, 256, 84>;
 using Q3_K = Buffered<dequantize_q3_k, 256, 110>;
+#if LLMP_ISA_LEVEL == 2
+using Q5_K = K4InRegisters<true>;
+using Q6_K = Q6KInRegisters;
+#else
 using Q5_K = Buffered<dequantize_q5_k, 256, 176>;
 using Q6_K = Buffered<dequantize_q6_k, 256, 210>;
+#endif
 
 // -- the row loops ---------------------------------------------------------------------------------------
 
