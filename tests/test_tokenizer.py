@@ -96,6 +96,11 @@ def test_what_it_does_not_do_itself_is_transformers_tokenizers(tokenizer_dir):
     assert copy.encode(TEXTS[0]) == light.encode(TEXTS[0])
     with pytest.raises(AttributeError):
         light.no_such_attribute  # noqa: B018
+    assert light.encode(["pre", "split"], is_split_into_words=True) == full.encode(
+        ["pre", "split"], is_split_into_words=True
+    )
+    with pytest.raises(TypeError, match="read-only"):  # its vocabulary is the engine's
+        light.add_tokens(["<new>"])
 
 
 @pytest.mark.parametrize(

@@ -96,7 +96,8 @@ class Tokenizer:
     ``PreTrainedTokenizerFast`` of the same directory: ``encode``, ``decode``, ``convert_ids_to_tokens``,
     ``convert_tokens_to_ids``, ``convert_tokens_to_string``, ``get_vocab``, the special tokens and their ids,
     ``added_tokens_decoder``, ``len()`` (tested against transformers, token for token). Any other attribute,
-    and calling it, is transformers' tokenizer's (:attr:`transformers_tokenizer`, loaded on first use)."""
+    and calling it, is transformers' tokenizer's (:attr:`transformers_tokenizer`, loaded on first use). It is
+    read-only: ``add_tokens`` would change transformers' copy, not the vocabulary the engine encodes with."""
 
     is_fast = True
 
@@ -148,7 +149,7 @@ class Tokenizer:
     # -- what the engine uses, as transformers gives it ------------------------------------------------
 
     def encode(self, text: str, add_special_tokens: bool = True, **kwargs: Any) -> list[int]:
-        if kwargs:  # truncation, a text pair, tensors ...
+        if kwargs or not isinstance(text, str):  # truncation, a text pair, tensors, pre-split words ...
             return self.transformers_tokenizer.encode(text, add_special_tokens=add_special_tokens, **kwargs)
         return self.backend_tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
@@ -237,6 +238,12 @@ class Tokenizer:
         token = self._special_tokens.get("unk_token")
         return None if token is None else self.backend_tokenizer.token_to_id(token)
 
+    def add_tokens(self, *args: Any, **kwargs: Any) -> int:
+        raise TypeError(READ_ONLY)
+
+    def add_special_tokens(self, *args: Any, **kwargs: Any) -> int:
+        raise TypeError(READ_ONLY)
+
     # -- the rest: transformers' tokenizer ------------------------------------------------------------
 
     @property
@@ -263,6 +270,10 @@ class Tokenizer:
         return f"Tokenizer({self.name_or_path!r}, vocabulary {len(self)})"
 
 
+READ_ONLY = (
+    "llmp's Tokenizer is read-only (its vocabulary is the engine's); transformers_tokenizer(tokenizer) gives "
+    "transformers' tokenizer of the same directory, a copy that can be changed"
+)
 MISTRAL_MODEL_TYPES = ("mistral", "mixtral", "ministral", "pixtral")
 
 
