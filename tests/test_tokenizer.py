@@ -35,6 +35,13 @@ def default_model_tokenizer_dir():
     return resolve_model(EngineConfig(model=DEFAULT_MODEL)).tokenizer
 
 
+def run_fresh(script: str) -> str:
+    """``script``'s output, run by a fresh interpreter (one that has not imported transformers yet)."""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
 @pytest.fixture(scope="module", params=["tiny", "default-model"])
 def tokenizer_dir(request, tmp_path_factory):
     if request.param == "default-model":
@@ -131,9 +138,7 @@ def test_the_default_model_loads_and_generates_without_importing_transformers():
         "assert out[0].outputs[0].text, out\n"
         "print('transformers' in sys.modules)\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split()[-1] == "False"
+    assert run_fresh(script).split()[-1] == "False"
 
 
 def test_threads_first_using_transformers_tokenizer_together_all_get_it(tmp_path):
@@ -150,5 +155,4 @@ def test_threads_first_using_transformers_tokenizer_together_all_get_it(tmp_path
         "    done = list(pool.map(lambda _: tokenizer.apply_chat_template(messages, tokenize=False), range(8)))\n"
         "assert len(set(done)) == 1, done\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_fresh(script)
