@@ -271,7 +271,7 @@ class Tokenizer:
 
 
 READ_ONLY = (
-    "llmp's Tokenizer is read-only (its vocabulary is the engine's); transformers_tokenizer(tokenizer) gives "
+    "llmp's Tokenizer is read-only (its vocabulary is the engine's); its transformers_tokenizer attribute is "
     "transformers' tokenizer of the same directory, a copy that can be changed"
 )
 MISTRAL_MODEL_TYPES = ("mistral", "mixtral", "ministral", "pixtral")

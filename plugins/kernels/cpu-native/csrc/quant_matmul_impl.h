@@ -248,20 +248,6 @@ LLMP_FN W32 chunk_q5_1(const uint8_t* b, int) {  // q * d + m
             LLMP_FMA(u8_to_ps(_mm_or_si128(high, fifth_high)), d, m)};
 }
 
-// Q4_K: sub-block c's q * (d * sc) - dmin * m (product, then difference: the first product is not exact)
-LLMP_FN W32 chunk_q4_k(const uint8_t* b, int c) {
-    int sc, mn;
-    scale_min_k4(b + 4, c, &sc, &mn);
-    const __m512 dl = set1(f16_at(b) * static_cast<float>(sc)), ml = set1(f16_at(b + 2) * static_cast<float>(mn));
-    const uint8_t* group = b + 16 + 32 * (c >> 1);  // low nibbles for even c, high ones for odd
-    const __m128i mask = _mm_set1_epi8(0x0F);
-    const int shift = 4 * (c & 1);
-    const __m128i q0 = _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(group)), shift), mask);
-    const __m128i q1 =
-        _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(group + 16)), shift), mask);
-    return {_mm512_sub_ps(LLMP_MUL(u8_to_ps(q0), dl), ml), _mm512_sub_ps(LLMP_MUL(u8_to_ps(q1), dl), ml)};
-}
-
 #elif LLMP_ISA_LEVEL == 1
 
 // 8 bytes of small integers as float32
@@ -344,9 +330,10 @@ struct Buffered {
 };
 
 #if LLMP_ISA_LEVEL == 2
-// The k-quants in registers: a block's sub-block scales are worked out once (prepare, vectorised), where
-// chunk_q4_k took each from its packed bits and float16 for every chunk and every input pair (the scalar work
-// was most of Q4_K's time at T = 1), and Q5_K/Q6_K went through the buffer (their bits gathered byte by byte).
+// The k-quants in registers: a block's sub-block scales are worked out once (prepare, vectorised), where AVX2's
+// chunk_q4_k takes each from its packed bits and float16 for every chunk and every input pair (the scalar work
+// was most of Q4_K's time at T = 1 on AVX-512 too), and Q5_K/Q6_K would go through the buffer (their bits
+// gathered byte by byte).
 // The values are the reference's: each float scale is the same one float product, each weight the same
 // product (and difference) of it.
 
@@ -383,7 +370,8 @@ struct K4InRegisters {
         const uint8_t* group = block + (FIVE_BITS ? 48 : 16) + 32 * (c >> 1);  // low nibbles for even c
         const __m128i mask = _mm_set1_epi8(0x0F);
         const int shift = 4 * (c & 1);
-        __m128i q0 = _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(group)), shift), mask);
+        __m128i q0 =
+            _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(group)), shift), mask);
         __m128i q1 =
             _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(group + 16)), shift), mask);
         if constexpr (FIVE_BITS) {  // bit c of qh[j] is element j's fifth bit
