@@ -80,6 +80,9 @@ def test_answers_as_transformers_tokenizer_of_the_same_directory(tokenizer_dir):
                 ids, skip_special_tokens=skip
             )
         assert light.decode([ids, ids[:3]]) == full.decode([ids, ids[:3]])
+        assert light.batch_decode([ids, ids[:3]], skip_special_tokens=True) == full.batch_decode(
+            [ids, ids[:3]], skip_special_tokens=True
+        )
         assert light.decode(ids[0]) == full.decode(ids[0])
         assert light.convert_ids_to_tokens(ids[0]) == full.convert_ids_to_tokens(ids[0])
         tokens = full.convert_ids_to_tokens(ids)

@@ -26,6 +26,11 @@ _LOADING = threading.Lock()
 GENERIC_TOKENIZER_CLASSES = frozenset({"PreTrainedTokenizerFast", "TokenizersBackend"})
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 EXTRA_SPECIAL_TOKEN_KEYS = ("extra_special_tokens", "additional_special_tokens")
+MISTRAL_MODEL_TYPES = ("mistral", "mixtral", "ministral", "pixtral")  # transformers patches their regex
+READ_ONLY = (
+    "llmp's Tokenizer is read-only (its vocabulary is the engine's); its transformers_tokenizer attribute is "
+    "transformers' tokenizer of the same directory, a copy that can be changed"
+)
 # tokenizer_config.json keys that change nothing Tokenizer does itself (how transformers pads, truncates,
 # renders chats or was saved); a key outside these and the special tokens' is transformers' to read
 INERT_CONFIG_KEYS = frozenset(
@@ -208,10 +213,6 @@ class Tokenizer:
     def added_tokens_decoder(self) -> dict[int, Any]:
         return self.backend_tokenizer.get_added_tokens_decoder()
 
-    @property
-    def special_tokens_map(self) -> dict[str, str]:
-        return dict(self._special_tokens)
-
     def _special_token(self, name: str) -> str | None:
         return self._special_tokens.get(name)
 
@@ -268,13 +269,6 @@ class Tokenizer:
 
     def __repr__(self) -> str:
         return f"Tokenizer({self.name_or_path!r}, vocabulary {len(self)})"
-
-
-READ_ONLY = (
-    "llmp's Tokenizer is read-only (its vocabulary is the engine's); its transformers_tokenizer attribute is "
-    "transformers' tokenizer of the same directory, a copy that can be changed"
-)
-MISTRAL_MODEL_TYPES = ("mistral", "mixtral", "ministral", "pixtral")
 
 
 def _patched_by_transformers(path: Path, backend: Any) -> bool:
