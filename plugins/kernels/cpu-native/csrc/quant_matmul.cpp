@@ -111,6 +111,7 @@ RowsFn rows_for_isa() {
 // thread then streams its own part of the matrix, which the hardware prefetcher follows (chunks of ~16 KiB
 // taken in turn measured up to 2.6x slower at T = 1 on the 49152-row head).
 constexpr int64_t kGroupRows = 16;
+constexpr int64_t kFloatsPerLine = 16;  // a 64-byte cache line
 // Each thread gets at least this much work, counted in bytes of blocks read, an input beyond the first adding a
 // quarter of them (a row's blocks are dequantised once for all T inputs): below that, waking a thread and
 // waiting for it at the region's end cost more than it saves (measured on 2 cores: the 192x576 Q4_1
@@ -150,10 +151,14 @@ at::Tensor quant_matmul(const at::Tensor& x, const at::Tensor& blocks, int64_t g
     // a grain of all the groups runs inline on the calling thread; otherwise an OpenMP region of torch's team
     // (its threads beyond `threads` get no range), each thread one contiguous range of about groups / threads
     at::parallel_for(0, groups, (groups + threads - 1) / threads, [&](int64_t begin, int64_t end) {
-        // this thread's dequantised tile of weight rows, kept between calls
+        // this thread's dequantised tile of weight rows, kept between calls, on a cache line's boundary: a row
+        // (K floats, K a multiple of 32) then starts on one too, and no load of 16 of its floats spans two lines
+        // (malloc's 16-byte alignment made every one of them span two: 94 -> 200 GFLOP/s a core, T >= 16)
         thread_local std::vector<float> buffer;
-        buffer.resize(static_cast<size_t>(kTileRows * K));
-        rows(args, begin * kGroupRows, std::min(N, end * kGroupRows), buffer.data());
+        buffer.resize(static_cast<size_t>(kTileRows * K + kFloatsPerLine));
+        float* tile = buffer.data();
+        tile += (kFloatsPerLine - reinterpret_cast<uintptr_t>(tile) / sizeof(float) % kFloatsPerLine) % kFloatsPerLine;
+        rows(args, begin * kGroupRows, std::min(N, end * kGroupRows), tile);
     });
     return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());  // one rounding to x's dtype
 }

@@ -18,10 +18,11 @@ ROWS = (1, 2, 7, 8, 32, 100)  # 7 and 8: four inputs a row unpacked for (AVX-512
 
 
 def shapes(fmt: str) -> list[tuple[int, int]]:
-    """(out_features, in_features) as models have them: odd row counts, inputs of whole blocks."""
+    """(out_features, in_features) as models have them: odd row counts, inputs of whole blocks; rows in a part
+    tile and inputs longer than a slice (1024) but not a multiple of it."""
     if GGML_FORMATS[fmt].block_size == 32:
-        return [(3, 32), (17, 96), (576, 1536)]
-    return [(3, 256), (17, 512), (576, 2048)]
+        return [(3, 32), (17, 96), (17, 1120), (576, 1536)]
+    return [(3, 256), (17, 512), (17, 1280), (576, 2048)]
 
 
 def weight(fmt: str, out_features: int, in_features: int, seed: int = 0) -> QuantizedWeight:
