@@ -5,14 +5,17 @@
 // For each tile of weight rows: dequantise the rows into a float32 buffer (bit-identical to the reference
 // dequantize), then take their dot products with every input row (a chunk of inputs at a time). With few inputs
 // (decoding, up to kFusedMaxT) the buffer's store and reload would cost more than the arithmetic, so the weights go
-// straight from the blocks into registers instead (Q4_0, Q4_1, Q8_0, Q4_K on AVX2/AVX-512; Q5_K and Q6_K on
-// AVX-512; Q5_0 and Q5_1 on AVX-512 from four inputs on; the other formats block by block through a small
-// buffer), unpacked once for each pair of inputs, or for four on AVX-512. One dot product always runs the same
+// straight from the blocks into registers instead (Q4_0, Q4_1, Q8_0, Q4_K on AVX2/AVX-512; Q5_0, Q5_1, Q5_K and
+// Q6_K on AVX-512; the other formats block by block through a small buffer), unpacked once for each pair of inputs, or for four on AVX-512. One dot product always runs the same
 // way, whatever T and whatever tile it is part of: the dequantised values, lanes, accumulators (Acc) and final
 // reduction depend only on K, so a row's result never depends on the batch (row invariance).
 
-#define LLMP_FN static inline LLMP_TARGET
-#define LLMP_METHOD inline LLMP_TARGET  // a member function
+// The helpers (unpacking, loads, accumulators) are always inlined into the loops: left to GCC, one that several
+// loops use (chunk_q5_0 once T = 1 unpacked Q5_0 in registers too) was compiled out of line, each chunk then a call
+// returning its vectors through memory (Q5_0 at T = 4 and 8: 2.2x slower). The loops are LLMP_LOOP.
+#define LLMP_FN static inline __attribute__((always_inline)) LLMP_TARGET
+#define LLMP_METHOD inline __attribute__((always_inline)) LLMP_TARGET  // a member function
+#define LLMP_LOOP static LLMP_TARGET
 
 // -- scaling a block's integers ------------------------------------------------------------------------
 // q int8 [n] (n a multiple of 16) -> out float32: q * d, q * d - m, q * d + m (each product exact, one rounding)
@@ -453,15 +456,10 @@ using Q8_0 = Buffered<dequantize_q8_0, 32, 34>;
 using Q4_K = Buffered<dequantize_q4_k, 256, 144>;
 #endif
 #if LLMP_ISA_LEVEL == 2
-// Decoded through the buffer for one or two inputs and in registers for four (the same values either way): on
-// Zen 5 the buffer was 15% faster for Q5_0 at T = 1 (101 against 117 us, 4864x896), unpacking in registers 25%
-// faster at T = 4 and 8 (454 -> 341 us at T = 8)
-template <class Narrow, class WideDecoder>
-struct TwoWays : Narrow {
-    using Wide = WideDecoder;
-};
-using Q5_0 = TwoWays<Buffered<dequantize_q5_0, 32, 22>, InRegisters<chunk_q5_0, 32, 22>>;
-using Q5_1 = TwoWays<Buffered<dequantize_q5_1, 32, 24>, InRegisters<chunk_q5_1, 32, 24>>;
+// In registers for every T: Zen 5, 2 threads, 4864x896 Q5_0, 2026-12-04, T = 1 150 -> 108 us, T = 2 241 -> 130
+// against its buffer (the buffer measured faster once, when chunk_q5_0 was compiled out of line: see LLMP_FN)
+using Q5_0 = InRegisters<chunk_q5_0, 32, 22>;
+using Q5_1 = InRegisters<chunk_q5_1, 32, 24>;
 #else
 using Q5_0 = Buffered<dequantize_q5_0, 32, 22>;
 using Q5_1 = Buffered<dequantize_q5_1, 32, 24>;
@@ -500,7 +498,7 @@ constexpr int kInputs = 1;
 // input's to the next's) unless k_begin is 0, and are saved there unless k_end is K, when their sums go to out. A
 // dot product taken slice by slice is the same operations in the same order as taken whole: the same bits.
 template <int R, int U>
-LLMP_FN void dot_rows(const float* x, const float* w, int64_t K, int64_t k_begin, int64_t k_end, Acc* state,
+LLMP_LOOP void dot_rows(const float* x, const float* w, int64_t K, int64_t k_begin, int64_t k_end, Acc* state,
                       int64_t stride, float* out, int64_t N) {
     Acc acc[U][R];
     if (k_begin > 0) {
@@ -536,7 +534,7 @@ constexpr int64_t kSliceFloats = 1024;
 // taken kInputChunkBytes at a time, so that a chunk stays near while every tile of rows passes over it (all of a
 // 1024-token prompt's inputs, 20 MB at K = 4864, were re-read from L3 or memory for each tile of 4 rows).
 template <class F>
-LLMP_FN void rows_buffered(const QuantMatmulArgs& a, int64_t n_begin, int64_t n_end, float* buffer) {
+LLMP_LOOP void rows_buffered(const QuantMatmulArgs& a, int64_t n_begin, int64_t n_end, float* buffer) {
     const int64_t K = a.in_features, N = a.N, row_bytes = K / F::BLOCK * F::TYPE_SIZE;
     const int64_t chunk = std::max<int64_t>(kInputs, kInputChunkBytes / (K * 4) / kInputs * kInputs);
     // the accumulators between slices of K: kTileRows for each input of a chunk
@@ -582,7 +580,7 @@ LLMP_FN void rows_buffered(const QuantMatmulArgs& a, int64_t n_begin, int64_t n_
 // R rows' dot products with each of U inputs, the weights unpacked block by block as they are used (no buffer
 // round trip): the same Acc operations in the same order as dot_rows, on the same values.
 template <class F, int R, int U>
-LLMP_FN void dot_rows_fused(const float* x, const uint8_t* w, int64_t row_bytes, int64_t K, float* out, int64_t N) {
+LLMP_LOOP void dot_rows_fused(const float* x, const uint8_t* w, int64_t row_bytes, int64_t K, float* out, int64_t N) {
     Acc acc[U][R];
     F dec[R];
     for (int64_t k = 0, offset = 0; k < K; k += F::BLOCK, offset += F::TYPE_SIZE) {
@@ -608,7 +606,7 @@ LLMP_FN void dot_rows_fused(const float* x, const uint8_t* w, int64_t row_bytes,
 
 // U inputs' dot products with a tile's `rows` rows, R rows at a time (then one by one)
 template <class F, int R, int U>
-LLMP_FN void tile_fused(const float* x, const uint8_t* w, int64_t row_bytes, int64_t K, float* out, int64_t N,
+LLMP_LOOP void tile_fused(const float* x, const uint8_t* w, int64_t row_bytes, int64_t K, float* out, int64_t N,
                         int rows) {
     int r = 0;
     for (; r + R <= rows; r += R) dot_rows_fused<F, R, U>(x, w + r * row_bytes, row_bytes, K, out + r, N);
@@ -622,7 +620,7 @@ LLMP_FN void tile_fused(const float* x, const uint8_t* w, int64_t row_bytes, int
 // Q8_0 4864x896 303 -> 242 (154 -> 130). One row for 8 inputs measured slower than two for 4 (349 us for Q4_1's
 // T = 8). The grouping changes no bits (row invariance).
 template <class F>
-LLMP_FN void rows_fused(const QuantMatmulArgs& a, int64_t n_begin, int64_t n_end) {
+LLMP_LOOP void rows_fused(const QuantMatmulArgs& a, int64_t n_begin, int64_t n_end) {
     const int64_t K = a.in_features, N = a.N, row_bytes = K / F::BLOCK * F::TYPE_SIZE;
     for (int64_t n = n_begin; n < n_end; n += kTileRows) {
         const int rows = static_cast<int>(std::min<int64_t>(kTileRows, n_end - n));
@@ -651,7 +649,7 @@ LLMP_FN void rows_fused(const QuantMatmulArgs& a, int64_t n_begin, int64_t n_end
 }
 
 template <class F>
-LLMP_FN void rows_of(const QuantMatmulArgs& a, int64_t n_begin, int64_t n_end, float* buffer) {
+LLMP_LOOP void rows_of(const QuantMatmulArgs& a, int64_t n_begin, int64_t n_end, float* buffer) {
     if (a.T <= kFusedMaxT) {
         rows_fused<F>(a, n_begin, n_end);
     } else {
@@ -678,3 +676,4 @@ LLMP_TARGET bool quant_matmul_rows(const QuantMatmulArgs& a, int64_t n_begin, in
 
 #undef LLMP_FN
 #undef LLMP_METHOD
+#undef LLMP_LOOP
