@@ -200,55 +200,54 @@ LLMP_FN W32 chunk_q8_0(const uint8_t* b, int) {  // q * d
     return {LLMP_MUL(i8_to_ps(_mm_loadu_si128(q)), d), LLMP_MUL(i8_to_ps(_mm_loadu_si128(q + 1)), d)};
 }
 
-// element j < 16 is the low nibble of qs[j], element j + 16 its high nibble
-LLMP_FN void nibbles(const uint8_t* qs, __m128i* low, __m128i* high) {
-    const __m128i mask = _mm_set1_epi8(0x0F), v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-    *low = _mm_and_si128(v, mask);
-    *high = _mm_and_si128(_mm_srli_epi16(v, 4), mask);
+// The 4-bit formats by lookup: a block's 16 possible weights are worked out once (the same one product, or
+// product and sum, as the reference's), and each weight is the entry its nibble picks (vpermps reads the low 4
+// bits of each 32-bit lane, so a byte widened to 32 bits picks by its low nibble, shifted right by 4 by its high
+// one): two shuffles a 16 weights where converting each integer and scaling it took three operations.
+LLMP_FN __m512 iota16() { return _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15); }
+
+// element j < 16 is the low nibble of qs[j], element j + 16 its high nibble: entries of table
+LLMP_FN W32 nibbles_looked_up(const uint8_t* qs, __m512 table) {
+    const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
+    return {_mm512_permutexvar_ps(bytes, table), _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table)};
 }
 
 LLMP_FN W32 chunk_q4_1(const uint8_t* b, int) {  // q * d + m
-    const __m512 d = set1(f16_at(b)), m = set1(f16_at(b + 2));
-    __m128i low, high;
-    nibbles(b + 4, &low, &high);
-    return {LLMP_FMA(u8_to_ps(low), d, m), LLMP_FMA(u8_to_ps(high), d, m)};
+    return nibbles_looked_up(b + 4, LLMP_FMA(iota16(), set1(f16_at(b)), set1(f16_at(b + 2))));
 }
 
 LLMP_FN W32 chunk_q4_0(const uint8_t* b, int) {  // (q - 8) * d
-    const __m512 d = set1(f16_at(b));
-    const __m128i eight = _mm_set1_epi8(8);
-    __m128i low, high;
-    nibbles(b + 2, &low, &high);
-    return {LLMP_MUL(i8_to_ps(_mm_sub_epi8(low, eight)), d), LLMP_MUL(i8_to_ps(_mm_sub_epi8(high, eight)), d)};
+    return nibbles_looked_up(b + 2, LLMP_MUL(_mm512_sub_ps(iota16(), set1(8.0f)), set1(f16_at(b))));
 }
 
-// a Q5 block's fifth bits (qh, 32 bits) as 0x10 bytes: element j < 16 from bit j, element j + 16 from bit j + 16
-LLMP_FN void fifth_bits16(const uint8_t* qh, __m128i* low, __m128i* high) {
+// The 5-bit formats the same way from 32 entries (vpermt2ps reads 5 bits: low picks the first 16, high the
+// last): element j < 16 is the low nibble of qs[j] and bit j of the fifth bits, element j + 16 the high nibble
+// and bit j + 16
+LLMP_FN W32 fives_looked_up(const uint8_t* qs, uint32_t fifth, __m512 low, __m512 high) {
+    const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
+    const __m512i sixteen = _mm512_set1_epi32(16);
+    const __m512i first = _mm512_and_si512(bytes, _mm512_set1_epi32(0x0F)), second = _mm512_srli_epi32(bytes, 4);
+    const __m512i i0 = _mm512_mask_or_epi32(first, static_cast<__mmask16>(fifth), first, sixteen);
+    const __m512i i1 = _mm512_mask_or_epi32(second, static_cast<__mmask16>(fifth >> 16), second, sixteen);
+    return {_mm512_permutex2var_ps(low, i0, high), _mm512_permutex2var_ps(low, i1, high)};
+}
+
+LLMP_FN uint32_t u32_at(const uint8_t* p) {
     uint32_t bits;
-    std::memcpy(&bits, qh, 4);
-    const __m128i sixteen = _mm_set1_epi8(0x10);
-    *low = _mm_maskz_mov_epi8(static_cast<__mmask16>(bits & 0xFFFF), sixteen);
-    *high = _mm_maskz_mov_epi8(static_cast<__mmask16>(bits >> 16), sixteen);
+    std::memcpy(&bits, p, 4);
+    return bits;
 }
 
 LLMP_FN W32 chunk_q5_0(const uint8_t* b, int) {  // (q - 16) * d
     const __m512 d = set1(f16_at(b));
-    const __m128i sixteen = _mm_set1_epi8(16);
-    __m128i low, high, fifth_low, fifth_high;
-    fifth_bits16(b + 2, &fifth_low, &fifth_high);
-    nibbles(b + 6, &low, &high);
-    low = _mm_sub_epi8(_mm_or_si128(low, fifth_low), sixteen);
-    high = _mm_sub_epi8(_mm_or_si128(high, fifth_high), sixteen);
-    return {LLMP_MUL(i8_to_ps(low), d), LLMP_MUL(i8_to_ps(high), d)};
+    return fives_looked_up(b + 6, u32_at(b + 2), LLMP_MUL(_mm512_sub_ps(iota16(), set1(16.0f)), d),
+                           LLMP_MUL(iota16(), d));
 }
 
 LLMP_FN W32 chunk_q5_1(const uint8_t* b, int) {  // q * d + m
     const __m512 d = set1(f16_at(b)), m = set1(f16_at(b + 2));
-    __m128i low, high, fifth_low, fifth_high;
-    fifth_bits16(b + 4, &fifth_low, &fifth_high);
-    nibbles(b + 8, &low, &high);
-    return {LLMP_FMA(u8_to_ps(_mm_or_si128(low, fifth_low)), d, m),
-            LLMP_FMA(u8_to_ps(_mm_or_si128(high, fifth_high)), d, m)};
+    return fives_looked_up(b + 8, u32_at(b + 4), LLMP_FMA(iota16(), d, m),
+                           LLMP_FMA(_mm512_add_ps(iota16(), set1(16.0f)), d, m));
 }
 
 #elif LLMP_ISA_LEVEL == 1
@@ -368,24 +367,32 @@ struct K4InRegisters {
         _mm256_store_ps(dl, _mm256_mul_ps(_mm256_set1_ps(f16_at(b)), scales));
         _mm256_store_ps(ml, _mm256_mul_ps(_mm256_set1_ps(f16_at(b + 2)), mins));
     }
-    // sub-block c: q * dl - ml (product, then difference, as dequantize_k4)
+    // sub-block c: q * dl - ml (product, then difference, as dequantize_k4), looked up as the 4-bit formats' are
     LLMP_METHOD W32 chunk(int c) const {
         const uint8_t* group = block + (FIVE_BITS ? 48 : 16) + 32 * (c >> 1);  // low nibbles for even c
-        const __m128i mask = _mm_set1_epi8(0x0F);
-        const int shift = 4 * (c & 1);
-        __m128i q0 =
-            _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(group)), shift), mask);
-        __m128i q1 =
-            _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(group + 16)), shift), mask);
-        if constexpr (FIVE_BITS) {  // bit c of qh[j] is element j's fifth bit
-            const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 16));
-            const __mmask32 fifth = _mm256_test_epi8_mask(qh, _mm256_set1_epi8(static_cast<char>(1 << c)));
-            const __m128i sixteen = _mm_set1_epi8(0x10);
-            q0 = _mm_or_si128(q0, _mm_maskz_mov_epi8(static_cast<__mmask16>(fifth), sixteen));
-            q1 = _mm_or_si128(q1, _mm_maskz_mov_epi8(static_cast<__mmask16>(fifth >> 16), sixteen));
+        __m512i q0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(group)));
+        __m512i q1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(group + 16)));
+        if (c & 1) {
+            q0 = _mm512_srli_epi32(q0, 4);
+            q1 = _mm512_srli_epi32(q1, 4);
         }
         const __m512 d = _mm512_set1_ps(dl[c]), m = _mm512_set1_ps(ml[c]);
-        return {_mm512_sub_ps(_mm512_mul_ps(u8_to_ps(q0), d), m), _mm512_sub_ps(_mm512_mul_ps(u8_to_ps(q1), d), m)};
+        const __m512 low = _mm512_sub_ps(_mm512_mul_ps(iota16(), d), m);
+        if constexpr (!FIVE_BITS) {
+            return {_mm512_permutexvar_ps(q0, low), _mm512_permutexvar_ps(q1, low)};
+        } else {  // bit c of qh[j] is element j's fifth bit
+            if (!(c & 1)) {
+                q0 = _mm512_and_si512(q0, _mm512_set1_epi32(0x0F));
+                q1 = _mm512_and_si512(q1, _mm512_set1_epi32(0x0F));
+            }
+            const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 16));
+            const __mmask32 fifth = _mm256_test_epi8_mask(qh, _mm256_set1_epi8(static_cast<char>(1 << c)));
+            const __m512i sixteen = _mm512_set1_epi32(16);
+            q0 = _mm512_mask_or_epi32(q0, static_cast<__mmask16>(fifth), q0, sixteen);
+            q1 = _mm512_mask_or_epi32(q1, static_cast<__mmask16>(fifth >> 16), q1, sixteen);
+            const __m512 high = _mm512_sub_ps(_mm512_mul_ps(_mm512_add_ps(iota16(), _mm512_set1_ps(16.0f)), d), m);
+            return {_mm512_permutex2var_ps(low, q0, high), _mm512_permutex2var_ps(low, q1, high)};
+        }
     }
     static LLMP_METHOD void dequantize(const uint8_t* b, float* out) {
         K4InRegisters decoder;
