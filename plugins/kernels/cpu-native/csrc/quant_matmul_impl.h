@@ -517,7 +517,11 @@ LLMP_LOOP void dot_rows(const float* x, const float* w, int64_t K, int64_t k_beg
         X32 xi[U];
         for (int u = 0; u < U; ++u) xi[u] = x32_at(x + u * K + i);
         for (int r = 0; r < R; ++r) {
-            const W32 wr = load32(w + r * K + i);
+            W32 wr = load32(w + r * K + i);
+#if LLMP_ISA_LEVEL == 2
+            // in registers once for all U inputs: GCC otherwise folds the load into each FMA, U loads of it
+            asm("" : "+v"(wr.v0), "+v"(wr.v1));
+#endif
             for (int u = 0; u < U; ++u) acc[u][r].add(xi[u], wr);
         }
     }
