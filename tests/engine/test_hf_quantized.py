@@ -342,14 +342,14 @@ def test_greedy_output_is_transformers_with_the_dequantised_weights(tmp_path, la
     assert_greedy_parity(model, prompts, got, max_tokens=8)
 
 
-BLOCK_FORMATS = {  # the GGML format each layout's matrices stay in (None: dequantised: act-order's shuffled groups)
+BLOCK_FORMATS = {  # the GGML format each layout's matrices stay in (None: dequantised)
     "awq-g32": "Q5_0",  # q - zero spans -15..15
     "awq-g64": "Q5_0",
     "awq-g128": "Q5_0",
     "gptq-sym-g32": "Q4_0",  # zero 8: -8..7
     "gptq-asym-g64": "Q5_0",
     "gptq-sym-one-group": "Q4_0",
-    "gptq-act-order": None,
+    "gptq-act-order": "Q5_0",  # its inputs stored sorted by group (input_order)
     "gptq-8bit-v2": None,  # asymmetric 8-bit: q - zero spans -255..255, more than Q8_0's int8
     "ct-w8a16-packed": "Q8_0",  # fp16 scales, one a row, repeated in each block
     "ct-w8a16-int-asym": None,
@@ -382,17 +382,30 @@ def test_int8_with_scales_float16_cannot_hold_is_dequantised():
     assert torch.equal(got, ct_reference(tensors))
 
 
-def test_act_order_keeps_blocks_only_where_g_idx_is_the_plain_grouping():
+def test_act_order_stores_shuffled_groups_sorted_and_plain_ones_as_they_are():
     weight = torch.randn(64, 128)
     plain = gptq_tensors(weight, group_size=32, g_idx=torch.arange(128) // 32)
-    shuffled = gptq_tensors(weight, group_size=32, g_idx=shuffled_g_idx(128, 32, seed=1))
+    shuffled_groups = shuffled_g_idx(128, 32, seed=1)
+    shuffled = gptq_tensors(weight, group_size=32, g_idx=shuffled_groups)
+    straddling = gptq_tensors(torch.randn(64, 96), group_size=48, g_idx=shuffled_g_idx(96, 48, seed=2))
     config = gptq_config(group_size=32, desc_act=True)
-    stream = [(f"{name}.{s}", t) for name, tensors in (("a", plain), ("b", shuffled)) for s, t in tensors.items()]
+    layers = (("a", plain), ("b", shuffled), ("c", straddling))
+    stream = [(f"{name}.{s}", t) for name, tensors in layers for s, t in tensors.items()]
     got = dict(iter_hf_quantized(iter(stream), config, quantized=True))
-    assert isinstance(got["a.weight"], QuantizedWeight)
+    assert isinstance(got["a.weight"], QuantizedWeight) and got["a.weight"].input_order is None
     assert torch.equal(got["a.weight"].dequantize(), gptq_reference(plain, 4))
-    assert isinstance(got["b.weight"], torch.Tensor)
-    assert torch.equal(got["b.weight"], gptq_reference(shuffled, 4))
+    b = got["b.weight"]
+    assert isinstance(b, QuantizedWeight) and b.format.name == "Q4_0"
+    assert torch.equal(shuffled_groups[b.input_order], torch.sort(shuffled_groups).values)
+    assert torch.equal(b.dequantize(), gptq_reference(shuffled, 4))
+    # the layer's product: x's columns gathered in the stored order, times the blocks as stored
+    x = torch.randn(5, 128)
+    stored = b.in_stored_order()
+    expected = x @ gptq_reference(shuffled, 4).T
+    torch.testing.assert_close(matmul_reference(x[:, b.input_order], stored.blocks, stored.format), expected)
+    # groups of 48 rows sorted still straddle 32-row blocks: dequantised
+    assert isinstance(got["c.weight"], torch.Tensor)
+    assert torch.equal(got["c.weight"], gptq_reference(straddling, 4))
 
 
 class Q4Kernels(TorchKernels):

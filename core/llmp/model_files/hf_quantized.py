@@ -21,9 +21,10 @@ The layouts are those of the tools that write them (and of vLLM's loaders):
 until the last arrives and yields ``<prefix>.weight``, dequantised to float32 (exact: the small integer times
 the fp16 scale is exact in float32), or with ``quantized`` and where exact a
 :class:`~llmp.quantization.QuantizedWeight` of GGML blocks for the kernel set. A matrix whose 32-column blocks
-each lie in one group (no act-order shuffle) with fp16 scales is ``d * level`` per block, ``level = q - zero``:
-symmetric 4-bit GPTQ fits ``Q4_0`` (-8..7), AWQ and asymmetric 4-bit GPTQ ``Q5_0`` (-15..15, 5.5 bits a
-weight), 8-bit GPTQ and int8 compressed-tensors with fp16-exact scales ``Q8_0``.
+each lie in one group with fp16 scales is ``d * level`` per block, ``level = q - zero``: symmetric 4-bit GPTQ
+fits ``Q4_0`` (-8..7), AWQ and asymmetric 4-bit GPTQ ``Q5_0`` (-15..15, 5.5 bits a weight), 8-bit GPTQ and
+int8 compressed-tensors with fp16-exact scales ``Q8_0``. Act-order GPTQ's shuffled groups are made contiguous by
+storing the input rows sorted by group (``QuantizedWeight.input_order``; the layer gathers x's columns to match).
 """
 
 from __future__ import annotations
@@ -296,17 +297,27 @@ def _in_blocks(levels: torch.Tensor, d: torch.Tensor) -> Any:
 
 def _integers_in_blocks(ints: _Integers) -> Any:
     """A GPTQ/AWQ weight as GGML blocks where that is exact: fp16 scales, and each 32-row run of input rows in
-    one group (act-order's shuffled groups are not); else ``None``."""
+    one group; else ``None``. Act-order's shuffled groups are stored with their input rows sorted by group
+    (``QuantizedWeight.input_order``): a group of a multiple of 32 rows then fills whole blocks."""
     import torch
+
+    from llmp.quantization import QuantizedWeight
 
     rows, _ = ints.q.shape
     if ints.scales.dtype != torch.float16 or rows % BLOCK:
         return None
-    block_groups = ints.g.reshape(-1, BLOCK)
+    natural = bool((ints.g[1:] >= ints.g[:-1]).all())
+    order = None if natural else torch.sort(ints.g, stable=True).indices
+    g = ints.g if order is None else ints.g[order]
+    block_groups = g.reshape(-1, BLOCK)
     if not bool((block_groups == block_groups[:, :1]).all()):
         return None
-    levels = (ints.q - ints.zeros[ints.g]).t()  # [out, in]
-    return _in_blocks(levels, ints.scales[block_groups[:, 0]].t())
+    q = ints.q if order is None else ints.q[order]
+    levels = (q - ints.zeros[g]).t()  # [out, in], inputs in stored order
+    weight = _in_blocks(levels, ints.scales[block_groups[:, 0]].t())
+    if weight is None or order is None:
+        return weight
+    return QuantizedWeight(weight.blocks, weight.format, weight.in_features, order)
 
 
 def _compressed_tensors_weight(quant: HFQuantization, parts: dict[str, torch.Tensor], quantized: bool) -> Any:

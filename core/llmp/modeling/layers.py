@@ -405,8 +405,9 @@ def pack_quantized_layers(model: nn.Module, kernels: Any, dtype: torch.dtype) ->
     """Hand every layer's quantised rows to ``kernels.pack_quantized`` (:class:`llmp.api.PacksQuantized`), once,
     after loading; rows of a format the set does not compute (or every format, for a set without it) are
     dequantised to ``dtype`` and computed as dense rows. A layer's rows of several formats (a fused q|k|v of
-    ``Q4_K`` and ``Q6_K``) are computed format by format and concatenated.
-
+    ``Q4_K`` and ``Q6_K``) are computed format by format and concatenated. The set gets the blocks as stored;
+    for a weight storing its inputs in another order (``QuantizedWeight.input_order``) the layer gathers x's
+    columns in that order first.
     """
     from llmp.api import PacksQuantized
 
@@ -437,11 +438,12 @@ def pack_quantized_layers(model: nn.Module, kernels: Any, dtype: torch.dtype) ->
                 dense = module.weight.detach()[start : start + length].clone()
             else:
                 part = on_device(part, module.weight.device)
-                compute = kernels.pack_quantized(part) if isinstance(kernels, PacksQuantized) else None
+                stored = part.in_stored_order()
+                compute = kernels.pack_quantized(stored) if isinstance(kernels, PacksQuantized) else None
                 done.counts[part.format.name, compute is not None] += 1
                 if compute is not None:
                     blocks.add(part.blocks)
-                    pieces.append(compute)
+                    pieces.append(compute if part.input_order is None else _gathered(compute, part.input_order))
                     continue
                 dense = part.dequantize(dtype)
             done.nbytes += dense.nbytes
@@ -478,7 +480,7 @@ def _row_regions(module: PackableLinear) -> list[tuple[int, int, QuantizedWeight
         if offset > position:
             regions.append((position, offset - position, None))
         previous = regions[-1][2] if regions else None
-        if previous is not None and regions[-1][0] + regions[-1][1] == offset and previous.format == part.format:
+        if previous is not None and regions[-1][0] + regions[-1][1] == offset and previous.stacks_with(part):
             start, length, _ = regions.pop()
             regions.append((start, length + part.out_features, QuantizedWeight.stack([previous, part])))
         else:
@@ -487,6 +489,11 @@ def _row_regions(module: PackableLinear) -> list[tuple[int, int, QuantizedWeight
     if position < module.weight.shape[0]:
         regions.append((position, module.weight.shape[0] - position, None))
     return regions
+
+
+def _gathered(compute: Callable[[torch.Tensor], torch.Tensor], order: torch.Tensor) -> Callable:
+    """``compute`` of x's columns taken in ``order`` (a weight whose blocks store its inputs in that order)."""
+    return lambda x: compute(x.index_select(-1, order))
 
 
 def _dense_rows(weight: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
