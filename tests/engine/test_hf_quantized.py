@@ -19,7 +19,7 @@ from llmp import LLM, hookimpl
 from llmp.api import KernelSetSpec, ModelLoadError
 from llmp.model_files.hf_quantized import iter_hf_quantized
 from llmp.model_files.weights import iter_weights
-from llmp.quantization import QuantizedWeight, matmul_reference
+from llmp.quantization import Int8Activations, QuantizedWeight, matmul_reference
 from llmp.testing import (
     assert_greedy_parity,
     engine_greedy,
@@ -408,6 +408,82 @@ def test_act_order_stores_shuffled_groups_sorted_and_plain_ones_as_they_are():
     assert torch.equal(got["c.weight"], gptq_reference(straddling, 4))
 
 
+# -- W8A8: int8 weights and int8 inputs ------------------------------------------------------------------------------
+
+W8A8_STATIC = {**W8A8_ACTIVATIONS, "dynamic": False, "strategy": "tensor", "observer": "minmax"}
+INPUT_SCALE = 2**-5  # a static per-tensor scale (float32-exact): inputs beyond 127 / 32 clip, as an int8 kernel's
+W8A8_LAYOUTS = {
+    "dynamic-token": (ct_config(input_activations=W8A8_ACTIVATIONS), {}),
+    "static-tensor": (
+        ct_config("int-quantized", input_activations=W8A8_STATIC),
+        {"input_scale": torch.tensor([INPUT_SCALE]), "input_zero_point": torch.tensor([0], dtype=torch.int8)},
+    ),
+}
+
+
+def int8_inputs_reference(x: torch.Tensor, scale: float | None) -> torch.Tensor:
+    """compressed-tensors' quantize-dequantize of a layer's input: symmetric int8, the scale per token (dynamic:
+    its max |x| / 127) or the static one."""
+    xf = x.float()
+    s = xf.abs().amax(-1, keepdim=True) / 127 if scale is None else torch.full((), scale)
+    s = torch.where(s == 0, torch.ones_like(s), s)
+    return (torch.clamp(torch.round(xf / s), -128, 127) * s).to(x.dtype)
+
+
+def save_w8a8(path: Path, layout: str, seed: int = 0) -> tuple[object, dict[str, torch.Tensor]]:
+    config, extra = W8A8_LAYOUTS[layout]
+    packed = config["format"] == "pack-quantized"
+    tensors = lambda p, w: {**ct_tensors(w, packed), **{k: v.clone() for k, v in extra.items()}}  # noqa: E731
+    model, dense = save_quantized(path, config, tensors, seed=seed)
+    scale = None if layout == "dynamic-token" else INPUT_SCALE
+    for name, module in model.named_modules():  # transformers' run quantises each linear input as compressed-tensors
+        if isinstance(module, torch.nn.Linear) and name.rpartition(".")[2] in LINEARS:
+            module.register_forward_pre_hook(lambda _, args: (int8_inputs_reference(args[0], scale),))
+    return model, dense
+
+
+@pytest.mark.parametrize("layout", W8A8_LAYOUTS)
+def test_a_w8a8_weight_is_its_int8_blocks_carrying_its_input_scheme(tmp_path, layout):
+    _, dense = save_w8a8(tmp_path, layout)
+    weights = dict(iter_weights(tmp_path, quantized=True))
+    for name, expected in dense.items():
+        got = weights[name]
+        assert isinstance(got, QuantizedWeight) and got.format.name == "Q8_0", name
+        assert got.activations == Int8Activations(None if layout == "dynamic-token" else INPUT_SCALE)
+        assert torch.equal(got.dequantize(), expected), name
+
+
+@pytest.mark.parametrize("layout", W8A8_LAYOUTS)
+def test_w8a8_greedy_output_is_transformers_quantising_each_linear_input(tmp_path, layout, caplog):
+    model, _ = save_w8a8(tmp_path, layout, seed=6)
+    prompts = mixed_prompts(3, seed=3)
+    with caplog.at_level("INFO", logger="llmp.engine"):
+        got, _ = engine_greedy(tmp_path, prompts, max_tokens=8)
+    scheme = "dynamic per token" if layout == "dynamic-token" else "static per tensor"
+    assert f"compressed-tensors W8A8 (int8 inputs, {scheme})" in caplog.text
+    assert "matrices kept in blocks: 14 in Q8_0; 0 dequantised" in caplog.text
+    assert_greedy_parity(model, prompts, got, max_tokens=8)
+
+
+def test_int8_inputs_are_whole_steps_of_the_rows_scale_and_row_invariant():
+    x = torch.randn(6, 64) * torch.tensor([0.01, 1, 10, 100, 0, 3]).reshape(-1, 1)
+    got = Int8Activations()(x)
+    assert torch.equal(got, int8_inputs_reference(x, None))
+    step = x.abs().amax(-1, keepdim=True) / 127
+    assert (got[4] == 0).all()  # an all-zero row stays zero
+    nonzero = step.squeeze(1) > 0
+    assert ((got - x).abs()[nonzero] <= step[nonzero] / 2 * (1 + 1e-6)).all()
+    assert torch.equal(Int8Activations()(x[2:3]), got[2:3])
+    clipped = Int8Activations(0.01)(torch.tensor([[5.0, -5.0, 0.004, 0.006]]))
+    assert torch.equal(clipped, torch.tensor([[1.27, -1.28, 0.0, 0.01]]))
+
+
+def test_w8a8_needs_a_model_class_that_keeps_quantised_weights(tmp_path):
+    save_w8a8(tmp_path, "dynamic-token")
+    with pytest.raises(ModelLoadError, match="W8A8 needs a model class that keeps quantised weights"):
+        dict(iter_weights(tmp_path, quantized=False))
+
+
 class Q4Kernels(TorchKernels):
     """The torch set computing Q4_0 from its blocks (the reference matmul); counts the matrices it gets."""
 
@@ -454,8 +530,12 @@ def test_a_symmetric_gptq_checkpoint_runs_in_q4_0_blocks_greedy_as_transformers(
         (gptq_config(group_size=16), "gptq quantization with group_size 16 is not supported"),
         (gptq_config(checkpoint_format="marlin"), "gptq quantization with checkpoint_format 'marlin' is not supported"),
         (
-            ct_config("int-quantized", input_activations=W8A8_ACTIVATIONS),
-            "compressed-tensors quantization with input_activations 'int8 token' is not supported",
+            ct_config("int-quantized", input_activations={**W8A8_ACTIVATIONS, "dynamic": False}),
+            "compressed-tensors quantization with input_activations 'int8 token static' is not supported",
+        ),
+        (
+            ct_config("int-quantized", input_activations={**W8A8_ACTIVATIONS, "symmetric": False}),
+            "compressed-tensors quantization with input_activations.symmetric False is not supported",
         ),
         (ct_config("float-quantized"), "compressed-tensors quantization with format 'float-quantized'"),
         ({"quant_method": "fp8", "activation_scheme": "dynamic"}, "quantization method 'fp8' .* is not supported"),

@@ -12,10 +12,11 @@ The layouts are those of the tools that write them (and of vLLM's loaders):
   packed along the output dimension; ``scales`` fp16 ``[groups, out]``; ``g_idx`` int32 ``[in]``, the group
   of each input row (act-order shuffles it). ``checkpoint_format`` ``gptq`` (v1, the default) stores each
   zero minus one, ``gptq_v2`` the zero itself. ``w = (q - zero[g_idx]) * scale[g_idx]``.
-- **compressed-tensors** int8 weight-only (``W8A16``): ``weight`` int8 ``[out, in]`` (formats
-  ``int-quantized``, ``naive-quantized``) or ``weight_packed`` int32 ``[out, in / 4]`` (``pack-quantized``:
-  four values per word, each stored plus 128), ``weight_scale`` ``[out, 1]`` (or ``[1]`` per tensor),
-  ``weight_zero_point`` when asymmetric. ``w = (q - zero_point) * scale``.
+- **compressed-tensors** int8 weights, weight-only (``W8A16``) or with int8 inputs (``W8A8``): ``weight`` int8
+  ``[out, in]`` (formats ``int-quantized``, ``naive-quantized``) or ``weight_packed`` int32 ``[out, in / 4]``
+  (``pack-quantized``: four values per word, each stored plus 128), ``weight_scale`` ``[out, 1]`` (or ``[1]`` per
+  tensor), ``weight_zero_point`` when asymmetric, ``input_scale`` ``[1]`` for static W8A8 inputs.
+  ``w = (q - zero_point) * scale``; a W8A8 layer's weight carries :class:`~llmp.quantization.Int8Activations`.
 
 :func:`iter_hf_quantized` wraps a checkpoint's ``(name, tensor)`` stream: it holds a layer's packed tensors
 until the last arrives and yields ``<prefix>.weight``, dequantised to float32 (exact: the small integer times
@@ -50,9 +51,12 @@ GPTQ_SUPPORTED = (
     "llmp runs GPTQ bits 4 or 8, group_size 32, 64, 128 or -1, checkpoint_format gptq or gptq_v2, pack_dtype int32"
 )
 CT_SUPPORTED = (
-    "llmp runs compressed-tensors int8 weight-only (W8A16: num_bits 8, type int, strategy channel or tensor, "
-    "format int-quantized, naive-quantized or pack-quantized)"
+    "llmp runs compressed-tensors int8 weights (num_bits 8, type int, strategy channel or tensor, format "
+    "int-quantized, naive-quantized or pack-quantized), weight-only (W8A16) or with int8 activations (W8A8: "
+    "symmetric, strategy token and dynamic, or strategy tensor and static)"
 )
+# compressed-tensors input_activations llmp applies: (strategy, dynamic) -> how the scale is had
+CT_ACTIVATIONS = {("token", True): "token", ("tensor", False): "tensor"}
 CT_FORMATS = ("int-quantized", "naive-quantized", "pack-quantized")
 GROUP_SIZES = (32, 64, 128)
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AutoAWQ's gemm pack: nibble i of a word holds column AWQ_ORDER[i]
@@ -71,12 +75,16 @@ class HFQuantization:
     desc_act: bool = False  # GPTQ act-order: a row's group is g_idx[row]
     zero_offset: int = 0  # GPTQ v1 stores each zero minus one
     packed: bool = False  # compressed-tensors pack-quantized: weight_packed int32
+    activations: str | None = None  # compressed-tensors W8A8: int8 inputs, "token" (dynamic) or "tensor" (static)
 
     def describe(self) -> str:
         """The method and parameters, as the start-up line names them."""
         if self.method == "compressed-tensors":
             layout = "pack-quantized" if self.packed else "int8"
-            return f"compressed-tensors W8A16 ({layout}, {'symmetric' if self.sym else 'asymmetric'})"
+            scheme = {None: "W8A16", "token": "W8A8 (int8 inputs, dynamic per token)"}.get(
+                self.activations, "W8A8 (int8 inputs, static per tensor)"
+            )
+            return f"compressed-tensors {scheme} ({layout}, {'symmetric' if self.sym else 'asymmetric'})"
         group = "one group" if self.group_size == -1 else f"group size {self.group_size}"
         extra = f", sym {str(self.sym).lower()}, desc_act {str(self.desc_act).lower()}" if self.method == "gptq" else ""
         return f"{self.method} {self.bits}-bit, {group}{extra}"
@@ -154,18 +162,22 @@ def _parse_compressed_tensors(config: dict[str, Any]) -> HFQuantization:
     groups = config.get("config_groups") or {}
     if not groups:
         checks.append(("config_groups", groups, ("a group of int8 weights",)))
-    weights = []
+    weights, inputs = [], []
     for scheme in groups.values():
         scheme = scheme or {}
-        activations = scheme.get("input_activations")
-        if activations:  # W8A8 and the like: refused, not silently run with float activations
-            checks.append(
-                (
-                    "input_activations",
-                    f"{activations.get('type')}{activations.get('num_bits')} {activations.get('strategy')}",
-                    ("none (weight-only; W8A8's per-token int8 activations are not applied by llmp)",),
-                )
+        activations = scheme.get("input_activations") or {}
+        inputs.append(None)
+        if activations:  # W8A8: int8 inputs llmp applies, or one line naming what it does not
+            key = (activations.get("strategy"), bool(activations.get("dynamic", False)))
+            inputs[-1] = CT_ACTIVATIONS.get(key)
+            described = (
+                f"{activations.get('type')}{activations.get('num_bits')} {key[0]} {'dynamic' if key[1] else 'static'}"
             )
+            checks += [
+                ("input_activations", described, ("int8 token dynamic", "int8 tensor static")),
+                ("input_activations.symmetric", activations.get("symmetric", True), (True,)),
+                ("input_activations.group_size", activations.get("group_size"), (None,)),
+            ]
         checks.append(("output_activations", scheme.get("output_activations"), (None,)))
         checks.append(("format", scheme.get("format") or top_format, CT_FORMATS))
         args = scheme.get("weights") or {}
@@ -177,8 +189,8 @@ def _parse_compressed_tensors(config: dict[str, Any]) -> HFQuantization:
             ("weights.dynamic", args.get("dynamic", False), (False,)),
             ("weights.actorder", args.get("actorder"), (None,)),
         ]
-    if any(w != weights[0] for w in weights):
-        checks.append(("config_groups", "weights differing between groups", ("one weights scheme",)))
+    if any(w != weights[0] for w in weights) or any(i != inputs[0] for i in inputs):
+        checks.append(("config_groups", "schemes differing between groups", ("one scheme",)))
     sym = bool(weights[0].get("symmetric", True)) if weights else True
     packed = top_format == "pack-quantized" or any((s or {}).get("format") == "pack-quantized" for s in groups.values())
     if packed and not sym:  # pack-quantized packs the zero points too, in a layout llmp does not read
@@ -186,7 +198,7 @@ def _parse_compressed_tensors(config: dict[str, Any]) -> HFQuantization:
     for name, value, allowed in checks:
         if value not in allowed:
             raise _refuse("compressed-tensors", name, value, CT_SUPPORTED)
-    return HFQuantization("compressed-tensors", 8, 0, sym=sym, packed=packed)
+    return HFQuantization("compressed-tensors", 8, 0, sym=sym, packed=packed, activations=inputs[0] if inputs else None)
 
 
 def checkpoint_quantization(model_dir: Path) -> dict[str, Any] | None:
@@ -211,6 +223,10 @@ def _parts(quant: HFQuantization) -> tuple[tuple[str, ...], tuple[str, ...]]:
     weight = "weight_packed" if quant.packed else "weight"
     needed = (weight, "weight_scale") if quant.sym else (weight, "weight_scale", "weight_zero_point")
     dropped = ("weight_shape",) + (("weight_zero_point",) if quant.sym else ())  # a symmetric zero point is 0
+    if quant.activations == "tensor":
+        needed += ("input_scale",)
+    if quant.activations:
+        dropped += ("input_zero_point",)  # symmetric inputs: 0
     return needed, dropped
 
 
@@ -322,7 +338,36 @@ def _integers_in_blocks(ints: _Integers) -> Any:
 
 def _compressed_tensors_weight(quant: HFQuantization, parts: dict[str, torch.Tensor], quantized: bool) -> Any:
     """The float32 weight, or (``quantized``) ``Q8_0`` blocks where exact: every ``q - zero_point`` an int8 and
-    every scale a float16 value (a per-channel scale repeats in each of its row's blocks)."""
+    every scale a float16 value (a per-channel scale repeats in each of its row's blocks). A W8A8 layer's weight
+    carries its :class:`~llmp.quantization.Int8Activations` (in ``F32`` rows where ``Q8_0`` is not exact)."""
+    import dataclasses
+
+    import torch
+
+    from llmp.quantization import GGML_FORMATS, Int8Activations, QuantizedWeight
+
+    weight = _compressed_tensors_values(quant, parts, quantized)
+    if quant.activations is None:
+        return weight
+    if not quantized:
+        raise ModelLoadError(
+            "compressed-tensors W8A8 needs a model class that keeps quantised weights (its int8 inputs are "
+            "applied by llmp's linear layers); this model's class loads dense weights only"
+        )
+    scale = None
+    if quant.activations == "tensor":
+        if parts["input_scale"].numel() != 1:
+            raise ValueError(f"a static per-tensor input_scale has one value, not {parts['input_scale'].numel()}")
+        scale = float(parts["input_scale"].float().reshape(()))
+    activations = Int8Activations(scale)
+    if isinstance(weight, QuantizedWeight):
+        return dataclasses.replace(weight, activations=activations)
+    rows = weight.float().contiguous()
+    return QuantizedWeight(rows.view(torch.uint8), GGML_FORMATS["F32"], rows.shape[1], activations=activations)
+
+
+def _compressed_tensors_values(quant: HFQuantization, parts: dict[str, torch.Tensor], quantized: bool) -> Any:
+    """:func:`_compressed_tensors_weight`'s weight, without its activations."""
     import torch
 
     if quant.packed:  # four int8 values per little-endian int32, each stored plus 128 (compressed-tensors' pack)

@@ -22,7 +22,7 @@ from torch import nn
 from llmp.api import AttentionMetadata, KernelSet, ModelLoadError
 from llmp.modeling.parallel import all_gather, all_reduce, divide, tp_rank, tp_size
 from llmp.modeling.rope import cos_sin_table
-from llmp.quantization import QuantizedWeight
+from llmp.quantization import Int8Activations, QuantizedWeight
 
 __all__ = [
     "CausalLM",
@@ -407,7 +407,7 @@ def pack_quantized_layers(model: nn.Module, kernels: Any, dtype: torch.dtype) ->
     dequantised to ``dtype`` and computed as dense rows. A layer's rows of several formats (a fused q|k|v of
     ``Q4_K`` and ``Q6_K``) are computed format by format and concatenated. The set gets the blocks as stored;
     for a weight storing its inputs in another order (``QuantizedWeight.input_order``) the layer gathers x's
-    columns in that order first.
+    columns in that order first, and for a W8A8 weight (``activations``) it quantises x to int8 first.
     """
     from llmp.api import PacksQuantized
 
@@ -436,18 +436,22 @@ def pack_quantized_layers(model: nn.Module, kernels: Any, dtype: torch.dtype) ->
         for start, length, part in _row_regions(module):
             if part is None:
                 dense = module.weight.detach()[start : start + length].clone()
+                done.nbytes += dense.nbytes
+                pieces.append(_dense_rows(dense))
+                continue
+            part = on_device(part, module.weight.device)
+            stored = part.in_stored_order()
+            compute = kernels.pack_quantized(stored) if isinstance(kernels, PacksQuantized) else None
+            done.counts[part.format.name, compute is not None] += 1
+            if compute is not None:
+                blocks.add(part.blocks)
+                if part.input_order is not None:
+                    compute = _gathered(compute, part.input_order)
             else:
-                part = on_device(part, module.weight.device)
-                stored = part.in_stored_order()
-                compute = kernels.pack_quantized(stored) if isinstance(kernels, PacksQuantized) else None
-                done.counts[part.format.name, compute is not None] += 1
-                if compute is not None:
-                    blocks.add(part.blocks)
-                    pieces.append(compute if part.input_order is None else _gathered(compute, part.input_order))
-                    continue
                 dense = part.dequantize(dtype)
-            done.nbytes += dense.nbytes
-            pieces.append(_dense_rows(dense))
+                done.nbytes += dense.nbytes
+                compute = _dense_rows(dense)
+            pieces.append(compute if part.activations is None else _quantised_inputs(compute, part.activations))
         module.packed = _concatenated(pieces, module.packed_bias())
         module.packed_row_invariant = True
         module.quantized = None
@@ -494,6 +498,11 @@ def _row_regions(module: PackableLinear) -> list[tuple[int, int, QuantizedWeight
 def _gathered(compute: Callable[[torch.Tensor], torch.Tensor], order: torch.Tensor) -> Callable:
     """``compute`` of x's columns taken in ``order`` (a weight whose blocks store its inputs in that order)."""
     return lambda x: compute(x.index_select(-1, order))
+
+
+def _quantised_inputs(compute: Callable[[torch.Tensor], torch.Tensor], activations: Int8Activations) -> Callable:
+    """``compute`` of x quantised to int8 first (a W8A8 checkpoint's layer)."""
+    return lambda x: compute(activations(x))
 
 
 def _dense_rows(weight: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:

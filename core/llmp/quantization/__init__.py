@@ -7,6 +7,15 @@ weight kept in those blocks, as the model loader hands it to layers and to a ker
 """
 
 from llmp.quantization.ggml import GGML_FORMATS, BlockFormat, dequantize, format_of, matmul_reference, quantize
-from llmp.quantization.weight import QuantizedWeight
+from llmp.quantization.weight import Int8Activations, QuantizedWeight
 
-__all__ = ["GGML_FORMATS", "BlockFormat", "QuantizedWeight", "dequantize", "format_of", "matmul_reference", "quantize"]
+__all__ = [
+    "GGML_FORMATS",
+    "BlockFormat",
+    "Int8Activations",
+    "QuantizedWeight",
+    "dequantize",
+    "format_of",
+    "matmul_reference",
+    "quantize",
+]

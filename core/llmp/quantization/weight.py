@@ -8,7 +8,26 @@ import torch
 
 from llmp.quantization.ggml import BlockFormat, dequantize
 
-__all__ = ["QuantizedWeight"]
+__all__ = ["Int8Activations", "QuantizedWeight"]
+
+
+@dataclass(frozen=True)
+class Int8Activations:
+    """A layer whose inputs are quantised to int8 before its matmul (a W8A8 checkpoint's ``input_activations``):
+    each row of x becomes ``clamp(round(x / s), -128, 127) * s``, symmetric, ``s`` the row's ``max |x| / 127``
+    (``scale`` None: dynamic, per token) or the checkpoint's static per-tensor ``scale``. The products are then
+    those of the int8 values, as an int8 kernel's, scaled back in float32 (each row on its own: row invariant)."""
+
+    scale: float | None = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.float()
+        if self.scale is None:
+            scale = rows.abs().amax(-1, keepdim=True).div_(127.0)
+            scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # an all-zero row stays zero
+        else:
+            scale = torch.tensor(self.scale, dtype=torch.float32, device=x.device)
+        return torch.round(rows / scale).clamp_(-128, 127).mul_(scale).to(x.dtype)
 
 
 @dataclass(frozen=True)
@@ -26,12 +45,16 @@ class QuantizedWeight:
     blocks this way. Kernel sets never see it: the model runner gathers the columns of x before calling
     the set's matmul (:func:`llmp.modeling.layers.pack_quantized_layers`), and :meth:`dequantize` puts
     the columns back.
+
+    ``activations``: the layer's inputs are quantised to int8 first (:class:`Int8Activations`, a W8A8
+    checkpoint), by the model runner too, whichever set computes the blocks.
     """
 
     blocks: torch.Tensor
     format: BlockFormat
     in_features: int
     input_order: torch.Tensor | None = None
+    activations: Int8Activations | None = None
 
     def __post_init__(self) -> None:
         fmt = self.format
@@ -76,17 +99,18 @@ class QuantizedWeight:
         return QuantizedWeight(self.blocks, self.format, self.in_features)
 
     def stacks_with(self, other: QuantizedWeight) -> bool:
-        """Whether :meth:`stack` takes the two: one format, input size and input order."""
+        """Whether :meth:`stack` takes the two: one format, input size, input order and activations."""
         orders = (self.input_order, other.input_order)
         return (
             self.format == other.format
             and self.in_features == other.in_features
+            and self.activations == other.activations
             and (orders == (None, None) or (None not in orders and torch.equal(*orders)))
         )
 
     def narrow(self, start: int, length: int) -> QuantizedWeight:
         """Rows ``start`` .. ``start + length`` (a view)."""
-        return QuantizedWeight(self.blocks.narrow(0, start, length), self.format, self.in_features, self.input_order)
+        return self._with_blocks(self.blocks.narrow(0, start, length))
 
     def narrow_columns(self, start: int, length: int) -> QuantizedWeight | None:
         """Input columns ``start`` .. ``start + length`` of every row (a row-parallel rank's share), or None when
@@ -95,23 +119,32 @@ class QuantizedWeight:
         if start % size or length % size or self.input_order is not None:
             return None
         return QuantizedWeight(
-            self.blocks.narrow(1, start // size * bytes_, length // size * bytes_), self.format, length
+            self.blocks.narrow(1, start // size * bytes_, length // size * bytes_),
+            self.format,
+            length,
+            activations=self.activations,  # a rank quantises its own share of each row, as vLLM's does
         )
 
     def take(self, rows: torch.Tensor) -> QuantizedWeight:
         """The rows at indices ``rows``, in that order (a copy)."""
-        return QuantizedWeight(self.blocks.index_select(0, rows), self.format, self.in_features, self.input_order)
+        return self._with_blocks(self.blocks.index_select(0, rows))
 
     @staticmethod
     def stack(parts: list[QuantizedWeight]) -> QuantizedWeight:
-        """One weight of the parts' rows in order (a fused q|k|v); the parts share format, ``in_features`` and
-        ``input_order``."""
+        """One weight of the parts' rows in order (a fused q|k|v); the parts share format, ``in_features``,
+        ``input_order`` and ``activations``."""
         first = parts[0]
         if not all(first.stacks_with(p) for p in parts):
             raise ValueError("only weights of one format, input size and input order stack")
-        return QuantizedWeight(torch.cat([p.blocks for p in parts]), first.format, first.in_features, first.input_order)
+        return first._with_blocks(torch.cat([p.blocks for p in parts]))
 
     def to(self, device: torch.device | str) -> QuantizedWeight:
         """The blocks on ``device``, contiguous (a copy unless they already are)."""
         order = None if self.input_order is None else self.input_order.to(device)
-        return QuantizedWeight(self.blocks.to(device).contiguous(), self.format, self.in_features, order)
+        return QuantizedWeight(
+            self.blocks.to(device).contiguous(), self.format, self.in_features, order, self.activations
+        )
+
+    def _with_blocks(self, blocks: torch.Tensor) -> QuantizedWeight:
+        """Other rows of this weight: the same format, input size, input order and activations."""
+        return QuantizedWeight(blocks, self.format, self.in_features, self.input_order, self.activations)
