@@ -484,6 +484,22 @@ def test_w8a8_needs_a_model_class_that_keeps_quantised_weights(tmp_path):
         dict(iter_weights(tmp_path, quantized=False))
 
 
+def test_a_w8a8_weight_a_layer_would_hold_dense_is_refused():
+    """Its int8 inputs are applied only around its blocks: dequantised into a plain parameter they would be lost."""
+    from llmp.modeling.layers import load_weights
+    from llmp.quantization import GGML_FORMATS, quantize
+
+    model = torch.nn.Module()
+    model.proj = torch.nn.Linear(64, 8, bias=False)
+    weight = QuantizedWeight(
+        quantize(torch.randn(8, 64), "Q8_0"), GGML_FORMATS["Q8_0"], 64, activations=Int8Activations()
+    )
+    with pytest.raises(ModelLoadError, match="a W8A8 weight .* must stay in its blocks"):
+        load_weights(model, iter([("proj.weight", weight)]))
+    load_weights(model, iter([("proj.weight", QuantizedWeight(weight.blocks, weight.format, 64))]))  # W8A16: dense
+    assert torch.equal(model.proj.weight.data, weight.dequantize())
+
+
 class Q4Kernels(TorchKernels):
     """The torch set computing Q4_0 from its blocks (the reference matmul); counts the matrices it gets."""
 

@@ -312,7 +312,7 @@ class RowParallelLinear(PackableLinear):
             if share is not None:  # a rank's columns on block boundaries stay quantised
                 self.keep_quantized(0, share)
                 return
-            tensor = tensor.dequantize()
+            tensor = _dense(tensor)
         self.weight.data.copy_(tensor.narrow(1, tp_rank() * self.in_local, self.in_local))
 
 
@@ -353,7 +353,7 @@ class VocabParallelEmbedding(nn.Module):
                 else:
                     self.quantized_rows = tensor
                 return
-            tensor = tensor.dequantize()  # split over ranks with padding
+            tensor = _dense(tensor)  # split over ranks with padding
         kept = tensor[self.start : self.start + self.rows]
         self.weight.data.zero_()
         self.weight.data[: kept.shape[0]].copy_(kept)
@@ -765,8 +765,16 @@ def _expert_target(name: str) -> tuple[str, str] | None:
 
 
 def _dense(tensor: torch.Tensor | QuantizedWeight) -> torch.Tensor:
-    """A checkpoint tensor as numbers: a quantised one dequantised (for a layer that does not keep blocks)."""
-    return tensor.dequantize() if isinstance(tensor, QuantizedWeight) else tensor
+    """A checkpoint tensor as numbers: a quantised one dequantised (for a layer that does not keep blocks). A
+    W8A8 weight's int8 inputs are applied only around its blocks: held dense, they would be lost, so it is refused."""
+    if not isinstance(tensor, QuantizedWeight):
+        return tensor
+    if tensor.activations is not None:
+        raise ModelLoadError(
+            "a W8A8 weight (int8 inputs) must stay in its blocks, and this layer holds it dense (a tensor-parallel "
+            "share that does not split it on 32-column blocks, or a layer that keeps no quantised weights)"
+        )
+    return tensor.dequantize()
 
 
 def _check_shape(tensor: torch.Tensor | QuantizedWeight, expected: tuple[int, ...], name: str) -> None:

@@ -135,7 +135,7 @@ class QuantizedWeight:
         ``input_order`` and ``activations``."""
         first = parts[0]
         if not all(first.stacks_with(p) for p in parts):
-            raise ValueError("only weights of one format, input size and input order stack")
+            raise ValueError("only weights of one format, input size, input order and activations stack")
         return first._with_blocks(torch.cat([p.blocks for p in parts]))
 
     def to(self, device: torch.device | str) -> QuantizedWeight:
