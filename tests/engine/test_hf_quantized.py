@@ -328,7 +328,9 @@ def test_the_packing_round_trips_the_float_weight_to_within_a_step():
         assert ((got - weight).abs() <= step).all()
 
 
-@pytest.mark.parametrize("layout", ["awq-g64", "gptq-act-order", "gptq-8bit-v2", "ct-w8a16-packed"])
+@pytest.mark.parametrize(
+    "layout", ["awq-g64", "gptq-act-order", "gptq-8bit-v2", "ct-w8a16-packed", "ct-w8a16-int-asym"]
+)
 def test_greedy_output_is_transformers_with_the_dequantised_weights(tmp_path, layout, caplog):
     """On the default kernel set: the matrices a GGML format holds are computed in its blocks."""
     config, pack = LAYOUTS[layout]
@@ -350,10 +352,13 @@ BLOCK_FORMATS = {  # the GGML format each layout's matrices stay in (None: dequa
     "gptq-asym-g64": "Q5_0",
     "gptq-sym-one-group": "Q4_0",
     "gptq-act-order": "Q5_0",  # its inputs stored sorted by group (input_order)
-    "gptq-8bit-v2": None,  # asymmetric 8-bit: q - zero spans -255..255, more than Q8_0's int8
+    "gptq-8bit-v2": "Q8_0",  # asymmetric 8-bit: q - 128 in the blocks, the zero points as group_offsets
     "ct-w8a16-packed": "Q8_0",  # fp16 scales, one a row, repeated in each block
-    "ct-w8a16-int-asym": None,
+    "ct-w8a16-int-asym": "Q8_0",  # the stored int8 in the blocks, each row's zero point as its offset
 }
+
+
+OFFSET_LAYOUTS = ("gptq-8bit-v2", "ct-w8a16-int-asym")  # their levels span -255..255: zero points as offsets
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -368,8 +373,26 @@ def test_each_integer_matrix_stays_in_exact_ggml_blocks_where_a_format_holds_it(
             assert isinstance(got, torch.Tensor) and torch.equal(got, expected), name
             continue
         assert isinstance(got, QuantizedWeight) and got.format.name == fmt, (name, got)
+        assert (got.group_offsets is not None) == (layout in OFFSET_LAYOUTS), name
         assert got.shape == expected.shape
         assert torch.equal(got.dequantize(), expected), name
+
+
+def test_offsets_follow_the_rows_they_belong_to():
+    weight = torch.randn(64, 128)
+    tensors = gptq_tensors(weight, bits=8, group_size=32, sym=False, v1=False)
+    config = gptq_config(bits=8, group_size=32, sym=False, checkpoint_format="gptq_v2")
+    stream = [(f"a.{s}", t) for s, t in tensors.items()]
+    got = dict(iter_hf_quantized(iter(stream), config, quantized=True))["a.weight"]
+    dense = gptq_reference(tensors, 8, v1=False)
+    assert got.group_offsets.shape == (64, 4)
+    assert torch.equal(got.narrow(10, 5).dequantize(), dense[10:15])
+    rows = torch.tensor([63, 0, 7])
+    assert torch.equal(got.take(rows).dequantize(), dense[rows])
+    stacked = QuantizedWeight.stack([got.narrow(40, 24), got.narrow(0, 40)])
+    assert torch.equal(stacked.dequantize(), torch.cat([dense[40:], dense[:40]]))
+    assert got.narrow_columns(0, 64) is None  # a row-parallel share is dequantised by its layer
+    assert not got.stacks_with(got.in_stored_order())
 
 
 def test_int8_with_scales_float16_cannot_hold_is_dequantised():

@@ -24,8 +24,10 @@ the fp16 scale is exact in float32), or with ``quantized`` and where exact a
 :class:`~llmp.quantization.QuantizedWeight` of GGML blocks for the kernel set. A matrix whose 32-column blocks
 each lie in one group with fp16 scales is ``d * level`` per block, ``level = q - zero``: symmetric 4-bit GPTQ
 fits ``Q4_0`` (-8..7), AWQ and asymmetric 4-bit GPTQ ``Q5_0`` (-15..15, 5.5 bits a weight), 8-bit GPTQ and
-int8 compressed-tensors with fp16-exact scales ``Q8_0``. Act-order GPTQ's shuffled groups are made contiguous by
-storing the input rows sorted by group (``QuantizedWeight.input_order``; the layer gathers x's columns to match).
+int8 compressed-tensors with fp16-exact scales ``Q8_0``; asymmetric 8-bit ones, whose levels do not fit, ``Q8_0``
+of the stored integers with their zero points as ``QuantizedWeight.group_offsets``. Act-order GPTQ's shuffled
+groups are made contiguous by storing the input rows sorted by group (``QuantizedWeight.input_order``; the layer
+gathers x's columns to match).
 """
 
 from __future__ import annotations
@@ -329,11 +331,31 @@ def _integers_in_blocks(ints: _Integers) -> Any:
     if not bool((block_groups == block_groups[:, :1]).all()):
         return None
     q = ints.q if order is None else ints.q[order]
-    levels = (q - ints.zeros[g]).t()  # [out, in], inputs in stored order
-    weight = _in_blocks(levels, ints.scales[block_groups[:, 0]].t())
+    d = ints.scales[block_groups[:, 0]].t()  # [out, in / 32]
+    weight = _in_blocks((q - ints.zeros[g]).t(), d)  # levels [out, in], inputs in stored order
+    if weight is None:
+        weight = _offset_blocks(q, ints.zeros, ints.scales, g, d)
     if weight is None or order is None:
         return weight
-    return QuantizedWeight(weight.blocks, weight.format, weight.in_features, order)
+    return QuantizedWeight(weight.blocks, weight.format, weight.in_features, order, group_offsets=weight.group_offsets)
+
+
+def _offset_blocks(q: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, g: torch.Tensor, d: torch.Tensor) -> Any:
+    """An 8-bit asymmetric weight (levels ``q - zero`` spanning -255..255, more than ``Q8_0`` holds) as ``Q8_0``
+    blocks of ``q - 128`` and ``group_offsets`` ``scale * (zero - 128)`` (exact: small integers times float16
+    scales), where its groups are equal runs of the (stored) input rows; else ``None``."""
+    import torch
+
+    from llmp.quantization import QuantizedWeight
+
+    rows, groups = q.shape[0], scales.shape[0]
+    if rows % groups or not torch.equal(g, torch.arange(rows) // (rows // groups)) or int(q.min()) < 0:
+        return None
+    weight = _in_blocks((q - 128).t(), d)
+    if weight is None:
+        return None
+    offsets = (scales.float() * (zeros - 128).float()).t().contiguous()  # [out, groups]
+    return QuantizedWeight(weight.blocks, weight.format, rows, group_offsets=offsets)
 
 
 def _compressed_tensors_weight(quant: HFQuantization, parts: dict[str, torch.Tensor], quantized: bool) -> Any:
@@ -370,20 +392,26 @@ def _compressed_tensors_values(quant: HFQuantization, parts: dict[str, torch.Ten
     """:func:`_compressed_tensors_weight`'s weight, without its activations."""
     import torch
 
+    from llmp.quantization import QuantizedWeight
+
     if quant.packed:  # four int8 values per little-endian int32, each stored plus 128 (compressed-tensors' pack)
         packed = parts["weight_packed"]
-        q = packed.contiguous().view(torch.uint8).reshape(packed.shape[0], -1).int() - 128
+        stored = packed.contiguous().view(torch.uint8).reshape(packed.shape[0], -1).int() - 128
     else:
-        q = parts["weight"].int()
-    if "weight_zero_point" in parts:
-        q = q - parts["weight_zero_point"].int().reshape(-1, 1)
+        stored = parts["weight"].int()
+    out, rows = stored.shape
+    zero = parts["weight_zero_point"].int().reshape(-1, 1) if "weight_zero_point" in parts else None
+    q = stored if zero is None else stored - zero
     scale = parts["weight_scale"].float()
-    out, rows = q.shape
     if quantized and rows % BLOCK == 0 and torch.equal(scale.half().float(), scale):
-        d = scale.half().reshape(-1, 1).expand(out, rows // BLOCK)
-        blocks = _in_blocks(q, d.contiguous())
+        d = scale.half().reshape(-1, 1).expand(out, rows // BLOCK).contiguous()
+        blocks = _in_blocks(q, d)
         if blocks is not None:
             return blocks
+        if zero is not None:  # q - zero spans -255..255: q in Q8_0 blocks, the zero points as one offset a row
+            blocks = _in_blocks(stored, d)
+            offsets = (scale.reshape(-1, 1) * zero.float()).expand(out, 1).contiguous()  # exact: int8 x fp16
+            return QuantizedWeight(blocks.blocks, blocks.format, rows, group_offsets=offsets)
     return q.float().mul_(scale.reshape(-1, 1) if scale.numel() > 1 else scale.reshape(()))
 
 

@@ -407,7 +407,8 @@ def pack_quantized_layers(model: nn.Module, kernels: Any, dtype: torch.dtype) ->
     dequantised to ``dtype`` and computed as dense rows. A layer's rows of several formats (a fused q|k|v of
     ``Q4_K`` and ``Q6_K``) are computed format by format and concatenated. The set gets the blocks as stored;
     for a weight storing its inputs in another order (``QuantizedWeight.input_order``) the layer gathers x's
-    columns in that order first, and for a W8A8 weight (``activations``) it quantises x to int8 first.
+    columns in that order first, subtracts ``group_offsets``' share (an asymmetric checkpoint's zero points), and
+    for a W8A8 weight (``activations``) quantises x to int8 first.
     """
     from llmp.api import PacksQuantized
 
@@ -445,6 +446,8 @@ def pack_quantized_layers(model: nn.Module, kernels: Any, dtype: torch.dtype) ->
             done.counts[part.format.name, compute is not None] += 1
             if compute is not None:
                 blocks.add(part.blocks)
+                if part.group_offsets is not None:
+                    compute = _offset(compute, part.group_offsets)
                 if part.input_order is not None:
                     compute = _gathered(compute, part.input_order)
             else:
@@ -498,6 +501,19 @@ def _row_regions(module: PackableLinear) -> list[tuple[int, int, QuantizedWeight
 def _gathered(compute: Callable[[torch.Tensor], torch.Tensor], order: torch.Tensor) -> Callable:
     """``compute`` of x's columns taken in ``order`` (a weight whose blocks store its inputs in that order)."""
     return lambda x: compute(x.index_select(-1, order))
+
+
+def _offset(compute: Callable[[torch.Tensor], torch.Tensor], offsets: torch.Tensor) -> Callable:
+    """``compute`` minus each run of x's columns summed times the rows' offsets of that run
+    (``QuantizedWeight.group_offsets``), in float32, row by row."""
+    runs = offsets.shape[1]
+
+    def offset(x: torch.Tensor) -> torch.Tensor:
+        sums = x.float().reshape(x.shape[0], runs, -1).sum(-1)
+        correction = sums * offsets[:, 0] if runs == 1 else row_invariant(lambda rows: F.linear(rows, offsets), sums)
+        return (compute(x).float() - correction).to(x.dtype)
+
+    return offset
 
 
 def _quantised_inputs(compute: Callable[[torch.Tensor], torch.Tensor], activations: Int8Activations) -> Callable:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -48,6 +49,12 @@ class QuantizedWeight:
 
     ``activations``: the layer's inputs are quantised to int8 first (:class:`Int8Activations`, a W8A8
     checkpoint), by the model runner too, whichever set computes the blocks.
+
+    ``group_offsets`` (float32 ``[out_features, G]``, or ``None``): an asymmetric integer checkpoint's zero
+    points, where its levels ``q - zero`` do not fit a block format but ``q`` does. The input columns (in
+    stored order) are G equal runs, and the weight is the blocks' values minus the row's offset of each run:
+    ``W[n, k] = blocks[n, k] - group_offsets[n, k // (in_features / G)]``. The model runner subtracts each
+    run's sum of x times the offsets from the set's matmul.
     """
 
     blocks: torch.Tensor
@@ -55,6 +62,7 @@ class QuantizedWeight:
     in_features: int
     input_order: torch.Tensor | None = None
     activations: Int8Activations | None = None
+    group_offsets: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         fmt = self.format
@@ -74,6 +82,17 @@ class QuantizedWeight:
         order = self.input_order
         if order is not None and (order.dtype != torch.int64 or tuple(order.shape) != (self.in_features,)):
             raise ValueError(f"input_order must be int64 [{self.in_features}], not {order.dtype} {tuple(order.shape)}")
+        offsets = self.group_offsets
+        if offsets is not None and (
+            offsets.dtype != torch.float32
+            or offsets.dim() != 2
+            or offsets.shape[0] != self.out_features
+            or self.in_features % offsets.shape[1]
+        ):
+            raise ValueError(
+                f"group_offsets must be float32 [{self.out_features}, G], G dividing {self.in_features}, not "
+                f"{offsets.dtype} {tuple(offsets.shape)}"
+            )
 
     @property
     def out_features(self) -> int:
@@ -87,7 +106,12 @@ class QuantizedWeight:
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The dense ``[out_features, in_features]`` weight (the reference: bit for bit the ``gguf`` package's),
         its columns in their natural order."""
-        stored = dequantize(self.blocks, self.format, dtype)
+        if self.group_offsets is None:
+            stored = dequantize(self.blocks, self.format, dtype)
+        else:  # exact in float32: each value and offset a small integer times a float16 scale, and so their difference
+            runs = self.in_features // self.group_offsets.shape[1]
+            offsets = self.group_offsets.to(self.blocks.device).repeat_interleave(runs, dim=1)
+            stored = (dequantize(self.blocks, self.format) - offsets).to(dtype)
         if self.input_order is None:
             return stored
         dense = torch.empty_like(stored)
@@ -95,28 +119,31 @@ class QuantizedWeight:
         return dense
 
     def in_stored_order(self) -> QuantizedWeight:
-        """The blocks as stored, without :attr:`input_order`: the weight a kernel set computes."""
+        """The blocks alone (no :attr:`input_order` or :attr:`group_offsets`): the weight a kernel set computes."""
         return QuantizedWeight(self.blocks, self.format, self.in_features)
 
     def stacks_with(self, other: QuantizedWeight) -> bool:
-        """Whether :meth:`stack` takes the two: one format, input size, input order and activations."""
+        """Whether :meth:`stack` takes the two: one format, input size, input order, activations and runs of
+        group offsets (or none)."""
         orders = (self.input_order, other.input_order)
+        runs = [None if w.group_offsets is None else w.group_offsets.shape[1] for w in (self, other)]
         return (
             self.format == other.format
             and self.in_features == other.in_features
             and self.activations == other.activations
+            and runs[0] == runs[1]
             and (orders == (None, None) or (None not in orders and torch.equal(*orders)))
         )
 
     def narrow(self, start: int, length: int) -> QuantizedWeight:
         """Rows ``start`` .. ``start + length`` (a view)."""
-        return self._with_blocks(self.blocks.narrow(0, start, length))
+        return self._rows(lambda t: t.narrow(0, start, length))
 
     def narrow_columns(self, start: int, length: int) -> QuantizedWeight | None:
         """Input columns ``start`` .. ``start + length`` of every row (a row-parallel rank's share), or None when
         they do not begin and end on block boundaries or the columns are stored in another order."""
         size, bytes_ = self.format.block_size, self.format.type_size
-        if start % size or length % size or self.input_order is not None:
+        if start % size or length % size or self.input_order is not None or self.group_offsets is not None:
             return None
         return QuantizedWeight(
             self.blocks.narrow(1, start // size * bytes_, length // size * bytes_),
@@ -127,7 +154,7 @@ class QuantizedWeight:
 
     def take(self, rows: torch.Tensor) -> QuantizedWeight:
         """The rows at indices ``rows``, in that order (a copy)."""
-        return self._with_blocks(self.blocks.index_select(0, rows))
+        return self._rows(lambda t: t.index_select(0, rows.to(t.device)))
 
     @staticmethod
     def stack(parts: list[QuantizedWeight]) -> QuantizedWeight:
@@ -135,16 +162,21 @@ class QuantizedWeight:
         ``input_order`` and ``activations``."""
         first = parts[0]
         if not all(first.stacks_with(p) for p in parts):
-            raise ValueError("only weights of one format, input size, input order and activations stack")
-        return first._with_blocks(torch.cat([p.blocks for p in parts]))
+            raise ValueError("only weights of one format, input size, input order, activations and offset runs stack")
+        offsets = None if first.group_offsets is None else torch.cat([p.group_offsets for p in parts])
+        return first._replaced(torch.cat([p.blocks for p in parts]), offsets)
 
     def to(self, device: torch.device | str) -> QuantizedWeight:
         """The blocks on ``device``, contiguous (a copy unless they already are)."""
         order = None if self.input_order is None else self.input_order.to(device)
+        offsets = None if self.group_offsets is None else self.group_offsets.to(device)
         return QuantizedWeight(
-            self.blocks.to(device).contiguous(), self.format, self.in_features, order, self.activations
+            self.blocks.to(device).contiguous(), self.format, self.in_features, order, self.activations, offsets
         )
 
-    def _with_blocks(self, blocks: torch.Tensor) -> QuantizedWeight:
-        """Other rows of this weight: the same format, input size, input order and activations."""
-        return QuantizedWeight(blocks, self.format, self.in_features, self.input_order, self.activations)
+    def _rows(self, rows: Callable[[torch.Tensor], torch.Tensor]) -> QuantizedWeight:
+        """Other rows of this weight (``rows`` applied to the blocks and to the offsets)."""
+        return self._replaced(rows(self.blocks), None if self.group_offsets is None else rows(self.group_offsets))
+
+    def _replaced(self, blocks: torch.Tensor, offsets: torch.Tensor | None) -> QuantizedWeight:
+        return QuantizedWeight(blocks, self.format, self.in_features, self.input_order, self.activations, offsets)
