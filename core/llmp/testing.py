@@ -838,6 +838,7 @@ _TINY_GGUF_MODELS = {
             "norm_topk_prob": True,
         },
     ),
+    "gemma": _TinyGGUF("GemmaForCausalLM", "gemma", {"head_dim": 16, "tie_word_embeddings": True}),
     "gemma2": _TinyGGUF(
         "Gemma2ForCausalLM", "gemma2", {"head_dim": 16, "sliding_window": 8, "tie_word_embeddings": True}
     ),
@@ -859,10 +860,10 @@ def save_tiny_gguf(
 ) -> Any:
     """Write a tiny random model of ``architecture`` (and the tiny tokenizer) as a GGUF file at ``path``, converted
     as llama.cpp's ``convert_hf_to_gguf.py`` does (its tensor names and metadata keys, the q/k permutation of a
-    llama file, Gemma 2's norms stored plus one); returns the transformers model.
+    llama file, Gemma's norms stored plus one); returns the transformers model.
 
     ``architecture`` is one of llama, mistral (a "llama" file named "mistral", which transformers reads as Mistral),
-    qwen2, qwen3, qwen3moe and gemma2; another (``"phi3"``) writes the tiny Llama under that name, a file llmp
+    qwen2, qwen3, qwen3moe, gemma and gemma2; another (``"phi3"``) writes the tiny Llama under that name, a file llmp
     refuses. The weight matrices are stored as ``tensor_type`` (a ``gguf.GGMLQuantizationType``, F32 by default)
     except those whose rows are not a whole number of its blocks, which stay F32 as in llama.cpp; norms, biases and
     expert routers stay F32. ``tensor_types`` mixes types as a ``Q4_K_M`` file does: the type of the matrices whose
@@ -967,12 +968,12 @@ def _stack_experts(checkpoint: dict[str, Any]) -> dict[str, Any]:
 
 def _llama_cpp_transform(gguf_arch: str, hf_name: str, weight: Any, config: Any) -> Any:
     """A tensor as llama.cpp stores it: a llama file's q and k rows with each head's rotary halves interleaved,
-    Gemma 2's norms as ``1 + w``."""
+    Gemma's and Gemma 2's norms as ``1 + w``."""
     if gguf_arch == "llama" and hf_name.endswith(("q_proj.weight", "k_proj.weight")):
         heads = config.num_attention_heads if ".q_proj." in hf_name else config.num_key_value_heads
         halves = weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:])
         return halves.swapaxes(1, 2).reshape(weight.shape)
-    if gguf_arch == "gemma2" and hf_name.endswith("norm.weight"):
+    if gguf_arch in ("gemma", "gemma2") and hf_name.endswith("norm.weight"):
         return weight + 1
     return weight
 

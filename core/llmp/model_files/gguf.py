@@ -36,9 +36,12 @@ log = logging.getLogger("llmp.model_files")
 
 _CONVERSION_VERSION = 6  # bump when the converted layout changes, so old caches are not reused
 # The general.architecture of the GGUF files llmp loads: those transformers reads (its GGUF loader names and
-# un-transforms their tensors) whose model a native llmp plugin serves. A Mistral model is a "llama" file, as
-# llama.cpp writes it; transformers cannot read a gemma (1) file.
-GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma2")
+# un-transforms their tensors) whose model a native llmp plugin serves, and those of READ_AS. A Mistral model is a
+# "llama" file, as llama.cpp writes it.
+GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma", "gemma2")
+# Architectures transformers' GGUF tables lack, read with those of one llama.cpp writes alike: a Gemma (1) file has
+# Gemma 2's metadata keys and tensor names (less the soft-caps and sliding window) and its norms stored plus one
+READ_AS = {"gemma": "gemma2"}
 # GGUF metadata transformers leaves out of the config it reads (its defaults then fit only some models):
 # architecture -> {key under the architecture: config attribute}
 _METADATA_TRANSFORMERS_SKIPS = {
@@ -294,7 +297,7 @@ def _transformers_config_dict(path: Path, architecture: str) -> dict[str, Any]:
             tensor_names = {tensor.name for tensor in read_tensor_table(data)}
     # as transformers reads it: a llama file whose general.name is exactly "mistral" is a Mistral model
     renamed = "mistral" if architecture == "llama" and metadata.get("general.name") == "mistral" else architecture
-    renamed = {"qwen3moe": "qwen3_moe"}.get(architecture, renamed)
+    renamed = {"qwen3moe": "qwen3_moe", **READ_AS}.get(architecture, renamed)
     config: dict[str, Any] = {"tie_word_embeddings": "output.weight" not in tensor_names}
     defaults = GGUF_CONFIG_DEFAULTS_MAPPING
     for key, value in defaults.get(renamed, defaults.get(architecture, {})).items():
@@ -304,11 +307,13 @@ def _transformers_config_dict(path: Path, architecture: str) -> dict[str, Any]:
         prefix, _, config_key = key.replace(architecture, renamed).partition(".")
         if isinstance(value, list) and len(value) == 1:
             value = value[0]
-        if isinstance(value, str) and architecture in value:
+        if isinstance(value, str) and architecture in value and architecture not in READ_AS:
             value = value.replace(architecture, renamed)
         target = renames.get(prefix, {}).get(config_key)
         if target is not None and target != -1:
             config[target] = value
+    if architecture in READ_AS:
+        config["model_type"] = architecture  # read with another's tables, a model of its own
     if "vocab_size" not in config:  # as transformers: the tokenizer's vocabulary (its strings are decoded here only)
         tokens = gguf_metadata(path, {"tokenizer.ggml.tokens"}).get("tokenizer.ggml.tokens")
         if tokens is not None:

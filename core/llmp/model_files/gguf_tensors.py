@@ -132,7 +132,9 @@ def _transformers_loader(config: Any, architecture: str) -> tuple[Any, Any, dict
     from transformers import AutoModelForCausalLM
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
 
-    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=config.to_dict())
+    from llmp.model_files.gguf import READ_AS
+
+    processor = TENSOR_PROCESSORS.get(READ_AS.get(architecture, architecture), TensorProcessor)(config=config.to_dict())
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     # GGUF names by the file's architecture: transformers goes by the model's, and a llama file it reads as
