@@ -269,7 +269,7 @@ def test_a_gguf_file_llmp_cannot_convert_is_refused_from_its_header_before_downl
         find_model_dir(PHI3_GGUF)
     message = str(caught.value)
     assert "phi3-Q4_K_M.gguf is a GGUF file of architecture 'phi3', which llmp cannot load" in message
-    assert "(it loads llama, qwen2, qwen3, qwen3moe, gemma2)" in message
+    assert "(it loads llama, qwen2, qwen3, qwen3moe, gemma, gemma2)" in message
     assert "nothing was downloaded" in message
     assert hub.downloads() == [] and [r for _, r in hub.ranges] == ["bytes=0-262143"]
     assert not list(Path(hub_env["HF_HOME"], "hub").glob("models--*/blobs/*"))

@@ -27,6 +27,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from llmp.api import ModelLoadError
 from llmp.model_files import cache_dir
+from llmp.model_files.gguf_tensors import READ_AS
 
 if TYPE_CHECKING:
     pass
@@ -39,9 +40,6 @@ _CONVERSION_VERSION = 6  # bump when the converted layout changes, so old caches
 # un-transforms their tensors) whose model a native llmp plugin serves, and those of READ_AS. A Mistral model is a
 # "llama" file, as llama.cpp writes it.
 GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma", "gemma2")
-# Architectures transformers' GGUF tables lack, read with those of one llama.cpp writes alike: a Gemma (1) file has
-# Gemma 2's metadata keys and tensor names (less the soft-caps and sliding window) and its norms stored plus one
-READ_AS = {"gemma": "gemma2"}
 # GGUF metadata transformers leaves out of the config it reads (its defaults then fit only some models):
 # architecture -> {key under the architecture: config attribute}
 _METADATA_TRANSFORMERS_SKIPS = {

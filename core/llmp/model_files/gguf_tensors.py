@@ -21,6 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 from llmp.api import ModelLoadError
 
+# Architectures transformers' GGUF tables lack, read with those of one llama.cpp writes alike: a Gemma (1) file has
+# Gemma 2's metadata keys and tensor names (less the soft-caps and sliding window) and its norms stored plus one
+READ_AS = {"gemma": "gemma2"}
+
 if TYPE_CHECKING:
     import torch
 
@@ -131,8 +135,6 @@ def _transformers_loader(config: Any, architecture: str) -> tuple[Any, Any, dict
     import torch
     from transformers import AutoModelForCausalLM
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
-
-    from llmp.model_files.gguf import READ_AS
 
     processor = TENSOR_PROCESSORS.get(READ_AS.get(architecture, architecture), TensorProcessor)(config=config.to_dict())
     with torch.device("meta"):
