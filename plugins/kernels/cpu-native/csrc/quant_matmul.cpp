@@ -157,7 +157,8 @@ at::Tensor quant_matmul(const at::Tensor& x, const at::Tensor& blocks, int64_t g
         thread_local std::vector<float> buffer;
         buffer.resize(static_cast<size_t>(kTileRows * K + kFloatsPerLine));
         float* tile = buffer.data();
-        tile += (kFloatsPerLine - reinterpret_cast<uintptr_t>(tile) / sizeof(float) % kFloatsPerLine) % kFloatsPerLine;
+        const uintptr_t misaligned = reinterpret_cast<uintptr_t>(tile) / sizeof(float) % kFloatsPerLine;
+        tile += (kFloatsPerLine - misaligned) % kFloatsPerLine;
         rows(args, begin * kGroupRows, std::min(N, end * kGroupRows), tile);
     });
     return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());  // one rounding to x's dtype

@@ -6,7 +6,8 @@
 // dequantize), then take their dot products with every input row (a chunk of inputs at a time). With few inputs
 // (decoding, up to kFusedMaxT) the buffer's store and reload would cost more than the arithmetic, so the weights go
 // straight from the blocks into registers instead (Q4_0, Q4_1, Q8_0, Q4_K on AVX2/AVX-512; Q5_0, Q5_1, Q5_K and
-// Q6_K on AVX-512; the other formats block by block through a small buffer), unpacked once for each pair of inputs, or for four on AVX-512. One dot product always runs the same
+// Q6_K on AVX-512; the other formats block by block through a small buffer), unpacked once for each pair of
+// inputs, or for four on AVX-512. One dot product always runs the same
 // way, whatever T and whatever tile it is part of: the dequantised values, lanes, accumulators (Acc) and final
 // reduction depend only on K, so a row's result never depends on the batch (row invariance).
 
@@ -390,7 +391,8 @@ struct K4InRegisters {
             const __m512i sixteen = _mm512_set1_epi32(16);
             q0 = _mm512_mask_or_epi32(q0, static_cast<__mmask16>(fifth), q0, sixteen);
             q1 = _mm512_mask_or_epi32(q1, static_cast<__mmask16>(fifth >> 16), q1, sixteen);
-            const __m512 high = _mm512_sub_ps(_mm512_mul_ps(_mm512_add_ps(iota16(), _mm512_set1_ps(16.0f)), d), m);
+            const __m512 sixteen_on = _mm512_add_ps(iota16(), _mm512_set1_ps(16.0f));
+            const __m512 high = _mm512_sub_ps(_mm512_mul_ps(sixteen_on, d), m);
             return {_mm512_permutex2var_ps(low, q0, high), _mm512_permutex2var_ps(low, q1, high)};
         }
     }
