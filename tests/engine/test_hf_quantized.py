@@ -6,6 +6,7 @@ GGML Q4_0 blocks, and what llmp does not run is refused at start-up in one line.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -392,7 +393,35 @@ def test_offsets_follow_the_rows_they_belong_to():
     stacked = QuantizedWeight.stack([got.narrow(40, 24), got.narrow(0, 40)])
     assert torch.equal(stacked.dequantize(), torch.cat([dense[40:], dense[:40]]))
     assert got.narrow_columns(0, 64) is None  # a row-parallel share is dequantised by its layer
+    assert got.narrow_columns(0, 128) is got  # one rank's share is the whole weight
     assert not got.stacks_with(got.in_stored_order())
+
+
+def test_a_layer_of_offset_reordered_int8_input_blocks_computes_its_weight():
+    """The layer's wrappers around the set's matmul (input order, offsets, int8 inputs), T = 0 and T > 0."""
+    from llmp.modeling.layers import RowParallelLinear, pack_quantized_layers
+
+    weight = torch.randn(24, 128)
+    tensors = gptq_tensors(weight, bits=8, group_size=32, sym=False, g_idx=shuffled_g_idx(128, 32, seed=4))
+    config = gptq_config(bits=8, group_size=32, sym=False, desc_act=True)
+    stream = [(f"a.{s}", t) for s, t in tensors.items()]
+    blocks = dict(iter_hf_quantized(iter(stream), config, quantized=True))["a.weight"]
+    assert blocks.input_order is not None and blocks.group_offsets is not None
+    dense = gptq_reference(tensors, 8)
+
+    class BlockKernels(TorchKernels):  # every format from its blocks as stored, as the reference computes it
+        def pack_quantized(self, weight: QuantizedWeight) -> Callable[[torch.Tensor], torch.Tensor]:
+            assert weight.input_order is None and weight.group_offsets is None
+            return lambda x: matmul_reference(x, weight.blocks, weight.format)
+
+    for kernels, activations in ((BlockKernels(), None), (BlockKernels(), Int8Activations()), (TorchKernels(), None)):
+        layer = RowParallelLinear(128, 24, bias=False)
+        layer.load_weight("weight", dataclasses.replace(blocks, activations=activations))
+        pack_quantized_layers(layer, kernels, torch.float32)
+        x = torch.randn(5, 128)
+        inputs = x if activations is None else int8_inputs_reference(x, None)
+        torch.testing.assert_close(layer(x), inputs @ dense.T, rtol=1e-5, atol=1e-4)
+        assert layer(x[:0]).shape == (0, 24)
 
 
 def test_int8_with_scales_float16_cannot_hold_is_dequantised():

@@ -509,7 +509,7 @@ def _offset(compute: Callable[[torch.Tensor], torch.Tensor], offsets: torch.Tens
     runs = offsets.shape[1]
 
     def offset(x: torch.Tensor) -> torch.Tensor:
-        sums = x.float().reshape(x.shape[0], runs, -1).sum(-1)
+        sums = x.float().reshape(x.shape[0], runs, x.shape[1] // runs).sum(-1)  # T = 0 too
         correction = sums * offsets[:, 0] if runs == 1 else row_invariant(lambda rows: F.linear(rows, offsets), sums)
         return (compute(x).float() - correction).to(x.dtype)
 

@@ -23,11 +23,9 @@ class Int8Activations:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.float()
+        scale: torch.Tensor | float = self.scale if self.scale is not None else rows.abs().amax(-1, keepdim=True)
         if self.scale is None:
-            scale = rows.abs().amax(-1, keepdim=True).div_(127.0)
-            scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # an all-zero row stays zero
-        else:
-            scale = torch.tensor(self.scale, dtype=torch.float32, device=x.device)
+            scale = torch.where(scale > 0, scale / 127.0, 1.0)  # an all-zero row stays zero
         return torch.round(rows / scale).clamp_(-128, 127).mul_(scale).to(x.dtype)
 
 
@@ -143,6 +141,8 @@ class QuantizedWeight:
         """Input columns ``start`` .. ``start + length`` of every row (a row-parallel rank's share), or None when
         they do not begin and end on block boundaries or the columns are stored in another order."""
         size, bytes_ = self.format.block_size, self.format.type_size
+        if start == 0 and length == self.in_features:  # one rank: the whole weight, its order and offsets with it
+            return self
         if start % size or length % size or self.input_order is not None or self.group_offsets is not None:
             return None
         return QuantizedWeight(
