@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -145,6 +146,10 @@ struct Item {
     int64_t request, kv, q0, q1;
 };
 
+#ifdef LLMP_X86
+#include "paged_attention_pairs.h"
+#endif
+
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                            const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
                            const at::Tensor& block_tables, double scale, double softcap, int64_t window) {
@@ -195,17 +200,39 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
         }
     }
     static const ItemFn attend = item_for_isa();
+#ifdef LLMP_X86
+    static const bool pairs_supported = pairs::supported();
+    const bool in_pairs = pairs_supported && args.q_dtype == Dtype::bf16 && args.cache_dtype == Dtype::bf16 &&
+                          D % 2 == 0;
+#else
+    const bool in_pairs = false;
+#endif
     const int64_t n = static_cast<int64_t>(items.size());
     const int64_t threads = std::clamp<int64_t>(work / kMinWorkPerThread, 1, std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n)));
     // thread t takes the items whose work ends in (t, t + 1] / threads of the total: contiguous, about equal
     // (a prefill's later rows read more keys than its first)
     at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
         thread_local ItemBuffers buffers;
-        buffers.reserve(positions * args.group, D);
+#ifdef LLMP_X86
+        thread_local pairs::Buffers pair_buffers;
+        if (!in_pairs)
+#endif
+            buffers.reserve(positions * args.group, D);
         for (int64_t t = begin; t < end; ++t) {
             const auto first = std::lower_bound(ends.begin(), ends.end(), work * t / threads + 1);
             const auto last = std::lower_bound(ends.begin(), ends.end(), work * (t + 1) / threads + 1);
-            for (auto i = first - ends.begin(); i < std::min<int64_t>(last - ends.begin(), n); ++i) {
+            const int64_t i0 = first - ends.begin(), i1 = std::min<int64_t>(last - ends.begin(), n);
+#ifdef LLMP_X86
+            if (in_pairs) {
+                pairs::KeyStream stream(args, items.data() + i0, items.data() + std::max(i0, i1));
+                for (int64_t i = i0; i < i1; ++i) {
+                    const Item& item = items[i];
+                    pairs::attend_item(args, item.request, item.kv, item.q0, item.q1, pair_buffers, stream);
+                }
+                continue;
+            }
+#endif
+            for (int64_t i = i0; i < i1; ++i) {
                 const Item& item = items[i];
                 attend(args, item.request, item.kv, item.q0, item.q1, buffers);
             }

@@ -1,0 +1,340 @@
+// Paged attention of bfloat16 queries over a bfloat16 cache on CPUs with AVX-512 BF16 (Zen 4/5, Intel from
+// Cooper Lake): every product is a vdpbf16ps over pairs of bfloat16, with no conversion of the cache to float32.
+// Included once by paged_attention.cpp (x86 only); selected for a call when the CPU has the instructions, the
+// AVX-512 level is selected, q and the caches are bfloat16 and the head size is even.
+//
+// The same online softmax as paged_attention_impl.h, in tiles of 32 keys aligned to absolute positions (0-31,
+// 32-63, ...), each row alone in a fixed order (so batch invariance holds as there):
+//   scores   s[j] = (q . k_j) * scale, q . k_j one float32 lane accumulated over the head's pairs of dimensions
+//            in order (the keys' pairs transposed so that a tile's 32 keys are two vectors' lanes);
+//   weights  p[j] = exp(s[j] - m), rounded to bfloat16 for the product with the values (as torch's own flash
+//            attention rounds them for its bfloat16 GEMM), summed into l in float32 before the rounding;
+//   output   acc[d] = acc[d] * alpha + sum over pairs of keys (p[j] v_j[d] + p[j+1] v_{j+1}[d]), keys in order;
+//            the values of two keys interleaved with vpunpck{l,h}wd, so the accumulators' lanes hold the head's
+//            dimensions in a fixed permutation, undone when the row is written.
+// Against the float32 copies: about 2x fewer instructions for the products, none for converting the cache, half
+// the transposing, and a tile's softmax bookkeeping shared by 32 keys instead of 16.
+
+#define LLMP_PAIRS __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,f16c")))
+
+namespace pairs {
+
+constexpr int kKeys = 32;  // keys a tile
+constexpr int kMaxRows = 8;  // query rows a block: 2 x 8 score accumulators, 2 x 8 output accumulators
+constexpr int64_t kAhead = 4;  // tiles prefetched ahead of the one computed (2 to 8 measured alike)
+
+// AVX-512 BF16 on this CPU and the AVX-512 level selected (LLMP_NATIVE_ISA lowers every kernel)
+bool supported() {
+    __builtin_cpu_init();
+    return selected_isa() == Isa::avx512 && __builtin_cpu_supports("avx512bf16");
+}
+
+// The thread's scratch, on 64-byte boundaries (misaligned 64-byte loads span two cache lines)
+struct Buffers {
+    int64_t pairs = 0, padded = 0, chunks = 0, rows = 0;  // D / 2, rounded up to 16; D in 32-wide chunks
+    std::vector<uint32_t> storage;
+    uint32_t *q = nullptr, *kt = nullptr, *p = nullptr, *zeros = nullptr;  // q [rows][padded], kt [padded][32],
+    float *acc = nullptr, *m = nullptr, *l = nullptr;  // p [kMaxRows][16], acc [rows][chunks * 32]
+    std::vector<ActiveRow> active;
+
+    void reserve(int64_t want_rows, int64_t head_dim) {
+        const int64_t want_pairs = head_dim / 2;
+        if (want_rows <= rows && want_pairs == pairs) return;
+        rows = want_rows;
+        pairs = want_pairs;
+        padded = (pairs + 15) / 16 * 16;
+        chunks = (head_dim + 31) / 32;
+        const int64_t sizes[] = {rows * padded, padded * kKeys, kMaxRows * 16, padded * 2, rows * chunks * 32,
+                                 rows + 16, rows + 16};
+        int64_t total = 16;
+        for (int64_t s : sizes) total += (s + 15) / 16 * 16;
+        storage.assign(total, 0);
+        uint32_t* at = storage.data();
+        at += (16 - (reinterpret_cast<uintptr_t>(at) / 4) % 16) % 16;
+        uint32_t* parts[7];
+        for (int i = 0; i < 7; ++i) {
+            parts[i] = at;
+            at += (sizes[i] + 15) / 16 * 16;
+        }
+        q = parts[0], kt = parts[1], p = parts[2], zeros = parts[3];
+        acc = reinterpret_cast<float*>(parts[4]), m = reinterpret_cast<float*>(parts[5]);
+        l = reinterpret_cast<float*>(parts[6]);
+        active.resize(rows);
+    }
+};
+
+LLMP_PAIRS inline __mmask16 lanes_below(int64_t n) {
+    return n >= 16 ? __mmask16(0xffff) : __mmask16((1u << std::max<int64_t>(n, 0)) - 1);
+}
+
+// exp(x) for the weights, x <= 0 (or -inf, giving 0): 2^(x log2 e) as 2^n 2^f, f in [-1/2, 1/2], 2^f by its
+// degree-5 Taylor polynomial (relative error under 2e-6: the weights are rounded to bfloat16 after, 4e-3)
+LLMP_PAIRS inline __m512 exp_weights(__m512 x) {
+    const __m512 t = _mm512_mul_ps(_mm512_max_ps(x, _mm512_set1_ps(-150.0f)), _mm512_set1_ps(kLog2e));
+    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(t, n);
+    __m512 p = _mm512_set1_ps(1.3333558146e-3f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108665e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650696e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718056e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);  // 2^n p: 0 below the smallest float
+}
+
+// 16 x 16 dwords: rows[j][0..15] -> out[i * stride + j]
+LLMP_PAIRS inline void transpose16(__m512i r[16], uint32_t* out, int64_t stride) {
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    // r[4a + b] now holds, in each 128-bit lane c, rows 4a..4a+3 of column 4c + b: column 4c + b is lane c of
+    // r[b], r[4 + b], r[8 + b], r[12 + b]
+    for (int b = 0; b < 4; ++b) {
+        const __m512i a_lo = _mm512_shuffle_i32x4(r[b], r[4 + b], 0x88), a_hi = _mm512_shuffle_i32x4(r[b], r[4 + b], 0xdd);
+        const __m512i b_lo = _mm512_shuffle_i32x4(r[8 + b], r[12 + b], 0x88);
+        const __m512i b_hi = _mm512_shuffle_i32x4(r[8 + b], r[12 + b], 0xdd);
+        _mm512_store_si512(out + b * stride, _mm512_shuffle_i32x4(a_lo, b_lo, 0x88));
+        _mm512_store_si512(out + (4 + b) * stride, _mm512_shuffle_i32x4(a_hi, b_hi, 0x88));
+        _mm512_store_si512(out + (8 + b) * stride, _mm512_shuffle_i32x4(a_lo, b_lo, 0xdd));
+        _mm512_store_si512(out + (12 + b) * stride, _mm512_shuffle_i32x4(a_hi, b_hi, 0xdd));
+    }
+}
+
+// Rows b..b+count-1 of the tile's active rows (R >= count; the block's last row fills the rest, not stored)
+template <int R>
+LLMP_PAIRS __attribute__((flatten)) inline void attend_rows(const AttentionArgs& a, Buffers& buf, int64_t b, int count,
+                                   const uint16_t* const* vrow) {
+    const int64_t P = buf.pairs, stride = buf.padded, C = buf.chunks;
+    const ActiveRow* row[R];
+    for (int r = 0; r < R; ++r) row[r] = &buf.active[b + std::min(r, count - 1)];
+    __m512 s0[R], s1[R];
+    for (int r = 0; r < R; ++r) s0[r] = s1[r] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < P; ++i) {
+        const __m512bh k0 = (__m512bh)_mm512_load_si512(buf.kt + i * kKeys);
+        const __m512bh k1 = (__m512bh)_mm512_load_si512(buf.kt + i * kKeys + 16);
+        for (int r = 0; r < R; ++r) {
+            const __m512bh qv = (__m512bh)_mm512_set1_epi32(int32_t(buf.q[row[r]->k * stride + i]));
+            s0[r] = _mm512_dpbf16_ps(s0[r], qv, k0);
+            s1[r] = _mm512_dpbf16_ps(s1[r], qv, k1);
+        }
+    }
+    const __m512 scale = _mm512_set1_ps(a.scale);
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512 minus_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    float alpha[R];
+    int j_first = kKeys, j_last = -1;
+    for (int r = 0; r < R; ++r) {
+        const int64_t k = row[r]->k;
+        Vf x0 = reinterpret_cast<Vf>(_mm512_mul_ps(s0[r], scale)), x1 = reinterpret_cast<Vf>(_mm512_mul_ps(s1[r], scale));
+        if (a.softcap > 0.0f) x0 = avx512::vsoftcap(x0, a.softcap), x1 = avx512::vsoftcap(x1, a.softcap);
+        const __m512i lo = _mm512_set1_epi32(row[r]->j_lo), hi = _mm512_set1_epi32(row[r]->j_hi);
+        const __m512i lane1 = _mm512_add_epi32(lane, _mm512_set1_epi32(16));
+        const __mmask16 v0 = _mm512_cmpge_epi32_mask(lane, lo) & _mm512_cmple_epi32_mask(lane, hi);
+        const __mmask16 v1 = _mm512_cmpge_epi32_mask(lane1, lo) & _mm512_cmple_epi32_mask(lane1, hi);
+        const __m512 y0 = _mm512_mask_mov_ps(minus_inf, v0, reinterpret_cast<__m512>(x0));
+        const __m512 y1 = _mm512_mask_mov_ps(minus_inf, v1, reinterpret_cast<__m512>(x1));
+        const float m_new = std::max(buf.m[k], _mm512_reduce_max_ps(_mm512_max_ps(y0, y1)));
+        const __m512 m_vec = _mm512_set1_ps(m_new);
+        // exactly 0 outside the row's keys (other rows of the block may add those keys' values)
+        const __m512 p0 = _mm512_maskz_mov_ps(v0, exp_weights(_mm512_sub_ps(y0, m_vec)));
+        const __m512 p1 = _mm512_maskz_mov_ps(v1, exp_weights(_mm512_sub_ps(y1, m_vec)));
+        _mm512_store_si512(buf.p + r * 16, (__m512i)_mm512_cvtne2ps_pbh(p1, p0));  // dword i: keys 2i, 2i + 1
+        alpha[r] = _mm512_cvtss_f32(exp_weights(_mm512_set1_ps(buf.m[k] - m_new)));
+        if (r < count) {
+            buf.l[k] = buf.l[k] * alpha[r] + _mm512_reduce_add_ps(_mm512_add_ps(p0, p1));
+            buf.m[k] = m_new;
+        }
+        j_first = std::min(j_first, row[r]->j_lo);
+        j_last = std::max(j_last, row[r]->j_hi);
+    }
+    // a row's weights outside its own keys are exactly 0, and every value read is finite: adding 0 * v leaves
+    // its sums as they are
+    const int64_t pair_first = j_first / 2, pair_last = j_last / 2;
+    for (int64_t c = 0; c < C; ++c) {
+        const __mmask32 mask = a.head_dim - c * 32 >= 32 ? __mmask32(0xffffffff)
+                                                         : __mmask32((1u << (a.head_dim - c * 32)) - 1);
+        __m512 o0[R], o1[R];
+        for (int r = 0; r < R; ++r) {
+            const __m512 al = _mm512_set1_ps(alpha[r]);
+            float* acc = buf.acc + row[r]->k * C * 32 + c * 32;
+            o0[r] = _mm512_mul_ps(_mm512_load_ps(acc), al);
+            o1[r] = _mm512_mul_ps(_mm512_load_ps(acc + 16), al);
+        }
+        for (int64_t i = pair_first; i <= pair_last; ++i) {
+            const __m512i va = _mm512_maskz_loadu_epi16(mask, vrow[2 * i] + c * 32);
+            const __m512i vb = _mm512_maskz_loadu_epi16(mask, vrow[2 * i + 1] + c * 32);
+            const __m512bh lo = (__m512bh)_mm512_unpacklo_epi16(va, vb), hi = (__m512bh)_mm512_unpackhi_epi16(va, vb);
+            for (int r = 0; r < R; ++r) {
+                const __m512bh pv = (__m512bh)_mm512_set1_epi32(int32_t(buf.p[r * 16 + i]));
+                o0[r] = _mm512_dpbf16_ps(o0[r], pv, lo);
+                o1[r] = _mm512_dpbf16_ps(o1[r], pv, hi);
+            }
+        }
+        for (int r = 0; r < count; ++r) {
+            float* acc = buf.acc + row[r]->k * C * 32 + c * 32;
+            _mm512_store_ps(acc, o0[r]);
+            _mm512_store_ps(acc + 16, o1[r]);
+        }
+    }
+}
+
+// The keys an item reads: first_tile.. last_key
+inline std::pair<int64_t, int64_t> key_range(const AttentionArgs& a, int64_t r, int64_t q0, int64_t q1) {
+    const int64_t qlen = a.query_start_loc[r + 1] - a.query_start_loc[r], seq = a.seq_lens[r];
+    const int64_t first = a.window > 0 ? std::max<int64_t>(0, seq - qlen + q0 - a.window + 1) : 0;
+    return {first / kKeys * kKeys, seq - qlen + q1 - 1};
+}
+
+// The tiles of keys and values a thread reads, item after item. Blocks lie anywhere in the cache, so the
+// hardware prefetcher cannot follow them: the stream asks for each tile's rows kAhead tiles before it is computed,
+// running on into the thread's next item (an item of a decode batch is only 8 tiles at 256 keys).
+class KeyStream {
+  public:
+    KeyStream(const AttentionArgs& a, const Item* item, const Item* end) : a_(a), item_(item), end_(end) {
+        start();
+        ahead(kAhead);
+    }
+
+    // asks for the rows of the next `tiles` tiles
+    LLMP_PAIRS void ahead(int64_t tiles) {
+        for (; tiles > 0 && item_ < end_; --tiles) {
+            const int32_t* blocks = a_.block_tables + item_->request * a_.block_table_stride;
+            const int64_t to = std::min(next_ + kKeys, last_ + 1), row_bytes = a_.head_dim * 2;
+            int64_t block = next_ / a_.block_size, offset = next_ % a_.block_size;
+            for (int64_t pos = next_; pos < to; ++pos) {
+                const int64_t slot = static_cast<int64_t>(blocks[block]) * a_.block_size + offset;
+                if (++offset == a_.block_size) offset = 0, ++block;
+                const int64_t at = (slot * a_.kv_heads + item_->kv) * row_bytes;
+                for (int64_t byte = 0; byte < row_bytes; byte += 64) {
+                    _mm_prefetch(static_cast<const char*>(a_.k_cache) + at + byte, _MM_HINT_T0);
+                    _mm_prefetch(static_cast<const char*>(a_.v_cache) + at + byte, _MM_HINT_T0);
+                }
+            }
+            next_ = to;
+            if (next_ > last_) {
+                ++item_;
+                start();
+            }
+        }
+    }
+
+  private:
+    void start() {
+        if (item_ < end_) std::tie(next_, last_) = key_range(a_, item_->request, item_->q0, item_->q1);
+    }
+
+    const AttentionArgs& a_;
+    const Item* item_;
+    const Item* end_;
+    int64_t next_ = 0, last_ = -1;
+};
+
+// One work item, as paged_attention_impl.h's attend_item. No interprocedural optimisation: GCC would specialise it for the calling
+// thread's buffers and reach them through __tls_get_addr at every use.
+LLMP_PAIRS __attribute__((noipa)) void attend_item(const AttentionArgs& a, int64_t r, int64_t kv, int64_t q0,
+                                                  int64_t q1, Buffers& buf, KeyStream& stream) {
+    const int64_t D = a.head_dim, G = a.group, P = D / 2, C = (D + 31) / 32;
+    const int64_t row0 = a.query_start_loc[r], qlen = a.query_start_loc[r + 1] - row0;
+    const int64_t seq = a.seq_lens[r];
+    const int32_t* blocks = a.block_tables + r * a.block_table_stride;
+    const int64_t rows = (q1 - q0) * G;
+    buf.reserve(rows, D);
+    const auto* q = static_cast<const uint16_t*>(a.q);
+    for (int64_t i = q0; i < q1; ++i) {
+        for (int64_t g = 0; g < G; ++g) {
+            const int64_t offset = (row0 + i) * a.q_stride_token + (kv * G + g) * a.q_stride_head;
+            std::memcpy(buf.q + ((i - q0) * G + g) * buf.padded, q + offset, P * 4);  // the row's P pairs
+        }
+    }
+    for (int64_t k = 0; k < rows; ++k) {
+        buf.m[k] = -std::numeric_limits<float>::infinity();
+        buf.l[k] = 0.0f;
+    }
+    std::fill(buf.acc, buf.acc + rows * C * 32, 0.0f);
+
+    auto position = [&](int64_t i) { return seq - qlen + i; };
+    auto first_key = [&](int64_t i) { return a.window > 0 ? std::max<int64_t>(0, position(i) - a.window + 1) : 0; };
+    const auto [first_tile, last_key] = key_range(a, r, q0, q1);
+    const auto* k_cache = static_cast<const uint16_t*>(a.k_cache);
+    const auto* v_cache = static_cast<const uint16_t*>(a.v_cache);
+    const uint16_t* krow[kKeys];
+    const uint16_t* vrow[kKeys];
+    for (int64_t t0 = first_tile; t0 <= last_key; t0 += kKeys) {
+        stream.ahead(1);
+        const int64_t n = std::min<int64_t>(kKeys, last_key + 1 - t0);
+        int64_t block = t0 / a.block_size, offset = t0 % a.block_size;
+        for (int64_t j = 0; j < kKeys; ++j) {
+            if (j < n) {
+                const int64_t slot = static_cast<int64_t>(blocks[block]) * a.block_size + offset;
+                krow[j] = k_cache + (slot * a.kv_heads + kv) * D;
+                vrow[j] = v_cache + (slot * a.kv_heads + kv) * D;
+                if (++offset == a.block_size) offset = 0, ++block;
+            } else {
+                krow[j] = vrow[j] = reinterpret_cast<const uint16_t*>(buf.zeros);  // past the last key
+            }
+        }
+        // the keys' pairs transposed: kt[i][j] = pair i of key j
+        for (int64_t i0 = 0; i0 < P; i0 += 16) {
+            const __mmask16 mask = lanes_below(P - i0);
+            for (int h = 0; h < 2; ++h) {
+                __m512i rows16[16];
+                for (int j = 0; j < 16; ++j) {
+                    rows16[j] = _mm512_maskz_loadu_epi32(mask, reinterpret_cast<const uint32_t*>(krow[16 * h + j]) + i0);
+                }
+                transpose16(rows16, buf.kt + i0 * kKeys + 16 * h, kKeys);
+            }
+        }
+        int64_t active = 0;
+        for (int64_t i = q0; i < q1; ++i) {
+            const int64_t lo = first_key(i), hi = position(i);
+            if (t0 > hi || t0 + kKeys - 1 < lo) continue;
+            const int j_lo = static_cast<int>(std::max<int64_t>(lo - t0, 0));
+            const int j_hi = static_cast<int>(std::min<int64_t>(hi - t0, kKeys - 1));
+            for (int64_t g = 0; g < G; ++g) buf.active[active++] = {(i - q0) * G + g, j_lo, j_hi};
+        }
+        int64_t b = 0;
+        for (; b + kMaxRows <= active; b += kMaxRows) attend_rows<kMaxRows>(a, buf, b, kMaxRows, vrow);
+        switch (active - b) {
+            case 7: attend_rows<7>(a, buf, b, 7, vrow); break;
+            case 6: attend_rows<6>(a, buf, b, 6, vrow); break;
+            case 5: attend_rows<5>(a, buf, b, 5, vrow); break;
+            case 4: attend_rows<4>(a, buf, b, 4, vrow); break;
+            case 3: attend_rows<3>(a, buf, b, 3, vrow); break;
+            case 2: attend_rows<2>(a, buf, b, 2, vrow); break;
+            case 1: attend_rows<1>(a, buf, b, 1, vrow); break;
+            default: break;
+        }
+    }
+    // the accumulators' lanes back in the head's order: of a chunk's 32 dimensions, o0 holds 0-3, 8-11, 16-19,
+    // 24-27 and o1 4-7, 12-15, 20-23, 28-31
+    const __m512i first16 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    const __m512i last16 = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+    auto* out = static_cast<uint16_t*>(a.out);
+    for (int64_t i = q0; i < q1; ++i) {
+        for (int64_t g = 0; g < G; ++g) {
+            const int64_t k = (i - q0) * G + g;
+            const __m512 inv = _mm512_set1_ps(1.0f / buf.l[k]);
+            uint16_t* dst = out + ((row0 + i) * a.heads + kv * G + g) * D;
+            for (int64_t c = 0; c < C; ++c) {
+                const float* acc = buf.acc + k * C * 32 + c * 32;
+                const __m512 o0 = _mm512_load_ps(acc), o1 = _mm512_load_ps(acc + 16);
+                const __m512 d0 = _mm512_mul_ps(_mm512_permutex2var_ps(o0, first16, o1), inv);
+                const __m512 d1 = _mm512_mul_ps(_mm512_permutex2var_ps(o0, last16, o1), inv);
+                const __m512i bits = (__m512i)_mm512_cvtne2ps_pbh(d1, d0);
+                const int64_t left = D - c * 32;
+                _mm512_mask_storeu_epi16(dst + c * 32, left >= 32 ? __mmask32(0xffffffff) : __mmask32((1u << left) - 1),
+                                         bits);
+            }
+        }
+    }
+}
+
+}  // namespace pairs
