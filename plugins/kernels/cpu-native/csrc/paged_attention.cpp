@@ -148,6 +148,11 @@ struct Item {
 
 #ifdef LLMP_X86
 #include "paged_attention_pairs.h"
+
+bool pairs_supported() {
+    static const bool supported = pairs::supported();
+    return supported;
+}
 #endif
 
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
@@ -201,8 +206,7 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
     }
     static const ItemFn attend = item_for_isa();
 #ifdef LLMP_X86
-    static const bool pairs_supported = pairs::supported();
-    const bool in_pairs = pairs_supported && args.q_dtype == Dtype::bf16 && args.cache_dtype == Dtype::bf16 &&
+    const bool in_pairs = pairs_supported() && args.q_dtype == Dtype::bf16 && args.cache_dtype == Dtype::bf16 &&
                           D % 2 == 0;
 #else
     const bool in_pairs = false;
@@ -251,6 +255,14 @@ TORCH_LIBRARY_FRAGMENT(llmp_native, m) {
     m.def(
         "paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor query_start_loc, Tensor seq_lens, "
         "Tensor block_tables, float scale, float softcap, int window) -> Tensor");
+    // whether bfloat16 queries over a bfloat16 cache take the vdpbf16ps path here (paged_attention_pairs.h)
+    m.def("paged_attention_pairs() -> bool", [] {
+#ifdef LLMP_X86
+        return llmp_native::pairs_supported();
+#else
+        return false;
+#endif
+    });
 }
 
 TORCH_LIBRARY_IMPL(llmp_native, CPU, m) { m.impl("paged_attention", &llmp_native::paged_attention); }

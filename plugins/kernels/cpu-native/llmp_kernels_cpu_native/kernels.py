@@ -16,6 +16,9 @@
   query heads, with sliding windows and soft-capping. Every query row is computed alone in an order fixed by
   its position (key tiles aligned to absolute positions), so a token's numbers are the same cold, warm,
   chunked, alone or batched, as the reference's plan of aligned query blocks makes them for the other sets.
+  Float32 arithmetic in tiles of 16 keys, except bfloat16 queries over a bfloat16 cache on AVX-512 BF16 CPUs:
+  there products of bfloat16 pairs (``vdpbf16ps``) in tiles of 32 keys, the weights rounded to bfloat16 for
+  the product with the values as torch's flash attention rounds them, each thread's keys prefetched ahead.
 - **Row-wise ops** (``rms_norm`` with or without the residual, ``rotary`` in place, ``silu_and_mul``,
   ``gelu_tanh_and_mul``, and ``write_kv`` into caches of the model's dtype) in one pass each over float32,
   bfloat16 or float16 rows, where torch runs a chain of small ops (a float32 RMSNorm with its residual add is

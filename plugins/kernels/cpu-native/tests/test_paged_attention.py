@@ -110,11 +110,41 @@ def test_the_result_does_not_depend_on_the_thread_count(kernels, set_threads):
         assert torch.equal(kernels.paged_attention(q, cache.k, cache.v, metadata, SCALE), alone)
 
 
-def test_a_query_view_of_a_fused_projection(kernels):
+@pytest.mark.parametrize(
+    "heads, kv_heads, head_dim",
+    [(14, 2, 64), (28, 4, 128), (32, 4, 128), (16, 4, 80), (12, 6, 96), (8, 8, 128), (8, 4, 256)],
+)
+def test_bfloat16_over_the_shapes_in_use(kernels, heads, kv_heads, head_dim):
+    # bfloat16 takes its own path on AVX-512 BF16 CPUs (vdpbf16ps pairs, tiles of 32 keys): GQA ratios 7, 8, 4,
+    # 2, 1; contexts on each side of a 32-key tile and of a 16-token block; prefill chunks and decode tokens
+    seq_lens = [31, 32, 33, 65, 97, 1, 200]
+    cache = Cache(seq_lens, heads, kv_heads, head_dim, 16, torch.bfloat16, seed=3)
+    requests = [(0, 30, 1), (1, 0, 32), (2, 32, 1), (3, 20, 45), (4, 96, 1), (5, 0, 1), (6, 150, 50)]
+    for window, softcap in ((None, None), (40, 30.0)):
+        q, metadata = cache.batch(requests, window)
+        got = kernels.paged_attention(q, cache.k, cache.v, metadata, SCALE, softcap)
+        expected = TorchKernels().paged_attention(q.float(), cache.k.float(), cache.v.float(), metadata, SCALE, softcap)
+        torch.testing.assert_close(got.float(), expected, rtol=1e-2, atol=1e-2)
+
+
+def test_a_decode_batch_of_64(kernels):
+    cache = Cache([100 + 7 * i for i in range(64)], 14, 2, 64, 16, torch.bfloat16, seed=4)
+    requests = [(i, 99 + 7 * i, 1) for i in range(64)]
+    q, metadata = cache.batch(requests)
+    got = kernels.paged_attention(q, cache.k, cache.v, metadata, SCALE)
+    expected = TorchKernels().paged_attention(q.float(), cache.k.float(), cache.v.float(), metadata, SCALE)
+    torch.testing.assert_close(got.float(), expected, rtol=1e-2, atol=1e-2)
+    for i in (0, 31, 63):  # each row as it is alone
+        q1, one = cache.batch([requests[i]])
+        assert torch.equal(kernels.paged_attention(q1, cache.k, cache.v, one, SCALE), got[i : i + 1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_query_view_of_a_fused_projection(kernels, dtype):
     # q as models pass it: a view of the q|k|v projection, rows not contiguous
-    cache = Cache(SEQ_LENS)
+    cache = Cache(SEQ_LENS, dtype=dtype)
     q, metadata = cache.batch(MIXED)
-    fused = torch.cat([q.reshape(q.shape[0], -1), torch.randn(q.shape[0], 2 * 3 * 64)], dim=1)
+    fused = torch.cat([q.reshape(q.shape[0], -1), torch.randn(q.shape[0], 2 * 3 * 64).to(dtype)], dim=1)
     view = fused[:, : q[0].numel()].view(q.shape)
     assert not view.is_contiguous()
     assert torch.equal(
@@ -150,6 +180,10 @@ CHECK_PATH = textwrap.dedent(
 
     kernels = NativeKernels()
     assert kernels.isa == sys.argv[1], kernels.isa
+    # bfloat16 in vdpbf16ps pairs exactly where the AVX-512 loops run on a CPU with AVX-512 BF16
+    with open("/proc/cpuinfo") as cpuinfo:
+        bf16_cpu = "avx512_bf16" in cpuinfo.read()
+    assert torch.ops.llmp_native.paged_attention_pairs() == (sys.argv[1] == "avx512" and bf16_cpu)
     for dtype in (torch.float32, torch.bfloat16):
         cache = Cache(SEQ_LENS, 14, 2, 64, 16, dtype)
         for window, softcap in ((None, None), (20, 30.0)):
