@@ -21,6 +21,7 @@ from llmp.engine.sampler import (
     _apply_masks_and_bias,
     _apply_penalties,
     argmax_rows,
+    draw_from,
 )
 from llmp.sampling_params import SamplingParams
 
@@ -240,6 +241,16 @@ def test_seeded_draws_do_not_depend_on_the_batch():
 def test_sampled_frequencies_match_the_truncated_distribution(params):
     expected = reference_probs(LOGITS, **params)
     assert_matches(draw_counts(LOGITS, **params), expected)
+
+
+def test_a_draw_never_takes_a_token_of_no_mass():
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0], [0.0, 0.0, 2.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0, 3.0]])
+    edges = torch.tensor([[0.0], [1.0 - 2**-53], [0.999999]], dtype=torch.float64)  # the first and last mass
+    assert draw_from(probs, edges).tolist() == [1, 2, 4]
+    # a uniform that rounds up to the row's total (u * total == total) takes its last token with mass
+    assert draw_from(probs, torch.ones(3, 1, dtype=torch.float64)).tolist() == [3, 2, 4]
+    middle = torch.tensor([[0.5], [0.5], [0.25]], dtype=torch.float64)
+    assert draw_from(probs, middle).tolist() == [3, 2, 4]  # the cumulative mass must exceed u: 0.5 is not past 0.5
 
 
 def test_reference_distributions_differ():

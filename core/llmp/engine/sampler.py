@@ -357,13 +357,29 @@ def _sample(logits: torch.Tensor, rows: list[SamplingRow], generator: torch.Gene
         before = sorted_probs.cumsum(-1) - sorted_probs  # mass strictly above each token
         drop_sorted = before >= top_p.unsqueeze(1) * sorted_probs.sum(-1, keepdim=True)  # smallest set reaching p
         probs = probs.masked_fill(drop_sorted.scatter(1, order, drop_sorted), 0.0)
-    # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p; seeded rows use their own generator.
-    noise = torch.empty_like(probs).exponential_(generator=generator)
+    # One uniform draw a row, through the row's cumulative distribution; seeded rows use their own generator.
+    # (vLLM's exponential race, argmax(p / E) with E ~ Exp(1), draws a number per token: 67 ms for 32 rows of a
+    # 152k vocabulary on a CPU, where this takes 2 ms.)
+    uniforms = torch.rand(len(rows), 1, generator=generator, device=device, dtype=torch.float64)
     for i, row in enumerate(rows):
         if row.params.seed is not None:
-            noise[i].exponential_(generator=seeded_generator(row.params.seed, row.num_output_tokens, device))
-    # a zero draw would turn a removed token's 0 / 0 into NaN, which argmax picks
-    return (probs / noise.clamp_min_(torch.finfo(noise.dtype).tiny)).argmax(-1)
+            own = seeded_generator(row.params.seed, row.num_output_tokens, device)
+            uniforms[i] = torch.rand(1, generator=own, device=device, dtype=torch.float64)
+    return draw_from(probs, uniforms)
+
+
+def draw_from(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """The token of each row [R, V] of (unnormalised, non-negative) probabilities whose cumulative mass first
+    exceeds the row's uniform [R, 1] in [0, 1) times the row's total: a draw from the row's distribution. A
+    token of no mass is never taken (the cumulative sum steps over it)."""
+    # a CPU sums float32 in float64 already (asking for float64 sums costs 10x: a copy); CUDA sums in the dtype
+    cdf = probs.cumsum(-1, dtype=None if probs.device.type == "cpu" else torch.float64)
+    tokens = torch.searchsorted(cdf, (uniforms * cdf[:, -1:]).to(cdf.dtype), right=True).squeeze(1)
+    over = tokens >= probs.shape[-1]  # u * total rounded up to the total: the row's last token with mass
+    if bool(over.any()):
+        last = probs.shape[-1] - 1 - (probs[over].flip(-1) > 0).to(torch.uint8).argmax(-1)
+        tokens[over] = last
+    return tokens
 
 
 def seeded_generator(seed: int, position: int, device: torch.device) -> torch.Generator:
