@@ -108,16 +108,102 @@ LLMP_PAIRS inline void transpose16(__m512i r[16], uint32_t* out, int64_t stride)
     }
 }
 
+// The keys an item reads: first_tile.. last_key
+inline std::pair<int64_t, int64_t> key_range(const AttentionArgs& a, int64_t r, int64_t q0, int64_t q1) {
+    const int64_t qlen = a.query_start_loc[r + 1] - a.query_start_loc[r], seq = a.seq_lens[r];
+    const int64_t first = a.window > 0 ? std::max<int64_t>(0, seq - qlen + q0 - a.window + 1) : 0;
+    return {first / kKeys * kKeys, seq - qlen + q1 - 1};
+}
+
+// The tiles of keys and values a thread reads, item after item. Blocks lie anywhere in the cache, so the
+// hardware prefetcher cannot follow them: the stream asks for each tile's rows kAhead tiles before it is computed,
+// running on into the thread's next item (an item of a decode batch is only 8 tiles at 256 keys).
+class KeyStream {
+  public:
+    KeyStream(const AttentionArgs& a, const Item* item, const Item* end) : a_(a), item_(item), end_(end) {
+        start();
+        ahead(kAhead);
+    }
+
+    // the lines of the next tile, to be asked for a few at a time (issue) while a tile computes: all at once,
+    // they queue behind the core's few outstanding misses and stall it
+    LLMP_PAIRS void plan() {
+        issue(kMaxLines);  // what is left of the last plan
+        planned_ = issued_ = 0;
+        if (item_ >= end_) return;
+        const int32_t* blocks = a_.block_tables + item_->request * a_.block_table_stride;
+        const int64_t to = std::min(next_ + kKeys, last_ + 1), row_bytes = a_.head_dim * 2;
+        int64_t block = next_ / a_.block_size, offset = next_ % a_.block_size;
+        for (int64_t pos = next_; pos < to; ++pos) {
+            const int64_t slot = static_cast<int64_t>(blocks[block]) * a_.block_size + offset;
+            if (++offset == a_.block_size) offset = 0, ++block;
+            const int64_t at = (slot * a_.kv_heads + item_->kv) * row_bytes;
+            for (int64_t byte = 0; byte < row_bytes && planned_ + 2 <= kMaxLines; byte += 64) {
+                lines_[planned_++] = static_cast<const char*>(a_.k_cache) + at + byte;
+                lines_[planned_++] = static_cast<const char*>(a_.v_cache) + at + byte;
+            }
+        }
+        next_ = to;
+        if (next_ > last_) {
+            ++item_;
+            start();
+        }
+    }
+
+    LLMP_PAIRS void issue(int count) {
+        for (const int end = std::min(issued_ + count, planned_); issued_ < end; ++issued_) {
+            _mm_prefetch(lines_[issued_], _MM_HINT_T0);
+        }
+    }
+
+    // asks for the rows of the next `tiles` tiles
+    LLMP_PAIRS void ahead(int64_t tiles) {
+        for (; tiles > 0 && item_ < end_; --tiles) {
+            const int32_t* blocks = a_.block_tables + item_->request * a_.block_table_stride;
+            const int64_t to = std::min(next_ + kKeys, last_ + 1), row_bytes = a_.head_dim * 2;
+            int64_t block = next_ / a_.block_size, offset = next_ % a_.block_size;
+            for (int64_t pos = next_; pos < to; ++pos) {
+                const int64_t slot = static_cast<int64_t>(blocks[block]) * a_.block_size + offset;
+                if (++offset == a_.block_size) offset = 0, ++block;
+                const int64_t at = (slot * a_.kv_heads + item_->kv) * row_bytes;
+                for (int64_t byte = 0; byte < row_bytes; byte += 64) {
+                    _mm_prefetch(static_cast<const char*>(a_.k_cache) + at + byte, _MM_HINT_T0);
+                    _mm_prefetch(static_cast<const char*>(a_.v_cache) + at + byte, _MM_HINT_T0);
+                }
+            }
+            next_ = to;
+            if (next_ > last_) {
+                ++item_;
+                start();
+            }
+        }
+    }
+
+  private:
+    void start() {
+        if (item_ < end_) std::tie(next_, last_) = key_range(a_, item_->request, item_->q0, item_->q1);
+    }
+
+    static constexpr int kMaxLines = 512;  // a tile of 32 keys with 256-dimensional heads: 2 x 32 x 8 lines
+    const AttentionArgs& a_;
+    const char* lines_[kMaxLines];
+    int planned_ = 0, issued_ = 0;
+    const Item* item_;
+    const Item* end_;
+    int64_t next_ = 0, last_ = -1;
+};
+
 // Rows b..b+count-1 of the tile's active rows (R >= count; the block's last row fills the rest, not stored)
 template <int R>
 LLMP_PAIRS __attribute__((flatten)) inline void attend_rows(const AttentionArgs& a, Buffers& buf, int64_t b, int count,
-                                   const uint16_t* const* vrow) {
+                                   const uint16_t* const* vrow, KeyStream& stream) {
     const int64_t P = buf.pairs, stride = buf.padded, C = buf.chunks;
     const ActiveRow* row[R];
     for (int r = 0; r < R; ++r) row[r] = &buf.active[b + std::min(r, count - 1)];
     __m512 s0[R], s1[R];
     for (int r = 0; r < R; ++r) s0[r] = s1[r] = _mm512_setzero_ps();
     for (int64_t i = 0; i < P; ++i) {
+        stream.issue(4);
         const __m512bh k0 = (__m512bh)_mm512_load_si512(buf.kt + i * kKeys);
         const __m512bh k1 = (__m512bh)_mm512_load_si512(buf.kt + i * kKeys + 16);
         for (int r = 0; r < R; ++r) {
@@ -186,56 +272,6 @@ LLMP_PAIRS __attribute__((flatten)) inline void attend_rows(const AttentionArgs&
     }
 }
 
-// The keys an item reads: first_tile.. last_key
-inline std::pair<int64_t, int64_t> key_range(const AttentionArgs& a, int64_t r, int64_t q0, int64_t q1) {
-    const int64_t qlen = a.query_start_loc[r + 1] - a.query_start_loc[r], seq = a.seq_lens[r];
-    const int64_t first = a.window > 0 ? std::max<int64_t>(0, seq - qlen + q0 - a.window + 1) : 0;
-    return {first / kKeys * kKeys, seq - qlen + q1 - 1};
-}
-
-// The tiles of keys and values a thread reads, item after item. Blocks lie anywhere in the cache, so the
-// hardware prefetcher cannot follow them: the stream asks for each tile's rows kAhead tiles before it is computed,
-// running on into the thread's next item (an item of a decode batch is only 8 tiles at 256 keys).
-class KeyStream {
-  public:
-    KeyStream(const AttentionArgs& a, const Item* item, const Item* end) : a_(a), item_(item), end_(end) {
-        start();
-        ahead(kAhead);
-    }
-
-    // asks for the rows of the next `tiles` tiles
-    LLMP_PAIRS void ahead(int64_t tiles) {
-        for (; tiles > 0 && item_ < end_; --tiles) {
-            const int32_t* blocks = a_.block_tables + item_->request * a_.block_table_stride;
-            const int64_t to = std::min(next_ + kKeys, last_ + 1), row_bytes = a_.head_dim * 2;
-            int64_t block = next_ / a_.block_size, offset = next_ % a_.block_size;
-            for (int64_t pos = next_; pos < to; ++pos) {
-                const int64_t slot = static_cast<int64_t>(blocks[block]) * a_.block_size + offset;
-                if (++offset == a_.block_size) offset = 0, ++block;
-                const int64_t at = (slot * a_.kv_heads + item_->kv) * row_bytes;
-                for (int64_t byte = 0; byte < row_bytes; byte += 64) {
-                    _mm_prefetch(static_cast<const char*>(a_.k_cache) + at + byte, _MM_HINT_T0);
-                    _mm_prefetch(static_cast<const char*>(a_.v_cache) + at + byte, _MM_HINT_T0);
-                }
-            }
-            next_ = to;
-            if (next_ > last_) {
-                ++item_;
-                start();
-            }
-        }
-    }
-
-  private:
-    void start() {
-        if (item_ < end_) std::tie(next_, last_) = key_range(a_, item_->request, item_->q0, item_->q1);
-    }
-
-    const AttentionArgs& a_;
-    const Item* item_;
-    const Item* end_;
-    int64_t next_ = 0, last_ = -1;
-};
 
 // One work item, as paged_attention_impl.h's attend_item. No interprocedural optimisation: GCC would specialise it for the calling
 // thread's buffers and reach them through __tls_get_addr at every use.
@@ -268,7 +304,7 @@ LLMP_PAIRS __attribute__((noipa)) void attend_item(const AttentionArgs& a, int64
     const uint16_t* krow[kKeys];
     const uint16_t* vrow[kKeys];
     for (int64_t t0 = first_tile; t0 <= last_key; t0 += kKeys) {
-        stream.ahead(1);
+        stream.plan();
         const int64_t n = std::min<int64_t>(kKeys, last_key + 1 - t0);
         int64_t block = t0 / a.block_size, offset = t0 % a.block_size;
         for (int64_t j = 0; j < kKeys; ++j) {
@@ -301,15 +337,15 @@ LLMP_PAIRS __attribute__((noipa)) void attend_item(const AttentionArgs& a, int64
             for (int64_t g = 0; g < G; ++g) buf.active[active++] = {(i - q0) * G + g, j_lo, j_hi};
         }
         int64_t b = 0;
-        for (; b + kMaxRows <= active; b += kMaxRows) attend_rows<kMaxRows>(a, buf, b, kMaxRows, vrow);
+        for (; b + kMaxRows <= active; b += kMaxRows) attend_rows<kMaxRows>(a, buf, b, kMaxRows, vrow, stream);
         switch (active - b) {
-            case 7: attend_rows<7>(a, buf, b, 7, vrow); break;
-            case 6: attend_rows<6>(a, buf, b, 6, vrow); break;
-            case 5: attend_rows<5>(a, buf, b, 5, vrow); break;
-            case 4: attend_rows<4>(a, buf, b, 4, vrow); break;
-            case 3: attend_rows<3>(a, buf, b, 3, vrow); break;
-            case 2: attend_rows<2>(a, buf, b, 2, vrow); break;
-            case 1: attend_rows<1>(a, buf, b, 1, vrow); break;
+            case 7: attend_rows<7>(a, buf, b, 7, vrow, stream); break;
+            case 6: attend_rows<6>(a, buf, b, 6, vrow, stream); break;
+            case 5: attend_rows<5>(a, buf, b, 5, vrow, stream); break;
+            case 4: attend_rows<4>(a, buf, b, 4, vrow, stream); break;
+            case 3: attend_rows<3>(a, buf, b, 3, vrow, stream); break;
+            case 2: attend_rows<2>(a, buf, b, 2, vrow, stream); break;
+            case 1: attend_rows<1>(a, buf, b, 1, vrow, stream); break;
             default: break;
         }
     }
