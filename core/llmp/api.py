@@ -678,6 +678,10 @@ class KernelSet(Protocol):
     values and shapes (no Python branch on a tensor's value, no host copy):
     on the CPU the engine may then replay small decode steps from TorchScript
     traces, checked against the eager model before use (``docs/architecture.md``).
+
+    Optional method: ``argmax(logits)``, logits ``[R, V]`` in the model's dtype (or float32) ->
+    ``[R]`` int64, the first index of each row's largest value, a NaN counting as the largest
+    (``torch.argmax``'s answer). The sampler takes greedy tokens with it where the set has one.
     """
 
     name: str

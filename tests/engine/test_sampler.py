@@ -104,6 +104,30 @@ def test_greedy_is_argmax():
     assert out.logprobs == [None] * 16
 
 
+def test_greedy_tokens_come_from_the_kernel_set_s_argmax():
+    calls = []
+
+    def argmax(logits):  # a set's KernelSet.argmax
+        calls.append(tuple(logits.shape))
+        return logits.argmax(-1)
+
+    torch.manual_seed(0)
+    logits = torch.randn(3, 50)
+    rows = [make(rid=str(i), temperature=0.0) for i in range(3)]
+    out = Sampler(seed=0, argmax=argmax)(logits, SamplingBatch.of(rows, 50))
+    assert out.token_ids == logits.argmax(-1).tolist() and calls == [(3, 50)]
+
+
+def test_the_worker_hands_the_sampler_its_kernel_set_s_argmax(tmp_path):
+    from llmp import LLM
+    from llmp.testing import save_tiny_llama
+
+    save_tiny_llama(tmp_path / "m")
+    llm = LLM(str(tmp_path / "m"), kernels="cpu-native")
+    worker = llm.engine.executor.worker
+    assert worker.sampler.argmax == worker.runner.kernels.argmax
+
+
 @pytest.mark.parametrize("vocab", [4096, 4100])  # chunked (a multiple of 64), and max's fallback
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_argmax_rows_is_the_first_index_of_the_largest(vocab, dtype):

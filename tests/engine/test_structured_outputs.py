@@ -99,8 +99,9 @@ def test_json_schema_outputs_validate_for_every_seed(llm, compact):
         jsonschema.validate(value, SCHEMA)
         values.append(value)
     assert len({json.dumps(v, sort_keys=True) for v in values}) > 1  # seeds really differ
-    if compact:
-        assert all(not re.search(r"\s{2,}|[\n\t\r]", c.text) for c in completions)
+    if compact:  # separators' single spaces only (a string's own, such as the name's spaces, is its value)
+        between = [re.sub(r'"(?:[^"\\]|\\.)*"', '""', c.text) for c in completions]
+        assert all(not re.search(r"\s{2,}|[\n\t\r]", text) for text in between), between
 
 
 def test_json_schema_given_as_text_equals_the_dict(llm):
@@ -128,7 +129,36 @@ def test_length_bounded_strings_are_valid_json(llm):
     completions = generate_mixed(llm, [sampled(so, seed, max_tokens=60) for seed in SEEDS])
     finished_by_the_grammar(completions)
     for completion in completions:
-        jsonschema.validate(json.loads(completion.text), schema)  # strict: no raw control character
+        value = json.loads(completion.text)  # strict: no raw control character
+        if "\ufffd" not in completion.text:  # bytes that are not UTF-8: see the test below
+            jsonschema.validate(value, schema)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="xgrammar 0.2.x takes some byte sequences that are not UTF-8 as one character of a length-bounded "
+    "string: the text decodes to more characters than maxLength",
+)
+def test_a_bounded_string_of_bytes_that_are_not_utf8(llm):
+    # tokens sampled from the tiny model under {"s": maxLength 8, "t": 2..4} (seed 7): every one accepted by
+    # the grammar, and the text '{"s": "I*A\x7f\ufffd\ufffd\ufffd\u02f7;4", "t": "yUTF"}' has 10 characters in s
+    import xgrammar as xgr
+
+    from llmp.engine.structured_output import GrammarCompiler
+
+    schema = {
+        "type": "object",
+        "properties": {
+            "s": {"type": "string", "maxLength": 8},
+            "t": {"type": "string", "minLength": 2, "maxLength": 4},
+        },
+        "required": ["s", "t"],
+        "additionalProperties": False,
+    }
+    tokens = [93, 4, 85, 4, 28, 223, 4, 43, 12, 35, 224, 172, 109, 240, 138, 118, 29, 22, 4, 14, 223, 4, 86, 4, 28]
+    compiler = GrammarCompiler(llm.get_tokenizer(), llm.engine.vocab_size, llm.engine.eos_token_ids)
+    matcher = xgr.GrammarMatcher(compiler.compile(StructuredOutputsParams(json=schema, disable_any_whitespace=True)))
+    assert not all(matcher.accept_token(token) for token in tokens)
 
 
 def accepts(llm, schema: dict, text: str) -> bool:

@@ -12,6 +12,7 @@ the model's device, so a step sends back token ids and requested logprobs, never
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,9 +118,15 @@ class Sampler:
     seeded with (seed, n): the same text whatever else shares its steps, and nothing to keep
     between steps."""
 
-    def __init__(self, seed: int, device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self,
+        seed: int,
+        device: torch.device | str = "cpu",
+        argmax: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> None:
         self.device = torch.device(device)
         self.generator = torch.Generator(self.device).manual_seed(seed)
+        self.argmax = argmax or argmax_rows  # the kernel set's (KernelSet.argmax), where it has one
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
         # logits: [R, V] in the model's dtype (bfloat16 logits become float32 here only when needed)
@@ -129,11 +136,11 @@ class Sampler:
         if plain_greedy and not any(wants_logprobs):
             # the common fast path: nothing to mask, copy or draw. A float32 copy of 64 rows of a
             # 152k vocabulary costs more than the argmax, and converting cannot change which is largest.
-            return SamplerOutput(to_host(argmax_rows(logits)).tolist(), [None] * len(rows))
+            return SamplerOutput(to_host(self.argmax(logits)).tolist(), [None] * len(rows))
         given, logits = logits, logits.float()
         raw_logprobs = logits.log_softmax(-1) if any(wants_logprobs) else None
         if plain_greedy:
-            return self._finish(argmax_rows(logits), rows, wants_logprobs, raw_logprobs)
+            return self._finish(self.argmax(logits), rows, wants_logprobs, raw_logprobs)
         if logits is given:  # the masks below write in place
             logits = logits.clone()
         if batch.grammar_bitmask is not None:
@@ -144,7 +151,7 @@ class Sampler:
         logits = _apply_penalties(logits, rows)
         random_rows = [i for i, r in enumerate(rows) if not r.params.is_greedy]
         if len(random_rows) < len(rows):
-            tokens = argmax_rows(logits)
+            tokens = self.argmax(logits)
         else:  # every row is drawn: no argmax to take
             tokens = logits.new_empty(len(rows), dtype=torch.long)
         if random_rows:

@@ -54,7 +54,8 @@ class Worker:
         self.rank = rank
         self.runner = ModelRunner(config, model)
         # rank 0 samples, on the model's device: only token ids and logprobs leave the worker
-        self.sampler = Sampler(config.seed, self.runner.device) if rank == 0 else None
+        argmax = getattr(self.runner.kernels, "argmax", None)
+        self.sampler = Sampler(config.seed, self.runner.device, argmax) if rank == 0 else None
         self._profiler: Any = None
 
     def describe(self) -> dict[str, Any]:

@@ -132,6 +132,40 @@ LLMP_FN void rotate_row(E* row, const float* cos, const float* sin, int64_t half
     }
 }
 
+// The first index of the row's largest value, a NaN counting as the largest (torch's max and argmax): each lane
+// keeps its first largest (a strict >), then the smallest index among the lanes holding the largest
+template <typename E>
+LLMP_FN int64_t argmax_row(const E* x, int64_t n) {
+    Vi lane;
+    for (int l = 0; l < kLanes; ++l) lane[l] = l;
+    Vf best = Vf{} - std::numeric_limits<float>::infinity();
+    Vi at{}, nan{};
+    for (int64_t i = 0; i < n; i += kLanes) {
+        const int64_t m = std::min<int64_t>(kLanes, n - i);
+        Vf v = load_n(x + i, m);
+        if (m < kLanes) v = lane < static_cast<int32_t>(m) ? v : Vf{} - std::numeric_limits<float>::infinity();
+        const Vi larger = v > best;
+        best = larger ? v : best;
+        at = larger ? lane + static_cast<int32_t>(i) : at;
+        nan |= v != v;
+    }
+    bool any_nan = false;
+    for (int l = 0; l < kLanes; ++l) any_nan |= nan[l] != 0;
+    if (any_nan) {
+        for (int64_t i = 0; i < n; ++i) {
+            const float v = static_cast<float>(x[i]);
+            if (v != v) return i;
+        }
+    }
+    float top = best[0];
+    for (int l = 1; l < kLanes; ++l) top = std::max(top, best[l]);
+    int64_t first = n > 0 ? n : 0;
+    for (int l = 0; l < kLanes; ++l) {
+        if (best[l] == top) first = std::min<int64_t>(first, at[l]);
+    }
+    return n > 0 ? first : 0;
+}
+
 template <typename E>
 struct RowKernels {
     static LLMP_TARGET void rms_norm(const E* x, const E* res, const E* w, E* out, E* sum, int64_t n, float eps) {
@@ -139,6 +173,7 @@ struct RowKernels {
     }
     static LLMP_TARGET void silu_and_mul(const E* x, E* out, int64_t half) { act_and_mul_row<E, false>(x, out, half); }
     static LLMP_TARGET void gelu_and_mul(const E* x, E* out, int64_t half) { act_and_mul_row<E, true>(x, out, half); }
+    static LLMP_TARGET int64_t argmax(const E* row, int64_t n) { return argmax_row(row, n); }
     static LLMP_TARGET void rotate(E* row, const float* cos, const float* sin, int64_t half) {
         rotate_row(row, cos, sin, half);
     }

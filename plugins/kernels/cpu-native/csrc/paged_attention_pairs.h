@@ -117,7 +117,9 @@ inline std::pair<int64_t, int64_t> key_range(const AttentionArgs& a, int64_t r, 
 
 // The tiles of keys and values a thread reads, item after item. Blocks lie anywhere in the cache, so the
 // hardware prefetcher cannot follow them: the stream asks for each tile's rows kAhead tiles before it is computed,
-// running on into the thread's next item (an item of a decode batch is only 8 tiles at 256 keys).
+// running on into the thread's next item (an item of a decode batch is only 8 tiles at 256 keys), four cache lines
+// at each step of the score loop (all of a tile's 128 lines at once stalled the core: decode of 64 sequences at 400
+// keys, a layer from memory, 800 -> 580 us).
 class KeyStream {
   public:
     KeyStream(const AttentionArgs& a, const Item* item, const Item* end) : a_(a), item_(item), end_(end) {

@@ -19,6 +19,7 @@
   Float32 arithmetic in tiles of 16 keys, except bfloat16 queries over a bfloat16 cache on AVX-512 BF16 CPUs:
   there products of bfloat16 pairs (``vdpbf16ps``) in tiles of 32 keys, the weights rounded to bfloat16 for
   the product with the values as torch's flash attention rounds them, each thread's keys prefetched ahead.
+- **Greedy tokens** (``argmax``): each row's first largest value in one pass over the logits.
 - **Row-wise ops** (``rms_norm`` with or without the residual, ``rotary`` in place, ``silu_and_mul``,
   ``gelu_tanh_and_mul``, and ``write_kv`` into caches of the model's dtype) in one pass each over float32,
   bfloat16 or float16 rows, where torch runs a chain of small ops (a float32 RMSNorm with its residual add is
@@ -133,6 +134,12 @@ class NativeKernels(CpuKernels):
         if _native_rows(x) and x.dtype != torch.float32:  # its tanh loses small values' float32 precision
             return torch.ops.llmp_native.gelu_tanh_and_mul(x)
         return super().gelu_tanh_and_mul(x)
+
+    def argmax(self, logits: torch.Tensor) -> torch.Tensor:
+        # greedy tokens in one pass (torch's bfloat16 max over 64 rows of a 152k vocabulary: 2.5 ms; this 0.3)
+        if logits.device.type == "cpu" and logits.dim() == 2 and logits.dtype in ROW_DTYPES and logits.shape[1]:
+            return torch.ops.llmp_native.argmax_rows(logits)
+        return logits.argmax(-1)
 
     def pack_quantized(self, weight: QuantizedWeight) -> Callable[[torch.Tensor], torch.Tensor] | None:
         if weight.blocks.device.type != "cpu" or weight.format.ggml_type not in quant_matmul_types():

@@ -142,6 +142,22 @@ def test_bad_input_is_a_clear_error():
         ops.rotary_(torch.tensor([0, 16]), q, k, cos_sin_table(8, 16, 10000.0))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("vocab", [151936, 1000, 37, 16, 1])
+def test_argmax_is_torch_s_first_largest(kernels, dtype, vocab):
+    logits = rand(9, vocab, dtype=dtype)
+    if vocab >= 37:
+        logits[1, 5] = logits[1, vocab - 1] = 100.0  # a tie: the first
+        logits[2, vocab - 2] = 100.0  # in a tail lane
+        logits[3] = float("-inf")  # all -inf: index 0
+        logits[4, 7] = logits[4, 30] = float("nan")  # a NaN is the largest: the first NaN
+        logits[5, :] = 3.0  # all equal
+        logits[6, vocab // 2] = float("inf")
+    got = kernels.argmax(logits)
+    assert got.dtype == torch.int64 and torch.equal(got, logits.argmax(-1)), (got, logits.argmax(-1))
+    assert torch.equal(kernels.argmax(logits[4:5]), logits[4:5].argmax(-1))  # one row alone
+
+
 @pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512"])
 def test_each_instruction_set_path(isa, run_on_isa):
     run_on_isa(
@@ -166,6 +182,9 @@ def test_each_instruction_set_path(isa, run_on_isa):
             rq, rk = ref.rotary(pos, q.float(), k.float(), table)
             nq, nk = native.rotary(pos, q, k, table)
             torch.testing.assert_close(nq.float(), rq, **tol)
+            logits = torch.randn(5, 1000, generator=g).bfloat16()
+            logits[1, 3] = logits[1, 999] = 50.0
+            assert torch.equal(native.argmax(logits), logits.argmax(-1))
             print("ok")
             """
         ),
