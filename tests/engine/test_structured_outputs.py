@@ -113,18 +113,19 @@ def test_json_schema_given_as_text_equals_the_dict(llm):
     assert [o.outputs[0].token_ids for o in outputs[:2]] == [o.outputs[0].token_ids for o in outputs[2:]]
 
 
+# length-bounded strings, no pattern
+BOUNDED = {
+    "type": "object",
+    "properties": {"s": {"type": "string", "maxLength": 8}, "t": {"type": "string", "minLength": 2, "maxLength": 4}},
+    "required": ["s", "t"],
+    "additionalProperties": False,
+}
+
+
 def test_length_bounded_strings_are_valid_json(llm):
     # xgrammar 0.2.x lets raw control characters into minLength/maxLength strings (mlc-ai/xgrammar#800);
     # the engine rewrites such strings as patterns, which follow JSON's string rules
-    schema = {
-        "type": "object",
-        "properties": {
-            "s": {"type": "string", "maxLength": 8},
-            "t": {"type": "string", "minLength": 2, "maxLength": 4},
-        },
-        "required": ["s", "t"],
-        "additionalProperties": False,
-    }
+    schema = BOUNDED
     so = StructuredOutputsParams(json=schema, disable_any_whitespace=True)
     completions = generate_mixed(llm, [sampled(so, seed, max_tokens=60) for seed in SEEDS])
     finished_by_the_grammar(completions)
@@ -140,21 +141,13 @@ def test_length_bounded_strings_are_valid_json(llm):
     "string: the text decodes to more characters than maxLength",
 )
 def test_a_bounded_string_of_bytes_that_are_not_utf8(llm):
-    # tokens sampled from the tiny model under {"s": maxLength 8, "t": 2..4} (seed 7): every one accepted by
+    # tokens sampled from the tiny model under BOUNDED (one of the seeds above): every one accepted by
     # the grammar, and the text '{"s": "I*A\x7f\ufffd\ufffd\ufffd\u02f7;4", "t": "yUTF"}' has 10 characters in s
     import xgrammar as xgr
 
     from llmp.engine.structured_output import GrammarCompiler
 
-    schema = {
-        "type": "object",
-        "properties": {
-            "s": {"type": "string", "maxLength": 8},
-            "t": {"type": "string", "minLength": 2, "maxLength": 4},
-        },
-        "required": ["s", "t"],
-        "additionalProperties": False,
-    }
+    schema = BOUNDED
     tokens = [93, 4, 85, 4, 28, 223, 4, 43, 12, 35, 224, 172, 109, 240, 138, 118, 29, 22, 4, 14, 223, 4, 86, 4, 28]
     compiler = GrammarCompiler(llm.get_tokenizer(), llm.engine.vocab_size, llm.engine.eos_token_ids)
     matcher = xgr.GrammarMatcher(compiler.compile(StructuredOutputsParams(json=schema, disable_any_whitespace=True)))

@@ -20,6 +20,7 @@
 #include <limits>
 #include <vector>
 
+#include "exp_fma.h"
 #include "isa.h"
 #include "vec16.h"
 

@@ -1,7 +1,7 @@
 // Paged attention of bfloat16 queries over a bfloat16 cache on CPUs with AVX-512 BF16 (Zen 4/5, Intel from
 // Cooper Lake): every product is a vdpbf16ps over pairs of bfloat16, with no conversion of the cache to float32.
-// Included once by paged_attention.cpp (x86 only); selected for a call when the CPU has the instructions, the
-// AVX-512 level is selected, q and the caches are bfloat16 and the head size is even.
+// Included once by paged_attention.cpp (x86 only, after exp_fma.h); selected for a call when the CPU has the
+// instructions, the AVX-512 level is selected, q and the caches are bfloat16 and the head size is even.
 //
 // The same online softmax as paged_attention_impl.h, in tiles of 32 keys aligned to absolute positions (0-31,
 // 32-63, ...), each row alone in a fixed order (so batch invariance holds as there):
@@ -16,6 +16,12 @@
 // the transposing, and a tile's softmax bookkeeping shared by 32 keys instead of 16.
 
 #define LLMP_PAIRS __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,f16c")))
+
+// GCC 12's AVX-512 headers initialise their undefined vectors from themselves (__Y = __Y), which its own
+// -Wuninitialized reports at every use once inlined here: a false positive, silenced for this file
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 namespace pairs {
 
@@ -67,20 +73,6 @@ LLMP_PAIRS inline __mmask16 lanes_below(int64_t n) {
     return n >= 16 ? __mmask16(0xffff) : __mmask16((1u << std::max<int64_t>(n, 0)) - 1);
 }
 
-// exp(x) for the weights, x <= 0 (or -inf, giving 0): 2^(x log2 e) as 2^n 2^f, f in [-1/2, 1/2], 2^f by its
-// degree-5 Taylor polynomial (relative error under 2e-6: the weights are rounded to bfloat16 after, 4e-3)
-LLMP_PAIRS inline __m512 exp_weights(__m512 x) {
-    const __m512 t = _mm512_mul_ps(_mm512_max_ps(x, _mm512_set1_ps(-150.0f)), _mm512_set1_ps(kLog2e));
-    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 f = _mm512_sub_ps(t, n);
-    __m512 p = _mm512_set1_ps(1.3333558146e-3f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108665e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650696e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718056e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);  // 2^n p: 0 below the smallest float
-}
 
 // 16 x 16 dwords: rows[j][0..15] -> out[i * stride + j]
 LLMP_PAIRS inline void transpose16(__m512i r[16], uint32_t* out, int64_t stride) {
@@ -124,7 +116,8 @@ class KeyStream {
   public:
     KeyStream(const AttentionArgs& a, const Item* item, const Item* end) : a_(a), item_(item), end_(end) {
         start();
-        ahead(kAhead);
+        for (int64_t tile = 0; tile < kAhead; ++tile) plan();  // the first tiles, all at once
+        issue(kMaxLines);
     }
 
     // the lines of the next tile, to be asked for a few at a time (issue) while a tile computes: all at once,
@@ -155,29 +148,6 @@ class KeyStream {
     LLMP_PAIRS void issue(int count) {
         for (const int end = std::min(issued_ + count, planned_); issued_ < end; ++issued_) {
             _mm_prefetch(lines_[issued_], _MM_HINT_T0);
-        }
-    }
-
-    // asks for the rows of the next `tiles` tiles
-    LLMP_PAIRS void ahead(int64_t tiles) {
-        for (; tiles > 0 && item_ < end_; --tiles) {
-            const int32_t* blocks = a_.block_tables + item_->request * a_.block_table_stride;
-            const int64_t to = std::min(next_ + kKeys, last_ + 1), row_bytes = a_.head_dim * 2;
-            int64_t block = next_ / a_.block_size, offset = next_ % a_.block_size;
-            for (int64_t pos = next_; pos < to; ++pos) {
-                const int64_t slot = static_cast<int64_t>(blocks[block]) * a_.block_size + offset;
-                if (++offset == a_.block_size) offset = 0, ++block;
-                const int64_t at = (slot * a_.kv_heads + item_->kv) * row_bytes;
-                for (int64_t byte = 0; byte < row_bytes; byte += 64) {
-                    _mm_prefetch(static_cast<const char*>(a_.k_cache) + at + byte, _MM_HINT_T0);
-                    _mm_prefetch(static_cast<const char*>(a_.v_cache) + at + byte, _MM_HINT_T0);
-                }
-            }
-            next_ = to;
-            if (next_ > last_) {
-                ++item_;
-                start();
-            }
         }
     }
 
@@ -232,10 +202,10 @@ LLMP_PAIRS __attribute__((flatten)) inline void attend_rows(const AttentionArgs&
         const float m_new = std::max(buf.m[k], _mm512_reduce_max_ps(_mm512_max_ps(y0, y1)));
         const __m512 m_vec = _mm512_set1_ps(m_new);
         // exactly 0 outside the row's keys (other rows of the block may add those keys' values)
-        const __m512 p0 = _mm512_maskz_mov_ps(v0, exp_weights(_mm512_sub_ps(y0, m_vec)));
-        const __m512 p1 = _mm512_maskz_mov_ps(v1, exp_weights(_mm512_sub_ps(y1, m_vec)));
+        const __m512 p0 = _mm512_maskz_mov_ps(v0, exp_fma(_mm512_sub_ps(y0, m_vec)));
+        const __m512 p1 = _mm512_maskz_mov_ps(v1, exp_fma(_mm512_sub_ps(y1, m_vec)));
         _mm512_store_si512(buf.p + r * 16, (__m512i)_mm512_cvtne2ps_pbh(p1, p0));  // dword i: keys 2i, 2i + 1
-        alpha[r] = _mm512_cvtss_f32(exp_weights(_mm512_set1_ps(buf.m[k] - m_new)));
+        alpha[r] = _mm512_cvtss_f32(exp_fma(_mm512_set1_ps(buf.m[k] - m_new)));
         if (r < count) {
             buf.l[k] = buf.l[k] * alpha[r] + _mm512_reduce_add_ps(_mm512_add_ps(p0, p1));
             buf.m[k] = m_new;
@@ -376,3 +346,5 @@ LLMP_PAIRS __attribute__((noipa)) void attend_item(const AttentionArgs& a, int64
 }
 
 }  // namespace pairs
+
+#pragma GCC diagnostic pop
