@@ -339,7 +339,8 @@ def test_a_message_is_sent_and_its_reply_streams_in_on_a_phone_sized_screen(brow
     try:
         page = Page(browser, server.url).open(fresh=True)
         assert page.js("return [window.innerWidth, window.innerHeight]") == [390, 844]
-        page.settings(max_tokens=24, temperature=0)
+        # 64 tokens: a tiny test model's 24 came in two frames at times, too fast to see the reply grow
+        page.settings(max_tokens=64, temperature=0)
         page.js(SIDEWAYS_RECORDER)
         link = "https://example.com/search?q=" + "abcdefghij" * 12  # too long for a line, nowhere to break
         page.send(f"In one sentence, what is at {link} ?")
