@@ -142,12 +142,13 @@ def test_the_linux_readers_see_a_competing_process_and_this_one_apart():
     # this process's own work is its own, not another's: what the others use while it spins for half a second is
     # no more than while it sleeps as long (neighbours, such as another test worker, count in both; one quiet try
     # of three is enough, and counting the spin as theirs would add half a second to every try)
-    differences = []
+    differences, owns = [], []
     for _ in range(3):
         others_sleeping, _ = others_over(cpus, 0.5, spin=False)
         others_spinning, own_spinning = others_over(cpus, 0.5, spin=True)
-        assert own_spinning >= 0.3, own_spinning
+        owns.append(own_spinning)
         differences.append(others_spinning - others_sleeping)
+    assert max(owns) >= 0.3, owns  # its spin counted as its own (on a busy machine it may not get the core each try)
     assert min(differences) < 0.25, differences
 
 
