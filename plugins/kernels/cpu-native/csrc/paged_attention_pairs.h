@@ -28,6 +28,10 @@ namespace pairs {
 constexpr int kKeys = 32;  // keys a tile
 constexpr int kMaxRows = 8;  // query rows a block: 2 x 8 score accumulators, 2 x 8 output accumulators
 constexpr int64_t kAhead = 4;  // tiles prefetched ahead of the one computed (2 to 8 measured alike)
+// Cache lines asked for at each step of the score loop and of the values' loop: D / 2 steps each, 2D lines a tile of
+// 32 keys, so a tile's lines are asked for evenly over a tile's computing (4 a step in the score loop alone left
+// the core stalled on its full miss queue through the score loop: decode of 64 sequences at 400 keys 580 -> 480 us)
+constexpr int kLinesPerStep = 2;
 
 // AVX-512 BF16 on this CPU and the AVX-512 level selected (LLMP_NATIVE_ISA lowers every kernel)
 bool supported() {
@@ -109,9 +113,9 @@ inline std::pair<int64_t, int64_t> key_range(const AttentionArgs& a, int64_t r, 
 
 // The tiles of keys and values a thread reads, item after item. Blocks lie anywhere in the cache, so the
 // hardware prefetcher cannot follow them: the stream asks for each tile's rows kAhead tiles before it is computed,
-// running on into the thread's next item (an item of a decode batch is only 8 tiles at 256 keys), four cache lines
-// at each step of the score loop (all of a tile's 128 lines at once stalled the core: decode of 64 sequences at 400
-// keys, a layer from memory, 800 -> 580 us).
+// running on into the thread's next item (an item of a decode batch is only 8 tiles at 256 keys), two cache lines
+// at each step of the score loop and of the values' loop (all of a tile's 128 lines at once stalled the core: decode
+// of 64 sequences at 400 keys, a layer from memory, 800 -> 580 us; four a step of the score loop alone -> 480 us).
 class KeyStream {
   public:
     KeyStream(const AttentionArgs& a, const Item* item, const Item* end) : a_(a), item_(item), end_(end) {
@@ -175,7 +179,7 @@ LLMP_PAIRS __attribute__((flatten)) inline void attend_rows(const AttentionArgs&
     __m512 s0[R], s1[R];
     for (int r = 0; r < R; ++r) s0[r] = s1[r] = _mm512_setzero_ps();
     for (int64_t i = 0; i < P; ++i) {
-        stream.issue(4);
+        stream.issue(kLinesPerStep);
         const __m512bh k0 = (__m512bh)_mm512_load_si512(buf.kt + i * kKeys);
         const __m512bh k1 = (__m512bh)_mm512_load_si512(buf.kt + i * kKeys + 16);
         for (int r = 0; r < R; ++r) {
@@ -227,6 +231,7 @@ LLMP_PAIRS __attribute__((flatten)) inline void attend_rows(const AttentionArgs&
             o1[r] = _mm512_mul_ps(_mm512_load_ps(acc + 16), al);
         }
         for (int64_t i = pair_first; i <= pair_last; ++i) {
+            stream.issue(kLinesPerStep);
             const __m512i va = _mm512_maskz_loadu_epi16(mask, vrow[2 * i] + c * 32);
             const __m512i vb = _mm512_maskz_loadu_epi16(mask, vrow[2 * i + 1] + c * 32);
             const __m512bh lo = (__m512bh)_mm512_unpacklo_epi16(va, vb), hi = (__m512bh)_mm512_unpackhi_epi16(va, vb);
