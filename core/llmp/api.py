@@ -676,8 +676,8 @@ class KernelSet(Protocol):
     Optional attribute: ``traceable_decode`` (bool, default False). True says
     every kernel of a step is torch ops whose work depends only on tensor
     values and shapes (no Python branch on a tensor's value, no host copy):
-    on the CPU the engine may then replay small decode steps from TorchScript
-    traces, checked against the eager model before use (``docs/architecture.md``).
+    on the CPU the engine may then replay decode steps from a TorchScript
+    trace, checked against the eager model before use (``docs/architecture.md``).
 
     Optional method: ``argmax(logits)``, logits ``[R, V]`` in the model's dtype (or float32) ->
     ``[R]`` int64, the first index of each row's largest value, a NaN counting as the largest

@@ -1,6 +1,7 @@
-"""Small CPU decode steps replayed from TorchScript traces (llmp.engine.decode_graphs, trace mode): the
-tokens are transformers' greedy ones, each size is traced once and replayed, the embedding lookup stays
-eager, a trace that does not give the eager model's bits is dropped, and --enforce-eager turns it off."""
+"""CPU decode steps replayed from TorchScript traces (llmp.engine.decode_graphs, trace mode): the tokens
+are transformers' greedy ones, the first step's trace runs every batch size where it holds at another size
+(else each small size is traced alone), the embedding lookup stays eager, a trace that does not give the
+eager model's bits is dropped, and --enforce-eager turns it off."""
 
 from __future__ import annotations
 
@@ -31,30 +32,25 @@ def traceable_set() -> str:
     return "cpu-native"
 
 
-def test_small_decode_steps_replay_traces_with_transformers_tokens(tiny):
+def test_decode_steps_replay_one_trace_at_every_size_with_transformers_tokens(tiny):
     path, model = tiny
     prompts = mixed_prompts(3, shared_prefix=5, seed=7)
     got, llm = engine_greedy(path, prompts, kernels=traceable_set())
     assert_greedy_parity(model, prompts, got)
     graphs = llm.engine.executor.runner.graphs
-    assert graphs is not None and graphs.trace_graphs and graphs.sizes == CPU_TRACE_SIZES
-    # 3 requests decode together, then fewer as they finish (all end together here: same max_tokens)
-    assert graphs.traces.get(3) is not None, graphs.traces
+    assert graphs is not None and graphs.trace_graphs
+    # 3 requests decode together (all end together here: same max_tokens); their first step was traced, and the
+    # trace, checked at another size too, runs every size
+    assert graphs.any_size is not None and graphs.traces == {3: graphs.any_size}, graphs.traces
     assert graphs.steps_by_size.get(3, 0) > 10, graphs.steps_by_size
-    # a second batch of another size: traced when it first comes, the first trace replayed again
-    pair = mixed_prompts(2, seed=8)
-    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-    outputs = llm.generate([{"prompt_token_ids": p} for p in pair], params, use_tqdm=False)
-    assert_greedy_parity(model, pair, [o.outputs[0].token_ids for o in outputs])
-    assert graphs.traces.get(2) is not None and set(graphs.traces) == {2, 3}
-
-
-def test_a_batch_above_the_traced_sizes_runs_eagerly(tiny):
-    path, model = tiny
-    prompts = mixed_prompts(CPU_TRACE_SIZES[-1] + 2, seed=9)
-    got, llm = engine_greedy(path, prompts, max_tokens=6, kernels=traceable_set())
-    assert_greedy_parity(model, prompts, got, max_tokens=6)
-    assert not llm.engine.executor.runner.graphs.traces  # 10 sequences: no size traced
+    # batches of other sizes, above CPU_TRACE_SIZES too: the same trace, transformers' tokens
+    for count, seed in ((2, 8), (CPU_TRACE_SIZES[-1] + 2, 9)):
+        batch = mixed_prompts(count, seed=seed)
+        params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+        outputs = llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
+        assert_greedy_parity(model, batch, [o.outputs[0].token_ids for o in outputs], max_tokens=12)
+        assert graphs.steps_by_size.get(count, 0) > 5, graphs.steps_by_size
+    assert graphs.traces == {3: graphs.any_size}  # traced once
 
 
 def test_an_engine_whose_first_step_is_decode_shaped_traces_no_lazy_initialisation(tiny):
@@ -87,18 +83,21 @@ def test_enforce_eager_traces_nothing(tiny):
 class Toy(torch.nn.Module):
     """An embedding, a matmul, the positions and sequence lengths; optionally a Python branch on a value."""
 
-    def __init__(self, branch_on_positions: bool = False) -> None:
+    def __init__(self, branch_on_positions: bool = False, bake_the_size: bool = False) -> None:
         super().__init__()
         torch.manual_seed(0)
         self.embed_tokens = VocabParallelEmbedding(64, 8)
         torch.nn.init.normal_(self.embed_tokens.weight)
         self.proj = torch.nn.Linear(8, 8)
         self.branch_on_positions = branch_on_positions
+        self.bake_the_size = bake_the_size
 
     def forward(self, input_ids, positions, metadata):
         hidden = self.proj(self.embed_tokens(input_ids)) + positions[:, None] + metadata.seq_lens[:, None]
         if self.branch_on_positions and bool(positions.max() > 10):  # data-dependent Python: a trace freezes it
             hidden = hidden * 2
+        if self.bake_the_size:  # len() is a Python int to the tracer: the trace keeps the size it saw
+            hidden = hidden + len(input_ids)
         return hidden
 
 
@@ -136,6 +135,22 @@ def test_a_trace_replays_new_ids_and_positions_through_the_eager_embedding():
     assert graphs.traces[2] is traced  # traced once
     graphs.reset()
     assert not graphs.traces
+
+
+def test_a_trace_that_holds_only_at_its_own_size_runs_that_size_and_each_small_size_is_traced_alone(caplog):
+    model = Toy(bake_the_size=True)
+    graphs = DecodeGraphs(model, list(range(1, 11)), 64, BLOCK, torch.device("cpu"), capture=False, trace=True)
+    first = step([3, 5], [20, 30])
+    with caplog.at_level(logging.INFO, logger="llmp.engine"):
+        assert torch.equal(graphs.run(first, 2), eager(model, first))
+    assert graphs.any_size is None and graphs.traces[2] is not None
+    assert "traced decode steps of 2 sequence(s)" in caplog.text
+    three = step([1, 2, 4], [5, 6, 7])
+    assert torch.equal(graphs.run(three, 3), eager(model, three))  # its own trace
+    assert set(graphs.traces) == {2, 3} and graphs.traces[3] is not graphs.traces[2]
+    large = step(list(range(CPU_TRACE_SIZES[-1] + 1)), [4] * (CPU_TRACE_SIZES[-1] + 1))
+    assert torch.equal(graphs.run(large, len(large.input_ids)), eager(model, large))  # eager, not traced
+    assert set(graphs.traces) == {2, 3}
 
 
 def test_a_trace_that_differs_from_the_eager_model_is_dropped(caplog):

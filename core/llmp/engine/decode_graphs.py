@@ -10,15 +10,20 @@ CPU tests of this padding), so the code a GPU replays is the code the CPU tests 
 
 On the CPU (``trace=True``, a kernel set with ``traceable_decode``) a small decode step is mostly
 Python: some 20 module calls and kernel dispatches a layer cost more than the arithmetic at batch 1.
-Each size (exact sizes, no padding: on a CPU a padded row costs its full compute) is traced with
-``torch.jit.trace`` when a step of that size first comes, and replayed by TorchScript's interpreter,
-which dispatches the same ops in C++: the same kernels, the same bits. The embedding lookup stays
-eager (a GGUF table is dequantised per lookup by ops the tracer cannot record). A trace is kept
-only if it gives the eager model's bits on other inputs too (a model with data-dependent Python,
-such as MoE routing, fails that check and runs eagerly). Everything a trace reads is an input: the
-KV cache explicitly, and the weights and other tensors the tracer recorded as constants are lifted
-into inputs afterwards (``_TracedStep``), since torch keeps each traced function for the life of
-the process and its constants with it.
+The first decode step is traced with ``torch.jit.trace`` and replayed by TorchScript's interpreter,
+which dispatches the same ops in C++: the same kernels, the same bits. Steps run at their exact
+size (no padding: on a CPU a padded row costs its full compute). The tracer records sizes as
+values read from the inputs, so one trace serves every batch size where the model's Python does no
+arithmetic of its own on them: the trace is checked against the eager model at its size and at
+another, and then replayed at every size (one trace of ~0.2 s, where tracing each size as it came
+cost an offline run of falling batch sizes 5-8 of them). A trace that holds only at its own size is
+kept for that size, and each size up to ``CPU_TRACE_SIZES`` is traced as it first comes. The
+embedding lookup stays eager (a GGUF table is dequantised per lookup by ops the tracer cannot
+record). A trace is kept only if it gives the eager model's bits on other inputs too (a model with
+data-dependent Python, such as MoE routing, fails that check and runs eagerly). Everything a trace
+reads is an input: the KV cache explicitly, and the weights and other tensors the tracer recorded
+as constants are lifted into inputs afterwards (``_TracedStep``), since torch keeps each traced
+function for the life of the process and its constants with it.
 """
 
 from __future__ import annotations
@@ -44,8 +49,9 @@ def default_graph_sizes(max_num_seqs: int) -> list[int]:
     return kept + [next((s for s in sizes if s >= max_num_seqs), sizes[-1])]
 
 
-# Batch sizes traced on the CPU: each is traced once, when first run (about 0.2 s for a 30-layer model);
-# larger decode steps run eagerly, where the Python overhead is a small share of the step.
+# Batch sizes traced one by one on the CPU where a trace holds only at its own size: each is traced once, when
+# first run (about 0.2 s for a 30-layer model); larger decode steps then run eagerly, where the Python overhead
+# is a small share of the step.
 CPU_TRACE_SIZES = list(range(1, 9))
 
 
@@ -63,8 +69,9 @@ class DecodeGraphs:
         self.model = model
         self.sizes = sorted(set(sizes))
         self.capture_graphs = capture
-        self.trace_graphs = trace  # CPU: TorchScript traces of each size, made when the size first runs
-        self.traces: dict[int, Any] = {}  # size -> the traced forward, or None where tracing failed
+        self.trace_graphs = trace  # CPU: a TorchScript trace of the first decode step (sizes: exact, no padding)
+        self.any_size: _TracedStep | None = None  # the first trace, where it holds at another size too
+        self.traces: dict[int, Any] = {}  # size -> its own trace, or None where tracing failed (eager)
         self._embedding_of: Any = None
         self._embedding_layer: VocabParallelEmbedding | None = None
         self._attention_layers: list[Any] = []
@@ -108,6 +115,8 @@ class DecodeGraphs:
             or metadata.block_tables.shape[1] > self.max_blocks
         ):
             return None
+        if self.trace_graphs:
+            return requests  # exact: a padded row costs its full compute on a CPU
         return next(s for s in self.sizes if s >= requests)
 
     @torch.inference_mode()
@@ -153,6 +162,7 @@ class DecodeGraphs:
         """Drop the graphs (their KV cache or weights went away: sleep)."""
         self.graphs.clear()
         self.traces.clear()
+        self.any_size = None
 
     def run(self, inputs: Any, size: int) -> torch.Tensor:
         """The hidden states of a decode step's ``B`` rows, computed at ``size``."""
@@ -172,7 +182,7 @@ class DecodeGraphs:
             graph.replay()
             return hidden[:rows]
         if self.trace_graphs:
-            traced = self.traces[size] if size in self.traces else self._trace(size)
+            traced = self._trace_for(size)
             if traced is not None:
                 return _replay(traced, self._trace_inputs(size))[:rows]
         hidden = self.model(self.input_ids[:size], self.positions[:size], self.metadata(size))
@@ -228,11 +238,25 @@ class DecodeGraphs:
 
         return forward
 
+    def _trace_for(self, size: int) -> Any:
+        """The trace that runs a step of ``size`` (made now if this is the first), or None: eager."""
+        if self.any_size is not None:
+            return self.any_size
+        if size in self.traces:
+            return self.traces[size]
+        first = not self.traces
+        if not first and size > CPU_TRACE_SIZES[-1]:
+            return None
+        return self._trace(size, try_any_size=first)
+
     @torch.inference_mode()
-    def _trace(self, size: int) -> Any:
-        """Trace the forward pass at ``size`` on this step's buffers, check it, keep it (None: eager)."""
+    def _trace(self, size: int, try_any_size: bool = False) -> Any:
+        """Trace the forward pass at ``size`` on this step's buffers, check it, keep it (None: eager). With
+        ``try_any_size``, check it at another size too: if it holds there, it runs every size."""
         started = time.perf_counter()
         self.model.requires_grad_(False)  # the tracer takes parameters as constants, which must not need grad
+        other = size + 1 if size < self.sizes[-1] else size - 1
+        any_size = False
         try:
             self._warm_up(size)
             with warnings.catch_warnings():
@@ -240,6 +264,10 @@ class DecodeGraphs:
                 traced = torch.jit.trace(self._traceable_forward(size), self._trace_inputs(size), check_trace=False)
             traced = _TracedStep(traced)
             mismatch = self._check_trace(traced, size)
+            if not mismatch and try_any_size:
+                # the other size's rows past this step's are spare ones (nothing written): checked, then reset
+                any_size = other < 1 or self._check_trace(traced, other) is None
+                self._reset_spare_rows(size)
         except Exception as exc:  # an op the tracer cannot record: this size runs eagerly
             mismatch = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         if mismatch:
@@ -247,7 +275,11 @@ class DecodeGraphs:
             self.traces[size] = None
             return None
         self.traces[size] = traced
-        log.info("traced decode steps of %d sequence(s) in %.2f s", size, time.perf_counter() - started)
+        if any_size:
+            self.any_size = traced
+            log.info("traced decode steps in %.2f s: one trace for every batch size", time.perf_counter() - started)
+        else:
+            log.info("traced decode steps of %d sequence(s) in %.2f s", size, time.perf_counter() - started)
         return traced
 
     def _warm_up(self, size: int) -> None:

@@ -20,7 +20,7 @@ import torch
 
 from llmp import registry
 from llmp.api import AttentionMetadata, DeviceError, PacksLinear, ResolvedModel
-from llmp.engine.decode_graphs import CPU_TRACE_SIZES, DecodeGraphs, default_graph_sizes
+from llmp.engine.decode_graphs import DecodeGraphs, default_graph_sizes
 from llmp.engine.sampler import Sampler, SamplingBatch, TokenLogprobs, batch_logprobs
 from llmp.engine.scheduler import SchedulerOutput
 from llmp.model_files.weights import iter_weights
@@ -130,8 +130,8 @@ class ModelRunner:
         return model.eval()
 
     def _decode_graphs(self) -> DecodeGraphs | None:
-        """CUDA graphs of decode steps on a GPU, TorchScript traces of small ones on the CPU when the kernel
-        set is ``traceable_decode`` (neither with --enforce-eager or LoRA, whose slots change per step);
+        """CUDA graphs of decode steps on a GPU, TorchScript traces of them on the CPU when the kernel set is
+        ``traceable_decode`` (neither with --enforce-eager or LoRA, whose slots change per step);
         ``extra["static_decode_buffers"]`` runs the padded buffers eagerly on any device (the CPU tests of
         that padding)."""
         config = self.config
@@ -147,8 +147,8 @@ class ModelRunner:
         static = capture or trace or padded
         if not static or not hasattr(self.model, "attention_layers"):
             return None
-        if trace:
-            sizes = [s for s in CPU_TRACE_SIZES if s <= config.max_num_seqs]
+        if trace:  # exact sizes, up to the largest batch: one trace runs them all where it holds at any size
+            sizes = list(range(1, config.max_num_seqs + 1))
         else:
             sizes = list(config.cuda_graph_sizes) or default_graph_sizes(config.max_num_seqs)
         max_len = config.max_model_len or self.resolved_context_len

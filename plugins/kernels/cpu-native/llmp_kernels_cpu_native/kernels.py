@@ -81,8 +81,8 @@ class DenseLinear:
 
 class NativeKernels(CpuKernels):
     name = "cpu-native"
-    # every op of a step is a torch op (no Python decision on tensor values): the engine may replay small decode
-    # steps from TorchScript traces (llmp.engine.decode_graphs), whose C++ dispatch saves ~3 ms a step at batch 1
+    # every op of a step is a torch op (no Python decision on tensor values): the engine may replay decode steps
+    # from a TorchScript trace (llmp.engine.decode_graphs), whose C++ dispatch saves ~3 ms a step at batch 1
     traceable_decode = True
 
     def __init__(self) -> None:
