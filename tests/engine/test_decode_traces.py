@@ -97,7 +97,7 @@ class Toy(torch.nn.Module):
         if self.branch_on_positions and bool(positions.max() > 10):  # data-dependent Python: a trace freezes it
             hidden = hidden * 2
         if self.bake_the_size:  # len() is a Python int to the tracer: the trace keeps the size it saw
-            hidden = hidden + len(input_ids)
+            hidden = hidden.reshape(len(input_ids), 8) + len(input_ids)  # at another size: the reshape raises
         return hidden
 
 

@@ -264,12 +264,14 @@ class DecodeGraphs:
                 traced = torch.jit.trace(self._traceable_forward(size), self._trace_inputs(size), check_trace=False)
             traced = _TracedStep(traced)
             mismatch = self._check_trace(traced, size)
-            if not mismatch and try_any_size:
-                # the other size's rows past this step's are spare ones (nothing written): checked, then reset
-                any_size = other < 1 or self._check_trace(traced, other) is None
-                self._reset_spare_rows(size)
         except Exception as exc:  # an op the tracer cannot record: this size runs eagerly
             mismatch = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        if not mismatch and try_any_size:
+            # the other size's rows past this step's are spare ones: nothing is written, and the check restores them
+            try:
+                any_size = other < 1 or self._check_trace(traced, other) is None
+            except Exception:  # a size the trace kept (a reshape to it): the trace runs its own size only
+                any_size = False
         if mismatch:
             log.warning("decode steps of %d run eagerly: tracing them failed (%s)", size, mismatch)
             self.traces[size] = None
