@@ -175,7 +175,8 @@ class DecodeGraphs:
         self.slot_mapping[:rows].copy_(metadata.slot_mapping, non_blocking=True)
         width = metadata.block_tables.shape[1]
         self.block_tables[:rows, :width].copy_(metadata.block_tables.to(device, non_blocking=True))
-        self._reset_spare_rows(rows)
+        if size > rows:  # padded (a CUDA graph's size): the spare rows it computes write nothing
+            self._reset_spare_rows(rows)
         self.steps_by_size[size] = self.steps_by_size.get(size, 0) + 1
         if size in self.graphs:
             graph, hidden = self.graphs[size]
@@ -268,6 +269,7 @@ class DecodeGraphs:
             mismatch = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         if not mismatch and try_any_size:
             # the other size's rows past this step's are spare ones: nothing is written, and the check restores them
+            self._reset_spare_rows(size)
             try:
                 any_size = other < 1 or self._check_trace(traced, other) is None
             except Exception:  # a size the trace kept (a reshape to it): the trace runs its own size only
