@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from llmp import SamplingParams, registry
+from llmp import LLM, SamplingParams, registry
 from llmp.api import AttentionMetadata
 from llmp.engine.decode_graphs import CPU_TRACE_SIZES, DecodeGraphs
 from llmp.modeling.layers import VocabParallelEmbedding
@@ -83,7 +83,7 @@ def test_enforce_eager_traces_nothing(tiny):
 class Toy(torch.nn.Module):
     """An embedding, a matmul, the positions and sequence lengths; optionally a Python branch on a value."""
 
-    def __init__(self, branch_on_positions: bool = False, bake_the_size: bool = False) -> None:
+    def __init__(self, branch_on_positions: bool = False, bake_the_size: bool = False, untraceable: bool = False):
         super().__init__()
         torch.manual_seed(0)
         self.embed_tokens = VocabParallelEmbedding(64, 8)
@@ -91,6 +91,7 @@ class Toy(torch.nn.Module):
         self.proj = torch.nn.Linear(8, 8)
         self.branch_on_positions = branch_on_positions
         self.bake_the_size = bake_the_size
+        self.untraceable = untraceable
 
     def forward(self, input_ids, positions, metadata):
         hidden = self.proj(self.embed_tokens(input_ids)) + positions[:, None] + metadata.seq_lens[:, None]
@@ -98,6 +99,8 @@ class Toy(torch.nn.Module):
             hidden = hidden * 2
         if self.bake_the_size:  # len() is a Python int to the tracer: the trace keeps the size it saw
             hidden = hidden.reshape(len(input_ids), 8) + len(input_ids)  # at another size: the reshape raises
+        if self.untraceable:  # an op with a list of optional scalars, which the tracer cannot record
+            hidden = torch.ops.mkldnn._linear_pointwise(hidden, self.proj.weight, None, "none", [], "")
         return hidden
 
 
@@ -163,6 +166,52 @@ def test_a_trace_that_differs_from_the_eager_model_is_dropped(caplog):
     assert "decode steps of 1 run eagerly: tracing them failed (its output differs" in caplog.text
     other = step([3], [4])
     assert torch.equal(graphs.run(other, 1), eager(model, other))  # eager from then on
+
+
+def test_a_forward_the_tracer_cannot_record_runs_eagerly_at_every_size_and_is_tried_once(caplog):
+    model = Toy(untraceable=True)
+    graphs = DecodeGraphs(model, list(range(1, 11)), 64, BLOCK, torch.device("cpu"), capture=False, trace=True)
+    with caplog.at_level(logging.WARNING, logger="llmp.engine"):
+        for ids in ([3, 5], [1], [2, 4, 6]):
+            inputs = step(ids, [7] * len(ids))
+            assert torch.equal(graphs.run(inputs, len(ids)), eager(model, inputs))
+    assert graphs.untraceable is not None and "Scalar" in graphs.untraceable, graphs.untraceable
+    assert graphs.traces == {} and graphs.any_size is None
+    assert caplog.text.count("decode steps run eagerly: tracing them failed") == 1, caplog.text
+    graphs.reset()  # a new model (wake_up) is tried again
+    assert graphs.untraceable is None
+
+
+def test_onednn_packed_matmuls_replay_one_trace_at_every_size(tmp_path, monkeypatch):
+    """cpu-native on an AMX or AVX2-only CPU leaves bfloat16 layers to the cpu set's oneDNN-packed matmuls, whose
+    packed weights the tracer cannot hold and whose 32-row blocks are Python: the layer's call is one recorded op,
+    and one trace still runs every size, with the eager engine's tokens."""
+    import llmp_kernels_cpu.kernels as cpu
+    import llmp_kernels_cpu_native.kernels as native
+
+    if not cpu.native_matmul(torch.bfloat16):
+        pytest.skip("oneDNN here has no bfloat16 matmul: the cpu set packs float32 copies (UpcastLinear), same path")
+    monkeypatch.setattr(native, "dense_chosen", lambda: False)
+    save_tiny_llama(tmp_path)
+    prompts = mixed_prompts(3, shared_prefix=5, seed=11)
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    results = []
+    for enforce_eager in (False, True):
+        llm = LLM(str(tmp_path), dtype="bfloat16", block_size=4, kernels="cpu-native", enforce_eager=enforce_eager)
+        batches = [prompts, prompts[:2], mixed_prompts(CPU_TRACE_SIZES[-1] + 2, seed=12)]
+        outputs = [llm.generate([{"prompt_token_ids": p} for p in batch], params) for batch in batches]
+        results.append([[o.outputs[0].token_ids for o in batch] for batch in outputs])
+        runner = llm.engine.executor.runner
+        linears = [m.packed for m in runner.model.modules() if getattr(m, "packed", None) is not None]
+        assert linears and all(type(f) in (cpu.PackedLinear, cpu.UpcastLinear) for f in linears)
+        if not enforce_eager:
+            graphs = runner.graphs
+            assert graphs.untraceable is None and graphs.any_size is not None, graphs.traces
+            assert graphs.traces == {3: graphs.any_size}
+            ops = {node.kind() for node in graphs.any_size.function.graph.nodes()}
+            assert "llmp_cpu::packed_linear" in ops and "aten::constant_pad_nd" not in ops, sorted(ops)
+        llm.shutdown()
+    assert results[0] == results[1]
 
 
 def test_only_models_that_say_so_are_traced_and_moe_routing_says_not():

@@ -17,7 +17,8 @@ values read from the inputs, so one trace serves every batch size where the mode
 arithmetic of its own on them: the trace is checked against the eager model at its size and at
 another, and then replayed at every size (one trace of ~0.2 s, where tracing each size as it came
 cost an offline run of falling batch sizes 5-8 of them). A trace that holds only at its own size is
-kept for that size, and each size up to ``CPU_TRACE_SIZES`` is traced as it first comes. The
+kept for that size, and each size up to ``CPU_TRACE_SIZES`` is traced as it first comes; a forward pass the
+tracer cannot record (an op it has no value kind for) is not tried again at other sizes. The
 embedding lookup stays eager (a GGUF table is dequantised per lookup by ops the tracer cannot
 record). A trace is kept only if it gives the eager model's bits on other inputs too (a model with
 data-dependent Python, such as MoE routing, fails that check and runs eagerly). Everything a trace
@@ -72,6 +73,7 @@ class DecodeGraphs:
         self.trace_graphs = trace  # CPU: a TorchScript trace of the first decode step (sizes: exact, no padding)
         self.any_size: _TracedStep | None = None  # the first trace, where it holds at another size too
         self.traces: dict[int, Any] = {}  # size -> its own trace, or None where tracing failed (eager)
+        self.untraceable: str | None = None  # why the tracer could not record the forward pass: all steps eager
         self._embedding_of: Any = None
         self._embedding_layer: VocabParallelEmbedding | None = None
         self._attention_layers: list[Any] = []
@@ -163,6 +165,7 @@ class DecodeGraphs:
         self.graphs.clear()
         self.traces.clear()
         self.any_size = None
+        self.untraceable = None
 
     def run(self, inputs: Any, size: int) -> torch.Tensor:
         """The hidden states of a decode step's ``B`` rows, computed at ``size``."""
@@ -243,6 +246,8 @@ class DecodeGraphs:
         """The trace that runs a step of ``size`` (made now if this is the first), or None: eager."""
         if self.any_size is not None:
             return self.any_size
+        if self.untraceable is not None:
+            return None
         if size in self.traces:
             return self.traces[size]
         first = not self.traces
@@ -264,8 +269,13 @@ class DecodeGraphs:
                 warnings.simplefilter("ignore")  # its deprecation note and shape-specialisation warnings
                 traced = torch.jit.trace(self._traceable_forward(size), self._trace_inputs(size), check_trace=False)
             traced = _TracedStep(traced)
+        except Exception as exc:  # an op the tracer cannot record: no size would trace, every decode step is eager
+            self.untraceable = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            log.warning("decode steps run eagerly: tracing them failed (%s)", self.untraceable)
+            return None
+        try:
             mismatch = self._check_trace(traced, size)
-        except Exception as exc:  # an op the tracer cannot record: this size runs eagerly
+        except Exception as exc:  # the replay raised: this size runs eagerly
             mismatch = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         if not mismatch and try_any_size:
             # the other size's rows past this step's are spare ones: nothing is written, and the check restores them

@@ -22,7 +22,10 @@
 from __future__ import annotations
 
 import ctypes
+import functools
+import itertools
 import platform
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -37,15 +40,55 @@ _PACK_FOR_ROWS = 32
 
 
 class PackedLinear:
-    """``x @ weight.T + bias`` on a oneDNN-packed copy of the weight."""
+    """``x @ weight.T + bias`` on a oneDNN-packed copy of the weight, in ``row_invariant`` blocks of 32 rows.
+
+    The blocks are made here rather than by the layer (``row_invariant = True``) so that a traced decode
+    step (``llmp.engine.decode_graphs``) records the whole call as one op: a oneDNN-packed weight cannot be
+    a trace's constant, and 32-row padding done by the layer's Python would tie a trace to the batch size
+    it saw. The op finds this object by its handle, so the trace holds no tensor of it.
+    """
+
+    row_invariant = True  # rows computed in fixed 32-row blocks: a row's bits do not depend on the batch
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         self.out_features, self.in_features = weight.shape
         self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_FOR_ROWS)
         self.bias = bias
+        self.handle = next(_HANDLES)
+        _LIVE_LINEARS[self.handle] = self
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.jit.is_tracing():
+            return _traced_linear_op()(x, self.handle)
+        return row_invariant(self.matmul, x)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+
+
+_HANDLES = itertools.count()
+_LIVE_LINEARS: weakref.WeakValueDictionary[int, PackedLinear] = weakref.WeakValueDictionary()
+
+
+def _linear_by_handle(x: torch.Tensor, handle: int) -> torch.Tensor:
+    linear = _LIVE_LINEARS.get(handle)
+    if linear is None:  # a trace replayed after its model's weights went away (sleep drops the traces first)
+        raise RuntimeError(f"packed linear layer {handle} no longer exists")
+    return row_invariant(linear.matmul, x)
+
+
+@functools.cache
+def _traced_linear_op() -> Callable[[torch.Tensor, int], torch.Tensor]:
+    """``llmp_cpu::packed_linear(x, handle)``: a packed layer's call as one op a trace can record, defined
+    the first time a trace needs it (nothing is registered with torch at import)."""
+    library = torch.library.Library("llmp_cpu", "DEF")
+    library.define("packed_linear(Tensor x, int handle) -> Tensor")
+    library.impl("packed_linear", _linear_by_handle, "CPU")
+    _LIBRARIES.append(library)  # the op lives as long as its library object
+    return torch.ops.llmp_cpu.packed_linear
+
+
+_LIBRARIES: list[torch.library.Library] = []
 
 
 class UpcastLinear(PackedLinear):
