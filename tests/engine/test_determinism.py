@@ -7,7 +7,10 @@ merely land on the same argmax (a random model's wide margins would hide a diffe
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -93,6 +96,35 @@ def test_same_tokens_cold_warm_alone_mixed_and_chunked(tiny_dir: Path, kernels: 
     llm = _tiny(tiny_dir, kernels, max_num_batched_tokens=32, max_model_len=256)
     chunked = _run(llm, [others[4], target, others[1]])
     assert chunked[1] == cold["target"], "chunked prefill computed different numbers"
+
+
+AMX_TILES_RUN = """
+import sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from test_determinism import TINY, test_same_tokens_cold_warm_alone_mixed_and_chunked
+from llmp.testing import save_tiny_llama
+from llmp_kernels_cpu_native.library import dense_path
+save_tiny_llama(Path(sys.argv[2]), logit_scale=1.0, **TINY)
+test_same_tokens_cold_warm_alone_mixed_and_chunked(Path(sys.argv[2]), "cpu-native")
+print(dense_path())
+"""
+
+
+def test_same_tokens_cold_warm_alone_mixed_and_chunked_on_amx_tiles(tmp_path: Path) -> None:
+    """cpu-native's bfloat16 matmul on its AMX tile path (on the instructions where the CPU has them, else emulated in
+    scalar code): the library chooses its path once, at load, so the cases above run in a fresh process."""
+    from llmp_kernels_cpu_native.library import dense_supported
+
+    if not dense_supported():
+        pytest.skip("no AVX-512 BF16: cpu-native leaves bfloat16 layers to the cpu set here")
+    import torch
+
+    env = {**os.environ, "LLMP_NATIVE_AMX": "1" if torch.ops.llmp_native.has_amx() else "emulate"}
+    run = [sys.executable, "-c", AMX_TILES_RUN, str(Path(__file__).parent), str(tmp_path)]
+    result = subprocess.run(run, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split("\n")[-2] in ("amx tiles", "emulated amx tiles"), result.stdout
 
 
 @pytest.mark.slow

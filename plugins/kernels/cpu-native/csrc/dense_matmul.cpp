@@ -1,5 +1,6 @@
-// dense_matmul: x @ W.T (+ bias) for bfloat16 x [T, K] and W [N, K], on CPUs with AVX-512 BF16 and no AMX
-// (AMD Zen 4 and 5) (llmp_native::dense_pack, llmp_native::dense_matmul).
+// dense_matmul: x @ W.T (+ bias) for bfloat16 x [T, K] and W [N, K], on CPUs with AVX-512 BF16
+// (llmp_native::dense_pack, llmp_native::dense_matmul): vdpbf16ps pairs (AMD Zen 4 and 5), or AMX tiles where the
+// CPU has them (Intel Sapphire Rapids and later: dense_matmul_tiles.h), from the same packed weight.
 //
 // The weight is packed once, in panels of 64 output columns: panel p holds, for each pair of K (k, k+1), the 64
 // columns' two bfloat16 values side by side ([P][K/2][64][2], zero-padded), so one vdpbf16ps with an input row's
@@ -17,8 +18,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
 #include <utility>
 
+#include "dense_matmul_tiles.h"
 #include "isa.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -44,8 +49,7 @@ bool supported() {
 #endif
 }
 
-// Where the CPU has AMX tiles (Intel Sapphire Rapids and later), oneDNN's AMX kernels multiply a prefill's 32-row
-// blocks several times faster than vdpbf16ps can: the kernel set leaves bfloat16 layers to them there
+// The CPU has AMX tiles for bfloat16 (Intel Sapphire Rapids and later)
 bool has_amx() {
 #ifdef LLMP_X86
     __builtin_cpu_init();
@@ -54,6 +58,30 @@ bool has_amx() {
     return false;
 #endif
 }
+
+// How dense_matmul multiplies: AMX tiles where the CPU has them and Linux grants the tile state, else vdpbf16ps
+// pairs; LLMP_NATIVE_AMX=0 keeps the pairs, LLMP_NATIVE_AMX=emulate runs the tile path in scalar code (tests)
+enum class Path { pairs, tiles, emulated_tiles };
+
+const char* path_name(Path path) {
+    switch (path) {
+        case Path::tiles: return "amx tiles";
+        case Path::emulated_tiles: return "emulated amx tiles";
+        default: return "avx512-bf16 pairs";
+    }
+}
+
+Path chosen_path() {
+    static const Path path = [] {
+        const char* wanted = std::getenv("LLMP_NATIVE_AMX");
+        if (wanted != nullptr && std::strcmp(wanted, "0") == 0) return Path::pairs;
+        if (wanted != nullptr && std::strcmp(wanted, "emulate") == 0 && LLMP_AMX_BUILT) return Path::emulated_tiles;
+        return tiles::hardware_ready() ? Path::tiles : Path::pairs;
+    }();
+    return path;
+}
+
+std::string dense_matmul_path() { return supported() ? path_name(chosen_path()) : "none"; }
 
 #ifdef LLMP_X86
 #define LLMP_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
@@ -128,34 +156,21 @@ LLMP_BF16 void packed_rows(std::integer_sequence<int, R...>, int64_t rows, const
 }
 #endif
 
-at::Tensor dense_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t N,
-                        const c10::optional<at::Tensor>& bias) {
-    TORCH_CHECK(supported(), "dense_matmul: needs AVX-512 BF16 (and LLMP_NATIVE_ISA not below avx512)");
-    TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kBFloat16 && x.dim() == 2,
-                "dense_matmul: x must be a 2-D bfloat16 CPU tensor");
-    TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == at::kBFloat16 && packed.size(2) == kPanel &&
-                    packed.size(3) == 2 && packed.size(1) == packed_pairs(x.size(1)) &&
-                    (N + kPanel - 1) / kPanel == packed.size(0),
-                "dense_matmul: x ", x.sizes(), " does not match the packed weight ", packed.sizes(), " of ", N,
-                " rows");
-    const int64_t T = x.size(0), K = x.size(1), P = packed.size(0), pairs = packed.size(1);
-    at::Tensor b;
-    if (bias.has_value() && bias->defined()) {
-        TORCH_CHECK(bias->dim() == 1 && bias->size(0) == N, "dense_matmul: the bias must be [", N, "]");
-        b = bias->to(at::kFloat).contiguous();
-    }
-    const at::Tensor xs = x.contiguous(), ws = packed.contiguous();
-    at::Tensor y = at::empty({T, N}, x.options());
-    if (T == 0 || N == 0) return y;
-#ifdef LLMP_X86
-    const auto* xp = reinterpret_cast<const uint16_t*>(xs.data_ptr());
-    const auto* wp = reinterpret_cast<const uint16_t*>(ws.data_ptr());
-    const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
-    auto* yp = y.data_ptr<c10::BFloat16>();
+// Threads for a call: each takes whole panels, and none less than kMinBytesPerThread of weight and input
+int64_t panel_grain(int64_t T, int64_t K, int64_t N, int64_t P) {
     const int64_t bytes = N * K * 2 + N * K / 2 * (T - 1);
     const int64_t threads = std::clamp<int64_t>(bytes / kMinBytesPerThread, 1,
                                                 std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), P)));
-    at::parallel_for(0, P, (P + threads - 1) / threads, [&](int64_t begin, int64_t end) {
+    return (P + threads - 1) / threads;
+}
+
+#ifdef LLMP_X86
+void pairs_matmul(const at::Tensor& xs, const at::Tensor& ws, int64_t N, const float* bp, at::Tensor& y) {
+    const int64_t T = xs.size(0), K = xs.size(1), P = ws.size(0), pairs = ws.size(1);
+    const auto* xp = reinterpret_cast<const uint16_t*>(xs.data_ptr());
+    const auto* wp = reinterpret_cast<const uint16_t*>(ws.data_ptr());
+    auto* yp = y.data_ptr<c10::BFloat16>();
+    at::parallel_for(0, P, panel_grain(T, K, N, P), [&](int64_t begin, int64_t end) {
         for (int64_t t0 = 0; t0 < T; t0 += kChunkRows) {
             const int64_t t1 = std::min(T, t0 + kChunkRows);
             for (int64_t p = begin; p < end; ++p) {
@@ -177,8 +192,81 @@ at::Tensor dense_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t N
             }
         }
     });
+}
+#endif
+
+#if LLMP_AMX_BUILT
+void tiles_matmul(const at::Tensor& xs, const at::Tensor& ws, int64_t N, const float* bp, at::Tensor& y,
+                  bool emulated) {
+    const int64_t T = xs.size(0), K = xs.size(1), P = ws.size(0);
+    // an odd K: rows padded with a zero, so the last full tile of K reads no value past a row
+    const at::Tensor x = K % 2 ? at::constant_pad_nd(xs, {0, 1}) : xs;
+    const int64_t stride = x.size(1), full_rows = T / tiles::kRows * tiles::kRows;
+    at::Tensor tail = at::zeros({tiles::kRows, stride}, x.options());  // the last partial tile of rows, zero-padded
+    if (T > full_rows) tail.narrow(0, 0, T - full_rows).copy_(x.narrow(0, full_rows, T - full_rows));
+    const tiles::Operands op{reinterpret_cast<const uint16_t*>(x.data_ptr()),
+                             reinterpret_cast<const uint16_t*>(tail.data_ptr()),
+                             stride,
+                             T,
+                             K,
+                             full_rows,
+                             ws.size(1),
+                             reinterpret_cast<const uint16_t*>(ws.data_ptr()),
+                             bp,
+                             y.data_ptr<c10::BFloat16>(),
+                             N};
+    at::parallel_for(0, P, panel_grain(T, K, N, P), [&](int64_t begin, int64_t end) {
+        if (emulated) tiles::panels<tiles::Emulated>(op, begin, end);
+        else tiles::panels<tiles::Hardware>(op, begin, end);
+    });
+}
+#endif
+
+// x [T, K] @ W.T (+ bias) on `path`
+at::Tensor dense_matmul_on(const at::Tensor& x, const at::Tensor& packed, int64_t N,
+                           const c10::optional<at::Tensor>& bias, Path path) {
+    TORCH_CHECK(supported(), "dense_matmul: needs AVX-512 BF16 (and LLMP_NATIVE_ISA not below avx512)");
+    TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kBFloat16 && x.dim() == 2,
+                "dense_matmul: x must be a 2-D bfloat16 CPU tensor");
+    TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == at::kBFloat16 && packed.size(2) == kPanel &&
+                    packed.size(3) == 2 && packed.size(1) == packed_pairs(x.size(1)) &&
+                    (N + kPanel - 1) / kPanel == packed.size(0),
+                "dense_matmul: x ", x.sizes(), " does not match the packed weight ", packed.sizes(), " of ", N,
+                " rows");
+    TORCH_CHECK(path != Path::tiles || tiles::hardware_ready(), "dense_matmul: this CPU has no usable AMX tiles");
+    TORCH_CHECK(path != Path::emulated_tiles || LLMP_AMX_BUILT, "dense_matmul: built without the AMX tile path");
+    at::Tensor b;
+    if (bias.has_value() && bias->defined()) {
+        TORCH_CHECK(bias->dim() == 1 && bias->size(0) == N, "dense_matmul: the bias must be [", N, "]");
+        b = bias->to(at::kFloat).contiguous();
+    }
+    const at::Tensor xs = x.contiguous(), ws = packed.contiguous();
+    at::Tensor y = at::empty({x.size(0), N}, x.options());
+    if (x.size(0) == 0 || N == 0) return y;
+    const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
+#if LLMP_AMX_BUILT
+    if (path != Path::pairs) {
+        tiles_matmul(xs, ws, N, bp, y, path == Path::emulated_tiles);
+        return y;
+    }
+#endif
+#ifdef LLMP_X86
+    pairs_matmul(xs, ws, N, bp, y);
 #endif
     return y;
+}
+
+at::Tensor dense_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t N,
+                        const c10::optional<at::Tensor>& bias) {
+    return dense_matmul_on(x, packed, N, bias, chosen_path());
+}
+
+// The same on a named path ("avx512-bf16 pairs", "amx tiles" or "emulated amx tiles"): tests force each in turn
+at::Tensor dense_matmul_with(const at::Tensor& x, const at::Tensor& packed, int64_t N,
+                             const c10::optional<at::Tensor>& bias, const std::string& path) {
+    for (Path each : {Path::pairs, Path::tiles, Path::emulated_tiles})
+        if (path == path_name(each)) return dense_matmul_on(x, packed, N, bias, each);
+    TORCH_CHECK(false, "dense_matmul_with: no path named '", path, "'");
 }
 
 }  // namespace
@@ -189,11 +277,15 @@ TORCH_LIBRARY_FRAGMENT(llmp_native, m) {
     m.def("dense_pack(Tensor weight) -> Tensor");
     // x [T, K] @ W.T (+ bias [N]) -> [T, N] from W's panels, all bfloat16, float32 accumulation; each row alone
     m.def("dense_matmul(Tensor x, Tensor packed, int n, Tensor? bias) -> Tensor");
+    // the same on a named path (dense_matmul_path's names): tests force each in turn
+    m.def("dense_matmul_with(Tensor x, Tensor packed, int n, Tensor? bias, str path) -> Tensor");
     m.def("dense_matmul_supported() -> bool", &llmp_native::supported);  // the CPU has AVX-512 BF16
+    m.def("dense_matmul_path() -> str", &llmp_native::dense_matmul_path);  // how dense_matmul multiplies here
     m.def("has_amx() -> bool", &llmp_native::has_amx);  // the CPU has AMX tiles (bfloat16)
 }
 
 TORCH_LIBRARY_IMPL(llmp_native, CPU, m) {
     m.impl("dense_pack", &llmp_native::dense_pack);
     m.impl("dense_matmul", &llmp_native::dense_matmul);
+    m.impl("dense_matmul_with", &llmp_native::dense_matmul_with);
 }

@@ -32,7 +32,7 @@ def llmp_register_kernels() -> Iterator[KernelSetSpec]:
         impl="llmp_kernels_cpu_native.kernels:NativeKernels",
         description=f"Compiled CPU kernels, the {expected_isa()} path on this CPU (of avx512, avx2, scalar): "
         "matmuls straight from GGUF's quantised blocks (Q4_0 ... Q8_0, Q2_K ... Q6_K), paged attention, "
-        "row-wise ops, and bfloat16 matmuls on AVX-512 BF16 CPUs without AMX, over the cpu set.",
+        "row-wise ops, and bfloat16 matmuls on AVX-512 BF16 CPUs (AMX tiles where present), over the cpu set.",
         devices=("cpu",),
         priority=6,
     )

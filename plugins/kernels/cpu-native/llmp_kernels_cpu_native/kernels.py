@@ -5,12 +5,13 @@
   float32 in registers and L1 (the reference's values, bit for bit) and multiplied with every input row, so
   the weight is read once per call in its quantised size. A row's result depends only on that row (one fixed
   summation order), and work is split over output columns only, so it does not depend on the thread count.
-- **Dense bfloat16 linear layers** (``pack_linear``, on CPUs with AVX-512 BF16 and no AMX) multiply a copy of
-  the weight packed in panels of 64 columns with ``vdpbf16ps``, each output one float32 lane accumulated over K
-  in order whatever the batch: the layer then calls it on the rows it has, where oneDNN's packed matmul (the
-  ``cpu`` set's, used elsewhere) is called in padded 32-row blocks to keep a row's bits independent of the batch.
-  A decode step of one sequence multiplies one row instead of 32, and a prefill reads each weight panel once per
-  96 rows instead of the whole weight every 32.
+- **Dense bfloat16 linear layers** (``pack_linear``, on CPUs with AVX-512 BF16) multiply a copy of the weight
+  packed in panels of 64 columns, each output accumulated in float32 over K in an order that does not depend on
+  the batch: ``vdpbf16ps`` pairs, or AMX tiles where the CPU has them (``library.dense_path``). The layer then
+  calls it on the rows it has, where oneDNN's packed matmul (the ``cpu`` set's, used elsewhere) is called in
+  padded 32-row blocks to keep a row's bits independent of the batch. A decode step of one sequence multiplies
+  one row instead of 32, and a prefill reads each weight panel once per chunk of rows that stays in L2 instead
+  of the whole weight every 32 rows.
 - **Attention** (``paged_attention``) reads keys and values through the block table where they lie (no
   gather, no query block padded to 16 rows for one decode token), each KV head's tile of keys shared by its
   query heads, with sliding windows and soft-capping. Every query row is computed alone in an order fixed by

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 
 import torch
 
 from llmp_kernels_cpu_native.built import NativeLibraryUnavailable, check_library
 
 log = logging.getLogger(__name__)
+
+# 0: vdpbf16ps pairs even on an AMX CPU; onednn: the cpu set's matmuls; emulate: the tile path in scalar code
+AMX_VARIABLE = "LLMP_NATIVE_AMX"
 
 
 @functools.cache
@@ -22,7 +26,9 @@ def load() -> str:
     except OSError as error:  # built for another torch or platform: undefined symbols, a wrong ELF class
         raise NativeLibraryUnavailable(f"the compiled kernels at {path} do not load: {error}") from error
     isa = torch.ops.llmp_native.isa()
-    log.info("cpu-native kernels: %s loops, threads: %s (%s)", isa, threads(), path.name)
+    own = torch.ops.llmp_native.dense_matmul_supported() and os.environ.get(AMX_VARIABLE, "") != "onednn"
+    matmul = torch.ops.llmp_native.dense_matmul_path() if own else "the cpu set's oneDNN"
+    log.info("cpu-native kernels: %s loops, bfloat16 matmuls: %s, threads: %s (%s)", isa, matmul, threads(), path.name)
     return isa
 
 
@@ -43,9 +49,17 @@ def dense_supported() -> bool:
 
 @functools.cache
 def dense_chosen() -> bool:
-    """Whether bfloat16 layers take ``dense_matmul``: it runs here and the CPU has no AMX (where it has, oneDNN's
-    AMX kernels multiply a prefill several times faster: the cpu set's matmuls stay)."""
-    return dense_supported() and not torch.ops.llmp_native.has_amx()
+    """Whether bfloat16 layers take ``dense_matmul``: wherever it runs (on AMX tiles where the CPU has them,
+    :func:`dense_path`), unless ``LLMP_NATIVE_AMX=onednn`` leaves them to the cpu set's oneDNN matmuls, called in
+    padded 32-row blocks (kept to compare the two on an AMX CPU)."""
+    return dense_supported() and os.environ.get(AMX_VARIABLE, "") != "onednn"
+
+
+def dense_path() -> str:
+    """How ``dense_matmul`` multiplies here: ``amx tiles``, ``avx512-bf16 pairs``, ``emulated amx tiles``
+    (``LLMP_NATIVE_AMX=emulate``, a test of the tile path on any AVX-512 BF16 CPU) or ``none``."""
+    load()
+    return torch.ops.llmp_native.dense_matmul_path()
 
 
 def threads() -> str:

@@ -1,37 +1,53 @@
-"""dense_matmul (bfloat16 linear layers on AVX-512 BF16) against float64: values, each row alone bit for bit,
-thread counts, the layer calling it without 32-row blocks, and the other dtypes left to the cpu set."""
+"""dense_matmul (bfloat16 linear layers on AVX-512 BF16) against float64 on each of its paths (vdpbf16ps pairs,
+AMX tiles where the CPU has them, and the tile path emulated in scalar code, which runs on any AVX-512 BF16 CPU):
+values, each row alone bit for bit, thread counts, the layer calling it without 32-row blocks, the path chosen by
+the CPU and LLMP_NATIVE_AMX, and the other dtypes left to the cpu set."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 from llmp_kernels_cpu.kernels import PackedLinear, UpcastLinear
 from llmp_kernels_cpu_native.kernels import DenseLinear, NativeKernels
-from llmp_kernels_cpu_native.library import dense_supported
+from llmp_kernels_cpu_native.library import dense_path, dense_supported
 
 pytestmark = pytest.mark.skipif(not dense_supported(), reason="no AVX-512 BF16: the library cannot run it here")
+
+PAIRS, TILES, EMULATED = "avx512-bf16 pairs", "amx tiles", "emulated amx tiles"
+# every path this CPU runs: the tile path in scalar code everywhere, on the AMX instructions where they are
+PATHS = [PAIRS, EMULATED, *([TILES] if dense_supported() and torch.ops.llmp_native.has_amx() else [])]
 
 SHAPES = [(1152, 896), (37, 70), (896, 4864), (5, 32), (100, 31)]  # K tails of 6, 0 and 31; N not a multiple of 6
 
 
-class DenseKernels(NativeKernels):
-    """The set as it is where AMX is absent (on an AMX CPU bfloat16 layers stay on oneDNN: tested below)."""
+class OnPath(DenseLinear):
+    """A layer's packed weight multiplied on one named path (``dense_matmul_with``)."""
 
-    def pack_linear(self, weight, bias):
-        if weight.dtype == torch.bfloat16:
-            return DenseLinear(weight, bias)
-        return super().pack_linear(weight, bias)
+    def __init__(self, weight, bias, path: str) -> None:
+        super().__init__(weight, bias)
+        self.path = path
+
+    def __call__(self, x):
+        rows = x.reshape(-1, self.in_features)
+        out = torch.ops.llmp_native.dense_matmul_with(rows, self.panels, self.out_features, self.bias, self.path)
+        return out.reshape(*x.shape[:-1], self.out_features)
 
 
 @pytest.fixture(scope="module")
 def kernels() -> NativeKernels:
-    return DenseKernels()
+    return NativeKernels()
 
 
-def test_bfloat16_layers_take_it_unless_the_cpu_has_amx():
+def test_bfloat16_layers_take_it_on_every_avx512_bf16_cpu():
     packed = NativeKernels().pack_linear(torch.randn(8, 64).bfloat16(), None)
-    assert isinstance(packed, DenseLinear) == (dense_supported() and not torch.ops.llmp_native.has_amx())
+    assert isinstance(packed, DenseLinear)
+    # AMX tiles where the CPU has them (and grants the tile state), vdpbf16ps pairs elsewhere
+    assert dense_path() == (TILES if torch.ops.llmp_native.has_amx() else PAIRS)
 
 
 def operands(n: int, k: int, rows: int, seed: int = 0):
@@ -42,14 +58,13 @@ def operands(n: int, k: int, rows: int, seed: int = 0):
     return weight, bias, x
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("n, k", SHAPES)
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_matches_float64_within_one_rounding(kernels, n, k, with_bias):
+def test_matches_float64_within_one_rounding(path, n, k, with_bias):
     weight, bias, x = operands(n, k, 67)
     bias = bias if with_bias else None
-    matmul = kernels.pack_linear(weight, bias)
-    assert isinstance(matmul, DenseLinear) and matmul.row_invariant
-    got = matmul(x)
+    got = OnPath(weight, bias, path)(x)
     expected = F.linear(x.double(), weight.double(), None if bias is None else bias.double())
     assert got.dtype == torch.bfloat16 and got.shape == (67, n)
     # float32 accumulation of exact products, then one rounding to bfloat16 (relative 2^-8)
@@ -57,20 +72,37 @@ def test_matches_float64_within_one_rounding(kernels, n, k, with_bias):
     assert ((got.double() - expected).abs() <= bound).all()
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("n, k", SHAPES)
-def test_a_row_has_the_same_bits_alone_and_in_any_batch(kernels, n, k):
+def test_a_row_has_the_same_bits_alone_and_in_any_batch(path, n, k):
     weight, bias, x = operands(n, k, 131)
-    matmul = kernels.pack_linear(weight, bias)
+    matmul = OnPath(weight, bias, path)
     batch = matmul(x)
-    for rows in (1, 2, 3, 5, 32, 64, 65):
+    for rows in (1, 2, 3, 5, 15, 16, 17, 32, 33, 64, 65):  # tiles of 16 rows and blocks of 32, full and partial
         for start in (0, 131 - rows):
             assert torch.equal(matmul(x[start : start + rows]), batch[start : start + rows]), (rows, start)
 
 
-def test_the_result_does_not_depend_on_the_thread_count(kernels, set_threads):
+@pytest.mark.parametrize("path", PATHS)
+def test_rows_in_every_chunk_of_a_long_prefill_have_their_own_bits(path):
+    # 1100 rows of K = 896: the tile path's chunks of 512 rows that stay in L2 (the pairs path's of 96)
+    weight, bias, x = operands(200, 896, 1100)
+    matmul = OnPath(weight, bias, path)
+    batch = matmul(x)
+    for start, rows in ((0, 1), (511, 2), (1023, 77), (1099, 1), (500, 600)):
+        assert torch.equal(matmul(x[start : start + rows]), batch[start : start + rows]), (rows, start)
+    expected = F.linear(x.double(), weight.double(), bias.double())
+    assert (
+        (batch.double() - expected).abs()
+        <= 2**-8 * expected.abs() + 1e-5 * (x.double().abs() @ weight.double().abs().T)
+    ).all()
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_the_result_does_not_depend_on_the_thread_count(path, set_threads):
     for n, k in ((9728, 896), (896, 4864), (37, 70)):
         weight, bias, x = operands(n, k, 9)
-        matmul = kernels.pack_linear(weight, bias)
+        matmul = OnPath(weight, bias, path)
         set_threads(1)
         alone = matmul(x)
         for count in (2, 3):
@@ -103,6 +135,44 @@ def test_a_layer_calls_it_on_its_rows_without_padding(kernels):
     layer.packed = lambda x: seen.append(x.shape[0]) or packed(x)
     layer.matmul(torch.randn(3, 64).bfloat16())
     assert seen == [3]  # not a 32-row block
+
+
+def test_an_unknown_or_absent_path_is_a_clear_error(kernels):
+    weight, bias, x = operands(40, 64, 3)
+    matmul = kernels.pack_linear(weight, bias)
+    with pytest.raises(RuntimeError, match="no path named 'avx9'"):
+        torch.ops.llmp_native.dense_matmul_with(x, matmul.panels, 40, None, "avx9")
+    if TILES not in PATHS:
+        with pytest.raises(RuntimeError, match="no usable AMX tiles"):
+            torch.ops.llmp_native.dense_matmul_with(x, matmul.panels, 40, None, TILES)
+
+
+CHOSEN = """
+import sys, torch
+from llmp_kernels_cpu_native.kernels import DenseLinear, NativeKernels
+from llmp_kernels_cpu_native.library import dense_path
+packed = NativeKernels().pack_linear(torch.randn(8, 64).bfloat16(), None)
+print(dense_path(), type(packed).__name__)
+"""
+
+
+@pytest.mark.parametrize(
+    "variable, expected",
+    [
+        (None, (TILES if TILES in PATHS else PAIRS, "DenseLinear")),
+        ("0", (PAIRS, "DenseLinear")),
+        ("emulate", (EMULATED, "DenseLinear")),
+        ("onednn", (None, "PackedLinear")),  # the cpu set's oneDNN matmul, in 32-row blocks
+    ],
+)
+def test_llmp_native_amx_chooses_the_path(variable, expected):
+    env = {key: value for key, value in os.environ.items() if key != "LLMP_NATIVE_AMX"}
+    if variable is not None:
+        env["LLMP_NATIVE_AMX"] = variable
+    result = subprocess.run([sys.executable, "-c", CHOSEN], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    path, kind = result.stdout.split("\n")[-2].rsplit(" ", 1)
+    assert kind == expected[1] and (expected[0] is None or path == expected[0]), result.stdout
 
 
 def test_a_mismatched_input_is_a_clear_error(kernels):
