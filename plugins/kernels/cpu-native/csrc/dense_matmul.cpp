@@ -59,8 +59,9 @@ bool has_amx() {
 #endif
 }
 
-// How dense_matmul multiplies: AMX tiles where the CPU has them and Linux grants the tile state, else vdpbf16ps
-// pairs; LLMP_NATIVE_AMX=0 keeps the pairs, LLMP_NATIVE_AMX=emulate runs the tile path in scalar code (tests)
+// How dense_matmul multiplies: AMX tiles where the CPU has them, Linux grants the tile state and the tiles agree
+// with their scalar definition on a check product, else vdpbf16ps pairs; LLMP_NATIVE_AMX=0 keeps the pairs,
+// LLMP_NATIVE_AMX=emulate runs the tile path in scalar code (tests)
 enum class Path { pairs, tiles, emulated_tiles };
 
 const char* path_name(Path path) {
@@ -71,17 +72,7 @@ const char* path_name(Path path) {
     }
 }
 
-Path chosen_path() {
-    static const Path path = [] {
-        const char* wanted = std::getenv("LLMP_NATIVE_AMX");
-        if (wanted != nullptr && std::strcmp(wanted, "0") == 0) return Path::pairs;
-        if (wanted != nullptr && std::strcmp(wanted, "emulate") == 0 && LLMP_AMX_BUILT) return Path::emulated_tiles;
-        return tiles::hardware_ready() ? Path::tiles : Path::pairs;
-    }();
-    return path;
-}
-
-std::string dense_matmul_path() { return supported() ? path_name(chosen_path()) : "none"; }
+Path chosen_path();
 
 #ifdef LLMP_X86
 #define LLMP_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
@@ -256,17 +247,64 @@ at::Tensor dense_matmul_on(const at::Tensor& x, const at::Tensor& packed, int64_
     return y;
 }
 
+std::string& tiles_refused() {  // why the tile instructions are not used here although the CPU has them
+    static std::string why;
+    return why;
+}
+
+// A path against the tile path in scalar code, on a product whose every sum is exact (so any difference is a wrong
+// tile or address, not a rounding): a full and a partial tile of rows, two full tiles of K and a tail of pairs, a
+// full and a partial panel, a bias. Run once where the tile instructions would be chosen; the tests run it too.
+bool agrees_with_the_tiles_definition(Path path) {
+    const int64_t T = 21, K = 84, N = 70;
+    const at::Tensor x = at::arange(T * K, at::kFloat).remainder(13).sub(6).div(4).reshape({T, K}).to(at::kBFloat16);
+    const at::Tensor w = at::arange(N * K, at::kFloat).remainder(11).sub(5).div(8).reshape({N, K}).to(at::kBFloat16);
+    const at::Tensor bias = at::arange(N, at::kFloat).remainder(7).sub(3).to(at::kBFloat16);
+    const at::Tensor packed = dense_pack(w);
+    const at::Tensor got = dense_matmul_on(x, packed, N, bias, path);
+    return at::equal(got, dense_matmul_on(x, packed, N, bias, Path::emulated_tiles));
+}
+
+Path chosen_path() {
+    static const Path path = [] {
+        const char* wanted = std::getenv("LLMP_NATIVE_AMX");
+        if (wanted != nullptr && std::strcmp(wanted, "0") == 0) return Path::pairs;
+        if (wanted != nullptr && std::strcmp(wanted, "emulate") == 0 && LLMP_AMX_BUILT) return Path::emulated_tiles;
+        if (!tiles::hardware_ready()) return Path::pairs;
+        try {
+            if (agrees_with_the_tiles_definition(Path::tiles)) return Path::tiles;
+            tiles_refused() = "the tiles disagreed with their definition on a check product";
+        } catch (const std::exception& error) {
+            tiles_refused() = std::string("the tiles' check product failed: ") + error.what();
+        }
+        return Path::pairs;
+    }();
+    return path;
+}
+
+std::string dense_matmul_path() {
+    if (!supported()) return "none";
+    const Path path = chosen_path();
+    return tiles_refused().empty() ? path_name(path) : std::string(path_name(path)) + " (" + tiles_refused() + ")";
+}
+
 at::Tensor dense_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t N,
                         const c10::optional<at::Tensor>& bias) {
     return dense_matmul_on(x, packed, N, bias, chosen_path());
 }
 
+Path named_path(const std::string& name) {
+    for (Path each : {Path::pairs, Path::tiles, Path::emulated_tiles})
+        if (name == path_name(each)) return each;
+    TORCH_CHECK(false, "dense_matmul_with: no path named '", name, "'");
+}
+
+bool dense_matmul_check(const std::string& path) { return agrees_with_the_tiles_definition(named_path(path)); }
+
 // The same on a named path ("avx512-bf16 pairs", "amx tiles" or "emulated amx tiles"): tests force each in turn
 at::Tensor dense_matmul_with(const at::Tensor& x, const at::Tensor& packed, int64_t N,
                              const c10::optional<at::Tensor>& bias, const std::string& path) {
-    for (Path each : {Path::pairs, Path::tiles, Path::emulated_tiles})
-        if (path == path_name(each)) return dense_matmul_on(x, packed, N, bias, each);
-    TORCH_CHECK(false, "dense_matmul_with: no path named '", path, "'");
+    return dense_matmul_on(x, packed, N, bias, named_path(path));
 }
 
 }  // namespace
@@ -281,6 +319,8 @@ TORCH_LIBRARY_FRAGMENT(llmp_native, m) {
     m.def("dense_matmul_with(Tensor x, Tensor packed, int n, Tensor? bias, str path) -> Tensor");
     m.def("dense_matmul_supported() -> bool", &llmp_native::supported);  // the CPU has AVX-512 BF16
     m.def("dense_matmul_path() -> str", &llmp_native::dense_matmul_path);  // how dense_matmul multiplies here
+    // whether a path gives the tile path's scalar definition's bits on the start-up check's exact product
+    m.def("dense_matmul_check(str path) -> bool", &llmp_native::dense_matmul_check);
     m.def("has_amx() -> bool", &llmp_native::has_amx);  // the CPU has AMX tiles (bfloat16)
 }
 

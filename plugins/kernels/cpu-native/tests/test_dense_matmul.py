@@ -137,6 +137,18 @@ def test_a_layer_calls_it_on_its_rows_without_padding(kernels):
     assert seen == [3]  # not a 32-row block
 
 
+@pytest.mark.parametrize("path", PATHS)
+def test_the_start_up_check_s_product_is_exact_so_only_a_wrong_tile_fails_it(path):
+    # the product the library checks the tile instructions on before it uses them (dense_matmul_check): every sum
+    # exact in float32, so every correct path gives the float64 product's bits after the one rounding
+    x = ((torch.arange(21 * 84).float() % 13 - 6) / 4).reshape(21, 84).bfloat16()
+    weight = ((torch.arange(70 * 84).float() % 11 - 5) / 8).reshape(70, 84).bfloat16()
+    bias = (torch.arange(70).float() % 7 - 3).bfloat16()
+    expected = F.linear(x.double(), weight.double(), bias.double()).bfloat16()
+    assert torch.equal(OnPath(weight, bias, path)(x), expected)
+    assert torch.ops.llmp_native.dense_matmul_check(path)
+
+
 def test_an_unknown_or_absent_path_is_a_clear_error(kernels):
     weight, bias, x = operands(40, 64, 3)
     matmul = kernels.pack_linear(weight, bias)
