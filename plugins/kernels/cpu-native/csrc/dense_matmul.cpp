@@ -224,7 +224,8 @@ at::Tensor dense_matmul_on(const at::Tensor& x, const at::Tensor& packed, int64_
                     (N + kPanel - 1) / kPanel == packed.size(0),
                 "dense_matmul: x ", x.sizes(), " does not match the packed weight ", packed.sizes(), " of ", N,
                 " rows");
-    TORCH_CHECK(path != Path::tiles || tiles::hardware_ready(), "dense_matmul: this CPU has no usable AMX tiles");
+    TORCH_CHECK(path != Path::tiles || tiles::hardware_ready(), "dense_matmul: this CPU has no usable AMX tiles (",
+                tiles::unusable(), ")");
     TORCH_CHECK(path != Path::emulated_tiles || LLMP_AMX_BUILT, "dense_matmul: built without the AMX tile path");
     at::Tensor b;
     if (bias.has_value() && bias->defined()) {
@@ -236,7 +237,7 @@ at::Tensor dense_matmul_on(const at::Tensor& x, const at::Tensor& packed, int64_
     if (x.size(0) == 0 || N == 0) return y;
     const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
 #if LLMP_AMX_BUILT
-    if (path != Path::pairs) {
+    if (path != Path::pairs && x.size(1) > 0) {  // K = 0: the bias (or zeros), which the pairs path gives
         tiles_matmul(xs, ws, N, bp, y, path == Path::emulated_tiles);
         return y;
     }
@@ -270,7 +271,10 @@ Path chosen_path() {
         const char* wanted = std::getenv("LLMP_NATIVE_AMX");
         if (wanted != nullptr && std::strcmp(wanted, "0") == 0) return Path::pairs;
         if (wanted != nullptr && std::strcmp(wanted, "emulate") == 0 && LLMP_AMX_BUILT) return Path::emulated_tiles;
-        if (!tiles::hardware_ready()) return Path::pairs;
+        if (!tiles::hardware_ready()) {
+            if (tiles::unusable() != "no AMX") tiles_refused() = tiles::unusable();
+            return Path::pairs;
+        }
         try {
             if (agrees_with_the_tiles_definition(Path::tiles)) return Path::tiles;
             tiles_refused() = "the tiles disagreed with their definition on a check product";
@@ -322,6 +326,8 @@ TORCH_LIBRARY_FRAGMENT(llmp_native, m) {
     // whether a path gives the tile path's scalar definition's bits on the start-up check's exact product
     m.def("dense_matmul_check(str path) -> bool", &llmp_native::dense_matmul_check);
     m.def("has_amx() -> bool", &llmp_native::has_amx);  // the CPU has AMX tiles (bfloat16)
+    // why the tile instructions cannot run here ("" where they can): "no AMX", or Linux refused the tile state
+    m.def("amx_tiles_unusable() -> str", [] { return llmp_native::tiles::unusable(); });
 }
 
 TORCH_LIBRARY_IMPL(llmp_native, CPU, m) {

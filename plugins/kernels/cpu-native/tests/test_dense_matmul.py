@@ -20,7 +20,8 @@ pytestmark = pytest.mark.skipif(not dense_supported(), reason="no AVX-512 BF16: 
 
 PAIRS, TILES, EMULATED = "avx512-bf16 pairs", "amx tiles", "emulated amx tiles"
 # every path this CPU runs: the tile path in scalar code everywhere, on the AMX instructions where they are
-PATHS = [PAIRS, EMULATED, *([TILES] if dense_supported() and torch.ops.llmp_native.has_amx() else [])]
+USABLE_TILES = dense_supported() and torch.ops.llmp_native.amx_tiles_unusable() == ""
+PATHS = [PAIRS, EMULATED, *([TILES] if USABLE_TILES else [])]
 
 SHAPES = [(1152, 896), (37, 70), (896, 4864), (5, 32), (100, 31)]  # K tails of 6, 0 and 31; N not a multiple of 6
 
@@ -46,8 +47,14 @@ def kernels() -> NativeKernels:
 def test_bfloat16_layers_take_it_on_every_avx512_bf16_cpu():
     packed = NativeKernels().pack_linear(torch.randn(8, 64).bfloat16(), None)
     assert isinstance(packed, DenseLinear)
-    # AMX tiles where the CPU has them (and grants the tile state), vdpbf16ps pairs elsewhere
-    assert dense_path() == (TILES if torch.ops.llmp_native.has_amx() else PAIRS)
+    # AMX tiles where the CPU has them (and Linux grants the tile state), vdpbf16ps pairs elsewhere; never pairs
+    # on an AMX CPU without the reason
+    if USABLE_TILES:
+        assert dense_path() == TILES
+    elif torch.ops.llmp_native.has_amx():
+        assert dense_path() == f"{PAIRS} ({torch.ops.llmp_native.amx_tiles_unusable()})"
+    else:
+        assert dense_path() == PAIRS and torch.ops.llmp_native.amx_tiles_unusable() == "no AMX"
 
 
 def operands(n: int, k: int, rows: int, seed: int = 0):
@@ -147,6 +154,31 @@ def test_the_start_up_check_s_product_is_exact_so_only_a_wrong_tile_fails_it(pat
     expected = F.linear(x.double(), weight.double(), bias.double()).bfloat16()
     assert torch.equal(OnPath(weight, bias, path)(x), expected)
     assert torch.ops.llmp_native.dense_matmul_check(path)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_an_empty_inner_dimension_gives_the_bias(path):
+    bias = torch.randn(70).bfloat16()
+    panels = torch.ops.llmp_native.dense_pack(torch.empty(70, 0).bfloat16())
+    got = torch.ops.llmp_native.dense_matmul_with(torch.empty(3, 0).bfloat16(), panels, 70, bias, path)
+    assert torch.equal(got, bias.expand(3, 70))
+    got = torch.ops.llmp_native.dense_matmul_with(torch.empty(3, 0).bfloat16(), panels, 70, None, path)
+    assert torch.equal(got, torch.zeros(3, 70).bfloat16())
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_denormal_values_count_as_zero(path):
+    # vdpbf16ps and the tile instructions read denormal bfloat16 values as zero (the emulation does as they do)
+    weight, _, x = operands(64, 96, 20)
+    weight = weight.abs() + 1  # every product of a denormal with it would be a nonzero denormal without the flush
+    x[0] = torch.full((96,), 1e-39).bfloat16()  # a denormal in bfloat16 (and float32)
+    assert 0 < x[0].float().abs().max() < torch.finfo(torch.float32).tiny
+    x[1, ::3] = x[0, ::3]
+    got = OnPath(weight, None, path)(x)
+    assert torch.equal(got[0], torch.zeros(64).bfloat16())
+    flushed = x.clone()
+    flushed[1, ::3] = 0
+    assert torch.equal(got[1:], OnPath(weight, None, path)(flushed)[1:])
 
 
 def test_an_unknown_or_absent_path_is_a_clear_error(kernels):
