@@ -201,15 +201,20 @@ LLMP_TILES inline void finish(const Operands& op, const uint16_t* panel, int64_t
     }
 }
 
+template <class Tiles>
+LLMP_TILES void zero_accumulators(Tiles& tiles) {
+    tiles.template zero<0>();
+    tiles.template zero<1>();
+    tiles.template zero<2>();
+    tiles.template zero<3>();
+}
+
 // Rows g..g+rows (17 to 32) x columns c0..c0+32 of one panel: two row tiles x two column tiles
 template <class Tiles>
 LLMP_TILES void block(Tiles& tiles, const Operands& op, const uint16_t* panel, int64_t n0, int64_t cols, int64_t g,
                       int64_t rows, int64_t c0, float* scratch) {
     const int64_t full = op.pairs / kPairs, x_bytes = op.stride * 2, w_bytes = kPanelCols * 4;
-    tiles.template zero<0>();
-    tiles.template zero<1>();
-    tiles.template zero<2>();
-    tiles.template zero<3>();
+    zero_accumulators(tiles);
     const uint16_t* a0 = op.row(g);
     const uint16_t* a1 = op.row(g + kRows);
     for (int64_t c = 0; c < full; ++c) {
@@ -238,10 +243,7 @@ template <class Tiles>
 LLMP_TILES void wide_block(Tiles& tiles, const Operands& op, const uint16_t* panel, int64_t n0, int64_t cols,
                            int64_t g, int64_t rows, float* scratch) {
     const int64_t full = op.pairs / kPairs, x_bytes = op.stride * 2, w_bytes = kPanelCols * 4;
-    tiles.template zero<0>();
-    tiles.template zero<1>();
-    tiles.template zero<2>();
-    tiles.template zero<3>();
+    zero_accumulators(tiles);
     const uint16_t* a = op.row(g);
     for (int64_t c = 0; c < full; ++c) {
         const uint16_t* w = panel + c * kPairs * kPanelCols * 2;
