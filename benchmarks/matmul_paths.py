@@ -33,13 +33,9 @@ def paths() -> dict:
     """path name -> function(weight [N, K]) -> (matmul x -> y)."""
     from llmp_kernels_cpu.kernels import PackedLinear
 
-    from llmp.modeling.layers import row_invariant
-
     found = {
-        "onednn": lambda w: PackedLinear(w, None).matmul,
-        "onednn 32-row blocks": lambda w: (lambda packed: lambda x: row_invariant(packed.matmul, x))(
-            PackedLinear(w, None)
-        ),
+        "onednn": lambda w: PackedLinear(w, None).matmul,  # one call on all rows
+        "onednn 32-row blocks": lambda w: PackedLinear(w, None),  # its call makes the blocks
     }
     try:
         from llmp_kernels_cpu_native.library import dense_supported
@@ -56,7 +52,7 @@ def paths() -> dict:
         return pack
 
     found["pairs"] = on("avx512-bf16 pairs")
-    if torch.ops.llmp_native.has_amx() and torch.ops.llmp_native.dense_matmul_check("amx tiles"):
+    if torch.ops.llmp_native.amx_tiles_unusable() == "" and torch.ops.llmp_native.dense_matmul_check("amx tiles"):
         found["amx tiles"] = on("amx tiles")
     return found
 

@@ -193,10 +193,13 @@ void tiles_matmul(const at::Tensor& xs, const at::Tensor& ws, int64_t N, const f
     // an odd K: rows padded with a zero, so the last full tile of K reads no value past a row
     const at::Tensor x = K % 2 ? at::constant_pad_nd(xs, {0, 1}) : xs;
     const int64_t stride = x.size(1), full_rows = T / tiles::kRows * tiles::kRows;
-    at::Tensor tail = at::zeros({tiles::kRows, stride}, x.options());  // the last partial tile of rows, zero-padded
-    if (T > full_rows) tail.narrow(0, 0, T - full_rows).copy_(x.narrow(0, full_rows, T - full_rows));
+    at::Tensor tail;  // the last partial tile of rows, zero-padded (none where T is a multiple of 16)
+    if (T > full_rows) {
+        tail = at::zeros({tiles::kRows, stride}, x.options());
+        tail.narrow(0, 0, T - full_rows).copy_(x.narrow(0, full_rows, T - full_rows));
+    }
     const tiles::Operands op{reinterpret_cast<const uint16_t*>(x.data_ptr()),
-                             reinterpret_cast<const uint16_t*>(tail.data_ptr()),
+                             tail.defined() ? reinterpret_cast<const uint16_t*>(tail.data_ptr()) : nullptr,
                              stride,
                              T,
                              K,

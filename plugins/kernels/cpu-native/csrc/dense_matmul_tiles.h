@@ -167,7 +167,7 @@ struct Emulated {
 // One call's operands: x's rows (a partial last tile of rows from `tail`, zero-padded), the panels, the output
 struct Operands {
     const uint16_t* x;     // [T, stride] bfloat16 bits (stride = K, or K + 1 zero-padded where K is odd)
-    const uint16_t* tail;  // [16, stride]: rows full_rows..T-1 of x, then zeros
+    const uint16_t* tail;  // [16, stride]: rows full_rows..T-1 of x, then zeros (null where T = full_rows)
     int64_t stride, T, K, full_rows, pairs;
     const uint16_t* panels;  // [P][pairs][64][2]
     const float* bias;       // [N] or null
