@@ -78,6 +78,26 @@ def ended_by_itself(page: Page) -> bool:
     return bool(stored.get("finish")) and not stored.get("stopped")
 
 
+def long_reply_streams(page: Page, prompt: str) -> bool:
+    """Send ``prompt``; True once its reply streams text, False where it came to its own end (EOS) first, even
+    between two looks (a short story at temperature 1 can start and end within one poll)."""
+    replies = len(page.all(".message.assistant"))
+    page.send(prompt)
+
+    def started_or_ended() -> str:
+        if page.streaming() and page.reply_text():
+            return "streams"
+        done = page.js(
+            "const r = [...document.querySelectorAll('.message.assistant')].pop();"
+            "return r ? r.getAttribute('aria-busy') : null"
+        )
+        if len(page.all(".message.assistant")) > replies and done == "false" and not page.streaming():
+            return "ended"
+        return ""
+
+    return wait_for(started_or_ended, "the long reply to start") == "streams"
+
+
 def test_stop_ends_a_long_reply_and_the_server_drops_the_request(page: Page, server: LiveServer) -> None:
     from selenium.common.exceptions import ElementNotInteractableException
     from selenium.webdriver.common.keys import Keys
@@ -89,8 +109,10 @@ def test_stop_ends_a_long_reply_and_the_server_drops_the_request(page: Page, ser
     stops, tries = ["button", "escape"], 8
     while stops and tries:
         tries -= 1
-        page.send("Tell me a very long story about a dragon and a lighthouse keeper, chapter by chapter.")
-        wait_for(lambda: page.streaming() and page.reply_text(), "the long reply to start")
+        story = "Tell me a very long story about a dragon and a lighthouse keeper, chapter by chapter."
+        if not long_reply_streams(page, story):
+            assert ended_by_itself(page)
+            continue  # the model ended its story (EOS) before it was seen streaming: ask again
         try:
             if stops[0] == "button":
                 page.el("#stop").click()
@@ -118,8 +140,9 @@ def test_stop_ends_a_long_reply_and_the_server_drops_the_request(page: Page, ser
     # a reload while a reply arrives keeps what came, marked stopped
     page.settings(max_tokens=3000, temperature=1)
     for animal in ("fox", "owl", "bear", "otter"):
-        page.send(f"Tell me another very long story, about a {animal}.")
-        wait_for(lambda: page.streaming() and page.reply_text(), "the long reply to start")
+        if not long_reply_streams(page, f"Tell me another very long story, about a {animal}."):
+            assert ended_by_itself(page)
+            continue
         page.open()
         if ended_by_itself(page):
             continue  # the model ended its story (EOS) before the reload: not the case tested, ask again
