@@ -31,6 +31,16 @@
 #define LLMP_X86 1
 #endif
 
+#if LLMP_AMX_BUILT
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#endif
+
 namespace llmp_native {
 namespace {
 
@@ -187,31 +197,42 @@ void pairs_matmul(const at::Tensor& xs, const at::Tensor& ws, int64_t N, const f
 #endif
 
 #if LLMP_AMX_BUILT
+// A call's operands for the tile path: x's rows, padded to an even K (the last full tile of K then reads no value
+// past a row), and its last partial tile of rows zero-padded (none where T is a multiple of 16)
+struct TileCall {
+    at::Tensor x, tail;
+    tiles::Operands op;
+};
+
+TileCall tile_call(const at::Tensor& xs, const at::Tensor& ws, int64_t N, const float* bp, at::Tensor& y) {
+    const int64_t T = xs.size(0), K = xs.size(1);
+    TileCall call;
+    call.x = K % 2 ? at::constant_pad_nd(xs, {0, 1}) : xs;
+    const int64_t stride = call.x.size(1), full_rows = T / tiles::kRows * tiles::kRows;
+    if (T > full_rows) {
+        call.tail = at::zeros({tiles::kRows, stride}, call.x.options());
+        call.tail.narrow(0, 0, T - full_rows).copy_(call.x.narrow(0, full_rows, T - full_rows));
+    }
+    call.op = tiles::Operands{reinterpret_cast<const uint16_t*>(call.x.data_ptr()),
+                              call.tail.defined() ? reinterpret_cast<const uint16_t*>(call.tail.data_ptr()) : nullptr,
+                              stride,
+                              T,
+                              K,
+                              full_rows,
+                              ws.size(1),
+                              reinterpret_cast<const uint16_t*>(ws.data_ptr()),
+                              bp,
+                              y.data_ptr<c10::BFloat16>(),
+                              N};
+    return call;
+}
+
 void tiles_matmul(const at::Tensor& xs, const at::Tensor& ws, int64_t N, const float* bp, at::Tensor& y,
                   bool emulated) {
-    const int64_t T = xs.size(0), K = xs.size(1), P = ws.size(0);
-    // an odd K: rows padded with a zero, so the last full tile of K reads no value past a row
-    const at::Tensor x = K % 2 ? at::constant_pad_nd(xs, {0, 1}) : xs;
-    const int64_t stride = x.size(1), full_rows = T / tiles::kRows * tiles::kRows;
-    at::Tensor tail;  // the last partial tile of rows, zero-padded (none where T is a multiple of 16)
-    if (T > full_rows) {
-        tail = at::zeros({tiles::kRows, stride}, x.options());
-        tail.narrow(0, 0, T - full_rows).copy_(x.narrow(0, full_rows, T - full_rows));
-    }
-    const tiles::Operands op{reinterpret_cast<const uint16_t*>(x.data_ptr()),
-                             tail.defined() ? reinterpret_cast<const uint16_t*>(tail.data_ptr()) : nullptr,
-                             stride,
-                             T,
-                             K,
-                             full_rows,
-                             ws.size(1),
-                             reinterpret_cast<const uint16_t*>(ws.data_ptr()),
-                             bp,
-                             y.data_ptr<c10::BFloat16>(),
-                             N};
-    at::parallel_for(0, P, panel_grain(T, K, N, P), [&](int64_t begin, int64_t end) {
-        if (emulated) tiles::panels<tiles::Emulated>(op, begin, end);
-        else tiles::panels<tiles::Hardware>(op, begin, end);
+    const TileCall call = tile_call(xs, ws, N, bp, y);
+    at::parallel_for(0, ws.size(0), panel_grain(xs.size(0), xs.size(1), N, ws.size(0)), [&](int64_t begin, int64_t end) {
+        if (emulated) tiles::panels<tiles::Emulated>(call.op, begin, end);
+        else tiles::panels<tiles::Hardware>(call.op, begin, end);
     });
 }
 #endif
@@ -256,17 +277,74 @@ std::string& tiles_refused() {  // why the tile instructions are not used here a
     return why;
 }
 
-// A path against the tile path in scalar code, on a product whose every sum is exact (so any difference is a wrong
-// tile or address, not a rounding): a full and a partial tile of rows, two full tiles of K and a tail of pairs, a
-// full and a partial panel, a bias. Run once where the tile instructions would be chosen; the tests run it too.
+// The start-up check's product, whose every sum is exact (so any difference is a wrong tile or address, not a
+// rounding): a full and a partial tile of rows, two full tiles of K and a tail of pairs, a full and a partial
+// panel, a bias
+struct CheckProduct {
+    static constexpr int64_t T = 21, K = 84, N = 70;
+    at::Tensor x = at::arange(T * K, at::kFloat).remainder(13).sub(6).div(4).reshape({T, K}).to(at::kBFloat16);
+    at::Tensor w = at::arange(N * K, at::kFloat).remainder(11).sub(5).div(8).reshape({N, K}).to(at::kBFloat16);
+    at::Tensor bias = at::arange(N, at::kFloat).remainder(7).sub(3).to(at::kBFloat16);
+    at::Tensor packed = dense_pack(w);
+    at::Tensor expected = dense_matmul_on(x, packed, N, bias, Path::emulated_tiles);  // the scalar definition
+};
+
+// A path against the tile path in scalar code on the check product (the tests run it on every path)
 bool agrees_with_the_tiles_definition(Path path) {
-    const int64_t T = 21, K = 84, N = 70;
-    const at::Tensor x = at::arange(T * K, at::kFloat).remainder(13).sub(6).div(4).reshape({T, K}).to(at::kBFloat16);
-    const at::Tensor w = at::arange(N * K, at::kFloat).remainder(11).sub(5).div(8).reshape({N, K}).to(at::kBFloat16);
-    const at::Tensor bias = at::arange(N, at::kFloat).remainder(7).sub(3).to(at::kBFloat16);
-    const at::Tensor packed = dense_pack(w);
-    const at::Tensor got = dense_matmul_on(x, packed, N, bias, path);
-    return at::equal(got, dense_matmul_on(x, packed, N, bias, Path::emulated_tiles));
+    const CheckProduct check;
+    return at::equal(dense_matmul_on(check.x, check.packed, check.N, check.bias, path), check.expected);
+}
+
+// The check product on the tile instructions in a child process, before the engine uses them: nobody has run
+// them on every AMX CPU and kernel there is, and an instruction refused there (SIGILL, a fault) must end the
+// child, not the engine. The child runs the instructions alone, on one thread, into shared memory: no lock, no
+// allocation, no OpenMP after the fork. "" where the result has the definition's bits, else why not.
+std::string tiles_check_apart() {
+#if LLMP_AMX_BUILT
+    const CheckProduct check;
+    const at::Tensor bias = check.bias.to(at::kFloat);
+    const size_t bytes = check.T * check.N * sizeof(c10::BFloat16);
+    void* shared = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (shared == MAP_FAILED) return std::string("no shared memory for the tiles' check: ") + std::strerror(errno);
+    at::Tensor got = at::from_blob(shared, {check.T, check.N}, at::TensorOptions().dtype(at::kBFloat16));
+    got.fill_(std::nanf(""));
+    const TileCall call = tile_call(check.x, check.packed, check.N, bias.data_ptr<float>(), got);
+    const pid_t child = fork();
+    if (child == 0) {  // a refused instruction ends it quietly: no handler of the parent's (Python's faulthandler), no core
+        for (int each : {SIGILL, SIGSEGV, SIGBUS, SIGFPE}) signal(each, SIG_DFL);
+        const rlimit no_core{0, 0};
+        setrlimit(RLIMIT_CORE, &no_core);
+        tiles::panels<tiles::Hardware>(call.op, 0, check.packed.size(0));
+        _exit(0);
+    }
+    std::string why;
+    if (child < 0) {
+        why = std::string("could not fork the tiles' check: ") + std::strerror(errno);
+    } else {
+        int status = 0;
+        pid_t done = 0;
+        for (int waited_ms = 0; (done = waitpid(child, &status, WNOHANG)) == 0 && waited_ms < 10000; waited_ms += 5)
+            usleep(5000);
+        if (done == 0) {
+            kill(child, SIGKILL);
+            waitpid(child, &status, 0);
+            why = "the tiles' check did not end in 10 s";
+        } else if (done < 0) {
+            why = std::string("the tiles' check was lost: ") + std::strerror(errno);
+        } else if (WIFSIGNALED(status)) {
+            why = "the tiles' check died of signal " + std::to_string(WTERMSIG(status)) + " (" +
+                  strsignal(WTERMSIG(status)) + ")";
+        } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+            why = "the tiles' check exited with status " + std::to_string(WEXITSTATUS(status));
+        } else if (!at::equal(got, check.expected)) {
+            why = "the tiles disagreed with their definition on a check product";
+        }
+    }
+    munmap(shared, bytes);
+    return why;
+#else
+    return "built without the AMX tile path";
+#endif
 }
 
 Path chosen_path() {
@@ -279,12 +357,11 @@ Path chosen_path() {
             return Path::pairs;
         }
         try {
-            if (agrees_with_the_tiles_definition(Path::tiles)) return Path::tiles;
-            tiles_refused() = "the tiles disagreed with their definition on a check product";
+            tiles_refused() = tiles_check_apart();
         } catch (const std::exception& error) {
             tiles_refused() = std::string("the tiles' check product failed: ") + error.what();
         }
-        return Path::pairs;
+        return tiles_refused().empty() ? Path::tiles : Path::pairs;
     }();
     return path;
 }
@@ -328,6 +405,9 @@ TORCH_LIBRARY_FRAGMENT(llmp_native, m) {
     m.def("dense_matmul_path() -> str", &llmp_native::dense_matmul_path);  // how dense_matmul multiplies here
     // whether a path gives the tile path's scalar definition's bits on the start-up check's exact product
     m.def("dense_matmul_check(str path) -> bool", &llmp_native::dense_matmul_check);
+    // the check product on the tile instructions in a child process, whatever the CPU: "" where they give its bits,
+    // else why not (on a CPU without AMX: "the tiles' check died of signal 4 (Illegal instruction)")
+    m.def("amx_tiles_check() -> str", &llmp_native::tiles_check_apart);
     m.def("has_amx() -> bool", &llmp_native::has_amx);  // the CPU has AMX tiles (bfloat16)
     // why the tile instructions cannot run here ("" where they can): "no AMX", or Linux refused the tile state
     m.def("amx_tiles_unusable() -> str", [] { return llmp_native::tiles::unusable(); });

@@ -156,6 +156,17 @@ def test_the_start_up_check_s_product_is_exact_so_only_a_wrong_tile_fails_it(pat
     assert torch.ops.llmp_native.dense_matmul_check(path)
 
 
+def test_the_tile_instructions_are_checked_in_a_child_so_a_refused_one_is_a_reason_not_a_crash():
+    # the start-up check runs the tile instructions in a child process; on a CPU without AMX they are refused
+    # (SIGILL) there, and this process lives on to say why
+    why = torch.ops.llmp_native.amx_tiles_check()
+    if USABLE_TILES:
+        assert why == ""
+    elif not torch.ops.llmp_native.has_amx():  # (a compiler without the AMX intrinsics builds no tile path)
+        assert why in ("the tiles' check died of signal 4 (Illegal instruction)", "built without the AMX tile path")
+    assert torch.ops.llmp_native.dense_matmul_check(PAIRS)  # and the library still multiplies here
+
+
 @pytest.mark.parametrize("path", PATHS)
 def test_an_empty_inner_dimension_gives_the_bias(path):
     bias = torch.randn(70).bfloat16()
