@@ -52,8 +52,12 @@ def paths() -> dict:
         return pack
 
     found["pairs"] = on("avx512-bf16 pairs")
-    if torch.ops.llmp_native.amx_tiles_unusable() == "" and torch.ops.llmp_native.dense_matmul_check("amx tiles"):
+    # the tiles where their start-up check passes (it runs them in a child process: a refused one is a reason)
+    why_not = torch.ops.llmp_native.amx_tiles_unusable() or torch.ops.llmp_native.amx_tiles_check()
+    if why_not == "":
         found["amx tiles"] = on("amx tiles")
+    elif torch.ops.llmp_native.has_amx():
+        print(f"amx tiles left out: {why_not}")
     return found
 
 
