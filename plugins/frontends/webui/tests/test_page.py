@@ -137,9 +137,11 @@ def test_stop_ends_a_long_reply_and_the_server_drops_the_request(page: Page, ser
     assert page.reply_text() and "stopped" not in reply.find_element("css selector", ".meta").text
     assert ended_by_itself(page)  # what the retries above read: a reply that came to its end
 
-    # a reload while a reply arrives keeps what came, marked stopped
+    # a reload while a reply arrives keeps what came, marked stopped; each try in a new chat, since a story asked
+    # for after others tends to be short (CI once saw four end before the reload in one chat)
     page.settings(max_tokens=3000, temperature=1)
-    for animal in ("fox", "owl", "bear", "otter"):
+    for animal in ("fox", "owl", "bear", "otter", "heron", "badger", "whale", "moth"):
+        page.el("#new-chat").click()
         if not long_reply_streams(page, f"Tell me another very long story, about a {animal}."):
             assert ended_by_itself(page)
             continue
