@@ -107,6 +107,7 @@ __all__ = [
     "ModelSpec",
     "ModelTask",
     "PUBLIC_MODULES",
+    "PacksGatedLinear",
     "PacksLinear",
     "PacksQuantized",
     "ParsedToolCall",
@@ -750,6 +751,27 @@ class PacksLinear(Protocol):
 
 
 @runtime_checkable
+class PacksGatedLinear(Protocol):
+    """Optional part of a :class:`KernelSet` with ``pack_linear``: a gated MLP's gate|up matmul and its
+    activation in one pass, the ``[T, 2I]`` product never stored.
+
+    The model runner calls ``pack_gated_linear`` once per gated MLP (``llmp.modeling.layers.GatedMLP``) whose
+    fused gate|up weight ``[2I, in]`` (the gate's ``I`` rows, then the up's) is dense, before ``pack_linear``;
+    ``activation`` is ``"silu"`` or ``"gelu_tanh"``. The set returns ``(plain, gated)``, two functions of x
+    ``[T, in]`` sharing one copy of the weight: ``plain(x)`` is ``x @ weight.T (+ bias)`` ``[T, 2I]`` as
+    ``pack_linear``'s function would give it, ``gated(x)`` is ``act(gate) * up`` ``[T, I]`` of that product with
+    the bits of the set's own ``silu_and_mul``/``gelu_tanh_and_mul`` on it; or ``None`` to leave the layer to
+    ``pack_linear`` and the activation kernel. The layer calls ``gated`` unless LoRA adapts it (the adapters'
+    deltas are added to the plain product first). Both are called on the batch as it is, and so must be row
+    invariant (``row_invariant = True``, :class:`PacksLinear`).
+    """
+
+    def pack_gated_linear(
+        self, weight: Tensor, bias: Tensor | None, activation: str
+    ) -> tuple[Callable[[Tensor], Tensor], Callable[[Tensor], Tensor]] | None: ...
+
+
+@runtime_checkable
 class PacksQuantized(Protocol):
     """Optional part of a :class:`KernelSet`: linear layers computed from weights kept quantised.
 
@@ -846,10 +868,13 @@ class Model(Protocol):
     - ``per_token_outputs = False``: its rows do not hold per-token results (a wrapped model that
       pools inside its own forward), so the token tasks (``token_embed``, ``token_classify``) are
       not offered for it.
-    - ``accepts_output_rows = True``: ``forward`` may be given ``output_rows=Tensor[R]``, one row
-      per request in order (each request's first row for ``cls``, its last for ``last``), when
-      those are all the step's poolers read; it then returns ``[R, N]`` hidden states of just
-      those rows (an encoder skips the other rows' queries and MLP in its last layer).
+    - ``accepts_output_rows = True``: ``forward`` may be given ``output_rows=Tensor[R]``
+      (increasing rows) when those are all the step reads, and then returns ``[R, N]`` hidden
+      states of just those rows: one row per request (each request's first row for ``cls``, its
+      last for ``last``) when those are all the step's poolers read, or the sampled rows (each
+      request's last) of a step with prompt rows whose logits nobody reads (no prompt logprobs,
+      no pooling, no LoRA). An encoder skips the other rows' queries and MLP in its last layer; a
+      decoder writes every row's keys and values there but attends and runs the MLP on those rows.
     """
 
     def __init__(self, config: Any, kernels: KernelSet) -> None: ...

@@ -356,10 +356,17 @@ class ModelRunner:
                 torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids.to(device)
             )
         pool_items = inputs.pool_items
-        if self.accepts_output_rows and (rows := _one_row_per_request(inputs)) is not None:
+        logit_rows_only = False  # the model returns just the logit rows' hidden states
+        # (never with LoRA rows: the adapters' row mapping covers every row of the step)
+        subset = self.accepts_output_rows and inputs.lora is None
+        if subset and (rows := _one_row_per_request(inputs)) is not None:
             # the poolers read one row per request: the model computes only those in its last layer
             extra["output_rows"] = torch.tensor(rows, device=device)
             pool_items = [replace(item, rows=PoolSlice(i, 1)) for i, item in enumerate(pool_items)]
+        elif subset and _reads_only_logit_rows(inputs):
+            # a step with prompt rows whose logits nobody reads: the last layer computes only the sampled rows
+            extra["output_rows"] = torch.tensor(inputs.logit_rows, device=device)
+            logit_rows_only = True
         size = self.graphs.size_for(inputs) if self.graphs is not None and not extra else None
         if size is not None:
             hidden = self.graphs.run(inputs, size)
@@ -367,10 +374,10 @@ class ModelRunner:
             hidden = self.model(input_ids, inputs.positions.to(device), metadata, **extra)
         logits = None
         if inputs.logit_rows:
-            rows = torch.tensor(inputs.logit_rows, device=device)
+            sampled = hidden if logit_rows_only else hidden[torch.tensor(inputs.logit_rows, device=device)]
             # in the model's dtype: the sampler converts only when it needs to (a greedy argmax does not)
             with self._lora_rows(inputs.logit_rows):
-                logits = self.model.compute_logits(hidden[rows])
+                logits = self.model.compute_logits(sampled)
         prompt_logits = []
         for start, count in inputs.prompt_rows:
             with self._lora_rows(np.arange(start, start + count)):
@@ -432,6 +439,12 @@ def _one_row_per_request(inputs: StepInputs) -> list[int] | None:
             return None
         rows.append(item.rows.start if item.pooler == "cls" else item.rows.start + item.rows.count - 1)
     return rows
+
+
+def _reads_only_logit_rows(inputs: StepInputs) -> bool:
+    """Whether the step reads the hidden states of its logit rows alone, and they are fewer than its rows (a
+    prompt's rows are in it): no prompt logprobs, no pooling."""
+    return 0 < len(inputs.logit_rows) < len(inputs.input_ids) and not inputs.prompt_rows and not inputs.pool_items
 
 
 @dataclass(slots=True)

@@ -74,7 +74,12 @@ def layer_windows(config: Any) -> list[int | None]:
 
 
 class DecoderAttention(nn.Module):
-    """Self-attention over the paged KV cache: fused QKV, rotary, optional q/k RMSNorm."""
+    """Self-attention over the paged KV cache: fused QKV, rotary, optional q/k RMSNorm.
+
+    Given ``rows``, it attends the queries of those rows alone (every row's keys and values are written).
+    """
+
+    selects_rows = True
 
     def __init__(
         self,
@@ -116,7 +121,13 @@ class DecoderAttention(nn.Module):
         )
         self.split = (q[2], kv[2], kv[2])
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        metadata: AttentionMetadata,
+        rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         tokens = hidden.shape[0]
         q, k, v = self.qkv_proj(hidden).split(self.split, dim=-1)
         if self.qk_norm:
@@ -125,8 +136,10 @@ class DecoderAttention(nn.Module):
         q = q.reshape(tokens, self.num_heads, self.head_dim)
         k = k.reshape(tokens, self.num_kv_heads, self.head_dim)
         q, k = self.rotary_emb(positions, q, k)
-        out = self.attn(q, k, v.reshape(tokens, self.num_kv_heads, self.head_dim), metadata)
-        return self.o_proj(out)
+        v = v.reshape(tokens, self.num_kv_heads, self.head_dim)
+        if rows is None:
+            return self.o_proj(self.attn(q, k, v, metadata))
+        return self.o_proj(self.attn(q[rows], k, v, metadata, rows))
 
 
 class DecoderLayer(nn.Module):
@@ -141,15 +154,24 @@ class DecoderLayer(nn.Module):
         self.self_attn = self_attn
         self.post_attention_layernorm = post_attention_norm
         self.mlp = mlp
+        self.selects_rows = bool(getattr(self_attn, "selects_rows", False))
 
     def forward(
-        self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None, metadata: AttentionMetadata
+        self,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        metadata: AttentionMetadata,
+        rows: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
             residual, hidden = hidden, self.input_layernorm(hidden)
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden, metadata)
+        if rows is None:
+            hidden = self.self_attn(positions, hidden, metadata)
+        else:  # the last layer of a step that reads only these rows: their queries, residuals and MLP alone
+            hidden, residual = self.self_attn(positions, hidden, metadata, rows=rows), residual[rows]
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
 
@@ -171,13 +193,28 @@ class DecoderModel(nn.Module):
         self.norm = norm
         self.embed_scale = embed_scale
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        metadata: AttentionMetadata,
+        output_rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Hidden states ``[T, N]``; with ``output_rows`` ([R], increasing), ``[R, N]`` of those rows, the
+        last layer computing only their queries and MLP where it can (``selects_rows``)."""
         hidden = self.embed_tokens(input_ids)
         if self.embed_scale is not None:  # Gemma: the scale rounded to the activations' dtype, as trained
             hidden = hidden * torch.tensor(self.embed_scale, dtype=hidden.dtype)
         residual = None
-        for layer in self.layers:
-            hidden, residual = layer(positions, hidden, residual, metadata)
+        last = len(self.layers) - 1
+        for index, layer in enumerate(self.layers):
+            if index < last or output_rows is None:
+                hidden, residual = layer(positions, hidden, residual, metadata)
+            elif getattr(layer, "selects_rows", False):
+                hidden, residual = layer(positions, hidden, residual, metadata, rows=output_rows)
+            else:
+                hidden, residual = layer(positions, hidden, residual, metadata)
+                hidden, residual = hidden[output_rows], residual[output_rows]
         hidden, _ = self.norm(hidden, residual)
         return hidden
 
@@ -217,10 +254,16 @@ class DecoderForCausalLM(CausalLM):
     def make_mlp(self, config: Any, kernels: KernelSet, index: int) -> nn.Module:
         return GatedMLP(config.hidden_size, config.intermediate_size, bool(getattr(config, "mlp_bias", False)), kernels)
 
+    accepts_output_rows = True  # a step reading few rows (its sampled ones) skips the others in the last layer
+
     def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: AttentionMetadata
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+        output_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        return self.model(input_ids, positions, attn_metadata)
+        return self.model(input_ids, positions, attn_metadata, output_rows)
 
 
 _BASE_WEIGHT = re.compile(r"^(embed_tokens|layers|norm)\.")

@@ -120,12 +120,22 @@ class PagedAttention(nn.Module):
         self.kernels = kernels
         self.kv_cache: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
-        # q: [T, H, D]; k, v: [T, Hkv, D] -> [T, H * D]
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        metadata: AttentionMetadata,
+        rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        # q: [T, H, D]; k, v: [T, Hkv, D] -> [T, H * D]. With rows ([R], increasing): q is [R, H, D], the queries
+        # of those rows of the step alone, and the output [R, H * D]; every row's k and v are written
         if self.kv_cache is None:
             raise RuntimeError("PagedAttention has no KV cache: the model runner binds one before the first step")
         k_cache, v_cache = self.kv_cache
         self.kernels.write_kv(k, v, k_cache, v_cache, metadata.slot_mapping)
+        if rows is not None:
+            metadata = rows_metadata(metadata, rows)
         if self.sliding_window != metadata.sliding_window:
             metadata = _with_window(metadata, self.sliding_window)
         if self.softcap is None:
@@ -133,6 +143,23 @@ class PagedAttention(nn.Module):
         else:
             out = self.kernels.paged_attention(q, k_cache, v_cache, metadata, self.scale, softcap=self.softcap)
         return out.reshape(q.shape[0], self.num_heads * self.head_dim)
+
+
+def rows_metadata(metadata: AttentionMetadata, rows: torch.Tensor) -> AttentionMetadata:
+    """``metadata`` for the queries of the step's ``rows`` alone (increasing), its keys and values written:
+    each row a one-token query at its own position, over its request's blocks, as in a decode step."""
+    ends = metadata.query_start_loc[1:]
+    request = torch.searchsorted(ends, rows.to(ends.dtype), right=True)
+    seq_lens = (metadata.seq_lens[request] - (ends[request] - 1 - rows)).to(metadata.seq_lens.dtype)
+    return AttentionMetadata(
+        torch.arange(len(rows) + 1, dtype=metadata.query_start_loc.dtype, device=rows.device),
+        seq_lens,
+        metadata.block_tables[request],
+        metadata.slot_mapping[rows],
+        1,
+        int(seq_lens.max()) if len(rows) else 0,
+        metadata.sliding_window,
+    )
 
 
 def with_window(metadata: AttentionMetadata, window: int | None) -> AttentionMetadata:
@@ -379,6 +406,23 @@ def pack_linear_layers(model: nn.Module, kernels: Any) -> int:
     """
     uses = Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))
     packed = 0
+    if hasattr(kernels, "pack_gated_linear"):  # llmp.api.PacksGatedLinear: gate|up and the activation in one pass
+        for mlp in model.modules():
+            if not isinstance(mlp, GatedMLP):
+                continue
+            layer = mlp.gate_up_proj
+            if layer.weight.numel() == 0 or layer.packed is not None or layer.quantized:
+                continue  # packed already, or quantised rows
+            bias = layer.packed_bias()
+            both = kernels.pack_gated_linear(
+                layer.weight.detach(), None if bias is None else bias.detach(), mlp.activation
+            )
+            if both is not None:
+                layer.packed, mlp.gated = both
+                layer.packed_row_invariant = getattr(layer.packed, "row_invariant", False)
+                packed += 1
+                if uses[id(layer.weight)] == 1:
+                    layer.weight.data = layer.weight.data.new_empty(0)
     for module in model.modules():
         if not isinstance(module, PackableLinear) or module.weight.numel() == 0 or module.packed is not None:
             continue
@@ -555,6 +599,9 @@ class GatedMLP(nn.Module):
                 f"gated MLP activation {activation!r} is not supported; supported: {', '.join(activations)}"
             )
         self.act_and_mul = activations[activation]
+        self.activation = activation
+        # act(gate) * up in one pass from the kernel set (llmp.api.PacksGatedLinear), set by pack_linear_layers
+        self.gated: Callable[[torch.Tensor], torch.Tensor] | None = None
         self.block_rows: int | None = getattr(kernels, "mlp_block_rows", None)
         # llmp.modeling.lora.LoRAContext once install_lora adapts gate_up_proj/down_proj: a row block
         # then runs with that block's rows of the step's LoRA mapping
@@ -574,6 +621,8 @@ class GatedMLP(nn.Module):
         return torch.cat(out)
 
     def _mlp(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gated is not None and self.lora_context is None:
+            return self.down_proj(self.gated(x))
         return self.down_proj(self.act_and_mul(self.gate_up_proj(x)))
 
 

@@ -24,6 +24,7 @@
 #include <utility>
 
 #include "dense_matmul_tiles.h"
+#include "exp_fma.h"
 #include "isa.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -85,7 +86,7 @@ const char* path_name(Path path) {
 Path chosen_path();
 
 #ifdef LLMP_X86
-#define LLMP_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+#define LLMP_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma")))
 #endif
 
 int64_t packed_pairs(int64_t K) { return (K + 1) / 2; }
@@ -100,11 +101,45 @@ at::Tensor dense_pack(const at::Tensor& weight) {
     return padded.view({P, kPanel, pairs, 2}).permute({0, 2, 1, 3}).contiguous();
 }
 
+// A gate|up weight [2I, K] (a gated MLP's fused gate and up projections) packed for the gated epilogue: panel p
+// holds gate rows 32p..32p+31 then the up rows of the same indices (zero rows past I), so that a tile holds the
+// matching gate and up outputs of its 32 columns
+at::Tensor dense_pack_gated(const at::Tensor& weight) {
+    TORCH_CHECK(weight.dim() == 2 && weight.size(0) % 2 == 0, "dense_pack_gated: a [2I, K] gate|up weight");
+    const int64_t I = weight.size(0) / 2, K = weight.size(1), P = (I + 31) / 32;
+    at::Tensor rows = at::empty({P, 2, 32, K}, weight.options());
+    for (int64_t half = 0; half < 2; ++half) {
+        at::Tensor padded = at::zeros({P * 32, K}, weight.options());
+        padded.narrow(0, 0, I).copy_(weight.narrow(0, half * I, I));
+        rows.select(1, half).copy_(padded.view({P, 32, K}));
+    }
+    return dense_pack(rows.view({P * 64, K}));
+}
+
+// What a tile's epilogue writes: its columns (plain); a gate|up panel's columns back in the [gate | up] order
+// (split); or SiLU(gate) * up from the same rounded values as the two kernels in turn (gated)
+enum class Epilogue { plain, split, gated };
+
 #ifdef LLMP_X86
-// rows t..t+R of the output, columns of one panel: R x 4 accumulators over every pair of K
-template <int R>
+// a float32 vector rounded to bfloat16 as c10 rounds (to nearest even; a NaN becomes the quiet NaN 0x7fc0), as the
+// row kernels store (elementwise_impl.h's store_n): vcvtneps2bf16 would flush subnormals
+LLMP_BF16 inline __m256i round_as_c10(__m512 v) {
+    const __m512i bits = _mm512_castps_si512(v);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
+    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, nan, _mm512_set1_epi32(0x7fc0)));
+}
+
+LLMP_BF16 inline __m512 widen(__m256i bf16) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bf16), 16));
+}
+
+// rows t..t+R of the output, columns of one panel: R x 4 accumulators over every pair of K. Split and gated
+// panels (dense_pack_gated) write gate|up columns 32p.. of `half` each; y's rows are N long.
+template <int R, Epilogue E>
 LLMP_BF16 inline void packed_tile(const uint16_t* x, int64_t K, const uint16_t* panel, const float* bias, int64_t n0,
-                                  int64_t cols, c10::BFloat16* y, int64_t N, const char* ahead,
+                                  int64_t cols, c10::BFloat16* y, int64_t N, int64_t half, const char* ahead,
                                   const char* ahead_end) {
     __m512 acc[R][4];
     for (int r = 0; r < R; ++r)
@@ -137,23 +172,46 @@ LLMP_BF16 inline void packed_tile(const uint16_t* x, int64_t K, const uint16_t* 
             acc[r][3] = _mm512_dpbf16_ps(acc[r][3], xv, w3);
         }
     }
-    for (int j = 0; j < 4; ++j) {
-        const int64_t c0 = j * 16;
-        if (c0 >= cols) break;
-        const __mmask16 mask = cols - c0 >= 16 ? __mmask16(0xffff) : __mmask16((1u << (cols - c0)) - 1);
-        const __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + n0 + c0) : _mm512_setzero_ps();
-        for (int r = 0; r < R; ++r) {
-            const __m256i out = (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(acc[r][j], b));
-            _mm256_mask_storeu_epi16(y + r * N + n0 + c0, mask, out);
+    if constexpr (E == Epilogue::plain) {
+        for (int j = 0; j < 4; ++j) {
+            const int64_t c0 = j * 16;
+            if (c0 >= cols) break;
+            const __mmask16 mask = cols - c0 >= 16 ? __mmask16(0xffff) : __mmask16((1u << (cols - c0)) - 1);
+            const __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + n0 + c0) : _mm512_setzero_ps();
+            for (int r = 0; r < R; ++r) {
+                const __m256i out = (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(acc[r][j], b));
+                _mm256_mask_storeu_epi16(y + r * N + n0 + c0, mask, out);
+            }
+        }
+    } else {  // vectors 0, 1: gate columns g0..g0+31; 2, 3: the up columns of the same indices
+        const int64_t g0 = n0 / 2, live = std::min<int64_t>(32, half - g0);
+        for (int j = 0; j < 2; ++j) {
+            const int64_t c0 = j * 16;
+            if (c0 >= live) break;
+            const __mmask16 mask = live - c0 >= 16 ? __mmask16(0xffff) : __mmask16((1u << (live - c0)) - 1);
+            const __m512 bg = bias ? _mm512_maskz_loadu_ps(mask, bias + n0 + c0) : _mm512_setzero_ps();
+            const __m512 bu = bias ? _mm512_maskz_loadu_ps(mask, bias + n0 + 32 + c0) : _mm512_setzero_ps();
+            for (int r = 0; r < R; ++r) {
+                const __m256i g = (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(acc[r][j], bg));
+                const __m256i u = (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(acc[r][j + 2], bu));
+                if constexpr (E == Epilogue::split) {
+                    _mm256_mask_storeu_epi16(y + r * N + g0 + c0, mask, g);
+                    _mm256_mask_storeu_epi16(y + r * N + half + g0 + c0, mask, u);
+                } else {
+                    const __m512 act = _mm512_mul_ps(silu_exp_fma(widen(g)), widen(u));
+                    _mm256_mask_storeu_epi16(y + r * N + g0 + c0, mask, round_as_c10(act));
+                }
+            }
         }
     }
 }
 
-template <int... R>
+template <Epilogue E, int... R>
 LLMP_BF16 void packed_rows(std::integer_sequence<int, R...>, int64_t rows, const uint16_t* x, int64_t K,
                            const uint16_t* panel, const float* bias, int64_t n0, int64_t cols, c10::BFloat16* y,
-                           int64_t N, const char* ahead, const char* ahead_end) {
-    ((rows == R + 1 ? (packed_tile<R + 1>(x, K, panel, bias, n0, cols, y, N, ahead, ahead_end), 0) : 0), ...);
+                           int64_t N, int64_t half, const char* ahead, const char* ahead_end) {
+    ((rows == R + 1 ? (packed_tile<R + 1, E>(x, K, panel, bias, n0, cols, y, N, half, ahead, ahead_end), 0) : 0),
+     ...);
 }
 #endif
 
@@ -166,12 +224,15 @@ int64_t panel_grain(int64_t T, int64_t K, int64_t N, int64_t P) {
 }
 
 #ifdef LLMP_X86
-void pairs_matmul(const at::Tensor& xs, const at::Tensor& ws, int64_t N, const float* bp, at::Tensor& y) {
+// N: y's row length (the plain product's columns; 2 * half split, half gated)
+template <Epilogue E = Epilogue::plain>
+void pairs_matmul(const at::Tensor& xs, const at::Tensor& ws, int64_t N, const float* bp, at::Tensor& y,
+                  int64_t half = 0) {
     const int64_t T = xs.size(0), K = xs.size(1), P = ws.size(0), pairs = ws.size(1);
     const auto* xp = reinterpret_cast<const uint16_t*>(xs.data_ptr());
     const auto* wp = reinterpret_cast<const uint16_t*>(ws.data_ptr());
     auto* yp = y.data_ptr<c10::BFloat16>();
-    at::parallel_for(0, P, panel_grain(T, K, N, P), [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, P, panel_grain(T, K, E == Epilogue::plain ? N : P * kPanel, P), [&](int64_t begin, int64_t end) {
         for (int64_t t0 = 0; t0 < T; t0 += kChunkRows) {
             const int64_t t1 = std::min(T, t0 + kChunkRows);
             for (int64_t p = begin; p < end; ++p) {
@@ -186,8 +247,8 @@ void pairs_matmul(const at::Tensor& xs, const at::Tensor& ws, int64_t N, const f
                 const char* next_end = several ? next + pairs * kPanel * 4 : next;
                 for (int64_t t = t0; t < t1; t += kMaxRows) {
                     const int64_t rows = std::min(kMaxRows, t1 - t);
-                    packed_rows(std::make_integer_sequence<int, kMaxRows>{}, rows, xp + t * K, K, panel, bp, n0,
-                                cols, yp + t * N, N, next, next_end);
+                    packed_rows<E>(std::make_integer_sequence<int, kMaxRows>{}, rows, xp + t * K, K, panel, bp, n0,
+                                   cols, yp + t * N, N, half, next, next_end);
                     next += pairs * 64;
                 }
             }
@@ -268,6 +329,36 @@ at::Tensor dense_matmul_on(const at::Tensor& x, const at::Tensor& packed, int64_
 #endif
 #ifdef LLMP_X86
     pairs_matmul(xs, ws, N, bp, y);
+#endif
+    return y;
+}
+
+// x [T, K] through a gate|up weight packed by dense_pack_gated (bias: [P * 64] in its packed order, or none), on the
+// vdpbf16ps pairs: SiLU(gate) * up [T, half] (gated), or gate|up [T, 2 * half] (split); the bits of dense_matmul
+// and silu_and_mul in turn
+at::Tensor dense_gated_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t half,
+                              const c10::optional<at::Tensor>& bias, bool gated) {
+    TORCH_CHECK(supported(), "dense_gated_matmul: needs AVX-512 BF16 (and LLMP_NATIVE_ISA not below avx512)");
+    TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kBFloat16 && x.dim() == 2,
+                "dense_gated_matmul: x must be a 2-D bfloat16 CPU tensor");
+    const int64_t P = (half + 31) / 32;
+    TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == at::kBFloat16 && packed.size(2) == kPanel &&
+                    packed.size(3) == 2 && packed.size(1) == packed_pairs(x.size(1)) && packed.size(0) == P,
+                "dense_gated_matmul: x ", x.sizes(), " does not match the gate|up panels ", packed.sizes(), " of ",
+                half, " columns each");
+    at::Tensor b;
+    if (bias.has_value() && bias->defined()) {
+        TORCH_CHECK(bias->dim() == 1 && bias->size(0) == P * kPanel, "dense_gated_matmul: the bias must be [",
+                    P * kPanel, "] in the panels' order");
+        b = bias->to(at::kFloat).contiguous();
+    }
+    const at::Tensor xs = x.contiguous(), ws = packed.contiguous();
+    at::Tensor y = at::empty({x.size(0), gated ? half : 2 * half}, x.options());
+    if (x.size(0) == 0 || half == 0) return y;
+#ifdef LLMP_X86
+    const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
+    if (gated) pairs_matmul<Epilogue::gated>(xs, ws, half, bp, y, half);
+    else pairs_matmul<Epilogue::split>(xs, ws, 2 * half, bp, y, half);
 #endif
     return y;
 }
@@ -401,6 +492,11 @@ TORCH_LIBRARY_FRAGMENT(llmp_native, m) {
     m.def("dense_matmul(Tensor x, Tensor packed, int n, Tensor? bias) -> Tensor");
     // the same on a named path (dense_matmul_path's names): tests force each in turn
     m.def("dense_matmul_with(Tensor x, Tensor packed, int n, Tensor? bias, str path) -> Tensor");
+    // gate|up weight [2I, K] -> panels of 32 gate and the same 32 up rows each [ceil(I / 32), ceil(K / 2), 64, 2]
+    m.def("dense_pack_gated(Tensor weight) -> Tensor");
+    // x [T, K] through those panels (bias [panels * 64] in their order): silu(gate) * up [T, I] when gated, else
+    // gate|up [T, 2I]; the pairs path only, with dense_matmul's and then silu_and_mul's bits
+    m.def("dense_gated_matmul(Tensor x, Tensor packed, int half, Tensor? bias, bool gated) -> Tensor");
     m.def("dense_matmul_supported() -> bool", &llmp_native::supported);  // the CPU has AVX-512 BF16
     m.def("dense_matmul_path() -> str", &llmp_native::dense_matmul_path);  // how dense_matmul multiplies here
     // whether a path gives the tile path's scalar definition's bits on the start-up check's exact product
@@ -417,4 +513,6 @@ TORCH_LIBRARY_IMPL(llmp_native, CPU, m) {
     m.impl("dense_pack", &llmp_native::dense_pack);
     m.impl("dense_matmul", &llmp_native::dense_matmul);
     m.impl("dense_matmul_with", &llmp_native::dense_matmul_with);
+    m.impl("dense_pack_gated", &llmp_native::dense_pack_gated);
+    m.impl("dense_gated_matmul", &llmp_native::dense_gated_matmul);
 }

@@ -76,15 +76,9 @@ LLMP_FN void rms_norm_row(const E* x, const E* res, const E* w, E* out, E* sum, 
 }
 
 #if LLMP_ISA_LEVEL == 2
-// g / (1 + exp(-g)) for rows rounded to bfloat16 or float16 after: exp_fma (exp_fma.h), and the division as a
-// reciprocal estimate refined once (2^-14 -> about 2^-27). 2x faster than vexp and a division; float32 rows keep
-// those.
+// SiLU of rows rounded to bfloat16 or float16 after (exp_fma.h); float32 rows keep vexp and a division
 LLMP_FN Vf silu_rounded(Vf gate) {
-    const __m512 g = reinterpret_cast<__m512>(gate);
-    const __m512 d = _mm512_add_ps(exp_fma(_mm512_sub_ps(_mm512_setzero_ps(), g)), _mm512_set1_ps(1.0f));  // finite
-    __m512 r = _mm512_rcp14_ps(d);
-    r = _mm512_mul_ps(r, _mm512_fnmadd_ps(d, r, _mm512_set1_ps(2.0f)));  // r (2 - d r)
-    return reinterpret_cast<Vf>(_mm512_mul_ps(g, r));
+    return reinterpret_cast<Vf>(silu_exp_fma(reinterpret_cast<__m512>(gate)));
 }
 #endif
 

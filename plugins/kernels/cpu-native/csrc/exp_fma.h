@@ -26,5 +26,15 @@ __attribute__((target("avx512f,avx512dq,fma"), always_inline)) static inline __m
     return _mm512_scalef_ps(p, n);  // 2^n p: 0 below the smallest float
 }
 
+// g / (1 + exp(-g)) for values rounded to bfloat16 or float16 after: exp_fma, and the division as a reciprocal
+// estimate refined once (2^-14 -> about 2^-27). 2x faster than vexp and a division. The SiLU of the row kernels
+// (elementwise_impl.h) and of the gated matmul's epilogue (dense_matmul.cpp): the same bits in both.
+__attribute__((target("avx512f,avx512dq,fma"), always_inline)) static inline __m512 silu_exp_fma(__m512 g) {
+    const __m512 d = _mm512_add_ps(exp_fma(_mm512_sub_ps(_mm512_setzero_ps(), g)), _mm512_set1_ps(1.0f));  // finite
+    __m512 r = _mm512_rcp14_ps(d);
+    r = _mm512_mul_ps(r, _mm512_fnmadd_ps(d, r, _mm512_set1_ps(2.0f)));  // r (2 - d r)
+    return _mm512_mul_ps(g, r);
+}
+
 }  // namespace llmp_native
 #endif

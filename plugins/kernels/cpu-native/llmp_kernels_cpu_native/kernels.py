@@ -11,7 +11,8 @@
   calls it on the rows it has, where oneDNN's packed matmul (the ``cpu`` set's, used elsewhere) is called in
   padded 32-row blocks to keep a row's bits independent of the batch. A decode step of one sequence multiplies
   one row instead of 32, and a prefill reads each weight panel once per chunk of rows that stays in L2 instead
-  of the whole weight every 32 rows.
+  of the whole weight every 32 rows. A gated MLP's gate|up matmul (``pack_gated_linear``, on the pairs) writes
+  SiLU(gate) * up from its tiles' epilogue, with the bits of the matmul and ``silu_and_mul`` in turn.
 - **Attention** (``paged_attention``) reads keys and values through the block table where they lie (no
   gather, no query block padded to 16 rows for one decode token), each KV head's tile of keys shared by its
   query heads, with sliding windows and soft-capping. Every query row is computed alone in an order fixed by
@@ -39,7 +40,7 @@ from llmp_kernels_cpu.kernels import CpuKernels
 
 from llmp.api import AttentionMetadata
 from llmp.quantization import QuantizedWeight
-from llmp_kernels_cpu_native.library import dense_chosen, load, quant_matmul_types
+from llmp_kernels_cpu_native.library import dense_chosen, dense_path, load, quant_matmul_types
 
 ROW_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # the row-wise ops' dtypes
 
@@ -80,6 +81,42 @@ class DenseLinear:
         return out.reshape(*x.shape[:-1], self.out_features)
 
 
+class DenseGatedLinear:
+    """A gated MLP's gate|up matmul from panels of 32 gate and the same 32 up columns (``dense_pack_gated``):
+    ``silu(gate) * up`` ``[..., I]`` written by the tiles' epilogue (``gated``), so the ``[T, 2I]`` product is
+    never stored and read back, or ``gate|up`` ``[..., 2I]`` as ``DenseLinear`` gives it. The bits of
+    ``DenseLinear`` and then ``silu_and_mul``: each row alone, as they are."""
+
+    row_invariant = True
+
+    def __init__(self, panels: torch.Tensor, half: int, in_features: int, bias: torch.Tensor | None, gated: bool):
+        self.panels, self.half, self.in_features, self.bias, self.gated = panels, half, in_features, bias, gated
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        out = torch.ops.llmp_native.dense_gated_matmul(rows, self.panels, self.half, self.bias, self.gated)
+        return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+def gated_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[DenseGatedLinear, DenseGatedLinear]:
+    """``(plain, gated)`` of a bfloat16 gate|up weight ``[2I, K]``, sharing one packed copy (the pairs path)."""
+    half, in_features = weight.shape[0] // 2, weight.shape[1]
+    panels = torch.ops.llmp_native.dense_pack_gated(weight)
+    ordered = None if bias is None else _panel_order(bias, half)
+    return (
+        DenseGatedLinear(panels, half, in_features, ordered, gated=False),
+        DenseGatedLinear(panels, half, in_features, ordered, gated=True),
+    )
+
+
+def _panel_order(bias: torch.Tensor, half: int) -> torch.Tensor:
+    """A gate|up bias ``[2I]`` in the order of ``dense_pack_gated``'s columns: 32 gate, the same 32 up, ..."""
+    panels = (half + 31) // 32
+    gate, up = torch.zeros(panels * 32), torch.zeros(panels * 32)
+    gate[:half], up[:half] = bias[:half].float(), bias[half:].float()
+    return torch.stack([gate.view(panels, 32), up.view(panels, 32)], dim=1).reshape(-1)
+
+
 class NativeKernels(CpuKernels):
     name = "cpu-native"
     # every op of a step is a torch op (no Python decision on tensor values): the engine may replay decode steps
@@ -96,6 +133,15 @@ class NativeKernels(CpuKernels):
         if weight.device.type == "cpu" and weight.dim() == 2 and weight.dtype == torch.bfloat16 and dense_chosen():
             return DenseLinear(weight, bias)
         return super().pack_linear(weight, bias)
+
+    def pack_gated_linear(
+        self, weight: torch.Tensor, bias: torch.Tensor | None, activation: str
+    ) -> tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor], torch.Tensor]] | None:
+        # SiLU on the vdpbf16ps pairs; AMX tiles (and GELU) keep the matmul and then the row kernel
+        dense = weight.device.type == "cpu" and weight.dim() == 2 and weight.dtype == torch.bfloat16
+        if activation != "silu" or not dense or weight.shape[0] % 2 or not dense_chosen():
+            return None
+        return gated_linear(weight, bias) if dense_path() == "avx512-bf16 pairs" else None
 
     def rms_norm(
         self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from llmp_kernels_cpu.kernels import PackedLinear, UpcastLinear
-from llmp_kernels_cpu_native.kernels import DenseLinear, NativeKernels
+from llmp_kernels_cpu_native.kernels import DenseLinear, NativeKernels, gated_linear
 from llmp_kernels_cpu_native.library import dense_path, dense_supported
 
 pytestmark = pytest.mark.skipif(not dense_supported(), reason="no AVX-512 BF16: the library cannot run it here")
@@ -204,7 +204,7 @@ def test_an_unknown_or_absent_path_is_a_clear_error(kernels):
 
 CHOSEN = """
 import sys, torch
-from llmp_kernels_cpu_native.kernels import DenseLinear, NativeKernels
+from llmp_kernels_cpu_native.kernels import DenseLinear, NativeKernels, gated_linear
 from llmp_kernels_cpu_native.library import dense_path
 packed = NativeKernels().pack_linear(torch.randn(8, 64).bfloat16(), None)
 print(dense_path(), type(packed).__name__)
@@ -246,3 +246,77 @@ def test_the_packed_panels_hold_the_weight_zero_padded(kernels):
     unpacked = panels.permute(0, 2, 1, 3).reshape(128, 34)
     assert torch.equal(unpacked[:70, :33], weight)
     assert not unpacked[70:].any() and not unpacked[:, 33:].any()
+
+
+# -- the gated MLP's gate|up matmul with SiLU-and-mul in its epilogue (pack_gated_linear) ----------------------------
+
+GATED_SHAPES = [(4864, 896), (70, 33), (32, 64), (5, 31), (100, 1)]  # I: 152 panels, a partial one, one, ...
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int16)  # NaNs compared by their bits
+
+
+@pytest.mark.parametrize("half, k", GATED_SHAPES)
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("rows", [1, 7, 200])  # one tile's rows, a partial tile, chunks of 96 and a tail
+def test_the_gated_epilogue_has_the_bits_of_the_matmul_then_silu_and_mul(kernels, half, k, with_bias, rows):
+    weight, bias, x = operands(2 * half, k, rows, seed=half + k)
+    bias = bias if with_bias else None
+    x[0, : min(k, 3)] = torch.tensor([float("nan"), 1e-39, -0.0])[: min(k, 3)]  # a NaN row, a subnormal
+    plain, gated = gated_linear(weight, bias)
+    product = OnPath(weight, bias, PAIRS)(x)
+    assert torch.equal(bits(plain(x)), bits(product))  # gate|up back in their order
+    got = gated(x)
+    assert got.shape == (rows, half)
+    assert torch.equal(bits(got), bits(kernels.silu_and_mul(product)))
+    assert torch.equal(bits(gated(x[-1:])), bits(got[-1:]))  # a row alone: its bits in the batch
+    assert plain.row_invariant and gated.row_invariant
+
+
+def test_the_gated_product_does_not_depend_on_the_thread_count(set_threads):
+    weight, bias, x = operands(2 * 4864, 896, 9)
+    _, gated = gated_linear(weight, bias)
+    set_threads(1)
+    alone = gated(x)
+    for count in (2, 3):
+        set_threads(count)
+        assert torch.equal(gated(x), alone), count
+    assert gated(x[:0]).shape == (0, 4864)
+
+
+def test_gated_packing_is_offered_for_bfloat16_silu_on_the_pairs_alone(kernels):
+    weight = torch.randn(64, 32)
+    assert kernels.pack_gated_linear(weight, None, "silu") is None  # float32: the reference's matmul
+    assert kernels.pack_gated_linear(weight.bfloat16(), None, "gelu_tanh") is None  # the row kernel after
+    assert kernels.pack_gated_linear(weight[:63].bfloat16(), None, "silu") is None  # no gate|up halves
+    offered = kernels.pack_gated_linear(weight.bfloat16(), None, "silu")
+    assert (offered is not None) == (dense_path() == PAIRS)  # AMX tiles: the matmul, then the row kernel
+    env = {**os.environ, "LLMP_NATIVE_AMX": "onednn"}  # bfloat16 layers left to oneDNN: nothing gated either
+    code = (
+        "import torch; from llmp_kernels_cpu_native.kernels import NativeKernels; "
+        "print(NativeKernels().pack_gated_linear(torch.randn(64, 32).bfloat16(), None, 'silu'))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "None"
+
+
+def test_a_gated_mlp_runs_its_gate_up_and_silu_in_one_call(kernels):
+    from llmp.modeling.layers import GatedMLP, pack_linear_layers
+
+    mlp = GatedMLP(64, 96, False, kernels).bfloat16()
+    generator = torch.Generator().manual_seed(3)
+    for param in mlp.parameters():
+        param.data.copy_(torch.randn(param.shape, generator=generator) * 0.2)
+    x = torch.randn(5, 64, generator=generator).bfloat16()
+    gate_up, down = mlp.gate_up_proj.weight.detach().clone(), mlp.down_proj.weight.detach().clone()
+    assert pack_linear_layers(mlp, kernels) == 2
+    expected = DenseLinear(down, None)(kernels.silu_and_mul(DenseLinear(gate_up, None)(x)))
+    if dense_path() != PAIRS:
+        assert mlp.gated is None
+    else:
+        assert mlp.gated is not None and mlp.gate_up_proj.weight.numel() == 0  # one packed copy, shared
+        calls = []
+        mlp.act_and_mul = lambda h: calls.append(h) or kernels.silu_and_mul(h)
+        assert torch.equal(mlp(x), expected) and not calls  # the row kernel never ran
+        assert torch.equal(mlp.gate_up_proj(x), DenseLinear(gate_up, None)(x))  # the plain product (LoRA's base)

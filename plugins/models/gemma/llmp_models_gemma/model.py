@@ -78,14 +78,25 @@ class Gemma2DecoderLayer(nn.Module):
         self.pre_feedforward_layernorm = GemmaRMSNorm(size, eps)
         self.mlp = mlp
         self.post_feedforward_layernorm = GemmaRMSNorm(size, eps)
+        self.selects_rows = bool(getattr(self_attn, "selects_rows", False))
 
     def forward(
-        self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None, metadata: AttentionMetadata
+        self,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        metadata: AttentionMetadata,
+        rows: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """With ``rows`` (the model's last layer, :class:`llmp.modeling.decoder.DecoderModel`), those rows alone."""
         if residual is not None:
             hidden = hidden + residual
-        attended = self.post_attention_layernorm(self.self_attn(positions, self.input_layernorm(hidden), metadata))
-        hidden = hidden + attended
+        normed = self.input_layernorm(hidden)
+        if rows is None:
+            attended = self.self_attn(positions, normed, metadata)
+        else:
+            attended, hidden = self.self_attn(positions, normed, metadata, rows=rows), hidden[rows]
+        hidden = hidden + self.post_attention_layernorm(attended)
         return self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(hidden))), hidden
 
 
