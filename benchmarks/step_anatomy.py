@@ -51,10 +51,10 @@ def install_timers(kernels: str) -> None:
 
     classes = [cpu.CpuKernels]
     if kernels == "cpu-native":
-        from llmp_kernels_cpu_native.kernels import DenseLinear, NativeKernels, QuantizedLinear
+        from llmp_kernels_cpu_native.kernels import DenseGatedLinear, DenseLinear, NativeKernels, QuantizedLinear
 
         classes.append(NativeKernels)
-        for matmul in (DenseLinear, QuantizedLinear):
+        for matmul in (DenseLinear, DenseGatedLinear, QuantizedLinear):  # the gated one: SiLU-and-mul included
             matmul.__call__ = timed(matmul.__call__, "matmuls")
     for cls in classes:
         for name in KERNELS:
