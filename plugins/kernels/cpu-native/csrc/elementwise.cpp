@@ -34,7 +34,7 @@
 namespace llmp_native {
 namespace {
 
-constexpr int64_t kMinValuesPerThread = 1 << 16;  // below this a second thread costs more than it saves
+constexpr int64_t kMinValuesPerThread = 1 << 13;  // below this a second thread costs more than it saves
 
 // GCC 12's AVX-512 headers initialise their undefined vectors from themselves (__Y = __Y), which its own
 // -Wuninitialized reports once exp_fma is inlined into the AVX-512 copy: a false positive, silenced here
