@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from llmp.api import AttentionMetadata, KernelSet, ModelLoadError
+from llmp.api import AttentionMetadata, KernelSet, ModelLoadError, PacksGatedLinear
 from llmp.modeling.parallel import all_gather, all_reduce, divide, tp_rank, tp_size
 from llmp.modeling.rope import cos_sin_table
 from llmp.quantization import Int8Activations, QuantizedWeight
@@ -398,7 +398,9 @@ class ParallelLMHead(VocabParallelEmbedding, PackableLinear):
 
 
 def pack_linear_layers(model: nn.Module, kernels: Any) -> int:
-    """Let ``kernels.pack_linear`` take over every linear layer's matmul, once, after loading.
+    """Let ``kernels.pack_linear`` take over every linear layer's matmul, once, after loading; first, for a
+    set with ``pack_gated_linear`` (:class:`llmp.api.PacksGatedLinear`), each gated MLP's gate|up matmul and its
+    activation in one pass.
 
     A layer whose weight was packed drops its dense copy, unless another module
     shares that parameter (a head tied to the embedding). Returns the number of
@@ -406,7 +408,7 @@ def pack_linear_layers(model: nn.Module, kernels: Any) -> int:
     """
     uses = Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))
     packed = 0
-    if hasattr(kernels, "pack_gated_linear"):  # llmp.api.PacksGatedLinear: gate|up and the activation in one pass
+    if isinstance(kernels, PacksGatedLinear):
         for mlp in model.modules():
             if not isinstance(mlp, GatedMLP):
                 continue
