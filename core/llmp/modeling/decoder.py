@@ -224,6 +224,9 @@ class DecoderForCausalLM(CausalLM):
     ``make_norm``, ``make_layer`` or ``embed_scale``."""
 
     embed_scale: float | None = None
+    # a step reading few rows (its sampled ones) skips the others in the last layer; a subclass whose forward
+    # takes no output_rows sets it False
+    accepts_output_rows = True
 
     def __init__(self, config: Any, kernels: KernelSet) -> None:
         super().__init__()
@@ -253,8 +256,6 @@ class DecoderForCausalLM(CausalLM):
 
     def make_mlp(self, config: Any, kernels: KernelSet, index: int) -> nn.Module:
         return GatedMLP(config.hidden_size, config.intermediate_size, bool(getattr(config, "mlp_bias", False)), kernels)
-
-    accepts_output_rows = True  # a step reading few rows (its sampled ones) skips the others in the last layer
 
     def forward(
         self,
