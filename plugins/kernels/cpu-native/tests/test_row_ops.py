@@ -191,6 +191,38 @@ def test_each_instruction_set_path(isa, run_on_isa):
     )
 
 
+def test_bfloat16_rms_norm_has_the_portable_copys_bits(kernels, run_on_isa, tmp_path):
+    """The AVX-512 copy's bfloat16 RMSNorm is written in intrinsics, the others in generic vectors: the same
+    operations in the same order, so the same bits (tails, a NaN and an infinity, the residual's rounding)."""
+    from llmp_kernels_cpu_native.library import load
+
+    if load() != "avx512":
+        pytest.skip("this CPU has no AVX-512 copy")
+    cases = []
+    for rows, width in [(3, 896), (5, 37), (2, 4864), (4, 1)]:
+        x, res = rand(rows, width, dtype=torch.bfloat16) * 3, rand(rows, width, dtype=torch.bfloat16, seed=2) * 40
+        w = rand(width, dtype=torch.bfloat16, seed=1)
+        x[0, -1], res[-1, 0] = float("nan"), float("inf")
+        cases.append((x, res, w, kernels.rms_norm(x, w, 1e-6), *kernels.rms_norm(x, w, 1e-5, res)))
+    torch.save(cases, tmp_path / "avx512.pt")
+    run_on_isa(
+        "scalar",
+        textwrap.dedent(
+            """
+            import sys, torch
+            from llmp_kernels_cpu_native.kernels import NativeKernels
+            native = NativeKernels()
+            for x, res, w, plain, out, total in torch.load(sys.argv[2]):
+                got = [native.rms_norm(x, w, 1e-6), *native.rms_norm(x, w, 1e-5, res)]
+                for a, b in zip(got, [plain, out, total]):
+                    assert torch.equal(a.view(torch.int16), b.view(torch.int16)), (x.shape, a, b)
+            print("ok")
+            """
+        ),
+        str(tmp_path / "avx512.pt"),
+    )
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_write_kv_matches_the_reference(kernels, dtype):
     blocks, block_size, kv_heads, head_dim, tokens = 6, 4, 2, 24, 5
