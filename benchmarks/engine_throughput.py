@@ -53,7 +53,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-import llmp  # noqa: E402, F401  (before torch: llmp sets the OpenMP threads' spinning)
+# The engine sets OpenMP's spinning (GOMP_SPINCOUNT) only where torch is not loaded yet: here it is, so the
+# in-process engine keeps GNU OpenMP's default (the offline workload measured alike either way, 2026-12-05)
+import llmp  # noqa: E402, F401
 
 SHAPE = dict(
     vocab_size=151936,

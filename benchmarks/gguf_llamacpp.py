@@ -50,7 +50,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-import llmp  # noqa: E402, F401  (before torch's threads start: llmp sets the OpenMP threads' spinning)
+# The engine sets OpenMP's spinning (GOMP_SPINCOUNT) only where torch is not loaded yet: here it is, so the
+# in-process engine keeps GNU OpenMP's default
+import llmp  # noqa: E402, F401
 
 LLAMACPP_VENV = Path.home() / ".cache" / "llmp" / "bench" / "llamacpp-venv"
 LLAMACPP_VERSION = "0.3.36"

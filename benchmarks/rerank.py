@@ -42,7 +42,7 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import llmp  # noqa: E402, F401  (before torch: llmp sets the OpenMP threads' spinning)
+import llmp  # noqa: E402, F401
 
 SHAPE = dict(
     vocab_size=30522,
