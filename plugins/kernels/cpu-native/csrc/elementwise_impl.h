@@ -54,7 +54,7 @@ LLMP_FN void store_n(E* p, Vf v, int64_t n) {
 
 #if LLMP_ISA_LEVEL == 2
 // rms_norm_row's bfloat16 rows in AVX-512 instructions (GCC's generic vectors spilled every load through the stack:
-// 3x slower), with its very operations and order: the same bits
+// 2x slower with the residual), with its very operations and order: the same bits
 LLMP_FN __m512 widen_bf16(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
 
 // v rounded to bfloat16 as store_n rounds, in the low half of each lane
