@@ -11,7 +11,8 @@
 // calls it on the batch as it is, where oneDNN must be called in padded 32-row blocks for the same guarantee (a
 // decode step of one sequence then multiplies 32 rows, and a prefill re-reads the whole weight every 32 rows).
 // No lane reduction at the end: an earlier dot-product form spent a third of a 896-long row reducing lanes.
-// Threads take whole panels; every thread walks the input in chunks of rows that stay in L2.
+// Threads own whole panels, and a thread done with its own takes the others' last (unit_range.h); every thread
+// walks the input in chunks of rows that stay in L2.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -22,15 +23,23 @@
 #include <cstring>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "dense_matmul_tiles.h"
 #include "exp_fma.h"
 #include "isa.h"
+#include "unit_range.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define LLMP_X86 1
 #endif
+
+// GCC 12's AVX-512 headers initialise their undefined vectors from themselves (__Y = __Y), which its own
+// -Wuninitialized reports wherever they are inlined (here, the gated epilogue's widening once the tiles are inlined
+// into the call's units): a false positive, as in paged_attention_pairs.h, silenced for this file
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 #if LLMP_AMX_BUILT
 #include <signal.h>
@@ -224,7 +233,8 @@ int64_t panel_grain(int64_t T, int64_t K, int64_t N, int64_t P) {
 }
 
 #ifdef LLMP_X86
-// N: y's row length (the plain product's columns; 2 * half split, half gated)
+// N: y's row length (the plain product's columns; 2 * half split, half gated). Thread o owns the panels
+// o * grain.. of every chunk of kChunkRows rows, chunk after chunk: its units.
 template <Epilogue E = Epilogue::plain>
 void pairs_matmul(const at::Tensor& xs, const at::Tensor& ws, int64_t N, const float* bp, at::Tensor& y,
                   int64_t half = 0) {
@@ -232,27 +242,32 @@ void pairs_matmul(const at::Tensor& xs, const at::Tensor& ws, int64_t N, const f
     const auto* xp = reinterpret_cast<const uint16_t*>(xs.data_ptr());
     const auto* wp = reinterpret_cast<const uint16_t*>(ws.data_ptr());
     auto* yp = y.data_ptr<c10::BFloat16>();
-    at::parallel_for(0, P, panel_grain(T, K, E == Epilogue::plain ? N : P * kPanel, P), [&](int64_t begin, int64_t end) {
-        for (int64_t t0 = 0; t0 < T; t0 += kChunkRows) {
-            const int64_t t1 = std::min(T, t0 + kChunkRows);
-            for (int64_t p = begin; p < end; ++p) {
-                const uint16_t* panel = wp + p * pairs * kPanel * 2;
-                const int64_t n0 = p * kPanel, cols = std::min(kPanel, N - n0);
-                // The next panel comes from memory while this one's tiles compute from L2: each tile asks for a
-                // cache line of it per pair of K (without, a panel's first tile waited on memory and the others
-                // left it idle: a decode step's matmuls at 32 rows took 56 ms instead of 44). A single tile (a matrix-vector product) streams: the hardware prefetcher alone
-                // reads faster there.
-                const char* next = reinterpret_cast<const char*>(panel + pairs * kPanel * 2);
-                const bool several = t1 - t0 > kMaxRows && p + 1 < end;
-                const char* next_end = several ? next + pairs * kPanel * 4 : next;
-                for (int64_t t = t0; t < t1; t += kMaxRows) {
-                    const int64_t rows = std::min(kMaxRows, t1 - t);
-                    packed_rows<E>(std::make_integer_sequence<int, kMaxRows>{}, rows, xp + t * K, K, panel, bp, n0,
-                                   cols, yp + t * N, N, half, next, next_end);
-                    next += pairs * 64;
-                }
-            }
+    const int64_t grain = panel_grain(T, K, E == Epilogue::plain ? N : P * kPanel, P), owners = (P + grain - 1) / grain;
+    const int64_t chunks = (T + kChunkRows - 1) / kChunkRows;
+    std::vector<UnitRange> ranges(owners);
+    for (int64_t o = 0; o < owners; ++o) ranges[o].reset(chunks * (std::min(P, (o + 1) * grain) - o * grain));
+    auto compute = [&](int64_t o, int64_t unit, bool own) {
+        const int64_t first = o * grain, panels = std::min(P, first + grain) - first;
+        const int64_t p = first + unit % panels, t0 = unit / panels * kChunkRows, t1 = std::min(T, t0 + kChunkRows);
+        const uint16_t* panel = wp + p * pairs * kPanel * 2;
+        const int64_t n0 = p * kPanel, cols = std::min(kPanel, N - n0);
+        // The next panel comes from memory while this one's tiles compute from L2: each tile asks for a cache line
+        // of it per pair of K (without, a panel's first tile waited on memory and the others left it idle: a decode
+        // step's matmuls at 32 rows took 56 ms instead of 44). A single tile (a matrix-vector product) streams: the
+        // hardware prefetcher alone reads faster there. A unit taken from another thread asks for nothing.
+        const char* next = reinterpret_cast<const char*>(panel + pairs * kPanel * 2);
+        const bool several = own && t1 - t0 > kMaxRows && unit % panels + 1 < panels;
+        const char* next_end = several ? next + pairs * kPanel * 4 : next;
+        for (int64_t t = t0; t < t1; t += kMaxRows) {
+            const int64_t rows = std::min(kMaxRows, t1 - t);
+            packed_rows<E>(std::make_integer_sequence<int, kMaxRows>{}, rows, xp + t * K, K, panel, bp, n0, cols,
+                           yp + t * N, N, half, next, next_end);
+            next += pairs * 64;
         }
+    };
+    at::parallel_for(0, owners, 1, [&](int64_t begin, int64_t end) {
+        take_units(ranges, begin, end, [&](int64_t o, int64_t unit) { compute(o, unit, true); },
+                   [&](int64_t o, int64_t unit) { compute(o, unit, false); });
     });
 }
 #endif

@@ -7,7 +7,8 @@
 // and caches, float32 arithmetic. A query row's result depends only on that row (see paged_attention_impl.h).
 //
 // Threads: work items are (request, KV head, up to kItemRows query rows), split over torch's threads as
-// quant_matmul's rows are (fewer threads for a call under kMinWorkPerThread a thread); an item runs whole on one.
+// quant_matmul's rows are (fewer threads for a call under kMinWorkPerThread a thread); an item runs whole on one,
+// its owner's or, once that thread is behind and another has none left, the other's (unit_range.h).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -22,6 +23,7 @@
 
 #include "exp_fma.h"
 #include "isa.h"
+#include "unit_range.h"
 #include "vec16.h"
 
 namespace llmp_native {
@@ -214,34 +216,46 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
 #endif
     const int64_t n = static_cast<int64_t>(items.size());
     const int64_t threads = std::clamp<int64_t>(work / kMinWorkPerThread, 1, std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n)));
-    // thread t takes the items whose work ends in (t, t + 1] / threads of the total: contiguous, about equal
-    // (a prefill's later rows read more keys than its first)
+    // thread t owns the items whose work ends in (t, t + 1] / threads of the total: contiguous, about equal
+    // (a prefill's later rows read more keys than its first); a thread done with its own takes the others' last
+    std::vector<UnitRange> ranges(threads);
+    std::vector<int64_t> firsts(threads);
+    for (int64_t t = 0; t < threads; ++t) {
+        const auto first = std::lower_bound(ends.begin(), ends.end(), work * t / threads + 1);
+        const auto last = std::lower_bound(ends.begin(), ends.end(), work * (t + 1) / threads + 1);
+        firsts[t] = first - ends.begin();
+        ranges[t].reset(std::max<int64_t>(0, std::min<int64_t>(last - ends.begin(), n) - firsts[t]));
+    }
     at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
         thread_local ItemBuffers buffers;
 #ifdef LLMP_X86
         thread_local pairs::Buffers pair_buffers;
-        if (!in_pairs)
-#endif
-            buffers.reserve(positions * args.group, D);
-        for (int64_t t = begin; t < end; ++t) {
-            const auto first = std::lower_bound(ends.begin(), ends.end(), work * t / threads + 1);
-            const auto last = std::lower_bound(ends.begin(), ends.end(), work * (t + 1) / threads + 1);
-            const int64_t i0 = first - ends.begin(), i1 = std::min<int64_t>(last - ends.begin(), n);
-#ifdef LLMP_X86
-            if (in_pairs) {
-                pairs::KeyStream stream(args, items.data() + i0, items.data() + std::max(i0, i1));
-                for (int64_t i = i0; i < i1; ++i) {
-                    const Item& item = items[i];
+        if (in_pairs) {
+            // the owner's key stream runs ahead through its items in order; a taken item streams its own keys
+            std::vector<pairs::KeyStream> streams;
+            streams.reserve(end - begin);
+            for (int64_t t = begin; t < end; ++t)
+                streams.emplace_back(args, items.data() + firsts[t], items.data() + firsts[t] + ranges[t].size());
+            take_units(
+                ranges, begin, end,
+                [&](int64_t t, int64_t unit) {
+                    const Item& item = items[firsts[t] + unit];
+                    pairs::attend_item(args, item.request, item.kv, item.q0, item.q1, pair_buffers, streams[t - begin]);
+                },
+                [&](int64_t t, int64_t unit) {
+                    const Item& item = items[firsts[t] + unit];
+                    pairs::KeyStream stream(args, &item, &item + 1);
                     pairs::attend_item(args, item.request, item.kv, item.q0, item.q1, pair_buffers, stream);
-                }
-                continue;
-            }
-#endif
-            for (int64_t i = i0; i < i1; ++i) {
-                const Item& item = items[i];
-                attend(args, item.request, item.kv, item.q0, item.q1, buffers);
-            }
+                });
+            return;
         }
+#endif
+        buffers.reserve(positions * args.group, D);
+        auto run = [&](int64_t t, int64_t unit) {
+            const Item& item = items[firsts[t] + unit];
+            attend(args, item.request, item.kv, item.q0, item.q1, buffers);
+        };
+        take_units(ranges, begin, end, run, run);
     });
     return out;
 }

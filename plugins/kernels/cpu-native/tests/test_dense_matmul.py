@@ -117,6 +117,19 @@ def test_the_result_does_not_depend_on_the_thread_count(path, set_threads):
             assert torch.equal(matmul(x), alone), (n, k, count)
 
 
+@pytest.mark.parametrize("gated", [False, True])
+def test_panels_taken_from_a_thread_that_fell_behind_keep_their_bits(set_threads, gated):
+    # more threads than cores: some are descheduled mid-call, and the others take what is left of their panels
+    # (csrc/unit_range.h); each must still be computed once, with the instructions of its owner
+    weight, bias, x = operands(2 * 4864, 896, 200)
+    matmul = gated_linear(weight, bias)[1] if gated else OnPath(weight, bias, PAIRS)
+    set_threads(1)
+    alone = matmul(x)
+    set_threads(3 * (os.cpu_count() or 1) + 3)
+    for _ in range(10):
+        assert torch.equal(matmul(x), alone)
+
+
 def test_leading_dimensions_are_kept(kernels):
     weight, bias, x = operands(7, 64, 6)
     matmul = kernels.pack_linear(weight, bias)

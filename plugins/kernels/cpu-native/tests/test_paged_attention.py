@@ -110,6 +110,20 @@ def test_the_result_does_not_depend_on_the_thread_count(kernels, set_threads):
         assert torch.equal(kernels.paged_attention(q, cache.k, cache.v, metadata, SCALE), alone)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_items_taken_from_a_thread_that_fell_behind_keep_their_bits(kernels, set_threads, dtype):
+    # more threads than cores: some are descheduled mid-call, and the others take what is left of their items
+    # (csrc/unit_range.h); each must still be attended once, whole, as its owner would
+    seq_lens = [300 + 7 * i for i in range(24)]
+    cache = Cache(seq_lens, 14, 2, 64, 16, dtype, seed=5)
+    q, metadata = cache.batch([(i, n - 1, 1) for i, n in enumerate(seq_lens)])
+    set_threads(1)
+    alone = kernels.paged_attention(q, cache.k, cache.v, metadata, SCALE)
+    set_threads(3 * (os.cpu_count() or 1) + 3)
+    for _ in range(10):
+        assert torch.equal(kernels.paged_attention(q, cache.k, cache.v, metadata, SCALE), alone)
+
+
 @pytest.mark.parametrize(
     "heads, kv_heads, head_dim",
     [(14, 2, 64), (28, 4, 128), (32, 4, 128), (16, 4, 80), (12, 6, 96), (8, 8, 128), (8, 4, 256)],
