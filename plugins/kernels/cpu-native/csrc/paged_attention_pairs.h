@@ -194,31 +194,36 @@ LLMP_PAIRS __attribute__((flatten)) inline void attend_rows(const AttentionArgs&
     const __m512 scale = _mm512_set1_ps(a.scale);
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const __m512 minus_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-    float alpha[R];
+    // the rows' new maxima first, then one exp_fma gives every row's alpha (a lane each: the bits of one call a row)
+    alignas(64) float m_old[16] = {}, m_new[16] = {}, alpha[16];
+    __mmask16 v0[R], v1[R];
     int j_first = kKeys, j_last = -1;
     for (int r = 0; r < R; ++r) {
-        const int64_t k = row[r]->k;
         Vf x0 = reinterpret_cast<Vf>(_mm512_mul_ps(s0[r], scale)), x1 = reinterpret_cast<Vf>(_mm512_mul_ps(s1[r], scale));
         if (a.softcap > 0.0f) x0 = avx512::vsoftcap(x0, a.softcap), x1 = avx512::vsoftcap(x1, a.softcap);
         const __m512i lo = _mm512_set1_epi32(row[r]->j_lo), hi = _mm512_set1_epi32(row[r]->j_hi);
         const __m512i lane1 = _mm512_add_epi32(lane, _mm512_set1_epi32(16));
-        const __mmask16 v0 = _mm512_cmpge_epi32_mask(lane, lo) & _mm512_cmple_epi32_mask(lane, hi);
-        const __mmask16 v1 = _mm512_cmpge_epi32_mask(lane1, lo) & _mm512_cmple_epi32_mask(lane1, hi);
-        const __m512 y0 = _mm512_mask_mov_ps(minus_inf, v0, reinterpret_cast<__m512>(x0));
-        const __m512 y1 = _mm512_mask_mov_ps(minus_inf, v1, reinterpret_cast<__m512>(x1));
-        const float m_new = std::max(buf.m[k], _mm512_reduce_max_ps(_mm512_max_ps(y0, y1)));
-        const __m512 m_vec = _mm512_set1_ps(m_new);
-        // exactly 0 outside the row's keys (other rows of the block may add those keys' values)
-        const __m512 p0 = _mm512_maskz_mov_ps(v0, exp_fma(_mm512_sub_ps(y0, m_vec)));
-        const __m512 p1 = _mm512_maskz_mov_ps(v1, exp_fma(_mm512_sub_ps(y1, m_vec)));
-        _mm512_store_si512(buf.p + r * 16, (__m512i)_mm512_cvtne2ps_pbh(p1, p0));  // dword i: keys 2i, 2i + 1
-        alpha[r] = _mm512_cvtss_f32(exp_fma(_mm512_set1_ps(buf.m[k] - m_new)));
-        if (r < count) {
-            buf.l[k] = buf.l[k] * alpha[r] + _mm512_reduce_add_ps(_mm512_add_ps(p0, p1));
-            buf.m[k] = m_new;
-        }
+        v0[r] = _mm512_cmpge_epi32_mask(lane, lo) & _mm512_cmple_epi32_mask(lane, hi);
+        v1[r] = _mm512_cmpge_epi32_mask(lane1, lo) & _mm512_cmple_epi32_mask(lane1, hi);
+        s0[r] = _mm512_mask_mov_ps(minus_inf, v0[r], reinterpret_cast<__m512>(x0));
+        s1[r] = _mm512_mask_mov_ps(minus_inf, v1[r], reinterpret_cast<__m512>(x1));
+        m_old[r] = buf.m[row[r]->k];
+        m_new[r] = std::max(m_old[r], _mm512_reduce_max_ps(_mm512_max_ps(s0[r], s1[r])));
         j_first = std::min(j_first, row[r]->j_lo);
         j_last = std::max(j_last, row[r]->j_hi);
+    }
+    _mm512_store_ps(alpha, exp_fma(_mm512_sub_ps(_mm512_load_ps(m_old), _mm512_load_ps(m_new))));
+    for (int r = 0; r < R; ++r) {
+        const __m512 m_vec = _mm512_set1_ps(m_new[r]);
+        // exactly 0 outside the row's keys (other rows of the block may add those keys' values)
+        const __m512 p0 = _mm512_maskz_mov_ps(v0[r], exp_fma(_mm512_sub_ps(s0[r], m_vec)));
+        const __m512 p1 = _mm512_maskz_mov_ps(v1[r], exp_fma(_mm512_sub_ps(s1[r], m_vec)));
+        _mm512_store_si512(buf.p + r * 16, (__m512i)_mm512_cvtne2ps_pbh(p1, p0));  // dword i: keys 2i, 2i + 1
+        if (r < count) {
+            const int64_t k = row[r]->k;
+            buf.l[k] = buf.l[k] * alpha[r] + _mm512_reduce_add_ps(_mm512_add_ps(p0, p1));
+            buf.m[k] = m_new[r];
+        }
     }
     // a row's weights outside its own keys are exactly 0, and every value read is finite: adding 0 * v leaves
     // its sums as they are
