@@ -3,7 +3,8 @@
 // end together even where one started late (woken from sleep) or ran slower (memory, a neighbour on the core):
 // with static shares, the offline workload's matmuls left one of two threads idle 1.8 s of 57 and its attention
 // 0.6 s of 4.5 (AMD Zen 4, 2026-12-05). A unit is computed with the same instructions whichever thread takes it,
-// so no result depends on who did.
+// so no result depends on who did. A share holds fewer than 2^32 units (a call's matmul panels times its chunks of
+// rows, or its attention items).
 #pragma once
 
 #include <atomic>
