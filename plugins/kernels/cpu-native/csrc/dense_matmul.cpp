@@ -144,14 +144,21 @@ LLMP_BF16 inline __m512 widen(__m256i bf16) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bf16), 16));
 }
 
+// the first n of 16 lanes (none where n <= 0)
+LLMP_BF16 inline __mmask16 lanes(int64_t n) {
+    return n >= 16 ? __mmask16(0xffff) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
+}
+
 // rows t..t+R of the output, columns of one panel: R x 4 accumulators over every pair of K. Split and gated
 // panels (dense_pack_gated) write gate|up columns 32p.. of `half` each; y's rows are N long.
-template <int R, Epilogue E>
+template <int R, Epilogue E, bool OddK>
 LLMP_BF16 inline void packed_tile(const uint16_t* x, int64_t K, const uint16_t* panel, const float* bias, int64_t n0,
                                   int64_t cols, c10::BFloat16* y, int64_t N, int64_t half, const char* ahead,
                                   const char* ahead_end) {
     __m512 acc[R][4];
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
         for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_setzero_ps();
     const int64_t full = K / 2;
     const auto* wp = reinterpret_cast<const __m512i*>(panel);
@@ -170,7 +177,7 @@ LLMP_BF16 inline void packed_tile(const uint16_t* x, int64_t K, const uint16_t* 
             acc[r][3] = _mm512_dpbf16_ps(acc[r][3], xv, w3);
         }
     }
-    if (K & 1) {  // the last pair holds one value of K: its partner is 0 in the weight and in x
+    if constexpr (OddK) {  // the last pair holds one value of K: its partner is 0 in the weight and in x
         const __m512bh w0 = (__m512bh)_mm512_loadu_si512(wp), w1 = (__m512bh)_mm512_loadu_si512(wp + 1);
         const __m512bh w2 = (__m512bh)_mm512_loadu_si512(wp + 2), w3 = (__m512bh)_mm512_loadu_si512(wp + 3);
         for (int r = 0; r < R; ++r) {
@@ -181,34 +188,48 @@ LLMP_BF16 inline void packed_tile(const uint16_t* x, int64_t K, const uint16_t* 
             acc[r][3] = _mm512_dpbf16_ps(acc[r][3], xv, w3);
         }
     }
+    // Constant indices only (masks, not early exits): the accumulators stay in registers, where an indexed
+    // epilogue kept a copy of them on the stack, zeroed at every tile's start, whose stores then waited behind
+    // the last tile's output stores
     if constexpr (E == Epilogue::plain) {
+#pragma GCC unroll 4
         for (int j = 0; j < 4; ++j) {
-            const int64_t c0 = j * 16;
-            if (c0 >= cols) break;
-            const __mmask16 mask = cols - c0 >= 16 ? __mmask16(0xffff) : __mmask16((1u << (cols - c0)) - 1);
-            const __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + n0 + c0) : _mm512_setzero_ps();
+            const __mmask16 mask = lanes(cols - j * 16);
+            if (bias) {  // none: nothing added, as on the AMX tiles (adding 0 would turn a flushed -0 into +0)
+                const __m512 b = _mm512_maskz_loadu_ps(mask, bias + n0 + j * 16);
+#pragma GCC unroll 8
+                for (int r = 0; r < R; ++r) acc[r][j] = _mm512_add_ps(acc[r][j], b);
+            }
+#pragma GCC unroll 8
             for (int r = 0; r < R; ++r) {
-                const __m256i out = (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(acc[r][j], b));
-                _mm256_mask_storeu_epi16(y + r * N + n0 + c0, mask, out);
+                const __m256i out = (__m256i)_mm512_cvtneps_pbh(acc[r][j]);
+                _mm256_mask_storeu_epi16(y + r * N + n0 + j * 16, mask, out);
             }
         }
     } else {  // vectors 0, 1: gate columns g0..g0+31; 2, 3: the up columns of the same indices
         const int64_t g0 = n0 / 2, live = std::min<int64_t>(32, half - g0);
+#pragma GCC unroll 2
         for (int j = 0; j < 2; ++j) {
-            const int64_t c0 = j * 16;
-            if (c0 >= live) break;
-            const __mmask16 mask = live - c0 >= 16 ? __mmask16(0xffff) : __mmask16((1u << (live - c0)) - 1);
-            const __m512 bg = bias ? _mm512_maskz_loadu_ps(mask, bias + n0 + c0) : _mm512_setzero_ps();
-            const __m512 bu = bias ? _mm512_maskz_loadu_ps(mask, bias + n0 + 32 + c0) : _mm512_setzero_ps();
+            const __mmask16 mask = lanes(live - j * 16);
+            if (bias) {
+                const __m512 bg = _mm512_maskz_loadu_ps(mask, bias + n0 + j * 16);
+                const __m512 bu = _mm512_maskz_loadu_ps(mask, bias + n0 + 32 + j * 16);
+#pragma GCC unroll 8
+                for (int r = 0; r < R; ++r) {
+                    acc[r][j] = _mm512_add_ps(acc[r][j], bg);
+                    acc[r][j + 2] = _mm512_add_ps(acc[r][j + 2], bu);
+                }
+            }
+#pragma GCC unroll 8
             for (int r = 0; r < R; ++r) {
-                const __m256i g = (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(acc[r][j], bg));
-                const __m256i u = (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(acc[r][j + 2], bu));
+                const __m256i g = (__m256i)_mm512_cvtneps_pbh(acc[r][j]);
+                const __m256i u = (__m256i)_mm512_cvtneps_pbh(acc[r][j + 2]);
                 if constexpr (E == Epilogue::split) {
-                    _mm256_mask_storeu_epi16(y + r * N + g0 + c0, mask, g);
-                    _mm256_mask_storeu_epi16(y + r * N + half + g0 + c0, mask, u);
+                    _mm256_mask_storeu_epi16(y + r * N + g0 + j * 16, mask, g);
+                    _mm256_mask_storeu_epi16(y + r * N + half + g0 + j * 16, mask, u);
                 } else {
                     const __m512 act = _mm512_mul_ps(silu_exp_fma(widen(g)), widen(u));
-                    _mm256_mask_storeu_epi16(y + r * N + g0 + c0, mask, round_as_c10(act));
+                    _mm256_mask_storeu_epi16(y + r * N + g0 + j * 16, mask, round_as_c10(act));
                 }
             }
         }
@@ -219,8 +240,16 @@ template <Epilogue E, int... R>
 LLMP_BF16 void packed_rows(std::integer_sequence<int, R...>, int64_t rows, const uint16_t* x, int64_t K,
                            const uint16_t* panel, const float* bias, int64_t n0, int64_t cols, c10::BFloat16* y,
                            int64_t N, int64_t half, const char* ahead, const char* ahead_end) {
-    ((rows == R + 1 ? (packed_tile<R + 1, E>(x, K, panel, bias, n0, cols, y, N, half, ahead, ahead_end), 0) : 0),
-     ...);
+    // an odd K's last pair is a tile of its own (OddK): a branch on it after the loop over K kept the
+    // accumulators on the stack for every K
+    if (K & 1)
+        ((rows == R + 1 ? (packed_tile<R + 1, E, true>(x, K, panel, bias, n0, cols, y, N, half, ahead, ahead_end), 0)
+                        : 0),
+         ...);
+    else
+        ((rows == R + 1 ? (packed_tile<R + 1, E, false>(x, K, panel, bias, n0, cols, y, N, half, ahead, ahead_end), 0)
+                        : 0),
+         ...);
 }
 #endif
 
