@@ -111,6 +111,24 @@ inline std::pair<int64_t, int64_t> key_range(const AttentionArgs& a, int64_t r, 
     return {first / kKeys * kKeys, seq - qlen + q1 - 1};
 }
 
+// visit(k, v) with the cache rows (as bytes) of keys first..first+count-1 of request r's KV head kv, in order: an
+// address a block (its rows lie kv_heads rows apart), not a multiplication chain a key
+template <class Visit>
+LLMP_PAIRS inline void for_key_rows(const AttentionArgs& a, int64_t r, int64_t kv, int64_t first, int64_t count,
+                                    Visit&& visit) {
+    const int32_t* blocks = a.block_tables + r * a.block_table_stride;
+    const int64_t row_bytes = a.head_dim * 2, step = a.kv_heads * row_bytes;
+    int64_t block = first / a.block_size, offset = first % a.block_size;
+    for (int64_t done = 0; done < count; ++block, offset = 0) {
+        const int64_t run = std::min(count - done, a.block_size - offset);
+        const int64_t at = ((static_cast<int64_t>(blocks[block]) * a.block_size + offset) * a.kv_heads + kv) * row_bytes;
+        const char* k = static_cast<const char*>(a.k_cache) + at;
+        const char* v = static_cast<const char*>(a.v_cache) + at;
+        for (int64_t e = 0; e < run; ++e, k += step, v += step) visit(k, v);
+        done += run;
+    }
+}
+
 // The tiles of keys and values a thread reads, item after item. Blocks lie anywhere in the cache, so the
 // hardware prefetcher cannot follow them: the stream asks (into L2) for each tile's rows kAhead tiles before it is
 // computed, running on into the thread's next item (an item of a decode batch is only 8 tiles at 256 keys), two cache lines
@@ -118,30 +136,27 @@ inline std::pair<int64_t, int64_t> key_range(const AttentionArgs& a, int64_t r, 
 // of 64 sequences at 400 keys, a layer from memory, 800 -> 580 us; four a step of the score loop alone -> 480 us).
 class KeyStream {
   public:
-    KeyStream(const AttentionArgs& a, const Item* item, const Item* end) : a_(a), item_(item), end_(end) {
+    KeyStream(const AttentionArgs& a, const Item* item, const Item* end)
+        : a_(a), row_bytes_(a.head_dim * 2), item_(item), end_(end) {
         start();
         for (int64_t tile = 0; tile < kAhead; ++tile) plan();  // the first tiles, all at once
-        issue(kMaxLines);
+        issue(kAll);
     }
 
-    // the lines of the next tile, to be asked for a few at a time (issue) while a tile computes: all at once,
-    // they queue behind the core's few outstanding misses and stall it
+    // the rows of the next tile, whose lines are asked for a few at a time (issue) while a tile computes: all at
+    // once, they queue behind the core's few outstanding misses and stall it
     LLMP_PAIRS void plan() {
-        issue(kMaxLines);  // what is left of the last plan
-        planned_ = issued_ = 0;
+        issue(kAll);  // what is left of the last plan
+        keys_ = key_ = 0;
+        byte_ = 0;
         if (item_ >= end_) return;
-        const int32_t* blocks = a_.block_tables + item_->request * a_.block_table_stride;
-        const int64_t to = std::min(next_ + kKeys, last_ + 1), row_bytes = a_.head_dim * 2;
-        int64_t block = next_ / a_.block_size, offset = next_ % a_.block_size;
-        for (int64_t pos = next_; pos < to; ++pos) {
-            const int64_t slot = static_cast<int64_t>(blocks[block]) * a_.block_size + offset;
-            if (++offset == a_.block_size) offset = 0, ++block;
-            const int64_t at = (slot * a_.kv_heads + item_->kv) * row_bytes;
-            for (int64_t byte = 0; byte < row_bytes && planned_ + 2 <= kMaxLines; byte += 64) {
-                lines_[planned_++] = static_cast<const char*>(a_.k_cache) + at + byte;
-                lines_[planned_++] = static_cast<const char*>(a_.v_cache) + at + byte;
-            }
-        }
+        const int64_t to = std::min(next_ + kKeys, last_ + 1);
+        int n = 0;
+        for_key_rows(a_, item_->request, item_->kv, next_, to - next_, [&](const char* k, const char* v) {
+            rows_[n++] = k;
+            rows_[n++] = v;
+        });
+        keys_ = n / 2;
         next_ = to;
         if (next_ > last_) {
             ++item_;
@@ -149,13 +164,21 @@ class KeyStream {
         }
     }
 
-    LLMP_PAIRS void issue(int count) {
-        for (const int end = std::min(issued_ + count, planned_); issued_ < end; ++issued_) {
-            // into L2, not L1: L1's few miss buffers held the stream back on Zen 4 (decode of 64 sequences at 192
-            // keys, 24 layers from memory: 12.2 -> 8.3 ms; one sequence at 4000 keys 4.2 -> 2.4 ms), and the loads
-            // that follow find the lines in L2 a few cycles away
-            _mm_prefetch(lines_[issued_], _MM_HINT_T1);
+    // the next `lines` lines of the planned keys' rows, a key's and its value's together
+    LLMP_PAIRS void issue(int lines) {
+        // into L2, not L1: L1's few miss buffers held the stream back on Zen 4 (decode of 64 sequences at 192
+        // keys, 24 layers from memory: 12.2 -> 8.3 ms; one sequence at 4000 keys 4.2 -> 2.4 ms), and the loads
+        // that follow find the lines in L2 a few cycles away. (The cursor in locals: the members written once.)
+        int key = key_;
+        int64_t byte = byte_;
+        for (; lines > 0 && key < keys_; lines -= 2) {
+            _mm_prefetch(rows_[2 * key] + byte, _MM_HINT_T1);
+            _mm_prefetch(rows_[2 * key + 1] + byte, _MM_HINT_T1);
+            byte += 64;
+            if (byte >= row_bytes_) byte = 0, ++key;
         }
+        key_ = key;
+        byte_ = byte;
     }
 
   private:
@@ -163,10 +186,12 @@ class KeyStream {
         if (item_ < end_) std::tie(next_, last_) = key_range(a_, item_->request, item_->q0, item_->q1);
     }
 
-    static constexpr int kMaxLines = 512;  // a tile of 32 keys with 256-dimensional heads: 2 x 32 x 8 lines
+    static constexpr int kAll = 1 << 30;
     const AttentionArgs& a_;
-    const char* lines_[kMaxLines];
-    int planned_ = 0, issued_ = 0;
+    const int64_t row_bytes_;
+    const char* rows_[2 * kKeys];  // the planned keys' rows: key j's at 2j, its value's at 2j + 1
+    int keys_ = 0, key_ = 0;       // planned keys; the cursor: a key and a byte of its row
+    int64_t byte_ = 0;
     const Item* item_;
     const Item* end_;
     int64_t next_ = 0, last_ = -1;
@@ -178,15 +203,20 @@ LLMP_PAIRS __attribute__((flatten)) inline void attend_rows(const AttentionArgs&
                                    const uint16_t* const* vrow, KeyStream& stream) {
     const int64_t P = buf.pairs, stride = buf.padded, C = buf.chunks;
     const ActiveRow* row[R];
-    for (int r = 0; r < R; ++r) row[r] = &buf.active[b + std::min(r, count - 1)];
+    const uint32_t* qrow[R];  // the rows' pairs, addressed once (not re-read through row[] at every pair)
+    for (int r = 0; r < R; ++r) {
+        row[r] = &buf.active[b + std::min(r, count - 1)];
+        qrow[r] = buf.q + row[r]->k * stride;
+    }
     __m512 s0[R], s1[R];
-    for (int r = 0; r < R; ++r) s0[r] = s1[r] = _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) s0[r] = s1[r] = _mm512_setzero_ps();  // (unrolled: not a memset of the stack)
     for (int64_t i = 0; i < P; ++i) {
         stream.issue(kLinesPerStep);
         const __m512bh k0 = (__m512bh)_mm512_load_si512(buf.kt + i * kKeys);
         const __m512bh k1 = (__m512bh)_mm512_load_si512(buf.kt + i * kKeys + 16);
         for (int r = 0; r < R; ++r) {
-            const __m512bh qv = (__m512bh)_mm512_set1_epi32(int32_t(buf.q[row[r]->k * stride + i]));
+            const __m512bh qv = (__m512bh)_mm512_set1_epi32(int32_t(qrow[r][i]));
             s0[r] = _mm512_dpbf16_ps(s0[r], qv, k0);
             s1[r] = _mm512_dpbf16_ps(s1[r], qv, k1);
         }
@@ -249,7 +279,8 @@ LLMP_PAIRS __attribute__((flatten)) inline void attend_rows(const AttentionArgs&
                 o1[r] = _mm512_dpbf16_ps(o1[r], pv, hi);
             }
         }
-        for (int r = 0; r < count; ++r) {
+        for (int r = 0; r < R; ++r) {
+            if (r >= count) break;  // (r < R: the accumulators' indices stay constants, so they stay in registers)
             float* acc = buf.acc + row[r]->k * C * 32 + c * 32;
             _mm512_store_ps(acc, o0[r]);
             _mm512_store_ps(acc + 16, o1[r]);
@@ -265,7 +296,6 @@ LLMP_PAIRS __attribute__((noipa)) void attend_item(const AttentionArgs& a, int64
     const int64_t D = a.head_dim, G = a.group, P = D / 2, C = (D + 31) / 32;
     const int64_t row0 = a.query_start_loc[r], qlen = a.query_start_loc[r + 1] - row0;
     const int64_t seq = a.seq_lens[r];
-    const int32_t* blocks = a.block_tables + r * a.block_table_stride;
     const int64_t rows = (q1 - q0) * G;
     buf.reserve(rows, D);
     const auto* q = static_cast<const uint16_t*>(a.q);
@@ -284,24 +314,17 @@ LLMP_PAIRS __attribute__((noipa)) void attend_item(const AttentionArgs& a, int64
     auto position = [&](int64_t i) { return seq - qlen + i; };
     auto first_key = [&](int64_t i) { return a.window > 0 ? std::max<int64_t>(0, position(i) - a.window + 1) : 0; };
     const auto [first_tile, last_key] = key_range(a, r, q0, q1);
-    const auto* k_cache = static_cast<const uint16_t*>(a.k_cache);
-    const auto* v_cache = static_cast<const uint16_t*>(a.v_cache);
     const uint16_t* krow[kKeys];
     const uint16_t* vrow[kKeys];
     for (int64_t t0 = first_tile; t0 <= last_key; t0 += kKeys) {
         stream.plan();
         const int64_t n = std::min<int64_t>(kKeys, last_key + 1 - t0);
-        int64_t block = t0 / a.block_size, offset = t0 % a.block_size;
-        for (int64_t j = 0; j < kKeys; ++j) {
-            if (j < n) {
-                const int64_t slot = static_cast<int64_t>(blocks[block]) * a.block_size + offset;
-                krow[j] = k_cache + (slot * a.kv_heads + kv) * D;
-                vrow[j] = v_cache + (slot * a.kv_heads + kv) * D;
-                if (++offset == a.block_size) offset = 0, ++block;
-            } else {
-                krow[j] = vrow[j] = reinterpret_cast<const uint16_t*>(buf.zeros);  // past the last key
-            }
-        }
+        int64_t j = 0;
+        for_key_rows(a, r, kv, t0, n, [&](const char* k, const char* v) {
+            krow[j] = reinterpret_cast<const uint16_t*>(k);
+            vrow[j++] = reinterpret_cast<const uint16_t*>(v);
+        });
+        for (; j < kKeys; ++j) krow[j] = vrow[j] = reinterpret_cast<const uint16_t*>(buf.zeros);  // past the last key
         // the keys' pairs transposed: kt[i][j] = pair i of key j
         for (int64_t i0 = 0; i0 < P; i0 += 16) {
             const __mmask16 mask = lanes_below(P - i0);
