@@ -154,7 +154,7 @@ LLMP_BF16 inline __mmask16 lanes(int64_t n) {
 template <int R, Epilogue E, bool OddK>
 LLMP_BF16 inline void packed_tile(const uint16_t* x, int64_t K, const uint16_t* panel, const float* bias, int64_t n0,
                                   int64_t cols, c10::BFloat16* y, int64_t N, int64_t half, const char* ahead,
-                                  const char* ahead_end) {
+                                  const char* ahead_end, int64_t ahead_step) {
     __m512 acc[R][4];
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r)
@@ -163,8 +163,11 @@ LLMP_BF16 inline void packed_tile(const uint16_t* x, int64_t K, const uint16_t* 
     const int64_t full = K / 2;
     const auto* wp = reinterpret_cast<const __m512i*>(panel);
     for (int64_t p = 0; p < full; ++p, wp += 4) {
-        if (ahead < ahead_end) _mm_prefetch(ahead, _MM_HINT_T1);
-        ahead += 64;
+        if (ahead < ahead_end) {  // ahead_step / 64 lines of the next panel a pair of K
+            _mm_prefetch(ahead, _MM_HINT_T1);
+            for (int64_t b = 64; b < ahead_step; b += 64) _mm_prefetch(ahead + b, _MM_HINT_T1);
+        }
+        ahead += ahead_step;
         const __m512bh w0 = (__m512bh)_mm512_loadu_si512(wp), w1 = (__m512bh)_mm512_loadu_si512(wp + 1);
         const __m512bh w2 = (__m512bh)_mm512_loadu_si512(wp + 2), w3 = (__m512bh)_mm512_loadu_si512(wp + 3);
         for (int r = 0; r < R; ++r) {
@@ -239,15 +242,15 @@ LLMP_BF16 inline void packed_tile(const uint16_t* x, int64_t K, const uint16_t* 
 template <Epilogue E, int... R>
 LLMP_BF16 void packed_rows(std::integer_sequence<int, R...>, int64_t rows, const uint16_t* x, int64_t K,
                            const uint16_t* panel, const float* bias, int64_t n0, int64_t cols, c10::BFloat16* y,
-                           int64_t N, int64_t half, const char* ahead, const char* ahead_end) {
+                           int64_t N, int64_t half, const char* ahead, const char* ahead_end, int64_t ahead_step) {
     // an odd K's last pair is a tile of its own (OddK): a branch on it after the loop over K kept the
     // accumulators on the stack for every K
     if (K & 1)
-        ((rows == R + 1 ? (packed_tile<R + 1, E, true>(x, K, panel, bias, n0, cols, y, N, half, ahead, ahead_end), 0)
+        ((rows == R + 1 ? (packed_tile<R + 1, E, true>(x, K, panel, bias, n0, cols, y, N, half, ahead, ahead_end, ahead_step), 0)
                         : 0),
          ...);
     else
-        ((rows == R + 1 ? (packed_tile<R + 1, E, false>(x, K, panel, bias, n0, cols, y, N, half, ahead, ahead_end), 0)
+        ((rows == R + 1 ? (packed_tile<R + 1, E, false>(x, K, panel, bias, n0, cols, y, N, half, ahead, ahead_end, ahead_step), 0)
                         : 0),
          ...);
 }
@@ -280,18 +283,22 @@ void pairs_matmul(const at::Tensor& xs, const at::Tensor& ws, int64_t N, const f
         const int64_t p = first + unit % panels, t0 = unit / panels * kChunkRows, t1 = std::min(T, t0 + kChunkRows);
         const uint16_t* panel = wp + p * pairs * kPanel * 2;
         const int64_t n0 = p * kPanel, cols = std::min(kPanel, N - n0);
-        // The next panel comes from memory while this one's tiles compute from L2: each tile asks for a cache line
-        // of it per pair of K (without, a panel's first tile waited on memory and the others left it idle: a decode
-        // step's matmuls at 32 rows took 56 ms instead of 44). A single tile (a matrix-vector product) streams: the
-        // hardware prefetcher alone reads faster there. A unit taken from another thread asks for nothing.
+        // The next panel comes from memory while this one's tiles compute from L2: the unit's tiles ask for its
+        // lines in proportion to their rows (their time), a line or more a pair of K: one from 24 rows up (without,
+        // a panel's first tile waited on memory and the others left it idle: a decode step's matmuls at 32 rows
+        // took 56 ms instead of 44), more below (one a pair from 2 tiles left half the panel to demand misses: the
+        // vocabulary projection of 12 rows took 10.3 ms, now 8.3). A single tile (a matrix-vector product)
+        // streams: the hardware prefetcher alone reads faster there. A unit taken from another thread asks for
+        // nothing.
         const char* next = reinterpret_cast<const char*>(panel + pairs * kPanel * 2);
         const bool several = own && t1 - t0 > kMaxRows && unit % panels + 1 < panels;
         const char* next_end = several ? next + pairs * kPanel * 4 : next;
+        const int64_t lines = pairs * kPanel * 4 / 64, share = std::max<int64_t>(1, (t1 - t0) * pairs);  // K = 0: none
         for (int64_t t = t0; t < t1; t += kMaxRows) {
-            const int64_t rows = std::min(kMaxRows, t1 - t);
+            const int64_t rows = std::min(kMaxRows, t1 - t), step = (lines * rows + share - 1) / share * 64;
             packed_rows<E>(std::make_integer_sequence<int, kMaxRows>{}, rows, xp + t * K, K, panel, bp, n0, cols,
-                           yp + t * N, N, half, next, next_end);
-            next += pairs * 64;
+                           yp + t * N, N, half, next, next_end, step);
+            next += pairs * step;
         }
     };
     at::parallel_for(0, owners, 1, [&](int64_t begin, int64_t end) {
