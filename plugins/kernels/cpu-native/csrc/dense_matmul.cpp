@@ -191,9 +191,9 @@ LLMP_BF16 inline void packed_tile(const uint16_t* x, int64_t K, const uint16_t* 
             acc[r][3] = _mm512_dpbf16_ps(acc[r][3], xv, w3);
         }
     }
-    // Constant indices only (masks, not early exits): the accumulators stay in registers, where an indexed
-    // epilogue kept a copy of them on the stack, zeroed at every tile's start, whose stores then waited behind
-    // the last tile's output stores
+    // Constant indices only (masks, not early exits) and no branch on K after the loop (OddK): the accumulators
+    // stay in registers, where GCC had kept a copy of them on the stack, zeroed at every tile's start, whose
+    // stores then waited behind the last tile's output stores
     if constexpr (E == Epilogue::plain) {
 #pragma GCC unroll 4
         for (int j = 0; j < 4; ++j) {
