@@ -4,7 +4,9 @@ partial wake by tags), the prefix cache reset, torch profiles and calls on every
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import weakref
 from pathlib import Path
 
 import pytest
@@ -60,6 +62,21 @@ def test_sleep_then_wake_gives_the_same_greedy_answer(llm, reference, level, fir
     llm.wake_up([then])
     assert not llm.is_sleeping()
     assert greedy(llm) == reference
+
+
+def test_level_2_lets_the_weights_go(model_dir):
+    """Nothing keeps the discarded model alive (the decode graphs held it once, and with it every weight)."""
+    llm = LLM(str(model_dir), dtype="float32", max_model_len=128, block_size=16)
+    llm.generate(PROMPTS[:1], GREEDY, use_tqdm=False)  # decode steps traced: the graphs hold the model
+    runner = llm.engine.executor.runner
+    assert runner.graphs is not None and runner.graphs.model is runner.model
+    model = weakref.ref(runner.model)
+    llm.sleep(2)
+    gc.collect()
+    assert model() is None
+    llm.wake_up()
+    assert runner.graphs.model is runner.model
+    assert len(llm.generate(PROMPTS[:1], GREEDY, use_tqdm=False)[0].outputs[0].token_ids) > 0
 
 
 def test_bad_levels_and_tags_are_clear_errors(llm):

@@ -161,11 +161,15 @@ class DecodeGraphs:
             self.graphs[size] = (graph, hidden)
 
     def reset(self) -> None:
-        """Drop the graphs (their KV cache or weights went away: sleep)."""
+        """Drop the graphs and every reference to the model (their KV cache or weights went away: sleep; a
+        level-2 sleep frees the weights only if nothing here holds them). ``model`` is set again before the
+        next capture."""
         self.graphs.clear()
         self.traces.clear()
         self.any_size = None
         self.untraceable = None
+        self.model = self._embedding_of = self._embedding_layer = None
+        self._attention_layers = []
 
     def run(self, inputs: Any, size: int) -> torch.Tensor:
         """The hidden states of a decode step's ``B`` rows, computed at ``size``."""

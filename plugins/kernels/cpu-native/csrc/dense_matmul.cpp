@@ -27,6 +27,7 @@
 
 #include "dense_matmul_tiles.h"
 #include "exp_fma.h"
+#include "huge_pages.h"
 #include "isa.h"
 #include "unit_range.h"
 
@@ -104,10 +105,10 @@ at::Tensor dense_pack(const at::Tensor& weight) {
     TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kBFloat16 && weight.device().is_cpu(),
                 "dense_pack: a 2-D bfloat16 CPU weight");
     const int64_t N = weight.size(0), K = weight.size(1), P = (N + kPanel - 1) / kPanel, pairs = packed_pairs(K);
-    // [N, K] -> zero-padded [P * 64, 2 * pairs] -> [P, 64, pairs, 2] -> [P, pairs, 64, 2]
+    // [N, K] -> zero-padded [P * 64, 2 * pairs] -> [P, 64, pairs, 2] -> [P, pairs, 64, 2], on 2 MiB pages
     at::Tensor padded = at::zeros({P * kPanel, 2 * pairs}, weight.options());
     padded.narrow(0, 0, N).narrow(1, 0, K).copy_(weight);
-    return padded.view({P, kPanel, pairs, 2}).permute({0, 2, 1, 3}).contiguous();
+    return copy_to_huge_pages(padded.view({P, kPanel, pairs, 2}).permute({0, 2, 1, 3}));
 }
 
 // A gate|up weight [2I, K] (a gated MLP's fused gate and up projections) packed for the gated epilogue: panel p

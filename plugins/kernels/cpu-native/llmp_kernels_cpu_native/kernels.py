@@ -76,6 +76,8 @@ class DenseLinear:
         self.bias = bias
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2:  # a step's rows as they are: no reshape (each is a dispatch in a decode step's trace)
+            return torch.ops.llmp_native.dense_matmul(x, self.panels, self.out_features, self.bias)
         rows = x.reshape(-1, self.in_features)
         out = torch.ops.llmp_native.dense_matmul(rows, self.panels, self.out_features, self.bias)
         return out.reshape(*x.shape[:-1], self.out_features)
@@ -93,6 +95,8 @@ class DenseGatedLinear:
         self.panels, self.half, self.in_features, self.bias, self.gated = panels, half, in_features, bias, gated
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2:
+            return torch.ops.llmp_native.dense_gated_matmul(x, self.panels, self.half, self.bias, self.gated)
         rows = x.reshape(-1, self.in_features)
         out = torch.ops.llmp_native.dense_gated_matmul(rows, self.panels, self.half, self.bias, self.gated)
         return out.reshape(*x.shape[:-1], out.shape[-1])
