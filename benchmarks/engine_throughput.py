@@ -78,6 +78,7 @@ SHAPE = dict(
 )
 # the small model of the batch-1 goal: SmolLM2-135M's shapes (the default model's architecture), in bfloat16
 SMALL_SHAPE = dict(
+    SHAPE,
     vocab_size=49152,
     hidden_size=576,
     intermediate_size=1536,
@@ -87,9 +88,6 @@ SMALL_SHAPE = dict(
     max_position_embeddings=8192,
     rope_theta=100000.0,
     rms_norm_eps=1e-5,
-    tie_word_embeddings=True,
-    bos_token_id=0,
-    eos_token_id=1,
 )
 
 
