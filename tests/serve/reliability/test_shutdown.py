@@ -23,7 +23,7 @@ from reliability_support import (
     data_lines,
     descendants,
     finish_reasons,
-    holds,
+    load,
     status_or_error,
     wait_for,
 )
@@ -52,6 +52,12 @@ def aborted(worker: Call | StreamReader) -> bool:
     return "error" in json.loads(payloads[-1])
 
 
+def queued_behind(url: str, running: int) -> bool:
+    """Whether the engine runs ``running`` requests and queues at least one more."""
+    now = load(url)
+    return now["running"] == running and now["waiting"] >= 1
+
+
 def test_sigterm_under_load_drains_running_and_queued_requests_then_exits_0(tiny_model):
     with serving(tiny_model, "--dtype", "float32", "--shutdown-timeout", "30", "--max-num-seqs", "2") as server:
         url = server.url
@@ -72,8 +78,9 @@ def test_sigterm_under_load_drains_running_and_queued_requests_then_exits_0(tiny
         ]
         for worker in [*streams, *calls]:
             worker.start()
-        # two running, three queued, and text already flowing
-        wait_for(lambda: holds(url, running=2, waiting=3), 60, "all five requests in the engine")
+        # two running with others queued behind them, and text already flowing. Not "all five at once": that
+        # holds only until the first two finish, which a loaded machine's late fifth request can miss
+        wait_for(lambda: queued_behind(url, running=2), 60, "two requests running and others queued")
         wait_for(lambda: any(s.content_chunks() for s in streams), 60, "a stream to carry text")
         tree = descendants(server.process.pid)
 
@@ -88,7 +95,7 @@ def test_sigterm_under_load_drains_running_and_queued_requests_then_exits_0(tiny
         for worker in [*streams, *calls]:
             worker.join(10)
         print(
-            f"\n[figure] SIGTERM under load (--shutdown-timeout 30, 5 requests of {tokens} tokens, 3 queued): "
+            f"\n[figure] SIGTERM under load (--shutdown-timeout 30, 5 requests of {tokens} tokens, 2 at a time): "
             f"exit {status} after {exit_s:.2f} s"
         )
         assert status == 0, server.log()[-3000:]
