@@ -78,6 +78,7 @@ __all__ = [
     "CommandSpec",
     "ComponentImportError",
     "ComponentSpec",
+    "DecoderLayerParts",
     "DeviceError",
     "DuplicateComponentError",
     "EngineClient",
@@ -107,6 +108,7 @@ __all__ = [
     "ModelSpec",
     "ModelTask",
     "PUBLIC_MODULES",
+    "PacksDecoderLayer",
     "PacksGatedLinear",
     "PacksLinear",
     "PacksQuantized",
@@ -769,6 +771,60 @@ class PacksGatedLinear(Protocol):
     def pack_gated_linear(
         self, weight: Tensor, bias: Tensor | None, activation: str
     ) -> tuple[Callable[[Tensor], Tensor], Callable[[Tensor], Tensor]] | None: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecoderLayerParts:
+    """A Llama-shaped decoder layer, as :class:`PacksDecoderLayer` receives it.
+
+    The layer computes ``x, residual = norm(hidden + residual)`` (the first layer: ``x = norm(hidden)``, the
+    residual ``hidden``); ``q|k|v = qkv(x)``; the set's ``rotary`` on q and k over the whole head from the table
+    passed per call (its ``[max_positions, head_dim]`` float32 cos|sin rows); the set's ``write_kv`` of k and v;
+    ``a = paged_attention(q, ...)`` with ``scale``, ``softcap`` and ``sliding_window`` (None: none);
+    ``x, residual = norm(o(a) + residual)``; and returns ``(down(gate_up_act(x)), residual)``. The norms are the
+    set's ``rms_norm`` with the weights ``[N]`` and ``eps`` given. ``qkv``, ``o`` and ``down`` are the functions
+    this set's ``pack_linear`` returned for the layer (``qkv`` adds its bias; ``o`` and ``down`` have none) and
+    ``gate_up_act`` the ``gated`` function of its ``pack_gated_linear`` (SiLU).
+    """
+
+    input_norm: Any  # Tensor [N]
+    post_attention_norm: Any  # Tensor [N]
+    eps: float
+    qkv: Callable[[Any], Any]
+    o: Callable[[Any], Any]
+    gate_up_act: Callable[[Any], Any]
+    down: Callable[[Any], Any]
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    scale: float
+    softcap: float | None
+    sliding_window: int | None
+
+
+@runtime_checkable
+class PacksDecoderLayer(Protocol):
+    """Optional part of a :class:`KernelSet` with :class:`PacksGatedLinear`: a decode step's decoder layer in
+    one call, where calling its kernels one at a time costs more than their arithmetic (each a dispatch and, on
+    the CPU, a parallel region whose threads wait for each other at its end; a layer of a small model at batch 1
+    is a few tens of microseconds of work).
+
+    The model runner calls ``pack_decoder_layer`` once per layer of the shared decoder
+    (``llmp.modeling.decoder.DecoderLayer``) whose parts are the plain Llama shape (RMSNorm, no q/k norm,
+    rotary over the whole head, a gated SiLU MLP whose activation the set fused, no bias on o and down, one
+    tensor-parallel rank), after ``pack_linear``; LoRA takes the function away again (its adapters are added
+    between the parts). The set returns a function, or ``None`` to leave the layer to its parts.
+
+    The layer calls ``fused(positions, hidden, residual, metadata, k_cache, v_cache, cos_sin)`` for the steps
+    whose every request has one new token (``metadata.max_query_len == 1``; the traced decode steps too):
+    positions ``[T]``, hidden and residual ``[T, N]`` (residual None in the first layer), this layer's cache
+    tensors, the rotary table. It returns ``(out, residual)`` as the layer's parts give them, with their very
+    bits (a token must not depend on which path computed it), and writes k and v into the caches; or ``None``
+    where it does not compute these inputs (another dtype, a cache it cannot write), and the layer then runs
+    its parts.
+    """
+
+    def pack_decoder_layer(self, parts: DecoderLayerParts) -> Callable[..., Any] | None: ...
 
 
 @runtime_checkable

@@ -124,9 +124,11 @@ class ModelRunner:
         quantized = pack_quantized_layers(model, self.kernels, self.dtype)
         _log_weights(model, quantized, self.kernels_spec.name, self.dtype)
         if isinstance(self.kernels, PacksLinear):
+            from llmp.modeling.decoder import pack_decoder_layers
             from llmp.modeling.layers import pack_linear_layers
 
             pack_linear_layers(model, self.kernels)
+            pack_decoder_layers(model, self.kernels)
         return model.eval()
 
     def _decode_graphs(self) -> DecodeGraphs | None:

@@ -9,14 +9,14 @@ or ``make_mlp``. Gemma's blocks reuse :class:`DecoderAttention` too.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from llmp.api import AttentionMetadata, KernelSet, ModelLoadError
+from llmp.api import AttentionMetadata, DecoderLayerParts, KernelSet, ModelLoadError, PacksDecoderLayer
 from llmp.modeling.layers import (
     CausalLM,
     GatedMLP,
@@ -34,6 +34,7 @@ from llmp.modeling.layers import (
     token_classifier_method,
     token_classifier_weight,
 )
+from llmp.modeling.parallel import tp_size
 from llmp.modeling.pooling import num_labels
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "DecoderModel",
     "embedding_variant",
     "layer_windows",
+    "pack_decoder_layers",
     "rope_settings",
     "sequence_classification_variant",
 ]
@@ -145,8 +147,12 @@ class DecoderAttention(nn.Module):
 class DecoderLayer(nn.Module):
     """``x + attn(norm(x))`` then ``x + mlp(norm(x))``, the residual carried fused into the norms.
 
-    A layer takes and returns ``(hidden, residual)``; the layer's output is their sum.
+    A layer takes and returns ``(hidden, residual)``; the layer's output is their sum. Where the kernel set
+    computes the whole layer in one call (:class:`llmp.api.PacksDecoderLayer`, set by :func:`pack_decoder_layers`
+    as ``fused_decode``), a step of one new token per request runs that instead of the parts.
     """
+
+    fused_decode: Callable[..., Any] | None = None
 
     def __init__(self, self_attn: nn.Module, mlp: nn.Module, input_norm: nn.Module, post_attention_norm: nn.Module):
         super().__init__()
@@ -164,6 +170,13 @@ class DecoderLayer(nn.Module):
         metadata: AttentionMetadata,
         rows: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.fused_decode is not None and rows is None and metadata.max_query_len == 1:
+            attention = self.self_attn
+            if attention.attn.kv_cache is not None:  # else the parts raise the missing cache's error
+                table = attention.rotary_emb.table(hidden.device)
+                fused = self.fused_decode(positions, hidden, residual, metadata, *attention.attn.kv_cache, table)
+                if fused is not None:
+                    return fused
         if residual is None:
             residual, hidden = hidden, self.input_layernorm(hidden)
         else:
@@ -174,6 +187,57 @@ class DecoderLayer(nn.Module):
             hidden, residual = self.self_attn(positions, hidden, metadata, rows=rows), residual[rows]
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
+
+    def parts(self) -> DecoderLayerParts | None:
+        """The layer as :class:`llmp.api.PacksDecoderLayer` takes it, or None where it is not the plain Llama
+        shape with packed matmuls (another norm, q/k norms, partial rotary, another MLP or activation, biases on
+        o or down, several tensor-parallel ranks, LoRA)."""
+        attention, mlp = self.self_attn, self.mlp
+        norms = (self.input_layernorm, self.post_attention_layernorm)
+        if any(type(norm) is not RMSNorm for norm in norms) or norms[0].eps != norms[1].eps:
+            return None
+        if type(attention) is not DecoderAttention or type(mlp) is not GatedMLP or tp_size() != 1:
+            return None
+        if attention.qk_norm or attention.rotary_emb.rotary_dim != attention.head_dim:
+            return None
+        if mlp.gated is None or mlp.activation != "silu" or mlp.lora_context is not None:
+            return None
+        projections = (attention.qkv_proj, attention.o_proj, mlp.down_proj)
+        if any(type(p) not in (MergedLinear, RowParallelLinear) or p.packed is None for p in projections):
+            return None
+        if attention.o_proj.bias is not None or mlp.down_proj.bias is not None:
+            return None
+        paged = attention.attn
+        return DecoderLayerParts(
+            input_norm=norms[0].weight.detach(),
+            post_attention_norm=norms[1].weight.detach(),
+            eps=norms[0].eps,
+            qkv=attention.qkv_proj.packed,
+            o=attention.o_proj.packed,
+            gate_up_act=mlp.gated,
+            down=mlp.down_proj.packed,
+            num_heads=attention.num_heads,
+            num_kv_heads=attention.num_kv_heads,
+            head_dim=attention.head_dim,
+            scale=paged.scale,
+            softcap=paged.softcap,
+            sliding_window=paged.sliding_window,
+        )
+
+
+def pack_decoder_layers(model: nn.Module, kernels: KernelSet) -> int:
+    """Let a kernel set with ``pack_decoder_layer`` (:class:`llmp.api.PacksDecoderLayer`) compute each
+    decoder layer of a decode step in one call, after :func:`llmp.modeling.layers.pack_linear_layers`.
+    Returns the number of layers it took."""
+    if not isinstance(kernels, PacksDecoderLayer):
+        return 0
+    taken = 0
+    for layer in model.modules():
+        if isinstance(layer, DecoderLayer):
+            parts = layer.parts()
+            layer.fused_decode = None if parts is None else kernels.pack_decoder_layer(parts)
+            taken += layer.fused_decode is not None
+    return taken
 
 
 class DecoderModel(nn.Module):

@@ -74,9 +74,13 @@ class RotaryEmbedding(nn.Module):
         self._table: torch.Tensor | None = None
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._table is None or self._table.device != q.device:
-            self._table = _shared_rotary_table(self.rotary_dim, self.max_positions, self.base, self.scaling, q.device)
-        return self.kernels.rotary(positions, q, k, self._table)
+        return self.kernels.rotary(positions, q, k, self.table(q.device))
+
+    def table(self, device: torch.device) -> torch.Tensor:
+        """The cos|sin table ``[max_positions, rotary_dim]`` (float32) on ``device``."""
+        if self._table is None or self._table.device != device:
+            self._table = _shared_rotary_table(self.rotary_dim, self.max_positions, self.base, self.scaling, device)
+        return self._table
 
 
 # One table per shape and device, shared by every layer asking for it (a 30-layer model held 30 copies of

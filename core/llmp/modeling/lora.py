@@ -473,6 +473,8 @@ def install_lora(
     for name, module in list(model.named_modules()):
         if isinstance(module, GatedMLP):
             module.lora_context = context
+        if getattr(module, "fused_decode", None) is not None:
+            module.fused_decode = None  # a layer computed in one call would skip the adapters between its parts
         wrapper = next((w for base, w in _WRAPPERS if isinstance(module, base)), None)
         if wrapper is None:
             continue

@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "decoder_parts.h"
 #include "dense_matmul_tiles.h"
 #include "exp_fma.h"
 #include "huge_pages.h"
@@ -266,8 +267,34 @@ int64_t panel_grain(int64_t T, int64_t K, int64_t N, int64_t P) {
 }
 
 #ifdef LLMP_X86
-// N: y's row length (the plain product's columns; 2 * half split, half gated). Thread o owns the panels
-// o * grain.. of every chunk of kChunkRows rows, chunk after chunk: its units.
+// One unit of a product on the pairs: rows t0..t1 of x [T, K] through panel p of ws [P, pairs, 64, 2] into y (N: y's
+// row length; the plain product's columns, 2 * half split, half gated). `next_panel`: the unit may ask for the next
+// panel's lines (the calling thread's next unit is that panel).
+template <Epilogue E>
+void pairs_unit(const uint16_t* xp, int64_t K, const uint16_t* wp, int64_t pairs, int64_t p, int64_t t0, int64_t t1,
+                bool next_panel, const float* bp, c10::BFloat16* yp, int64_t N, int64_t half) {
+    const uint16_t* panel = wp + p * pairs * kPanel * 2;
+    const int64_t n0 = p * kPanel, cols = std::min(kPanel, N - n0);
+    // The next panel comes from memory while this one's tiles compute from L2: the unit's tiles ask for its
+    // lines in proportion to their rows (their time), a line or more a pair of K: one from 24 rows up (without,
+    // a panel's first tile waited on memory and the others left it idle: a decode step's matmuls at 32 rows
+    // took 56 ms instead of 44), more below (one a pair from 2 tiles left half the panel to demand misses: the
+    // vocabulary projection of 12 rows took 10.3 ms, now 8.3). A single tile (a matrix-vector product)
+    // streams: the hardware prefetcher alone reads faster there. A unit taken from another thread asks for
+    // nothing.
+    const char* next = reinterpret_cast<const char*>(panel + pairs * kPanel * 2);
+    const bool several = next_panel && t1 - t0 > kMaxRows;
+    const char* next_end = several ? next + pairs * kPanel * 4 : next;
+    const int64_t lines = pairs * kPanel * 4 / 64, share = std::max<int64_t>(1, (t1 - t0) * pairs);  // K = 0: none
+    for (int64_t t = t0; t < t1; t += kMaxRows) {
+        const int64_t rows = std::min(kMaxRows, t1 - t), step = (lines * rows + share - 1) / share * 64;
+        packed_rows<E>(std::make_integer_sequence<int, kMaxRows>{}, rows, xp + t * K, K, panel, bp, n0, cols,
+                       yp + t * N, N, half, next, next_end, step);
+        next += pairs * step;
+    }
+}
+
+// Thread o owns the panels o * grain.. of every chunk of kChunkRows rows, chunk after chunk: its units.
 template <Epilogue E = Epilogue::plain>
 void pairs_matmul(const at::Tensor& xs, const at::Tensor& ws, int64_t N, const float* bp, at::Tensor& y,
                   int64_t half = 0) {
@@ -281,26 +308,9 @@ void pairs_matmul(const at::Tensor& xs, const at::Tensor& ws, int64_t N, const f
     for (int64_t o = 0; o < owners; ++o) ranges[o].reset(chunks * (std::min(P, (o + 1) * grain) - o * grain));
     auto compute = [&](int64_t o, int64_t unit, bool own) {
         const int64_t first = o * grain, panels = std::min(P, first + grain) - first;
-        const int64_t p = first + unit % panels, t0 = unit / panels * kChunkRows, t1 = std::min(T, t0 + kChunkRows);
-        const uint16_t* panel = wp + p * pairs * kPanel * 2;
-        const int64_t n0 = p * kPanel, cols = std::min(kPanel, N - n0);
-        // The next panel comes from memory while this one's tiles compute from L2: the unit's tiles ask for its
-        // lines in proportion to their rows (their time), a line or more a pair of K: one from 24 rows up (without,
-        // a panel's first tile waited on memory and the others left it idle: a decode step's matmuls at 32 rows
-        // took 56 ms instead of 44), more below (one a pair from 2 tiles left half the panel to demand misses: the
-        // vocabulary projection of 12 rows took 10.3 ms, now 8.3). A single tile (a matrix-vector product)
-        // streams: the hardware prefetcher alone reads faster there. A unit taken from another thread asks for
-        // nothing.
-        const char* next = reinterpret_cast<const char*>(panel + pairs * kPanel * 2);
-        const bool several = own && t1 - t0 > kMaxRows && unit % panels + 1 < panels;
-        const char* next_end = several ? next + pairs * kPanel * 4 : next;
-        const int64_t lines = pairs * kPanel * 4 / 64, share = std::max<int64_t>(1, (t1 - t0) * pairs);  // K = 0: none
-        for (int64_t t = t0; t < t1; t += kMaxRows) {
-            const int64_t rows = std::min(kMaxRows, t1 - t), step = (lines * rows + share - 1) / share * 64;
-            packed_rows<E>(std::make_integer_sequence<int, kMaxRows>{}, rows, xp + t * K, K, panel, bp, n0, cols,
-                           yp + t * N, N, half, next, next_end, step);
-            next += pairs * step;
-        }
+        const int64_t t0 = unit / panels * kChunkRows;
+        pairs_unit<E>(xp, K, wp, pairs, first + unit % panels, t0, std::min(T, t0 + kChunkRows),
+                      own && unit % panels + 1 < panels, bp, yp, N, half);
     };
     at::parallel_for(0, owners, 1, [&](int64_t begin, int64_t end) {
         take_units(ranges, begin, end, [&](int64_t o, int64_t unit) { compute(o, unit, true); },
@@ -536,6 +546,89 @@ at::Tensor dense_matmul_with(const at::Tensor& x, const at::Tensor& packed, int6
 
 }  // namespace
 }  // namespace llmp_native
+
+namespace llmp_native::parts {
+
+bool pairs_chosen() { return supported() && chosen_path() == Path::pairs; }
+
+struct PairsProduct::State {
+    at::Tensor packed, bias;
+    const uint16_t* weights = nullptr;  // the tensors' data, read once here and not by every thread in the region
+    const float* bias_data = nullptr;
+    c10::BFloat16* out = nullptr;
+    int64_t n = 0, rows = 0, in_features = 0, grain = 1, owners = 0;
+    bool gated = false;
+    std::vector<UnitRange> ranges;
+};
+
+PairsProduct::PairsProduct(const at::Tensor& packed, int64_t n, const c10::optional<at::Tensor>& bias, bool gated,
+                           int64_t rows, int64_t in_features, int64_t threads)
+    : state_(std::make_unique<State>()) {
+    TORCH_CHECK(pairs_chosen(), "decoder_layer: its products run on the vdpbf16ps pairs only, not ",
+                dense_matmul_path());
+    const int64_t P = gated ? (n + 31) / 32 : (n + kPanel - 1) / kPanel;
+    TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == at::kBFloat16 && packed.is_contiguous() &&
+                    packed.size(0) == P && packed.size(1) == packed_pairs(in_features) && packed.size(2) == kPanel &&
+                    packed.size(3) == 2,
+                "decoder_layer: the packed weight ", packed.sizes(), " does not match ", in_features, " inputs and ",
+                n, gated ? " gated outputs" : " outputs");
+    State& s = *state_;
+    s.packed = packed, s.n = n, s.rows = rows, s.in_features = in_features, s.gated = gated;
+    if (bias.has_value() && bias->defined()) {
+        TORCH_CHECK(bias->dim() == 1 && bias->size(0) == (gated ? P * kPanel : n), "decoder_layer: a bias of ",
+                    bias->sizes(), " for ", n, gated ? " gated outputs" : " outputs");
+        s.bias = bias->to(at::kFloat).contiguous();
+    }
+    output = at::empty({rows, n}, packed.options());
+    s.weights = reinterpret_cast<const uint16_t*>(packed.data_ptr());
+    s.bias_data = s.bias.defined() ? s.bias.data_ptr<float>() : nullptr;
+    s.out = output.data_ptr<c10::BFloat16>();
+    if (rows == 0 || P == 0) return;
+    // as dense_matmul: no thread with less than kMinBytesPerThread of weight and input
+    const int64_t columns = gated ? P * kPanel : n, bytes = columns * in_features * 2 + columns * in_features / 2 * (rows - 1);
+    const int64_t owners = std::clamp<int64_t>(bytes / kMinBytesPerThread, 1, std::max<int64_t>(1, std::min(threads, P)));
+    s.grain = (P + owners - 1) / owners;
+    s.owners = (P + s.grain - 1) / s.grain;
+    s.ranges = std::vector<UnitRange>(s.owners);
+    const int64_t chunks = (rows + kChunkRows - 1) / kChunkRows;
+    for (int64_t o = 0; o < s.owners; ++o) s.ranges[o].reset(chunks * (std::min(P, (o + 1) * s.grain) - o * s.grain));
+}
+
+PairsProduct::~PairsProduct() = default;
+
+std::pair<const char*, const char*> PairsProduct::first_panels(int64_t thread, int64_t max_bytes) const {
+    const State& s = *state_;
+    if (thread >= s.owners) return {nullptr, nullptr};
+    const int64_t P = s.packed.size(0), panel_bytes = s.packed.size(1) * kPanel * 4;
+    const int64_t first = thread * s.grain, panels = std::min(P, first + s.grain) - first;
+    const char* begin = reinterpret_cast<const char*>(s.weights) + first * panel_bytes;
+    return {begin, begin + std::min(panels * panel_bytes, max_bytes) / 1024 * 1024};
+}
+
+void PairsProduct::run(int64_t thread, const at::Tensor& x) {
+#ifdef LLMP_X86
+    State& s = *state_;
+    if (s.owners == 0) return;
+    const int64_t T = s.rows, K = s.in_features, P = s.packed.size(0), pairs = s.packed.size(1);
+    const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
+    const uint16_t* wp = s.weights;
+    c10::BFloat16* yp = s.out;
+    const float* bp = s.bias_data;
+    auto compute = [&](int64_t o, int64_t unit, bool own) {
+        const int64_t first = o * s.grain, panels = std::min(P, first + s.grain) - first;
+        const int64_t p = first + unit % panels, t0 = unit / panels * kChunkRows, t1 = std::min(T, t0 + kChunkRows);
+        const bool next = own && unit % panels + 1 < panels;
+        if (s.gated) pairs_unit<Epilogue::gated>(xp, K, wp, pairs, p, t0, t1, next, bp, yp, s.n, s.n);
+        else pairs_unit<Epilogue::plain>(xp, K, wp, pairs, p, t0, t1, next, bp, yp, s.n, 0);
+    };
+    // a thread past the owners only takes what they leave
+    const int64_t begin = std::min(thread, s.owners), end = std::min(thread + 1, s.owners);
+    take_units(s.ranges, begin, end, [&](int64_t o, int64_t unit) { compute(o, unit, true); },
+               [&](int64_t o, int64_t unit) { compute(o, unit, false); });
+#endif
+}
+
+}  // namespace llmp_native::parts
 
 TORCH_LIBRARY_FRAGMENT(llmp_native, m) {
     // weight [N, K] bfloat16 -> its panels [ceil(N / 64), ceil(K / 2), 64, 2], zero-padded

@@ -22,6 +22,7 @@
 #include <tuple>
 #include <type_traits>
 
+#include "decoder_parts.h"
 #include "exp_fma.h"
 #include "isa.h"
 #include "vec16.h"
@@ -255,6 +256,28 @@ void write_kv_(const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cac
 }
 
 }  // namespace
+
+namespace parts {
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+    return llmp_native::rms_norm(x, weight, eps);
+}
+
+std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
+                                                const at::Tensor& weight, double eps) {
+    return llmp_native::add_rms_norm(x, residual, weight, eps);
+}
+
+void rotary_(const at::Tensor& positions, const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos_sin) {
+    llmp_native::rotary_(positions, q, k, cos_sin);
+}
+
+void write_kv_(const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache, const at::Tensor& v_cache,
+               const at::Tensor& slot_mapping) {
+    llmp_native::write_kv_(k, v, k_cache, v_cache, slot_mapping);
+}
+
+}  // namespace parts
 }  // namespace llmp_native
 
 TORCH_LIBRARY_FRAGMENT(llmp_native, m) {

@@ -21,6 +21,7 @@
 #include <limits>
 #include <vector>
 
+#include "decoder_parts.h"
 #include "exp_fma.h"
 #include "isa.h"
 #include "unit_range.h"
@@ -158,9 +159,24 @@ bool pairs_supported() {
 }
 #endif
 
-at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                           const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
-                           const at::Tensor& block_tables, double scale, double softcap, int64_t window) {
+}  // namespace
+
+namespace parts {
+
+struct AttentionCall::State {
+    at::Tensor qs, starts, lens, tables;  // held for args' pointers
+    AttentionArgs args;
+    std::vector<Item> items;
+    std::vector<UnitRange> ranges;
+    std::vector<int64_t> firsts;
+    int64_t positions = 1;
+    bool in_pairs = false;
+};
+
+AttentionCall::AttentionCall(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                             const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
+                             const at::Tensor& block_tables, double scale, double softcap, int64_t window)
+    : state_(std::make_unique<State>()) {
     TORCH_CHECK(q.device().is_cpu() && k_cache.device().is_cpu() && v_cache.device().is_cpu(),
                 "paged_attention: CPU tensors only");
     TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(),
@@ -174,22 +190,23 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
     for (const at::Tensor* t : {&query_start_loc, &seq_lens, &block_tables}) {
         TORCH_CHECK(t->scalar_type() == at::kInt && t->device().is_cpu(), "paged_attention: metadata must be int32");
     }
-    const at::Tensor qs = q.stride(2) == 1 ? q : q.contiguous();
-    const at::Tensor starts = query_start_loc.contiguous(), lens = seq_lens.contiguous();
-    const at::Tensor tables = block_tables.dim() == 2 && block_tables.stride(1) == 1 ? block_tables
-                                                                                     : block_tables.contiguous();
-    const int64_t R = lens.size(0);
-    TORCH_CHECK(starts.size(0) == R + 1 && tables.dim() == 2 && tables.size(0) >= R,
+    State& st = *state_;
+    st.qs = q.stride(2) == 1 ? q : q.contiguous();
+    st.starts = query_start_loc.contiguous(), st.lens = seq_lens.contiguous();
+    st.tables = block_tables.dim() == 2 && block_tables.stride(1) == 1 ? block_tables : block_tables.contiguous();
+    const at::Tensor &qs = st.qs, &tables = st.tables;
+    const int64_t R = st.lens.size(0);
+    TORCH_CHECK(st.starts.size(0) == R + 1 && tables.dim() == 2 && tables.size(0) >= R,
                 "paged_attention: query_start_loc, seq_lens and block_tables disagree on the requests");
-    at::Tensor out = at::empty({T, H, D}, q.options().memory_format(at::MemoryFormat::Contiguous));
+    output = at::empty({T, H, D}, q.options().memory_format(at::MemoryFormat::Contiguous));
 
-    const AttentionArgs args{qs.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
-                             starts.data_ptr<int32_t>(), lens.data_ptr<int32_t>(), tables.data_ptr<int32_t>(),
-                             tables.stride(0), dtype_of(q, "q"), dtype_of(k_cache, "the cache"), qs.stride(0),
-                             qs.stride(1), H, Hkv, H / Hkv, D, k_cache.size(1), std::max<int64_t>(window, 0),
-                             static_cast<float>(scale), softcap > 0 ? static_cast<float>(softcap) : 0.0f};
-    const int64_t positions = std::max<int64_t>(1, kItemRows / args.group);
-    std::vector<Item> items;
+    st.args = AttentionArgs{qs.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), output.data_ptr(),
+                            st.starts.data_ptr<int32_t>(), st.lens.data_ptr<int32_t>(), tables.data_ptr<int32_t>(),
+                            tables.stride(0), dtype_of(q, "q"), dtype_of(k_cache, "the cache"), qs.stride(0),
+                            qs.stride(1), H, Hkv, H / Hkv, D, k_cache.size(1), std::max<int64_t>(window, 0),
+                            static_cast<float>(scale), softcap > 0 ? static_cast<float>(softcap) : 0.0f};
+    const AttentionArgs& args = st.args;
+    st.positions = std::max<int64_t>(1, kItemRows / args.group);
     std::vector<int64_t> ends;  // the (query row, key) pairs of items 0..i, for a split of equal work
     int64_t work = 0;
     for (int64_t r = 0; r < R; ++r) {
@@ -198,66 +215,84 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
                     " tokens");
         TORCH_CHECK((seq + args.block_size - 1) / args.block_size <= tables.size(1), "paged_attention: request ", r,
                     "'s block table is too short for ", seq, " tokens");
-        for (int64_t q0 = 0; q0 < qlen; q0 += positions) {
-            const int64_t q1 = std::min(qlen, q0 + positions), keys = seq - qlen + q1;  // its last row's keys
+        for (int64_t q0 = 0; q0 < qlen; q0 += st.positions) {
+            const int64_t q1 = std::min(qlen, q0 + st.positions), keys = seq - qlen + q1;  // its last row's keys
             for (int64_t kv = 0; kv < Hkv; ++kv) {
-                items.push_back({r, kv, q0, q1});
+                st.items.push_back({r, kv, q0, q1});
                 work += (q1 - q0) * args.group * (args.window > 0 ? std::min(args.window, keys) : keys);
                 ends.push_back(work);
             }
         }
     }
-    static const ItemFn attend = item_for_isa();
 #ifdef LLMP_X86
-    const bool in_pairs = pairs_supported() && args.q_dtype == Dtype::bf16 && args.cache_dtype == Dtype::bf16 &&
-                          D % 2 == 0;
-#else
-    const bool in_pairs = false;
+    st.in_pairs = pairs_supported() && args.q_dtype == Dtype::bf16 && args.cache_dtype == Dtype::bf16 && D % 2 == 0;
 #endif
-    const int64_t n = static_cast<int64_t>(items.size());
+    const int64_t n = static_cast<int64_t>(st.items.size());
     const int64_t threads = std::clamp<int64_t>(work / kMinWorkPerThread, 1, std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n)));
     // thread t owns the items whose work ends in (t, t + 1] / threads of the total: contiguous, about equal
     // (a prefill's later rows read more keys than its first); a thread done with its own takes the others' last
-    std::vector<UnitRange> ranges(threads);
-    std::vector<int64_t> firsts(threads);
+    st.ranges = std::vector<UnitRange>(threads);
+    st.firsts.resize(threads);
     for (int64_t t = 0; t < threads; ++t) {
         const auto first = std::lower_bound(ends.begin(), ends.end(), work * t / threads + 1);
         const auto last = std::lower_bound(ends.begin(), ends.end(), work * (t + 1) / threads + 1);
-        firsts[t] = first - ends.begin();
-        ranges[t].reset(std::max<int64_t>(0, std::min<int64_t>(last - ends.begin(), n) - firsts[t]));
+        st.firsts[t] = first - ends.begin();
+        st.ranges[t].reset(std::max<int64_t>(0, std::min<int64_t>(last - ends.begin(), n) - st.firsts[t]));
     }
-    at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
-        thread_local ItemBuffers buffers;
+}
+
+AttentionCall::~AttentionCall() = default;
+
+int64_t AttentionCall::owners() const { return static_cast<int64_t>(state_->ranges.size()); }
+
+void AttentionCall::run(int64_t begin, int64_t end) {
+    State& st = *state_;
+    const AttentionArgs& args = st.args;
+    const std::vector<Item>& items = st.items;
+    std::vector<UnitRange>& ranges = st.ranges;
+    const std::vector<int64_t>& firsts = st.firsts;
+    static const ItemFn attend = item_for_isa();
+    thread_local ItemBuffers buffers;
 #ifdef LLMP_X86
-        thread_local pairs::Buffers pair_buffers;
-        if (in_pairs) {
-            // the owner's key stream runs ahead through its items in order; a taken item streams its own keys
-            std::vector<pairs::KeyStream> streams;
-            streams.reserve(end - begin);
-            for (int64_t t = begin; t < end; ++t)
-                streams.emplace_back(args, items.data() + firsts[t], items.data() + firsts[t] + ranges[t].size());
-            take_units(
-                ranges, begin, end,
-                [&](int64_t t, int64_t unit) {
-                    const Item& item = items[firsts[t] + unit];
-                    pairs::attend_item(args, item.request, item.kv, item.q0, item.q1, pair_buffers, streams[t - begin]);
-                },
-                [&](int64_t t, int64_t unit) {
-                    const Item& item = items[firsts[t] + unit];
-                    pairs::KeyStream stream(args, &item, &item + 1);
-                    pairs::attend_item(args, item.request, item.kv, item.q0, item.q1, pair_buffers, stream);
-                });
-            return;
-        }
+    thread_local pairs::Buffers pair_buffers;
+    if (st.in_pairs) {
+        // the owner's key stream runs ahead through its items in order; a taken item streams its own keys
+        std::vector<pairs::KeyStream> streams;
+        streams.reserve(end - begin);
+        for (int64_t t = begin; t < end; ++t)
+            streams.emplace_back(args, items.data() + firsts[t], items.data() + firsts[t] + ranges[t].size());
+        take_units(
+            ranges, begin, end,
+            [&](int64_t t, int64_t unit) {
+                const Item& item = items[firsts[t] + unit];
+                pairs::attend_item(args, item.request, item.kv, item.q0, item.q1, pair_buffers, streams[t - begin]);
+            },
+            [&](int64_t t, int64_t unit) {
+                const Item& item = items[firsts[t] + unit];
+                pairs::KeyStream stream(args, &item, &item + 1);
+                pairs::attend_item(args, item.request, item.kv, item.q0, item.q1, pair_buffers, stream);
+            });
+        return;
+    }
 #endif
-        buffers.reserve(positions * args.group, D);
-        auto run = [&](int64_t t, int64_t unit) {
-            const Item& item = items[firsts[t] + unit];
-            attend(args, item.request, item.kv, item.q0, item.q1, buffers);
-        };
-        take_units(ranges, begin, end, run, run);
-    });
-    return out;
+    buffers.reserve(st.positions * args.group, args.head_dim);
+    auto run_item = [&](int64_t t, int64_t unit) {
+        const Item& item = items[firsts[t] + unit];
+        attend(args, item.request, item.kv, item.q0, item.q1, buffers);
+    };
+    take_units(ranges, begin, end, run_item, run_item);
+}
+
+}  // namespace parts
+
+namespace {
+
+at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                           const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
+                           const at::Tensor& block_tables, double scale, double softcap, int64_t window) {
+    parts::AttentionCall call(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale, softcap, window);
+    at::parallel_for(0, call.owners(), 1, [&](int64_t begin, int64_t end) { call.run(begin, end); });
+    return call.output;
 }
 
 }  // namespace

@@ -21,6 +21,10 @@
   Float32 arithmetic in tiles of 16 keys, except bfloat16 queries over a bfloat16 cache on AVX-512 BF16 CPUs:
   there products of bfloat16 pairs (``vdpbf16ps``) in tiles of 32 keys, the weights rounded to bfloat16 for
   the product with the values as torch's flash attention rounds them, each thread's keys prefetched ahead.
+- **A decode step's decoder layer** (``pack_decoder_layer``, with the pairs) in one call: the layer's ops in
+  turn with their bits, in one OpenMP region whose threads split each product and the attention and wait at a
+  barrier while the first runs the row kernels, where one op at a time is a region each (121 a SmolLM2-135M step
+  at batch 1, whose threads are woken for each and wait for each other at its end).
 - **Greedy tokens** (``argmax``): each row's first largest value in one pass over the logits.
 - **Row-wise ops** (``rms_norm`` with or without the residual, ``rotary`` in place, ``silu_and_mul``,
   ``gelu_tanh_and_mul``, and ``write_kv`` into caches of the model's dtype) in one pass each over float32,
@@ -38,7 +42,7 @@ from collections.abc import Callable
 import torch
 from llmp_kernels_cpu.kernels import CpuKernels
 
-from llmp.api import AttentionMetadata
+from llmp.api import AttentionMetadata, DecoderLayerParts
 from llmp.quantization import QuantizedWeight
 from llmp_kernels_cpu_native.library import dense_chosen, dense_path, load, quant_matmul_types
 
@@ -121,6 +125,67 @@ def _panel_order(bias: torch.Tensor, half: int) -> torch.Tensor:
     return torch.stack([gate.view(panels, 32), up.view(panels, 32)], dim=1).reshape(-1)
 
 
+class FusedDecoderLayer:
+    """A Llama-shaped decoder layer of a decode step in one call (``llmp_native::decoder_layer``), from the
+    layer's own packed products: ``(out, residual)`` with the bits of its parts, or None for inputs it does not
+    compute (not bfloat16, a cache of another dtype), which the layer then runs part by part."""
+
+    def __init__(
+        self, parts: DecoderLayerParts, qkv: DenseLinear, o: DenseLinear, gated: DenseGatedLinear, down: DenseLinear
+    ) -> None:
+        self.parts, self.qkv, self.o, self.gated, self.down = parts, qkv, o, gated, down
+        self.softcap = parts.softcap or 0.0
+        self.window = parts.sliding_window or 0
+
+    def __call__(
+        self,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        metadata: AttentionMetadata,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        cos_sin: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        p = self.parts
+        rows = hidden.dim() == 2 and hidden.dtype == torch.bfloat16 and hidden.is_contiguous()
+        caches = (
+            k_cache.dtype == v_cache.dtype == torch.bfloat16 and k_cache.is_contiguous() and v_cache.is_contiguous()
+        )
+        table = cos_sin.dtype == torch.float32 and cos_sin.shape[-1] == p.head_dim
+        if not (rows and caches and table and (residual is None or residual.dtype == torch.bfloat16)):
+            return None
+        return torch.ops.llmp_native.decoder_layer(
+            hidden,
+            residual,
+            p.input_norm,
+            self.qkv.panels,
+            self.qkv.out_features,
+            self.qkv.bias,
+            positions,
+            cos_sin,
+            p.num_heads,
+            p.num_kv_heads,
+            p.head_dim,
+            k_cache,
+            v_cache,
+            metadata.slot_mapping,
+            metadata.query_start_loc,
+            metadata.seq_lens,
+            metadata.block_tables,
+            p.scale,
+            self.softcap,
+            self.window,
+            self.o.panels,
+            p.post_attention_norm,
+            p.eps,
+            self.gated.panels,
+            self.gated.half,
+            self.gated.bias,
+            self.down.panels,
+        )
+
+
 class NativeKernels(CpuKernels):
     name = "cpu-native"
     # every op of a step is a torch op (no Python decision on tensor values): the engine may replay decode steps
@@ -191,6 +256,20 @@ class NativeKernels(CpuKernels):
         if logits.device.type == "cpu" and logits.dim() == 2 and logits.dtype in ROW_DTYPES and logits.shape[1]:
             return torch.ops.llmp_native.argmax_rows(logits)
         return logits.argmax(-1)
+
+    def pack_decoder_layer(self, parts: DecoderLayerParts) -> FusedDecoderLayer | None:
+        # the layer's own products on the pairs (an AMX CPU's tiles keep the ops one at a time), in bfloat16
+        qkv, o, gated, down = parts.qkv, parts.o, parts.gate_up_act, parts.down
+        products = isinstance(qkv, DenseLinear) and isinstance(o, DenseLinear) and isinstance(down, DenseLinear)
+        if not products or not isinstance(gated, DenseGatedLinear) or not gated.gated or o.bias is not None:
+            return None
+        norms = parts.input_norm.dtype == parts.post_attention_norm.dtype == torch.bfloat16
+        shape = qkv.out_features == (parts.num_heads + 2 * parts.num_kv_heads) * parts.head_dim
+        if down.bias is not None or not norms or not shape or parts.head_dim % 2:
+            return None
+        if dense_path() != "avx512-bf16 pairs" or not torch.ops.llmp_native.decoder_layer_supported():
+            return None
+        return FusedDecoderLayer(parts, qkv, o, gated, down)
 
     def pack_quantized(self, weight: QuantizedWeight) -> Callable[[torch.Tensor], torch.Tensor] | None:
         if weight.blocks.device.type != "cpu" or weight.format.ggml_type not in quant_matmul_types():
