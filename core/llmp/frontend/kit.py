@@ -39,15 +39,21 @@ from llmp.scoring import is_unicode
 MAX_STOP_LENGTH = 1024
 
 
+# Characters that str.splitlines() takes for line ends and JSON leaves unescaped: a client reading an event stream
+# with it (httpx's iter_lines) would cut a data: line where a token's text holds one. Escaped, as JSON allows.
+_LINE_ENDS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
 def json_text(payload: Any) -> str:
     """Compact JSON for a stream event: UTF-8 text as is, but escaped when the payload holds a lone
-    surrogate (which a request may carry, e.g. in its ``request_id``) that UTF-8 cannot encode."""
+    surrogate (which a request may carry, e.g. in its ``request_id``) that UTF-8 cannot encode, and
+    the three characters besides CR and LF that line readers split on (U+0085, U+2028, U+2029)."""
     text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
     try:
         text.encode()
     except UnicodeEncodeError:
         return json.dumps(payload, separators=(",", ":"))
-    return text
+    return text.translate(_LINE_ENDS)
 
 
 # OpenAI's reasoning_effort values, and those vLLM adds; a chat template reads the one it is given
