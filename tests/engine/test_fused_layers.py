@@ -14,13 +14,14 @@ from llmp.testing import mixed_prompts, save_tiny_llama, save_tiny_model
 
 
 def fused_decoder_layer_here() -> bool:
-    """cpu-native takes layers where its bfloat16 products run on the vdpbf16ps pairs (AVX-512 BF16, no AMX)."""
+    """cpu-native takes layers where its bfloat16 products run on the pairs (vdpbf16ps, or their AVX2 form; not on
+    AMX tiles)."""
     kernels = registry.load_component("kernels", "cpu-native")
     return isinstance(kernels(), PacksDecoderLayer) and torch.ops.llmp_native.decoder_layer_supported()
 
 
 pytestmark = pytest.mark.skipif(
-    not fused_decoder_layer_here(), reason="cpu-native's layer in one call runs on AVX-512 BF16 pairs only"
+    not fused_decoder_layer_here(), reason="cpu-native's layer in one call runs on its pairs only (not AMX tiles)"
 )
 
 

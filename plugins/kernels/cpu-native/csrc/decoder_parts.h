@@ -1,5 +1,5 @@
 // The parts of a decoder layer that decoder_layer.cpp runs in one OpenMP region, each with the bits of its own
-// op: the row kernels (elementwise.cpp), a product on the vdpbf16ps pairs (dense_matmul.cpp) and paged attention
+// op: the row kernels (elementwise.cpp), a product on the pairs (dense_matmul.cpp) and paged attention
 // (paged_attention.cpp), the last two prepared before the region and then run by each of its threads.
 #pragma once
 
@@ -20,7 +20,10 @@ void rotary_(const at::Tensor& positions, const at::Tensor& q, const at::Tensor&
 void write_kv_(const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache, const at::Tensor& v_cache,
                const at::Tensor& slot_mapping);
 
-// Whether dense_matmul multiplies on the vdpbf16ps pairs here (AVX-512 BF16, no AMX tiles chosen)
+// One bfloat16 row's silu_and_mul: out[i] = SiLU(x[i]) * x[half + i], the selected instruction set's row kernel
+void silu_and_mul_row(const c10::BFloat16* x, c10::BFloat16* out, int64_t half);
+
+// Whether dense_matmul multiplies on the pairs here: vdpbf16ps (AVX-512 BF16, no AMX tiles chosen) or their AVX2 form
 bool pairs_chosen();
 
 // llmp_native::dense_matmul (or dense_gated_matmul with gated: SiLU(gate) * up) of `rows` rows through a packed

@@ -62,10 +62,19 @@ constexpr int64_t kChunkRows = 96;  // input rows a thread takes through all its
 constexpr int64_t kMinBytesPerThread = 64 << 10;  // as quant_matmul: less work than this a thread costs more than it saves
 
 // The AVX-512 level is selected (LLMP_NATIVE_ISA lowers it for every kernel, this one too) and the CPU has BF16
-bool supported() {
+bool bf16_pairs() {
 #ifdef LLMP_X86
     __builtin_cpu_init();
     return selected_isa() == Isa::avx512 && __builtin_cpu_supports("avx512bf16");
+#else
+    return false;
+#endif
+}
+
+// AVX2 at least is selected: the vdpbf16ps pairs, or their AVX2 form (dense_matmul_avx2.h)
+bool supported() {
+#ifdef LLMP_X86
+    return selected_isa() != Isa::scalar;
 #else
     return false;
 #endif
@@ -82,14 +91,16 @@ bool has_amx() {
 }
 
 // How dense_matmul multiplies: AMX tiles where the CPU has them, Linux grants the tile state and the tiles agree
-// with their scalar definition on a check product, else vdpbf16ps pairs; LLMP_NATIVE_AMX=0 keeps the pairs,
-// LLMP_NATIVE_AMX=emulate runs the tile path in scalar code (tests)
-enum class Path { pairs, tiles, emulated_tiles };
+// with their scalar definition on a check product, else vdpbf16ps pairs, or their AVX2 form where the CPU has no
+// AVX-512 BF16 (or LLMP_NATIVE_ISA=avx2); LLMP_NATIVE_AMX=0 keeps the pairs, LLMP_NATIVE_AMX=emulate runs the tile
+// path in scalar code (tests)
+enum class Path { pairs, tiles, emulated_tiles, avx2_pairs };
 
 const char* path_name(Path path) {
     switch (path) {
         case Path::tiles: return "amx tiles";
         case Path::emulated_tiles: return "emulated amx tiles";
+        case Path::avx2_pairs: return "avx2 pairs";
         default: return "avx512-bf16 pairs";
     }
 }
@@ -130,6 +141,10 @@ at::Tensor dense_pack_gated(const at::Tensor& weight) {
 // What a tile's epilogue writes: its columns (plain); a gate|up panel's columns back in the [gate | up] order
 // (split); or SiLU(gate) * up from the same rounded values as the two kernels in turn (gated)
 enum class Epilogue { plain, split, gated };
+
+#ifdef LLMP_X86
+#include "dense_matmul_avx2.h"
+#endif
 
 #ifdef LLMP_X86
 // a float32 vector rounded to bfloat16 as c10 rounds (to nearest even; a NaN becomes the quiet NaN 0x7fc0), as the
@@ -270,9 +285,11 @@ int64_t panel_grain(int64_t T, int64_t K, int64_t N, int64_t P) {
 // One unit of a product on the pairs: rows t0..t1 of x [T, K] through panel p of ws [P, pairs, 64, 2] into y (N: y's
 // row length; the plain product's columns, 2 * half split, half gated). `next_panel`: the unit may ask for the next
 // panel's lines (the calling thread's next unit is that panel).
-template <Epilogue E>
+// Avx2: the AVX2 form of the pairs (dense_matmul_avx2.h), in tiles of fewer rows.
+template <Epilogue E, bool Avx2 = false>
 void pairs_unit(const uint16_t* xp, int64_t K, const uint16_t* wp, int64_t pairs, int64_t p, int64_t t0, int64_t t1,
                 bool next_panel, const float* bp, c10::BFloat16* yp, int64_t N, int64_t half) {
+    constexpr int64_t kRows = Avx2 ? avx2_pairs::kMaxRows : kMaxRows;
     const uint16_t* panel = wp + p * pairs * kPanel * 2;
     const int64_t n0 = p * kPanel, cols = std::min(kPanel, N - n0);
     // The next panel comes from memory while this one's tiles compute from L2: the unit's tiles ask for its
@@ -283,19 +300,23 @@ void pairs_unit(const uint16_t* xp, int64_t K, const uint16_t* wp, int64_t pairs
     // streams: the hardware prefetcher alone reads faster there. A unit taken from another thread asks for
     // nothing.
     const char* next = reinterpret_cast<const char*>(panel + pairs * kPanel * 2);
-    const bool several = next_panel && t1 - t0 > kMaxRows;
+    const bool several = next_panel && t1 - t0 > kRows;
     const char* next_end = several ? next + pairs * kPanel * 4 : next;
     const int64_t lines = pairs * kPanel * 4 / 64, share = std::max<int64_t>(1, (t1 - t0) * pairs);  // K = 0: none
-    for (int64_t t = t0; t < t1; t += kMaxRows) {
-        const int64_t rows = std::min(kMaxRows, t1 - t), step = (lines * rows + share - 1) / share * 64;
-        packed_rows<E>(std::make_integer_sequence<int, kMaxRows>{}, rows, xp + t * K, K, panel, bp, n0, cols,
-                       yp + t * N, N, half, next, next_end, step);
+    for (int64_t t = t0; t < t1; t += kRows) {
+        const int64_t rows = std::min(kRows, t1 - t), step = (lines * rows + share - 1) / share * 64;
+        if constexpr (Avx2)
+            avx2_pairs::rows<E>(std::make_integer_sequence<int, kRows>{}, rows, xp + t * K, K, panel, bp, n0, cols,
+                                yp + t * N, N, half, next, next_end, step);
+        else
+            packed_rows<E>(std::make_integer_sequence<int, kRows>{}, rows, xp + t * K, K, panel, bp, n0, cols,
+                           yp + t * N, N, half, next, next_end, step);
         next += pairs * step;
     }
 }
 
 // Thread o owns the panels o * grain.. of every chunk of kChunkRows rows, chunk after chunk: its units.
-template <Epilogue E = Epilogue::plain>
+template <Epilogue E = Epilogue::plain, bool Avx2 = false>
 void pairs_matmul(const at::Tensor& xs, const at::Tensor& ws, int64_t N, const float* bp, at::Tensor& y,
                   int64_t half = 0) {
     const int64_t T = xs.size(0), K = xs.size(1), P = ws.size(0), pairs = ws.size(1);
@@ -309,7 +330,7 @@ void pairs_matmul(const at::Tensor& xs, const at::Tensor& ws, int64_t N, const f
     auto compute = [&](int64_t o, int64_t unit, bool own) {
         const int64_t first = o * grain, panels = std::min(P, first + grain) - first;
         const int64_t t0 = unit / panels * kChunkRows;
-        pairs_unit<E>(xp, K, wp, pairs, first + unit % panels, t0, std::min(T, t0 + kChunkRows),
+        pairs_unit<E, Avx2>(xp, K, wp, pairs, first + unit % panels, t0, std::min(T, t0 + kChunkRows),
                       own && unit % panels + 1 < panels, bp, yp, N, half);
     };
     at::parallel_for(0, owners, 1, [&](int64_t begin, int64_t end) {
@@ -363,7 +384,9 @@ void tiles_matmul(const at::Tensor& xs, const at::Tensor& ws, int64_t N, const f
 // x [T, K] @ W.T (+ bias) on `path`
 at::Tensor dense_matmul_on(const at::Tensor& x, const at::Tensor& packed, int64_t N,
                            const c10::optional<at::Tensor>& bias, Path path) {
-    TORCH_CHECK(supported(), "dense_matmul: needs AVX-512 BF16 (and LLMP_NATIVE_ISA not below avx512)");
+    TORCH_CHECK(supported(), "dense_matmul: needs AVX2 (and LLMP_NATIVE_ISA not below avx2)");
+    TORCH_CHECK(path == Path::avx2_pairs || bf16_pairs(),
+                "dense_matmul: the ", path_name(path), " need AVX-512 BF16 (and LLMP_NATIVE_ISA not below avx512)");
     TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kBFloat16 && x.dim() == 2,
                 "dense_matmul: x must be a 2-D bfloat16 CPU tensor");
     TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == at::kBFloat16 && packed.size(2) == kPanel &&
@@ -384,13 +407,14 @@ at::Tensor dense_matmul_on(const at::Tensor& x, const at::Tensor& packed, int64_
     if (x.size(0) == 0 || N == 0) return y;
     const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
 #if LLMP_AMX_BUILT
-    if (path != Path::pairs && x.size(1) > 0) {  // K = 0: the bias (or zeros), which the pairs path gives
+    if ((path == Path::tiles || path == Path::emulated_tiles) && x.size(1) > 0) {  // K = 0: the bias (or zeros), which the pairs path gives
         tiles_matmul(xs, ws, N, bp, y, path == Path::emulated_tiles);
         return y;
     }
 #endif
 #ifdef LLMP_X86
-    pairs_matmul(xs, ws, N, bp, y);
+    if (path == Path::avx2_pairs) pairs_matmul<Epilogue::plain, true>(xs, ws, N, bp, y);
+    else pairs_matmul(xs, ws, N, bp, y);
 #endif
     return y;
 }
@@ -400,7 +424,7 @@ at::Tensor dense_matmul_on(const at::Tensor& x, const at::Tensor& packed, int64_
 // and silu_and_mul in turn
 at::Tensor dense_gated_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t half,
                               const c10::optional<at::Tensor>& bias, bool gated) {
-    TORCH_CHECK(supported(), "dense_gated_matmul: needs AVX-512 BF16 (and LLMP_NATIVE_ISA not below avx512)");
+    TORCH_CHECK(supported(), "dense_gated_matmul: needs AVX2 (and LLMP_NATIVE_ISA not below avx2)");
     TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kBFloat16 && x.dim() == 2,
                 "dense_gated_matmul: x must be a 2-D bfloat16 CPU tensor");
     const int64_t P = (half + 31) / 32;
@@ -419,8 +443,14 @@ at::Tensor dense_gated_matmul(const at::Tensor& x, const at::Tensor& packed, int
     if (x.size(0) == 0 || half == 0) return y;
 #ifdef LLMP_X86
     const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
-    if (gated) pairs_matmul<Epilogue::gated>(xs, ws, half, bp, y, half);
-    else pairs_matmul<Epilogue::split>(xs, ws, 2 * half, bp, y, half);
+    if (chosen_path() == Path::avx2_pairs) {
+        if (gated) pairs_matmul<Epilogue::gated, true>(xs, ws, half, bp, y, half);
+        else pairs_matmul<Epilogue::split, true>(xs, ws, 2 * half, bp, y, half);
+    } else if (gated) {
+        pairs_matmul<Epilogue::gated>(xs, ws, half, bp, y, half);
+    } else {
+        pairs_matmul<Epilogue::split>(xs, ws, 2 * half, bp, y, half);
+    }
 #endif
     return y;
 }
@@ -439,11 +469,12 @@ struct CheckProduct {
     at::Tensor w = at::arange(N * K, at::kFloat).remainder(11).sub(5).div(8).reshape({N, K}).to(at::kBFloat16);
     at::Tensor bias = at::arange(N, at::kFloat).remainder(7).sub(3).to(at::kBFloat16);
     at::Tensor packed = dense_pack(w);
-    at::Tensor expected = dense_matmul_on(x, packed, N, bias, Path::emulated_tiles);  // the scalar definition
+    // every sum exact: the float64 product rounded once is every correct path's result (the tiles' on any CPU)
+    at::Tensor expected = at::linear(x.to(at::kDouble), w.to(at::kDouble), bias.to(at::kDouble)).to(at::kBFloat16);
 };
 
-// A path against the tile path in scalar code on the check product (the tests run it on every path)
-bool agrees_with_the_tiles_definition(Path path) {
+// A path against the check product's exact result (the tests run it on every path)
+bool agrees_with_the_check_product(Path path) {
     const CheckProduct check;
     return at::equal(dense_matmul_on(check.x, check.packed, check.N, check.bias, path), check.expected);
 }
@@ -502,6 +533,7 @@ std::string tiles_check_apart() {
 
 Path chosen_path() {
     static const Path path = [] {
+        if (!bf16_pairs()) return Path::avx2_pairs;
         const char* wanted = std::getenv("LLMP_NATIVE_AMX");
         if (wanted != nullptr && std::strcmp(wanted, "0") == 0) return Path::pairs;
         if (wanted != nullptr && std::strcmp(wanted, "emulate") == 0 && LLMP_AMX_BUILT) return Path::emulated_tiles;
@@ -531,14 +563,15 @@ at::Tensor dense_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t N
 }
 
 Path named_path(const std::string& name) {
-    for (Path each : {Path::pairs, Path::tiles, Path::emulated_tiles})
+    for (Path each : {Path::pairs, Path::tiles, Path::emulated_tiles, Path::avx2_pairs})
         if (name == path_name(each)) return each;
     TORCH_CHECK(false, "dense_matmul_with: no path named '", name, "'");
 }
 
-bool dense_matmul_check(const std::string& path) { return agrees_with_the_tiles_definition(named_path(path)); }
+bool dense_matmul_check(const std::string& path) { return agrees_with_the_check_product(named_path(path)); }
 
-// The same on a named path ("avx512-bf16 pairs", "amx tiles" or "emulated amx tiles"): tests force each in turn
+// The same on a named path ("avx512-bf16 pairs", "avx2 pairs", "amx tiles" or "emulated amx tiles"): tests force
+// each in turn
 at::Tensor dense_matmul_with(const at::Tensor& x, const at::Tensor& packed, int64_t N,
                              const c10::optional<at::Tensor>& bias, const std::string& path) {
     return dense_matmul_on(x, packed, N, bias, named_path(path));
@@ -549,7 +582,7 @@ at::Tensor dense_matmul_with(const at::Tensor& x, const at::Tensor& packed, int6
 
 namespace llmp_native::parts {
 
-bool pairs_chosen() { return supported() && chosen_path() == Path::pairs; }
+bool pairs_chosen() { return supported() && (chosen_path() == Path::pairs || chosen_path() == Path::avx2_pairs); }
 
 struct PairsProduct::State {
     at::Tensor packed, bias;
@@ -557,7 +590,7 @@ struct PairsProduct::State {
     const float* bias_data = nullptr;
     c10::BFloat16* out = nullptr;
     int64_t n = 0, rows = 0, in_features = 0, grain = 1, owners = 0;
-    bool gated = false;
+    bool gated = false, avx2 = false;
     std::vector<UnitRange> ranges;
 };
 
@@ -574,6 +607,7 @@ PairsProduct::PairsProduct(const at::Tensor& packed, int64_t n, const c10::optio
                 n, gated ? " gated outputs" : " outputs");
     State& s = *state_;
     s.packed = packed, s.n = n, s.rows = rows, s.in_features = in_features, s.gated = gated;
+    s.avx2 = chosen_path() == Path::avx2_pairs;
     if (bias.has_value() && bias->defined()) {
         TORCH_CHECK(bias->dim() == 1 && bias->size(0) == (gated ? P * kPanel : n), "decoder_layer: a bias of ",
                     bias->sizes(), " for ", n, gated ? " gated outputs" : " outputs");
@@ -618,7 +652,9 @@ void PairsProduct::run(int64_t thread, const at::Tensor& x) {
         const int64_t first = o * s.grain, panels = std::min(P, first + s.grain) - first;
         const int64_t p = first + unit % panels, t0 = unit / panels * kChunkRows, t1 = std::min(T, t0 + kChunkRows);
         const bool next = own && unit % panels + 1 < panels;
-        if (s.gated) pairs_unit<Epilogue::gated>(xp, K, wp, pairs, p, t0, t1, next, bp, yp, s.n, s.n);
+        if (s.avx2 && s.gated) pairs_unit<Epilogue::gated, true>(xp, K, wp, pairs, p, t0, t1, next, bp, yp, s.n, s.n);
+        else if (s.avx2) pairs_unit<Epilogue::plain, true>(xp, K, wp, pairs, p, t0, t1, next, bp, yp, s.n, 0);
+        else if (s.gated) pairs_unit<Epilogue::gated>(xp, K, wp, pairs, p, t0, t1, next, bp, yp, s.n, s.n);
         else pairs_unit<Epilogue::plain>(xp, K, wp, pairs, p, t0, t1, next, bp, yp, s.n, 0);
     };
     // a thread past the owners only takes what they leave
@@ -642,7 +678,7 @@ TORCH_LIBRARY_FRAGMENT(llmp_native, m) {
     // x [T, K] through those panels (bias [panels * 64] in their order): silu(gate) * up [T, I] when gated, else
     // gate|up [T, 2I]; the pairs path only, with dense_matmul's and then silu_and_mul's bits
     m.def("dense_gated_matmul(Tensor x, Tensor packed, int half, Tensor? bias, bool gated) -> Tensor");
-    m.def("dense_matmul_supported() -> bool", &llmp_native::supported);  // the CPU has AVX-512 BF16
+    m.def("dense_matmul_supported() -> bool", &llmp_native::supported);  // AVX2 at least
     m.def("dense_matmul_path() -> str", &llmp_native::dense_matmul_path);  // how dense_matmul multiplies here
     // whether a path gives the tile path's scalar definition's bits on the start-up check's exact product
     m.def("dense_matmul_check(str path) -> bool", &llmp_native::dense_matmul_check);

@@ -277,6 +277,10 @@ void write_kv_(const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cac
     llmp_native::write_kv_(k, v, k_cache, v_cache, slot_mapping);
 }
 
+void silu_and_mul_row(const c10::BFloat16* x, c10::BFloat16* out, int64_t half) {
+    with_isa<c10::BFloat16>([&](auto kernels) { kernels.silu_and_mul(x, out, half); });
+}
+
 }  // namespace parts
 }  // namespace llmp_native
 

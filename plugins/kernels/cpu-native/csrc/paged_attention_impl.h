@@ -25,6 +25,12 @@ LLMP_FN void load_floats(Dtype dtype, const void* base, int64_t offset, int64_t 
     int64_t i = 0;
     if (dtype == Dtype::bf16) {
         const auto* src = static_cast<const uint16_t*>(base) + offset;
+#if LLMP_ISA_LEVEL == 1  // 8 lanes at a time in registers (see vsplat in vec16_math.h)
+        for (; i + 8 <= n; i += 8) {
+            const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+        }
+#endif
         for (; i + kTile <= n; i += kTile) {
             Vh h;
             __builtin_memcpy(&h, src + i, sizeof h);
@@ -41,6 +47,11 @@ LLMP_FN void load_floats(Dtype dtype, const void* base, int64_t offset, int64_t 
 // 16 rows of Dv floats -> kt[Dv][16], one 16 x 16 block at a time: four rounds of pairing row i with row i + 8,
 // which rotate the bits of (row, column) by one each, so that after four the row's bits are the column's
 LLMP_FN void transpose_tiles(const float* const* rows, int64_t Dv, float* kt) {
+#if LLMP_ISA_LEVEL == 1  // AVX2 shuffles no 16-lane vector in registers: GCC moved each lane through the stack
+    for (int64_t d = 0; d < Dv; ++d)
+        for (int j = 0; j < kTile; ++j) kt[d * kTile + j] = rows[j][d];
+    return;
+#endif
     for (int64_t d0 = 0; d0 < Dv; d0 += kTile) {
         Vf r[kTile];
         for (int j = 0; j < kTile; ++j) __builtin_memcpy(&r[j], rows[j] + d0, sizeof(Vf));
@@ -72,12 +83,35 @@ LLMP_FN void attend_rows(const AttentionArgs& a, ItemBuffers& buf, int64_t b, in
         qf[r] = buf.q.data() + row[r]->k * Dv;
     }
     Vf s[R];
+#if LLMP_ISA_LEVEL == 1
+    // the two loops over D in the halves of each vector, __m256 registers: the same FMAs in the same order as the
+    // other copies' vfma, where GCC kept the 16-lane vectors of the AVX2 copy in memory (7x the scalar copy's time)
+    {
+        __m256 lo[R], hi[R];
+        for (int r = 0; r < R; ++r) lo[r] = hi[r] = _mm256_setzero_ps();
+        for (int64_t d = 0; d < D; ++d) {
+            const __m256 klo = _mm256_loadu_ps(kt + d * kTile), khi = _mm256_loadu_ps(kt + d * kTile + 8);
+            for (int r = 0; r < R; ++r) {
+                const __m256 q = _mm256_set1_ps(qf[r][d]);
+                lo[r] = _mm256_fmadd_ps(q, klo, lo[r]);
+                hi[r] = _mm256_fmadd_ps(q, khi, hi[r]);
+            }
+        }
+        for (int r = 0; r < R; ++r) {
+            alignas(64) float t[kTile];
+            _mm256_store_ps(t, lo[r]);
+            _mm256_store_ps(t + 8, hi[r]);
+            __builtin_memcpy(&s[r], t, sizeof t);
+        }
+    }
+#else
     for (int r = 0; r < R; ++r) s[r] = Vf{};
     for (int64_t d = 0; d < D; ++d) {
         Vf kd;
         __builtin_memcpy(&kd, kt + d * kTile, sizeof kd);
-        for (int r = 0; r < R; ++r) s[r] = vfma(Vf{} + qf[r][d], kd, s[r]);
+        for (int r = 0; r < R; ++r) s[r] = vfma(vsplat(qf[r][d]), kd, s[r]);
     }
+#endif
     Vi lane;
     for (int j = 0; j < kTile; ++j) lane[j] = j;
     alignas(64) float p[R][kTile];  // the weights, read back one at a time (a load, not a shuffle)
@@ -93,7 +127,7 @@ LLMP_FN void attend_rows(const AttentionArgs& a, ItemBuffers& buf, int64_t b, in
         const float m_new = std::max(buf.m[k], tile_max);
         const Vf weights = vexp(s[r] - m_new);
         __builtin_memcpy(p[r], &weights, sizeof weights);
-        alpha[r] = vexp(Vf{} + (buf.m[k] - m_new))[0];
+        alpha[r] = vexp(vsplat(buf.m[k] - m_new))[0];
         if (r < count) {
             float sum = 0.0f;
             for (int j = 0; j < kTile; ++j) sum += p[r][j];
@@ -104,6 +138,31 @@ LLMP_FN void attend_rows(const AttentionArgs& a, ItemBuffers& buf, int64_t b, in
         j_last = std::max(j_last, row[r]->j_hi);
     }
     // a row's weights outside its own keys are exactly 0: adding 0 * v leaves its sums as they are
+#if LLMP_ISA_LEVEL == 1
+    for (int64_t d = 0; d < Dv; d += kTile) {
+        __m256 lo[R], hi[R];
+        for (int r = 0; r < R; ++r) {
+            const float* acc = buf.acc.data() + row[r]->k * Dv + d;
+            const __m256 scale = _mm256_set1_ps(alpha[r]);
+            lo[r] = _mm256_mul_ps(_mm256_loadu_ps(acc), scale);
+            hi[r] = _mm256_mul_ps(_mm256_loadu_ps(acc + 8), scale);
+        }
+        for (int j = j_first; j <= j_last; ++j) {
+            const __m256 vlo = _mm256_loadu_ps(vrow[j] + d), vhi = _mm256_loadu_ps(vrow[j] + d + 8);
+            for (int r = 0; r < R; ++r) {
+                const __m256 w = _mm256_set1_ps(p[r][j]);
+                lo[r] = _mm256_fmadd_ps(w, vlo, lo[r]);
+                hi[r] = _mm256_fmadd_ps(w, vhi, hi[r]);
+            }
+        }
+        for (int r = 0; r < count; ++r) {
+            float* acc = buf.acc.data() + row[r]->k * Dv + d;
+            _mm256_storeu_ps(acc, lo[r]);
+            _mm256_storeu_ps(acc + 8, hi[r]);
+        }
+    }
+    return;
+#endif
     for (int64_t d = 0; d < Dv; d += kTile) {
         Vf o[R];
         for (int r = 0; r < R; ++r) {
@@ -113,7 +172,7 @@ LLMP_FN void attend_rows(const AttentionArgs& a, ItemBuffers& buf, int64_t b, in
         for (int j = j_first; j <= j_last; ++j) {
             Vf v;
             __builtin_memcpy(&v, vrow[j] + d, sizeof v);
-            for (int r = 0; r < R; ++r) o[r] = vfma(Vf{} + p[r][j], v, o[r]);
+            for (int r = 0; r < R; ++r) o[r] = vfma(vsplat(p[r][j]), v, o[r]);
         }
         for (int r = 0; r < count; ++r) __builtin_memcpy(buf.acc.data() + row[r]->k * Dv + d, &o[r], sizeof o[r]);
     }
@@ -187,7 +246,8 @@ LLMP_FN void attend_item(const AttentionArgs& a, int64_t r, int64_t kv, int64_t 
         // blocks of 8 rows while they last, then of 4, then the rest (a decode token of a 3-query-head group: 3):
         // a row's operations are the same in any
         int64_t b = 0;
-        for (; b + 8 <= active; b += 8) attend_rows<8>(a, buf, b, 8, kt, vrow);
+        if (LLMP_ISA_LEVEL != 1)  // AVX2's 16 registers hold 4 rows' sums (8 halves) and their operands
+            for (; b + 8 <= active; b += 8) attend_rows<8>(a, buf, b, 8, kt, vrow);
         for (; b + 4 <= active; b += 4) attend_rows<4>(a, buf, b, 4, kt, vrow);
         switch (active - b) {
             case 3: attend_rows<3>(a, buf, b, 3, kt, vrow); break;

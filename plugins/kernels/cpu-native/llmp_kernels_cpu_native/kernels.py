@@ -5,9 +5,11 @@
   float32 in registers and L1 (the reference's values, bit for bit) and multiplied with every input row, so
   the weight is read once per call in its quantised size. A row's result depends only on that row (one fixed
   summation order), and work is split over output columns only, so it does not depend on the thread count.
-- **Dense bfloat16 linear layers** (``pack_linear``, on CPUs with AVX-512 BF16) multiply a copy of the weight
+- **Dense bfloat16 linear layers** (``pack_linear``, on CPUs with AVX2 at least) multiply a copy of the weight
   packed in panels of 64 columns, each output accumulated in float32 over K in an order that does not depend on
-  the batch: ``vdpbf16ps`` pairs, or AMX tiles where the CPU has them (``library.dense_path``). The layer then
+  the batch: ``vdpbf16ps`` pairs, AMX tiles where the CPU has them, or on a CPU without AVX-512 BF16 the same
+  pairs widened to float32 in AVX2 registers (``library.dense_path``), where oneDNN would multiply a float32
+  copy of the weight (twice the bytes a decoded token reads). The layer then
   calls it on the rows it has, where oneDNN's packed matmul (the ``cpu`` set's, used elsewhere) is called in
   padded 32-row blocks to keep a row's bits independent of the batch. A decode step of one sequence multiplies
   one row instead of 32, and a prefill reads each weight panel once per chunk of rows that stays in L2 instead
@@ -44,7 +46,7 @@ from llmp_kernels_cpu.kernels import CpuKernels
 
 from llmp.api import AttentionMetadata, DecoderLayerParts
 from llmp.quantization import QuantizedWeight
-from llmp_kernels_cpu_native.library import dense_chosen, dense_path, load, quant_matmul_types
+from llmp_kernels_cpu_native.library import dense_chosen, dense_on_pairs, load, quant_matmul_types
 
 ROW_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # the row-wise ops' dtypes
 
@@ -68,7 +70,7 @@ class QuantizedLinear:
 
 
 class DenseLinear:
-    """``x @ weight.T (+ bias)`` in bfloat16 with AVX-512 BF16, each row alone: called on the batch as it is.
+    """``x @ weight.T (+ bias)`` in bfloat16, float32 sums, each row alone: called on the batch as it is.
 
     The weight is packed in panels (the layer then drops its own copy; a head tied to the embedding keeps both)."""
 
@@ -206,11 +208,11 @@ class NativeKernels(CpuKernels):
     def pack_gated_linear(
         self, weight: torch.Tensor, bias: torch.Tensor | None, activation: str
     ) -> tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor], torch.Tensor]] | None:
-        # SiLU on the vdpbf16ps pairs; AMX tiles (and GELU) keep the matmul and then the row kernel
+        # SiLU on the pairs (either form); AMX tiles (and GELU) keep the matmul and then the row kernel
         dense = weight.device.type == "cpu" and weight.dim() == 2 and weight.dtype == torch.bfloat16
         if activation != "silu" or not dense or weight.shape[0] % 2 or not dense_chosen():
             return None
-        return gated_linear(weight, bias) if dense_path() == "avx512-bf16 pairs" else None
+        return gated_linear(weight, bias) if dense_on_pairs() else None
 
     def rms_norm(
         self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
@@ -267,7 +269,7 @@ class NativeKernels(CpuKernels):
         shape = qkv.out_features == (parts.num_heads + 2 * parts.num_kv_heads) * parts.head_dim
         if down.bias is not None or not norms or not shape or parts.head_dim % 2:
             return None
-        if dense_path() != "avx512-bf16 pairs" or not torch.ops.llmp_native.decoder_layer_supported():
+        if not dense_on_pairs() or not torch.ops.llmp_native.decoder_layer_supported():
             return None
         return FusedDecoderLayer(parts, qkv, o, gated, down)
 

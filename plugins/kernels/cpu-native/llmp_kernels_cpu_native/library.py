@@ -39,10 +39,14 @@ def quant_matmul_types() -> frozenset[int]:
     return frozenset(torch.ops.llmp_native.quant_matmul_types())
 
 
+# dense_matmul's two forms of the pairs: vdpbf16ps (AVX-512 BF16), and AVX2 widening each pair to float32
+PAIRS_PATHS = ("avx512-bf16 pairs", "avx2 pairs")
+
+
 @functools.cache
 def dense_supported() -> bool:
-    """Whether the library's ``dense_matmul`` runs here: a CPU with AVX-512 BF16, its AVX-512 loops selected
-    (``LLMP_NATIVE_ISA=avx2`` or ``scalar`` leaves bfloat16 layers to the cpu set)."""
+    """Whether the library's ``dense_matmul`` runs here: a CPU with AVX2 at least, its AVX2 or AVX-512 loops
+    selected (``LLMP_NATIVE_ISA=scalar`` leaves bfloat16 layers to the cpu set)."""
     load()
     return bool(torch.ops.llmp_native.dense_matmul_supported())
 
@@ -56,10 +60,17 @@ def dense_chosen() -> bool:
 
 
 def dense_path() -> str:
-    """How ``dense_matmul`` multiplies here: ``amx tiles``, ``avx512-bf16 pairs``, ``emulated amx tiles``
-    (``LLMP_NATIVE_AMX=emulate``, a test of the tile path on any AVX-512 BF16 CPU) or ``none``."""
+    """How ``dense_matmul`` multiplies here: ``amx tiles``, ``avx512-bf16 pairs``, ``avx2 pairs`` (a CPU without
+    AVX-512 BF16, or ``LLMP_NATIVE_ISA=avx2``), ``emulated amx tiles`` (``LLMP_NATIVE_AMX=emulate``, a test of
+    the tile path on any AVX-512 BF16 CPU) or ``none``."""
     load()
     return torch.ops.llmp_native.dense_matmul_path()
+
+
+def dense_on_pairs() -> bool:
+    """Whether ``dense_matmul`` multiplies on the pairs here (either form), where the gated epilogue and the
+    decoder layer in one call run."""
+    return dense_path() in PAIRS_PATHS
 
 
 def threads() -> str:

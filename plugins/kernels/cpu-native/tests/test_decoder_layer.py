@@ -1,20 +1,24 @@
 """decoder_layer (a decode step's decoder layer in one call and one OpenMP region) against the set's own ops called
 one at a time: the same bits of the output, the residual and the KV cache over the shapes in use (GQA ratios, head
 sizes, biases, sliding windows, soft-capping, batches, thread counts), the first layer without a residual, clear
-errors that leave no thread behind, and which layers the set takes (``pack_decoder_layer``)."""
+errors that leave no thread behind, and which layers the set takes (``pack_decoder_layer``). On an AVX-512 BF16 CPU the
+whole file runs again with LLMP_NATIVE_ISA=avx2, where the products take the pairs' AVX2 form."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 from llmp_kernels_cpu_native.kernels import DenseGatedLinear, DenseLinear, FusedDecoderLayer, NativeKernels
-from llmp_kernels_cpu_native.library import dense_path, dense_supported
+from llmp_kernels_cpu_native.library import dense_on_pairs, dense_path, dense_supported
 
 from llmp.api import AttentionMetadata, DecoderLayerParts
 
-PAIRS = "avx512-bf16 pairs"
 pytestmark = pytest.mark.skipif(
-    not dense_supported() or dense_path() != PAIRS, reason="decoder_layer multiplies on the vdpbf16ps pairs only"
+    not dense_supported() or not dense_on_pairs(), reason="decoder_layer multiplies on the pairs only (not AMX tiles)"
 )
 BF16 = torch.bfloat16
 EPS = 1e-5
@@ -209,3 +213,14 @@ def test_only_its_own_packed_products_are_taken():
         {"gate_up_act": kernels.pack_gated_linear(torch.randn(3072, 576).to(BF16), None, "silu")[0]},  # not gated
     ):
         assert kernels.pack_decoder_layer(DecoderLayerParts(**{**parts.__dict__, **change})) is None
+
+
+def test_the_whole_file_passes_on_the_avx2_form_too():
+    # where the products ran on the vdpbf16ps pairs, every test above again with LLMP_NATIVE_ISA=avx2 (the AVX2
+    # form of the pairs, the row kernels' and the attention's AVX2 loops)
+    if dense_path() != "avx512-bf16 pairs":
+        pytest.skip(f"the file ran on {dense_path()}")
+    env = {**os.environ, "LLMP_NATIVE_ISA": "avx2"}
+    command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:xdist", "-p", "no:cacheprovider", __file__]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:]

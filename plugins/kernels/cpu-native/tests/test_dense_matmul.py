@@ -1,7 +1,8 @@
-"""dense_matmul (bfloat16 linear layers on AVX-512 BF16) against float64 on each of its paths (vdpbf16ps pairs,
-AMX tiles where the CPU has them, and the tile path emulated in scalar code, which runs on any AVX-512 BF16 CPU):
-values, each row alone bit for bit, thread counts, the layer calling it without 32-row blocks, the path chosen by
-the CPU and LLMP_NATIVE_AMX, and the other dtypes left to the cpu set."""
+"""dense_matmul (bfloat16 linear layers) against float64 on each of its paths (the pairs' AVX2 form, which runs on
+any AVX2 CPU; vdpbf16ps pairs and the tile path emulated in scalar code on AVX-512 BF16 CPUs; AMX tiles where the
+CPU has them): values, each row alone bit for bit, thread counts, the layer calling it without 32-row blocks, the
+path chosen by the CPU and LLMP_NATIVE_AMX, and the other dtypes left to the cpu set. On an AVX-512 BF16 CPU the
+whole file runs again with LLMP_NATIVE_ISA=avx2, where every layer takes the AVX2 form."""
 
 from __future__ import annotations
 
@@ -14,14 +15,18 @@ import torch
 import torch.nn.functional as F
 from llmp_kernels_cpu.kernels import PackedLinear, UpcastLinear
 from llmp_kernels_cpu_native.kernels import DenseLinear, NativeKernels, gated_linear
-from llmp_kernels_cpu_native.library import dense_path, dense_supported
+from llmp_kernels_cpu_native.library import dense_on_pairs, dense_path, dense_supported
 
-pytestmark = pytest.mark.skipif(not dense_supported(), reason="no AVX-512 BF16: the library cannot run it here")
+pytestmark = pytest.mark.skipif(not dense_supported(), reason="no AVX2: the library cannot run it here")
 
-PAIRS, TILES, EMULATED = "avx512-bf16 pairs", "amx tiles", "emulated amx tiles"
-# every path this CPU runs: the tile path in scalar code everywhere, on the AMX instructions where they are
-USABLE_TILES = dense_supported() and torch.ops.llmp_native.amx_tiles_unusable() == ""
-PATHS = [PAIRS, EMULATED, *([TILES] if USABLE_TILES else [])]
+PAIRS, AVX2_PAIRS, TILES, EMULATED = "avx512-bf16 pairs", "avx2 pairs", "amx tiles", "emulated amx tiles"
+# AVX-512 BF16 here and selected (not LLMP_NATIVE_ISA=avx2)
+BF16 = dense_supported() and dense_path() != AVX2_PAIRS
+PAIRS_HERE = PAIRS if BF16 else AVX2_PAIRS  # the pairs the gated epilogue and the decoder layer run on
+# every path this CPU runs: the AVX2 form everywhere; with BF16 the vdpbf16ps pairs and the tile path in scalar
+# code, and the AMX instructions where they are
+USABLE_TILES = BF16 and torch.ops.llmp_native.amx_tiles_unusable() == ""
+PATHS = [AVX2_PAIRS, *([PAIRS, EMULATED] if BF16 else []), *([TILES] if USABLE_TILES else [])]
 
 SHAPES = [(1152, 896), (37, 70), (896, 4864), (5, 32), (100, 31)]  # K tails of 6, 0 and 31; N not a multiple of 6
 
@@ -44,12 +49,14 @@ def kernels() -> NativeKernels:
     return NativeKernels()
 
 
-def test_bfloat16_layers_take_it_on_every_avx512_bf16_cpu():
+def test_bfloat16_layers_take_it_on_every_avx2_cpu():
     packed = NativeKernels().pack_linear(torch.randn(8, 64).bfloat16(), None)
     assert isinstance(packed, DenseLinear)
-    # AMX tiles where the CPU has them (and Linux grants the tile state), vdpbf16ps pairs elsewhere; never pairs
-    # on an AMX CPU without the reason
-    if USABLE_TILES:
+    # AMX tiles where the CPU has them (and Linux grants the tile state), vdpbf16ps pairs on other AVX-512 BF16
+    # CPUs, their AVX2 form elsewhere; never pairs on an AMX CPU without the reason
+    if not BF16:
+        assert dense_path() == AVX2_PAIRS
+    elif USABLE_TILES:
         assert dense_path() == TILES
     elif torch.ops.llmp_native.has_amx():
         assert dense_path() == f"{PAIRS} ({torch.ops.llmp_native.amx_tiles_unusable()})"
@@ -122,7 +129,7 @@ def test_panels_taken_from_a_thread_that_fell_behind_keep_their_bits(set_threads
     # more threads than cores: some are descheduled mid-call, and the others take what is left of their panels
     # (csrc/unit_range.h); each must still be computed once, with the instructions of its owner
     weight, bias, x = operands(2 * 4864, 896, 200)
-    matmul = gated_linear(weight, bias)[1] if gated else OnPath(weight, bias, PAIRS)
+    matmul = gated_linear(weight, bias)[1] if gated else OnPath(weight, bias, PAIRS_HERE)
     set_threads(1)
     alone = matmul(x)
     set_threads(3 * (os.cpu_count() or 1) + 3)
@@ -177,7 +184,7 @@ def test_the_tile_instructions_are_checked_in_a_child_so_a_refused_one_is_a_reas
         assert why == ""
     elif not torch.ops.llmp_native.has_amx():  # (a compiler without the AMX intrinsics builds no tile path)
         assert why in ("the tiles' check died of signal 4 (Illegal instruction)", "built without the AMX tile path")
-    assert torch.ops.llmp_native.dense_matmul_check(PAIRS)  # and the library still multiplies here
+    assert torch.ops.llmp_native.dense_matmul_check(PAIRS_HERE)  # and the library still multiplies here
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -190,7 +197,7 @@ def test_an_empty_inner_dimension_gives_the_bias(path):
     assert torch.equal(got, torch.zeros(3, 70).bfloat16())
 
 
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("path", [path for path in PATHS if path != AVX2_PAIRS])
 def test_denormal_values_count_as_zero(path):
     # vdpbf16ps and the tile instructions read denormal bfloat16 values as zero (the emulation does as they do)
     weight, _, x = operands(64, 96, 20)
@@ -205,12 +212,25 @@ def test_denormal_values_count_as_zero(path):
     assert torch.equal(got[1:], OnPath(weight, None, path)(flushed)[1:])
 
 
+def test_the_avx2_form_multiplies_denormal_values_as_float32_does():
+    # plain float32 FMAs: a denormal input is a value, as in F.linear on float32 (no flush to zero)
+    weight, _, x = operands(64, 96, 2)
+    x[0] = torch.full((96,), 1e-39).bfloat16()
+    got = OnPath(weight.abs() + 1, None, AVX2_PAIRS)(x)
+    expected = F.linear(x.double(), (weight.abs() + 1).double())
+    assert got[0].abs().min() > 0 and ((got.double() - expected).abs() <= 2**-8 * expected.abs()).all()
+
+
 def test_an_unknown_or_absent_path_is_a_clear_error(kernels):
     weight, bias, x = operands(40, 64, 3)
     matmul = kernels.pack_linear(weight, bias)
     with pytest.raises(RuntimeError, match="no path named 'avx9'"):
         torch.ops.llmp_native.dense_matmul_with(x, matmul.panels, 40, None, "avx9")
-    if TILES not in PATHS:
+    if not BF16:
+        for path in (PAIRS, TILES, EMULATED):
+            with pytest.raises(RuntimeError, match="need AVX-512 BF16"):
+                torch.ops.llmp_native.dense_matmul_with(x, matmul.panels, 40, None, path)
+    elif TILES not in PATHS:
         with pytest.raises(RuntimeError, match="no usable AMX tiles"):
             torch.ops.llmp_native.dense_matmul_with(x, matmul.panels, 40, None, TILES)
 
@@ -227,10 +247,11 @@ print(dense_path(), type(packed).__name__)
 @pytest.mark.parametrize(
     "variable, expected",
     [
-        (None, (TILES if TILES in PATHS else PAIRS, "DenseLinear")),
-        ("0", (PAIRS, "DenseLinear")),
-        ("emulate", (EMULATED, "DenseLinear")),
-        ("onednn", (None, "PackedLinear")),  # the cpu set's oneDNN matmul, in 32-row blocks
+        (None, (TILES if TILES in PATHS else PAIRS_HERE, "DenseLinear")),
+        ("0", (PAIRS_HERE, "DenseLinear")),
+        ("emulate", (EMULATED if BF16 else AVX2_PAIRS, "DenseLinear")),  # the emulation needs AVX-512 BF16
+        # the cpu set's oneDNN matmul, in 32-row blocks (on a float32 copy where the CPU has no bfloat16 products)
+        ("onednn", (None, "PackedLinear" if BF16 else "UpcastLinear")),
     ],
 )
 def test_llmp_native_amx_chooses_the_path(variable, expected):
@@ -278,7 +299,7 @@ def test_the_gated_epilogue_has_the_bits_of_the_matmul_then_silu_and_mul(kernels
     bias = bias if with_bias else None
     x[0, : min(k, 3)] = torch.tensor([float("nan"), 1e-39, -0.0])[: min(k, 3)]  # a NaN row, a subnormal
     plain, gated = gated_linear(weight, bias)
-    product = OnPath(weight, bias, PAIRS)(x)
+    product = OnPath(weight, bias, PAIRS_HERE)(x)
     assert torch.equal(bits(plain(x)), bits(product))  # gate|up back in their order
     got = gated(x)
     assert got.shape == (rows, half)
@@ -304,7 +325,7 @@ def test_gated_packing_is_offered_for_bfloat16_silu_on_the_pairs_alone(kernels):
     assert kernels.pack_gated_linear(weight.bfloat16(), None, "gelu_tanh") is None  # the row kernel after
     assert kernels.pack_gated_linear(weight[:63].bfloat16(), None, "silu") is None  # no gate|up halves
     offered = kernels.pack_gated_linear(weight.bfloat16(), None, "silu")
-    assert (offered is not None) == (dense_path() == PAIRS)  # AMX tiles: the matmul, then the row kernel
+    assert (offered is not None) == dense_on_pairs()  # AMX tiles: the matmul, then the row kernel
     env = {**os.environ, "LLMP_NATIVE_AMX": "onednn"}  # bfloat16 layers left to oneDNN: nothing gated either
     code = (
         "import torch; from llmp_kernels_cpu_native.kernels import NativeKernels; "
@@ -325,7 +346,7 @@ def test_a_gated_mlp_runs_its_gate_up_and_silu_in_one_call(kernels):
     gate_up, down = mlp.gate_up_proj.weight.detach().clone(), mlp.down_proj.weight.detach().clone()
     assert pack_linear_layers(mlp, kernels) == 2
     expected = DenseLinear(down, None)(kernels.silu_and_mul(DenseLinear(gate_up, None)(x)))
-    if dense_path() != PAIRS:
+    if not dense_on_pairs():
         assert mlp.gated is None
     else:
         assert mlp.gated is not None and mlp.gate_up_proj.weight.numel() == 0  # one packed copy, shared
@@ -333,3 +354,14 @@ def test_a_gated_mlp_runs_its_gate_up_and_silu_in_one_call(kernels):
         mlp.act_and_mul = lambda h: calls.append(h) or kernels.silu_and_mul(h)
         assert torch.equal(mlp(x), expected) and not calls  # the row kernel never ran
         assert torch.equal(mlp.gate_up_proj(x), DenseLinear(gate_up, None)(x))  # the plain product (LoRA's base)
+
+
+def test_the_whole_file_passes_on_the_avx2_form_too():
+    # where this CPU has AVX-512 BF16, every test above again with LLMP_NATIVE_ISA=avx2: every bfloat16 layer, the
+    # gated epilogue and the paths' choice then on the AVX2 form (on an AVX2 CPU they already ran on it)
+    if not BF16:
+        pytest.skip("the file already ran on the AVX2 form")
+    env = {**os.environ, "LLMP_NATIVE_ISA": "avx2"}
+    command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:xdist", "-p", "no:cacheprovider", __file__]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:]
