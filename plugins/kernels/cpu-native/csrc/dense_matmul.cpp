@@ -1,6 +1,7 @@
-// dense_matmul: x @ W.T (+ bias) for bfloat16 x [T, K] and W [N, K], on CPUs with AVX-512 BF16
-// (llmp_native::dense_pack, llmp_native::dense_matmul): vdpbf16ps pairs (AMD Zen 4 and 5), or AMX tiles where the
-// CPU has them (Intel Sapphire Rapids and later: dense_matmul_tiles.h), from the same packed weight.
+// dense_matmul: x @ W.T (+ bias) for bfloat16 x [T, K] and W [N, K] (llmp_native::dense_pack,
+// llmp_native::dense_matmul): vdpbf16ps pairs on CPUs with AVX-512 BF16 (AMD Zen 4 and 5), AMX tiles where the CPU
+// has them (Intel Sapphire Rapids and later: dense_matmul_tiles.h), or the pairs widened to float32 in AVX2
+// registers on other x86-64 CPUs with AVX2 (dense_matmul_avx2.h), all from the same packed weight.
 //
 // The weight is packed once, in panels of 64 output columns: panel p holds, for each pair of K (k, k+1), the 64
 // columns' two bfloat16 values side by side ([P][K/2][64][2], zero-padded), so one vdpbf16ps with an input row's
@@ -407,7 +408,8 @@ at::Tensor dense_matmul_on(const at::Tensor& x, const at::Tensor& packed, int64_
     if (x.size(0) == 0 || N == 0) return y;
     const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
 #if LLMP_AMX_BUILT
-    if ((path == Path::tiles || path == Path::emulated_tiles) && x.size(1) > 0) {  // K = 0: the bias (or zeros), which the pairs path gives
+    // K = 0: the bias (or zeros), which the pairs path gives
+    if ((path == Path::tiles || path == Path::emulated_tiles) && x.size(1) > 0) {
         tiles_matmul(xs, ws, N, bp, y, path == Path::emulated_tiles);
         return y;
     }

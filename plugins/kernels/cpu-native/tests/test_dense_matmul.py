@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-from llmp_kernels_cpu.kernels import PackedLinear, UpcastLinear
+from llmp_kernels_cpu.kernels import CpuKernels, PackedLinear, UpcastLinear
 from llmp_kernels_cpu_native.kernels import DenseLinear, NativeKernels, gated_linear
 from llmp_kernels_cpu_native.library import dense_on_pairs, dense_path, dense_supported
 
@@ -250,8 +250,8 @@ print(dense_path(), type(packed).__name__)
         (None, (TILES if TILES in PATHS else PAIRS_HERE, "DenseLinear")),
         ("0", (PAIRS_HERE, "DenseLinear")),
         ("emulate", (EMULATED if BF16 else AVX2_PAIRS, "DenseLinear")),  # the emulation needs AVX-512 BF16
-        # the cpu set's oneDNN matmul, in 32-row blocks (on a float32 copy where the CPU has no bfloat16 products)
-        ("onednn", (None, "PackedLinear" if BF16 else "UpcastLinear")),
+        # the cpu set's oneDNN matmul, in 32-row blocks (on a float32 copy where oneDNN has no bfloat16 products)
+        ("onednn", (None, type(CpuKernels().pack_linear(torch.randn(8, 64).bfloat16(), None)).__name__)),
     ],
 )
 def test_llmp_native_amx_chooses_the_path(variable, expected):
