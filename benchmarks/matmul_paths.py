@@ -9,8 +9,10 @@ they come from memory as in a model step. Printed: ms per layer and GFLOP/s per 
 path against oneDNN called on all rows at once (what vLLM's CPU build does, whose rows are not batch-invariant):
 
 - ``onednn``: the cpu set's packed oneDNN matmul on all rows at once (not row-invariant: the reference speed);
-- ``onednn 32-row blocks``: the same in padded 32-row blocks, as the cpu set calls it (row-invariant);
+- ``onednn 32-row blocks``: the same in padded 32-row blocks, as the cpu set calls it (row-invariant); where
+  oneDNN has no bfloat16 matmul (AVX2 CPUs) both multiply the cpu set's float32 copy (``UpcastLinear``);
 - ``pairs``: cpu-native's ``vdpbf16ps`` path (AVX-512 BF16 CPUs);
+- ``avx2 pairs``: cpu-native's AVX2 form of the pairs (any AVX2 CPU);
 - ``amx tiles``: cpu-native's AMX tile path (CPUs with AMX-BF16, after its start-up check).
 
 Record the CPU (``lscpu``) with the figures: docs/benchmarks.md, "bfloat16 matmul paths".
@@ -31,12 +33,18 @@ LAYERS = 24
 
 def paths() -> dict:
     """path name -> function(weight [N, K]) -> (matmul x -> y)."""
-    from llmp_kernels_cpu.kernels import PackedLinear
+    from llmp_kernels_cpu.kernels import PackedLinear, UpcastLinear
 
-    found = {
-        "onednn": lambda w: PackedLinear(w, None).matmul,  # one call on all rows
-        "onednn 32-row blocks": lambda w: PackedLinear(w, None),  # its call makes the blocks
-    }
+    if torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        found = {
+            "onednn": lambda w: PackedLinear(w, None).matmul,  # one call on all rows
+            "onednn 32-row blocks": lambda w: PackedLinear(w, None),  # its call makes the blocks
+        }
+    else:  # the float32 copy, the input widened, the output rounded back
+        found = {
+            "onednn": lambda w: (lambda m: lambda x: m.matmul(x.float()).to(x.dtype))(UpcastLinear(w, None)),
+            "onednn 32-row blocks": lambda w: UpcastLinear(w, None),
+        }
     try:
         from llmp_kernels_cpu_native.library import dense_supported
     except Exception:  # the compiled set is not installed or not built: oneDNN only
@@ -51,7 +59,11 @@ def paths() -> dict:
 
         return pack
 
-    found["pairs"] = on("avx512-bf16 pairs")
+    from llmp_kernels_cpu_native.library import dense_path
+
+    if dense_path() != "avx2 pairs":  # AVX-512 BF16 here
+        found["pairs"] = on("avx512-bf16 pairs")
+    found["avx2 pairs"] = on("avx2 pairs")
     # the tiles where their start-up check passes (it runs them in a child process: a refused one is a reason)
     why_not = torch.ops.llmp_native.amx_tiles_unusable() or torch.ops.llmp_native.amx_tiles_check()
     if why_not == "":
