@@ -82,10 +82,12 @@ LLMP_FN void attend_rows(const AttentionArgs& a, ItemBuffers& buf, int64_t b, in
         row[r] = &buf.active[b + std::min(r, count - 1)];
         qf[r] = buf.q.data() + row[r]->k * Dv;
     }
-    Vf s[R];
+    alignas(64) float p[R][kTile];  // the weights, read back one at a time (a load, not a shuffle)
+    float alpha[R];
 #if LLMP_ISA_LEVEL == 1
-    // the two loops over D in the halves of each vector, __m256 registers: the same FMAs in the same order as the
-    // other copies' vfma, where GCC kept the 16-lane vectors of the AVX2 copy in memory (7x the scalar copy's time)
+    // the whole block on the halves of each row's 16 lanes in __m256 registers: the same operations in the same
+    // order as the other copies' code below (the same bits), where GCC kept the 16-lane vectors of the AVX2 copy in
+    // memory and ran its selects a lane at a time (the AVX2 attention took 7x the scalar copy's time)
     {
         __m256 lo[R], hi[R];
         for (int r = 0; r < R; ++r) lo[r] = hi[r] = _mm256_setzero_ps();
@@ -97,25 +99,78 @@ LLMP_FN void attend_rows(const AttentionArgs& a, ItemBuffers& buf, int64_t b, in
                 hi[r] = _mm256_fmadd_ps(q, khi, hi[r]);
             }
         }
+        // the softmax of each row's tile as below, on the halves (vexp8: vexp's operations)
+        const __m256i lanes_lo = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        const __m256i lanes_hi = _mm256_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15);
+        const __m256 none = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+        int j_first = kTile, j_last = -1;
         for (int r = 0; r < R; ++r) {
-            alignas(64) float t[kTile];
+            const int64_t k = row[r]->k;
+            if (a.softcap > 0.0f) {  // vsoftcap: cap * (1 - 2 / (exp(s * (2 / cap)) + 1))
+                const __m256 twice = _mm256_set1_ps(2.0f / a.softcap), one = _mm256_set1_ps(1.0f);
+                const __m256 two = _mm256_set1_ps(2.0f), cap = _mm256_set1_ps(a.softcap);
+                for (__m256* half : {&lo[r], &hi[r]}) {
+                    const __m256 e = vexp8(_mm256_mul_ps(*half, twice));
+                    *half = _mm256_mul_ps(_mm256_sub_ps(one, _mm256_div_ps(two, _mm256_add_ps(e, one))), cap);
+                }
+            }
+            const __m256i j_lo = _mm256_set1_epi32(row[r]->j_lo), j_hi = _mm256_set1_epi32(row[r]->j_hi);
+            const __m256i out_lo = _mm256_or_si256(_mm256_cmpgt_epi32(j_lo, lanes_lo), _mm256_cmpgt_epi32(lanes_lo, j_hi));
+            const __m256i out_hi = _mm256_or_si256(_mm256_cmpgt_epi32(j_lo, lanes_hi), _mm256_cmpgt_epi32(lanes_hi, j_hi));
+            lo[r] = _mm256_blendv_ps(lo[r], none, _mm256_castsi256_ps(out_lo));
+            hi[r] = _mm256_blendv_ps(hi[r], none, _mm256_castsi256_ps(out_hi));
+            alignas(32) float t[kTile];
             _mm256_store_ps(t, lo[r]);
             _mm256_store_ps(t + 8, hi[r]);
-            __builtin_memcpy(&s[r], t, sizeof t);
+            float tile_max = t[0];
+            for (int j = 1; j < kTile; ++j) tile_max = std::max(tile_max, t[j]);
+            const float m_new = std::max(buf.m[k], tile_max);
+            const __m256 m = _mm256_set1_ps(m_new);
+            _mm256_store_ps(p[r], vexp8(_mm256_sub_ps(lo[r], m)));
+            _mm256_store_ps(p[r] + 8, vexp8(_mm256_sub_ps(hi[r], m)));
+            alpha[r] = _mm256_cvtss_f32(vexp8(_mm256_set1_ps(buf.m[k] - m_new)));
+            if (r < count) {
+                float sum = 0.0f;
+                for (int j = 0; j < kTile; ++j) sum += p[r][j];
+                buf.l[k] = buf.l[k] * alpha[r] + sum;
+                buf.m[k] = m_new;
+            }
+            j_first = std::min(j_first, row[r]->j_lo);
+            j_last = std::max(j_last, row[r]->j_hi);
+        }
+        // and the values, as below
+        for (int64_t d = 0; d < Dv; d += kTile) {
+            for (int r = 0; r < R; ++r) {
+                const float* acc = buf.acc.data() + row[r]->k * Dv + d;
+                const __m256 scale = _mm256_set1_ps(alpha[r]);
+                lo[r] = _mm256_mul_ps(_mm256_loadu_ps(acc), scale);
+                hi[r] = _mm256_mul_ps(_mm256_loadu_ps(acc + 8), scale);
+            }
+            for (int j = j_first; j <= j_last; ++j) {
+                const __m256 vlo = _mm256_loadu_ps(vrow[j] + d), vhi = _mm256_loadu_ps(vrow[j] + d + 8);
+                for (int r = 0; r < R; ++r) {
+                    const __m256 w = _mm256_set1_ps(p[r][j]);
+                    lo[r] = _mm256_fmadd_ps(w, vlo, lo[r]);
+                    hi[r] = _mm256_fmadd_ps(w, vhi, hi[r]);
+                }
+            }
+            for (int r = 0; r < count; ++r) {
+                float* acc = buf.acc.data() + row[r]->k * Dv + d;
+                _mm256_storeu_ps(acc, lo[r]);
+                _mm256_storeu_ps(acc + 8, hi[r]);
+            }
         }
     }
 #else
+    Vf s[R];
     for (int r = 0; r < R; ++r) s[r] = Vf{};
     for (int64_t d = 0; d < D; ++d) {
         Vf kd;
         __builtin_memcpy(&kd, kt + d * kTile, sizeof kd);
         for (int r = 0; r < R; ++r) s[r] = vfma(vsplat(qf[r][d]), kd, s[r]);
     }
-#endif
     Vi lane;
     for (int j = 0; j < kTile; ++j) lane[j] = j;
-    alignas(64) float p[R][kTile];  // the weights, read back one at a time (a load, not a shuffle)
-    float alpha[R];
     int j_first = kTile, j_last = -1;
     for (int r = 0; r < R; ++r) {
         const int64_t k = row[r]->k;
@@ -138,31 +193,6 @@ LLMP_FN void attend_rows(const AttentionArgs& a, ItemBuffers& buf, int64_t b, in
         j_last = std::max(j_last, row[r]->j_hi);
     }
     // a row's weights outside its own keys are exactly 0: adding 0 * v leaves its sums as they are
-#if LLMP_ISA_LEVEL == 1
-    for (int64_t d = 0; d < Dv; d += kTile) {
-        __m256 lo[R], hi[R];
-        for (int r = 0; r < R; ++r) {
-            const float* acc = buf.acc.data() + row[r]->k * Dv + d;
-            const __m256 scale = _mm256_set1_ps(alpha[r]);
-            lo[r] = _mm256_mul_ps(_mm256_loadu_ps(acc), scale);
-            hi[r] = _mm256_mul_ps(_mm256_loadu_ps(acc + 8), scale);
-        }
-        for (int j = j_first; j <= j_last; ++j) {
-            const __m256 vlo = _mm256_loadu_ps(vrow[j] + d), vhi = _mm256_loadu_ps(vrow[j] + d + 8);
-            for (int r = 0; r < R; ++r) {
-                const __m256 w = _mm256_set1_ps(p[r][j]);
-                lo[r] = _mm256_fmadd_ps(w, vlo, lo[r]);
-                hi[r] = _mm256_fmadd_ps(w, vhi, hi[r]);
-            }
-        }
-        for (int r = 0; r < count; ++r) {
-            float* acc = buf.acc.data() + row[r]->k * Dv + d;
-            _mm256_storeu_ps(acc, lo[r]);
-            _mm256_storeu_ps(acc + 8, hi[r]);
-        }
-    }
-    return;
-#endif
     for (int64_t d = 0; d < Dv; d += kTile) {
         Vf o[R];
         for (int r = 0; r < R; ++r) {
@@ -176,6 +206,7 @@ LLMP_FN void attend_rows(const AttentionArgs& a, ItemBuffers& buf, int64_t b, in
         }
         for (int r = 0; r < count; ++r) __builtin_memcpy(buf.acc.data() + row[r]->k * Dv + d, &o[r], sizeof o[r]);
     }
+#endif
 }
 
 // The rows of one work item: query positions q0..q1 of request `r` (their rows in q: row0 + i), every query head

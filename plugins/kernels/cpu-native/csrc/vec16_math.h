@@ -43,6 +43,29 @@ LLMP_FN Vf vfma(Vf a, Vf b, Vf c) {
 #endif
 }
 
+#if LLMP_ISA_LEVEL == 1
+// vexp's very operations on one __m256 (its bits): GCC ran vexp's clamps and selects on the AVX2 copy's 16-lane
+// vectors a lane at a time, through the stack
+LLMP_FN __m256 vexp8(__m256 x) {
+    const __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(kExpMin), _CMP_LT_OQ);  // lanes that underflow (and -inf)
+    x = _mm256_blendv_ps(x, _mm256_set1_ps(kExpMin), under);
+    x = _mm256_blendv_ps(x, _mm256_set1_ps(kExpMax), _mm256_cmp_ps(x, _mm256_set1_ps(kExpMax), _CMP_GT_OQ));
+    const __m256 y = _mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)), _mm256_set1_ps(0.5f));
+    __m256i n = _mm256_cvttps_epi32(y);
+    n = _mm256_add_epi32(n, _mm256_castps_si256(_mm256_cmp_ps(_mm256_cvtepi32_ps(n), y, _CMP_GT_OQ)));  // floor
+    const __m256 fn = _mm256_cvtepi32_ps(n);
+    const __m256 r = _mm256_sub_ps(_mm256_sub_ps(x, _mm256_mul_ps(fn, _mm256_set1_ps(kLn2Hi))),
+                                   _mm256_mul_ps(fn, _mm256_set1_ps(kLn2Lo)));
+    const __m256 r2 = _mm256_mul_ps(r, r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    for (const float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f})
+        p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(c));
+    p = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(p, r2), r), _mm256_set1_ps(1.0f));
+    const __m256 scale = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n, _mm256_set1_epi32(127)), 23));
+    return _mm256_andnot_ps(under, _mm256_mul_ps(p, scale));
+}
+#endif
+
 // exp(x) for x in [-inf, 88]: Cephes' expf (range reduction by ln 2 in two parts, a degree-5 polynomial, the
 // exponent set directly); 0 below -87.3 (so exp(-inf) = 0 exactly: masked keys add nothing).
 LLMP_FN Vf vexp(Vf x) {
