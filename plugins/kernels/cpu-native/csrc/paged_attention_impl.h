@@ -69,6 +69,14 @@ LLMP_FN void transpose_tiles(const float* const* rows, int64_t Dv, float* kt) {
     }
 }
 
+// Row k's running softmax sum and maximum after a tile of weights p (exp(s - m_new)), its old sum rescaled by alpha
+LLMP_FN void fold_tile(ItemBuffers& buf, int64_t k, const float* p, float alpha, float m_new) {
+    float sum = 0.0f;
+    for (int j = 0; j < kTile; ++j) sum += p[j];
+    buf.l[k] = buf.l[k] * alpha + sum;
+    buf.m[k] = m_new;
+}
+
 // Rows b..b+count-1 of the tile's active rows, R at a time (a block's last row repeats to fill it; its copies are
 // not stored): each load of a key or value column serves every row of the block. One row's operations are the
 // same whatever R and whatever the other rows.
@@ -129,12 +137,7 @@ LLMP_FN void attend_rows(const AttentionArgs& a, ItemBuffers& buf, int64_t b, in
             _mm256_store_ps(p[r], vexp8(_mm256_sub_ps(lo[r], m)));
             _mm256_store_ps(p[r] + 8, vexp8(_mm256_sub_ps(hi[r], m)));
             alpha[r] = _mm256_cvtss_f32(vexp8(_mm256_set1_ps(buf.m[k] - m_new)));
-            if (r < count) {
-                float sum = 0.0f;
-                for (int j = 0; j < kTile; ++j) sum += p[r][j];
-                buf.l[k] = buf.l[k] * alpha[r] + sum;
-                buf.m[k] = m_new;
-            }
+            if (r < count) fold_tile(buf, k, p[r], alpha[r], m_new);
             j_first = std::min(j_first, row[r]->j_lo);
             j_last = std::max(j_last, row[r]->j_hi);
         }
@@ -183,12 +186,7 @@ LLMP_FN void attend_rows(const AttentionArgs& a, ItemBuffers& buf, int64_t b, in
         const Vf weights = vexp(s[r] - m_new);
         __builtin_memcpy(p[r], &weights, sizeof weights);
         alpha[r] = vexp(vsplat(buf.m[k] - m_new))[0];
-        if (r < count) {
-            float sum = 0.0f;
-            for (int j = 0; j < kTile; ++j) sum += p[r][j];
-            buf.l[k] = buf.l[k] * alpha[r] + sum;
-            buf.m[k] = m_new;
-        }
+        if (r < count) fold_tile(buf, k, p[r], alpha[r], m_new);
         j_first = std::min(j_first, row[r]->j_lo);
         j_last = std::max(j_last, row[r]->j_hi);
     }
