@@ -25,7 +25,7 @@ LLMP_FN void load_floats(Dtype dtype, const void* base, int64_t offset, int64_t 
     int64_t i = 0;
     if (dtype == Dtype::bf16) {
         const auto* src = static_cast<const uint16_t*>(base) + offset;
-#if LLMP_ISA_LEVEL == 1  // 8 lanes at a time in registers (see vsplat in vec16_math.h)
+#if LLMP_ISA_LEVEL == 1  // 8 lanes at a time in registers (GCC's 16-lane conversion went through the stack)
         for (; i + 8 <= n; i += 8) {
             const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
             _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
@@ -170,7 +170,7 @@ LLMP_FN void attend_rows(const AttentionArgs& a, ItemBuffers& buf, int64_t b, in
     for (int64_t d = 0; d < D; ++d) {
         Vf kd;
         __builtin_memcpy(&kd, kt + d * kTile, sizeof kd);
-        for (int r = 0; r < R; ++r) s[r] = vfma(vsplat(qf[r][d]), kd, s[r]);
+        for (int r = 0; r < R; ++r) s[r] = vfma(Vf{} + qf[r][d], kd, s[r]);
     }
     Vi lane;
     for (int j = 0; j < kTile; ++j) lane[j] = j;
@@ -185,7 +185,7 @@ LLMP_FN void attend_rows(const AttentionArgs& a, ItemBuffers& buf, int64_t b, in
         const float m_new = std::max(buf.m[k], tile_max);
         const Vf weights = vexp(s[r] - m_new);
         __builtin_memcpy(p[r], &weights, sizeof weights);
-        alpha[r] = vexp(vsplat(buf.m[k] - m_new))[0];
+        alpha[r] = vexp(Vf{} + (buf.m[k] - m_new))[0];
         if (r < count) fold_tile(buf, k, p[r], alpha[r], m_new);
         j_first = std::min(j_first, row[r]->j_lo);
         j_last = std::max(j_last, row[r]->j_hi);
@@ -200,7 +200,7 @@ LLMP_FN void attend_rows(const AttentionArgs& a, ItemBuffers& buf, int64_t b, in
         for (int j = j_first; j <= j_last; ++j) {
             Vf v;
             __builtin_memcpy(&v, vrow[j] + d, sizeof v);
-            for (int r = 0; r < R; ++r) o[r] = vfma(vsplat(p[r][j]), v, o[r]);
+            for (int r = 0; r < R; ++r) o[r] = vfma(Vf{} + p[r][j], v, o[r]);
         }
         for (int r = 0; r < count; ++r) __builtin_memcpy(buf.acc.data() + row[r]->k * Dv + d, &o[r], sizeof o[r]);
     }

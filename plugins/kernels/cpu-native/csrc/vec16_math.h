@@ -2,42 +2,21 @@
 // with LLMP_TARGET, LLMP_ISA_LEVEL (0 scalar, 1 AVX2, 2 AVX-512) and LLMP_FN set. No include guard: one
 // definition per copy.
 
-#if LLMP_ISA_LEVEL == 1
-// The AVX2 copy holds a Vf in two registers: its halves are taken and joined by shuffles, which GCC keeps in
-// registers, where a copy through memory (memcpy into two __m256) or a vector built from a scalar (Vf{} + x)
-// went through the stack a lane at a time (a batch-1 decode layer's attention took 7x the scalar copy's time)
-typedef float Vf8 __attribute__((vector_size(8 * sizeof(float))));
-
-LLMP_FN __m256 low_half(Vf v) { return reinterpret_cast<__m256>(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7)); }
-
-LLMP_FN __m256 high_half(Vf v) {
-    return reinterpret_cast<__m256>(__builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15));
-}
-
-LLMP_FN Vf joined(__m256 lo, __m256 hi) {
-    return __builtin_shufflevector(reinterpret_cast<Vf8>(lo), reinterpret_cast<Vf8>(hi), 0, 1, 2, 3, 4, 5, 6, 7, 8,
-                                   9, 10, 11, 12, 13, 14, 15);
-}
-#endif
-
-// x in every lane
-LLMP_FN Vf vsplat(float x) {
-#if LLMP_ISA_LEVEL == 1
-    const __m256 half = _mm256_set1_ps(x);
-    return joined(half, half);
-#else
-    return Vf{} + x;
-#endif
-}
-
 // c + a * b, one rounding where the instruction set has FMA (so the scalar copy's bits differ from the others')
 LLMP_FN Vf vfma(Vf a, Vf b, Vf c) {
 #if LLMP_ISA_LEVEL == 2
     return reinterpret_cast<Vf>(_mm512_fmadd_ps(reinterpret_cast<__m512>(a), reinterpret_cast<__m512>(b),
                                                  reinterpret_cast<__m512>(c)));
 #elif LLMP_ISA_LEVEL == 1
-    return joined(_mm256_fmadd_ps(low_half(a), low_half(b), low_half(c)),
-                  _mm256_fmadd_ps(high_half(a), high_half(b), high_half(c)));
+    __m256 x[2], y[2], z[2];
+    __builtin_memcpy(x, &a, sizeof a);
+    __builtin_memcpy(y, &b, sizeof b);
+    __builtin_memcpy(z, &c, sizeof c);
+    z[0] = _mm256_fmadd_ps(x[0], y[0], z[0]);
+    z[1] = _mm256_fmadd_ps(x[1], y[1], z[1]);
+    Vf out;
+    __builtin_memcpy(&out, z, sizeof out);
+    return out;
 #else
     return c + a * b;
 #endif
