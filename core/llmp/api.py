@@ -682,6 +682,13 @@ class KernelSet(Protocol):
     on the CPU the engine may then replay decode steps from a TorchScript
     trace, checked against the eager model before use (``docs/architecture.md``).
 
+    Optional method: ``isa_path(device, dtype)`` -> str, one phrase naming the instruction path the
+    set's kernels take on ``device`` (``"cpu"``, ``"cuda:0"``) for ``dtype`` weights (``"bfloat16"``):
+    its loops' ISA first, then what multiplies ``bfloat16``/``float16`` matrices (say nothing of
+    matmuls for ``float32``). The engine's start-up line and ``llmp collect-env`` show it; a set
+    without one is described by torch's path (``llmp.progress.isa_path``: ATen's vector ISA, AMX,
+    oneDNN's native or emulated half-precision matmul), right for sets that multiply with torch.
+
     Optional method: ``argmax(logits)``, logits ``[R, V]`` in the model's dtype (or float32) ->
     ``[R]`` int64, the first index of each row's largest value, a NaN counting as the largest
     (``torch.argmax``'s answer). The sampler takes greedy tokens with it where the set has one.
@@ -1042,6 +1049,9 @@ class Executor(Protocol):
     """
 
     kernels_name: str  # the kernel set the workers selected
+    # optional: the path it takes (``Worker.describe()["isa_path"]``), for the start-up line; the engine
+    # describes torch's path where an executor has no such attribute
+    kernels_isa_path: str
 
     def __init__(self, config: EngineConfig, model: ResolvedModel) -> None: ...
 

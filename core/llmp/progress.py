@@ -97,7 +97,8 @@ def human_bytes(count: float) -> str:
 def isa_path(device: str, dtype: str) -> str:
     """The instruction path torch's kernels take here: ATen's vector ISA, AMX, and whether oneDNN
     multiplies ``dtype`` matrices natively (else they are emulated, much slower); a GPU's name and
-    compute capability. What ``cpu`` and ``torch`` kernel sets run on; empty if torch cannot say."""
+    compute capability. What the ``torch`` set runs on (a set may describe its own path:
+    :func:`kernels_isa_path`); empty if torch cannot say."""
     import torch
 
     try:
@@ -118,6 +119,13 @@ def isa_path(device: str, dtype: str) -> str:
         return ", ".join(parts)
     except (AttributeError, RuntimeError):  # private probes of another torch version
         return ""
+
+
+def kernels_isa_path(kernels: Any, device: str, dtype: str) -> str:
+    """The instruction path a kernel set takes: its own ``isa_path(device, dtype)`` where it has one (a compiled
+    set that multiplies with its own loops), else torch's (:func:`isa_path`)."""
+    own = getattr(kernels, "isa_path", None)
+    return own(device, dtype) if callable(own) else isa_path(device, dtype)
 
 
 def engine_summary(info: Mapping[str, Any]) -> str:

@@ -113,7 +113,7 @@ def _gpus(torch: Any) -> dict[str, Any]:
     return {"available": True, "devices": devices}
 
 
-def _engine(cpu: dict[str, Any], build: dict[str, Any]) -> dict[str, Any]:
+def _engine() -> dict[str, Any]:
     """What ``llmp serve`` / ``LLM()`` would choose with no options: the default model's dtype, the
     kernel set for the default device and the instruction-set path it takes. A failing part is
     reported as an ``*_error`` entry: the rest of the report still helps."""
@@ -133,6 +133,7 @@ def _engine(cpu: dict[str, Any], build: dict[str, Any]) -> dict[str, Any]:
         report["dtype"] = None
         report["dtype_error"] = f"{type(exc).__name__}: {exc}"
     from llmp.engine.device import resolve_device
+    from llmp.progress import isa_path, kernels_isa_path
 
     try:  # what --device auto picks here, as the engine resolves it
         device = resolve_device(config.device, report["dtype"] or "float32")
@@ -144,27 +145,13 @@ def _engine(cpu: dict[str, Any], build: dict[str, Any]) -> dict[str, Any]:
         spec = registry.select_kernels(config.kernels, device.partition(":")[0])
         report["kernels"] = spec.name
         report["kernels_plugin"] = spec.plugin
-        reported = getattr(spec.load(), "isa", None)  # a kernel set may say which ISA path it takes
+        # as the engine's start-up line says it: the set's own account of its path, else torch's
+        report["isa_path"] = kernels_isa_path(spec.load()(), device, report.get("dtype") or "")
     except Exception as exc:
-        report["kernels"] = None
+        report["kernels"] = report.get("kernels")
         report["kernels_error"] = f"{type(exc).__name__}: {exc}"
-        reported = None
-    report["isa_path"] = reported if isinstance(reported, str) else _isa_path(device, report.get("dtype"), cpu, build)
+        report["isa_path"] = isa_path(device, report.get("dtype") or "")
     return report
-
-
-def _isa_path(device: str, dtype: str | None, cpu: dict[str, Any], build: dict[str, Any]) -> str:
-    """The instruction set the matmuls run on, from torch's view of the machine."""
-    if device != "cpu" or "cpu_capability" not in build:
-        return f"{device} (no ISA details)"
-    base = f"{build['cpu_capability']} (torch)"
-    if dtype in ("bfloat16", "float16"):
-        short = "bf16" if dtype == "bfloat16" else "fp16"
-        if build[f"onednn_{short}"]:
-            units = [f for f in cpu["flags"] if f in (f"amx_{short}", f"avx512_{short}")]
-            return f"{base}, oneDNN {short} native ({', '.join(units) or 'supported'})"
-        return f"{base}, {short} upcast to float32 (no native oneDNN {short} on this CPU)"
-    return f"{base}, float32"
 
 
 def environment_report() -> dict[str, Any]:
@@ -181,7 +168,7 @@ def environment_report() -> dict[str, Any]:
         "cpu": cpu,
         "memory_gib": _memory_gib(),
         "gpu": _gpus(torch),
-        "engine": _engine(cpu, build),
+        "engine": _engine(),
         "libraries": {name: _version(name) for name in LIBRARIES},
         "env": {k: _shareable(k, v) for k, v in sorted(os.environ.items()) if k.startswith(REPORTED_VARIABLES)},
         "plugins": [

@@ -28,6 +28,7 @@ class UniprocExecutor:
         self.worker = Worker(config, model)  # in this process: no group to join
         self.runner = self.worker.runner
         self.kernels_name = self.runner.kernels_spec.name
+        self.kernels_isa_path = self.runner.isa_path
         self.load_seconds = self.runner.load_seconds
 
     def bytes_per_block(self) -> int:

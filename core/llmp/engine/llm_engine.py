@@ -143,7 +143,8 @@ class LLMEngine:
                 "num_kv_blocks": num_blocks,
                 "block_size": config.block_size,
                 "dtype": model.dtype,
-                "isa": isa_path(config.device, model.dtype),
+                # the workers' kernel set's own account; torch's for an executor that does not pass it on
+                "isa": getattr(self.executor, "kernels_isa_path", None) or isa_path(config.device, model.dtype),
                 "quantization": weights_quantization(model.model_dir),
                 "tensor_parallel_size": config.tensor_parallel_size,
                 "task": self.task,

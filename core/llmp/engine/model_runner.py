@@ -28,7 +28,7 @@ from llmp.modeling.decoder import as_pooling_model
 from llmp.modeling.layers import QuantizedLayers, pack_quantized_layers
 from llmp.modeling.pooling import POOLERS, PoolSlice
 from llmp.options import EngineConfig
-from llmp.progress import human_bytes
+from llmp.progress import human_bytes, kernels_isa_path
 
 log = logging.getLogger("llmp.engine")
 
@@ -77,6 +77,7 @@ class ModelRunner:
         started = time.perf_counter()
         self.kernels_spec = registry.select_kernels(config.kernels, self.device.type)
         self.kernels = self.kernels_spec.load()()
+        self.isa_path = kernels_isa_path(self.kernels, str(self.device), resolved.dtype)  # for the start-up line
         model_cls = as_pooling_model(resolved.spec.load(), resolved.task)
         try:
             self.model = self._load_model(model_cls, resolved)

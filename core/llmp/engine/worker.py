@@ -63,6 +63,7 @@ class Worker:
         return {
             "rank": self.rank,
             "kernels_name": self.runner.kernels_spec.name,
+            "isa_path": self.runner.isa_path,
             "bytes_per_block": self.runner.bytes_per_block(),
             "load_seconds": self.runner.load_seconds,
             "pid": os.getpid(),

@@ -73,6 +73,7 @@ class MultiprocExecutor:
             raise
         first = described[0]
         self.kernels_name = first["kernels_name"]
+        self.kernels_isa_path = first["isa_path"]
         self.load_seconds = max(d["load_seconds"] for d in described.values())
         self._bytes_per_block = first["bytes_per_block"]
         self.worker_pids = [described[r]["pid"] for r in range(self.world_size)]

@@ -98,6 +98,7 @@ class RayExecutor:
             raise
         first = described[0]
         self.kernels_name = first["kernels_name"]
+        self.kernels_isa_path = first["isa_path"]
         self.load_seconds = max(d["load_seconds"] for d in described)
         self._bytes_per_block = first["bytes_per_block"]
         self.worker_pids = [d["pid"] for d in described]

@@ -42,11 +42,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from llmp_kernels_cpu.kernels import CpuKernels
+from llmp_kernels_cpu.kernels import CpuKernels, half_matmul_path
 
 from llmp.api import AttentionMetadata, DecoderLayerParts
 from llmp.quantization import QuantizedWeight
-from llmp_kernels_cpu_native.library import dense_chosen, dense_on_pairs, load, quant_matmul_types
+from llmp_kernels_cpu_native.library import dense_chosen, dense_on_pairs, dense_path, load, quant_matmul_types
 
 ROW_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # the row-wise ops' dtypes
 
@@ -197,6 +197,14 @@ class NativeKernels(CpuKernels):
     def __init__(self) -> None:
         super().__init__()
         self.isa = load()
+
+    def isa_path(self, device: str, dtype: str) -> str:
+        """The instruction set of its loops, then what multiplies bfloat16 layers: its own ``dense_matmul`` path
+        (amx tiles, avx512-bf16 pairs, avx2 pairs) or, where that does not run or is not chosen, the cpu set's."""
+        loops = "scalar loops" if self.isa == "scalar" else f"{self.isa.upper()} loops"
+        if dtype == "bfloat16" and dense_chosen():
+            return f"{loops}, bfloat16 matmul {dense_path()}"
+        return ", ".join([loops, half] if (half := half_matmul_path(dtype)) else [loops])
 
     def pack_linear(
         self, weight: torch.Tensor, bias: torch.Tensor | None

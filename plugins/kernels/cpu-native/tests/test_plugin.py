@@ -3,6 +3,7 @@ picks the cpu set), and no torch imported to decide."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -98,3 +99,40 @@ def test_plugins_show_names_the_path_the_library_takes(forced):
     assert isa.returncode == 0, isa.stderr
     shown = run(*LLMP, "plugins", "show", "kernels-cpu-native", LLMP_NATIVE_ISA=forced)
     assert f"the {isa.stdout.strip()} path on this CPU" in shown.stdout, shown.stdout
+
+
+STARTUP = """
+import sys
+from pathlib import Path
+from llmp import LLM
+from llmp.testing import save_tiny_llama
+save_tiny_llama(Path(sys.argv[1]))
+llm = LLM(sys.argv[1], dtype="bfloat16", block_size=4, max_model_len=64)
+print("ISA", llm.engine.info.options["isa"])
+"""
+
+
+def _bf16_cpu() -> bool:
+    return "avx512_bf16" in Path("/proc/cpuinfo").read_text().split()
+
+
+@pytest.mark.parametrize("amx", ["", "onednn"])
+def test_the_start_up_line_names_the_path_its_bfloat16_layers_take(tmp_path, amx):
+    """Not torch's view of the CPU (on an AVX2 CPU oneDNN's bfloat16 matmul is emulated, which this set never
+    runs): its loops' ISA and its own matmul path, or the cpu set's float32 copies where oneDNN is chosen."""
+    result = run(sys.executable, "-c", STARTUP, str(tmp_path / "tiny"), LLMP_NATIVE_AMX=amx)
+    assert result.returncode == 0, result.stderr
+    [summary] = [line for line in result.stderr.splitlines() if "engine ready in" in line]
+    isa = result.stdout.split("ISA ", 1)[1].strip()
+    assert f"dtype bfloat16, kernels cpu-native ({isa})," in summary
+    avx512 = "avx512f" in Path("/proc/cpuinfo").read_text().split()
+    assert isa.startswith("AVX512 loops, " if avx512 else "AVX2 loops, "), isa
+    if amx == "onednn":
+        assert isa.endswith(f"bfloat16 matmul {'native' if _bf16_cpu() else 'on float32 copies'} (oneDNN)"), isa
+    elif _bf16_cpu():
+        assert isa.endswith(("bfloat16 matmul avx512-bf16 pairs", "bfloat16 matmul amx tiles")), isa
+    else:
+        assert isa.endswith("bfloat16 matmul avx2 pairs"), isa
+    report = run(*LLMP, "collect-env", "--json", LLMP_NATIVE_AMX=amx)  # the same words, for the default model's dtype
+    assert report.returncode == 0, report.stderr
+    assert json.loads(report.stdout)["engine"]["isa_path"] == ("AVX512 loops" if avx512 else "AVX2 loops")

@@ -134,6 +134,16 @@ def native_matmul(dtype: torch.dtype) -> bool:
     return dtype == torch.float16 and torch.ops.mkldnn._is_mkldnn_fp16_supported()
 
 
+def half_matmul_path(dtype: str) -> str | None:
+    """How the set multiplies ``dtype`` ("bfloat16", "float16") matrices here; None for float32 (MKL, as torch)."""
+    half = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype)
+    if half is None:
+        return None
+    if _packing(half) is None:
+        return f"{dtype} matmul emulated (torch)"  # no oneDNN in this torch build: F.linear
+    return f"{dtype} matmul {'native' if native_matmul(half) else 'on float32 copies'} (oneDNN)"
+
+
 def _packing(dtype: torch.dtype) -> type[PackedLinear] | None:
     if not torch.backends.mkldnn.is_available() or dtype not in (torch.bfloat16, torch.float16):
         return None  # float32: F.linear (MKL), which keeps the reference's bits
@@ -307,6 +317,14 @@ class CpuKernels(TorchKernels):
         self._writes = _WriteCache()
         self._rotary = _RotaryCache()
         self._lora = _WideLoRA()
+
+    def isa_path(self, device: str, dtype: str) -> str:
+        """ATen's vector ISA (the elementwise ops, float32 matmuls), AMX, and how half-precision layers multiply:
+        where oneDNN has no such matmul, on packed float32 copies (``UpcastLinear``), not torch's emulation."""
+        parts = [torch.backends.cpu.get_cpu_capability()]
+        if torch.cpu._is_amx_tile_supported():
+            parts.append("AMX")
+        return ", ".join([*parts, half] if (half := half_matmul_path(dtype)) else parts)
 
     def pack_linear(
         self, weight: torch.Tensor, bias: torch.Tensor | None
