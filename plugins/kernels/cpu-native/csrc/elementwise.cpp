@@ -4,6 +4,8 @@
 //   llmp_native::silu_and_mul, llmp_native::gelu_tanh_and_mul, llmp_native::rotary_ (neox layout, in place),
 //   llmp_native::write_kv_ (a step's keys and values into their cache slots), llmp_native::argmax_rows (greedy
 //   tokens: torch's bfloat16 max over 64 rows of a 152k vocabulary took 2.5 ms, one pass 0.3 ms).
+// The loops are written once on generic vectors (elementwise_impl.h); the AVX2 copy's RMSNorm, activations and
+// argmax on __m256 halves (elementwise_avx2.h), the AVX-512 copy's bfloat16 RMSNorm in intrinsics.
 // float32, bfloat16 and float16 tensors, float32 arithmetic. In float32 the norms and activations differ from the
 // reference's chains of ops only in the order of the RMS sum and the exponential's last bits (within a few ulps;
 // rotary_ has the reference's very bits: no FMA contraction); float32 GELU is left to the reference. Rows are split over torch's threads only when a call

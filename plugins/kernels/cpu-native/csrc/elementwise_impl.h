@@ -52,6 +52,10 @@ LLMP_FN void store_n(E* p, Vf v, int64_t n) {
     }
 }
 
+#if LLMP_ISA_LEVEL == 1
+#include "elementwise_avx2.h"
+#endif
+
 #if LLMP_ISA_LEVEL == 2
 // rms_norm_row's bfloat16 rows in AVX-512 instructions (GCC's generic vectors spilled every load through the stack:
 // 2x slower with the residual), with its very operations and order: the same bits
@@ -98,6 +102,8 @@ template <typename E>
 LLMP_FN void rms_norm_row(const E* x, const E* res, const E* w, E* out, E* sum, int64_t n, float eps) {
 #if LLMP_ISA_LEVEL == 2
     if constexpr (std::is_same_v<E, c10::BFloat16>) return rms_norm_row_bf16(x, res, w, out, sum, n, eps);
+#elif LLMP_ISA_LEVEL == 1
+    return rms_norm_row_avx2(x, res, w, out, sum, n, eps);
 #endif
     Vf squares{};
     for (int64_t i = 0; i < n; i += kLanes) {
@@ -129,6 +135,9 @@ LLMP_FN Vf silu_rounded(Vf gate) {
 // out[i] = act(x[i]) * x[half + i]: SiLU (gate / (1 + exp(-gate))) or tanh-approximated GELU
 template <typename E, bool kGelu>
 LLMP_FN void act_and_mul_row(const E* x, E* out, int64_t half) {
+#if LLMP_ISA_LEVEL == 1
+    return act_and_mul_row_avx2<E, kGelu>(x, out, half);
+#endif
     for (int64_t i = 0; i < half; i += kLanes) {
         const int64_t m = std::min<int64_t>(kLanes, half - i);
         const Vf g = load_n(x + i, m), u = load_n(x + half + i, m);
@@ -164,6 +173,9 @@ LLMP_FN void rotate_row(E* row, const float* cos, const float* sin, int64_t half
 // keeps its first largest (a strict >), then the smallest index among the lanes holding the largest
 template <typename E>
 LLMP_FN int64_t argmax_row(const E* x, int64_t n) {
+#if LLMP_ISA_LEVEL == 1
+    return argmax_row_avx2(x, n);
+#endif
     Vi lane;
     for (int l = 0; l < kLanes; ++l) lane[l] = l;
     Vf best = Vf{} - std::numeric_limits<float>::infinity();

@@ -191,36 +191,46 @@ def test_each_instruction_set_path(isa, run_on_isa):
     )
 
 
-def test_bfloat16_rms_norm_has_the_portable_copys_bits(kernels, run_on_isa, tmp_path):
-    """The AVX-512 copy's bfloat16 RMSNorm is written in intrinsics, the others in generic vectors: the same
-    operations in the same order, so the same bits (tails, a NaN and an infinity, the residual's rounding)."""
-    from llmp_kernels_cpu_native.library import load
-
-    if load() != "avx512":
-        pytest.skip("this CPU has no AVX-512 copy")
-    cases = []
+# the kernels each copy writes in intrinsics, with the portable code's operations in its order
+INTRINSICS = {
+    "avx512": "[(torch.bfloat16, 'rms')]",
+    "avx2": "[(dt, op) for dt in (torch.bfloat16, torch.float32) for op in ('rms', 'silu', 'gelu')]",
+}
+ROW_CASES = """
+import sys, torch
+from llmp_kernels_cpu_native.kernels import NativeKernels
+native, out = NativeKernels(), []
+for dtype, op in {ops}:
     for rows, width in [(3, 896), (5, 37), (2, 4864), (4, 1)]:
-        x, res = rand(rows, width, dtype=torch.bfloat16) * 3, rand(rows, width, dtype=torch.bfloat16, seed=2) * 40
-        w = rand(width, dtype=torch.bfloat16, seed=1)
-        x[0, -1], res[-1, 0] = float("nan"), float("inf")
-        cases.append((x, res, w, kernels.rms_norm(x, w, 1e-6), *kernels.rms_norm(x, w, 1e-5, res)))
-    torch.save(cases, tmp_path / "avx512.pt")
-    run_on_isa(
-        "scalar",
-        textwrap.dedent(
-            """
-            import sys, torch
-            from llmp_kernels_cpu_native.kernels import NativeKernels
-            native = NativeKernels()
-            for x, res, w, plain, out, total in torch.load(sys.argv[2]):
-                got = [native.rms_norm(x, w, 1e-6), *native.rms_norm(x, w, 1e-5, res)]
-                for a, b in zip(got, [plain, out, total]):
-                    assert torch.equal(a.view(torch.int16), b.view(torch.int16)), (x.shape, a, b)
-            print("ok")
-            """
-        ),
-        str(tmp_path / "avx512.pt"),
-    )
+        g = torch.Generator().manual_seed(rows * width)
+        x, res = torch.randn(rows, 2 * width, generator=g) * 3, torch.randn(rows, width, generator=g) * 40
+        w = torch.randn(width, generator=g)
+        x[0, width - 1], res[-1, 0], x[-1, 0] = float("nan"), float("inf"), -200.0
+        x, res, w = x.to(dtype), res.to(dtype), w.to(dtype)
+        if op == "rms":
+            out += [native.rms_norm(x[:, :width], w, 1e-6), *native.rms_norm(x[:, width:], w, 1e-5, res)]
+        elif op == "silu":
+            out.append(native.silu_and_mul(x))
+        elif dtype != torch.float32:  # float32 GELU is the reference's
+            out.append(native.gelu_tanh_and_mul(x))
+if sys.argv[1] != "scalar":
+    torch.save(out, sys.argv[2])
+else:
+    for a, b in zip(out, torch.load(sys.argv[2]), strict=True):
+        assert a.dtype == b.dtype and torch.equal(a.view(torch.uint8), b.view(torch.uint8)), (a.shape, a, b)
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+def test_the_intrinsics_have_the_portable_copys_bits(run_on_isa, tmp_path, isa):
+    """The AVX-512 copy's bfloat16 RMSNorm and the AVX2 copy's RMSNorm and activations are written in intrinsics
+    (GCC's generic vectors went through the stack), the scalar copy in generic vectors: the same operations in the
+    same order, so the same bits (tails, a NaN and an infinity, an underflowing exponential, the residual's
+    rounding)."""
+    code = ROW_CASES.replace("{ops}", INTRINSICS[isa])
+    run_on_isa(isa, code, str(tmp_path / "out.pt"))
+    run_on_isa("scalar", code, str(tmp_path / "out.pt"))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
