@@ -155,23 +155,12 @@ LLMP_FN int64_t argmax_row_avx2(const E* x, int64_t n) {
         at_hi = _mm256_blendv_epi8(at_hi, idx_hi, _mm256_castps_si256(larger_hi));
         nan = _mm256_or_ps(nan, _mm256_or_ps(_mm256_cmp_ps(v.lo, v.lo, _CMP_UNORD_Q), _mm256_cmp_ps(v.hi, v.hi, _CMP_UNORD_Q)));
     }
-    if (_mm256_movemask_ps(nan) != 0) {  // the first NaN
-        for (int64_t i = 0; i < n; ++i) {
-            const float v = static_cast<float>(x[i]);
-            if (v != v) return i;
-        }
-    }
+    if (_mm256_movemask_ps(nan) != 0) return first_nan(x, n);
     alignas(32) float best[kLanes];
     alignas(32) int32_t at[kLanes];
     _mm256_store_ps(best, best_lo);
     _mm256_store_ps(best + 8, best_hi);
     _mm256_store_si256(reinterpret_cast<__m256i*>(at), at_lo);
     _mm256_store_si256(reinterpret_cast<__m256i*>(at + 8), at_hi);
-    float top = best[0];
-    for (int l = 1; l < kLanes; ++l) top = std::max(top, best[l]);
-    int64_t first = n > 0 ? n : 0;
-    for (int l = 0; l < kLanes; ++l) {
-        if (best[l] == top) first = std::min<int64_t>(first, at[l]);
-    }
-    return n > 0 ? first : 0;
+    return first_largest(best, at, n);
 }

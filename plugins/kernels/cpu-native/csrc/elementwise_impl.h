@@ -52,6 +52,27 @@ LLMP_FN void store_n(E* p, Vf v, int64_t n) {
     }
 }
 
+// argmax_row's ends: the index of the row's first NaN (the largest, as torch counts it), or -1
+template <typename E>
+LLMP_FN int64_t first_nan(const E* x, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+        const float v = static_cast<float>(x[i]);
+        if (v != v) return i;
+    }
+    return -1;
+}
+
+// and the smallest index among the lanes holding the largest of their values (each lane's first)
+LLMP_FN int64_t first_largest(const float* best, const int32_t* at, int64_t n) {
+    float top = best[0];
+    for (int l = 1; l < kLanes; ++l) top = std::max(top, best[l]);
+    int64_t first = n > 0 ? n : 0;
+    for (int l = 0; l < kLanes; ++l) {
+        if (best[l] == top) first = std::min<int64_t>(first, at[l]);
+    }
+    return n > 0 ? first : 0;
+}
+
 #if LLMP_ISA_LEVEL == 1
 #include "elementwise_avx2.h"
 #endif
@@ -191,19 +212,12 @@ LLMP_FN int64_t argmax_row(const E* x, int64_t n) {
     }
     bool any_nan = false;
     for (int l = 0; l < kLanes; ++l) any_nan |= nan[l] != 0;
-    if (any_nan) {
-        for (int64_t i = 0; i < n; ++i) {
-            const float v = static_cast<float>(x[i]);
-            if (v != v) return i;
-        }
-    }
-    float top = best[0];
-    for (int l = 1; l < kLanes; ++l) top = std::max(top, best[l]);
-    int64_t first = n > 0 ? n : 0;
-    for (int l = 0; l < kLanes; ++l) {
-        if (best[l] == top) first = std::min<int64_t>(first, at[l]);
-    }
-    return n > 0 ? first : 0;
+    if (any_nan) return first_nan(x, n);
+    float best_lanes[kLanes];
+    int32_t at_lanes[kLanes];
+    __builtin_memcpy(best_lanes, &best, sizeof best_lanes);
+    __builtin_memcpy(at_lanes, &at, sizeof at_lanes);
+    return first_largest(best_lanes, at_lanes, n);
 }
 
 template <typename E>

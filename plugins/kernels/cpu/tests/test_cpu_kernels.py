@@ -65,6 +65,19 @@ def test_upcast_linear_rounds_a_float32_product_once(rows):
     assert (out.float() - expected).abs().max() <= expected.abs().max() * 2**-8 + 1e-6
 
 
+def test_its_isa_path_says_how_half_precision_layers_multiply():
+    """oneDNN's own bfloat16 matmul where it has one, else the float32 copies of UpcastLinear: never torch's
+    "emulated", which this set does not run; nothing about matmuls for float32 (MKL, as torch)."""
+    kernels, capability = CpuKernels(), torch.backends.cpu.get_cpu_capability()
+    for dtype, half in (("bfloat16", torch.bfloat16), ("float16", torch.float16)):
+        how = "native" if native_matmul(half) else "on float32 copies"
+        path = kernels.isa_path("cpu", dtype)
+        assert path.startswith(capability) and path.endswith(f", {dtype} matmul {how} (oneDNN)"), path
+        packed = kernels.pack_linear(torch.randn(8, 16).to(half), None)
+        assert isinstance(packed, UpcastLinear) == (how == "on float32 copies")
+    assert "matmul" not in kernels.isa_path("cpu", "float32")
+
+
 def test_float32_weights_stay_on_f_linear():
     assert CpuKernels().pack_linear(torch.randn(8, 4), None) is None
 
