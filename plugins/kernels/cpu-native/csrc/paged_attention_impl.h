@@ -44,8 +44,6 @@ LLMP_FN void load_floats(Dtype dtype, const void* base, int64_t offset, int64_t 
     if (i < n) load_row(dtype, base, offset + i, n - i, out + i);
 }
 
-// 16 rows of Dv floats -> kt[Dv][16], one 16 x 16 block at a time: four rounds of pairing row i with row i + 8,
-// which rotate the bits of (row, column) by one each, so that after four the row's bits are the column's
 #if LLMP_ISA_LEVEL == 1
 // AVX2 shuffles no 16-lane vector in registers (GCC moved each lane through the stack): 8 x 8 blocks instead.
 // r[j] holds 8 values of row j; after the transpose r[d] holds value d of rows 0..7.
@@ -67,34 +65,34 @@ LLMP_FN void transpose8(__m256 r[8]) {
     }
 }
 
-// 16 bfloat16 rows of D (a multiple of 8) values -> kt[D][16] as float32, widened and transposed in registers
-// (no float32 copy of the rows first)
-LLMP_FN void transpose_bf16_tiles(const uint16_t* const* rows, int64_t D, float* kt) {
-    for (int64_t d0 = 0; d0 < D; d0 += 8) {
+// 16 rows of `width` (a multiple of 8) values -> kt[width][16], 8 x 8 blocks; load(j, d) gives row j's values d..d+7
+template <typename Load>
+LLMP_FN void transpose_blocks8(int64_t width, float* kt, Load load) {
+    for (int64_t d0 = 0; d0 < width; d0 += 8) {
         for (int j0 = 0; j0 < kTile; j0 += 8) {
             __m256 r[8];
-            for (int j = 0; j < 8; ++j) {
-                const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[j0 + j] + d0));
-                r[j] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-            }
+            for (int j = 0; j < 8; ++j) r[j] = load(j0 + j, d0);
             transpose8(r);
             for (int d = 0; d < 8; ++d) _mm256_storeu_ps(kt + (d0 + d) * kTile + j0, r[d]);
         }
     }
 }
+
+// 16 bfloat16 rows of D (a multiple of 8) values -> kt[D][16] as float32, widened on the way (no float32 copy of
+// the rows first)
+LLMP_FN void transpose_bf16_tiles(const uint16_t* const* rows, int64_t D, float* kt) {
+    transpose_blocks8(D, kt, [&](int j, int64_t d) LLMP_TARGET {  // a lambda takes no target from its function
+        const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[j] + d));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    });
+}
 #endif
 
+// 16 rows of Dv floats -> kt[Dv][16], one 16 x 16 block at a time: four rounds of pairing row i with row i + 8,
+// which rotate the bits of (row, column) by one each, so that after four the row's bits are the column's
 LLMP_FN void transpose_tiles(const float* const* rows, int64_t Dv, float* kt) {
 #if LLMP_ISA_LEVEL == 1
-    for (int64_t d0 = 0; d0 < Dv; d0 += 8) {
-        for (int j0 = 0; j0 < kTile; j0 += 8) {
-            __m256 r[8];
-            for (int j = 0; j < 8; ++j) r[j] = _mm256_loadu_ps(rows[j0 + j] + d0);
-            transpose8(r);
-            for (int d = 0; d < 8; ++d) _mm256_storeu_ps(kt + (d0 + d) * kTile + j0, r[d]);
-        }
-    }
-    return;
+    return transpose_blocks8(Dv, kt, [&](int j, int64_t d) LLMP_TARGET { return _mm256_loadu_ps(rows[j] + d); });
 #endif
     for (int64_t d0 = 0; d0 < Dv; d0 += kTile) {
         Vf r[kTile];
@@ -251,10 +249,10 @@ LLMP_FN void attend_rows(const AttentionArgs& a, ItemBuffers& buf, int64_t b, in
 #endif
 }
 
-
 // how many tiles ahead the keys and values are fetched (two: 10-20% less time for a decode row over 600 keys
 // read from memory, AMD Zen 3; one gained half that)
 constexpr int kAheadTiles = 2;
+
 // The rows of one work item: query positions q0..q1 of request `r` (their rows in q: row0 + i), every query head
 // of KV head `kv` (`group` of them), attending to the paged cache. Buffers are the calling thread's own.
 LLMP_FN void attend_item(const AttentionArgs& a, int64_t r, int64_t kv, int64_t q0, int64_t q1, ItemBuffers& buf) {
@@ -294,8 +292,9 @@ LLMP_FN void attend_item(const AttentionArgs& a, int64_t r, int64_t kv, int64_t 
     const int64_t row_bytes = D * (a.cache_dtype == Dtype::f32 ? 4 : 2);
     for (int64_t t0 = first_tile; t0 <= last_key; t0 += kTile) {
         const int64_t n = std::min<int64_t>(kTile, last_key + 1 - t0);
-        // the next tile's keys and values asked of memory now: a tile's rows lie in one block, the next tile's in
-        // another anywhere, whose first lines the hardware prefetchers would only fetch once they were missed
+        // the keys and values kAheadTiles on asked of memory now (at the first tile, those of every tile up to
+        // there): a tile's rows lie in one block and a later tile's anywhere, whose first lines the hardware
+        // prefetchers would only fetch once missed
         const int64_t ahead = t0 + kAheadTiles * kTile, ahead_from = t0 == first_tile ? t0 + kTile : ahead;
         for (int64_t pos = ahead_from; pos < std::min(ahead + kTile, last_key + 1); ++pos) {
             const int64_t slot = static_cast<int64_t>(blocks[pos / a.block_size]) * a.block_size + pos % a.block_size;
