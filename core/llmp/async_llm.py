@@ -46,6 +46,8 @@ from llmp.pooling_params import PoolingParams
 from llmp.progress import LEVELS, configure_logging
 from llmp.sampling_params import SamplingParams, SamplingParamsError
 
+log = logging.getLogger("llmp.engine")
+
 _ERROR_TYPES: dict[str, type[Exception]] = {
     "ValueError": ValueError,
     "TypeError": TypeError,
@@ -65,6 +67,7 @@ COMPILE_TIMEOUT_S = 120.0  # a structured-output grammar: large schemas take sec
 LORA_LOAD_TIMEOUT_S = 300.0  # an adapter read from disk (or a slow network mount) and checked
 ADMIN_TIMEOUT_S = 900.0  # sleep (waiting for requests to finish) and wake-up (weights loaded again)
 WATCH_INTERVAL_MS = 200
+READER_STOP_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -151,6 +154,14 @@ class AsyncLLM:
         self._input.bind(in_address)
         self._output = self._context.socket(zmq.PULL)
         self._output.bind(out_address)
+        # A ZMQ socket is one thread's: closing the output socket while the reader thread polls it
+        # crashes the process (libzmq). Shutdown wakes the reader through this pair instead, and the
+        # reader closes the output socket itself.
+        self._wake = self._context.socket(zmq.PAIR)
+        self._wake.bind(f"inproc://llmp-wake-{id(self)}-{uuid.uuid4().hex[:8]}")
+        self._woken = self._context.socket(zmq.PAIR)
+        self._woken.connect(self._wake.getsockopt_string(zmq.LAST_ENDPOINT))
+        self._reader: threading.Thread | None = None
         self._process: EngineProcess | None = None
         self._thread: threading.Thread | None = None
         if attach is None:
@@ -239,17 +250,22 @@ class AsyncLLM:
     # -- the reader thread ----------------------------------------------------
 
     def _read_outputs(self) -> None:
-        while not self._closed:
-            try:
-                ready = self._output.poll(WATCH_INTERVAL_MS)
-                frame = self._output.recv() if ready else None
-            except zmq.ZMQError:  # socket closed by shutdown (between the poll and the recv, too)
-                return
-            if frame is not None:
-                self._dispatch(msg.from_engine_decoder.decode(frame))
-            elif not self._engine_alive() and not self._closed:
-                self._fail_all(f"the engine process died ({self._exit_description()})")
-                return
+        poller = zmq.Poller()
+        poller.register(self._output, zmq.POLLIN)
+        poller.register(self._woken, zmq.POLLIN)
+        try:
+            while not self._closed:
+                ready = dict(poller.poll(WATCH_INTERVAL_MS))
+                if self._woken in ready:  # shutdown
+                    return
+                if self._output in ready:
+                    self._dispatch(msg.from_engine_decoder.decode(self._output.recv()))
+                elif not self._engine_alive() and not self._closed:
+                    self._fail_all(f"the engine process died ({self._exit_description()})")
+                    return
+        finally:
+            self._output.close(linger=0)
+            self._woken.close(linger=0)
 
     def _dispatch(self, message: Any) -> None:
         if isinstance(message, msg.Outputs):
@@ -306,7 +322,9 @@ class AsyncLLM:
             frame = msg.encoder.encode(message)
         except (OverflowError, msgspec.EncodeError) as exc:  # e.g. an integer past 64 bits
             raise ValueError(f"the request cannot be sent to the engine: {exc}") from None
-        with self._send_lock:
+        with self._send_lock:  # shutdown closes the input socket holding it
+            if self._closed:
+                raise EngineDeadError("the engine has been shut down")
             try:
                 self._input.send(frame, zmq.NOBLOCK, copy=False)
             except zmq.Again:  # a PUSH socket without peers would block for ever
@@ -645,13 +663,29 @@ class AsyncLLM:
         self._shutdown_now()
 
     def _shutdown_now(self) -> None:
-        self._closed = True
+        with self._send_lock:
+            if self._input.closed:
+                return
+            self._closed = True
+            self._input.close(linger=0)
         if self.errored is None:
             self._fail_all("the engine has been shut down")
         _stop_process(self._process)
-        self._input.close(linger=0)
-        self._output.close(linger=0)
-        if self.engine_mode == "process":
+        reader = self._reader
+        if reader is None:  # never started (start-up failed): this thread owns its sockets
+            self._output.close(linger=0)
+            self._woken.close(linger=0)
+        elif reader is not threading.current_thread():
+            try:
+                self._wake.send(b"", zmq.NOBLOCK)
+            except zmq.Again:  # the reader has returned already (the engine died)
+                pass
+            reader.join(READER_STOP_TIMEOUT_S)  # it closes its sockets and returns at once
+        self._wake.close(linger=0)
+        if reader is not None and reader.is_alive():  # its sockets are open: term() would wait for ever
+            if reader is not threading.current_thread():
+                log.warning("the engine client's output reader did not stop; its ZMQ context is left open")
+        elif self.engine_mode == "process":
             self._context.term()
 
     async def __aenter__(self) -> AsyncLLM:

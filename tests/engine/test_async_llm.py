@@ -193,6 +193,43 @@ def test_thread_mode_runs_the_same_engine_in_process(model_dir):
         engine.shutdown()
 
 
+SHUTDOWN_MID_STREAM = """
+import asyncio, sys
+from llmp import AsyncLLM, SamplingParams
+
+params = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
+for i in range(int(sys.argv[2])):
+    engine = AsyncLLM(sys.argv[1], engine_mode="thread", dtype="float32", block_size=4, max_model_len=256)
+
+    async def run():
+        async def stream(k):
+            async for _ in engine.generate(f"fox {k}", params):
+                pass
+
+        streams = [asyncio.create_task(stream(k)) for k in range(8)]
+        await asyncio.sleep(0.002 * (i % 10))  # outputs in flight while the reader thread polls
+        await asyncio.to_thread(engine.shutdown)
+        await asyncio.gather(*streams, return_exceptions=True)
+
+    asyncio.run(run())
+"""
+
+
+def test_shutting_down_mid_stream_never_crashes_the_process(model_dir):
+    """Closing the output socket under the polling reader thread aborted the process now and then
+    (libzmq: ``Assertion failed: pfd.revents & POLLIN``) in about half of these runs; a pytest
+    worker died with it. A process of its own, so a crash fails this test with libzmq's words."""
+    run = subprocess.run(
+        [sys.executable, "-c", SHUTDOWN_MID_STREAM, str(model_dir), "150"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "LLMP_LOG_LEVEL": "warning"},
+    )
+    assert run.returncode == 0, f"exit {run.returncode}: {run.stderr[-2000:]}"
+    assert "did not stop" not in run.stderr
+
+
 def test_killed_engine_fails_pending_requests_fast_and_leaves_no_process(model_dir):
     engine = AsyncLLM(str(model_dir), dtype="float32", block_size=4, max_model_len=512)
     pid = engine._process.pid
