@@ -5,8 +5,8 @@
 // For each tile of weight rows: dequantise the rows into a float32 buffer (bit-identical to the reference
 // dequantize), then take their dot products with every input row (a chunk of inputs at a time). With few inputs
 // (decoding, up to kFusedMaxT) the buffer's store and reload would cost more than the arithmetic, so the weights go
-// straight from the blocks into registers instead (Q4_0, Q4_1, Q8_0, Q4_K on AVX2/AVX-512; Q5_0, Q5_1, Q5_K and
-// Q6_K on AVX-512; the other formats block by block through a small buffer), unpacked once for each pair of
+// straight from the blocks into registers instead (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K on AVX2 and
+// AVX-512; Q2_K and Q3_K block by block through a small buffer), unpacked once for each pair of
 // inputs, or for four on AVX-512. One dot product always runs the same
 // way, whatever T and whatever tile it is part of: the dequantised values, lanes, accumulators (Acc) and final
 // reduction depend only on K, so a row's result never depends on the batch (row invariance).
@@ -193,6 +193,12 @@ LLMP_FN X32 x32_at(const float* p) { return load32(p); }
 // scales widen exactly and every product of a scale and an integer (at most 8 bits) is exact, so q * d + m in
 // one FMA rounds once, as the reference's product-then-add does.
 
+LLMP_FN uint32_t u32_at(const uint8_t* p) {
+    uint32_t bits;
+    std::memcpy(&bits, p, 4);
+    return bits;
+}
+
 #if LLMP_ISA_LEVEL == 2
 
 LLMP_FN W32 chunk_q8_0(const uint8_t* b, int) {  // q * d
@@ -231,12 +237,6 @@ LLMP_FN W32 fives_looked_up(const uint8_t* qs, uint32_t fifth, __m512 low, __m51
     const __m512i i0 = _mm512_mask_or_epi32(first, static_cast<__mmask16>(fifth), first, sixteen);
     const __m512i i1 = _mm512_mask_or_epi32(second, static_cast<__mmask16>(fifth >> 16), second, sixteen);
     return {_mm512_permutex2var_ps(low, i0, high), _mm512_permutex2var_ps(low, i1, high)};
-}
-
-LLMP_FN uint32_t u32_at(const uint8_t* p) {
-    uint32_t bits;
-    std::memcpy(&bits, p, 4);
-    return bits;
 }
 
 LLMP_FN W32 chunk_q5_0(const uint8_t* b, int) {  // (q - 16) * d
@@ -291,23 +291,40 @@ LLMP_FN W32 chunk_q4_0(const uint8_t* b, int) {  // (q - 8) * d
              _mm256_mul_ps(i8_to_ps(high), d), _mm256_mul_ps(i8_to_ps(_mm_srli_si128(high, 8)), d)}};
 }
 
-// Q4_K: sub-block c's q * (d * sc) - dmin * m (product, then difference: the first product is not exact)
-LLMP_FN W32 chunk_q4_k(const uint8_t* b, int c) {
-    int sc, mn;
-    scale_min_k4(b + 4, c, &sc, &mn);
-    const __m256 dl = _mm256_set1_ps(f16_at(b) * static_cast<float>(sc));
-    const __m256 ml = _mm256_set1_ps(f16_at(b + 2) * static_cast<float>(mn));
-    const uint8_t* group = b + 16 + 32 * (c >> 1);  // low nibbles for even c, high ones for odd
-    const __m128i mask = _mm_set1_epi8(0x0F);
-    const int shift = 4 * (c & 1);
-    W32 w;
-    for (int h = 0; h < 2; ++h) {
-        const __m128i q =
-            _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(group + 16 * h)), shift), mask);
-        w.v[2 * h] = _mm256_sub_ps(_mm256_mul_ps(u8_to_ps(q), dl), ml);
-        w.v[2 * h + 1] = _mm256_sub_ps(_mm256_mul_ps(u8_to_ps(_mm_srli_si128(q, 8)), dl), ml);
-    }
-    return w;
+// 32 signed bytes, in order, as four vectors of 8 float32
+LLMP_FN V32 bytes_to_ps(__m256i q) {
+    const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+    return {{i8_to_ps(lo), i8_to_ps(_mm_srli_si128(lo, 8)), i8_to_ps(hi), i8_to_ps(_mm_srli_si128(hi, 8))}};
+}
+
+// the 4-bit halves of 16 bytes: elements j < 16 the low nibble of qs[j], j + 16 its high one
+LLMP_FN __m256i nibbles_in_order(const uint8_t* qs) {
+    const __m128i mask = _mm_set1_epi8(0x0F), v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), mask), _mm_and_si128(v, mask));
+}
+
+// byte j of the result: 16 where bit j of bits is set, else 0 (each byte gets its bits' byte, then its own bit)
+LLMP_FN __m256i sixteens_of_bits(uint32_t bits) {
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(static_cast<int>(bits)),
+        _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
+    const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ULL));
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(16));
+}
+
+LLMP_FN W32 chunk_q5_0(const uint8_t* b, int) {  // (q - 16) * d
+    const __m256 d = _mm256_set1_ps(f16_at(b));
+    const __m256i q = _mm256_sub_epi8(_mm256_or_si256(nibbles_in_order(b + 6), sixteens_of_bits(u32_at(b + 2))),
+                                      _mm256_set1_epi8(16));
+    const V32 v = bytes_to_ps(q);
+    return {{_mm256_mul_ps(v.v[0], d), _mm256_mul_ps(v.v[1], d), _mm256_mul_ps(v.v[2], d), _mm256_mul_ps(v.v[3], d)}};
+}
+
+LLMP_FN W32 chunk_q5_1(const uint8_t* b, int) {  // q * d + m
+    const __m256 d = _mm256_set1_ps(f16_at(b)), m = _mm256_set1_ps(f16_at(b + 2));
+    const V32 v = bytes_to_ps(_mm256_or_si256(nibbles_in_order(b + 8), sixteens_of_bits(u32_at(b + 4))));
+    return {{_mm256_fmadd_ps(v.v[0], d, m), _mm256_fmadd_ps(v.v[1], d, m), _mm256_fmadd_ps(v.v[2], d, m),
+             _mm256_fmadd_ps(v.v[3], d, m)}};
 }
 
 #endif
@@ -332,11 +349,10 @@ struct Buffered {
     LLMP_METHOD W32 chunk(int c) const { return load32(values + 32 * c); }
 };
 
-#if LLMP_ISA_LEVEL == 2
-// The k-quants in registers: a block's sub-block scales are worked out once (prepare, vectorised), where AVX2's
-// chunk_q4_k takes each from its packed bits and float16 for every chunk and every input pair (the scalar work
-// was most of Q4_K's time at T = 1 on AVX-512 too), and Q5_K/Q6_K would go through the buffer (their bits
-// gathered byte by byte).
+#if LLMP_ISA_LEVEL >= 1
+// The k-quants in registers: a block's sub-block scales are worked out once (prepare, vectorised), not from
+// their packed bits and float16 for every chunk and every input pair (that scalar work was most of Q4_K's time
+// at T = 1 on AVX-512), and Q5_K/Q6_K's bits are unpacked 32 bytes at once (the buffer gathers them byte by byte).
 // The values are the reference's: each float scale is the same one float product, each weight the same
 // product (and difference) of it.
 
@@ -368,6 +384,25 @@ struct K4InRegisters {
         _mm256_store_ps(dl, _mm256_mul_ps(_mm256_set1_ps(f16_at(b)), scales));
         _mm256_store_ps(ml, _mm256_mul_ps(_mm256_set1_ps(f16_at(b + 2)), mins));
     }
+#if LLMP_ISA_LEVEL == 1
+    // sub-block c: q * dl - ml (product, then difference, as dequantize_k4)
+    LLMP_METHOD W32 chunk(int c) const {
+        const __m256i bytes = _mm256_loadu_si256(
+            reinterpret_cast<const __m256i*>(block + (FIVE_BITS ? 48 : 16) + 32 * (c >> 1)));  // low nibbles: even c
+        __m256i q = _mm256_and_si256(_mm256_srli_epi16(bytes, 4 * (c & 1)), _mm256_set1_epi8(0x0F));
+        if constexpr (FIVE_BITS) {  // bit c of qh[j] is element j's fifth bit
+            const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 16));
+            const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << c));
+            const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
+            q = _mm256_or_si256(q, _mm256_and_si256(set, _mm256_set1_epi8(16)));
+        }
+        const V32 v = bytes_to_ps(q);
+        const __m256 d = _mm256_set1_ps(dl[c]), m = _mm256_set1_ps(ml[c]);
+        W32 w;
+        for (int i = 0; i < 4; ++i) w.v[i] = _mm256_sub_ps(_mm256_mul_ps(v.v[i], d), m);
+        return w;
+    }
+#else
     // sub-block c: q * dl - ml (product, then difference, as dequantize_k4), looked up as the 4-bit formats' are
     LLMP_METHOD W32 chunk(int c) const {
         const uint8_t* group = block + (FIVE_BITS ? 48 : 16) + 32 * (c >> 1);  // low nibbles for even c
@@ -396,6 +431,7 @@ struct K4InRegisters {
             return {_mm512_permutex2var_ps(low, q0, high), _mm512_permutex2var_ps(low, q1, high)};
         }
     }
+#endif
     static LLMP_METHOD void dequantize(const uint8_t* b, float* out) {
         K4InRegisters decoder;
         decoder.prepare(b);
@@ -415,7 +451,13 @@ struct Q6KInRegisters {
     LLMP_METHOD void prepare(const uint8_t* b) {
         block = b;
         const __m128i scales = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192));
+#if LLMP_ISA_LEVEL == 2
         _mm512_store_ps(ds, _mm512_mul_ps(_mm512_set1_ps(f16_at(b + 208)), i8_to_ps(scales)));
+#else
+        const __m256 d = _mm256_set1_ps(f16_at(b + 208));
+        _mm256_store_ps(ds, _mm256_mul_ps(d, i8_to_ps(scales)));
+        _mm256_store_ps(ds + 8, _mm256_mul_ps(d, i8_to_ps(_mm_srli_si128(scales, 8))));
+#endif
     }
     LLMP_METHOD W32 chunk(int c) const {
         const int g = c >> 2, p = c & 3;
@@ -425,8 +467,15 @@ struct Q6KInRegisters {
         const __m256i nibble = _mm256_and_si256(_mm256_srli_epi16(low, 4 * (p >> 1)), _mm256_set1_epi8(0x0F));
         const __m256i two = _mm256_and_si256(_mm256_srli_epi16(high, 2 * p), _mm256_set1_epi8(0x03));
         const __m256i q = _mm256_sub_epi8(_mm256_or_si256(nibble, _mm256_slli_epi16(two, 4)), _mm256_set1_epi8(32));
+#if LLMP_ISA_LEVEL == 2
         return {_mm512_mul_ps(i8_to_ps(_mm256_castsi256_si128(q)), _mm512_set1_ps(ds[2 * c])),
                 _mm512_mul_ps(i8_to_ps(_mm256_extracti128_si256(q, 1)), _mm512_set1_ps(ds[2 * c + 1]))};
+#else
+        const V32 v = bytes_to_ps(q);
+        const __m256 d0 = _mm256_set1_ps(ds[2 * c]), d1 = _mm256_set1_ps(ds[2 * c + 1]);
+        return {{_mm256_mul_ps(v.v[0], d0), _mm256_mul_ps(v.v[1], d0), _mm256_mul_ps(v.v[2], d1),
+                 _mm256_mul_ps(v.v[3], d1)}};
+#endif
     }
     static LLMP_METHOD void dequantize(const uint8_t* b, float* out) {
         Q6KInRegisters decoder;
@@ -453,35 +502,25 @@ struct InRegisters {
 using Q4_0 = InRegisters<chunk_q4_0, 32, 18>;
 using Q4_1 = InRegisters<chunk_q4_1, 32, 20>;
 using Q8_0 = InRegisters<chunk_q8_0, 32, 34>;
-#if LLMP_ISA_LEVEL == 2
-using Q4_K = K4InRegisters<false>;
-#else
-using Q4_K = InRegisters<chunk_q4_k, 256, 144>;
-#endif
-#else
-using Q4_0 = Buffered<dequantize_q4_0, 32, 18>;
-using Q4_1 = Buffered<dequantize_q4_1, 32, 20>;
-using Q8_0 = Buffered<dequantize_q8_0, 32, 34>;
-using Q4_K = Buffered<dequantize_q4_k, 256, 144>;
-#endif
-#if LLMP_ISA_LEVEL == 2
 // In registers for every T: Zen 5, 2 threads, 4864x896 Q5_0, 2026-12-04, T = 1 150 -> 108 us, T = 2 241 -> 130
 // against its buffer (the buffer measured faster once, when chunk_q5_0 was compiled out of line: see LLMP_FN)
 using Q5_0 = InRegisters<chunk_q5_0, 32, 22>;
 using Q5_1 = InRegisters<chunk_q5_1, 32, 24>;
-#else
-using Q5_0 = Buffered<dequantize_q5_0, 32, 22>;
-using Q5_1 = Buffered<dequantize_q5_1, 32, 24>;
-#endif
-using Q2_K = Buffered<dequantize_q2_k, 256, 84>;
-using Q3_K = Buffered<dequantize_q3_k, 256, 110>;
-#if LLMP_ISA_LEVEL == 2
+using Q4_K = K4InRegisters<false>;
 using Q5_K = K4InRegisters<true>;
 using Q6_K = Q6KInRegisters;
 #else
+using Q4_0 = Buffered<dequantize_q4_0, 32, 18>;
+using Q4_1 = Buffered<dequantize_q4_1, 32, 20>;
+using Q8_0 = Buffered<dequantize_q8_0, 32, 34>;
+using Q5_0 = Buffered<dequantize_q5_0, 32, 22>;
+using Q5_1 = Buffered<dequantize_q5_1, 32, 24>;
+using Q4_K = Buffered<dequantize_q4_k, 256, 144>;
 using Q5_K = Buffered<dequantize_q5_k, 256, 176>;
 using Q6_K = Buffered<dequantize_q6_k, 256, 210>;
 #endif
+using Q2_K = Buffered<dequantize_q2_k, 256, 84>;
+using Q3_K = Buffered<dequantize_q3_k, 256, 110>;
 
 // -- the row loops ---------------------------------------------------------------------------------------
 
