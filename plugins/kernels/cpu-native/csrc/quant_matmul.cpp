@@ -67,7 +67,8 @@ constexpr std::array<uint64_t, 256> bits_as_sixteens() {
 constexpr std::array<uint64_t, 256> kBitsAsSixteens = bits_as_sixteens();
 
 constexpr int kTileRows = 4;  // weight rows dequantised together: each load of x serves four dot products
-// Up to this many inputs, weights are unpacked in registers for each pair of inputs (AVX-512; each input on AVX2)
+// Up to this many inputs, weights are unpacked in registers for each pair of inputs (AVX-512; AVX2 for one
+// input only: see kFusedMaxTHere)
 // rather than dequantised once to a buffer and reloaded for every input: with few inputs the buffer's store and
 // reload cost more than unpacking again (measured on Zen 5, 2 threads, 3.5M weights of Q4_1: T = 2 103 vs
 // 249 us, T = 4 199 vs 279, T = 8 382 vs 430, T = 16 about even; a decode step of 8 sequences 31 -> 26 ms)

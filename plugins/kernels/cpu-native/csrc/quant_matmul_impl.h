@@ -4,10 +4,10 @@
 //
 // For each tile of weight rows: dequantise the rows into a float32 buffer (bit-identical to the reference
 // dequantize), then take their dot products with every input row (a chunk of inputs at a time). With few inputs
-// (decoding, up to kFusedMaxT) the buffer's store and reload would cost more than the arithmetic, so the weights go
-// straight from the blocks into registers instead (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K on AVX2 and
-// AVX-512; Q2_K and Q3_K block by block through a small buffer), unpacked once for each pair of
-// inputs, or for four on AVX-512. One dot product always runs the same
+// (decoding: up to kFusedMaxT on AVX-512, one on AVX2) the buffer's store and reload would cost more than the
+// arithmetic, so the weights go straight from the blocks into registers instead (every format but Q2_K and Q3_K,
+// which go block by block through a small buffer), unpacked once for each pair of inputs on AVX-512, or for four
+// (AVX2 has the registers for one input). One dot product always runs the same
 // way, whatever T and whatever tile it is part of: the dequantised values, lanes, accumulators (Acc) and final
 // reduction depend only on K, so a row's result never depends on the batch (row invariance).
 
@@ -331,12 +331,6 @@ LLMP_FN W32 chunk_q5_1(const uint8_t* b, int) {  // q * d + m
     return fma32(q, _mm256_set1_ps(f16_at(b)), _mm256_set1_ps(f16_at(b + 2)));
 }
 
-// 32 signed bytes, in order, as four vectors of 8 float32
-LLMP_FN V32 bytes_to_ps(__m256i q) {
-    const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
-    return {{i8_to_ps(lo), i8_to_ps(_mm_srli_si128(lo, 8)), i8_to_ps(hi), i8_to_ps(_mm_srli_si128(hi, 8))}};
-}
-
 #endif
 
 #undef LLMP_MUL
@@ -386,6 +380,10 @@ struct K4InRegisters {
     using Wide = K4InRegisters;
     alignas(32) float dl[8], ml[8];  // sub-block s: d * sc[s], dmin * m[s]
     const uint8_t* block = nullptr;
+#if LLMP_ISA_LEVEL == 1
+    // AVX2, Q5_K: the block's 5-bit integers as bytes, 32 at a time (Q6KInRegisters says why)
+    alignas(32) int8_t fives[FIVE_BITS ? 256 : 1];
+#endif
     LLMP_METHOD void prepare(const uint8_t* b) {
         block = b;
         const __m128i sm = scales_mins_k4(b + 4);
@@ -393,6 +391,19 @@ struct K4InRegisters {
         const __m256 mins = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8)));
         _mm256_store_ps(dl, _mm256_mul_ps(_mm256_set1_ps(f16_at(b)), scales));
         _mm256_store_ps(ml, _mm256_mul_ps(_mm256_set1_ps(f16_at(b + 2)), mins));
+#if LLMP_ISA_LEVEL == 1
+        if constexpr (FIVE_BITS) {  // sub-block c: the nibbles of qs[32 (c / 2) + j] (high ones for odd c), bit c of qh[j]
+            const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16));
+            for (int c = 0; c < 8; ++c) {
+                const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 48 + 32 * (c >> 1)));
+                const __m256i q = _mm256_and_si256(_mm256_srli_epi16(bytes, 4 * (c & 1)), _mm256_set1_epi8(0x0F));
+                const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << c));
+                const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
+                _mm256_store_si256(reinterpret_cast<__m256i*>(fives + 32 * c),
+                                   _mm256_or_si256(q, _mm256_and_si256(set, _mm256_set1_epi8(16))));
+            }
+        }
+#endif
     }
 #if LLMP_ISA_LEVEL == 1
     // sub-block c: q * dl - ml (product, then difference, as dequantize_k4)
@@ -400,15 +411,11 @@ struct K4InRegisters {
         const uint8_t* group = block + (FIVE_BITS ? 48 : 16) + 32 * (c >> 1);  // low nibbles for even c
         const __m256 d = _mm256_set1_ps(dl[c]), m = _mm256_set1_ps(ml[c]);
         W32 w;
-        if constexpr (FIVE_BITS) {  // bit c of qh[j] is element j's fifth bit: 32 bytes, then widened
-            const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(group));
-            __m256i q = _mm256_and_si256(_mm256_srli_epi16(bytes, 4 * (c & 1)), _mm256_set1_epi8(0x0F));
-            const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 16));
-            const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << c));
-            const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
-            q = _mm256_or_si256(q, _mm256_and_si256(set, _mm256_set1_epi8(16)));
-            const V32 v = bytes_to_ps(q);
-            for (int i = 0; i < 4; ++i) w.v[i] = _mm256_sub_ps(_mm256_mul_ps(v.v[i], d), m);
+        if constexpr (FIVE_BITS) {  // the integers prepare unpacked, widened straight from memory (as Q6_K's)
+            for (int i = 0; i < 4; ++i) {
+                const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(fives + 32 * c + 8 * i));
+                w.v[i] = _mm256_sub_ps(_mm256_mul_ps(i8_to_ps(bytes), d), m);
+            }
         } else {  // the nibbles widened from the loads (widen16)
             __m256i lanes[4];
             widen16(group, &lanes[0], &lanes[1]);
@@ -467,6 +474,22 @@ struct Q6KInRegisters {
     using Wide = Q6KInRegisters;
     alignas(64) float ds[16];  // sub-block s: d * sc[s]
     const uint8_t* block = nullptr;
+#if LLMP_ISA_LEVEL == 1
+    // AVX2: the block's integers as bytes, unpacked 32 at a time in prepare, so that each chunk widens its bytes
+    // straight from memory (vpmovsxbd m64), not with three more shuffles from a register (Zen 3, 896x4864 at
+    // T = 1, one thread: 633 -> 387 us; two: 340 -> 213)
+    alignas(32) int8_t q[256];
+#endif
+    // chunk c's 32 integers (q - 32) as bytes
+    LLMP_METHOD __m256i integers(int c) const {
+        const int g = c >> 2, p = c & 3;
+        const __m256i low =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * g + 32 * (p & 1)));
+        const __m256i high = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 128 + 32 * g));
+        const __m256i nibble = _mm256_and_si256(_mm256_srli_epi16(low, 4 * (p >> 1)), _mm256_set1_epi8(0x0F));
+        const __m256i two = _mm256_and_si256(_mm256_srli_epi16(high, 2 * p), _mm256_set1_epi8(0x03));
+        return _mm256_sub_epi8(_mm256_or_si256(nibble, _mm256_slli_epi16(two, 4)), _mm256_set1_epi8(32));
+    }
     LLMP_METHOD void prepare(const uint8_t* b) {
         block = b;
         const __m128i scales = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192));
@@ -476,24 +499,21 @@ struct Q6KInRegisters {
         const __m256 d = _mm256_set1_ps(f16_at(b + 208));
         _mm256_store_ps(ds, _mm256_mul_ps(d, i8_to_ps(scales)));
         _mm256_store_ps(ds + 8, _mm256_mul_ps(d, i8_to_ps(_mm_srli_si128(scales, 8))));
+        for (int c = 0; c < 8; ++c) _mm256_store_si256(reinterpret_cast<__m256i*>(q + 32 * c), integers(c));
 #endif
     }
     LLMP_METHOD W32 chunk(int c) const {
-        const int g = c >> 2, p = c & 3;
-        const __m256i low =
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * g + 32 * (p & 1)));
-        const __m256i high = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 128 + 32 * g));
-        const __m256i nibble = _mm256_and_si256(_mm256_srli_epi16(low, 4 * (p >> 1)), _mm256_set1_epi8(0x0F));
-        const __m256i two = _mm256_and_si256(_mm256_srli_epi16(high, 2 * p), _mm256_set1_epi8(0x03));
-        const __m256i q = _mm256_sub_epi8(_mm256_or_si256(nibble, _mm256_slli_epi16(two, 4)), _mm256_set1_epi8(32));
 #if LLMP_ISA_LEVEL == 2
+        const __m256i q = integers(c);
         return {_mm512_mul_ps(i8_to_ps(_mm256_castsi256_si128(q)), _mm512_set1_ps(ds[2 * c])),
                 _mm512_mul_ps(i8_to_ps(_mm256_extracti128_si256(q, 1)), _mm512_set1_ps(ds[2 * c + 1]))};
 #else
-        const V32 v = bytes_to_ps(q);
-        const __m256 d0 = _mm256_set1_ps(ds[2 * c]), d1 = _mm256_set1_ps(ds[2 * c + 1]);
-        return {{_mm256_mul_ps(v.v[0], d0), _mm256_mul_ps(v.v[1], d0), _mm256_mul_ps(v.v[2], d1),
-                 _mm256_mul_ps(v.v[3], d1)}};
+        W32 w;
+        for (int i = 0; i < 4; ++i) {
+            const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 32 * c + 8 * i));
+            w.v[i] = _mm256_mul_ps(i8_to_ps(bytes), _mm256_set1_ps(ds[2 * c + i / 2]));
+        }
+        return w;
 #endif
     }
     static LLMP_METHOD void dequantize(const uint8_t* b, float* out) {
@@ -733,9 +753,18 @@ LLMP_LOOP void rows_fused(const QuantMatmulArgs& a, int64_t n_begin, int64_t n_e
     }
 }
 
+// AVX2 unpacks a row again for every input (kInputs = 1): from two inputs on, dequantising a tile once into the
+// buffer pays (Zen 3, one thread, T = 8: Q4_K 896x4864 4921 -> 2036 us, Q5_0 4864x896 4998 -> 1835, Q8_0 2921 ->
+// 1527; T = 2: Q5_0 1075 -> 709, Q4_K 1019 -> 848).
+#if LLMP_ISA_LEVEL == 1
+constexpr int64_t kFusedMaxTHere = 1;
+#else
+constexpr int64_t kFusedMaxTHere = kFusedMaxT;
+#endif
+
 template <class F>
 LLMP_LOOP void rows_of(const QuantMatmulArgs& a, int64_t n_begin, int64_t n_end, float* buffer) {
-    if (a.T <= kFusedMaxT) {
+    if (a.T <= kFusedMaxTHere) {
         rows_fused<F>(a, n_begin, n_end);
     } else {
         rows_buffered<F>(a, n_begin, n_end, buffer);
