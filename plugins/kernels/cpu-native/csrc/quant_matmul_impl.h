@@ -6,10 +6,10 @@
 // dequantize), then take their dot products with every input row (a chunk of inputs at a time). With few inputs
 // (decoding: up to kFusedMaxT on AVX-512, one on AVX2) the buffer's store and reload would cost more than the
 // arithmetic, so the weights go straight from the blocks into registers instead (every format but Q2_K and Q3_K,
-// which go block by block through a small buffer), unpacked once for each pair of inputs on AVX-512, or for four
-// (AVX2 has the registers for one input). One dot product always runs the same
-// way, whatever T and whatever tile it is part of: the dequantised values, lanes, accumulators (Acc) and final
-// reduction depend only on K, so a row's result never depends on the batch (row invariance).
+// which go block by block through a small buffer), each row unpacked once for two inputs or four on AVX-512 (AVX2
+// has the registers for one input, so it unpacks in registers for a single input only). One dot product always
+// runs the same way, whatever T and whatever tile it is part of: the dequantised values, lanes, accumulators (Acc)
+// and final reduction depend only on K, so a row's result never depends on the batch (row invariance).
 
 // The helpers (unpacking, loads, accumulators) are always inlined into the loops: left to GCC, one that several
 // loops use (chunk_q5_0 once T = 1 unpacked Q5_0 in registers too) was compiled out of line, each chunk then a call
