@@ -86,7 +86,7 @@ def test_sigterm_under_load_drains_running_and_queued_requests_then_exits_0(tiny
 
         server.process.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
-        wait_for(lambda: status_or_error("GET", f"{url}/ready", timeout=2) != 200, 1, "readiness to fail at once")
+        wait_for(lambda: status_or_error("GET", f"{url}/ready", timeout=2) != 200, 5, "readiness to fail at once")
         refused = status_or_error("POST", f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 1})
         assert refused in REFUSED, refused
 

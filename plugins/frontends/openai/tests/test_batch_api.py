@@ -206,7 +206,8 @@ def test_upload_and_create_errors(sdk, http, tiny):
 
 
 def test_interactive_request_is_prompt_during_a_batch_then_cancel(sdk, http, tiny):
-    body = {"model": tiny.name, "prompt": "long", "max_tokens": 128, "temperature": 0, "ignore_eos": True}
+    # long lines (cancelled before they end): a round of them is hundreds of steps, never within one poll
+    body = {"model": tiny.name, "prompt": "long", "max_tokens": 384, "temperature": 0, "ignore_eos": True}
     lines = [line(f"n{i}", body, url="/v1/completions") for i in range(40)]
     batch = sdk.batches.create(input_file_id=upload(sdk, lines), endpoint="/v1/completions", completion_window="24h")
     wait_for(sdk, batch.id, ("in_progress",))
@@ -265,8 +266,9 @@ def test_batch_across_api_servers(sdk, batch_server, tiny):
 def test_jobs_are_run_by_one_process_holding_the_directory(batch_server, sdk, tiny):
     """The directory's lock is held while a job runs, by an API server (not the launcher), and let
     go once no job is left: any process may take it then (another server sharing the directory)."""
-    body = {"model": tiny.name, "prompt": "x", "max_tokens": 32, "temperature": 0, "ignore_eos": True}
-    lines = [line(f"k{i}", body, url="/v1/completions") for i in range(12)]
+    # long enough (about 1300 steps, four lines at a time) never to end between two polls; cancelled once seen
+    body = {"model": tiny.name, "prompt": "x", "max_tokens": 128, "temperature": 0, "ignore_eos": True}
+    lines = [line(f"k{i}", body, url="/v1/completions") for i in range(40)]
     batch = sdk.batches.create(input_file_id=upload(sdk, lines), endpoint="/v1/completions", completion_window="24h")
     store = BatchStore(Path(batch_server.batch_dir))
     deadline = time.monotonic() + 60
@@ -278,9 +280,11 @@ def test_jobs_are_run_by_one_process_holding_the_directory(batch_server, sdk, ti
             assert not taken
             break
         assert before in ("validating", "in_progress") and time.monotonic() < deadline, before
+        time.sleep(0.01)
     holder = (Path(batch_server.batch_dir) / "lock").read_text()
     assert Path(f"/proc/{holder}/stat").read_text().split()[3] == str(batch_server.process.pid)  # a child
-    wait_for(sdk, batch.id, ("completed",))
+    sdk.batches.cancel(batch.id)
+    wait_for(sdk, batch.id, ("cancelled",))
     deadline = time.monotonic() + 10
     while not store.try_lock():  # let go once no job is left
         assert time.monotonic() < deadline

@@ -17,7 +17,8 @@ LINES = 50
 def test_killed_server_resumes_the_job_answering_each_line_once(tiny, tmp_path):
     batch_dir = tmp_path / "batches"
     args = ("--batch-dir", str(batch_dir), "--max-num-seqs", "8")  # four lines at a time
-    body = {"model": tiny.name, "prompt": "count", "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+    # 32 tokens a line: hundreds of steps left when the kill comes, however late the test sees 5 lines done
+    body = {"model": tiny.name, "prompt": "count", "max_tokens": 32, "temperature": 0, "ignore_eos": True}
     lines = [{"custom_id": f"line-{i}", "method": "POST", "url": "/v1/completions", "body": body} for i in range(LINES)]
     content = "\n".join(json.dumps(line) for line in lines).encode()
 

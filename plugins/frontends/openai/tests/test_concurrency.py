@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import time
 
 import httpx
 import openai
@@ -127,12 +126,9 @@ def read_first_content(lines) -> dict:
 
 def test_disconnects_abort_requests(ops_http, tiny):
     long = {"max_tokens": LONG, "temperature": 0, "ignore_eos": True}
-    # a fresh server's first long request is slow (each new length is seen for the first time): run one,
-    # then time a second, uninterrupted
+    # uninterrupted, a long request runs to its end (a fresh server's first is slow: each length is new)
     assert ops_http.post("/v1/completions", json={"prompt": "x", **long}).status_code == 200
-    started = time.monotonic()
     full = ops_http.post("/v1/completions", json={"prompt": "The quick", **long})
-    full_s = time.monotonic() - started
     assert full.json()["usage"]["completion_tokens"] == LONG
     wait_idle(ops_http)
     before = metrics(ops_http)
@@ -153,12 +149,10 @@ def test_disconnects_abort_requests(ops_http, tiny):
             readers.append(lines)  # held, so the connection stays open until the stack closes it
         during = metrics(ops_http)
         assert metric(during, "llmp_num_requests_running") + metric(during, "llmp_num_requests_waiting") >= 1
-    closed = time.monotonic()
     # a non-streamed one, given up on by its client
     with pytest.raises(httpx.ReadTimeout):
         ops_http.post("/v1/completions", json={"prompt": "The quick brown", **long}, timeout=0.3)
     wait_idle(ops_http, timeout=10)
-    settled_s = time.monotonic() - closed
     after = metrics(ops_http)
 
     def grew(name: str, **labels: str) -> float:
@@ -167,8 +161,6 @@ def test_disconnects_abort_requests(ops_http, tiny):
     aborted = streams + 1
     generated = grew("llmp_generation_tokens_total")
     assert generated < 0.5 * aborted * LONG, f"{generated} tokens were generated for {aborted} aborted requests"
-    # 0.3 s of it is the client's timeout; five requests left running would take longer than one alone
-    assert settled_s < 0.3 + 0.75 * full_s, f"idle {settled_s:.2f} s after the disconnects; one request: {full_s:.2f} s"
     assert grew("llmp_request_success_total", finished_reason="abort") == aborted
     assert grew("llmp_request_success_total") == aborted
     assert grew("llmp_request_failure_total") == 0
