@@ -8,7 +8,9 @@
 //
 // Threads: work items are (request, KV head, up to kItemRows query rows), split over torch's threads as
 // quant_matmul's rows are (fewer threads for a call under kMinWorkPerThread a thread); an item runs whole on one,
-// its owner's or, once that thread is behind and another has none left, the other's (unit_range.h).
+// its owner's or, once that thread is behind and another has none left, the other's (unit_range.h). A call of
+// fewer than 4 items a thread (a decode of few requests: SmolLM2's 3 KV heads on 2 threads left one idle half the
+// time, and a 16-core host used 3) runs each item over more than one 512-key partition as a unit a partition.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -16,9 +18,12 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "decoder_parts.h"
@@ -31,6 +36,10 @@ namespace llmp_native {
 namespace {
 
 constexpr int kTile = kLanes;  // keys a tile, aligned to absolute positions
+// keys a partition, aligned to absolute positions (paged_attention_impl.h): 32 tiles, little merging, and a decode
+// over a context of 8192 splits into 16 units a KV head
+constexpr int64_t kPartition = 512;
+constexpr int64_t kAllPartitions = std::numeric_limits<int64_t>::max();
 
 enum class Dtype { f32, bf16, f16 };
 
@@ -57,6 +66,7 @@ struct ActiveRow {
 struct ItemBuffers {
     int64_t dv = 0;  // head_dim padded to whole tiles
     std::vector<float> q, acc, m, l, kt, vt, row, zeros;  // row: a tile's keys as float32 rows, before the transpose
+    std::vector<float> tacc, tm, tl;  // each row's partitions merged so far
     std::vector<ActiveRow> active;
 
     void reserve(int64_t rows, int64_t head_dim) {
@@ -65,6 +75,9 @@ struct ItemBuffers {
         acc.resize(rows * dv);
         m.resize(rows);
         l.resize(rows);
+        tacc.resize(rows * dv);
+        tm.resize(rows);
+        tl.resize(rows);
         active.resize(rows);
         kt.resize(dv * kTile);
         vt.resize(kTile * dv);
@@ -115,17 +128,20 @@ void store_row(Dtype dtype, void* base, int64_t offset, int64_t n, const float* 
 #define LLMP_ISA_IMPL "paged_attention_impl.h"
 #include "isa_copies.h"
 
-using ItemFn = void (*)(const AttentionArgs&, int64_t, int64_t, int64_t, int64_t, ItemBuffers&);
+struct ItemFns {
+    void (*attend)(const AttentionArgs&, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float*, ItemBuffers&);
+    void (*reduce)(const AttentionArgs&, int64_t, int64_t, int64_t, int64_t, int64_t, const float*, ItemBuffers&);
+};
 
-ItemFn item_for_isa() {
+ItemFns item_fns_for_isa() {
 #ifdef LLMP_X86
     switch (selected_isa()) {
-        case Isa::avx512: return avx512::attend_item;
-        case Isa::avx2: return avx2::attend_item;
+        case Isa::avx512: return {avx512::attend_item, avx512::reduce_partitions};
+        case Isa::avx2: return {avx2::attend_item, avx2::reduce_partitions};
         default: break;
     }
 #endif
-    return scalar::attend_item;
+    return {scalar::attend_item, scalar::reduce_partitions};
 }
 
 // Each thread gets at least this many (query row, key) pairs, about 20 us of work: below that, waking a thread
@@ -148,6 +164,16 @@ Dtype dtype_of(const at::Tensor& t, const char* name) {
 
 struct Item {
     int64_t request, kv, q0, q1;
+    int64_t first_part = 0, end_part = kAllPartitions;  // its rows' partitions it attends
+    int64_t split = -1;  // one partition of a split item (AttentionCall::State::splits), else -1
+};
+
+// An item split into one unit a partition (a call of few items over long contexts): the units' partials, and
+// how many units are still to finish (the last reduces them)
+struct Split {
+    int64_t first_part = 0, parts = 0;
+    size_t offset = 0;  // into State::partials
+    std::atomic<int64_t> remaining{0};
 };
 
 #ifdef LLMP_X86
@@ -167,6 +193,8 @@ struct AttentionCall::State {
     at::Tensor qs, starts, lens, tables;  // held for args' pointers
     AttentionArgs args;
     std::vector<Item> items;
+    std::vector<float> partials;  // the split items' partitions: [parts][rows][Dv + 2] each
+    std::unique_ptr<Split[]> splits;
     std::vector<UnitRange> ranges;
     std::vector<int64_t> firsts;
     int64_t positions = 1;
@@ -207,8 +235,9 @@ AttentionCall::AttentionCall(const at::Tensor& q, const at::Tensor& k_cache, con
                             static_cast<float>(scale), softcap > 0 ? static_cast<float>(softcap) : 0.0f};
     const AttentionArgs& args = st.args;
     st.positions = std::max<int64_t>(1, kItemRows / args.group);
-    std::vector<int64_t> ends;  // the (query row, key) pairs of items 0..i, for a split of equal work
-    int64_t work = 0;
+    // the items, and the (query row, key) pairs of each
+    std::vector<int64_t> works;
+    std::vector<std::pair<int64_t, int64_t>> key_ranges;  // an item's rows' keys, first..last
     for (int64_t r = 0; r < R; ++r) {
         const int64_t qlen = args.query_start_loc[r + 1] - args.query_start_loc[r], seq = args.seq_lens[r];
         TORCH_CHECK(qlen >= 0 && qlen <= seq, "paged_attention: request ", r, " has ", qlen, " queries but ", seq,
@@ -217,16 +246,63 @@ AttentionCall::AttentionCall(const at::Tensor& q, const at::Tensor& k_cache, con
                     "'s block table is too short for ", seq, " tokens");
         for (int64_t q0 = 0; q0 < qlen; q0 += st.positions) {
             const int64_t q1 = std::min(qlen, q0 + st.positions), keys = seq - qlen + q1;  // its last row's keys
+            const int64_t first = args.window > 0 ? std::max<int64_t>(0, seq - qlen + q0 - args.window + 1) : 0;
             for (int64_t kv = 0; kv < Hkv; ++kv) {
                 st.items.push_back({r, kv, q0, q1});
-                work += (q1 - q0) * args.group * (args.window > 0 ? std::min(args.window, keys) : keys);
-                ends.push_back(work);
+                works.push_back((q1 - q0) * args.group * (args.window > 0 ? std::min(args.window, keys) : keys));
+                key_ranges.emplace_back(first, keys - 1);
             }
         }
     }
 #ifdef LLMP_X86
     st.in_pairs = pairs_supported() && args.q_dtype == Dtype::bf16 && args.cache_dtype == Dtype::bf16 && D % 2 == 0;
 #endif
+    // Few items for the threads (a decode of few requests: an item a KV head): an item over several partitions
+    // becomes a unit a partition, so that every thread has work (the pairs' kernel keeps its items whole)
+    const int64_t available = std::max(1, at::get_num_threads());
+    if (!st.in_pairs && available > 1 && static_cast<int64_t>(st.items.size()) < 4 * available) {
+        std::vector<Item> units;
+        std::vector<int64_t> unit_works;
+        std::vector<std::array<int64_t, 3>> split_items;  // (offset, first partition, parts)
+        const int64_t dv = (D + kTile - 1) / kTile * kTile;
+        size_t floats = 0;
+        for (size_t i = 0; i < st.items.size(); ++i) {
+            const Item& item = st.items[i];
+            const auto [first, last] = key_ranges[i];
+            const int64_t p0 = first / kPartition, parts = last / kPartition - p0 + 1;
+            if (parts < 2) {
+                units.push_back(item);
+                unit_works.push_back(works[i]);
+                continue;
+            }
+            const int64_t rows = (item.q1 - item.q0) * args.group;
+            for (int64_t p = p0; p < p0 + parts; ++p) {
+                Item unit = item;
+                unit.first_part = p, unit.end_part = p + 1;
+                unit.split = static_cast<int64_t>(split_items.size());
+                units.push_back(unit);
+                const int64_t keys = std::min(last, (p + 1) * kPartition - 1) - std::max(first, p * kPartition) + 1;
+                unit_works.push_back(rows * keys);
+            }
+            split_items.push_back({static_cast<int64_t>(floats), p0, parts});
+            floats += static_cast<size_t>(parts * rows * (dv + 2));
+        }
+        if (!split_items.empty()) {
+            st.splits = std::make_unique<Split[]>(split_items.size());
+            for (size_t i = 0; i < split_items.size(); ++i) {
+                const auto [offset, first_part, parts] = split_items[i];
+                st.splits[i].offset = static_cast<size_t>(offset);
+                st.splits[i].first_part = first_part, st.splits[i].parts = parts;
+                st.splits[i].remaining.store(parts, std::memory_order_relaxed);
+            }
+            st.partials.resize(floats);
+            st.items = std::move(units);
+            works = std::move(unit_works);
+        }
+    }
+    std::vector<int64_t> ends;  // the (query row, key) pairs of items 0..i, for a split of equal work
+    int64_t work = 0;
+    for (int64_t each : works) ends.push_back(work += each);
     const int64_t n = static_cast<int64_t>(st.items.size());
     const int64_t threads = std::clamp<int64_t>(work / kMinWorkPerThread, 1, std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n)));
     // thread t owns the items whose work ends in (t, t + 1] / threads of the total: contiguous, about equal
@@ -251,7 +327,7 @@ void AttentionCall::run(int64_t begin, int64_t end) {
     const std::vector<Item>& items = st.items;
     std::vector<UnitRange>& ranges = st.ranges;
     const std::vector<int64_t>& firsts = st.firsts;
-    static const ItemFn attend = item_for_isa();
+    static const ItemFns fns = item_fns_for_isa();
     thread_local ItemBuffers buffers;
 #ifdef LLMP_X86
     thread_local pairs::Buffers pair_buffers;
@@ -278,7 +354,18 @@ void AttentionCall::run(int64_t begin, int64_t end) {
     buffers.reserve(st.positions * args.group, args.head_dim);
     auto run_item = [&](int64_t t, int64_t unit) {
         const Item& item = items[firsts[t] + unit];
-        attend(args, item.request, item.kv, item.q0, item.q1, buffers);
+        if (item.split < 0) {
+            fns.attend(args, item.request, item.kv, item.q0, item.q1, item.first_part, item.end_part, nullptr, buffers);
+            return;
+        }
+        Split& split = st.splits[item.split];
+        float* partials = st.partials.data() + split.offset;
+        const int64_t rows = (item.q1 - item.q0) * args.group;
+        fns.attend(args, item.request, item.kv, item.q0, item.q1, item.first_part, item.end_part,
+                   partials + (item.first_part - split.first_part) * rows * (buffers.dv + 2), buffers);
+        // the last of the item's units to finish merges them (acq_rel: it sees the others' partials)
+        if (split.remaining.fetch_sub(1, std::memory_order_acq_rel) == 1)
+            fns.reduce(args, item.request, item.kv, item.q0, item.q1, split.parts, partials, buffers);
     };
     take_units(ranges, begin, end, run_item, run_item);
 }

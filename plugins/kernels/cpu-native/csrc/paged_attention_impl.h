@@ -8,6 +8,12 @@
 // position, its window and the keys: keys are taken in tiles of 16 aligned to absolute positions (0-15, 16-31, ...),
 // and within a tile in ascending order. So a row's bits never depend on the other rows of the batch, on how the
 // prompt was chunked, on what the prefix cache held, or on the thread count (batch invariance).
+//
+// A row's keys are attended in partitions of kPartition keys, aligned to absolute positions too: each partition's
+// softmax runs from scratch, and the partitions are merged in order (merge_partition). One thread may run a
+// row's partitions one after another, or (a call of fewer items than threads: a decode of few requests over a
+// long context) several threads one partition each, the last to finish merging them (reduce_partitions): the
+// same operations either way, so the same bits. A row within one partition (under 512 keys) is never merged.
 
 #define LLMP_FN static inline LLMP_TARGET
 
@@ -249,13 +255,60 @@ LLMP_FN void attend_rows(const AttentionArgs& a, ItemBuffers& buf, int64_t b, in
 #endif
 }
 
+// A row's partition (its running m, l, acc) merged into the row's totals (tm, tl, tacc); a partition without the
+// row's keys (m = -inf) leaves them as they are, and the first with keys is taken as it is.
+LLMP_FN void merge_partition(float& tm, float& tl, float* tacc, float m, float l, const float* acc, int64_t Dv) {
+    if (m == -std::numeric_limits<float>::infinity()) return;
+    if (tm == -std::numeric_limits<float>::infinity()) {
+        tm = m, tl = l;
+        std::copy_n(acc, Dv, tacc);
+        return;
+    }
+    const float m_new = std::max(tm, m);
+    const float alpha = vexp(Vf{} + (tm - m_new))[0], beta = vexp(Vf{} + (m - m_new))[0];
+    tl = tl * alpha + l * beta;
+    for (int64_t d = 0; d < Dv; d += kTile) {
+        Vf t, x;
+        __builtin_memcpy(&t, tacc + d, sizeof t);
+        __builtin_memcpy(&x, acc + d, sizeof x);
+        t = vfma(x, Vf{} + beta, t * alpha);
+        __builtin_memcpy(tacc + d, &t, sizeof t);
+    }
+    tm = m_new;
+}
+
+// The row's totals divided by its softmax sum, written to the output row in q's dtype
+LLMP_FN void store_result(const AttentionArgs& a, int64_t out_row, float l, float* acc) {
+    const float inv = 1.0f / l;
+    for (int64_t d = 0; d < a.head_dim; ++d) acc[d] *= inv;
+    store_row(a.q_dtype, a.out, out_row * a.head_dim, a.head_dim, acc);
+}
+
+// A split item's rows, once all its partitions are done: partials[p][row] holds (m, l, acc[Dv]) of partition p
+LLMP_FN void reduce_partitions(const AttentionArgs& a, int64_t r, int64_t kv, int64_t q0, int64_t q1, int64_t parts,
+                               const float* partials, ItemBuffers& buf) {
+    const int64_t Dv = buf.dv, G = a.group, rows = (q1 - q0) * G, row0 = a.query_start_loc[r];
+    float* acc = buf.acc.data();
+    for (int64_t k = 0; k < rows; ++k) {
+        float tm = -std::numeric_limits<float>::infinity(), tl = 0.0f;
+        for (int64_t p = 0; p < parts; ++p) {
+            const float* state = partials + (p * rows + k) * (Dv + 2);
+            merge_partition(tm, tl, acc, state[0], state[1], state + 2, Dv);
+        }
+        store_result(a, (row0 + q0 + k / G) * a.heads + kv * G + k % G, tl, acc);
+    }
+}
+
 // how many tiles ahead the keys and values are fetched (two: 10-20% less time for a decode row over 600 keys
 // read from memory, AMD Zen 3; one gained half that)
 constexpr int kAheadTiles = 2;
 
 // The rows of one work item: query positions q0..q1 of request `r` (their rows in q: row0 + i), every query head
-// of KV head `kv` (`group` of them), attending to the paged cache. Buffers are the calling thread's own.
-LLMP_FN void attend_item(const AttentionArgs& a, int64_t r, int64_t kv, int64_t q0, int64_t q1, ItemBuffers& buf) {
+// of KV head `kv` (`group` of them), attending to the paged cache over partitions first_part..end_part - 1 (all
+// of the rows' keys: 0 and kAllPartitions). Written to the output, or where `partials` is given (a split item),
+// each partition's (m, l, acc[Dv]) of each row there, for reduce_partitions. Buffers are the calling thread's own.
+LLMP_FN void attend_item(const AttentionArgs& a, int64_t r, int64_t kv, int64_t q0, int64_t q1, int64_t first_part,
+                         int64_t end_part, float* partials, ItemBuffers& buf) {
     const int64_t D = a.head_dim, Dv = buf.dv, G = a.group;
     const int64_t row0 = a.query_start_loc[r], qlen = a.query_start_loc[r + 1] - row0;
     const int64_t seq = a.seq_lens[r];
@@ -270,15 +323,34 @@ LLMP_FN void attend_item(const AttentionArgs& a, int64_t r, int64_t kv, int64_t 
             for (int64_t d = D; d < Dv; ++d) qf[d] = 0.0f;
         }
     }
-    for (int64_t k = 0; k < rows; ++k) {
-        buf.m[k] = -std::numeric_limits<float>::infinity();
-        buf.l[k] = 0.0f;
-    }
-    std::fill(buf.acc.begin(), buf.acc.begin() + rows * Dv, 0.0f);
+    auto start_partition = [&] {
+        for (int64_t k = 0; k < rows; ++k) {
+            buf.m[k] = -std::numeric_limits<float>::infinity();
+            buf.l[k] = 0.0f;
+        }
+        std::fill(buf.acc.begin(), buf.acc.begin() + rows * Dv, 0.0f);
+    };
+    for (int64_t k = 0; k < rows; ++k) buf.tm[k] = -std::numeric_limits<float>::infinity(), buf.tl[k] = 0.0f;
+    auto end_partition = [&](int64_t partition) {
+        for (int64_t k = 0; k < rows; ++k) {
+            const float* acc = buf.acc.data() + k * Dv;
+            if (partials == nullptr) {
+                merge_partition(buf.tm[k], buf.tl[k], buf.tacc.data() + k * Dv, buf.m[k], buf.l[k], acc, Dv);
+                continue;
+            }
+            float* state = partials + ((partition - first_part) * rows + k) * (Dv + 2);
+            state[0] = buf.m[k], state[1] = buf.l[k];
+            std::copy_n(acc, Dv, state + 2);
+        }
+    };
+    start_partition();
 
     auto position = [&](int64_t i) { return seq - qlen + i; };  // the position of query i
     auto first_key = [&](int64_t i) { return a.window > 0 ? std::max<int64_t>(0, position(i) - a.window + 1) : 0; };
-    const int64_t first_tile = first_key(q0) / kTile * kTile, last_key = position(q1 - 1);
+    const int64_t first_tile = std::max(first_key(q0) / kTile * kTile, first_part * kPartition);
+    const int64_t last_key = std::min(position(q1 - 1), end_part == kAllPartitions ? position(q1 - 1)
+                                                                                   : end_part * kPartition - 1);
+    int64_t partition = first_tile / kPartition;
     float* kt = buf.kt.data();  // [D][16]: the tile's keys, transposed
     float* vt = buf.vt.data();  // [16][Dv]: the tile's values, where they are copied
     // float32 rows of whole tiles are read where they lie in the cache; others are converted (and padded) first
@@ -291,6 +363,11 @@ LLMP_FN void attend_item(const AttentionArgs& a, int64_t r, int64_t kv, int64_t 
 #endif
     const int64_t row_bytes = D * (a.cache_dtype == Dtype::f32 ? 4 : 2);
     for (int64_t t0 = first_tile; t0 <= last_key; t0 += kTile) {
+        if (t0 / kPartition != partition) {
+            end_partition(partition);
+            start_partition();
+            partition = t0 / kPartition;
+        }
         const int64_t n = std::min<int64_t>(kTile, last_key + 1 - t0);
         // the keys and values kAheadTiles on asked of memory now (at the first tile, those of every tile up to
         // there): a tile's rows lie in one block and a later tile's anywhere, whose first lines the hardware
@@ -361,15 +438,10 @@ LLMP_FN void attend_item(const AttentionArgs& a, int64_t r, int64_t kv, int64_t 
             default: break;
         }
     }
-    for (int64_t i = q0; i < q1; ++i) {
-        for (int64_t g = 0; g < G; ++g) {
-            const int64_t k = (i - q0) * G + g;
-            const float inv = 1.0f / buf.l[k];
-            float* acc = buf.acc.data() + k * Dv;
-            for (int64_t d = 0; d < D; ++d) acc[d] *= inv;
-            store_row(a.q_dtype, a.out, ((row0 + i) * a.heads + kv * G + g) * D, D, acc);
-        }
-    }
+    end_partition(partition);
+    if (partials != nullptr) return;
+    for (int64_t k = 0; k < rows; ++k)
+        store_result(a, (row0 + q0 + k / G) * a.heads + kv * G + k % G, buf.tl[k], buf.tacc.data() + k * Dv);
 }
 
 #undef LLMP_FN

@@ -124,6 +124,41 @@ def test_items_taken_from_a_thread_that_fell_behind_keep_their_bits(kernels, set
         assert torch.equal(kernels.paged_attention(q, cache.k, cache.v, metadata, SCALE), alone)
 
 
+# Long contexts: a row's keys over several 512-key partitions, merged in order; a call of few items over them runs a
+# unit a partition on each thread (csrc/paged_attention_impl.h)
+LONG_SEQ_LENS = [1300, 1030, 530]
+LONG = [(0, 1299, 1), (1, 500, 530), (2, 529, 1)]  # decodes over 3 and 2 partitions, a prefill chunk across 512
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window, softcap", [(None, None), (600, None), (700, 30.0)])
+def test_long_contexts_match_the_reference(kernels, set_threads, dtype, window, softcap):
+    cache = Cache(LONG_SEQ_LENS, 9, 3, 64, 16, dtype, seed=6)
+    q, metadata = cache.batch(LONG, window)
+    expected = TorchKernels().paged_attention(q.float(), cache.k.float(), cache.v.float(), metadata, SCALE, softcap)
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+    for threads in (1, 2):
+        set_threads(threads)
+        got = kernels.paged_attention(q, cache.k, cache.v, metadata, SCALE, softcap)
+        torch.testing.assert_close(got.float(), expected, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window", [None, 600])
+def test_a_long_decode_has_the_same_bits_split_over_threads_batched_and_prefilled(kernels, set_threads, dtype, window):
+    cache = Cache([1300] * 20, 9, 3, 64, 16, dtype, seed=7)
+    q, metadata = cache.batch([(0, 0, 1300)], window)  # the whole prompt at once: items of positions, unsplit
+    prefilled = kernels.paged_attention(q, cache.k, cache.v, metadata, SCALE)
+    q, metadata = cache.batch([(i, 1299, 1) for i in range(20)], window)  # 60 items: whole, unsplit
+    batched = kernels.paged_attention(q, cache.k, cache.v, metadata, SCALE)[0]
+    for threads in (1, 2, 3, 5):
+        set_threads(threads)  # one thread: the partitions in turn; more: a unit a partition, merged by the last
+        q, metadata = cache.batch([(0, 1299, 1)], window)
+        alone = kernels.paged_attention(q, cache.k, cache.v, metadata, SCALE)[0]
+        assert torch.equal(alone, batched), threads
+        assert torch.equal(alone, prefilled[1299]), threads
+
+
 @pytest.mark.parametrize(
     "heads, kv_heads, head_dim",
     [(14, 2, 64), (28, 4, 128), (32, 4, 128), (16, 4, 80), (12, 6, 96), (8, 8, 128), (8, 4, 256)],
@@ -190,7 +225,7 @@ CHECK_PATH = textwrap.dedent(
     from llmp_kernels_cpu_native.kernels import NativeKernels
     from llmp_kernels_torch.kernels import TorchKernels
     sys.path.insert(0, sys.argv[2])
-    from test_paged_attention import MIXED, SCALE, SEQ_LENS, Cache
+    from test_paged_attention import LONG, LONG_SEQ_LENS, MIXED, SCALE, SEQ_LENS, Cache
 
     kernels = NativeKernels()
     assert kernels.isa == sys.argv[1], kernels.isa
@@ -209,6 +244,16 @@ CHECK_PATH = textwrap.dedent(
             q1, one = cache.batch([MIXED[2]], window)
             alone = kernels.paged_attention(q1, cache.k, cache.v, one, SCALE, softcap)
             assert torch.equal(alone, got[38:67]), (dtype, window)
+        cache = Cache(LONG_SEQ_LENS, 9, 3, 64, 16, dtype, seed=6)  # partitions, split over threads or not
+        q, metadata = cache.batch(LONG, 600)
+        ref = TorchKernels().paged_attention(q.float(), cache.k.float(), cache.v.float(), metadata, SCALE)
+        torch.testing.assert_close(kernels.paged_attention(q, cache.k, cache.v, metadata, SCALE).float(), ref,
+                                   rtol=tolerance, atol=tolerance)
+        q, metadata = cache.batch([LONG[0], LONG[2]], 600)  # 6 items: on 3 threads, a unit a partition
+        torch.set_num_threads(1)
+        alone = kernels.paged_attention(q, cache.k, cache.v, metadata, SCALE)
+        torch.set_num_threads(3)
+        assert torch.equal(kernels.paged_attention(q, cache.k, cache.v, metadata, SCALE), alone), dtype
     print("ok")
     """
 )
