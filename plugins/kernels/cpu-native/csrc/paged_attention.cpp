@@ -304,7 +304,7 @@ AttentionCall::AttentionCall(const at::Tensor& q, const at::Tensor& k_cache, con
     int64_t work = 0;
     for (int64_t each : works) ends.push_back(work += each);
     const int64_t n = static_cast<int64_t>(st.items.size());
-    const int64_t threads = std::clamp<int64_t>(work / kMinWorkPerThread, 1, std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n)));
+    const int64_t threads = std::clamp<int64_t>(work / kMinWorkPerThread, 1, std::max<int64_t>(1, std::min<int64_t>(available, n)));
     // thread t owns the items whose work ends in (t, t + 1] / threads of the total: contiguous, about equal
     // (a prefill's later rows read more keys than its first); a thread done with its own takes the others' last
     st.ranges = std::vector<UnitRange>(threads);

@@ -11,8 +11,8 @@
 //
 // A row's keys are attended in partitions of kPartition keys, aligned to absolute positions too: each partition's
 // softmax runs from scratch, and the partitions are merged in order (merge_partition). One thread may run a
-// row's partitions one after another, or (a call of fewer items than threads: a decode of few requests over a
-// long context) several threads one partition each, the last to finish merging them (reduce_partitions): the
+// row's partitions one after another, or (a call of fewer than 4 items a thread: a decode of few requests over
+// a long context) several threads one partition each, the last to finish merging them (reduce_partitions): the
 // same operations either way, so the same bits. A row within one partition (under 512 keys) is never merged.
 
 #define LLMP_FN static inline LLMP_TARGET
