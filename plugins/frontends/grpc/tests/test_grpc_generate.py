@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
@@ -14,10 +16,63 @@ PROMPT = "Hello world"
 MAX_TOKENS = 8
 CONTEXT = 512  # the tiny Llama's max_position_embeddings
 
+STEP_S = 0.05
+# uniproc, but while the file $SLOW_STEPS_GATE names exists each step takes STEP_S more: a long
+# generation then lasts long whatever the machine (CONTEXT - 20 tokens: 24 s at least)
+SLOW_EXECUTOR = f"""
+import os
+import time
+
+from llmp import hookimpl
+from llmp.api import ExecutorSpec
+from llmp.engine.executor import UniprocExecutor
+
+GATE = os.environ.get("SLOW_STEPS_GATE", "")
+
+
+class SlowSteps(UniprocExecutor):
+    def execute_model(self, inputs):
+        if GATE and os.path.exists(GATE):
+            time.sleep({STEP_S})
+        return super().execute_model(inputs)
+
+
+@hookimpl
+def llmp_register_executors():
+    yield ExecutorSpec(name="slow-steps", impl="llmp_slow_steps:SlowSteps")
+"""
+
 
 @pytest.fixture(scope="module")
-def server(tiny_model: Path) -> Iterator[GrpcServer]:
-    yield from grpc_server(tiny_model)
+def slow_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A plugin distribution on a path, found by its entry point: the slow-steps executor."""
+    site = tmp_path_factory.mktemp("slow-site")
+    (site / "llmp_slow_steps.py").write_text(SLOW_EXECUTOR)
+    info = site / "llmp_slow_steps-0.0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: llmp-slow-steps\nVersion: 0.0.1\n")
+    (info / "entry_points.txt").write_text("[llmp]\nslow_steps = llmp_slow_steps\n")
+    return site
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model: Path, slow_site: Path) -> Iterator[GrpcServer]:
+    env = {
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(slow_site), os.environ.get("PYTHONPATH")])),
+        "SLOW_STEPS_GATE": str(slow_site / "slow"),
+    }
+    yield from grpc_server(tiny_model, "--executor", "slow-steps", env=env)
+
+
+@contextmanager
+def slow_steps(slow_site: Path) -> Iterator[None]:
+    """Each engine step of the module's server takes at least STEP_S until the block ends."""
+    gate = slow_site / "slow"
+    gate.touch()
+    try:
+        yield
+    finally:
+        gate.unlink()
 
 
 def completion(server: GrpcServer, **body: object) -> dict:
@@ -177,18 +232,18 @@ def test_cancelled_stream_aborts_the_request(server: GrpcServer) -> None:
     assert after["llmp_generation_tokens_total"] - before["llmp_generation_tokens_total"] < CONTEXT - 20
 
 
-def test_deadline_aborts_the_request(server: GrpcServer) -> None:
-    # the deadline is a quarter of what the whole request takes on this machine, so it fires
-    # mid-generation however fast the machine is
-    started = time.monotonic()
-    server.stub.Generate(greedy(max_tokens=CONTEXT - 20), timeout=120)
-    deadline = max((time.monotonic() - started) / 4, 0.05)
+def test_deadline_aborts_the_request(server: GrpcServer, slow_site: Path) -> None:
+    # slowed, the request takes 24 s at least: a 5 s deadline fires mid-generation however fast the
+    # machine, with seconds to spare for a stalled client or server to have started it by then
+    deadline = 5.0
     before = metrics(server.http)
-    started = time.monotonic()
-    error = rpc_error(server.stub.Generate, greedy(max_tokens=CONTEXT - 20), timeout=deadline)
-    assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    assert time.monotonic() - started < deadline + 5
-    wait_idle(server.http, timeout=5)
+    with slow_steps(slow_site):
+        started = time.monotonic()
+        error = rpc_error(server.stub.Generate, greedy(max_tokens=CONTEXT - 20), timeout=deadline)
+        assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert time.monotonic() - started < deadline + 5
+        wait_idle(server.http, timeout=5)
     after = metrics(server.http)
     aborted = 'llmp_request_success_total{finished_reason="abort"}'
     assert after.get(aborted, 0) == before.get(aborted, 0) + 1
+    assert after["llmp_generation_tokens_total"] - before["llmp_generation_tokens_total"] < CONTEXT - 20
