@@ -22,6 +22,7 @@ from llmp.engine.sampler import (
     _apply_penalties,
     argmax_rows,
     draw_from,
+    keep_top_p,
 )
 from llmp.sampling_params import SamplingParams
 
@@ -298,6 +299,39 @@ def test_top_p_at_the_exact_boundary():
     logits = torch.tensor([0.5, 0.25, 0.125, 0.125]).log().tolist()
     assert set(draw_counts(logits, n=4000, top_p=0.5).nonzero().flatten().tolist()) == {0}
     assert set(draw_counts(logits, n=4000, top_p=0.75).nonzero().flatten().tolist()) == {0, 1}
+
+
+def full_sort_top_p(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """The definition, on every row whole: sort, keep while the mass strictly above is short of p."""
+    sorted_probs, order = probs.sort(-1, descending=True)
+    kept = sorted_probs.cumsum(-1) - sorted_probs < top_p.unsqueeze(1) * probs.sum(-1, keepdim=True)
+    return probs.masked_fill(~kept.scatter(1, order, kept), 0.0)
+
+
+@pytest.mark.parametrize("vocab", [5, 3000, 49152])
+def test_top_p_of_few_candidates_equals_sorting_the_whole_vocabulary(vocab):
+    """Peaked rows (a set within 64 tokens), middling ones (within 1024) and flat ones (sorted whole), with
+    zeroed tokens, in one batch: the same kept tokens as sorting every row."""
+    torch.manual_seed(0)
+    rows = 48
+    sharpness = torch.tensor([12.0, 6.0, 3.0, 1.5, 0.5, 0.1]).repeat(rows // 6).unsqueeze(1)
+    probs = (torch.randn(rows, vocab) * sharpness).softmax(-1)
+    probs[::5, ::3] = 0.0  # tokens already dropped (top-k, min-p)
+    top_p = torch.linspace(0.05, 0.99, rows)[torch.randperm(rows)]
+    got = keep_top_p(probs, top_p)
+    assert torch.equal(got, full_sort_top_p(probs, top_p))
+    kept = (got > 0).sum(-1)
+    if vocab == 49152:  # every path taken (so a wrong one fails here)
+        assert (kept <= 64).any() and ((kept > 64) & (kept <= 1024)).any() and (kept > 1024).any(), kept
+
+
+def test_top_p_of_one_keeps_every_token_beside_rows_that_truncate():
+    # a long tail of tiny probabilities: float32's running sum reaches the total before the last tokens
+    probs = torch.cat([torch.tensor([0.999]), torch.full((5000,), 1e-3 / 5000)]).repeat(3, 1)
+    got = keep_top_p(probs, torch.tensor([1.0, 0.5, 0.9999]))
+    assert torch.equal(got[0], probs[0])
+    assert (got[1] > 0).sum() == 1
+    assert torch.equal(got[2], full_sort_top_p(probs[2:], torch.tensor([0.9999]))[0])
 
 
 def test_min_p_removes_tokens_below_min_p_times_max():

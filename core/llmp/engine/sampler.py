@@ -3,7 +3,7 @@
 Order, as in vLLM: the structured-output grammar mask, allowed tokens, bad words, logit bias and the
 ``min_tokens`` ban;
 then repetition, frequency and presence penalties (greedy rows included);
-then temperature, min-p, top-k and top-p; then a draw. Logprobs are those of
+then temperature, top-k, min-p and top-p; then a draw. Logprobs are those of
 the raw model distribution. Only rows that use a feature pay for it.
 
 The engine describes each row (:class:`SamplingBatch`, plain data); the worker of rank 0 samples on
@@ -359,11 +359,7 @@ def _sample(logits: torch.Tensor, rows: list[SamplingRow], generator: torch.Gene
         threshold = min_p.unsqueeze(1) * probs.max(-1, keepdim=True).values
         probs = probs.masked_fill(probs < threshold, 0.0)
     if any(p.top_p < 1 for p in params):
-        top_p = torch.tensor([p.top_p for p in params], device=device)
-        sorted_probs, order = probs.sort(-1, descending=True)
-        before = sorted_probs.cumsum(-1) - sorted_probs  # mass strictly above each token
-        drop_sorted = before >= top_p.unsqueeze(1) * sorted_probs.sum(-1, keepdim=True)  # smallest set reaching p
-        probs = probs.masked_fill(drop_sorted.scatter(1, order, drop_sorted), 0.0)
+        probs = keep_top_p(probs, torch.tensor([p.top_p for p in params], device=device))
     # One uniform draw a row, through the row's cumulative distribution; seeded rows use their own generator.
     # (vLLM's exponential race, argmax(p / E) with E ~ Exp(1), draws a number per token: 67 ms for 32 rows of a
     # 152k vocabulary on a CPU, where this takes 2 ms.)
@@ -373,6 +369,38 @@ def _sample(logits: torch.Tensor, rows: list[SamplingRow], generator: torch.Gene
             own = seeded_generator(row.params.seed, row.num_output_tokens, device)
             uniforms[i] = torch.rand(1, generator=own, device=device, dtype=torch.float64)
     return draw_from(probs, uniforms)
+
+
+# A row's top-p set is looked for among its most likely tokens first: sorting a whole vocabulary of 49k
+# entries takes about 2 ms on a CPU core, its top 64 50 us and its top 1024 0.3 ms. A chat model's top-p set
+# (SmolLM2, 4096 draws) was within 64 tokens for 94% of its rows at temperature 0.8 and top-p 0.9, and within
+# 1024 for 87% at 1.0 and 0.95.
+_TOP_P_CANDIDATES = (64, 1024)
+
+
+def keep_top_p(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """``probs`` [R, V] (non-negative, unnormalised) with all but each row's top-p set zeroed: the smallest
+    set of most likely tokens whose mass reaches ``top_p`` [R] of the row's total (a row of 1 keeps all).
+    A row is sorted whole only when its set is not within its most likely ``_TOP_P_CANDIDATES``."""
+    vocab = probs.shape[-1]
+    reach = (top_p * probs.sum(-1)).unsqueeze(1)
+    keep = (top_p >= 1).unsqueeze(1).expand_as(probs).clone()
+    rows = (top_p < 1).nonzero().squeeze(1)
+    for candidates in (*(k for k in _TOP_P_CANDIDATES if k < vocab), vocab):
+        if len(rows) == 0:
+            break
+        row_probs = probs if len(rows) == len(probs) else probs[rows]
+        if candidates < vocab:
+            values, order = row_probs.topk(candidates, dim=-1)  # sorted, most likely first
+        else:
+            values, order = row_probs.sort(-1, descending=True)
+        cumulative = values.cumsum(-1)
+        # a token is kept while the mass strictly above it is short of the reach
+        kept = cumulative - values < reach[rows]
+        keep[rows] = torch.zeros_like(row_probs, dtype=torch.bool).scatter_(1, order, kept)
+        # rows whose candidates fall short of the reach: tokens past them may be in the set
+        rows = rows[cumulative[:, -1] < reach[rows, 0]]
+    return probs.masked_fill(~keep, 0.0)
 
 
 def draw_from(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
