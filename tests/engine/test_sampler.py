@@ -20,6 +20,8 @@ from llmp.engine.sampler import (
     SamplingRow,
     _apply_masks_and_bias,
     _apply_penalties,
+    _draw_top_k,
+    _draw_vocabulary,
     argmax_rows,
     draw_from,
     keep_top_p,
@@ -332,6 +334,34 @@ def test_top_p_of_one_keeps_every_token_beside_rows_that_truncate():
     assert torch.equal(got[0], probs[0])
     assert (got[1] > 0).sum() == 1
     assert torch.equal(got[2], full_sort_top_p(probs[2:], torch.tensor([0.9999]))[0])
+
+
+def test_top_k_keeps_every_token_tied_with_the_k_th():
+    assert set(draw_counts([3.0, 2.0, 2.0, 2.0, 1.0], n=4000, top_k=2).nonzero().flatten().tolist()) == {0, 1, 2, 3}
+
+
+def test_top_k_rows_draw_as_the_vocabulary_masked_to_their_top_k():
+    """Rows with a top-k draw among their candidates only: the same tokens, for the same uniforms, as the
+    whole vocabulary's path on logits masked to each row's top-k (ties with the k-th kept: half the rows
+    are rounded to tenths, so ties reach far past k), with min-p and top-p after it."""
+    torch.manual_seed(0)
+    rows, vocab = 64, 49152
+    logits = torch.randn(rows, vocab) * torch.linspace(0.5, 8.0, rows).unsqueeze(1)
+    logits[::2] = (logits[::2] * 10).round() / 10
+    logits[3, : vocab - 5] = float("-inf")  # fewer tokens left than its k
+    params = [
+        SamplingParams(
+            temperature=1.0,
+            top_k=[1, 5, 40, 1000][i // 2 % 4],
+            top_p=1.0 if i % 2 == 0 else [0.9, 0.5, 1.0][i % 3],  # (which of tokens tied at p's edge: either)
+            min_p=[0.0, 0.05][i // 8 % 2],
+        )
+        for i in range(rows)
+    ]
+    uniforms = torch.rand(rows, 1, dtype=torch.float64)
+    kth = torch.stack([logits[i].sort(descending=True).values[params[i].top_k - 1] for i in range(rows)]).unsqueeze(1)
+    expected = _draw_vocabulary(logits.masked_fill(logits < kth, float("-inf")), params, uniforms)
+    assert torch.equal(_draw_top_k(logits, params, uniforms), expected)
 
 
 def test_min_p_removes_tokens_below_min_p_times_max():
