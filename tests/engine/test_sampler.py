@@ -469,6 +469,52 @@ def test_apply_penalties_exact():
     torch.testing.assert_close(result, expected)
 
 
+def dense_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """The penalties written over the whole [rows, vocabulary]: counts by one-hot sums."""
+    out = logits.clone()
+    vocab = logits.shape[-1]
+    for i, row in enumerate(rows):
+        p = row.params
+        counts = torch.zeros(vocab)
+        for token in row.output_token_ids or []:
+            counts[token] += 1
+        seen = counts > 0
+        for token in row.prompt_token_ids or []:
+            seen[token] = True
+        x = out[i]
+        x = torch.where(seen, torch.where(x > 0, x / p.repetition_penalty, x * p.repetition_penalty), x)
+        out[i] = x - p.frequency_penalty * counts - p.presence_penalty * (counts > 0).float()
+    return out
+
+
+def test_penalties_change_only_seen_tokens_as_over_the_whole_vocabulary():
+    """The penalties, worked out on each row's seen tokens alone, give the dense computation's bits."""
+    generator = torch.Generator().manual_seed(0)
+    vocab = 4096
+
+    def tokens(n: int, high: int = vocab) -> list[int]:
+        return torch.randint(0, high, (n,), generator=generator).tolist()
+
+    rows = [
+        SamplingRow(
+            SamplingParams(repetition_penalty=rep, frequency_penalty=freq, presence_penalty=pres),
+            0,
+            output_token_ids=tokens(n_out, 64) + [vocab - 1],
+            prompt_token_ids=tokens(n_prompt) if rep != 1.0 else None,
+        )
+        for rep, freq, pres, n_prompt, n_out in [
+            (1.05, 0.0, 0.0, 300, 40),
+            (1.0, 0.5, 0.0, 0, 100),
+            (0.8, -0.3, 0.7, 20, 0),
+            (1.3, 0.2, -1.0, 0, 7),
+        ]
+    ]
+    rows.insert(2, SamplingRow(SamplingParams(), 0))  # no penalties: untouched
+    logits = torch.randn(len(rows), vocab, generator=generator) * 3
+    logits[:, :8] = 0.0  # neither side of the repetition's sign
+    assert torch.equal(_apply_penalties(logits.clone(), rows), dense_penalties(logits, rows))
+
+
 def test_penalties_flip_greedy_choice():
     logits = torch.tensor([[3.0, 2.5, 0.0, 2.0, 1.0]])
     # repetition from the prompt alone

@@ -300,19 +300,6 @@ def _apply_masks_and_bias(logits: torch.Tensor, rows: list[SamplingRow]) -> torc
     return logits
 
 
-def _token_counts(sequences: list[list[int]], vocab: int, device: torch.device) -> torch.Tensor:
-    # [R, V] counts via one scatter over a padded matrix (pad id = vocab, dropped)
-    width = max((len(s) for s in sequences), default=0)
-    padded = torch.full((len(sequences), width + 1), vocab, dtype=torch.long)
-    for i, s in enumerate(sequences):
-        if s:
-            padded[i, : len(s)] = torch.tensor(s, dtype=torch.long)
-    padded = padded.to(device, non_blocking=True)
-    counts = torch.zeros(len(sequences), vocab + 1, device=device)
-    counts.scatter_add_(1, padded, torch.ones_like(padded, dtype=counts.dtype))
-    return counts[:, :vocab]
-
-
 def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
     chosen_rows = [
         i
@@ -322,23 +309,43 @@ def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Ten
     if not chosen_rows:
         return logits
     vocab, device = logits.shape[-1], logits.device
-    index = torch.tensor(chosen_rows, device=device)
-    sub = logits[index]
     chosen = [rows[i] for i in chosen_rows]
-    output_counts = _token_counts([r.output_token_ids or [] for r in chosen], vocab, device)
-    seen = (_token_counts([r.prompt_token_ids or [] for r in chosen], vocab, device) > 0) | (output_counts > 0)
+    # Penalties change only the tokens a row has seen: they are computed on those (row, token) pairs, keyed
+    # row * vocab + token, not over [rows, vocabulary] (32 rows of 152k entries are 4.9M values a step, where
+    # their prompts and outputs hold thousands of tokens).
+    output_keys = _pair_keys([r.output_token_ids or [] for r in chosen], vocab, device)
+    prompt_keys = _pair_keys([r.prompt_token_ids or [] for r in chosen], vocab, device)
+    output_keys, output_counts = output_keys.unique(return_counts=True)  # sorted
+    seen = torch.cat([output_keys, prompt_keys]).unique()
+    if seen.numel() == 0:
+        return logits
+    # each seen pair's count among the outputs (0: seen in the prompt only)
+    at = torch.searchsorted(output_keys, seen).clamp(max=max(output_keys.numel() - 1, 0))
+    if output_keys.numel():
+        counts = torch.where(output_keys[at] == seen, output_counts[at], 0).float()
+    else:
+        counts = torch.zeros_like(seen, dtype=torch.float32)
+    row, token = seen // vocab, seen % vocab
 
     def column(values: list[float]) -> torch.Tensor:
-        return torch.tensor(values, device=device).unsqueeze(1)
+        return torch.tensor(values, device=device)[row]
 
+    target = (torch.tensor(chosen_rows, device=device)[row], token)
+    values = logits[target]
     repetition = column([r.params.repetition_penalty for r in chosen])
-    penalised = torch.where(sub > 0, sub / repetition, sub * repetition)
-    sub = torch.where(seen, penalised, sub)
+    values = torch.where(values > 0, values / repetition, values * repetition)
     frequency = column([r.params.frequency_penalty for r in chosen])
     presence = column([r.params.presence_penalty for r in chosen])
-    sub = sub - frequency * output_counts - presence * (output_counts > 0).float()
-    logits[index] = sub
+    logits[target] = values - frequency * counts - presence * (counts > 0).float()
     return logits
+
+
+def _pair_keys(sequences: list[list[int]], vocab: int, device: torch.device) -> torch.Tensor:
+    """``row * vocab + token`` of each token of each sequence (ids past the vocabulary dropped)."""
+    tokens = torch.tensor([t for s in sequences for t in s], dtype=torch.long)
+    rows = torch.repeat_interleave(torch.arange(len(sequences)), torch.tensor([len(s) for s in sequences]))
+    keys = rows * vocab + tokens
+    return keys[(tokens >= 0) & (tokens < vocab)].to(device, non_blocking=True)
 
 
 def _sample(logits: torch.Tensor, rows: list[SamplingRow], generator: torch.Generator) -> torch.Tensor:
