@@ -327,6 +327,24 @@ def test_top_p_of_few_candidates_equals_sorting_the_whole_vocabulary(vocab):
         assert (kept <= 64).any() and ((kept > 64) & (kept <= 1024)).any() and (kept > 1024).any(), kept
 
 
+@pytest.mark.parametrize("peaked_only", [False, True])
+def test_top_p_rows_draw_the_token_the_whole_vocabulary_gives(peaked_only):
+    """Rows whose top-p set is within their 64 most likely tokens draw among those: for the same uniforms,
+    the same tokens as the draw over the whole vocabulary (rows beside them sorted whole, or top-p 1)."""
+    torch.manual_seed(0)
+    rows, vocab = 48, 49152
+    sharpness = torch.tensor([12.0, 6.0, 3.0, 1.5, 0.5, 0.1]).repeat(rows // 6).unsqueeze(1)
+    logits = torch.randn(rows, vocab) * (12.0 if peaked_only else sharpness)
+    top_ps = [0.5, 0.9, 0.95] if peaked_only else [0.5, 0.9, 0.95, 1.0]
+    params = [SamplingParams(top_p=top_ps[i % len(top_ps)], min_p=[0.0, 0.01][i % 2]) for i in range(rows)]
+    uniforms = torch.rand(rows, 1, dtype=torch.float64)
+    probs = logits.softmax(-1)
+    min_p = torch.tensor([p.min_p for p in params]).unsqueeze(1)
+    probs = probs.masked_fill(probs < min_p * probs.max(-1, keepdim=True).values, 0.0)
+    expected = draw_from(keep_top_p(probs, torch.tensor([p.top_p for p in params])), uniforms)
+    assert torch.equal(_draw_vocabulary(logits, params, uniforms), expected)
+
+
 def test_top_p_of_one_keeps_every_token_beside_rows_that_truncate():
     # a long tail of tiny probabilities: float32's running sum reaches the total before the last tokens
     probs = torch.cat([torch.tensor([0.999]), torch.full((5000,), 1e-3 / 5000)]).repeat(3, 1)

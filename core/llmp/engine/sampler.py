@@ -375,16 +375,42 @@ def _sample(logits: torch.Tensor, rows: list[SamplingRow], generator: torch.Gene
 
 
 def _draw_vocabulary(logits: torch.Tensor, params: list[SamplingParams], uniforms: torch.Tensor) -> torch.Tensor:
-    """Rows without a top-k: min-p and top-p over the whole vocabulary, then the draw."""
-    device = logits.device
+    """Rows without a top-k: min-p and top-p over the whole vocabulary, then the draw. A row whose top-p set
+    lies within its most likely ``_TOP_P_CANDIDATES[0]`` tokens draws among those: the same token as drawing
+    over the vocabulary (the tokens left out hold no mass, and adding 0 leaves a running sum as it is)."""
+    device, vocab = logits.device, logits.shape[-1]
     probs = logits.softmax(-1)
     if any(p.min_p > 0 for p in params):
         min_p = torch.tensor([p.min_p for p in params], device=device)
         threshold = min_p.unsqueeze(1) * probs.max(-1, keepdim=True).values
         probs = probs.masked_fill(probs < threshold, 0.0)
-    if any(p.top_p < 1 for p in params):
-        probs = keep_top_p(probs, torch.tensor([p.top_p for p in params], device=device))
-    return draw_from(probs, uniforms)
+    if not any(p.top_p < 1 for p in params):
+        return draw_from(probs, uniforms)
+    top_p = torch.tensor([p.top_p for p in params], device=device)
+    if vocab <= _TOP_P_CANDIDATES[0]:
+        return draw_from(keep_top_p(probs, top_p), uniforms)
+    reach = (top_p * probs.sum(-1)).unsqueeze(1)  # as keep_top_p's first look, so the same tokens kept
+    values, ids = probs.topk(_TOP_P_CANDIDATES[0], dim=-1)
+    cumulative = values.cumsum(-1)
+    within = ((cumulative[:, -1:] >= reach) & (top_p.unsqueeze(1) < 1)).squeeze(1)
+    if bool(within.all()):
+        return _draw_candidates(values.masked_fill(cumulative - values >= reach, 0.0), ids, uniforms)
+    tokens = torch.empty(len(params), dtype=torch.long, device=device)
+    rest = (~within).nonzero().squeeze(1)
+    tokens[rest] = draw_from(keep_top_p(probs[rest], top_p[rest]), uniforms[rest])
+    if bool(within.any()):
+        chosen = within.nonzero().squeeze(1)
+        kept = values[chosen].masked_fill(cumulative[chosen] - values[chosen] >= reach[chosen], 0.0)
+        tokens[chosen] = _draw_candidates(kept, ids[chosen], uniforms[chosen])
+    return tokens
+
+
+def _draw_candidates(weights: torch.Tensor, ids: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """The draw among each row's candidate tokens ``ids`` [R, C] of ``weights`` [R, C], in vocabulary order, as
+    over the whole vocabulary (the tokens between hold no mass)."""
+    order = ids.argsort(-1)
+    ids, weights = ids.gather(1, order), weights.gather(1, order)
+    return ids.gather(1, draw_from(weights, uniforms).unsqueeze(1)).squeeze(1)
 
 
 def _draw_top_k(logits: torch.Tensor, params: list[SamplingParams], uniforms: torch.Tensor) -> torch.Tensor:
@@ -394,7 +420,8 @@ def _draw_top_k(logits: torch.Tensor, params: list[SamplingParams], uniforms: to
     order, so a row's draw does not depend on how many candidates the other rows asked for."""
     device, vocab = logits.device, logits.shape[-1]
     k = torch.tensor([min(p.top_k, vocab) for p in params], device=device).unsqueeze(1)
-    width = min(int(k.max()) + 1, vocab)  # one past the largest k: does a tie with a k-th value spill past?
+    # one past the largest k: does a tie with a k-th value spill past?
+    width = min(max(p.top_k for p in params) + 1, vocab)
     while True:
         values, ids = logits.topk(width, dim=-1)  # most likely first
         kth = values.gather(1, k - 1)
@@ -411,10 +438,7 @@ def _draw_top_k(logits: torch.Tensor, params: list[SamplingParams], uniforms: to
         top_p = torch.tensor([p.top_p for p in params], device=device).unsqueeze(1)
         cumulative = weights.cumsum(-1)
         weights = weights.masked_fill((cumulative - weights >= top_p * cumulative[:, -1:]) & (top_p < 1), 0.0)
-    # drawn in vocabulary order, as the rows without a top-k are
-    order = ids.argsort(-1)
-    ids, weights = ids.gather(1, order), weights.gather(1, order)
-    return ids.gather(1, draw_from(weights, uniforms).unsqueeze(1)).squeeze(1)
+    return _draw_candidates(weights, ids, uniforms)
 
 
 # A row's top-p set is looked for among its most likely tokens first: sorting a whole vocabulary of 49k
