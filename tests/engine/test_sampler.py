@@ -358,6 +358,22 @@ def test_top_k_keeps_every_token_tied_with_the_k_th():
     assert set(draw_counts([3.0, 2.0, 2.0, 2.0, 1.0], n=4000, top_k=2).nonzero().flatten().tolist()) == {0, 1, 2, 3}
 
 
+def test_seeded_top_k_draws_through_ties_do_not_depend_on_the_batch():
+    """Top-p cutting through 100 tied candidates keeps the same ones whatever k the other rows ask for."""
+    tied = torch.full((1, 1000), -10.0)
+    tied[0, :100] = 1.0
+    for step in range(8):
+        row = dict(output=[5] * step, seed=7, top_k=100, top_p=0.1)
+        alone = sample(tied, [make(rid="a", **row)]).token_ids[0]
+        beside = sample(torch.cat([tied, torch.zeros(1, 1000)]), [make(rid="a", **row), make(rid="b", top_k=1)])
+        assert beside.token_ids[0] == alone
+
+
+def test_a_nan_logit_beside_a_tie_at_the_k_th_ends():
+    out = sample(torch.tensor([[float("nan"), 1.0, 1.0, 0.0]]), [make(top_k=2)])  # (topk puts NaN first)
+    assert len(out.token_ids) == 1
+
+
 def test_top_k_rows_draw_as_the_vocabulary_masked_to_their_top_k():
     """Rows with a top-k draw among their candidates only: the same tokens, for the same uniforms, as the
     whole vocabulary's path on logits masked to each row's top-k (ties with the k-th kept: half the rows

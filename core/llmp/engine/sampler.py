@@ -342,7 +342,7 @@ def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Ten
 
 def _pair_keys(sequences: list[list[int]], vocab: int, device: torch.device) -> torch.Tensor:
     """``row * vocab + token`` of each token of each sequence (ids past the vocabulary dropped)."""
-    tokens = torch.tensor([t for s in sequences for t in s], dtype=torch.long)
+    tokens = torch.cat([torch.tensor(s, dtype=torch.long) for s in sequences])
     rows = torch.repeat_interleave(torch.arange(len(sequences)), torch.tensor([len(s) for s in sequences]))
     keys = rows * vocab + tokens
     return keys[(tokens >= 0) & (tokens < vocab)].to(device, non_blocking=True)
@@ -363,10 +363,10 @@ def _sample(logits: torch.Tensor, rows: list[SamplingRow], generator: torch.Gene
     # rows with a top-k draw from their k most likely tokens, the others from the whole vocabulary: which way a
     # row goes is its own, so a seeded row's draw does not depend on what shares the step
     with_k = [i for i, p in enumerate(params) if p.top_k > 0]
-    if len(with_k) == len(rows):
-        return _draw_top_k(logits, params, uniforms)
     if not with_k:
         return _draw_vocabulary(logits, params, uniforms)
+    if len(with_k) == len(rows):
+        return _draw_top_k(logits, params, uniforms)
     tokens = torch.empty(len(rows), dtype=torch.long, device=device)
     for chosen, draw in ((with_k, _draw_top_k), ([i for i, p in enumerate(params) if p.top_k <= 0], _draw_vocabulary)):
         index = torch.tensor(chosen, device=device)
@@ -393,25 +393,25 @@ def _draw_vocabulary(logits: torch.Tensor, params: list[SamplingParams], uniform
     if len(left) < len(params):  # rows of top-p 1: the whole vocabulary
         whole = (top_p >= 1).nonzero().squeeze(1)
         tokens[whole] = draw_from(probs[whole], uniforms[whole])
-    at_least = torch.zeros(len(params), device=device)  # a bound under each row's set size, from the last look
-    sort = left[:0]  # rows whose set is known to be past every look left
+    at_least = torch.zeros(len(params), device=device)  # a bound under each row's set size, from its last look
     for candidates in _TOP_P_CANDIDATES:
         if len(left) == 0 or candidates >= vocab:
             break
-        past = at_least[left] > candidates
-        sort, left = torch.cat([sort, left[past]]), left[~past]
-        values, ids = (probs if len(left) == len(params) else probs[left]).topk(candidates, dim=-1)
+        past = at_least[left] > candidates  # known to be larger: not this look
+        looked = left[~past]
+        if len(looked) == 0:
+            continue
+        values, ids = (probs if len(looked) == len(params) else probs[looked]).topk(candidates, dim=-1)
         cumulative = values.cumsum(-1)
-        within = cumulative[:, -1] >= reach[left, 0]
+        within = cumulative[:, -1] >= reach[looked, 0]
         if bool(within.any()):
-            chosen, kept_ids, kept = left[within], ids[within], values[within]
+            chosen, kept_ids, kept = looked[within], ids[within], values[within]
             kept = kept.masked_fill(cumulative[within] - kept >= reach[chosen], 0.0)
             tokens[chosen] = _draw_candidates(kept, kept_ids, uniforms[chosen])
         # each token past the candidates holds at most the last one's mass
         short = ~within
-        at_least[left[short]] = candidates + (reach[left[short], 0] - cumulative[short, -1]) / values[short, -1]
-        left = left[short]
-    left = torch.cat([sort, left])
+        at_least[looked[short]] = candidates + (reach[looked[short], 0] - cumulative[short, -1]) / values[short, -1]
+        left = torch.cat([left[past], looked[short]]).sort().values
     if len(left):  # sets past every look: each row sorted whole
         tokens[left] = draw_from(keep_top_p(probs[left], top_p[left], candidates=()), uniforms[left])
     return tokens
@@ -428,8 +428,9 @@ def _draw_candidates(weights: torch.Tensor, ids: torch.Tensor, uniforms: torch.T
 def _draw_top_k(logits: torch.Tensor, params: list[SamplingParams], uniforms: torch.Tensor) -> torch.Tensor:
     """Rows with a top-k: min-p, top-p and the draw over each row's k most likely tokens (and any tied with its
     k-th), not over the vocabulary: no pass over 49k entries a row after the top-k itself (Ollama's defaults
-    are top-k 40 and top-p 0.9, Qwen2.5's 20 and 0.8). Every step is elementwise or a running sum in a fixed
-    order, so a row's draw does not depend on how many candidates the other rows asked for."""
+    are top-k 40 and top-p 0.9, Qwen2.5's 20 and 0.8). Every step is elementwise, or a running sum in an order
+    fixed by values and ids, so a row's draw does not depend on how many candidates the other rows asked for
+    (on a CPU: a GPU's sums are parallel scans)."""
     device, vocab = logits.device, logits.shape[-1]
     k = torch.tensor([min(p.top_k, vocab) for p in params], device=device).unsqueeze(1)
     # one past the largest k: does a tie with a k-th value spill past?
@@ -439,7 +440,16 @@ def _draw_top_k(logits: torch.Tensor, params: list[SamplingParams], uniforms: to
         kth = values.gather(1, k - 1)
         if width == vocab or not bool(((values[:, -1:] == kth) & (kth > float("-inf"))).any()):
             break
-        width = min(int((logits >= kth).sum(-1).max()) + 1, vocab)
+        grown = min(int(((logits >= kth) | logits.isnan()).sum(-1).max()) + 1, vocab)  # (topk puts NaN first)
+        if grown <= width:
+            break
+        width = grown
+    # one order, by value then id: topk orders tied values by how many it was asked for, and where top-p cuts
+    # through tied values must not depend on the other rows' k
+    by_id = ids.argsort(-1)
+    ids, values = ids.gather(1, by_id), values.gather(1, by_id)
+    values, by_value = values.sort(dim=-1, descending=True, stable=True)
+    ids = ids.gather(1, by_value)
     # unnormalised probabilities: exp(0) = 1 for each row's most likely token
     weights = (values - values[:, :1]).exp().masked_fill(values < kth, 0.0)
     if any(p.min_p > 0 for p in params):
