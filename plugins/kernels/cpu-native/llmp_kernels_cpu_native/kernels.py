@@ -64,6 +64,8 @@ class QuantizedLinear:
         self.in_features = weight.in_features
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2:  # a step's rows as they are: no reshape (each is a dispatch in a decode step's trace)
+            return torch.ops.llmp_native.quant_matmul(x, self.blocks, self.ggml_type, self.in_features)
         rows = x.reshape(-1, self.in_features)
         out = torch.ops.llmp_native.quant_matmul(rows, self.blocks, self.ggml_type, self.in_features)
         return out.reshape(*x.shape[:-1], out.shape[-1])
