@@ -719,7 +719,9 @@ class KernelSet(Protocol):
         ...
 
     def write_kv(self, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:
-        """Store k, v [T, Hkv, D] into caches [B, S, Hkv, D] at flat slots [T] (-1 = skip)."""
+        """Store k, v [T, Hkv, D] into caches [B, S, Hkv, D] at flat slots [T] (-1 = skip). The caches may be
+        of another dtype than k and v (``EngineConfig.kv_cache_dtype``: a float32 model's 16-bit cache): each
+        value is rounded to the cache's dtype as ``Tensor.to`` rounds it."""
         ...
 
     def paged_attention(
@@ -734,7 +736,8 @@ class KernelSet(Protocol):
         """Causal attention of q [T, H, D] over the paged cache for a mixed
         prefill/decode batch described by ``metadata``; returns [T, H, D].
         With ``softcap`` the scores are capped as ``softcap * tanh(scores / softcap)``
-        before the softmax (Gemma 2)."""
+        before the softmax (Gemma 2). The caches may be of another dtype than q (``kv_cache_dtype``): their
+        values are taken as they are (widened to q's dtype exactly) and the result is q's dtype."""
         ...
 
 

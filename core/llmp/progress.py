@@ -133,9 +133,11 @@ def engine_summary(info: Mapping[str, Any]) -> str:
     KV cache. ``info`` is ``EngineInfo.options`` with ``model`` and ``kernels`` (``AsyncLLM.info``)."""
     kernels = info["kernels"] + (f" ({info['isa']})" if info.get("isa") else "")
     blocks, block_size = info["num_kv_blocks"], info["block_size"]
+    cache_dtype = info.get("kv_cache_dtype", info["dtype"])
     return (
         f"model {info['model']}{f' ({quantization})' if (quantization := info.get('quantization')) else ''}, "
         f"dtype {info['dtype']}, kernels {kernels}, "
         f"max model len {info['max_model_len']}, "
         f"KV cache {blocks} blocks × {block_size} = {blocks * block_size} tokens"
+        + (f" in {cache_dtype}" if cache_dtype != info["dtype"] else "")
     )

@@ -94,7 +94,6 @@ VLLM_EQUIVALENTS = {
     "--kv-cache-memory": ("--kv-cache-memory-gib", "use --kv-cache-memory-gib: llmp sizes the KV cache in GiB"),
     "--num-gpu-blocks-override": ("--kv-cache-memory-gib", "use --kv-cache-memory-gib to size the KV cache"),
     "--swap-space": ("--kv-cache-memory-gib", "llmp does not swap the KV cache; --kv-cache-memory-gib sizes it"),
-    "--kv-cache-dtype": ("--dtype", "the KV cache takes --dtype, as the weights"),
     "--pipeline-parallel-size": ("--tensor-parallel-size", "llmp splits a model by tensor: --tensor-parallel-size"),
     "--distributed-executor-backend": ("--executor", "use --executor"),
     "--uvicorn-log-level": ("--log-level", "use --log-level"),

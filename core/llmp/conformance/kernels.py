@@ -232,7 +232,8 @@ class _SetChecks:
     def _write_kv_cases(self, generator: Any) -> Iterator[tuple[str, Callable[[Any], Any]]]:
         import torch
 
-        for dtype in DTYPES:
+        # (k and v's dtype, the caches'): a float32 model's 16-bit cache (--kv-cache-dtype) rounds each value once
+        for dtype, cache_dtype in (*((d, d) for d in DTYPES), ("float32", "bfloat16")):
             for blocks, block_size in ((3, 4), (2, 16)):
                 k, v = self.tensor(generator, 4, 2, 8, dtype=dtype), self.tensor(generator, 4, 2, 8, dtype=dtype)
                 slots = torch.tensor(
@@ -240,14 +241,21 @@ class _SetChecks:
                 )  # the last slot stays NaN
 
                 def call(
-                    kernels: Any, k: Any = k, v: Any = v, slots: Any = slots, shape: Any = (blocks, block_size)
+                    kernels: Any,
+                    k: Any = k,
+                    v: Any = v,
+                    slots: Any = slots,
+                    shape: Any = (blocks, block_size),
+                    cache_dtype: Any = getattr(torch, cache_dtype),
                 ) -> Any:
-                    caches = [torch.full((*shape, 2, 8), float("nan"), dtype=k.dtype, device=k.device) for _ in "kv"]
+                    full = (*shape, 2, 8)
+                    caches = [torch.full(full, float("nan"), dtype=cache_dtype, device=k.device) for _ in "kv"]
                     kernels.write_kv(k, v, caches[0], caches[1], slots)
                     return tuple(caches)
 
+                into = dtype if cache_dtype == dtype else f"{dtype} into a {cache_dtype} cache"
                 yield (
-                    f"k, v [4, 2, 8] into caches [{blocks}, {block_size}, 2, 8] at slots {slots.tolist()}, {dtype}",
+                    f"k, v [4, 2, 8] into caches [{blocks}, {block_size}, 2, 8] at slots {slots.tolist()}, {into}",
                     call,
                 )
 
@@ -269,6 +277,17 @@ class _SetChecks:
                     return kernels.paged_attention(*upcast, metadata, scale, softcap=softcap).to(q.dtype)
 
                 yield case.describe(dtype), call
+            if case.name in bf16[:1]:  # float32 queries over a 16-bit cache (--kv-cache-dtype): its values widen
+                q, k_cache, v_cache, metadata = _attention_batch(case, "bfloat16", self.device(), generator)
+                inputs = (q.float(), k_cache, v_cache, metadata, 4 / math.sqrt(case.head_dim), case.softcap)
+
+                def mixed(kernels: Any, inputs: tuple = inputs) -> Any:
+                    q, k_cache, v_cache, metadata, scale, softcap = inputs
+                    if kernels is not self.kernels():
+                        k_cache, v_cache = k_cache.float(), v_cache.float()
+                    return kernels.paged_attention(q, k_cache, v_cache, metadata, scale, softcap=softcap)
+
+                yield case.describe("float32") + " over a bfloat16 cache", mixed
 
     # -- optional parts --------------------------------------------------------------------------
 

@@ -31,6 +31,7 @@ from llmp.engine.worker import WorkerCallError
 from llmp.inputs import Prompt, PromptType, as_prompt
 from llmp.lora import LORA_DISABLED, LoRARequest
 from llmp.model_files.gguf import weights_quantization
+from llmp.model_files.resolve import resolve_kv_cache_dtype
 from llmp.modeling.decoder import as_pooling_model
 from llmp.modeling.pooling import (
     POOLERS,
@@ -143,6 +144,7 @@ class LLMEngine:
                 "num_kv_blocks": num_blocks,
                 "block_size": config.block_size,
                 "dtype": model.dtype,
+                "kv_cache_dtype": resolve_kv_cache_dtype(config.kv_cache_dtype, model.dtype),
                 # the workers' kernel set's own account; torch's for an executor that does not pass it on
                 "isa": getattr(self.executor, "kernels_isa_path", None) or isa_path(config.device, model.dtype),
                 "quantization": weights_quantization(model.model_dir),

@@ -23,6 +23,7 @@ from llmp.api import AttentionMetadata, DeviceError, PacksLinear, ResolvedModel
 from llmp.engine.decode_graphs import DecodeGraphs, default_graph_sizes
 from llmp.engine.sampler import Sampler, SamplingBatch, TokenLogprobs, batch_logprobs
 from llmp.engine.scheduler import SchedulerOutput
+from llmp.model_files.resolve import resolve_kv_cache_dtype
 from llmp.model_files.weights import iter_weights
 from llmp.modeling.decoder import as_pooling_model
 from llmp.modeling.layers import QuantizedLayers, pack_quantized_layers
@@ -74,6 +75,7 @@ class ModelRunner:
         if self.device.type == "cuda":  # kernels launch on the current device
             torch.cuda.set_device(self.device)
         self.dtype = TORCH_DTYPES[resolved.dtype]
+        self.kv_dtype = TORCH_DTYPES[resolve_kv_cache_dtype(config.kv_cache_dtype, resolved.dtype)]
         started = time.perf_counter()
         self.kernels_spec = registry.select_kernels(config.kernels, self.device.type)
         self.kernels = self.kernels_spec.load()()
@@ -176,10 +178,11 @@ class ModelRunner:
     def bytes_per_block(self) -> int:
         """Bytes of one KV-cache block over every attention layer (known asleep too: from the cache's shapes)."""
         if self.model is None:  # level-2 sleep: the shapes the cache was allocated with
-            return sum(2 * heads * dim for _, _, heads, dim in self.kv_shapes) * self.block_size * self.dtype.itemsize
+            per_token = sum(2 * heads * dim for _, _, heads, dim in self.kv_shapes)
+            return per_token * self.block_size * self.kv_dtype.itemsize
         layers = self.model.attention_layers()
         per_token = sum(2 * layer.num_kv_heads * layer.head_dim for layer in layers)
-        return per_token * self.block_size * self.dtype.itemsize
+        return per_token * self.block_size * self.kv_dtype.itemsize
 
     def allocate_kv_cache(self, num_blocks: int) -> None:  # nothing for models without paged attention
         """One (k, v) pair of ``[num_blocks, block_size, kv_heads, head_dim]`` per attention layer, allocated once."""
@@ -198,8 +201,8 @@ class ModelRunner:
         # torch.empty: untouched pages cost nothing; kernels read only slots they wrote
         self.kv_caches = [
             (
-                torch.empty(shape, dtype=self.dtype, device=self.device),
-                torch.empty(shape, dtype=self.dtype, device=self.device),
+                torch.empty(shape, dtype=self.kv_dtype, device=self.device),
+                torch.empty(shape, dtype=self.kv_dtype, device=self.device),
             )
             for shape in self.kv_shapes
         ]

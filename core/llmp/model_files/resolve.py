@@ -392,8 +392,13 @@ def check_quantization(hf_config: Any, model_dir: Path, requested: str | None = 
     )
 
 
+def resolve_kv_cache_dtype(requested: str, dtype: str) -> str:
+    """The KV cache's dtype: the one requested (``EngineConfig.kv_cache_dtype``), else the weights' (``dtype``)."""
+    return dtype if requested == "auto" else requested
+
+
 def resolve_dtype(requested: str, hf_config: Any) -> str:
-    """The dtype of weights and KV cache: the one requested, else the config's (bfloat16 when it names none)."""
+    """The dtype of the weights: the one requested, else the config's (bfloat16 when it names none)."""
     if requested != "auto":
         return requested
     configured = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)

@@ -223,17 +223,39 @@ void rotary_(const at::Tensor& positions, const at::Tensor& q, const at::Tensor&
     }, /*with_float=*/true);  // float32 too: two products and a sum, each rounded, are the reference's bits
 }
 
+// n values of src (float32, bfloat16 or float16) as dst's dtype, rounded to nearest even as torch's .to() rounds
+void convert_row(at::ScalarType from, const void* src, at::ScalarType to, void* dst, int64_t n) {
+    auto load = [&](int64_t i) -> float {
+        switch (from) {
+            case at::kBFloat16: return static_cast<const c10::BFloat16*>(src)[i];
+            case at::kHalf: return static_cast<const c10::Half*>(src)[i];
+            default: return static_cast<const float*>(src)[i];
+        }
+    };
+    for (int64_t i = 0; i < n; ++i) {
+        switch (to) {
+            case at::kBFloat16: static_cast<c10::BFloat16*>(dst)[i] = c10::BFloat16(load(i)); break;
+            case at::kHalf: static_cast<c10::Half*>(dst)[i] = c10::Half(load(i)); break;
+            default: static_cast<float*>(dst)[i] = load(i); break;
+        }
+    }
+}
+
 // k, v [T, Hkv, D] (any token stride, heads and D contiguous) copied into the caches [B, S, Hkv, D] at the flat
-// slots [T] (-1: not written); one dtype throughout (the cpu set converts other cache dtypes)
+// slots [T] (-1: not written); k and v of one dtype, the caches of one (--kv-cache-dtype), each of float32, bfloat16
+// or float16: a cache of another dtype than k's gets the values rounded as torch's .to() rounds them
 void write_kv_(const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache, const at::Tensor& v_cache,
                const at::Tensor& slot_mapping) {
     TORCH_CHECK(k.dim() == 3 && v.sizes() == k.sizes() && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes() &&
                     k_cache.size(2) == k.size(1) && k_cache.size(3) == k.size(2),
                 "write_kv_: k, v [T, Hkv, D] and caches [B, S, Hkv, D] do not match: ", k.sizes(), " and ",
                 k_cache.sizes());
-    TORCH_CHECK(k.scalar_type() == k_cache.scalar_type() && v.scalar_type() == k_cache.scalar_type() &&
-                    v_cache.scalar_type() == k_cache.scalar_type(),
-                "write_kv_: k, v and the caches must have one dtype");
+    TORCH_CHECK(v.scalar_type() == k.scalar_type() && v_cache.scalar_type() == k_cache.scalar_type(),
+                "write_kv_: k and v must have one dtype, and the caches one");
+    for (const at::Tensor* t : {&k, &k_cache}) {
+        TORCH_CHECK(t->scalar_type() == at::kFloat || t->scalar_type() == at::kBFloat16 || t->scalar_type() == at::kHalf,
+                    "write_kv_: float32, bfloat16 or float16 only, not ", t->scalar_type());
+    }
     TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "write_kv_: contiguous caches only");
     TORCH_CHECK(slot_mapping.dim() == 1 && slot_mapping.size(0) == k.size(0), "write_kv_: slot_mapping must be [",
                 k.size(0), "]");
@@ -242,18 +264,24 @@ void write_kv_(const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cac
     const at::Tensor vs = v.stride(2) == 1 && v.stride(1) == v.size(2) ? v : v.contiguous();
     const at::Tensor map = slot_mapping.to(at::kLong).contiguous();
     const int64_t* sp = map.data_ptr<int64_t>();
-    const int64_t bytes = row * k.element_size();
+    const int64_t bytes = row * k_cache.element_size();
     auto* kc = static_cast<char*>(k_cache.data_ptr());
     auto* vc = static_cast<char*>(v_cache.data_ptr());
     const auto* kp = static_cast<const char*>(ks.data_ptr());
     const auto* vp = static_cast<const char*>(vs.data_ptr());
     const int64_t k_stride = ks.stride(0) * k.element_size(), v_stride = vs.stride(0) * v.element_size();
+    const at::ScalarType from = k.scalar_type(), to = k_cache.scalar_type();
     for (int64_t t = 0; t < k.size(0); ++t) {
         const int64_t slot = sp[t];
         if (slot < 0) continue;
         TORCH_CHECK(slot < slots, "write_kv_: slot ", slot, " is outside the cache's ", slots);
-        std::memcpy(kc + slot * bytes, kp + t * k_stride, bytes);
-        std::memcpy(vc + slot * bytes, vp + t * v_stride, bytes);
+        if (from == to) {
+            std::memcpy(kc + slot * bytes, kp + t * k_stride, bytes);
+            std::memcpy(vc + slot * bytes, vp + t * v_stride, bytes);
+        } else {
+            convert_row(from, kp + t * k_stride, to, kc + slot * bytes, row);
+            convert_row(from, vp + t * v_stride, to, vc + slot * bytes, row);
+        }
     }
 }
 

@@ -248,9 +248,10 @@ class NativeKernels(CpuKernels):
     def write_kv(
         self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
     ) -> None:
-        if k.device.type == "cpu" and k.dtype == v.dtype == k_cache.dtype == v_cache.dtype and k_cache.is_contiguous():
+        dtypes = k.dtype == v.dtype and k_cache.dtype == v_cache.dtype and {k.dtype, k_cache.dtype} <= set(ROW_DTYPES)
+        if k.device.type == "cpu" and dtypes and k_cache.is_contiguous():  # a 16-bit cache of float32 k, v too
             torch.ops.llmp_native.write_kv_(k, v, k_cache, v_cache, slot_mapping)
-        else:  # a cache of another dtype: the cpu set converts
+        else:
             super().write_kv(k, v, k_cache, v_cache, slot_mapping)
 
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:

@@ -75,6 +75,21 @@ def test_matches_the_reference(kernels, dtype, heads, kv_heads, head_dim, block_
     torch.testing.assert_close(got.float(), expected, rtol=tolerance, atol=tolerance)
 
 
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("head_dim, window, softcap", [(64, None, None), (40, 20, 30.0), (24, None, None)])
+def test_float32_queries_over_a_16_bit_cache_match_the_reference(kernels, cache_dtype, head_dim, window, softcap):
+    # --kv-cache-dtype bfloat16/float16 of a float32 model: the cache's values widen exactly, the rest is float32
+    cache = Cache(SEQ_LENS, 8, 2, head_dim, 16, cache_dtype, seed=3)
+    q, metadata = cache.batch(MIXED, window)
+    q = q.float()
+    got = kernels.paged_attention(q, cache.k, cache.v, metadata, SCALE, softcap)
+    expected = TorchKernels().paged_attention(q, cache.k.float(), cache.v.float(), metadata, SCALE, softcap)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    # and the same bits as over the float32 copy of the cache (the same values, read another way)
+    assert torch.equal(got, kernels.paged_attention(q, cache.k.float(), cache.v.float(), metadata, SCALE, softcap))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("window, softcap", [(None, None), (20, 30.0)])
 def test_a_position_has_the_same_bits_alone_batched_and_chunked(kernels, dtype, window, softcap):

@@ -248,6 +248,24 @@ def test_write_kv_matches_the_reference(kernels, dtype):
         kernels.write_kv(k, v, caches[0], caches[1], torch.tensor([3, -1, 24, 0, 10]))
 
 
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float16])
+def test_write_kv_of_float32_into_a_16_bit_cache_rounds_as_torch(kernels, cache_dtype):
+    # --kv-cache-dtype of a float32 model: each value rounded to nearest even, as .to() rounds it
+    tokens, kv_heads, head_dim = 6, 3, 64
+    # k and v views of a fused projection, some values beyond float16's range
+    kv = rand(tokens, 3 * kv_heads * head_dim, dtype=torch.float32) * 1e4
+    kv[0, :3] = torch.tensor([float("inf"), float("nan"), 1e-8])
+    k = kv[:, : kv_heads * head_dim].view(tokens, kv_heads, head_dim)
+    v = kv[:, kv_heads * head_dim : 2 * kv_heads * head_dim].view(tokens, kv_heads, head_dim)
+    slots = torch.tensor([3, -1, 23, 0, 10, 17])
+    caches = [torch.zeros(6, 4, kv_heads, head_dim, dtype=cache_dtype) for _ in range(4)]
+    kernels.write_kv(k, v, caches[0], caches[1], slots)
+    TorchKernels().write_kv(k, v, caches[2], caches[3], slots)
+    for got, expected in ((caches[0], caches[2]), (caches[1], caches[3])):  # the same values (a NaN's payload aside)
+        torch.testing.assert_close(got, expected, rtol=0, atol=0, equal_nan=True)
+    assert caches[0].view(-1, kv_heads, head_dim)[3].any()
+
+
 def test_write_kv_into_a_cache_of_another_dtype_converts(kernels):
     k, v = rand(3, 1, 8, dtype=torch.bfloat16), rand(3, 1, 8, dtype=torch.bfloat16, seed=1)
     k_cache, v_cache = torch.zeros(2, 4, 1, 8), torch.zeros(2, 4, 1, 8)
