@@ -24,7 +24,8 @@ both engines; greedy, EOS ignored; the engines take turns on each workload, best
             temporary directory: reading the file's config and tokenizer counts) and then warm (the same directory
             again); llama.cpp's `Llama(...)` of the file (the page cache is warm for both).
 
-llmp runs with its default options (dtype auto, the default kernel set), max_model_len 2048.
+llmp runs with its default options (dtype auto, the default kernel set; --kv-cache-dtype to set its cache's dtype,
+as llama.cpp's f16), max_model_len 2048.
 llama.cpp runs through PyPI's llama-cpp-python 0.3.36 in its own venv (`--setup-llamacpp`
 compiles it under ~/.cache/llmp/bench/llamacpp-venv, about 9 minutes on 2 cores) via
 benchmarks/llamacpp_worker.py, as `Llama(path, n_ctx=2048, n_threads=T, n_threads_batch=T,
@@ -260,6 +261,12 @@ def main() -> None:
         "--qwen-shape", choices=sorted(QWEN_FILE_TYPES), default=None, help="a Qwen2.5-0.5B-shaped file instead"
     )
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        choices=["auto", "bfloat16", "float16", "float32"],
+        help="llmp's KV cache (auto: the compute dtype, float32 for these files; llama.cpp's cache is f16)",
+    )
     parser.add_argument("--rounds", type=int, default=2, help="llmp and llama.cpp alternate this many times; best kept")
     parser.add_argument(
         "--llamacpp-python",
@@ -301,7 +308,7 @@ def main() -> None:
             flush=True,
         )
     rss_before_load = memory()["rss_bytes"]  # python, torch and llmp's modules
-    llm = LLM(str(gguf), max_model_len=MAX_MODEL_LEN, num_threads=args.threads)
+    llm = LLM(str(gguf), max_model_len=MAX_MODEL_LEN, num_threads=args.threads, kv_cache_dtype=args.kv_cache_dtype)
     engine = llm.engine
     results["rss_after_load_llmp_mb"] = memory()["rss_bytes"] / 1e6
     # what loading the model added: its weights (the file's pages), the tokenizer and transformers' modules,
@@ -309,6 +316,7 @@ def main() -> None:
     results["rss_added_by_load_llmp_mb"] = results["rss_after_load_llmp_mb"] - rss_before_load / 1e6
     results["kv_cache_llmp_mb"] = engine.info.options["num_kv_blocks"] * engine.executor.bytes_per_block() / 1e6
     results["llmp_dtype"] = engine.info.options["dtype"]
+    results["llmp_kv_cache_dtype"] = engine.info.options["kv_cache_dtype"]
     results["llmp_kernels"] = f"{engine.info.kernels} ({engine.info.options['isa']})"
     vocab = engine.vocab_size if peer is None else min(engine.vocab_size, peer.n_vocab)
     rng = random.Random(0)

@@ -35,6 +35,7 @@ def bench_json(command: str, *args: str, env: dict[str, str] | None = None) -> d
 
 def assert_engine_facts(report: dict[str, Any], model_dir: str) -> None:
     assert report["model"] == model_dir and report["dtype"] == "float32" and report["executor"] == "uniproc"
+    assert report["kv_cache_dtype"] == "float32"  # --dtype's: no --kv-cache-dtype given
     assert report["max_model_len"] == 512 and report["num_threads"] == 1  # the model's context; --num-threads
     assert isinstance(report["kernels"], str) and report["kernels"]
     assert report["load_time_s"] > 0
@@ -47,6 +48,7 @@ THROUGHPUT_KEYS = {
     "model",
     "kernels",
     "dtype",
+    "kv_cache_dtype",
     "executor",
     "max_model_len",
     "num_threads",

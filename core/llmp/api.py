@@ -585,7 +585,7 @@ class ResolvedModel:
     architectures: tuple[str, ...]  # from config.json, or the causal LM its model_type maps to
     spec: ModelSpec  # the model implementation serving it, as the registry selected it
     task: ModelTask  # the primary task: what the engine does with a request that does not say
-    dtype: Literal["bfloat16", "float16", "float32"]  # of the weights and the KV cache
+    dtype: Literal["bfloat16", "float16", "float32"]  # of the weights (and of the KV cache, unless kv_cache_dtype)
     context_len: int  # the model's context (max_position_embeddings; 4096 when config.json has none)
     # every task the engine takes: "generate" and the pooling tasks of llmp.pooling_params.POOLING_TASKS
     # ("embed", "classify", "score", "token_embed", "token_classify")
@@ -737,7 +737,8 @@ class KernelSet(Protocol):
         prefill/decode batch described by ``metadata``; returns [T, H, D].
         With ``softcap`` the scores are capped as ``softcap * tanh(scores / softcap)``
         before the softmax (Gemma 2). The caches may be of another dtype than q (``kv_cache_dtype``): their
-        values are taken as they are (widened to q's dtype exactly) and the result is q's dtype."""
+        values are converted to q's dtype (exactly for float32 q and a 16-bit cache, a float32 model's) and
+        the result is q's dtype."""
         ...
 
 

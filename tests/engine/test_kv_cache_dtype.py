@@ -65,17 +65,36 @@ def test_a_16_bit_cache_of_a_float32_model(model_dir, kernels, cache_dtype, engi
             shared = first.keys() & want.keys()
             assert len(shared) >= 4, (first, want)
             assert max(abs(first[t] - want[t]) for t in shared) < 0.02, (first, want)
-    # a row's numbers do not depend on the batch or on the trace
+    # a row's numbers do not depend on the batch or on the trace (cpu-native's decode steps are traced)
     assert batched == alone
+    if kernels == "cpu-native":
+        assert half.engine.executor.runner.graphs.any_size is not None
     eager = LLM(str(model_dir), kv_cache_dtype=cache_dtype, enforce_eager=True, **common)
     assert run(eager, prompts) == batched
+    # every step against the reference set over the same 16-bit cache: the same tokens, logprobs to float32's
+    # summation order
+    if kernels != "torch":
+        reference = run(LLM(str(model_dir), kv_cache_dtype=cache_dtype, **{**common, "kernels": "torch"}), prompts)
+        for (tokens, logprobs), (want_tokens, want_logprobs) in zip(batched, reference, strict=True):
+            assert tokens == want_tokens
+            for step, want in zip(logprobs, want_logprobs, strict=True):
+                assert max(abs(step[t] - want[t]) for t in step.keys() & want.keys()) < 1e-3, (step, want)
+    # a level-2 sleep frees the cache and builds it again in its dtype
+    half.sleep(2)
+    assert half.engine.executor.bytes_per_block() == full.engine.executor.bytes_per_block() // 2  # asleep too
+    half.wake_up()
+    assert all(k.dtype == v.dtype == getattr(torch, cache_dtype) for k, v in caches(half))
+    assert run(half, prompts) == batched
 
 
 def test_a_float32_cache_of_a_bfloat16_model(model_dir):
-    llm = LLM(str(model_dir), dtype="bfloat16", kv_cache_dtype="float32", block_size=4, kv_cache_memory_bytes=8 << 20)
+    # the keys and values are bfloat16 projections, which a float32 cache holds exactly: the same answers
+    common = {"dtype": "bfloat16", "block_size": 4, "kv_cache_memory_bytes": 8 << 20, "kernels": "torch"}
+    llm = LLM(str(model_dir), kv_cache_dtype="float32", **common)
     assert all(k.dtype == torch.float32 for k, _ in caches(llm))
     assert llm.engine.info.options["dtype"] == "bfloat16"
-    assert len(run(llm, mixed_prompts(2, seed=1))[0][0]) == 12
+    prompts = mixed_prompts(2, seed=1)
+    assert run(llm, prompts) == run(LLM(str(model_dir), **common), prompts)
 
 
 def test_the_start_up_line_names_a_cache_dtype_other_than_the_weights(model_dir, caplog):

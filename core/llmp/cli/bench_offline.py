@@ -173,6 +173,7 @@ def engine_facts(llm: Any, load_s: float) -> dict[str, Any]:
         "model": info.model,
         "kernels": info.kernels,
         "dtype": info.options["dtype"],
+        "kv_cache_dtype": info.options["kv_cache_dtype"],
         "executor": info.executor,
         "max_model_len": llm.engine.max_model_len,
         # torch threads of this process, where the uniproc executor runs the model (other executors: their own)

@@ -25,8 +25,8 @@ LLMP_FN Vf vsoftcap(Vf s, float cap) {
     return (1.0f - 2.0f / (e + 1.0f)) * cap;
 }
 
-// n values of a bfloat16 or float32 row as float32 (exact: either way the same bits), 16 lanes at a time;
-// a float16 row through the scalar conversion
+// n values of a bfloat16, float16 or float32 row as float32 (exact: either way the same bits), 16 lanes at a time
+// (float16 8 at a time with F16C; the scalar copy converts a value at a time)
 LLMP_FN void load_floats(Dtype dtype, const void* base, int64_t offset, int64_t n, float* out) {
     int64_t i = 0;
     if (dtype == Dtype::bf16) {

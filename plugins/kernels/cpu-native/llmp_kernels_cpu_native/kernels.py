@@ -29,12 +29,12 @@
   at batch 1, whose threads are woken for each and wait for each other at its end).
 - **Greedy tokens** (``argmax``): each row's first largest value in one pass over the logits.
 - **Row-wise ops** (``rms_norm`` with or without the residual, ``rotary`` in place, ``silu_and_mul``,
-  ``gelu_tanh_and_mul``, and ``write_kv`` into caches of the model's dtype) in one pass each over float32,
+  ``gelu_tanh_and_mul``, and ``write_kv``, into a cache of any of these dtypes) in one pass each over float32,
   bfloat16 or float16 rows, where torch runs a chain of small ops (a float32 RMSNorm with its residual add is
   seven dispatches: at batch 1 they cost more than the arithmetic). In float32, ``rotary`` and ``write_kv`` give
-  the reference's bits (no FMA contraction, a copy); RMSNorm and SiLU-and-mul differ from it by a few ulps
-  (the RMS sum's order, the exponential's last bits); float32 GELU stays on the reference (the compiled tanh,
-  1 - 2 / (exp(2y) + 1), loses small values' float32 precision).
+  the reference's bits (no FMA contraction, a copy or ``.to()``'s rounding); RMSNorm and SiLU-and-mul differ from
+  it by a few ulps (the RMS sum's order, the exponential's last bits); float32 GELU stays on the reference (the
+  compiled tanh, 1 - 2 / (exp(2y) + 1), loses small values' float32 precision).
 """
 
 from __future__ import annotations

@@ -252,9 +252,10 @@ def test_write_kv_matches_the_reference(kernels, dtype):
 def test_write_kv_of_float32_into_a_16_bit_cache_rounds_as_torch(kernels, cache_dtype):
     # --kv-cache-dtype of a float32 model: each value rounded to nearest even, as .to() rounds it
     tokens, kv_heads, head_dim = 6, 3, 64
-    # k and v views of a fused projection, some values beyond float16's range
+    # k and v views of a fused projection
     kv = rand(tokens, 3 * kv_heads * head_dim, dtype=torch.float32) * 1e4
-    kv[0, :3] = torch.tensor([float("inf"), float("nan"), 1e-8])
+    # inf, NaN, float16's largest value, ties rounding to it and past it (to inf), beyond it, subnormals
+    kv[0, :9] = torch.tensor([float("inf"), float("nan"), 65504.0, 65519.0, 65520.0, 7e4, 3e-6, 1e-8, -2e-7])
     k = kv[:, : kv_heads * head_dim].view(tokens, kv_heads, head_dim)
     v = kv[:, kv_heads * head_dim : 2 * kv_heads * head_dim].view(tokens, kv_heads, head_dim)
     slots = torch.tensor([3, -1, 23, 0, 10, 17])
