@@ -52,7 +52,6 @@ PANELS = (
 )
 
 Dtype = Literal["auto", "bfloat16", "float16", "float32"]
-KVCacheDtype = Literal["auto", "bfloat16", "float16", "float32"]  # vLLM's --kv-cache-dtype; no fp8 here
 Quantization = Literal["awq", "gptq", "compressed-tensors", "gguf"]  # vLLM's --quantization, the methods llmp loads
 SchedulingPolicy = Literal["fcfs", "priority"]
 ModelImpl = Literal["auto", "native", "transformers"]
@@ -200,7 +199,7 @@ class EngineConfig:
         None, "Ray cluster for --executor ray (default: RAY_ADDRESS).", metavar="ADDRESS", panel="Parallelism"
     )
     dtype: Dtype = option("auto", "Data type of the weights and, by default, the KV cache.", panel="Model")
-    kv_cache_dtype: KVCacheDtype = option(
+    kv_cache_dtype: Dtype = option(  # vLLM's --kv-cache-dtype, without its fp8 formats
         "auto",
         "KV cache dtype (auto: --dtype's); 16 bits: twice the tokens.",
         panel="Model",

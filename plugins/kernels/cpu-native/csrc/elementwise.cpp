@@ -223,21 +223,30 @@ void rotary_(const at::Tensor& positions, const at::Tensor& q, const at::Tensor&
     }, /*with_float=*/true);  // float32 too: two products and a sum, each rounded, are the reference's bits
 }
 
-// n values of src (float32, bfloat16 or float16) as dst's dtype, rounded to nearest even as torch's .to() rounds
-void convert_row(at::ScalarType from, const void* src, at::ScalarType to, void* dst, int64_t n) {
-    auto load = [&](int64_t i) -> float {
-        switch (from) {
-            case at::kBFloat16: return static_cast<const c10::BFloat16*>(src)[i];
-            case at::kHalf: return static_cast<const c10::Half*>(src)[i];
-            default: return static_cast<const float*>(src)[i];
+// n values of src as To, rounded to nearest even as torch's .to() rounds (through float: exact for these types)
+template <typename From, typename To>
+void convert_row(const void* src, void* dst, int64_t n) {
+    const auto* in = static_cast<const From*>(src);
+    auto* out = static_cast<To*>(dst);
+    for (int64_t i = 0; i < n; ++i) out[i] = To(static_cast<float>(in[i]));
+}
+
+using ConvertRow = void (*)(const void*, void*, int64_t);
+
+// the row conversion from k's dtype to the cache's (float32, bfloat16 or float16), chosen once a call
+ConvertRow row_converter(at::ScalarType from, at::ScalarType to) {
+    auto into = [&](auto tag) -> ConvertRow {
+        using From = decltype(tag);
+        switch (to) {
+            case at::kBFloat16: return &convert_row<From, c10::BFloat16>;
+            case at::kHalf: return &convert_row<From, c10::Half>;
+            default: return &convert_row<From, float>;
         }
     };
-    for (int64_t i = 0; i < n; ++i) {
-        switch (to) {
-            case at::kBFloat16: static_cast<c10::BFloat16*>(dst)[i] = c10::BFloat16(load(i)); break;
-            case at::kHalf: static_cast<c10::Half*>(dst)[i] = c10::Half(load(i)); break;
-            default: static_cast<float*>(dst)[i] = load(i); break;
-        }
+    switch (from) {
+        case at::kBFloat16: return into(c10::BFloat16());
+        case at::kHalf: return into(c10::Half());
+        default: return into(float());
     }
 }
 
@@ -270,17 +279,18 @@ void write_kv_(const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cac
     const auto* kp = static_cast<const char*>(ks.data_ptr());
     const auto* vp = static_cast<const char*>(vs.data_ptr());
     const int64_t k_stride = ks.stride(0) * k.element_size(), v_stride = vs.stride(0) * v.element_size();
-    const at::ScalarType from = k.scalar_type(), to = k_cache.scalar_type();
+    const bool same = k.scalar_type() == k_cache.scalar_type();
+    const ConvertRow convert = same ? nullptr : row_converter(k.scalar_type(), k_cache.scalar_type());
     for (int64_t t = 0; t < k.size(0); ++t) {
         const int64_t slot = sp[t];
         if (slot < 0) continue;
         TORCH_CHECK(slot < slots, "write_kv_: slot ", slot, " is outside the cache's ", slots);
-        if (from == to) {
+        if (same) {
             std::memcpy(kc + slot * bytes, kp + t * k_stride, bytes);
             std::memcpy(vc + slot * bytes, vp + t * v_stride, bytes);
         } else {
-            convert_row(from, kp + t * k_stride, to, kc + slot * bytes, row);
-            convert_row(from, vp + t * v_stride, to, vc + slot * bytes, row);
+            convert(kp + t * k_stride, kc + slot * bytes, row);
+            convert(vp + t * v_stride, vc + slot * bytes, row);
         }
     }
 }
