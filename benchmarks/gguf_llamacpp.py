@@ -194,13 +194,14 @@ def llmp_generate(llm, prompts: list[list[int]], new_tokens: list[int]) -> float
     return elapsed
 
 
-def llmp_ready(gguf: Path, threads: int, cache_dir: Path) -> dict[str, float]:
+def llmp_ready(gguf: Path, threads: int, cache_dir: Path, kv_cache_dtype: str) -> dict[str, float]:
     """``LLM()`` in a fresh process with LLMP_CACHE_DIR=cache_dir: seconds of the import, of ``LLM()``
     and of the whole process."""
     code = (
         "import json, sys, time; t = time.perf_counter(); import llmp; i = time.perf_counter() - t; "
         "t = time.perf_counter(); "
-        f"llmp.LLM({str(gguf)!r}, max_model_len={MAX_MODEL_LEN}, num_threads={threads}); "
+        f"llmp.LLM({str(gguf)!r}, max_model_len={MAX_MODEL_LEN}, num_threads={threads}, "
+        f"kv_cache_dtype={kv_cache_dtype!r}); "
         "print(json.dumps({'import_s': i, 'llm_s': time.perf_counter() - t}))"
     )
     env = {**os.environ, "LLMP_CACHE_DIR": str(cache_dir)}
@@ -360,7 +361,7 @@ def main() -> None:
         cache_dir = Path(tempfile.mkdtemp(prefix="llmp-cold-cache-"))
         try:
             for label in ("cold", "warm"):
-                figures = llmp_ready(gguf, args.threads, cache_dir)
+                figures = llmp_ready(gguf, args.threads, cache_dir, args.kv_cache_dtype)
                 print(f"round {round_index + 1}: ready {label} llmp {json.dumps(figures)}", flush=True)
                 for key, value in figures.items():
                     ready[f"{label}_{key}"] = min(value, ready.get(f"{label}_{key}", float("inf")))
