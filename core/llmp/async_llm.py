@@ -37,13 +37,14 @@ from llmp.api import (
     ResolvedModel,
 )
 from llmp.engine import protocol as msg
+from llmp.engine.engine_process import EngineProcess
 from llmp.engine.scheduler import check_priority
 from llmp.inputs import Prompt, PromptType, as_prompt
 from llmp.lora import LORA_DISABLED, LoRARequest
 from llmp.options import EngineConfig
 from llmp.outputs import PoolingRequestOutput, RequestOutput
 from llmp.pooling_params import PoolingParams
-from llmp.progress import LEVELS, configure_logging
+from llmp.progress import configure_logging
 from llmp.sampling_params import SamplingParams, SamplingParamsError
 
 log = logging.getLogger("llmp.engine")
@@ -105,6 +106,9 @@ class AsyncLLM:
     :class:`~llmp.api.ResolvedModel` (``resolve_model`` of an ``EngineConfig`` with
     the same options, as ``llmp serve`` makes it: a ``ValueError`` names an option the
     record does not match); ``self.model`` holds the record, and the engine process takes it as is.
+    ``engine_process`` is an :class:`~llmp.engine.engine_process.EngineProcess` the caller started
+    earlier, still without its arguments: the engine runs in it (``llmp serve`` starts one before it
+    resolves the model, so that the engine's imports overlap the resolution).
     """
 
     def __init__(
@@ -115,12 +119,18 @@ class AsyncLLM:
         ready_timeout: float = 900.0,
         wait: bool = True,
         attach: EngineAttachment | None = None,
+        engine_process: EngineProcess | None = None,
         **engine_options: Any,
     ) -> None:
         if engine_mode not in ("process", "thread"):
             raise ValueError(f"engine_mode must be 'process' or 'thread', got {engine_mode!r}")
         if attach is not None and engine_mode != "process":
             raise ValueError("an attached client talks to an engine process: engine_mode must be 'process'")
+        if engine_process is not None and (engine_mode != "process" or attach is not None or engine_process.sent):
+            raise ValueError(
+                "engine_process takes an EngineProcess not yet given its arguments, with engine_mode='process' "
+                "and no attach"
+            )
         configure_logging()  # the engine reports its start-up and statistics (llmp.progress)
         from llmp.model_files.resolve import check_resolved, resolve_model
 
@@ -165,7 +175,7 @@ class AsyncLLM:
         self._process: EngineProcess | None = None
         self._thread: threading.Thread | None = None
         if attach is None:
-            self._start_engine(in_address, out_address)
+            self._start_engine(in_address, out_address, engine_process)
         self._finalizer = weakref.finalize(self, _stop_process, self._process)
         atexit.register(self._finalizer)
         self.info: dict[str, Any] = {}
@@ -192,11 +202,12 @@ class AsyncLLM:
         base = os.path.join(tempfile.gettempdir(), name)
         return f"ipc://{base}-in", f"ipc://{base}-out"
 
-    def _start_engine(self, in_address: str, out_address: str) -> None:
+    def _start_engine(self, in_address: str, out_address: str, process: EngineProcess | None) -> None:
         from llmp.engine.core_proc import EngineCoreLoop
 
         if self.engine_mode == "process":
-            self._process = EngineProcess((self.config, self.model, in_address, out_address, os.getpid()))
+            self._process = process or EngineProcess()
+            self._process.send((self.config, self.model, in_address, out_address, os.getpid()))
         else:
             from llmp.engine.process_settings import apply_engine_process_settings
 
@@ -700,42 +711,6 @@ def _engine_error(error_type: str, message: str, field: str | None) -> Exception
     if field is not None and error_type in _FIELD_ERROR_TYPES:
         return _FIELD_ERROR_TYPES[error_type](field, message)
     return _ERROR_TYPES.get(error_type, LLMPError)(message)
-
-
-class EngineProcess:
-    """The engine's child process: ``python -m llmp.engine.core_proc``, arguments pickled on stdin."""
-
-    def __init__(self, args: tuple) -> None:
-        import pickle
-        import subprocess
-        import sys
-
-        # the engine process logs at this process's level (llmp.progress), to the same stderr
-        level = logging.getLevelName(logging.getLogger("llmp").getEffectiveLevel()).lower()
-        env = {**os.environ, **({"LLMP_LOG_LEVEL": level} if level in LEVELS else {})}
-        self.popen = subprocess.Popen([sys.executable, "-m", "llmp.engine.core_proc"], stdin=subprocess.PIPE, env=env)
-        self.pid = self.popen.pid
-        self.popen.stdin.write(pickle.dumps(args))
-        self.popen.stdin.close()
-
-    def is_alive(self) -> bool:
-        return self.popen.poll() is None
-
-    @property
-    def exitcode(self) -> int | None:
-        return self.popen.poll()
-
-    def join(self, timeout: float | None = None) -> None:
-        try:
-            self.popen.wait(timeout)
-        except Exception:  # subprocess.TimeoutExpired: the caller checks is_alive()
-            pass
-
-    def terminate(self) -> None:
-        self.popen.terminate()
-
-    def kill(self) -> None:
-        self.popen.kill()
 
 
 def _pid_running(pid: int) -> bool:

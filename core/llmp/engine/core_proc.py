@@ -447,14 +447,13 @@ def _error_type(exc: BaseException) -> str:
     return "LLMPError"
 
 
-def engine_process_main(
-    config: EngineConfig, model: ResolvedModel, input_address: str, output_address: str, parent_pid: int
-) -> None:
-    """Entry point of the engine process; it logs to the stderr it inherits, at ``LLMP_LOG_LEVEL``
-    (its parent sets it to its own level)."""
+def prepare_engine_process() -> None:
+    """What the engine process does before it has its arguments: its signals, the watch on its parent,
+    its logging (at ``LLMP_LOG_LEVEL``, which the parent sets to its own level, to the stderr it
+    inherits), its OpenMP settings (before torch loads), the plugins, and the engine's imports."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the front-end, which shuts us down
     signal.signal(signal.SIGTERM, _exit_cleanly)  # unwinds through engine.shutdown(), which stops the workers
-    threading.Thread(target=exit_with_parent, args=(parent_pid,), daemon=True).start()
+    threading.Thread(target=exit_with_parent, args=(os.getppid(),), daemon=True).start()
     from llmp.progress import configure_logging
 
     configure_logging()
@@ -464,6 +463,11 @@ def engine_process_main(
     from llmp import plugins
 
     plugins.load_plugins()
+    import llmp.engine.llm_engine  # noqa: F401  (torch and the engine: what takes the time)
+
+
+def engine_process_main(config: EngineConfig, model: ResolvedModel, input_address: str, output_address: str) -> None:
+    """The engine process's work once :func:`prepare_engine_process` has run: the engine core loop."""
     loop = EngineCoreLoop(config, model, input_address, output_address)
     try:
         loop.run()
@@ -479,15 +483,22 @@ def _exit_cleanly(*_: object) -> None:
 
 
 def _main() -> None:
-    # `python -m llmp.engine.core_proc`: the arguments arrive pickled on stdin from the
-    # parent (a trusted pipe). Spawning this way never re-imports the caller's __main__.
+    # `python -m llmp.engine.core_proc` (EngineProcess): the imports first, then the arguments,
+    # pickled on stdin by the parent (a trusted pipe), which may have started this process before
+    # it knew them. Spawning this way never re-imports the caller's __main__.
     import pickle
     import sys
 
-    config, model, input_address, output_address, parent_pid = pickle.load(sys.stdin.buffer)
     code = 0
     try:
-        engine_process_main(config, model, input_address, output_address, parent_pid)
+        arguments: list[bytes] = []  # drained while we import, so that the parent never blocks writing them
+        reader = threading.Thread(target=lambda: arguments.append(sys.stdin.buffer.read()), daemon=True)
+        reader.start()
+        prepare_engine_process()
+        reader.join()
+        if data := b"".join(arguments):  # nothing: the parent stopped before it sent them
+            config, model, input_address, output_address, _parent_pid = pickle.loads(data)
+            engine_process_main(config, model, input_address, output_address)
     except SystemExit as stop:
         code = stop.code if isinstance(stop.code, int) else 0 if stop.code is None else 1
     except BaseException:

@@ -17,6 +17,7 @@ from typing import Any
 
 from llmp.api import LLMPError
 from llmp.engine.core_proc import WARM_UP_REQUEST_ID
+from llmp.engine.engine_process import EngineProcess
 from llmp.frontend.lora import load_lora_modules
 from llmp.frontend.startup import frontend_options, read_chat_template, served_model_names
 from llmp.lora import LoRAModulePath, parse_lora_module
@@ -32,15 +33,16 @@ SHUTDOWN_GRACE_S = 3.0
 FRONTEND_BIND_S = 0.2  # a front-end with its own port binds it as its serve() starts: a busy port fails by then
 
 
-def run(settings: ServeSettings) -> int:
-    """Serve until interrupted; the exit status (0 after a clean shutdown, an interrupt included)."""
+def run(settings: ServeSettings, engine_process: EngineProcess | None = None) -> int:
+    """Serve until interrupted; the exit status (0 after a clean shutdown, an interrupt included). The engine
+    runs in ``engine_process`` when given (started by the caller, not yet given its arguments)."""
     started = time.monotonic()
     logging.basicConfig(level=settings.server.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     # until the server handles the signals itself (while the model resolves, the engine spawns),
     # SIGTERM stops start-up as Ctrl-C does: quietly, status 0
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        return _start_and_serve(settings, started)
+        return _start_and_serve(settings, started, engine_process)
     except KeyboardInterrupt:
         log.info("interrupted")
         return 0
@@ -50,7 +52,7 @@ def _interrupt(*_: object) -> None:
     raise KeyboardInterrupt
 
 
-def _start_and_serve(settings: ServeSettings, started: float) -> int:
+def _start_and_serve(settings: ServeSettings, started: float, engine_process: EngineProcess | None) -> int:
     from llmp.model_files.resolve import resolve_model
 
     try:  # what the options alone cannot tell (they were checked when parsed): before anything starts
@@ -73,7 +75,9 @@ def _start_and_serve(settings: ServeSettings, started: float) -> int:
         return 2
     if settings.server.api_server_count > 1:
         return _serve_api_servers(settings, model, sock, frontends, started)
-    return serve_one(settings, model, sock, frontends, chat_template, lora_modules, started)
+    return serve_one(
+        settings, model, sock, frontends, chat_template, lora_modules, started, engine_process=engine_process
+    )
 
 
 def _serve_api_servers(
@@ -106,17 +110,27 @@ def serve_one(
     lora_modules: list[LoRAModulePath],
     started: float,
     replica: Any = None,
+    engine_process: EngineProcess | None = None,
 ) -> int:
     """One API server on ``sock``: the only one, with its own engine; or, with ``replica`` (an
-    ``api_servers.Replica``), one of ``--api-server-count``, attached to its launcher's engine."""
-    # Start-up time is mostly imports: the engine process starts first, and this process imports
-    # the web stack and loads the tokenizer while the engine loads the model. The engine process is
-    # spawned before any other thread runs (a vfork beside a running thread can fail with EFAULT).
+    ``api_servers.Replica``), one of ``--api-server-count``, attached to its launcher's engine. The engine
+    runs in ``engine_process`` when given."""
+    # Start-up time is mostly imports: the engine process started first (`llmp serve` starts it before
+    # this process imports the web stack and resolves the model), and this process loads the tokenizer
+    # while the engine loads the model. An engine process started here is spawned before any other
+    # thread runs (a vfork beside a running thread can fail with EFAULT).
     from llmp.async_llm import AsyncLLM
 
     attach = None if replica is None else replica.attachment
     try:
-        starting = AsyncLLM(model, engine_mode="process", wait=False, attach=attach, **settings.engine.keywords())
+        starting = AsyncLLM(
+            model,
+            engine_mode="process",
+            wait=False,
+            attach=attach,
+            engine_process=engine_process,
+            **settings.engine.keywords(),
+        )
     except (ValueError, TypeError, LLMPError) as exc:
         _error(exc)
         return 2
@@ -298,6 +312,7 @@ async def _serve(
     tokenizer: concurrent.futures.Future,
     started: float,
     replica: Any = None,
+    engine_process: EngineProcess | None = None,
 ) -> int:
     import uvicorn
 

@@ -1,0 +1,70 @@
+"""The engine's child process, which can start before its arguments are known.
+
+``python -m llmp.engine.core_proc`` imports torch, the engine and the plugins as soon as it
+starts (about 2 s on a small CPU), then reads its arguments, pickled on stdin. A caller may so
+start it first and send the arguments once it has them: ``llmp serve`` starts it before it
+imports its web stack and resolves the model (a GGUF file's first conversion included), and the
+engine's imports run meanwhile on another core. Light to import: nothing here loads torch.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import subprocess
+import sys
+
+from llmp.progress import LEVELS
+
+
+class EngineProcess:
+    """``python -m llmp.engine.core_proc``, started at once; :meth:`send` gives it its arguments (the
+    ``EngineConfig``, the ``ResolvedModel``, the two ZMQ addresses and the caller's pid), and
+    :meth:`discard` stops one that never got them. It logs at ``log_level`` (the caller's level of
+    the ``llmp`` logger by default) to the caller's stderr."""
+
+    def __init__(self, log_level: str | None = None) -> None:
+        if log_level is None:
+            log_level = logging.getLevelName(logging.getLogger("llmp").getEffectiveLevel()).lower()
+        env = {**os.environ, **({"LLMP_LOG_LEVEL": log_level} if log_level in LEVELS else {})}
+        self.popen = subprocess.Popen([sys.executable, "-m", "llmp.engine.core_proc"], stdin=subprocess.PIPE, env=env)
+        self.pid = self.popen.pid
+        self.sent = False
+
+    def send(self, args: tuple) -> None:
+        """Hand the process its arguments (once); it reads them when its imports are done."""
+        if self.sent:
+            raise RuntimeError("the engine process has its arguments already")
+        self.sent = True
+        try:
+            self.popen.stdin.write(pickle.dumps(args))  # the child drains its stdin while it imports
+            self.popen.stdin.close()
+        except BrokenPipeError:  # it died starting (its exit code tells the caller's wait_ready)
+            pass
+
+    def discard(self) -> None:
+        """Stop the process if it never got its arguments (it has done nothing but import)."""
+        if not self.sent and self.popen.poll() is None:
+            self.popen.kill()
+            self.popen.wait()
+            self.popen.stdin.close()
+
+    def is_alive(self) -> bool:
+        return self.popen.poll() is None
+
+    @property
+    def exitcode(self) -> int | None:
+        return self.popen.poll()
+
+    def join(self, timeout: float | None = None) -> None:
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:  # the caller checks is_alive()
+            pass
+
+    def terminate(self) -> None:
+        self.popen.terminate()
+
+    def kill(self) -> None:
+        self.popen.kill()
