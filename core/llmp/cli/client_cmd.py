@@ -172,12 +172,13 @@ class _LocalEngine:
     """A model run in this process: ``AsyncLLM``, with the requests made as ``llmp serve``'s front-end
     makes them (the chat template, the generation-config defaults, the context-length checks)."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, engine_process: Any) -> None:
         from llmp import AsyncLLM
         from llmp.frontend import FrontendKit, frontend_options, served_model_names
         from llmp.options import FrontendOptions
 
-        self.engine = AsyncLLM(model, disable_log_stats=True)  # periodic statistics lines would land in the chat
+        # no periodic statistics lines: they would land in the chat
+        self.engine = AsyncLLM(model, engine_process=engine_process, disable_log_stats=True)
         names = served_model_names((), model.name)
         self.kit = FrontendKit(self.engine, frontend_options(FrontendOptions(), self.engine.info, names))
         self.model, self.where = names[0], "in this process"
@@ -215,22 +216,27 @@ def _start_local(options: ClientOptions) -> _LocalEngine:
     import os
 
     from llmp.api import LLMPError
+    from llmp.engine.engine_process import EngineProcess
     from llmp.model_files.resolve import resolve_model
     from llmp.options import EngineConfig
 
     name = options.local_model or ""
     if "LLMP_LOG_LEVEL" not in os.environ:
         logging.getLogger("llmp").setLevel(logging.WARNING)  # the engine process takes this level too
-    model = None
+    model = engine_process = None
     try:
+        engine_process = EngineProcess()  # importing torch and the engine while the model resolves
         with _loading_status(name):  # the errors are printed after it, on a clean line
             model = resolve_model(EngineConfig(model=name))
             if model.task == "generate":
-                return _LocalEngine(model)
+                return _LocalEngine(model, engine_process)
     except (LLMPError, ValueError, TypeError, OSError) as exc:
         if model is None:  # found or read wrongly: what was given
             raise usage_error(f"cannot run {name}: {exc}") from None
         raise ServerError(f"cannot run {name}: {exc}") from None
+    finally:
+        if engine_process is not None:
+            engine_process.discard()  # unless the engine runs in it
     raise usage_error(
         f"cannot run {name}: its task is {model.task!r}; chat and complete need a model that generates text"
     )

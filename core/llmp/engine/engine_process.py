@@ -15,7 +15,7 @@ import pickle
 import subprocess
 import sys
 
-from llmp.progress import LEVELS
+from llmp.progress import LEVELS, configure_logging
 
 
 class EngineProcess:
@@ -26,6 +26,7 @@ class EngineProcess:
 
     def __init__(self, log_level: str | None = None) -> None:
         if log_level is None:
+            configure_logging()  # the caller's level: LLMP_LOG_LEVEL's unless it set its own
             log_level = logging.getLevelName(logging.getLogger("llmp").getEffectiveLevel()).lower()
         env = {**os.environ, **({"LLMP_LOG_LEVEL": log_level} if log_level in LEVELS else {})}
         self.popen = subprocess.Popen([sys.executable, "-m", "llmp.engine.core_proc"], stdin=subprocess.PIPE, env=env)
