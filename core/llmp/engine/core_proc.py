@@ -465,6 +465,20 @@ def prepare_engine_process() -> None:
     plugins.load_plugins()
     import llmp.engine.llm_engine  # noqa: F401  (torch and the engine: what takes the time)
 
+    log.debug("engine process: plugins and engine imported %.2f s after it started", _seconds_since_start())
+
+
+def _seconds_since_start() -> float:
+    """Seconds since this process started (its start time in /proc; 0 where there is none)."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rpartition(")")[2].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    return uptime - ticks / os.sysconf("SC_CLK_TCK")
+
 
 def engine_process_main(config: EngineConfig, model: ResolvedModel, input_address: str, output_address: str) -> None:
     """The engine process's work once :func:`prepare_engine_process` has run: the engine core loop."""
