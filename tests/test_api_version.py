@@ -17,7 +17,7 @@ from packaging.specifiers import SpecifierSet  # pytest's own dependency: the re
 
 from llmp import hookimpl, plugins, registry
 from llmp.api import API_VERSION, IncompatiblePluginError, PluginLoadError, ToolParserSpec, require_api
-from llmp.testing import run_llmp
+from llmp.testing import plugin_site, run_llmp
 
 REPO = Path(__file__).resolve().parents[1]
 REGENERATE = "run scripts/api_surface.py --write"
@@ -85,8 +85,7 @@ def test_every_in_repo_plugin_declares_its_range_before_any_other_llmp_import():
 def write_distribution(site: Path, name: str, specifier: str) -> None:
     """A distribution ``llmp-NAME`` 1.0.0 whose module ``llmp_NAME`` requires ``specifier`` and registers
     the tool parser ``NAME``: installed as pip installs (a ``.dist-info`` with a real entry point)."""
-    module = f"llmp_{name.replace('-', '_')}"
-    (site / f"{module}.py").write_text(
+    source = (
         "from llmp.api import require_api\n\n"
         f"require_api({specifier!r})\n\n"
         "from llmp import hookimpl  # noqa: E402\n"
@@ -95,10 +94,7 @@ def write_distribution(site: Path, name: str, specifier: str) -> None:
         "def llmp_register_tool_parsers():\n"
         f"    yield ToolParserSpec(name={name!r}, impl='json:loads')\n"
     )
-    info = site / f"{module}-1.0.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: llmp-{name}\nVersion: 1.0.0\n")
-    (info / "entry_points.txt").write_text(f"[llmp]\n{name} = {module}\n")
+    plugin_site(site, f"llmp_{name.replace('-', '_')}", source, name=name, distribution=f"llmp-{name}", version="1.0.0")
 
 
 NEEDS = f"needs llmp API >=0.6,<0.7 (this llmp has {API_VERSION})"

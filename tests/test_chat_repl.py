@@ -16,42 +16,15 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from llmp.testing import LiveServer, run_llmp, save_tiny_llama, serving
+from llmp.testing import LiveServer, SlowSteps, run_llmp, save_tiny_llama, serving
 
 LONG = "400"  # max_tokens of a reply long enough to interrupt (the tiny model has 512 positions)
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[=>]|\r")  # readline's and rich's control sequences, and CR
-STEP_S = 0.05
-# uniproc, but while the file $SLOW_STEPS_GATE names exists each step takes STEP_S more: a long
-# reply then lasts long whatever the machine (400 tokens: 20 s at least), so an interrupt typed
-# after its first words finds it running however late the terminal gets it
-SLOW_EXECUTOR = f"""
-import os
-import time
-
-from llmp import hookimpl
-from llmp.api import ExecutorSpec
-from llmp.engine.executor import UniprocExecutor
-
-GATE = os.environ.get("SLOW_STEPS_GATE", "")
-
-
-class SlowSteps(UniprocExecutor):
-    def execute_model(self, inputs):
-        if GATE and os.path.exists(GATE):
-            time.sleep({STEP_S})
-        return super().execute_model(inputs)
-
-
-@hookimpl
-def llmp_register_executors():
-    yield ExecutorSpec(name="slow-steps", impl="llmp_slow_steps:SlowSteps")
-"""
 
 
 @pytest.fixture(scope="module")
@@ -62,28 +35,16 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    site = tmp_path_factory.mktemp("slow-site")  # a plugin distribution on the path: found by its entry point
-    (site / "llmp_slow_steps.py").write_text(SLOW_EXECUTOR)
-    info = site / "llmp_slow_steps-0.0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: llmp-slow-steps\nVersion: 0.0.1\n")
-    (info / "entry_points.txt").write_text("[llmp]\nslow_steps = llmp_slow_steps\n")
-    gate = site / "slow"
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
-    with serving(model_dir, "--executor", "slow-steps", env={**env, "SLOW_STEPS_GATE": str(gate)}) as live:
-        live.slow_gate = gate
+def slow(tmp_path_factory: pytest.TempPathFactory) -> SlowSteps:
+    return SlowSteps(tmp_path_factory.mktemp("slow-site"))
+
+
+@pytest.fixture(scope="module")
+def server(model_dir: Path, slow: SlowSteps) -> Iterator[LiveServer]:
+    # a long reply lasts long whatever the machine while slowed (400 tokens: 20 s at least), so an
+    # interrupt typed after its first words finds it running however late the terminal gets it
+    with serving(model_dir, "--executor", "slow-steps", env=slow.env) as live:
         yield live
-
-
-@contextmanager
-def slow_steps(server: LiveServer) -> Iterator[None]:
-    """Each engine step of ``server`` takes at least STEP_S until the block ends."""
-    server.slow_gate.touch()
-    try:
-        yield
-    finally:
-        server.slow_gate.unlink()
 
 
 class Terminal:
@@ -234,7 +195,7 @@ def started(terminal: Terminal) -> None:
 
 
 def test_ctrl_c_stops_the_reply_aborts_the_request_and_returns_to_the_prompt(
-    server: LiveServer, terminals: Any
+    server: LiveServer, slow: SlowSteps, terminals: Any
 ) -> None:
     # the reply would run to its 400 tokens: the interrupt is what ends it
     story = [{"role": "user", "content": "Tell me a long story"}]
@@ -243,7 +204,7 @@ def test_ctrl_c_stops_the_reply_aborts_the_request_and_returns_to_the_prompt(
     started(chat)
     assert f"at {server.url}/v1" in chat.screen  # the banner names the server and the model
     before = requests_seen(server)
-    with slow_steps(server):  # 20 s at least: the interrupt finds the reply running, however late it comes
+    with slow.slowed():  # 20 s at least: the interrupt finds the reply running, however late it comes
         reply_start = chat.start_reply("Tell me a long story")
         chat.type("\x03")
         chat.expect("\n> ", since=reply_start)

@@ -1,6 +1,7 @@
 """The test kit for llmp and its plugins: real CLI runs, real installs, real servers, tiny models.
 
-- Packaging and registration: :func:`run_llmp`, :func:`pip_install_target`, :func:`registered`.
+- Packaging and registration: :func:`run_llmp`, :func:`pip_install_target`, :func:`plugin_site` (a
+  one-module plugin installed in a directory), :func:`registered`.
 - Tiny models and parity with transformers: :func:`tiny_tokenizer`, :func:`save_tiny_model`,
   :func:`save_tiny_llama`, :func:`mixed_prompts`, :func:`engine_greedy`,
   :func:`assert_greedy_parity`, :func:`hf_greedy`, :func:`assert_classifier_parity`; embeddings: :func:`minilm_dir`,
@@ -10,7 +11,8 @@
   LoRA adapters in PEFT's format: :func:`save_random_lora` (no peft needed) and :func:`save_peft_lora`.
 - Servers: :func:`serving` and :class:`LiveServer` (a real ``llmp serve`` on loopback),
   :func:`frontend_app` (a front-end's routes on the server's app, in-process),
-  :func:`assert_openai_error`, :func:`free_port`, :func:`pid_alive`; a Hugging Face Hub on loopback
+  :func:`assert_openai_error`, :func:`free_port`, :func:`pid_alive`; :class:`SlowSteps` (an executor whose
+  steps can be slowed, for tests of stopping a generation); a Hugging Face Hub on loopback
   (``HF_ENDPOINT``) serving :class:`HubRepo` repositories: :func:`serving_hub`.
 - Parsers: :func:`assert_streams_agree`.
 
@@ -36,6 +38,7 @@ __all__ = [
     "LiveHub",
     "LORA_TARGETS_ALL",
     "LiveServer",
+    "SlowSteps",
     "assert_classifier_parity",
     "assert_greedy_parity",
     "assert_openai_error",
@@ -48,6 +51,7 @@ __all__ = [
     "mixed_prompts",
     "pid_alive",
     "pip_install_target",
+    "plugin_site",
     "registered",
     "run_llmp",
     "save_peft_lora",
@@ -119,6 +123,76 @@ def pip_install_target(target: Path, *projects: Path) -> None:
         text=True,
         timeout=300,
     )
+
+
+def plugin_site(
+    directory: Path,
+    module: str,
+    source: str,
+    *,
+    name: str | None = None,
+    distribution: str | None = None,
+    version: str = "0.0.1",
+) -> dict[str, str]:
+    """A one-module plugin distribution in ``directory``, laid out as pip installs one: ``MODULE.py`` holding
+    ``source`` and a ``.dist-info`` (``distribution``, by default the module's name with dashes, at
+    ``version``) whose ``llmp`` entry point ``name`` (by default the module's) names the module. Returns the
+    environment a child process finds it with: ``PYTHONPATH`` with ``directory`` first, for
+    ``serving(..., env=...)`` or ``subprocess``."""
+    (directory / f"{module}.py").write_text(source)
+    distribution = distribution or module.replace("_", "-")
+    info = directory / f"{module}-{version}.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {distribution}\nVersion: {version}\n")
+    (info / "entry_points.txt").write_text(f"[llmp]\n{name or module} = {module}\n")
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(directory), os.environ.get("PYTHONPATH")]))}
+
+
+_SLOW_STEPS_SOURCE = """
+import os
+import time
+
+from llmp import hookimpl
+from llmp.api import ExecutorSpec
+from llmp.engine.executor import UniprocExecutor
+
+GATE = os.environ.get("SLOW_STEPS_GATE", "")
+STEP_S = float(os.environ.get("SLOW_STEPS_S", "0"))
+
+
+class SlowSteps(UniprocExecutor):
+    def execute_model(self, inputs):
+        if GATE and os.path.exists(GATE):
+            time.sleep(STEP_S)
+        return super().execute_model(inputs)
+
+
+@hookimpl
+def llmp_register_executors():
+    yield ExecutorSpec(name="slow-steps", impl="llmp_slow_steps:SlowSteps")
+"""
+
+
+class SlowSteps:
+    """The ``slow-steps`` executor, installed in ``directory`` (:func:`plugin_site`): ``uniproc``, but while
+    :meth:`slowed` runs each engine step takes ``step_s`` longer, so that a long generation lasts long whatever
+    the machine (400 tokens: 20 s at least at 0.05 s), and a request made to be stopped or cut by a deadline
+    cannot end first however late its client acts. Serve with ``"--executor", "slow-steps"`` and
+    ``env=slow.env``."""
+
+    def __init__(self, directory: Path, step_s: float = 0.05) -> None:
+        self.gate = directory / "slow"
+        site = plugin_site(directory, "llmp_slow_steps", _SLOW_STEPS_SOURCE)
+        self.env = {**site, "SLOW_STEPS_GATE": str(self.gate), "SLOW_STEPS_S": str(step_s)}
+
+    @contextmanager
+    def slowed(self) -> Iterator[None]:
+        """Each engine step of the servers started with :attr:`env` takes ``step_s`` more until the block ends."""
+        self.gate.touch()
+        try:
+            yield
+        finally:
+            self.gate.unlink()
 
 
 @contextmanager

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from llmp.conformance import CheckResult, verify
+from llmp.testing import plugin_site
 
 BROKEN = '''
 """A front-end with a defect for each check of the suite (and the probe of its protocol)."""
@@ -110,11 +111,7 @@ class Probe:
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The broken front-end, installed: its module and a ``dist-info`` with the entry point."""
     site = tmp_path_factory.mktemp("site")
-    (site / "llmp_broken_frontend.py").write_text(textwrap.dedent(BROKEN))
-    info = site / "llmp_broken_frontend-0.1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: llmp-broken-frontend\nVersion: 0.1.0\n")
-    (info / "entry_points.txt").write_text("[llmp]\nbroken-frontend = llmp_broken_frontend\n")
+    plugin_site(site, "llmp_broken_frontend", textwrap.dedent(BROKEN), name="broken-frontend", version="0.1.0")
     return site
 
 

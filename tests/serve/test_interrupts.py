@@ -3,7 +3,6 @@ and "ready" only once every front-end listens."""
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from llmp.testing import child_environment, free_port, save_tiny_llama
+from llmp.testing import child_environment, free_port, plugin_site, save_tiny_llama
 
 pytestmark = pytest.mark.slow
 
@@ -51,15 +50,9 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def slow_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A plugin distribution on a path: found through its entry point, as when pip-installed."""
-    site = tmp_path_factory.mktemp("slow-site")
-    (site / "llmp_slow_first_step.py").write_text(SLOW_EXECUTOR)
-    info = site / "llmp_slow_first_step-0.0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: llmp-slow-first-step\nVersion: 0.0.1\n")
-    (info / "entry_points.txt").write_text("[llmp]\nslow_first_step = llmp_slow_first_step\n")
-    return site
+def slow_site(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The environment that finds the slow-first-step executor: a plugin distribution on a path."""
+    return plugin_site(tmp_path_factory.mktemp("slow-site"), "llmp_slow_first_step", SLOW_EXECUTOR)
 
 
 def _start(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
@@ -92,8 +85,7 @@ def _interrupt_at(process: subprocess.Popen, marker: str, sig: signal.Signals) -
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_an_interrupt_while_warming_up_exits_0_quietly(model_dir, slow_site, sig):
-    path = os.pathsep.join(filter(None, [str(slow_site), os.environ.get("PYTHONPATH")]))
-    process = _start(str(model_dir), "--executor", "slow-first-step", env={"PYTHONPATH": path})
+    process = _start(str(model_dir), "--executor", "slow-first-step", env=slow_site)
     started = time.monotonic()
     stderr = _interrupt_at(process, "warming up", sig)
     assert process.returncode == 0, stderr
@@ -105,8 +97,7 @@ def test_an_interrupt_while_warming_up_exits_0_quietly(model_dir, slow_site, sig
 @pytest.mark.parametrize("marker", ["loading", "INFO llmp.engine: engine ready"])
 def test_an_interrupt_while_loading_exits_0_quietly(model_dir, slow_site, marker):
     # the slow first step keeps "llmp: ready" seconds after "engine ready", however late the signal comes
-    path = os.pathsep.join(filter(None, [str(slow_site), os.environ.get("PYTHONPATH")]))
-    process = _start(str(model_dir), "--executor", "slow-first-step", env={"PYTHONPATH": path})
+    process = _start(str(model_dir), "--executor", "slow-first-step", env=slow_site)
     stderr = _interrupt_at(process, marker, signal.SIGINT)
     assert process.returncode == 0, stderr
     assert "Traceback" not in stderr and "llmp: ready" not in stderr, stderr

@@ -2,77 +2,30 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
 import pytest
 from grpc_frontend_support import GrpcServer, grpc_server, metrics, pb, rpc_error, wait_idle
 
+from llmp.testing import SlowSteps
+
 PROMPT = "Hello world"
 MAX_TOKENS = 8
 CONTEXT = 512  # the tiny Llama's max_position_embeddings
 
-STEP_S = 0.05
-# uniproc, but while the file $SLOW_STEPS_GATE names exists each step takes STEP_S more: a long
-# generation then lasts long whatever the machine (CONTEXT - 20 tokens: 24 s at least)
-SLOW_EXECUTOR = f"""
-import os
-import time
 
-from llmp import hookimpl
-from llmp.api import ExecutorSpec
-from llmp.engine.executor import UniprocExecutor
-
-GATE = os.environ.get("SLOW_STEPS_GATE", "")
-
-
-class SlowSteps(UniprocExecutor):
-    def execute_model(self, inputs):
-        if GATE and os.path.exists(GATE):
-            time.sleep({STEP_S})
-        return super().execute_model(inputs)
-
-
-@hookimpl
-def llmp_register_executors():
-    yield ExecutorSpec(name="slow-steps", impl="llmp_slow_steps:SlowSteps")
-"""
+@pytest.fixture(scope="module")
+def slow(tmp_path_factory: pytest.TempPathFactory) -> SlowSteps:
+    # slowed, a long generation lasts long whatever the machine (CONTEXT - 20 tokens: 24 s at least)
+    return SlowSteps(tmp_path_factory.mktemp("slow-site"))
 
 
 @pytest.fixture(scope="module")
-def slow_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A plugin distribution on a path, found by its entry point: the slow-steps executor."""
-    site = tmp_path_factory.mktemp("slow-site")
-    (site / "llmp_slow_steps.py").write_text(SLOW_EXECUTOR)
-    info = site / "llmp_slow_steps-0.0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: llmp-slow-steps\nVersion: 0.0.1\n")
-    (info / "entry_points.txt").write_text("[llmp]\nslow_steps = llmp_slow_steps\n")
-    return site
-
-
-@pytest.fixture(scope="module")
-def server(tiny_model: Path, slow_site: Path) -> Iterator[GrpcServer]:
-    env = {
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(slow_site), os.environ.get("PYTHONPATH")])),
-        "SLOW_STEPS_GATE": str(slow_site / "slow"),
-    }
-    yield from grpc_server(tiny_model, "--executor", "slow-steps", env=env)
-
-
-@contextmanager
-def slow_steps(slow_site: Path) -> Iterator[None]:
-    """Each engine step of the module's server takes at least STEP_S until the block ends."""
-    gate = slow_site / "slow"
-    gate.touch()
-    try:
-        yield
-    finally:
-        gate.unlink()
+def server(tiny_model: Path, slow: SlowSteps) -> Iterator[GrpcServer]:
+    yield from grpc_server(tiny_model, "--executor", "slow-steps", env=slow.env)
 
 
 def completion(server: GrpcServer, **body: object) -> dict:
@@ -232,12 +185,12 @@ def test_cancelled_stream_aborts_the_request(server: GrpcServer) -> None:
     assert after["llmp_generation_tokens_total"] - before["llmp_generation_tokens_total"] < CONTEXT - 20
 
 
-def test_deadline_aborts_the_request(server: GrpcServer, slow_site: Path) -> None:
+def test_deadline_aborts_the_request(server: GrpcServer, slow: SlowSteps) -> None:
     # slowed, the request takes 24 s at least: a 5 s deadline fires mid-generation however fast the
     # machine, with seconds to spare for a stalled client or server to have started it by then
     deadline = 5.0
     before = metrics(server.http)
-    with slow_steps(slow_site):
+    with slow.slowed():
         started = time.monotonic()
         error = rpc_error(server.stub.Generate, greedy(max_tokens=CONTEXT - 20), timeout=deadline)
         assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED

@@ -3,73 +3,30 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 
 import httpx
 import openai
 import pytest
 from openai_frontend_support import assert_error
 
-from llmp.testing import LiveServer, serving
+from llmp.testing import LiveServer, SlowSteps, serving
 
 GREEDY = {"temperature": 0, "extra_body": {"ignore_eos": True}}
 
-STEP_S = 0.05
-# uniproc, but while the file $SLOW_STEPS_GATE names exists each step takes STEP_S more: a long
-# generation then lasts long whatever the machine (400 tokens: 20 s at least), and a request made
-# to be stopped cannot end first however late its client gets to stop it
-SLOW_EXECUTOR = f"""
-import os
-import time
 
-from llmp import hookimpl
-from llmp.api import ExecutorSpec
-from llmp.engine.executor import UniprocExecutor
-
-GATE = os.environ.get("SLOW_STEPS_GATE", "")
-
-
-class SlowSteps(UniprocExecutor):
-    def execute_model(self, inputs):
-        if GATE and os.path.exists(GATE):
-            time.sleep({STEP_S})
-        return super().execute_model(inputs)
-
-
-@hookimpl
-def llmp_register_executors():
-    yield ExecutorSpec(name="slow-steps", impl="llmp_slow_steps:SlowSteps")
-"""
+@pytest.fixture(scope="module")
+def slow(tmp_path_factory: pytest.TempPathFactory) -> SlowSteps:
+    # slowed, a long generation lasts long whatever the machine (400 tokens: 20 s at least), and a
+    # request made to be stopped cannot end first however late its client gets to stop it
+    return SlowSteps(tmp_path_factory.mktemp("slow-site"))
 
 
 @pytest.fixture(scope="module")
-def store_server(tiny, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    site = tmp_path_factory.mktemp("slow-site")  # a plugin distribution on the path: found by its entry point
-    (site / "llmp_slow_steps.py").write_text(SLOW_EXECUTOR)
-    info = site / "llmp_slow_steps-0.0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: llmp-slow-steps\nVersion: 0.0.1\n")
-    (info / "entry_points.txt").write_text("[llmp]\nslow_steps = llmp_slow_steps\n")
-    gate = site / "slow"
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
-    with serving(
-        tiny.path, "--enable-store", "--executor", "slow-steps", env={**env, "SLOW_STEPS_GATE": str(gate)}
-    ) as live:
-        live.slow_gate = gate
+def store_server(tiny, slow: SlowSteps) -> Iterator[LiveServer]:
+    with serving(tiny.path, "--enable-store", "--executor", "slow-steps", env=slow.env) as live:
         yield live
-
-
-@contextmanager
-def slow_steps(server: LiveServer) -> Iterator[None]:
-    """Each engine step of ``server`` takes at least STEP_S until the block ends."""
-    server.slow_gate.touch()
-    try:
-        yield
-    finally:
-        server.slow_gate.unlink()
 
 
 @pytest.fixture(scope="module")
@@ -210,7 +167,7 @@ def test_store_false_is_not_kept(store, store_server, tiny):
     assert_error(httpx.get(f"{store_server.url}/v1/responses/{response.id}"), 404)
 
 
-def test_background_responses_run_and_can_be_cancelled(store, store_server, tiny):
+def test_background_responses_run_and_can_be_cancelled(store, store_server, slow, tiny):
     queued = store.responses.create(model=tiny.name, input="hi", max_output_tokens=4, background=True, **GREEDY)
     assert queued.status == "queued"
     deadline = time.monotonic() + 30
@@ -223,7 +180,7 @@ def test_background_responses_run_and_can_be_cancelled(store, store_server, tiny
     assert_error(response, 400, contains="Cannot cancel")
 
     # 400 slowed steps: 20 s at least, so the cancel finds it running however late it comes
-    with slow_steps(store_server):
+    with slow.slowed():
         long = store.responses.create(model=tiny.name, input="hi", max_output_tokens=400, background=True, **GREEDY)
         cancelled = store.responses.cancel(long.id)
     assert cancelled.status == "cancelled"

@@ -17,7 +17,7 @@ import openai
 import pytest
 from openai_frontend_support import TinyLlama
 
-from llmp.testing import LiveServer, serving
+from llmp.testing import LiveServer, plugin_site, serving
 
 WEATHER = {
     "type": "function",
@@ -38,9 +38,12 @@ NAMED = {"type": "function", "function": {"name": "get_weather"}}
 MESSAGES = [{"role": "user", "content": "Weather in Paris?"}]
 
 
-def _parser_plugin(site: Path) -> None:
-    """A real plugin distribution (found through its entry point) with a parser that calls nothing."""
-    (site / "llmp_test_plain_parser.py").write_text(
+def _parser_plugin(site: Path) -> dict[str, str]:
+    """A real plugin distribution (found through its entry point) with a parser that calls nothing; the
+    environment that finds it."""
+    return plugin_site(
+        site,
+        "llmp_test_plain_parser",
         textwrap.dedent(
             """
             from llmp import hookimpl
@@ -61,19 +64,16 @@ def _parser_plugin(site: Path) -> None:
             def llmp_register_tool_parsers():
                 yield ToolParserSpec(name="plain", impl="llmp_test_plain_parser:PlainParser", description="no calls")
             """
-        )
+        ),
+        name="test-plain-parser",
+        version="0.1.0",
     )
-    info = site / "llmp_test_plain_parser-0.1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: llmp-test-plain-parser\nVersion: 0.1.0\n")
-    (info / "entry_points.txt").write_text("[llmp]\ntest-plain-parser = llmp_test_plain_parser\n")
 
 
 @pytest.fixture(scope="module")
 def tools_server(tiny: TinyLlama, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    site = tmp_path_factory.mktemp("parser-site")
-    _parser_plugin(site)
-    with serving(tiny.path, "--tool-call-parser", "plain", env={"PYTHONPATH": str(site)}) as live:
+    env = _parser_plugin(tmp_path_factory.mktemp("parser-site"))
+    with serving(tiny.path, "--tool-call-parser", "plain", env=env) as live:
         yield live
 
 
