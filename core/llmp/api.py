@@ -1148,8 +1148,10 @@ class Frontend(Protocol):
     as a 400 naming its ``field``).
     Others (gRPC) return ``None``. Every front-end's ``serve`` runs as a task
     for the server's lifetime and is cancelled at shutdown: a front-end with its
-    own server (gRPC) runs it there, an HTTP one may keep background work there
-    or return at once; if it raises, the server shuts down with status 1.
+    own server (gRPC) runs it there, binding its port first (the server says it
+    is ready 0.2 s later, unless that failed), an HTTP one may keep background
+    work there or return at once; if it raises, the server shuts down with
+    status 1.
 
     A front-end whose protocol has its own error shape (Anthropic's
     ``{"type": "error", "error": {...}}``, with 529 for overload) lists its path

@@ -394,12 +394,16 @@ async def _serve(
             api_keys=tuple(http.api_key),
             max_request_body_bytes=http.max_request_body_bytes,
         )
-        tasks = _mount(app, state, engine, frontends, options)
+        tasks, own_servers = _mount(app, state, engine, frontends, options)
         for task in tasks:
             task.add_done_callback(lambda done: _frontend_stopped(done, state, server))
         state.engine = engine
-        if tasks:
-            await asyncio.wait(tasks, timeout=FRONTEND_BIND_S)  # ready means every front-end listens
+        # ready means every front-end listens: the HTTP ones on this server, which already does (a
+        # serve() that fails at once has failed after one turn of the loop); one with a server of its
+        # own (gRPC) binds its port as its serve() starts, and a busy port has failed by FRONTEND_BIND_S
+        await asyncio.sleep(0)
+        if own_servers:
+            await asyncio.wait(own_servers, timeout=FRONTEND_BIND_S)
         failed = any(task.done() and not task.cancelled() and task.exception() for task in tasks)
         if state.phase == "warming_up" and not failed and not _stopping(server, serving) and replica is None:
             state.phase = "ready"
@@ -619,8 +623,10 @@ def _server_class() -> type:
 
 def _mount(
     app: Any, state: ServerState, engine: MeteredEngine, frontends: list[tuple[str, type]], options: FrontendOptions
-) -> list[asyncio.Task]:
-    tasks = []
+) -> tuple[list[asyncio.Task], list[asyncio.Task]]:
+    """Build and mount the front-ends: the tasks of their ``serve()``, and those of the front-ends with a server
+    of their own (no HTTP router)."""
+    tasks, own_servers = [], []
     built = [(name, cls(engine, options)) for name, cls in frontends]
     # "/" belongs to one front-end: the highest root_priority (a web page over a banner), then the first listed
     root_owner = max(built, key=lambda item: getattr(item[1], "root_priority", 0), default=(None, None))[1]
@@ -642,8 +648,10 @@ def _mount(
             # tagged with the front-end's name: /docs groups its routes, and the conformance kit finds them
             app.include_router(with_light_json(router), tags=[name])
         tasks.append(asyncio.create_task(frontend.serve(), name=f"frontend-{name}"))
+        if router is None:
+            own_servers.append(tasks[-1])
     app.openapi_schema = None  # the docs must list the routes mounted just now
-    return tasks
+    return tasks, own_servers
 
 
 def _frontend_stopped(task: asyncio.Task, state: ServerState, server: Any) -> None:
