@@ -22,16 +22,15 @@ def serve(engine: EngineConfig, server: ServerOptions, request: FrontendOptions)
     from llmp.engine.process_settings import exit_without_teardown
 
     # the engine process first: it imports torch and the engine while this process imports the web
-    # stack and resolves the model (one API server's own engine; --api-server-count starts its own)
-    engine_process = EngineProcess(server.log_level) if server.api_server_count == 1 else None
+    # stack and resolves the model
+    engine_process = EngineProcess(server.log_level)
     try:
         from llmp.server.launch import run
         from llmp.server.settings import ServeSettings
 
         status = run(ServeSettings(engine=engine, server=server, frontend=request), engine_process)
     finally:
-        if engine_process is not None:
-            engine_process.discard()  # never given its arguments (the start-up failed or was stopped)
+        engine_process.discard()  # never given its arguments (the start-up failed or was stopped)
     # a process started as `llmp serve` ends without the interpreter's slow teardown; a caller running
     # the command in its own process (a test) keeps its process
     if len(sys.argv) > 1 and sys.argv[1] == "serve" and Path(sys.argv[0]).name in ("llmp", "__main__.py"):

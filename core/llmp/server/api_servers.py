@@ -183,18 +183,30 @@ class LaunchSteps:
 
 
 def serve_api_servers(
-    settings: ServeSettings, model: Any, sock: socket.socket, steps: LaunchSteps, started: float
+    settings: ServeSettings,
+    model: Any,
+    sock: socket.socket,
+    steps: LaunchSteps,
+    started: float,
+    engine_process: Any = None,
 ) -> int:
-    """Serve with ``--api-server-count`` processes until interrupted; the exit status."""
-    return _Launcher(settings, model, sock, steps, started).run()
+    """Serve with ``--api-server-count`` processes until interrupted; the exit status. The engine runs in
+    ``engine_process`` when given (an ``EngineProcess`` started earlier, without its arguments yet)."""
+    return _Launcher(settings, model, sock, steps, started, engine_process).run()
 
 
 class _Launcher:
     def __init__(
-        self, settings: ServeSettings, model: Any, sock: socket.socket, steps: LaunchSteps, started: float
+        self,
+        settings: ServeSettings,
+        model: Any,
+        sock: socket.socket,
+        steps: LaunchSteps,
+        started: float,
+        engine_process: Any,
     ) -> None:
         self.settings, self.model, self.sock, self.steps = settings, model, sock, steps
-        self.started = started
+        self.started, self.engine_process = started, engine_process
         self.count = settings.server.api_server_count
         self.engine: Any = None
         self.loading: concurrent.futures.Future | None = None
@@ -214,7 +226,13 @@ class _Launcher:
 
         try:
             try:
-                self.engine = AsyncLLM(self.model, engine_mode="process", wait=False, **self.settings.engine.keywords())
+                self.engine = AsyncLLM(
+                    self.model,
+                    engine_mode="process",
+                    wait=False,
+                    engine_process=self.engine_process,
+                    **self.settings.engine.keywords(),
+                )
             except (ValueError, TypeError, LLMPError) as exc:
                 self.steps.error(exc)
                 return 2

@@ -74,14 +74,19 @@ def _start_and_serve(settings: ServeSettings, started: float, engine_process: En
         _error(exc)
         return 2
     if settings.server.api_server_count > 1:
-        return _serve_api_servers(settings, model, sock, frontends, started)
+        return _serve_api_servers(settings, model, sock, frontends, started, engine_process)
     return serve_one(
         settings, model, sock, frontends, chat_template, lora_modules, started, engine_process=engine_process
     )
 
 
 def _serve_api_servers(
-    settings: ServeSettings, model: Any, sock: socket.socket, frontends: list[tuple[str, Any]], started: float
+    settings: ServeSettings,
+    model: Any,
+    sock: socket.socket,
+    frontends: list[tuple[str, Any]],
+    started: float,
+    engine_process: EngineProcess | None,
 ) -> int:
     """``--api-server-count`` processes (``llmp.server.api_servers``), started as one server starts."""
     from llmp.server.api_servers import LaunchSteps, serve_api_servers
@@ -98,7 +103,7 @@ def _serve_api_servers(
         error=_error,
         drain_s=http.shutdown_timeout + SHUTDOWN_GRACE_S,
     )
-    return serve_api_servers(settings, model, sock, steps, started)
+    return serve_api_servers(settings, model, sock, steps, started, engine_process)
 
 
 def serve_one(
