@@ -87,14 +87,29 @@ def test_a_16_bit_cache_of_a_float32_model(model_dir, kernels, cache_dtype, engi
     assert run(half, prompts) == batched
 
 
-def test_a_float32_cache_of_a_bfloat16_model(model_dir):
+def test_a_float32_cache_of_a_bfloat16_model(model_dir, caplog):
     # the keys and values are bfloat16 projections, which a float32 cache holds exactly: the same answers
     common = {"dtype": "bfloat16", "block_size": 4, "kv_cache_memory_bytes": 8 << 20, "kernels": "torch"}
+    caplog.set_level("INFO", logger="llmp.engine")
     llm = LLM(str(model_dir), kv_cache_dtype="float32", **common)
+    [warning] = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert "twice the memory a token for no precision" in warning, warning
     assert all(k.dtype == torch.float32 for k, _ in caches(llm))
     assert llm.engine.info.options["dtype"] == "bfloat16"
     prompts = mixed_prompts(2, seed=1)
     assert run(llm, prompts) == run(LLM(str(model_dir), **common), prompts)
+
+
+def test_a_float16_cache_of_a_bfloat16_model_warns_of_its_range(model_dir, caplog):
+    caplog.set_level("INFO", logger="llmp.engine")
+    common = {"dtype": "bfloat16", "block_size": 4, "kv_cache_memory_bytes": 8 << 20, "kernels": "torch"}
+    llm = LLM(str(model_dir), kv_cache_dtype="float16", **common)
+    assert all(k.dtype == torch.float16 for k, _ in caches(llm))
+    [warning] = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert "become inf" in warning and "65504" in warning, warning
+    caplog.clear()
+    LLM(str(model_dir), kv_cache_dtype="bfloat16", **common)  # the same dtype as the weights: nothing to say
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
 
 
 def test_the_start_up_line_names_a_cache_dtype_other_than_the_weights(model_dir, caplog):

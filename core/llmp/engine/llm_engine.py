@@ -144,7 +144,7 @@ class LLMEngine:
                 "num_kv_blocks": num_blocks,
                 "block_size": config.block_size,
                 "dtype": model.dtype,
-                "kv_cache_dtype": resolve_kv_cache_dtype(config.kv_cache_dtype, model.dtype),
+                "kv_cache_dtype": _checked_kv_cache_dtype(config.kv_cache_dtype, model.dtype),
                 # the workers' kernel set's own account; torch's for an executor that does not pass it on
                 "isa": getattr(self.executor, "kernels_isa_path", None) or isa_path(config.device, model.dtype),
                 "quantization": weights_quantization(model.model_dir),
@@ -882,3 +882,22 @@ class LLMEngine:
             self._stopped = True
             self.executor.shutdown()
             self.pm.hook.llmp_engine_stopped(info=self.info)
+
+
+def _checked_kv_cache_dtype(requested: str, dtype: str) -> str:
+    """The KV cache's dtype, with a warning where it costs memory for nothing or can overflow."""
+    kv_dtype = resolve_kv_cache_dtype(requested, dtype)
+    if kv_dtype == "float32" and dtype != "float32":
+        log.warning(
+            "--kv-cache-dtype float32 with %s weights takes twice the memory a token for no precision: the keys "
+            "and values are %s projections (the default, auto, caches them in %s)",
+            dtype,
+            dtype,
+            dtype,
+        )
+    elif kv_dtype == "float16" and dtype == "bfloat16":
+        log.warning(
+            "--kv-cache-dtype float16 with bfloat16 weights: keys and values beyond float16's range (65504) become "
+            "inf; bfloat16 (the default, auto) keeps the range in the same memory"
+        )
+    return kv_dtype
