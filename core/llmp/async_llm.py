@@ -108,7 +108,8 @@ class AsyncLLM:
     record does not match); ``self.model`` holds the record, and the engine process takes it as is.
     ``engine_process`` is an :class:`~llmp.engine.engine_process.EngineProcess` the caller started
     earlier, still without its arguments: the engine runs in it (``llmp serve`` starts one before it
-    resolves the model, so that the engine's imports overlap the resolution).
+    resolves the model, so that the engine's imports overlap the resolution). Should ``AsyncLLM`` raise
+    before it has sent the arguments, the process is still the caller's to ``discard()``.
     """
 
     def __init__(
@@ -207,7 +208,7 @@ class AsyncLLM:
 
         if self.engine_mode == "process":
             self._process = process or EngineProcess()
-            self._process.send((self.config, self.model, in_address, out_address, os.getpid()))
+            self._process.send((self.config, self.model, in_address, out_address))
         else:
             from llmp.engine.process_settings import apply_engine_process_settings
 

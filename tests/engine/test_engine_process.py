@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -132,3 +133,46 @@ def test_serve_stopping_at_a_usage_error_leaves_no_engine_process(model_dir: Pat
     # killed and reaped before the server exited (an orphan would exit on its own, but only once it
     # noticed its parent gone: 0.2 s later)
     assert engine_processes_marked(marker) == []
+
+
+def test_ctrl_c_at_its_very_start_does_not_reach_it() -> None:
+    process = EngineProcess("warning")
+    try:
+        os.kill(process.pid, signal.SIGINT)  # before its interpreter has even started, most likely
+        time.sleep(1.0)
+        os.kill(process.pid, signal.SIGINT)
+        time.sleep(0.5)
+        assert process.is_alive(), f"exited with {process.exitcode} on a Ctrl-C"
+    finally:
+        process.discard()
+
+
+ORPHAN_PARENT = """
+import os, sys
+from llmp.engine.engine_process import EngineProcess
+from llmp.model_files.resolve import resolve_model
+from llmp.options import EngineConfig
+
+config = EngineConfig(model=sys.argv[1], dtype="float32", block_size=4, max_model_len=128)
+process = EngineProcess("warning")
+process.send((config, resolve_model(config), "ipc:///tmp/llmp-orphan-test-in", "ipc:///tmp/llmp-orphan-test-out"))
+os._exit(0)  # gone with the arguments sent, before the engine process has started its watch
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="finds processes in /proc")
+def test_an_engine_process_whose_parent_died_before_it_started_exits(model_dir: Path) -> None:
+    marker = f"LLMP_TEST_MARK={uuid.uuid4().hex}"
+    name, value = marker.split("=")
+    subprocess.run(
+        [sys.executable, "-c", ORPHAN_PARENT, str(model_dir)],
+        env={**child_environment(), name: value},
+        timeout=120,
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    while left := engine_processes_marked(marker):
+        assert time.monotonic() < deadline, f"engine processes {left} outlived their parent by 60 s"
+        time.sleep(0.1)

@@ -447,13 +447,13 @@ def _error_type(exc: BaseException) -> str:
     return "LLMPError"
 
 
-def prepare_engine_process() -> None:
+def prepare_engine_process(parent_pid: int) -> None:
     """What the engine process does before it has its arguments: its signals, the watch on its parent,
     its logging (at ``LLMP_LOG_LEVEL``, which the parent sets to its own level, to the stderr it
     inherits), its OpenMP settings (before torch loads), the plugins, and the engine's imports."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the front-end, which shuts us down
     signal.signal(signal.SIGTERM, _exit_cleanly)  # unwinds through engine.shutdown(), which stops the workers
-    threading.Thread(target=exit_with_parent, args=(os.getppid(),), daemon=True).start()
+    threading.Thread(target=exit_with_parent, args=(parent_pid,), daemon=True).start()
     from llmp.progress import configure_logging
 
     configure_logging()
@@ -500,18 +500,20 @@ def _main() -> None:
     # `python -m llmp.engine.core_proc` (EngineProcess): the imports first, then the arguments,
     # pickled on stdin by the parent (a trusted pipe), which may have started this process before
     # it knew them. Spawning this way never re-imports the caller's __main__.
-    import pickle
     import sys
 
     code = 0
     try:
-        arguments: list[bytes] = []  # drained while we import, so that the parent never blocks writing them
-        reader = threading.Thread(target=lambda: arguments.append(sys.stdin.buffer.read()), daemon=True)
+        arguments: list[Any] = []  # read while we import, so that the parent never blocks writing them
+        reader = threading.Thread(target=_read_arguments, args=(sys.stdin.buffer, arguments), daemon=True)
         reader.start()
-        prepare_engine_process()
+        # the parent's pid: on the command line (EngineProcess), else (a caller of its own) our parent now
+        prepare_engine_process(int(sys.argv[1]) if len(sys.argv) > 1 else os.getppid())
         reader.join()
-        if data := b"".join(arguments):  # nothing: the parent stopped before it sent them
-            config, model, input_address, output_address, _parent_pid = pickle.loads(data)
+        if arguments:  # none: the parent stopped before it sent them
+            if isinstance(arguments[0], Exception):
+                raise arguments[0]
+            config, model, input_address, output_address = arguments[0]
             engine_process_main(config, model, input_address, output_address)
     except SystemExit as stop:
         code = stop.code if isinstance(stop.code, int) else 0 if stop.code is None else 1
@@ -521,6 +523,18 @@ def _main() -> None:
     from llmp.engine.process_settings import exit_without_teardown
 
     exit_without_teardown(code)  # the engine has shut down: workers stopped, sockets closed
+
+
+def _read_arguments(stream: Any, into: list[Any]) -> None:
+    """The pickled arguments (to their end: the pipe may stay open after them), or nothing at EOF."""
+    import pickle
+
+    try:
+        into.append(pickle.load(stream))
+    except EOFError:
+        pass
+    except Exception as exc:  # raised where the arguments are used
+        into.append(exc)
 
 
 PARENT_WATCH_S = 0.2

@@ -9,18 +9,22 @@ engine's imports run meanwhile on another core. Light to import: nothing here lo
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
+import signal
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 
 from llmp.progress import LEVELS, configure_logging
 
 
 class EngineProcess:
-    """``python -m llmp.engine.core_proc``, started at once; :meth:`send` gives it its arguments (the
-    ``EngineConfig``, the ``ResolvedModel``, the two ZMQ addresses and the caller's pid), and
+    """``python -m llmp.engine.core_proc PARENT_PID``, started at once; :meth:`send` gives it its arguments
+    (the ``EngineConfig``, the ``ResolvedModel`` and the two ZMQ addresses), and
     :meth:`discard` stops one that never got them. It logs at ``log_level`` (the caller's level of
     the ``llmp`` logger by default) to the caller's stderr."""
 
@@ -29,7 +33,11 @@ class EngineProcess:
             configure_logging()  # the caller's level: LLMP_LOG_LEVEL's unless it set its own
             log_level = logging.getLevelName(logging.getLogger("llmp").getEffectiveLevel()).lower()
         env = {**os.environ, **({"LLMP_LOG_LEVEL": log_level} if log_level in LEVELS else {})}
-        self.popen = subprocess.Popen([sys.executable, "-m", "llmp.engine.core_proc"], stdin=subprocess.PIPE, env=env)
+        # the parent's pid on the command line: the child watches it from its first moment, so a parent that
+        # dies before the child has started is seen at once (getppid() would already name another process)
+        command = [sys.executable, "-m", "llmp.engine.core_proc", str(os.getpid())]
+        with _ctrl_c_ignored():  # Ctrl-C goes to the front-end: the child ignores it from its start
+            self.popen = subprocess.Popen(command, stdin=subprocess.PIPE, env=env)
         self.pid = self.popen.pid
         self.sent = False
 
@@ -46,10 +54,12 @@ class EngineProcess:
 
     def discard(self) -> None:
         """Stop the process if it never got its arguments (it has done nothing but import)."""
-        if not self.sent and self.popen.poll() is None:
+        if self.sent:
+            return
+        if self.popen.poll() is None:
             self.popen.kill()
             self.popen.wait()
-            self.popen.stdin.close()
+        self.popen.stdin.close()
 
     def is_alive(self) -> bool:
         return self.popen.poll() is None
@@ -69,3 +79,17 @@ class EngineProcess:
 
     def kill(self) -> None:
         self.popen.kill()
+
+
+@contextlib.contextmanager
+def _ctrl_c_ignored() -> Iterator[None]:
+    """SIGINT ignored while the block runs (a child started in it inherits that across exec, and Python then
+    installs no KeyboardInterrupt handler); only in the main thread, the one signal handlers belong to."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

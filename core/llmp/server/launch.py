@@ -403,9 +403,10 @@ async def _serve(
         for task in tasks:
             task.add_done_callback(lambda done: _frontend_stopped(done, state, server))
         state.engine = engine
-        # ready means every front-end listens: the HTTP ones on this server, which already does (a
-        # serve() that fails at once has failed after one turn of the loop); one with a server of its
-        # own (gRPC) binds its port as its serve() starts, and a busy port has failed by FRONTEND_BIND_S
+        # ready means every front-end listens: the HTTP ones on this server, which already does (a serve()
+        # that fails before its first await has failed after one turn of the loop; a later failure, such as
+        # the OpenAI batch jobs' unreadable --batch-dir, stops the server with status 1 after "ready"); one
+        # with a server of its own (gRPC) binds its port as its serve() starts: a busy port fails by then
         await asyncio.sleep(0)
         if own_servers:
             await asyncio.wait(own_servers, timeout=FRONTEND_BIND_S)

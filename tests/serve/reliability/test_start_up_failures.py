@@ -5,7 +5,6 @@ probe to kill it. (A bad model path, an unknown front-end and a busy port are in
 
 from __future__ import annotations
 
-import os
 import pickle
 import subprocess
 import sys
@@ -106,7 +105,7 @@ def test_an_engine_start_up_failure_is_reported_once_without_a_traceback(tiny_mo
         [sys.executable, "-m", "llmp.engine.core_proc"], stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=env
     )
     try:
-        process.stdin.write(pickle.dumps((config, model, in_address, out_address, os.getpid())))
+        process.stdin.write(pickle.dumps((config, model, in_address, out_address)))
         process.stdin.close()
         assert outputs.poll(60_000), "the engine reported nothing"
         message = msg.from_engine_decoder.decode(outputs.recv())
