@@ -465,7 +465,8 @@ def prepare_engine_process(parent_pid: int) -> None:
     plugins.load_plugins()
     import llmp.engine.llm_engine  # noqa: F401  (torch and the engine: what takes the time)
 
-    log.debug("engine process: plugins and engine imported %.2f s after it started", _seconds_since_start())
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("engine process: plugins and engine imported %.2f s after it started", _seconds_since_start())
 
 
 def _seconds_since_start() -> float:

@@ -85,10 +85,11 @@ class EngineProcess:
 def _ctrl_c_ignored() -> Iterator[None]:
     """SIGINT ignored while the block runs (a child started in it inherits that across exec, and Python then
     installs no KeyboardInterrupt handler); only in the main thread, the one signal handlers belong to."""
-    if threading.current_thread() is not threading.main_thread():
+    previous = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
+    if previous is None:  # not the main thread, or a handler Python did not install (it could not restore it)
         yield
         return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         yield
     finally:

@@ -317,7 +317,6 @@ async def _serve(
     tokenizer: concurrent.futures.Future,
     started: float,
     replica: Any = None,
-    engine_process: EngineProcess | None = None,
 ) -> int:
     import uvicorn
 
