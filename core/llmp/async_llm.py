@@ -68,6 +68,7 @@ COMPILE_TIMEOUT_S = 120.0  # a structured-output grammar: large schemas take sec
 LORA_LOAD_TIMEOUT_S = 300.0  # an adapter read from disk (or a slow network mount) and checked
 ADMIN_TIMEOUT_S = 900.0  # sleep (waiting for requests to finish) and wake-up (weights loaded again)
 WATCH_INTERVAL_MS = 200
+DEAD_ENGINE_LAST_WORDS_MS = 500
 READER_STOP_TIMEOUT_S = 5.0
 
 
@@ -239,8 +240,9 @@ class AsyncLLM:
                     raise EngineDeadError(message.message)
             waited += WATCH_INTERVAL_MS
             if not self._engine_alive():
+                reason = self._last_words(f"the engine process exited during start-up ({self._exit_description()})")
                 self._shutdown_now()
-                raise EngineDeadError(f"the engine process exited during start-up ({self._exit_description()})")
+                raise EngineDeadError(reason)
         self._shutdown_now()
         raise EngineDeadError(f"the engine was not ready within {timeout:.0f} s")
 
@@ -273,7 +275,11 @@ class AsyncLLM:
                 if self._output in ready:
                     self._dispatch(msg.from_engine_decoder.decode(self._output.recv()))
                 elif not self._engine_alive() and not self._closed:
-                    self._fail_all(f"the engine process died ({self._exit_description()})")
+                    # what it sent just before exiting (outputs, its EngineFailed) can arrive after that poll
+                    while self._output.poll(DEAD_ENGINE_LAST_WORDS_MS):
+                        self._dispatch(msg.from_engine_decoder.decode(self._output.recv()))
+                    if self.errored is None:
+                        self._fail_all(f"the engine process died ({self._exit_description()})")
                     return
         finally:
             self._output.close(linger=0)
@@ -309,6 +315,15 @@ class AsyncLLM:
             if not future.done():
                 future.set_exception(self.errored)
         self._calls.clear()
+
+    def _last_words(self, exit_reason: str) -> str:
+        """A dead engine's own reason (its EngineFailed, sent just before it exited, can arrive after
+        the poll that found nothing), else ``exit_reason``."""
+        while self._output.poll(DEAD_ENGINE_LAST_WORDS_MS):
+            message = msg.from_engine_decoder.decode(self._output.recv())
+            if isinstance(message, msg.EngineFailed):
+                return message.message
+        return exit_reason
 
     def _engine_alive(self) -> bool:
         if self.attachment is not None:

@@ -176,3 +176,34 @@ def test_an_engine_process_whose_parent_died_before_it_started_exits(model_dir: 
     while left := engine_processes_marked(marker):
         assert time.monotonic() < deadline, f"engine processes {left} outlived their parent by 60 s"
         time.sleep(0.1)
+
+
+def test_its_last_message_reaches_the_client_though_it_ends_with_os_exit(tmp_path: Path) -> None:
+    """The engine process ends with ``os._exit`` right after closing its sockets; its last message (the
+    EngineFailed that says why it stopped) goes out on zmq's I/O thread, so close must wait for it.
+    A message of 8 MiB cannot be written before ``os._exit`` unless something waits."""
+    import zmq
+
+    from llmp.engine import protocol as msg
+
+    context = zmq.Context()
+    output = context.socket(zmq.PULL)
+    output.bind(f"ipc://{tmp_path}/out")
+    script = f"""
+import os
+from llmp.engine import protocol as msg
+from llmp.engine.core_proc import EngineCoreLoop
+loop = EngineCoreLoop(None, None, "ipc://{tmp_path}/in", "ipc://{tmp_path}/out")
+loop.send(msg.EngineFailed("x" * (8 << 20)))
+loop.close()
+os._exit(1)
+"""
+    child = subprocess.run([sys.executable, "-c", script], env=child_environment(), timeout=60)
+    assert child.returncode == 1
+    try:
+        assert output.poll(5000), "the message was lost when the process exited"
+        message = msg.from_engine_decoder.decode(output.recv())
+        assert isinstance(message, msg.EngineFailed) and len(message.message) == 8 << 20
+    finally:
+        output.close(linger=0)
+        context.term()

@@ -78,6 +78,7 @@ class EngineCoreLoop:
     ) -> None:
         self.config = config
         self.model = model
+        self._owns_context = context is None
         self.context = context or zmq.Context()
         self.poller = zmq.Poller()
         self.clients: dict[int, EngineClientSockets] = {}
@@ -407,6 +408,10 @@ class EngineCoreLoop:
         for client in self.clients.values():
             client.input.close(linger=0)
             client.output.close(linger=1000 if client.index == 0 else 0)
+        if self._owns_context:
+            # a closed socket's last messages (an EngineFailed) go out on the context's I/O thread:
+            # wait for them (up to the linger above), as the process ends with os._exit next
+            self.context.term()
 
 
 def _outputs_message(outputs: list[Any]) -> msg.Outputs:
