@@ -19,8 +19,9 @@ Workloads (bfloat16, random prompt ids, EOS ignored, seeded; every engine gets t
             each: mean time to first token with prefix caching on and off (turn about, best of
             --rounds, a fresh prefix each round).
   shared    the offline workload again while one other CPU-bound process (a Python busy loop) runs on the
-            machine: tok/s and the slowdown against the same engine alone (on 2 cores, about 2x is the
-            share of the cores taken; spinning OpenMP threads made it 5x on 2026-12-01).
+            machine: tok/s and the slowdown against the mean of the same engine's runs alone just before
+            and after it (on 2 cores, about 2x is the share of the cores taken; spinning OpenMP threads
+            made it 5x on 2026-12-01).
   online    `llmp serve` and `vllm serve` on the same model under `llmp bench serve` (random 128-word
             prompts, 64 new tokens, concurrency 1, 4, 16), taking turns: output tok/s and TTFT p99
             (benchmarks/serve_concurrency.py; the model gets a word tokenizer so tokens stream as text).
@@ -383,9 +384,14 @@ def main() -> None:
             if workload["name"] == "b1_full":
                 near_b1.append((before, memory_bandwidth()))
         rounds.append(seconds)
-    with busy_process():  # one competing CPU-bound process: the offline workload again, each engine once
-        for name, run in engines.items():
+    # One competing CPU-bound process: the offline workload again, each engine once, between runs alone
+    # just before and after (the host's speed drifts over the minutes since the rounds).
+    alone_around_shared: dict[str, tuple[float, float]] = {}
+    for name, run in engines.items():
+        alone_first = run(workloads()[0])
+        with busy_process():
             results[f"offline_shared_{name}_tok_s"] = total_out / run(workloads()[0])
+        alone_around_shared[name] = (total_out / alone_first, total_out / run(workloads()[0]))
     weights_gb = checkpoint_bytes(model_dir) / 1e9
     for name in engines:
         record(name, {w: min(r[name][w] for r in rounds) for w in rounds[0][name]})
@@ -395,8 +401,11 @@ def main() -> None:
         results[f"decode_b1_{name}_roofline_fraction_worst"] = b1["worst"]
         results[f"decode_b1_{name}_rounds_phase_changed"] = b1["phase_changed"]
         results[f"bandwidth_near_b1_{name}_gb_s"] = b1["bandwidth"]
+        alone_before, alone_after = alone_around_shared[name]
+        results[f"offline_alone_before_shared_{name}_tok_s"] = alone_before
+        results[f"offline_alone_after_shared_{name}_tok_s"] = alone_after
         results[f"offline_shared_{name}_slowdown"] = (
-            results[f"offline_{name}_tok_s"] / results[f"offline_shared_{name}_tok_s"]
+            (alone_before + alone_after) / 2 / results[f"offline_shared_{name}_tok_s"]
         )
     if peer is not None:
         peer.close()
