@@ -149,7 +149,7 @@ def huge_page_buffer(size: int) -> Iterator[memoryview]:
 def report(results: dict[str, float], *keys: str) -> None:
     for key in keys:
         value = results[key]
-        print(f"{key:36s} {value:10.3f}" if isinstance(value, float | int) else f"{key:36s} {value:>10}", flush=True)
+        print(f"{key:40s} {value:10.3f}" if isinstance(value, float | int) else f"{key:40s} {value:>10}", flush=True)
 
 
 def random_prompts(rng: random.Random, lengths: list[int], vocab: int = 100000) -> list[list[int]]:
