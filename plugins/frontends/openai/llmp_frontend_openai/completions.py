@@ -32,7 +32,7 @@ class Completion:
         self.fe, self.body, self.request = fe, body, request
         self.id = fe.new_id(request, "cmpl", body)
         self.created = int(time.time())
-        self.as_ids = fe.options.return_tokens_as_token_ids
+        self.as_ids = fe.options.return_tokens_as_token_ids or bool(body.return_tokens_as_token_ids)
 
     async def run(self) -> Any:
         fe, body = self.fe, self.body
@@ -63,7 +63,8 @@ class Completion:
             raise bad_request("suffix is not supported", "suffix")
         if body.best_of not in (None, 1):
             raise bad_request("best_of is not supported; use n", "best_of")
-        self.prompts = await fe.prompt_inputs(body.prompt, "prompt", body.add_special_tokens)
+        prompts = await fe.prompt_inputs(body.prompt, "prompt", body.add_special_tokens)
+        self.prompts = fe.truncated(prompts, body.truncate_prompt_tokens)
         # with echo and logprobs, the prompt's own logprobs are part of the answer
         echo_logprobs = body.echo and body.logprobs is not None
         constraint = fe.structured_outputs(body.response_format, body.structured_outputs)

@@ -14,13 +14,27 @@ from llmp import Prompt, SamplingParams, StructuredOutputsParams
 from llmp.frontend import (
     FrontendKit,
     SamplingRequest,
+    ScoreInputError,
     bad_request,
     request_id_of,
+    truncation_length,
     until_disconnected,
 )
 from llmp.options import FrontendOptions
 from llmp_frontend_openai import protocol as p
 from llmp_frontend_openai.logprobs import TokenBytes
+
+# vLLM's request fields for what llmp does not do: each at its idle value, or a 400 (never ignored)
+NOT_DONE: dict[str, tuple[Any, str]] = {
+    "use_beam_search": (False, "llmp samples; use n for several answers"),
+    "length_penalty": (1.0, "it applies to beam search, which llmp does not run"),
+    "thinking_token_budget": (None, "llmp does not cap reasoning tokens apart from max_tokens"),
+    "repetition_detection": (None, "llmp does not stop on detected repetition"),
+    "cache_salt": (None, "llmp does not salt its prefix cache, which all requests share"),
+    "kv_transfer_params": (None, "llmp has no disaggregated prefill"),
+    "vllm_xargs": (None, "llmp has no per-request logits-processor arguments"),
+    "prompt_embeds": (None, "this model takes token ids"),
+}
 
 
 class OpenAIFrontend(FrontendKit):
@@ -114,6 +128,21 @@ class OpenAIFrontend(FrontendKit):
             raise bad_request("stream_options can only be set when stream is true", "stream_options")
         if body.stream and body.prompt_logprobs is not None:
             raise bad_request("prompt_logprobs is not available when streaming", "prompt_logprobs")
+        for name, (idle, why) in NOT_DONE.items():
+            value = getattr(body, name, idle)
+            if value != idle and value != {}:
+                raise bad_request(f"{name} is not supported: {why}", name)
+
+    def truncated(self, prompts: list[Prompt], truncate_prompt_tokens: int | None) -> list[Prompt]:
+        """Each prompt cut to its last ``truncate_prompt_tokens`` tokens (-1: the context length), as vLLM
+        cuts them; the cut prompt runs as token ids (its text no longer matches)."""
+        try:
+            keep = truncation_length(truncate_prompt_tokens, self.max_model_len)
+        except ScoreInputError as exc:
+            raise bad_request(exc.message, exc.param) from None
+        if keep is None:
+            return prompts
+        return [q if len(q.token_ids) <= keep else Prompt(token_ids=q.token_ids[-keep:]) for q in prompts]
 
     async def chat_prompt(self, messages: Sequence[p.ChatMessage], body: Any, tools: Any = None) -> Prompt:
         """The engine's prompt of a chat: its rendered text and token ids (``FrontendKit.conversation_prompt``)."""

@@ -1,24 +1,35 @@
 """Request bodies of the OpenAI API, with vLLM's extra fields.
 
-Unknown fields are accepted and ignored, as OpenAI clients send vendor keys
-freely (vLLM does the same); every declared field is acted on or refused with a
-400. Values are range-checked by ``SamplingParams`` (one place for the rules),
+Unknown fields are accepted, as OpenAI clients send vendor keys freely, and
+named in a warning in the server's log (vLLM does the same); every declared
+field is acted on or refused with a 400. Values are range-checked by ``SamplingParams`` (one place for the rules),
 not here; here only types and the int64 range of ``seed``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import logging
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
 from llmp.frontend import ReasoningEffort
 
 INT64 = 2**63
+log = logging.getLogger("llmp.frontend.openai")
 
 
 class OpenAIModel(BaseModel):
     model_config = ConfigDict(extra="allow", protected_namespaces=())
+    extras_read: ClassVar[bool] = False  # True where the unknown fields are passed on (a message's, to the template)
+
+    @model_validator(mode="after")
+    def _warn_of_ignored_fields(self) -> OpenAIModel:
+        if self.model_extra and not self.extras_read:
+            log.warning(
+                "The following fields were present in the request but ignored: %s", ", ".join(sorted(self.model_extra))
+            )
+        return self
 
 
 class StreamOptions(OpenAIModel):
@@ -60,9 +71,18 @@ class SamplingFields(OpenAIModel):
     request_id: str | None = None
     response_format: dict[str, Any] | None = None
     structured_outputs: dict[str, Any] | None = None
+    # vLLM's fields for what llmp does not do: accepted at their defaults, refused with a 400 when set
+    use_beam_search: bool = False
+    length_penalty: float = 1.0  # beam search's
+    thinking_token_budget: StrictInt | None = None
+    repetition_detection: dict[str, Any] | None = None
+    cache_salt: str | None = None
+    kv_transfer_params: dict[str, Any] | None = None
+    vllm_xargs: dict[str, Any] | None = None
 
 
 class ChatMessage(OpenAIModel):
+    extras_read = True  # tool_calls, tool_call_id, reasoning_content...: the chat template reads them
     role: str
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
@@ -86,6 +106,8 @@ class ChatCompletionRequest(SamplingFields):
     documents: list[dict[str, str]] | None = None
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    truncate_prompt_tokens: StrictInt | None = Field(None, ge=-1)  # keep the last N prompt tokens; -1 = max_model_len
+    return_tokens_as_token_ids: bool | None = None  # logprob tokens as 'token_id:N' (or the server's flag)
 
 
 class CompletionRequest(SamplingFields):
@@ -95,6 +117,9 @@ class CompletionRequest(SamplingFields):
     suffix: str | None = None
     best_of: StrictInt | None = None
     add_special_tokens: bool = True
+    truncate_prompt_tokens: StrictInt | None = Field(None, ge=-1)  # keep the last N prompt tokens; -1 = max_model_len
+    return_tokens_as_token_ids: bool | None = None  # logprob tokens as 'token_id:N' (or the server's flag)
+    prompt_embeds: Any = None  # refused when set: llmp's models take token ids
 
 
 class EmbeddingRequest(OpenAIModel):

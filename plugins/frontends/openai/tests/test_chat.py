@@ -431,3 +431,26 @@ def test_sdk_sees_unknown_model_as_not_found(client):
         client.chat.completions.create(model="no-such-model", messages=MESSAGES, max_tokens=1)
     assert info.value.body["param"] == "model"
     assert info.value.status_code == 404
+
+
+def test_truncate_prompt_tokens_keeps_the_chat_prompts_last_tokens(client, tiny):
+    whole = greedy_chat(client, tiny, max_tokens=4)
+    ids = extra(whole, "prompt_token_ids")
+    cut = greedy_chat(client, tiny, max_tokens=4, extra_body={"truncate_prompt_tokens": 5})
+    assert extra(cut, "prompt_token_ids") == ids[-5:] and cut.usage.prompt_tokens == 5
+    assert extra(cut.choices[0], "token_ids") == hf_greedy(tiny.model, ids[-5:], 4)
+
+
+def test_return_tokens_as_token_ids_per_chat_request(client, tiny):
+    response = greedy_chat(
+        client, tiny, max_tokens=3, logprobs=True, top_logprobs=2, extra_body={"return_tokens_as_token_ids": True}
+    )
+    content = response.choices[0].logprobs.content
+    assert [e.token for e in content] == [f"token_id:{t}" for t in extra(response.choices[0], "token_ids")]
+    assert all(top.token.startswith("token_id:") for e in content for top in e.top_logprobs)
+
+
+def test_vllm_fields_for_what_llmp_does_not_do_are_refused_in_chat(http):
+    body = {"messages": MESSAGES, "max_tokens": 1}
+    for field, value in [("use_beam_search", True), ("cache_salt", "x"), ("thinking_token_budget", 8)]:
+        assert_error(http.post("/v1/chat/completions", json={**body, field: value}), 400, param=field)

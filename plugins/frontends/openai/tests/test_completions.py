@@ -360,3 +360,60 @@ def test_bad_prompts_are_refused(http, prompt):
 def test_unsupported_fields_are_refused(http):
     assert_error(http.post("/v1/completions", json={"prompt": PROMPT, "suffix": "x"}), 400, param="suffix")
     assert_error(http.post("/v1/completions", json={"prompt": PROMPT, "best_of": 2}), 400, param="best_of")
+
+
+def test_truncate_prompt_tokens_keeps_the_last_tokens(client, tiny):
+    text = "one two three four five six seven eight"
+    ids = extra(greedy(client, tiny, prompt=text, max_tokens=1).choices[0], "prompt_token_ids")
+    cut = greedy(client, tiny, prompt=text, max_tokens=6, extra_body={"truncate_prompt_tokens": 3})
+    assert extra(cut.choices[0], "prompt_token_ids") == ids[-3:]
+    assert cut.usage.prompt_tokens == 3
+    assert extra(cut.choices[0], "token_ids") == hf_greedy(tiny.model, ids[-3:], 6)
+    echoed = greedy(client, tiny, prompt=ids, max_tokens=1, echo=True, extra_body={"truncate_prompt_tokens": 3})
+    assert echoed.choices[0].text.startswith(tiny.tokenizer.decode(ids[-3:]))
+    fits = greedy(client, tiny, prompt=ids, max_tokens=1, extra_body={"truncate_prompt_tokens": -1})
+    assert extra(fits.choices[0], "prompt_token_ids") == ids  # -1: the context length, which it fits
+
+
+@pytest.mark.parametrize("value", [0, -2, 10**6])
+def test_bad_truncate_prompt_tokens_is_refused(http, value):
+    body = {"prompt": PROMPT, "max_tokens": 1, "truncate_prompt_tokens": value}
+    assert_error(http.post("/v1/completions", json=body), 400, contains="truncate_prompt_tokens")
+
+
+def test_return_tokens_as_token_ids_per_request(client, tiny):
+    response = greedy(client, tiny, max_tokens=3, logprobs=2, extra_body={"return_tokens_as_token_ids": True})
+    choice = response.choices[0]
+    assert choice.logprobs.tokens == [f"token_id:{t}" for t in extra(choice, "token_ids")]
+    assert all(key.startswith("token_id:") for top in choice.logprobs.top_logprobs for key in top)
+    plain = greedy(client, tiny, max_tokens=3, logprobs=2)  # the server's default: text
+    assert "".join(plain.choices[0].logprobs.tokens) == plain.choices[0].text
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("use_beam_search", True),
+        ("length_penalty", 0.5),
+        ("thinking_token_budget", 16),
+        ("repetition_detection", {"max_pattern_size": 4}),
+        ("cache_salt", "tenant-a"),
+        ("kv_transfer_params", {"do_remote_decode": True}),
+        ("vllm_xargs", {"threshold": 1}),
+        ("prompt_embeds", "AAAA"),
+    ],
+)
+def test_vllm_fields_for_what_llmp_does_not_do_are_refused_when_set(http, field, value):
+    """Never ignored: a 400 naming the field when set, the idle value (vLLM's default) accepted."""
+    body = {"prompt": PROMPT, "max_tokens": 1}
+    response = http.post("/v1/completions", json={**body, field: value})
+    assert_error(response, 400, param=field)
+    assert field in response.json()["error"]["message"]
+    idle = {"use_beam_search": False, "length_penalty": 1.0, "vllm_xargs": {}}.get(field)
+    assert http.post("/v1/completions", json={**body, field: idle}).status_code == 200
+
+
+def test_unknown_fields_are_accepted_and_named_in_the_log(http, server):
+    body = {"prompt": PROMPT, "max_tokens": 1, "no_such_field_xq": 1}
+    assert http.post("/v1/completions", json=body).status_code == 200
+    assert "present in the request but ignored: no_such_field_xq" in server.log()
