@@ -1013,6 +1013,9 @@ class KVCacheManager(Protocol):
 
     LoRA (``--enable-lora``) needs ``supports_lora = True``: a manager saying so keys its prefix
     cache by ``request.lora_id`` (0 = the base model), so two adapters never share a block.
+    A prompt with a ``cache_salt`` (with prefix caching on) needs ``supports_cache_salt = True``:
+    the manager keys its prefix cache by ``request.cache_salt`` too (None = unsalted), so
+    prompts of different salts never share a block.
     """
 
     prefix_cache_queries: int  # prompt tokens looked up, cumulative

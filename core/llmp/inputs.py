@@ -19,16 +19,23 @@ class Prompt:
 
     ``token_type_ids`` (one per token id, with ``token_ids``) are the segment ids of a
     text pair for cross-encoders that take them (BERT); ``None`` means all zeros.
+
+    ``cache_salt`` (vLLM's): a prompt shares prefix-cache blocks only with prompts of the
+    same salt (none shares with none), so tenants given different salts cannot learn from
+    timing what the others sent.
     """
 
     text: str | None = None
     token_ids: list[int] | None = None
     add_special_tokens: bool = True
     token_type_ids: list[int] | None = None
+    cache_salt: str | None = None
 
     def __post_init__(self) -> None:
         if self.text is None and self.token_ids is None:
             raise TypeError("a prompt needs its text or its token ids")
+        if self.cache_salt is not None and (not isinstance(self.cache_salt, str) or not self.cache_salt):
+            raise TypeError("cache_salt must be a non-empty string")
         if self.token_type_ids is not None and (
             self.token_ids is None or len(self.token_type_ids) != len(self.token_ids)
         ):
@@ -37,7 +44,8 @@ class Prompt:
 
 PromptType = str | Mapping[str, Any] | Prompt
 """What a caller may pass as a prompt: text, ``{"prompt_token_ids": [...]}`` (optionally with
-``"prompt"``, its text, and ``"token_type_ids"``), ``{"prompt": text}``, or a :class:`Prompt`."""
+``"prompt"``, its text, and ``"token_type_ids"``), ``{"prompt": text}``, or a :class:`Prompt`;
+either dict may hold ``"cache_salt"``."""
 
 
 def as_prompt(prompt: PromptType) -> Prompt:
@@ -52,7 +60,8 @@ def as_prompt(prompt: PromptType) -> Prompt:
             text=prompt.get("prompt"),
             token_ids=list(prompt["prompt_token_ids"]),
             token_type_ids=list(types) if types is not None else None,
+            cache_salt=prompt.get("cache_salt"),
         )
     if isinstance(prompt, Mapping) and isinstance(prompt.get("prompt"), str):
-        return Prompt(text=prompt["prompt"])
+        return Prompt(text=prompt["prompt"], cache_salt=prompt.get("cache_salt"))
     raise TypeError(f"a prompt is a string or a dict with 'prompt' or 'prompt_token_ids', got {type(prompt).__name__}")

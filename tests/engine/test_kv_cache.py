@@ -264,7 +264,7 @@ def test_block_is_cached_once_decode_fills_it() -> None:
     kv.allocate_slots(a, 1)
     a.num_computed_tokens += 1
     assert len(kv.cached) == 2
-    assert kv.block_tokens[a.block_ids[1]] == (0, (5, 6, 7, 8))  # (lora_id, tokens)
+    assert kv.block_tokens[a.block_ids[1]] == (0, None, (5, 6, 7, 8))  # (lora_id, cache_salt, tokens)
     # a new request with that 8-token prefix (plus one token) now hits both blocks
     b = req([1, 2, 3, 4, 5, 6, 7, 8, 50])
     blocks, _ = kv.get_computed_blocks(b)
@@ -343,7 +343,7 @@ def test_least_recently_freed_is_evicted_first_and_tail_before_head() -> None:
     # a fresh one-block request evicts a's tail block
     c = req([41, 42, 43, 44])
     assert kv.allocate_slots(c, 4) == [a1]
-    assert kv.block_tokens[a1] == (0, (41, 42, 43, 44))  # re-registered for c, a's entry dropped
+    assert kv.block_tokens[a1] == (0, None, (41, 42, 43, 44))  # re-registered for c, a's entry dropped
     assert a.block_hashes[1] not in kv.cached
     probe_a = req([1, 2, 3, 4, 5, 6, 7, 8, 9])
     assert kv.get_computed_blocks(probe_a)[0] == [a0]  # a's head survived
@@ -487,5 +487,37 @@ def test_a_hash_collision_across_adapters_is_not_a_hit() -> None:
     a = adapter_req([1, 2, 3, 4, 5, 6, 7, 8, 9], 1)
     prefill(kv, a)
     b = adapter_req([1, 2, 3, 4, 5, 6, 7, 8, 9], 2)
+    b.block_hashes = list(a.block_hashes)  # same tokens, and pretend the hashes collide
+    assert kv.get_computed_blocks(b) == ([], 0)
+
+
+# -- cache salts (vLLM's cache_salt) -------------------------------------------
+
+
+def salted_req(tokens: list[int], salt: str | None, lora_id: int = 0) -> Request:
+    request = adapter_req(tokens, lora_id)
+    request.cache_salt = salt
+    return request
+
+
+def test_the_same_salt_shares_blocks_another_salt_or_none_does_not() -> None:
+    kv = BlockKVCacheManager(30, BS, True)
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    a = salted_req(prompt, "tenant-a")
+    prefill(kv, a)
+    assert kv.get_computed_blocks(salted_req(prompt, "tenant-a")) == (a.block_ids[:2], 8)
+    assert kv.get_computed_blocks(salted_req(prompt, "tenant-b")) == ([], 0)
+    assert kv.get_computed_blocks(req(prompt)) == ([], 0)  # unsalted prompts never see a salted one's blocks
+    plain = req(prompt)
+    prefill(kv, plain)
+    assert kv.get_computed_blocks(salted_req(prompt, "tenant-b")) == ([], 0)  # nor the other way round
+    assert kv.get_computed_blocks(salted_req(prompt, "tenant-a", lora_id=1)) == ([], 0)  # salt and adapter both key
+
+
+def test_a_hash_collision_across_salts_is_not_a_hit() -> None:
+    kv = BlockKVCacheManager(10, BS, True)
+    a = salted_req([1, 2, 3, 4, 5, 6, 7, 8, 9], "x")
+    prefill(kv, a)
+    b = salted_req([1, 2, 3, 4, 5, 6, 7, 8, 9], "y")
     b.block_hashes = list(a.block_hashes)  # same tokens, and pretend the hashes collide
     assert kv.get_computed_blocks(b) == ([], 0)

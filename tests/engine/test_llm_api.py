@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from llmp import LLM, SamplingParams, hookimpl, registry
+from llmp.api import KVManagerSpec
 from llmp.inputs import Prompt
 from llmp.sampling_params import SamplingParamsError
 from llmp.testing import hf_greedy, registered, save_tiny_llama, tiny_tokenizer
@@ -223,3 +224,53 @@ def test_engine_life_cycle_hooks_see_the_chosen_components(tiny):
 def test_max_model_len_beyond_the_models_context_is_refused(tiny):
     with pytest.raises(ValueError, match=r"exceeds the model's context \(max_position_embeddings = 512\)"):
         LLM(str(tiny[0]), max_model_len=1000)
+
+
+def test_cache_salt_keeps_prefix_cache_hits_within_a_salt(tiny):
+    """vLLM's ``cache_salt`` on a prompt: the same prompt hits the prefix cache under its own salt only,
+    and its greedy output is the same under any salt."""
+    llm = LLM(str(tiny[0]), dtype="float32", block_size=4, max_model_len=256)
+    ids = list(range(5, 30))
+
+    def run(salt: str | None):
+        prompt = {"prompt_token_ids": ids, **({"cache_salt": salt} if salt is not None else {})}
+        return llm.generate(prompt, GREEDY, use_tqdm=False)[0]
+
+    first = run("tenant-a")
+    assert first.num_cached_tokens == 0
+    assert run("tenant-a").num_cached_tokens == 24  # every full block but the one holding the last token
+    other, plain = run("tenant-b"), run(None)
+    assert other.num_cached_tokens == 0 and plain.num_cached_tokens == 0
+    assert run(None).num_cached_tokens == 24
+    assert first.outputs[0].token_ids == other.outputs[0].token_ids == plain.outputs[0].token_ids
+    with pytest.raises(TypeError, match="cache_salt must be a non-empty string"):
+        llm.generate({"prompt_token_ids": ids, "cache_salt": ""}, GREEDY, use_tqdm=False)
+    assert Prompt(token_ids=ids, cache_salt="s").cache_salt == "s"
+
+
+class UnsaltedKV(registry.load_component("kv_manager", "default")):
+    supports_cache_salt = False  # a manager that would let salts share blocks
+
+
+class UnsaltedKVPlugin:
+    @hookimpl
+    def llmp_register_kv_managers(self):
+        yield KVManagerSpec(name="unsalted", impl=f"{__name__}:UnsaltedKV")
+
+
+def test_a_salted_prompt_is_refused_by_a_kv_manager_that_does_not_key_by_salt(tiny):
+    prompt = {"prompt_token_ids": [5, 6, 7], "cache_salt": "tenant-a"}
+    with registered(UnsaltedKVPlugin()):
+        llm = LLM(str(tiny[0]), dtype="float32", block_size=4, max_model_len=64, kv_manager="unsalted")
+        with pytest.raises(ValueError, match="does not key cached blocks by cache salt"):
+            llm.generate(prompt, GREEDY, use_tqdm=False)
+        assert llm.generate({"prompt_token_ids": [5, 6, 7]}, GREEDY, use_tqdm=False)[0].outputs[0].token_ids
+        uncached = LLM(
+            str(tiny[0]),
+            dtype="float32",
+            block_size=4,
+            max_model_len=64,
+            kv_manager="unsalted",
+            enable_prefix_caching=False,
+        )
+        assert uncached.generate(prompt, GREEDY, use_tqdm=False)[0].outputs[0].token_ids  # no cache to salt

@@ -5,9 +5,10 @@ token ids, so equal hashes mean equal prefixes. Blocks whose reference count
 drops to zero keep their hash and go to the tail of an LRU free list; they are
 reused from the head, which evicts the least recently used cached block first.
 
-Blocks are keyed by LoRA adapter too: the chain of a request with an adapter starts from
-``("lora", Request.lora_id)``, and a cached block's guard holds that id, so two adapters
-(or an adapter and the base model) never share a block, even on a hash collision.
+Blocks are keyed by LoRA adapter and cache salt too: the chain of a request with an adapter
+or a salt starts from ``("lora", Request.lora_id, Request.cache_salt)``, and a cached block's
+guard holds both, so two adapters (or an adapter and the base model), or two salts (or a salt
+and none), never share a block, even on a hash collision.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from llmp.engine.request import Request
 
 class BlockKVCacheManager:
     supports_lora = True  # keys blocks by Request.lora_id (the engine refuses LoRA with a manager without it)
+    supports_cache_salt = True  # and by Request.cache_salt (the engine refuses salted prompts without it)
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
         if num_blocks < 1 or block_size < 1:
@@ -29,8 +31,8 @@ class BlockKVCacheManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.ref_counts = [0] * num_blocks
         self.block_hash: list[int | None] = [None] * num_blocks
-        # (lora_id, token ids) of each cached block: guards against hash collisions
-        self.block_tokens: list[tuple[int, tuple[int, ...]] | None] = [None] * num_blocks
+        # (lora_id, cache_salt, token ids) of each cached block: guards against hash collisions
+        self.block_tokens: list[tuple[int, str | None, tuple[int, ...]] | None] = [None] * num_blocks
         self.cached: dict[int, int] = {}  # block hash -> block id
         self.free_blocks: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # head = evict first
         self.prefix_cache_queries = 0  # prompt tokens looked up
@@ -134,12 +136,14 @@ class BlockKVCacheManager:
         start = index * self.block_size
         return tuple(request.all_token_ids[start : start + self.block_size])
 
-    def _block_key(self, request: Request, index: int) -> tuple[int, tuple[int, ...]]:
-        return request.lora_id, self._tokens_of(request, index)
+    def _block_key(self, request: Request, index: int) -> tuple[int, str | None, tuple[int, ...]]:
+        return request.lora_id, request.cache_salt, self._tokens_of(request, index)
 
     def _hash_full_blocks(self, request: Request, num_tokens: int) -> None:
         hashes = request.block_hashes
-        first_parent = ("lora", request.lora_id) if request.lora_id else None  # an adapter's own chain
+        # an adapter's or a salt's own chain
+        keyed = request.lora_id or request.cache_salt is not None
+        first_parent = ("lora", request.lora_id, request.cache_salt) if keyed else None
         for i in range(len(hashes), num_tokens // self.block_size):
             parent = hashes[i - 1] if i else first_parent
             hashes.append(hash((parent, self._tokens_of(request, i))))

@@ -332,6 +332,7 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         check_priority(priority, self.config.scheduling_policy)
         self._check_lora_request(lora_request)
+        self._check_cache_salt(prompt)
         if pooling_params is not None or "generate" not in self.supported_tasks:
             self._add_pooling_request(request_id, prompt, params, priority, pooling_params, lora_request)
             return
@@ -363,6 +364,7 @@ class LLMEngine:
                 bad_words_token_ids=bad_words,
                 lora_request=lora_request,
                 lora_id=lora_id,
+                cache_salt=prompt.cache_salt,
             )
             if compiled is not None:
                 request.grammar = self._grammars.state(compiled, params.structured_outputs.after_token_ids)
@@ -442,9 +444,20 @@ class LLMEngine:
             token_type_ids=list(token_type_ids) if token_type_ids is not None else None,
             lora_request=lora_request,
             lora_id=lora_id,
+            cache_salt=prompt.cache_salt,
         )
         self.pooling[request_id] = (prompt.text, request)
         self.scheduler.add_request(request)
+
+    def _check_cache_salt(self, prompt: Prompt) -> None:
+        """A salted prompt needs a KV manager that keys cached blocks by salt (or no prefix caching)."""
+        if prompt.cache_salt is None or not self.config.enable_prefix_caching:
+            return
+        if not getattr(self.kv_manager, "supports_cache_salt", False):
+            raise ValueError(
+                f"the KV-cache manager {self.config.kv_manager!r} does not key cached blocks by cache salt "
+                "(supports_cache_salt): use the default KV-cache manager, or no prefix caching, for cache_salt"
+            )
 
     def _check_lora_request(self, lora_request: LoRARequest | None) -> None:
         if lora_request is None:

@@ -71,6 +71,7 @@ class Request:
     # now; scheduled_time, first_token_time and last_token_time set by the engine step (so any scheduler
     # plugin's requests get them), finished_time by the output processor
     times: dict[str, float] = field(default_factory=lambda: {"arrival_time": time.time()})
+    cache_salt: str | None = None  # its prompt's (Prompt.cache_salt): keys its prefix-cache blocks as lora_id does
 
     def __post_init__(self) -> None:
         self.all_token_ids: list[int] = list(self.prompt_token_ids)

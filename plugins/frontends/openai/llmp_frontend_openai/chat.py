@@ -69,7 +69,7 @@ class ChatCompletion:
             raise bad_request("top_logprobs needs logprobs to be true", "top_logprobs")
         hide_tools = body.tool_choice == "none" and fe.options.exclude_tools_when_tool_choice_none
         prompt = await fe.chat_prompt(body.messages, body, tools=None if hide_tools else body.tools)
-        [prompt] = fe.truncated([prompt], body.truncate_prompt_tokens)
+        [prompt] = fe.engine_prompts([prompt], body, body.truncate_prompt_tokens)
         self.prompt_ids = prompt.token_ids
         self.plan, constraint = fe.output_plan(
             self.prompt_ids,

@@ -64,7 +64,7 @@ class Completion:
         if body.best_of not in (None, 1):
             raise bad_request("best_of is not supported; use n", "best_of")
         prompts = await fe.prompt_inputs(body.prompt, "prompt", body.add_special_tokens)
-        self.prompts = fe.truncated(prompts, body.truncate_prompt_tokens)
+        self.prompts = fe.engine_prompts(prompts, body, body.truncate_prompt_tokens)
         # with echo and logprobs, the prompt's own logprobs are part of the answer
         echo_logprobs = body.echo and body.logprobs is not None
         constraint = fe.structured_outputs(body.response_format, body.structured_outputs)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -30,7 +31,6 @@ NOT_DONE: dict[str, tuple[Any, str]] = {
     "length_penalty": (1.0, "it applies to beam search, which llmp does not run"),
     "thinking_token_budget": (None, "llmp does not cap reasoning tokens apart from max_tokens"),
     "repetition_detection": (None, "llmp does not stop on detected repetition"),
-    "cache_salt": (None, "llmp does not salt its prefix cache, which all requests share"),
     "kv_transfer_params": (None, "llmp has no disaggregated prefill"),
     "vllm_xargs": (None, "llmp has no per-request logits-processor arguments"),
     "prompt_embeds": (None, "this model takes token ids"),
@@ -132,17 +132,29 @@ class OpenAIFrontend(FrontendKit):
             value = getattr(body, name, idle)
             if value != idle and value != {}:
                 raise bad_request(f"{name} is not supported: {why}", name)
+        if body.cache_salt == "":
+            raise bad_request("cache_salt must be a non-empty string if provided", "cache_salt")
 
-    def truncated(self, prompts: list[Prompt], truncate_prompt_tokens: int | None) -> list[Prompt]:
-        """Each prompt cut to its last ``truncate_prompt_tokens`` tokens (-1: the context length), as vLLM
-        cuts them; the cut prompt runs as token ids (its text no longer matches)."""
+    def truncation_limit(self, truncate_prompt_tokens: int | None) -> int | None:
+        """The tokens a prompt keeps under ``truncate_prompt_tokens`` (None: all); a bad value is a 400."""
         try:
-            keep = truncation_length(truncate_prompt_tokens, self.max_model_len)
+            return truncation_length(truncate_prompt_tokens, self.max_model_len)
         except ScoreInputError as exc:
             raise bad_request(exc.message, exc.param) from None
-        if keep is None:
-            return prompts
-        return [q if len(q.token_ids) <= keep else Prompt(token_ids=q.token_ids[-keep:]) for q in prompts]
+
+    def engine_prompts(
+        self, prompts: list[Prompt], body: p.SamplingFields, truncate_prompt_tokens: int | None = None
+    ) -> list[Prompt]:
+        """The prompts as the engine runs them: salted with the body's ``cache_salt``, and cut to their last
+        ``truncate_prompt_tokens`` tokens (-1: the context length) as vLLM cuts them (a cut prompt runs as
+        token ids: its text no longer matches)."""
+        keep = self.truncation_limit(truncate_prompt_tokens)
+        out = []
+        for prompt in prompts:
+            if keep is not None and len(prompt.token_ids) > keep:
+                prompt = Prompt(token_ids=prompt.token_ids[-keep:])
+            out.append(dataclasses.replace(prompt, cache_salt=body.cache_salt))
+        return out
 
     async def chat_prompt(self, messages: Sequence[p.ChatMessage], body: Any, tools: Any = None) -> Prompt:
         """The engine's prompt of a chat: its rendered text and token ids (``FrontendKit.conversation_prompt``)."""

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, Request
 
 from llmp import LoRARequest, PoolingOutput, PoolingParams, PoolingRequestOutput, Prompt
-from llmp.frontend import ScoreInputError, bad_request, engine_request_id, truncation_length, until_disconnected
+from llmp.frontend import bad_request, engine_request_id, until_disconnected
 from llmp_frontend_openai import protocol as p
 
 if TYPE_CHECKING:
@@ -126,10 +126,7 @@ async def request_prompts(fe: OpenAIFrontend, body: p.ClassificationRequest) -> 
 def fit_prompts(fe: OpenAIFrontend, prompts: list[Prompt], truncate: int | None, param: str) -> list[Prompt]:
     """Each prompt's token ids, cut to the last ``truncate`` (-1: the context length) and checked
     against the context length."""
-    try:
-        limit = truncation_length(truncate, fe.max_model_len)
-    except ScoreInputError as exc:
-        raise bad_request(exc.message, exc.param) from None
+    limit = fe.truncation_limit(truncate)
     out = []
     for prompt in prompts:
         ids = prompt.token_ids if limit is None else prompt.token_ids[-limit:]

@@ -4,8 +4,8 @@ They take the body of the generating route and run its own preparation (``ChatCo
 ``Completion.prepare``: model check, chat template, tokens, sampling checks), so a bad field is the
 same error; then they answer what the engine would be given, as vLLM's ``GenerateRequest``, and
 send the engine nothing. A chat is one object, a completion a list (one per prompt). ``prompt``
-(the rendered text) is an addition to vLLM's shape; ``features`` (multimodal inputs),
-``cache_salt`` and ``kv_transfer_params`` are always null here.
+(the rendered text) is an addition to vLLM's shape; ``features`` (multimodal inputs) and
+``kv_transfer_params`` are always null here.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def generate_request(
         "model": body.model,
         "stream": bool(body.stream),
         "stream_options": body.stream_options.model_dump() if body.stream and body.stream_options else None,
-        "cache_salt": None,
+        "cache_salt": body.cache_salt,
         "priority": body.priority,
         "kv_transfer_params": None,
     }

@@ -145,6 +145,7 @@ class ResponseRun:
         run.messages = _history(store, body.previous_response_id) + _input_messages(body)
         conversation = ([{"role": "system", "content": body.instructions}] if body.instructions else []) + run.messages
         prompt = await fe.chat_prompt([p.ChatMessage(**m) for m in conversation], body, tools=tools)
+        [prompt] = fe.engine_prompts([prompt], body)
         run.prompt_ids = prompt.token_ids
         run.plan, constraint = fe.output_plan(
             run.prompt_ids,

@@ -6,7 +6,7 @@ import math
 
 import openai
 import pytest
-from openai_frontend_support import GREEDY, MAX_N, TinyLlama, assert_error, extra
+from openai_frontend_support import GREEDY, MAX_N, TinyLlama, assert_error, extra, metric, metrics
 
 from llmp.testing import hf_greedy
 
@@ -452,5 +452,24 @@ def test_return_tokens_as_token_ids_per_chat_request(client, tiny):
 
 def test_vllm_fields_for_what_llmp_does_not_do_are_refused_in_chat(http):
     body = {"messages": MESSAGES, "max_tokens": 1}
-    for field, value in [("use_beam_search", True), ("cache_salt", "x"), ("thinking_token_budget", 8)]:
+    for field, value in [("use_beam_search", True), ("kv_transfer_params", {"a": 1}), ("thinking_token_budget", 8)]:
         assert_error(http.post("/v1/chat/completions", json={**body, field: value}), 400, param=field)
+
+
+def test_cache_salt_keeps_prefix_cache_hits_within_a_salt(client, tiny, http):
+    """The same chat hits the prefix cache under its own salt only (the server's hit counter), and
+    answers the same under any salt; an empty salt is a 400."""
+    messages = [{"role": "user", "content": "salted prefix " * 12}]
+
+    def hits_of(salt):
+        before = metric(metrics(http), "llmp_prefix_cache_hits_total")
+        response = greedy_chat(client, tiny, messages, max_tokens=3, extra_body={"cache_salt": salt})
+        return metric(metrics(http), "llmp_prefix_cache_hits_total") - before, extra(response.choices[0], "token_ids")
+
+    first, answer = hits_of("tenant-a")
+    assert first == 0
+    again, same = hits_of("tenant-a")
+    assert again > 0 and same == answer
+    assert hits_of("tenant-b") == (0, answer)
+    body = {"messages": messages, "max_tokens": 1}
+    assert_error(http.post("/v1/chat/completions", json={**body, "cache_salt": ""}), 400, param="cache_salt")

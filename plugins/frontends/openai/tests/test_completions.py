@@ -397,7 +397,6 @@ def test_return_tokens_as_token_ids_per_request(client, tiny):
         ("length_penalty", 0.5),
         ("thinking_token_budget", 16),
         ("repetition_detection", {"max_pattern_size": 4}),
-        ("cache_salt", "tenant-a"),
         ("kv_transfer_params", {"do_remote_decode": True}),
         ("vllm_xargs", {"threshold": 1}),
         ("prompt_embeds", "AAAA"),

@@ -238,3 +238,12 @@ def test_render_needs_the_api_key(render_server):
         ("/v1/completions/render", {"prompt": "x"}),
     ):
         assert_error(httpx.post(render_server.url + path, json=body, timeout=30), 401)
+
+
+def test_render_echoes_the_cache_salt_and_refuses_what_the_route_refuses(api):
+    body = {"messages": MESSAGES, "max_tokens": 1}
+    assert rendered(api, "/v1/chat/completions/render", {**body, "cache_salt": "tenant-a"})["cache_salt"] == "tenant-a"
+    [out] = rendered(api, "/v1/completions/render", {"prompt": "hi", "cache_salt": "t"})
+    assert out["cache_salt"] == "t"
+    refused = api.post("/v1/chat/completions/render", json={**body, "use_beam_search": True})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "use_beam_search"
