@@ -19,7 +19,7 @@ import re
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, get_args
 
 from llmp.api import (
@@ -34,7 +34,7 @@ from llmp.inputs import Prompt
 from llmp.lora import LoRARequest
 from llmp.options import FrontendOptions
 from llmp.sampling_params import SamplingParams, SamplingParamsError, StructuredOutputsParams, resolve_max_tokens
-from llmp.scoring import is_unicode
+from llmp.scoring import ScoreInputError, is_unicode, truncation_length
 
 MAX_STOP_LENGTH = 1024
 
@@ -604,6 +604,27 @@ class FrontendKit:
                 "--trust-request-chat-template to pass others",
                 "chat_template_kwargs",
             )
+
+    def truncation_limit(self, truncate_prompt_tokens: int | None) -> int | None:
+        """The tokens a prompt keeps under vLLM's ``truncate_prompt_tokens`` (None: all; -1: the context
+        length); 0, below -1 or above the context length is a 400."""
+        try:
+            return truncation_length(truncate_prompt_tokens, self.max_model_len)
+        except ScoreInputError as exc:
+            raise bad_request(exc.message, exc.param) from None
+
+    def engine_prompt(
+        self, prompt: Prompt, *, truncate_prompt_tokens: int | None = None, cache_salt: str | None = None
+    ) -> Prompt:
+        """A generation prompt as the engine runs it: cut to its last ``truncate_prompt_tokens`` tokens
+        (as vLLM cuts it; it then runs as token ids, its text no longer matching) and salted with
+        ``cache_salt`` (``Prompt.cache_salt``; an empty salt is a 400)."""
+        if cache_salt == "":
+            raise bad_request("cache_salt must be a non-empty string if provided", "cache_salt")
+        keep = self.truncation_limit(truncate_prompt_tokens)
+        if keep is not None and len(prompt.token_ids) > keep:
+            prompt = Prompt(token_ids=prompt.token_ids[-keep:])
+        return replace(prompt, cache_salt=cache_salt)
 
     async def prompt_inputs(self, value: Any, param: str, add_special_tokens: bool) -> list[Prompt]:
         """The engine's prompt of each item of a ``str | list[str] | list[int] | list[list[int]]``

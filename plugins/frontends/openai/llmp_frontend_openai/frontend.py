@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -15,10 +14,8 @@ from llmp import Prompt, SamplingParams, StructuredOutputsParams
 from llmp.frontend import (
     FrontendKit,
     SamplingRequest,
-    ScoreInputError,
     bad_request,
     request_id_of,
-    truncation_length,
     until_disconnected,
 )
 from llmp.options import FrontendOptions
@@ -132,29 +129,16 @@ class OpenAIFrontend(FrontendKit):
             value = getattr(body, name, idle)
             if value != idle and value != {}:
                 raise bad_request(f"{name} is not supported: {why}", name)
-        if body.cache_salt == "":
-            raise bad_request("cache_salt must be a non-empty string if provided", "cache_salt")
-
-    def truncation_limit(self, truncate_prompt_tokens: int | None) -> int | None:
-        """The tokens a prompt keeps under ``truncate_prompt_tokens`` (None: all); a bad value is a 400."""
-        try:
-            return truncation_length(truncate_prompt_tokens, self.max_model_len)
-        except ScoreInputError as exc:
-            raise bad_request(exc.message, exc.param) from None
 
     def engine_prompts(
         self, prompts: list[Prompt], body: p.SamplingFields, truncate_prompt_tokens: int | None = None
     ) -> list[Prompt]:
-        """The prompts as the engine runs them: salted with the body's ``cache_salt``, and cut to their last
-        ``truncate_prompt_tokens`` tokens (-1: the context length) as vLLM cuts them (a cut prompt runs as
-        token ids: its text no longer matches)."""
-        keep = self.truncation_limit(truncate_prompt_tokens)
-        out = []
-        for prompt in prompts:
-            if keep is not None and len(prompt.token_ids) > keep:
-                prompt = Prompt(token_ids=prompt.token_ids[-keep:])
-            out.append(dataclasses.replace(prompt, cache_salt=body.cache_salt))
-        return out
+        """The prompts as the engine runs them (``FrontendKit.engine_prompt``): salted with the body's
+        ``cache_salt`` and cut to their last ``truncate_prompt_tokens`` tokens."""
+        return [
+            self.engine_prompt(prompt, truncate_prompt_tokens=truncate_prompt_tokens, cache_salt=body.cache_salt)
+            for prompt in prompts
+        ]
 
     async def chat_prompt(self, messages: Sequence[p.ChatMessage], body: Any, tools: Any = None) -> Prompt:
         """The engine's prompt of a chat: its rendered text and token ids (``FrontendKit.conversation_prompt``)."""

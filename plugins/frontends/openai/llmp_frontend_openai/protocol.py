@@ -2,8 +2,9 @@
 
 Unknown fields are accepted, as OpenAI clients send vendor keys freely, and
 named in a warning in the server's log (vLLM does the same); every declared
-field is acted on or refused with a 400. Values are range-checked by ``SamplingParams`` (one place for the rules),
-not here; here only types and the int64 range of ``seed``.
+field is acted on or refused with a 400. Values are range-checked by
+``SamplingParams`` (one place for the rules), not here; here only types and the
+int64 range of ``seed``.
 """
 
 from __future__ import annotations
@@ -71,12 +72,12 @@ class SamplingFields(OpenAIModel):
     request_id: str | None = None
     response_format: dict[str, Any] | None = None
     structured_outputs: dict[str, Any] | None = None
+    cache_salt: str | None = None  # keys the prompt's prefix-cache blocks (Prompt.cache_salt)
     # vLLM's fields for what llmp does not do: accepted at their defaults, refused with a 400 when set
     use_beam_search: bool = False
     length_penalty: float = 1.0  # beam search's
     thinking_token_budget: StrictInt | None = None
     repetition_detection: dict[str, Any] | None = None
-    cache_salt: str | None = None
     kv_transfer_params: dict[str, Any] | None = None
     vllm_xargs: dict[str, Any] | None = None
 

@@ -36,7 +36,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 from fastapi.routing import APIRoute
 from llmp_frontend_openai import protocol as openai
-from llmp_frontend_openai.frontend import OpenAIFrontend
+from llmp_frontend_openai.frontend import NOT_DONE, OpenAIFrontend
 from llmp_frontend_openai.pooling import POOLING_ROUTE_TASKS
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -84,6 +84,8 @@ class _Sampling(BaseModel):
     request_id: str | None = None  # the response's id
     stream: bool = False
     user: str | None = None  # OpenAI's end-user tag: no effect on the answer, on any route
+    truncate_prompt_tokens: int | None = None  # keep the prompt's last N tokens; -1 = max_model_len
+    cache_salt: str | None = None  # keys the prompt's prefix-cache blocks (Prompt.cache_salt)
 
 
 # OpenAI (and vLLM) request fields whose answer /invocations has no place for: a 400, never dropped.
@@ -104,8 +106,15 @@ UNSUPPORTED = (
     "best_of",
     "stream_options",
     "return_token_ids",
+    "return_tokens_as_token_ids",
+    *NOT_DONE,  # vLLM's fields for what llmp does not do on any route
 )
-_DEFAULTS = {"n": (None, 1), "parallel_tool_calls": (None, True), "include_reasoning": (None, True)}
+_DEFAULTS = {
+    "n": (None, 1),
+    "parallel_tool_calls": (None, True),
+    "include_reasoning": (None, True),
+    **{name: (None, idle, {}) for name, (idle, _) in NOT_DONE.items()},
+}
 
 
 class ChatBody(_Sampling):
@@ -327,6 +336,9 @@ class SageMakerFrontend(FrontendKit):
         }
 
     async def _generate(self, prompt: Prompt, body: _Sampling, requested: int | None, lora: LoRARequest | None) -> Any:
+        prompt = self.engine_prompt(
+            prompt, truncate_prompt_tokens=body.truncate_prompt_tokens, cache_salt=body.cache_salt
+        )
         name = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) is not None else "max_tokens"
         params = self.sampling_params(
             SamplingRequest.from_body(body, max_tokens=requested, names={"max_tokens": name}), len(prompt.token_ids)

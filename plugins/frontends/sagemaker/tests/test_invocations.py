@@ -139,3 +139,20 @@ def test_fields_the_server_refuses_are_a_400_naming_them(http):
         assert error["param"] == field and "not supported on /invocations" in error["message"], field
     for field, value in (("n", 1), ("include_reasoning", True), ("some_vendor_key", 1)):
         assert post(http, "/invocations", {**base, field: value})["choices"][0]["text"] is not None, field
+    for field, value in (("use_beam_search", True), ("length_penalty", 0.5), ("vllm_xargs", {"a": 1})):
+        assert post(http, "/invocations", {**base, field: value}, 400)["error"]["param"] == field
+    for field, value in (("length_penalty", 1.0), ("vllm_xargs", {})):  # their defaults
+        assert post(http, "/invocations", {**base, field: value})["choices"][0]["text"] is not None, field
+    assert post(http, "/invocations", {**base, "cache_salt": ""}, 400)["error"]["param"] == "cache_salt"
+    assert post(http, "/invocations", {**base, "truncate_prompt_tokens": 0}, 400)["error"]["param"] == (
+        "truncate_prompt_tokens"
+    )
+
+
+def test_truncate_prompt_tokens_and_cache_salt_act_as_on_the_openai_routes(http):
+    body = {"prompt": "one two three four five six seven", "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+    for extra in ({"truncate_prompt_tokens": 3}, {"cache_salt": "tenant-a"}):
+        got = post(http, "/invocations", {**body, **extra})
+        want = post(http, "/v1/completions", {**body, **extra})
+        assert (got["choices"][0]["text"], got["usage"]) == (want["choices"][0]["text"], want["usage"]), extra
+    assert post(http, "/invocations", {**body, "truncate_prompt_tokens": 3})["usage"]["prompt_tokens"] == 3
