@@ -1262,6 +1262,9 @@ class ReasoningParser(Protocol):
 
     ``end_token_ids`` are the tokens of the marker that ends the reasoning;
     structured-output constraints apply to the answer generated after them.
+    ``start_token_ids`` (optional) are those of the marker that opens it: with
+    both, a request's ``thinking_token_budget`` counts the reasoning and the
+    engine writes ``end_token_ids`` when it is spent.
     """
 
     end_token_ids: Sequence[int]

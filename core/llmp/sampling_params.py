@@ -93,6 +93,36 @@ class StructuredOutputsParams:
 
 
 @dataclass(slots=True)
+class ReasoningMarkers:
+    """The tokens that open and close a reasoning model's thinking, which ``thinking_token_budget`` reads.
+
+    ``end_token_ids``: the marker that ends the reasoning (``</think>``'s tokens); the engine emits it
+    when the budget is spent. ``start_token_ids``: the marker that opens it; ``starts_inside``: the prompt
+    already opened it (a thinking chat template ends the prompt with ``<think>``), so the output starts
+    in the reasoning. A server fills this from its ``--reasoning-parser``; Python callers give it.
+    """
+
+    end_token_ids: list[int]
+    start_token_ids: list[int] = field(default_factory=list)
+    starts_inside: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("end_token_ids", "start_token_ids"):
+            ids = getattr(self, name)
+            if not isinstance(ids, list | tuple):
+                raise SamplingParamsError("reasoning_markers", f"reasoning_markers.{name} must be a list of token ids")
+            for token in ids:
+                _at_least("reasoning_markers", token, 0, label=f"reasoning_markers.{name}[]")
+        if not self.end_token_ids:
+            raise SamplingParamsError("reasoning_markers", "reasoning_markers.end_token_ids must not be empty")
+        if not self.start_token_ids and not self.starts_inside:
+            raise SamplingParamsError(
+                "reasoning_markers",
+                "reasoning_markers needs start_token_ids, or starts_inside=True (the prompt opened the reasoning)",
+            )
+
+
+@dataclass(slots=True)
 class SamplingParams:
     n: int = 1
     temperature: float = 1.0
@@ -117,6 +147,10 @@ class SamplingParams:
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     structured_outputs: StructuredOutputsParams | None = None
+    # vLLM's: at most this many tokens of reasoning (after the start marker, or from the first token when the
+    # prompt opened it); then the engine emits the end marker and the answer follows. Needs reasoning_markers.
+    thinking_token_budget: int | None = None
+    reasoning_markers: ReasoningMarkers | None = None
     stop_strings: list[str] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
@@ -176,6 +210,16 @@ class SamplingParams:
             if not isinstance(value, bool):  # the engine's message would not carry it: refused here, not lost
                 raise SamplingParamsError(
                     flag, lambda name, value=value: f"{name} must be true or false, got {value!r}"
+                )
+        if self.thinking_token_budget is not None:
+            _at_least("thinking_token_budget", self.thinking_token_budget, 0)
+            if self.reasoning_markers is None:
+                raise SamplingParamsError(
+                    "thinking_token_budget",
+                    lambda name: (
+                        f"{name} needs reasoning_markers (the tokens that open and close the reasoning): "
+                        "a server sets them from its --reasoning-parser"
+                    ),
                 )
         if self.bad_words is not None and (
             not isinstance(self.bad_words, list) or not all(isinstance(w, str) and w for w in self.bad_words)

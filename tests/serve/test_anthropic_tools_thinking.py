@@ -44,7 +44,7 @@ MODEL = "tiny"  # --served-model-name
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("tiny-llama")
-    save_tiny_llama(path)
+    save_tiny_llama(path, max_position_embeddings=2048)  # room for the Messages API's least thinking budget
     return path
 
 
@@ -243,3 +243,79 @@ def test_thinking_block_holds_what_the_openai_front_end_calls_reasoning(thinking
     blocks = blocks_of(events)
     assert [b["type"] for b in blocks] == ["thinking"]
     assert blocks[0]["thinking"] == reasoning and blocks[0]["signed"], "a signature_delta comes before the stop"
+
+
+def test_thinking_budget_tokens_cuts_the_thinking(thinking_server, model_dir):
+    """deepseek_r1 takes the whole greedy completion as thinking; with budget_tokens the engine ends it
+    after that many tokens with </think>, and the rest is a text block."""
+    long = [{"role": "user", "content": "What time is it in Tokyo?"}]  # its greedy completion never ends with EOS
+    body = {"model": MODEL, "messages": long, "max_tokens": 1060, "extra_body": {"temperature": 0}}
+    budget = {"type": "enabled", "budget_tokens": 1024}
+    with _client(thinking_server) as client:
+        free = client.messages.create(**body)
+        capped = client.messages.create(**body, thinking=budget)
+        events = list(client.messages.create(**body, thinking=budget, stream=True))
+    assert [b.type for b in free.content] == ["thinking"] and free.stop_reason == "max_tokens"
+    assert [b.type for b in capped.content] == ["thinking", "text"] and capped.stop_reason == "max_tokens"
+    thinking, text = capped.content[0].thinking, capped.content[1].text
+    assert free.content[0].thinking.startswith(thinking) and text
+    assert capped.usage.output_tokens == 1060
+    blocks = blocks_of(events)
+    assert [(b["type"], b["thinking"] or b["text"]) for b in blocks] == [("thinking", thinking), ("text", text)]
+    # the cut is at token 1024: the OpenAI route's token ids of the same greedy request with that budget
+    with httpx.Client(base_url=thinking_server.url, timeout=120) as http:
+        chat = http.post(
+            "/v1/chat/completions",
+            json={
+                "model": MODEL,
+                "messages": long,
+                "max_tokens": 1060,
+                "temperature": 0,
+                "thinking_token_budget": 1024,
+                "return_token_ids": True,
+            },
+        ).json()["choices"][0]
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    end = tokenizer.encode("</think>", add_special_tokens=False)
+    assert chat["token_ids"][1024 : 1024 + len(end)] == end
+    assert chat["message"]["reasoning"] == thinking and chat["message"]["content"] == text
+
+
+@pytest.mark.parametrize(
+    ("thinking", "max_tokens", "contains"),
+    [
+        ({"type": "enabled", "budget_tokens": 1000}, 2000, "greater than or equal to 1024"),
+        ({"type": "enabled", "budget_tokens": 1024}, 1024, "`max_tokens` must be greater than"),
+        ({"type": "enabled"}, 2000, "budget_tokens: Field required"),
+        ({"type": "disabled", "budget_tokens": 1024}, 2000, "only for thinking of type enabled"),
+        ({"type": "sometimes"}, 2000, "thinking"),
+        ({"type": "enabled", "budget_tokens": "lots"}, 2000, "budget_tokens"),
+    ],
+)
+def test_bad_thinking_is_invalid_request_error(thinking_server, thinking, max_tokens, contains):
+    with httpx.Client(base_url=thinking_server.url, timeout=60) as http:
+        response = http.post(
+            "/v1/messages", json={"model": MODEL, "messages": ASK, "max_tokens": max_tokens, "thinking": thinking}
+        )
+    assert response.status_code == 400, response.text
+    error = response.json()
+    assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error", error
+    assert contains in error["error"]["message"], error
+
+
+def test_thinking_without_a_reasoning_parser_is_answered_and_logged(tools_server):
+    with _client(tools_server) as client:
+        reply = client.messages.create(
+            model=MODEL,
+            messages=ASK,
+            max_tokens=1100,
+            thinking={"type": "enabled", "budget_tokens": 1024},
+            extra_body={"service_tier_of_tomorrow": "x"},
+        )
+        disabled = client.messages.create(model=MODEL, messages=ASK, max_tokens=8, thinking={"type": "disabled"})
+    assert reply.content[0].type == "text" and disabled.content[0].type == "text"
+    log = tools_server.log()
+    assert "thinking.budget_tokens=1024 not applied: the server has no --reasoning-parser" in log
+    assert "The following fields were present in the request but ignored: service_tier_of_tomorrow" in log

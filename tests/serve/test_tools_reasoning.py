@@ -859,3 +859,45 @@ def test_invalid_constraint_is_400_when_streaming(plain_client, model, endpoint,
         pytest.fail(f"an invalid {kind} constraint was answered 200 and failed in the stream: {exc}")
     else:
         pytest.fail(f"an invalid {kind} constraint was accepted")
+
+
+# -- thinking_token_budget -------------------------------------------------------------------------
+
+
+def _letters(model: Model, **kwargs: Any) -> dict[str, Any]:
+    """A request whose completion is a seeded random mix of "F" and "G", never closing the reasoning itself."""
+    bias = {**model.bias("F", "G"), str(model.id(THINK_END)): -100}
+    return dict(max_tokens=14, logit_bias=bias, extra_body={"ignore_eos": True, **kwargs}, seed=3)
+
+
+@pytest.mark.parametrize("budget", [0, 5])
+def test_thinking_token_budget_cuts_the_reasoning(think_client, model, budget):
+    """deepseek_r1 reads a completion as reasoning from its first token: after ``budget`` of them the
+    engine writes </think> (against a -100 bias), and the rest is the answer."""
+    request = _letters(model, thinking_token_budget=budget, return_token_ids=True)
+    choice = chat(think_client, model, **request).choices[0]
+    ids = extra(choice, "token_ids")
+    assert len(ids) == 14 and ids[budget] == model.id(THINK_END), ids
+    assert extra(choice.message, "reasoning") == model.tokenizer.decode(ids[:budget])
+    assert choice.message.content == model.tokenizer.decode(ids[budget + 1 :]) and len(choice.message.content) > 0
+    streamed = collect(chat(think_client, model, stream=True, **request))
+    assert (streamed.reasoning or "", streamed.content) == (extra(choice.message, "reasoning"), choice.message.content)
+    # the same on /v1/completions: its prompt says nothing of reasoning, which deepseek_r1 assumes open
+    request["extra_body"]["return_token_ids"] = False
+    text = think_client.completions.create(model=model.name, prompt="The quick brown fox", **request).choices[0].text
+    assert text.count(THINK_END) == 1 and len(text.split(THINK_END)[0]) == budget, text
+
+
+def test_thinking_token_budget_needs_a_reasoning_parser_and_a_count(servers, think_client, plain_client, model):
+    with pytest.raises(openai.BadRequestError) as info:
+        chat(plain_client, model, **_letters(model, thinking_token_budget=4))
+    assert info.value.body["param"] == "thinking_token_budget" and "--reasoning-parser" in info.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as info:
+        chat(think_client, model, **_letters(model, thinking_token_budget=-1))
+    assert info.value.body["param"] == "thinking_token_budget" and ">= 0" in info.value.body["message"]
+    response = httpx.post(
+        f"{servers['think'].api_url}/chat/completions",
+        json={"model": model.name, "messages": MESSAGES, "thinking_token_budget": "many"},
+        timeout=30,
+    )
+    assert_openai_error(response, 400, contains="thinking_token_budget")

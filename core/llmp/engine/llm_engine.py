@@ -27,6 +27,7 @@ from llmp.engine.sampler import SamplingBatch, bad_words_token_ids
 from llmp.engine.scheduler import SchedulerConfig, check_priority
 from llmp.engine.stat_loggers import StatLoggers
 from llmp.engine.step_stats import IterationTokens, step_prompt_tokens
+from llmp.engine.thinking_budget import ThinkingBudget
 from llmp.engine.worker import WorkerCallError
 from llmp.inputs import Prompt, PromptType, as_prompt
 from llmp.lora import LORA_DISABLED, LoRARequest
@@ -368,6 +369,8 @@ class LLMEngine:
             )
             if compiled is not None:
                 request.grammar = self._grammars.state(compiled, params.structured_outputs.after_token_ids)
+            if params.thinking_token_budget is not None:
+                request.thinking = ThinkingBudget(params.thinking_token_budget, params.reasoning_markers)
             requests.append(request)
         self.outputs.add_request(state, requests)
         for request in requests:
@@ -680,9 +683,11 @@ class LLMEngine:
         bad = next((t for t in token_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size), None)
         if bad is not None:
             raise ValueError(f"prompt token id {bad!r} is out of range [0, {self.vocab_size})")
+        markers = params.reasoning_markers
         for name, ids in (
             ("logit_bias", params.logit_bias or {}),
             ("allowed_token_ids", params.allowed_token_ids or []),
+            ("reasoning_markers", [*markers.start_token_ids, *markers.end_token_ids] if markers else []),
         ):
             bad = next((t for t in ids if t >= self.vocab_size), None)
             if bad is not None:
@@ -784,6 +789,8 @@ class LLMEngine:
             stop = self.outputs.append(seq, token, logprobs, detokenize=not ended_by_token)
             if stop is not None and not request.is_finished:
                 self.scheduler.finish(request, RequestStatus.FINISHED_STOPPED, stop_reason=stop[0])
+            if request.thinking is not None:
+                request.thinking.accept(request.output_token_ids)
             if request.grammar is not None and request.grammar.accept(token, request.output_token_ids):
                 self.scheduler.finish(request, RequestStatus.FINISHED_STOPPED)  # no-op if already finished
             if request.is_finished:

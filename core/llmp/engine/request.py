@@ -72,6 +72,7 @@ class Request:
     # plugin's requests get them), finished_time by the output processor
     times: dict[str, float] = field(default_factory=lambda: {"arrival_time": time.time()})
     cache_salt: str | None = None  # its prompt's (Prompt.cache_salt): keys its prefix-cache blocks as lora_id does
+    thinking: Any = None  # thinking_budget.ThinkingBudget of a request with a thinking_token_budget
 
     def __post_init__(self) -> None:
         self.all_token_ids: list[int] = list(self.prompt_token_ids)

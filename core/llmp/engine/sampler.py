@@ -1,7 +1,7 @@
 """Turns logits into tokens, applying every sampling parameter in one batched pass.
 
 Order, as in vLLM: the structured-output grammar mask, allowed tokens, bad words, logit bias and the
-``min_tokens`` ban;
+``min_tokens`` ban, then a token the thinking budget forces (its row's only choice);
 then repetition, frequency and presence penalties (greedy rows included);
 then temperature, top-k, min-p and top-p; then a draw. Logprobs are those of
 the raw model distribution. Only rows that use a feature pay for it.
@@ -71,6 +71,7 @@ class SamplingRow:
     bad_words_token_ids: list[list[int]] = field(default_factory=list)
     output_token_ids: list[int] | None = None
     prompt_token_ids: list[int] | None = None
+    forced_token_id: int | None = None  # the thinking budget's end marker, emitted whatever the logits say
 
     @classmethod
     def of(cls, request: Request) -> SamplingRow:
@@ -84,6 +85,7 @@ class SamplingRow:
             request.bad_words_token_ids,
             request.output_token_ids if penalties or request.bad_words_token_ids else None,
             request.prompt_token_ids if params.repetition_penalty != 1.0 else None,
+            request.thinking.forced_token() if request.thinking is not None else None,
         )
 
 
@@ -222,6 +224,7 @@ def _plain_greedy(row: SamplingRow) -> bool:
     return (
         params.is_greedy
         and not row.has_grammar
+        and row.forced_token_id is None
         and params.allowed_token_ids is None
         and not params.logit_bias
         and not _bans_tokens(row)
@@ -297,6 +300,9 @@ def _apply_masks_and_bias(logits: torch.Tensor, rows: list[SamplingRow]) -> torc
                 logits[i, banned] = float("-inf")
                 if kept is not None and bool(torch.isneginf(logits[i]).all()):
                     logits[i, banned] = kept  # the grammar is complete: it may only end, min_tokens or not
+        if row.forced_token_id is not None and row.forced_token_id < vocab:
+            logits[i] = float("-inf")
+            logits[i, row.forced_token_id] = 0.0
     return logits
 
 

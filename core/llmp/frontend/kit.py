@@ -33,7 +33,13 @@ from llmp.frontend.errors import APIError, bad_request
 from llmp.inputs import Prompt
 from llmp.lora import LoRARequest
 from llmp.options import FrontendOptions
-from llmp.sampling_params import SamplingParams, SamplingParamsError, StructuredOutputsParams, resolve_max_tokens
+from llmp.sampling_params import (
+    ReasoningMarkers,
+    SamplingParams,
+    SamplingParamsError,
+    StructuredOutputsParams,
+    resolve_max_tokens,
+)
 from llmp.scoring import ScoreInputError, is_unicode, truncation_length
 
 MAX_STOP_LENGTH = 1024
@@ -96,6 +102,8 @@ class SamplingRequest:
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     structured_outputs: StructuredOutputsParams | None = None
+    thinking_token_budget: int | None = None
+    reasoning_markers: ReasoningMarkers | None = None  # FrontendKit.reasoning_markers, for thinking_token_budget
     names: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -104,15 +112,18 @@ class SamplingRequest:
         name (a pydantic model's declared fields, never the extra keys a client sent; else any
         attribute), then ``overrides``, which set the fields the protocol names or means otherwise
         (``max_tokens`` from ``max_completion_tokens``, ``logprobs`` from ``top_logprobs``) and
-        ``names``. ``structured_outputs`` is never read from the body: it is the constraint the
-        handler compiled (from ``response_format``, tools ...)."""
+        ``names``. ``structured_outputs`` and ``reasoning_markers`` are never read from the body: they
+        are the constraint the handler compiled (from ``response_format``, tools ...) and the markers
+        of the server's reasoning parser."""
         declared = getattr(type(body), "model_fields", None)
         has = (lambda name: name in declared) if declared is not None else (lambda name: hasattr(body, name))
         taken = {name: getattr(body, name) for name in _BODY_FIELDS if has(name)}
         return cls(**{**taken, **overrides})
 
 
-_BODY_FIELDS = tuple(f.name for f in fields(SamplingRequest) if f.name not in ("structured_outputs", "names"))
+_BODY_FIELDS = tuple(
+    f.name for f in fields(SamplingRequest) if f.name not in ("structured_outputs", "reasoning_markers", "names")
+)
 
 
 class FrontendKit:
@@ -463,6 +474,30 @@ class FrontendKit:
         except ValueError as exc:
             raise bad_request(str(exc), param) from None
 
+    def reasoning_markers(self, prompt_ids: Sequence[int], param: str = "thinking_token_budget") -> ReasoningMarkers:
+        """The markers a ``thinking_token_budget`` counts with: the ``--reasoning-parser``'s start and end
+        tokens, and whether the prompt opened the reasoning (its ``prompt_state``). A 400 naming ``param``
+        without a reasoning parser, whose markers the budget needs."""
+        parser = self.reasoning_parser
+        if parser is None:
+            raise bad_request(f"{param} needs a reasoning model served with --reasoning-parser", param)
+        # the completion starts inside the reasoning when the parser reads reasoning from its very start: the
+        # prompt opened it, or the parser assumes it open (deepseek_r1's), as its parse of an empty prefix says
+        state = parser.prompt_state(list(prompt_ids))
+        inside = parser.parse("", final=False, in_reasoning=state).reasoning is not None
+        try:
+            return ReasoningMarkers(
+                end_token_ids=list(parser.end_token_ids),
+                start_token_ids=list(getattr(parser, "start_token_ids", ())),
+                starts_inside=inside,
+            )
+        except SamplingParamsError:  # a parser without a start marker, on a prompt that did not open the reasoning
+            raise bad_request(
+                f"{param}: the reasoning parser {self.options.reasoning_parser!r} has no start marker to count from, "
+                "and the prompt did not open the reasoning",
+                param,
+            ) from None
+
     def skip_special_tokens(self, plan: OutputPlan, requested: bool = True) -> bool:
         """Parsers whose markers are special tokens read the text with them."""
         parsers = (plan.tool_parser, plan.reasoning_parser)
@@ -494,6 +529,9 @@ class FrontendKit:
             if name in values and values[name] is None:
                 values[name] = self.defaults.get(name)
         values["logit_bias"] = logit_bias
+        if request.thinking_token_budget is not None and request.reasoning_markers is None:
+            param = names.get("thinking_token_budget", "thinking_token_budget")
+            raise bad_request(f"{param} needs a reasoning model served with --reasoning-parser", param)
         try:
             max_tokens = resolve_max_tokens(request.max_tokens, prompt_len, self.max_model_len)
             if request.max_tokens is None and self.defaults.get("max_new_tokens") is not None:
@@ -508,26 +546,34 @@ class FrontendKit:
             )
         return params
 
-    async def conversation_prompt(self, conversation: list[dict[str, Any]], body: Any, tools: Any = None) -> Prompt:
+    async def conversation_prompt(
+        self,
+        conversation: list[dict[str, Any]],
+        body: Any,
+        tools: Any = None,
+        variables: Mapping[str, Any] | None = None,
+    ) -> Prompt:
         """The engine's prompt of a conversation (messages as dicts with text ``content``): the
         rendered text and its token ids.
 
         ``body`` supplies the optional request fields ``chat_template``, ``chat_template_kwargs``,
         ``reasoning_effort`` (a template variable, as in vLLM), ``documents``, ``add_generation_prompt``,
-        ``continue_final_message`` and ``add_special_tokens``. Text in a
+        ``continue_final_message`` and ``add_special_tokens``. ``variables`` are template variables the
+        handler derives from its protocol's fields (Anthropic's ``thinking`` is ``enable_thinking``);
+        the request's own ``chat_template_kwargs`` override them. Text in a
         message that spells a special token (``<|im_end|>``) stays text: it is tokenized as such,
         never as the control token, so a user cannot forge turns.
         """
         for message in conversation:
             if self._spells_control(str(message.get("role", ""))):
                 raise bad_request("a message role spells a special token of the model", "messages")
-        text = await self._render(conversation, body, tools)
+        text = await self._render(conversation, body, tools, variables)
         add_special = bool(getattr(body, "add_special_tokens", False))
         literal = {i: m["content"] for i, m in enumerate(conversation) if self._spells_control(m["content"])}
         if not literal:
             return Prompt(text, await self.encode(text, add_special))
         marked = [{**m, "content": marker(i)} if i in literal else m for i, m in enumerate(conversation)]
-        rendered = await self._render(marked, body, tools)
+        rendered = await self._render(marked, body, tools, variables)
         return Prompt(text, await asyncio.to_thread(self._encode_literal, rendered, literal, add_special))
 
     def _spells_control(self, content: str) -> bool:
@@ -549,7 +595,9 @@ class FrontendKit:
                 ids += self.tokenizer.encode(piece, add_special_tokens=add_special and k == 0)
         return ids
 
-    async def _render(self, conversation: list[dict[str, Any]], body: Any, tools: Any) -> str:
+    async def _render(
+        self, conversation: list[dict[str, Any]], body: Any, tools: Any, derived: Mapping[str, Any] | None = None
+    ) -> str:
         from llmp.chat_template import render_chat
 
         template = getattr(body, "chat_template", None)
@@ -562,7 +610,11 @@ class FrontendKit:
         kwargs = getattr(body, "chat_template_kwargs", None)
         if kwargs and not self.options.trust_request_chat_template:
             self._check_template_kwargs(kwargs, template)
-        variables = {**(kwargs or {}), **reasoning_variables(getattr(body, "reasoning_effort", None), kwargs)}
+        variables = {
+            **(derived or {}),
+            **(kwargs or {}),
+            **reasoning_variables(getattr(body, "reasoning_effort", None), kwargs),
+        }
         if getattr(body, "continue_final_message", False) and getattr(body, "add_generation_prompt", False):
             raise bad_request(
                 "continue_final_message and add_generation_prompt cannot both be true; "

@@ -8,6 +8,7 @@ shape ``{"type": "error", "error": {"type", "message"}}``, overload as 529 ``ove
 from __future__ import annotations
 
 import json
+import logging
 import re
 import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping
@@ -32,6 +33,7 @@ from llmp.frontend import (
 from llmp_frontend_anthropic import protocol as p
 
 ERROR_PATHS = ("/v1/messages",)
+log = logging.getLogger("llmp.frontend.anthropic")
 
 # Anthropic's error types by HTTP status (https://docs.anthropic.com/en/api/errors)
 _TYPES = {
@@ -64,6 +66,32 @@ def anthropic_error(error: APIError) -> tuple[int, dict[str, Any]]:
     kind = _TYPES.get(status) or ("api_error" if status >= 500 else "invalid_request_error")
     message = re.sub(r" at 0x[0-9a-fA-F]+", "", error.message)
     return status, {"type": "error", "error": {"type": kind, "message": message}}
+
+
+MIN_THINKING_BUDGET = 1024  # the Messages API's least budget_tokens
+
+
+def check_thinking(body: p.MessagesBase) -> p.Thinking | None:
+    """The request's ``thinking``, held to the Messages API's rules (a 400 otherwise)."""
+    thinking = body.thinking
+    if thinking is None:
+        return None
+    budget = thinking.budget_tokens
+    if thinking.type != "enabled":
+        if budget is not None:
+            raise bad_request(f"thinking.budget_tokens is only for thinking of type enabled, not {thinking.type}")
+        return thinking
+    if budget is None:
+        raise bad_request("thinking.enabled.budget_tokens: Field required", "thinking.budget_tokens")
+    if budget < MIN_THINKING_BUDGET:
+        raise bad_request(
+            f"thinking.enabled.budget_tokens: Input should be greater than or equal to {MIN_THINKING_BUDGET}",
+            "thinking.budget_tokens",
+        )
+    max_tokens = getattr(body, "max_tokens", None)  # count_tokens has none
+    if max_tokens is not None and budget >= max_tokens:
+        raise bad_request("`max_tokens` must be greater than `thinking.budget_tokens`", "max_tokens")
+    return thinking
 
 
 def sse(event: str, payload: Mapping[str, Any]) -> str:
@@ -115,12 +143,34 @@ class AnthropicFrontend(FrontendKit):
             raise APIError(404, f"model: {name} (this server serves: {served})", param="model")
 
     async def prompt(self, body: p.MessagesBase) -> Prompt:
-        """The engine's prompt: the rendered conversation and its token ids."""
+        """The engine's prompt: the rendered conversation and its token ids. ``thinking`` turns the chat
+        template's ``enable_thinking`` on or off (``adaptive``: the template's default)."""
         self.check_model(body.model)
         if not body.messages:
             raise bad_request("messages: at least one message is required", "messages")
+        thinking = check_thinking(body)
         tools, _ = self.tools(body)
-        return await self.conversation_prompt(conversation(body), body, tools=tools)
+        variables = {}
+        if thinking is not None and thinking.type != "adaptive":
+            variables["enable_thinking"] = thinking.type == "enabled"
+        return await self.conversation_prompt(conversation(body), body, tools=tools, variables=variables)
+
+    def thinking_budget(self, body: p.MessagesRequest, prompt_ids: list[int]) -> tuple[int | None, Any]:
+        """``thinking.budget_tokens`` as the engine's ``thinking_token_budget`` and the reasoning parser's
+        markers it counts with. A server without ``--reasoning-parser`` cannot tell thinking from the
+        answer: the budget is not applied, and the log says so (clients such as Claude Code send it to
+        any model, so it is no error)."""
+        thinking = body.thinking
+        if thinking is None or thinking.type != "enabled":
+            return None, None
+        if self.reasoning_parser is None:
+            log.warning(
+                "thinking.budget_tokens=%d not applied: the server has no --reasoning-parser to tell the "
+                "model's thinking from its answer",
+                thinking.budget_tokens,
+            )
+            return None, None
+        return thinking.budget_tokens, self.reasoning_markers(prompt_ids, "thinking.budget_tokens")
 
     def tools(self, body: p.MessagesBase) -> tuple[list[dict[str, Any]] | None, Any]:
         """The tools as OpenAI function tools (for the chat template) and the OpenAI ``tool_choice``:
@@ -139,19 +189,22 @@ class AnthropicFrontend(FrontendKit):
     def sampling_params(
         self,
         body: p.MessagesRequest,
-        prompt_len: int,
+        prompt_ids: list[int],
         constraint: StructuredOutputsParams | None = None,
         skip_special_tokens: bool = True,
     ) -> SamplingParams:
         """The engine's sampling parameters (the kit's one path, under Anthropic's field names)."""
+        budget, markers = self.thinking_budget(body, prompt_ids)
         request = SamplingRequest.from_body(
             body,
             stop=body.stop_sequences or None,
             structured_outputs=constraint,
             skip_special_tokens=skip_special_tokens,
-            names={"stop": "stop_sequences"},
+            thinking_token_budget=budget,
+            reasoning_markers=markers,
+            names={"stop": "stop_sequences", "thinking_token_budget": "thinking.budget_tokens"},
         )
-        return super().sampling_params(request, prompt_len)
+        return super().sampling_params(request, len(prompt_ids))
 
 
 class MessageRun:
@@ -173,7 +226,7 @@ class MessageRun:
         parallel = not (body.tool_choice or {}).get("disable_parallel_tool_use", False)
         self.plan, constraint = fe.output_plan(self.prompt_ids, tools, tool_choice, parallel_tool_calls=parallel)
         await fe.check_constraint(constraint, "tool_choice")
-        self.params = fe.sampling_params(body, len(self.prompt_ids), constraint, fe.skip_special_tokens(self.plan))
+        self.params = fe.sampling_params(body, self.prompt_ids, constraint, fe.skip_special_tokens(self.plan))
         self.outputs = fe.engine.generate(
             prompt,
             self.params,

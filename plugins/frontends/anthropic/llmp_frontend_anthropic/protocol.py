@@ -1,14 +1,19 @@
 """Request bodies of the Anthropic Messages API (what this server reads of them).
 
-Unknown fields (``thinking``, ``service_tier``, ``container`` ...) are accepted and ignored, as
-clients such as Claude Code send fields a server need not act on.
+Unknown top-level fields (``service_tier``, ``container``, ``context_management`` ...) are accepted,
+as clients such as Claude Code send fields a server need not act on, and named in a warning in the
+server's log, as the OpenAI front-end does; a block's ``cache_control`` needs no act (the prefix
+cache keeps every prompt's blocks).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
+
+log = logging.getLogger("llmp.frontend.anthropic")
 
 
 class ContentBlock(BaseModel):
@@ -45,6 +50,16 @@ class Tool(BaseModel):
     type: str | None = None  # "custom", or a server tool type (refused)
 
 
+class Thinking(BaseModel):
+    """Extended thinking: ``enabled`` (with ``budget_tokens``, at least 1024 and below ``max_tokens``),
+    ``disabled`` or ``adaptive`` (the model decides)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["enabled", "disabled", "adaptive"]
+    budget_tokens: StrictInt | None = None
+
+
 class MessagesBase(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -53,8 +68,17 @@ class MessagesBase(BaseModel):
     system: str | list[ContentBlock] | None = None
     tools: list[Tool] | None = None
     tool_choice: dict[str, Any] | None = None
+    thinking: Thinking | None = None
     # llmp's (and vLLM's) extension: variables of the chat template
     chat_template_kwargs: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _warn_of_ignored_fields(self) -> MessagesBase:
+        if self.model_extra:
+            log.warning(
+                "The following fields were present in the request but ignored: %s", ", ".join(sorted(self.model_extra))
+            )
+        return self
 
 
 class MessagesRequest(MessagesBase):

@@ -86,7 +86,7 @@ class ChatCompletion:
         self.top = (body.top_logprobs or 0) if body.logprobs else None
         self.params = fe.sampling_params(
             body,
-            len(self.prompt_ids),
+            self.prompt_ids,
             max_tokens=requested,
             logprobs=self.top,
             structured_outputs=constraint,

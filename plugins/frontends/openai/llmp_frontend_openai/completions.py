@@ -73,7 +73,7 @@ class Completion:
         for prompt in self.prompts:
             params = fe.sampling_params(
                 body,
-                len(prompt.token_ids),
+                prompt.token_ids,
                 max_tokens=body.max_tokens,
                 logprobs=body.logprobs,
                 structured_outputs=constraint,

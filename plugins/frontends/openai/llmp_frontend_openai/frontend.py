@@ -26,7 +26,6 @@ from llmp_frontend_openai.logprobs import TokenBytes
 NOT_DONE: dict[str, tuple[Any, str]] = {
     "use_beam_search": (False, "llmp samples; use n for several answers"),
     "length_penalty": (1.0, "it applies to beam search, which llmp does not run"),
-    "thinking_token_budget": (None, "llmp does not cap reasoning tokens apart from max_tokens"),
     "repetition_detection": (None, "llmp does not stop on detected repetition"),
     "kv_transfer_params": (None, "llmp has no disaggregated prefill"),
     "vllm_xargs": (None, "llmp has no per-request logits-processor arguments"),
@@ -147,7 +146,7 @@ class OpenAIFrontend(FrontendKit):
     def sampling_params(
         self,
         body: p.SamplingFields,
-        prompt_len: int,
+        prompt_ids: Sequence[int],
         *,
         max_tokens: int | None,
         logprobs: int | None,
@@ -157,15 +156,17 @@ class OpenAIFrontend(FrontendKit):
     ) -> SamplingParams:
         """The engine's sampling parameters of a chat, completion or response request (the kit's one
         path); ``names`` maps a SamplingParams field to the request's own name for it."""
+        budget = body.thinking_token_budget
         request = SamplingRequest.from_body(
             body,
             max_tokens=max_tokens,
             logprobs=logprobs,
             skip_special_tokens=body.skip_special_tokens if skip_special_tokens is None else skip_special_tokens,
             structured_outputs=structured_outputs,
+            reasoning_markers=self.reasoning_markers(prompt_ids) if budget is not None else None,
             names=names or {},
         )
-        return super().sampling_params(request, prompt_len)
+        return super().sampling_params(request, len(prompt_ids))
 
     # -- responses ----------------------------------------------------------------
 

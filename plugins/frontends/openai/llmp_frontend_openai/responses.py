@@ -164,7 +164,7 @@ class ResponseRun:
             )
         run.params = fe.sampling_params(
             body,
-            len(run.prompt_ids),
+            run.prompt_ids,
             max_tokens=body.max_output_tokens,
             logprobs=None,
             structured_outputs=constraint,

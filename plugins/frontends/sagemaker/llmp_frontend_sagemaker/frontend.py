@@ -86,6 +86,7 @@ class _Sampling(BaseModel):
     user: str | None = None  # OpenAI's end-user tag: no effect on the answer, on any route
     truncate_prompt_tokens: int | None = None  # keep the prompt's last N tokens; -1 = max_model_len
     cache_salt: str | None = None  # keys the prompt's prefix-cache blocks (Prompt.cache_salt)
+    thinking_token_budget: int | None = None  # vLLM's: reasoning cut at this many tokens (needs --reasoning-parser)
 
 
 # OpenAI (and vLLM) request fields whose answer /invocations has no place for: a 400, never dropped.
@@ -340,8 +341,13 @@ class SageMakerFrontend(FrontendKit):
             prompt, truncate_prompt_tokens=body.truncate_prompt_tokens, cache_salt=body.cache_salt
         )
         name = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) is not None else "max_tokens"
+        budget = body.thinking_token_budget
+        markers = self.reasoning_markers(prompt.token_ids) if budget is not None else None
         params = self.sampling_params(
-            SamplingRequest.from_body(body, max_tokens=requested, names={"max_tokens": name}), len(prompt.token_ids)
+            SamplingRequest.from_body(
+                body, max_tokens=requested, reasoning_markers=markers, names={"max_tokens": name}
+            ),
+            len(prompt.token_ids),
         )
         final = None
         outputs = self.engine.generate(

@@ -1,0 +1,54 @@
+"""``thinking_token_budget``: a sequence's reasoning is cut at that many tokens by emitting its end marker.
+
+The engine keeps one :class:`ThinkingBudget` per sequence that asks for it, feeds it every sampled
+token, and asks it before each step whether the next token is forced (the marker's next token, which
+the sampler then gives that row whatever the logits say). The budget is the reasoning's whole length:
+a second reasoning section the model opens after the budget is spent is closed at once.
+"""
+
+from __future__ import annotations
+
+from llmp.sampling_params import ReasoningMarkers
+
+
+class ThinkingBudget:
+    def __init__(self, budget: int, markers: ReasoningMarkers) -> None:
+        self.budget = budget
+        self.start = tuple(markers.start_token_ids)
+        self.end = tuple(markers.end_token_ids)
+        self.inside = markers.starts_inside
+        self.spent = 0  # reasoning tokens so far
+        self.closing: int | None = None  # index in ``end`` of the next forced token, while the marker is emitted
+        self._close_if_spent([])
+
+    def forced_token(self) -> int | None:
+        """The token the next step must produce (None: the model chooses)."""
+        return self.end[self.closing] if self.closing is not None else None
+
+    def accept(self, output_token_ids: list[int]) -> None:
+        """After a token was appended to ``output_token_ids``."""
+        if self.closing is not None:
+            self.closing += 1
+            if self.closing == len(self.end):
+                self.closing, self.inside = None, False
+            return
+        if not self.inside:
+            self.inside = bool(self.start) and _ends_with(output_token_ids, self.start)
+            self._close_if_spent(output_token_ids)
+            return
+        if _ends_with(output_token_ids, self.end):  # the model closed it itself
+            self.inside = False
+            return
+        self.spent += 1
+        self._close_if_spent(output_token_ids)
+
+    def _close_if_spent(self, output_token_ids: list[int]) -> None:
+        if self.inside and self.spent >= self.budget:
+            # the model may have begun the end marker itself: the forced tokens finish it
+            begun = (k for k in range(len(self.end) - 1, -1, -1) if _ends_with(output_token_ids, self.end[:k]))
+            self.closing = next(begun)
+
+
+def _ends_with(tokens: list[int], marker: tuple[int, ...]) -> bool:
+    """Whether ``tokens`` end with ``marker`` (an empty marker: always)."""
+    return len(tokens) >= len(marker) and tuple(tokens[len(tokens) - len(marker) :]) == marker
