@@ -18,6 +18,16 @@ from llmp.testing import save_tiny_llama
 OPTIONS = {"dtype": "float32", "block_size": 4, "max_model_len": 256}
 PROMPT = "The quick brown fox"
 START, END = [5], [7, 8]
+# a model biased to say the start token, with a budget of 3: what it must generate
+STARTING_OVER = SamplingParams(
+    temperature=0.0,
+    max_tokens=12,
+    ignore_eos=True,
+    logit_bias={START[0]: 100.0},
+    thinking_token_budget=3,
+    reasoning_markers=ReasoningMarkers(end_token_ids=END, start_token_ids=START),
+)
+STARTING_OVER_IDS = [5, 5, 5, 5, 7, 8, 5, 7, 8, 5, 7, 8]
 
 
 @pytest.fixture(scope="module")
@@ -64,15 +74,7 @@ def test_a_prompt_that_opened_the_reasoning_is_cut_at_the_budget(llm):
 def test_counting_starts_at_the_start_marker_and_a_later_section_is_closed_at_once(llm):
     # the bias makes the model say the start token over and over: the first one opens the reasoning,
     # three more are its budget, then the marker; each later start token opens a section closed at once
-    params = SamplingParams(
-        temperature=0.0,
-        max_tokens=12,
-        ignore_eos=True,
-        logit_bias={START[0]: 100.0},
-        thinking_token_budget=3,
-        reasoning_markers=ReasoningMarkers(end_token_ids=END, start_token_ids=START),
-    )
-    assert ids(llm, params)[0] == [5, 5, 5, 5, 7, 8, 5, 7, 8, 5, 7, 8]
+    assert ids(llm, STARTING_OVER)[0] == STARTING_OVER_IDS
 
 
 def test_an_end_marker_the_model_began_is_finished_not_repeated(llm):
@@ -129,24 +131,16 @@ def test_bad_budgets_and_markers_are_refused(llm):
         llm.generate(PROMPT, SamplingParams(thinking_token_budget=1, reasoning_markers=far), use_tqdm=False)
 
 
-def test_through_the_engine_process(model_dir, llm):
-    params = SamplingParams(
-        temperature=0.0,
-        max_tokens=12,
-        ignore_eos=True,
-        logit_bias={START[0]: 100.0},
-        thinking_token_budget=3,
-        reasoning_markers=ReasoningMarkers(end_token_ids=END, start_token_ids=START),
-    )
+def test_through_the_engine_process(model_dir):
     engine = AsyncLLM(str(model_dir), **OPTIONS)
 
     async def run() -> list[int]:
         final = None
-        async for final in engine.generate(PROMPT, params):
+        async for final in engine.generate(PROMPT, STARTING_OVER):
             pass
         return list(final.outputs[0].token_ids)
 
     try:
-        assert asyncio.run(run()) == ids(llm, params)[0] == [5, 5, 5, 5, 7, 8, 5, 7, 8, 5, 7, 8]
+        assert asyncio.run(run()) == STARTING_OVER_IDS
     finally:
         engine.shutdown()

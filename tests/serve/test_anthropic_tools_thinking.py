@@ -319,3 +319,37 @@ def test_thinking_without_a_reasoning_parser_is_answered_and_logged(tools_server
     log = tools_server.log()
     assert "thinking.budget_tokens=1024 not applied: the server has no --reasoning-parser" in log
     assert "The following fields were present in the request but ignored: service_tier_of_tomorrow" in log
+
+
+# renders one marker per thinking mode, so the prompt's length says what the template was given
+THINKING_TEMPLATE = (
+    "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+    "{% if enable_thinking is defined %}{% if enable_thinking %}on on on on{% else %}off{% endif %}{% endif %}"
+)
+
+
+def test_thinking_sets_the_templates_enable_thinking(model_dir):
+    with serving(
+        model_dir,
+        "--dtype",
+        "float32",
+        "--frontend",
+        "anthropic",
+        "--served-model-name",
+        MODEL,
+        "--chat-template",
+        THINKING_TEMPLATE,
+    ) as live:
+        with _client(live) as client:
+
+            def count(**fields) -> int:
+                return client.messages.count_tokens(model=MODEL, messages=ASK, **fields).input_tokens
+
+            absent, adaptive = count(), count(thinking={"type": "adaptive"})
+            enabled = count(thinking={"type": "enabled", "budget_tokens": 1024})
+            disabled = count(thinking={"type": "disabled"})
+            overridden = count(
+                thinking={"type": "enabled", "budget_tokens": 1024},
+                extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+            )
+    assert absent == adaptive < disabled == overridden < enabled

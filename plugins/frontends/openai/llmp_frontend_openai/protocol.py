@@ -172,7 +172,8 @@ class ResponsesRequest(SamplingFields):
     include: list[str] | None = None
     top_logprobs: StrictInt | None = None
     metadata: dict[str, str] | None = None
-    truncation: str | None = "disabled"
+    # "auto": the oldest items of the conversation are dropped until it fits the context
+    truncation: Literal["auto", "disabled"] | None = "disabled"
 
     @property
     def reasoning_effort(self) -> str | None:

@@ -143,9 +143,7 @@ class ResponseRun:
         run = cls(fe, body, store)
         run.model = fe.response_model(lora)
         run.messages = _history(store, body.previous_response_id) + _input_messages(body)
-        conversation = ([{"role": "system", "content": body.instructions}] if body.instructions else []) + run.messages
-        prompt = await fe.chat_prompt([p.ChatMessage(**m) for m in conversation], body, tools=tools)
-        [prompt] = fe.engine_prompts([prompt], body)
+        prompt = await _conversation_prompt(fe, body, run.messages, tools)
         run.prompt_ids = prompt.token_ids
         run.plan, constraint = fe.output_plan(
             run.prompt_ids,
@@ -421,6 +419,26 @@ class OutputItems:
 
 # what Responses clients (Codex) send routinely: reasoning items carry their text, nothing is encrypted
 INCLUDABLE = frozenset({"reasoning.encrypted_content"})
+
+
+async def _conversation_prompt(
+    fe: OpenAIFrontend, body: p.ResponsesRequest, messages: list[dict[str, Any]], tools: Any
+) -> Any:
+    """The prompt of the instructions and the conversation. With ``truncation: "auto"``, as OpenAI's:
+    when it leaves no room for the output (``max_output_tokens``, else one token) in the context, the
+    oldest items are dropped, a turn at a time (up to the next user message), until it does; the last
+    user turn is kept, and when that alone does not fit, the error is the one ``disabled`` gives."""
+    system = [{"role": "system", "content": body.instructions}] if body.instructions else []
+    while True:
+        conversation = [p.ChatMessage(**m) for m in system + messages]
+        [prompt] = fe.engine_prompts([await fe.chat_prompt(conversation, body, tools=tools)], body)
+        room = body.max_output_tokens or 1
+        if body.truncation != "auto" or len(prompt.token_ids) + room <= fe.max_model_len:
+            return prompt
+        later_turn = next((i for i in range(1, len(messages)) if messages[i].get("role") == "user"), None)
+        if later_turn is None:
+            return prompt
+        messages = messages[later_turn:]
 
 
 def _check_responses_fields(body: p.ResponsesRequest) -> None:
