@@ -185,3 +185,28 @@ def test_background_responses_run_and_can_be_cancelled(store, store_server, slow
         cancelled = store.responses.cancel(long.id)
     assert cancelled.status == "cancelled"
     assert store.responses.retrieve(long.id).status == "cancelled"
+
+
+def test_truncation_auto_drops_the_oldest_turns_to_fit_the_context(auth_server):
+    from openai_frontend_support import ALIAS, API_KEY
+
+    long = "the quick brown fox jumps over the lazy dog " * 4  # more than the server's 64-token context
+    items = [
+        {"role": "user", "content": long},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "Zürich"},
+    ]
+    with openai.OpenAI(base_url=auth_server.api_url, api_key=API_KEY, max_retries=0, timeout=60) as client:
+        ask = {"model": ALIAS, "instructions": "Be brief.", "max_output_tokens": 6, **GREEDY}
+        with pytest.raises(openai.BadRequestError, match="maximum context length"):
+            client.responses.create(input=items, **ask)  # "disabled", the default: a 400
+        truncated = client.responses.create(input=items, truncation="auto", **ask)
+        last_turn = client.responses.create(input=items[2:], **ask)
+        assert truncated.truncation == "auto" and truncated.output_text == last_turn.output_text
+        assert truncated.usage.input_tokens == last_turn.usage.input_tokens
+        # the last user turn is never dropped: alone too long, it is the same 400
+        with pytest.raises(openai.BadRequestError, match="maximum context length"):
+            client.responses.create(input=[*items, {"role": "user", "content": long}], truncation="auto", **ask)
+        with pytest.raises(openai.BadRequestError) as info:
+            client.responses.create(input=items, truncation="sometimes", **ask)
+        assert "truncation" in str(info.value)
