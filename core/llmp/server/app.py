@@ -28,7 +28,7 @@ from llmp.server.metrics import current_http
 
 log = logging.getLogger("llmp.server")
 
-PROBE_PATHS = frozenset({"/health", "/ready", "/live", "/ping", "/version", "/metrics"})
+PROBE_PATHS = frozenset({"/health", "/ready", "/live", "/ping", "/version", "/metrics", "/load"})
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 MAX_HEADERS = 100
 OPEN_PATHS = PROBE_PATHS | {"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"}
@@ -221,8 +221,9 @@ class GateMiddleware:
                     path,
                     APIError(400, f"the JSON body is nested deeper than {self.limits.max_json_depth} levels"),
                 )
-        if method == "POST" and path not in OPEN_PATHS and not admin and self.limits.max_in_flight is not None:
-            if self.state.in_flight >= self.limits.max_in_flight:
+        if method == "POST" and path not in OPEN_PATHS and not admin:  # a model request: counted for /load
+            limit = self.limits.max_in_flight
+            if limit is not None and self.state.in_flight >= limit:
                 return await self._overloaded(send, path)
             self.state.in_flight += 1
             try:
@@ -517,6 +518,10 @@ def _add_probe_routes(app: FastAPI, state: ServerState, metrics: Any, health_tim
     @app.get("/version")
     async def version() -> dict[str, str]:
         return {"version": __version__}
+
+    @app.get("/load", summary="The requests being answered now (vLLM's server load, for load balancers)")
+    async def load() -> dict[str, int]:
+        return {"server_load": state.in_flight}
 
     @app.get("/metrics", summary="Prometheus metrics")
     async def prometheus() -> Response:

@@ -20,7 +20,7 @@ from llmp.server.metrics import RequestRecord
 log = logging.getLogger("llmp.requests")
 MAX_ERROR_CHARS = 500  # an error message in an outcome line: enough to say what was wrong
 MAX_ERROR_BODY = 16384  # bytes of an error response read for its message
-UNLOGGED_PATHS = frozenset({"/health", "/ready", "/live", "/ping", "/version", "/metrics"})  # probes and scrapes
+UNLOGGED_PATHS = frozenset({"/health", "/ready", "/live", "/ping", "/version", "/metrics", "/load"})  # probes, scrapes
 OMITTED = "<omitted>"  # --max-log-len 0: said outright, so it never reads as an empty prompt
 # query parameters whose value the access log never shows (?api_key=..., ?token=...)
 SECRET_PARAM = re.compile(r"key|token|secret|passw|auth|credential|signature|session", re.IGNORECASE)

@@ -210,3 +210,26 @@ def test_truncation_auto_drops_the_oldest_turns_to_fit_the_context(auth_server):
         with pytest.raises(openai.BadRequestError) as info:
             client.responses.create(input=items, truncation="sometimes", **ask)
         assert "truncation" in str(info.value)
+
+
+def test_load_counts_the_requests_being_answered(store_server, slow, tiny):
+    """vLLM's ``GET /load``: ``server_load`` is the number of model requests in flight (a stream counts
+    until its last chunk is sent), 0 again once they are answered. Slowed steps keep them running."""
+    body = {"model": tiny.name, "prompt": "The quick", "max_tokens": 400, "stream": True, "ignore_eos": True}
+    with httpx.Client(base_url=store_server.url, timeout=60) as http:
+
+        def load_becomes(value: int) -> int:
+            deadline = time.monotonic() + 30
+            while (load := http.get("/load").json()["server_load"]) != value and time.monotonic() < deadline:
+                time.sleep(0.05)
+            return load
+
+        assert http.get("/load").json() == {"server_load": 0}
+        with slow.slowed():
+            with http.stream("POST", "/v1/completions", json=body) as first:
+                with http.stream("POST", "/v1/completions", json=body) as second:
+                    lines = first.iter_lines(), second.iter_lines()  # kept: a dropped iterator closes its stream
+                    next(lines[0]), next(lines[1])
+                    assert http.get("/load").json() == {"server_load": 2}
+                assert load_becomes(1) == 1  # the closed stream's request is aborted and no longer counted
+        assert load_becomes(0) == 0

@@ -201,7 +201,7 @@ def test_key_in_another_scheme_is_refused(auth_http):
     assert auth_http.get("/v1/models", headers={"X-Api-Key": API_KEY}).status_code == 200
 
 
-@pytest.mark.parametrize("path", ["/health", "/metrics", "/live", "/version", "/openapi.json"])
+@pytest.mark.parametrize("path", ["/health", "/metrics", "/live", "/version", "/load", "/openapi.json"])
 def test_probes_need_no_key(auth_http, path):
     assert auth_http.get(path).status_code == 200
 
