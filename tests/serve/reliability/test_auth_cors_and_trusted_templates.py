@@ -43,6 +43,7 @@ OPEN_PATHS = {
     "/ping",
     "/version",
     "/metrics",
+    "/load",
     "/docs",
     "/redoc",
     "/openapi.json",
