@@ -151,6 +151,7 @@ class SamplingParams:
     # prompt opened it); then the engine emits the end marker and the answer follows. Needs reasoning_markers.
     thinking_token_budget: int | None = None
     reasoning_markers: ReasoningMarkers | None = None
+    typical_p: float = 1.0  # llama.cpp's (Ollama's option) locally typical sampling; 1 = off
     stop_strings: list[str] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
@@ -170,6 +171,7 @@ class SamplingParams:
         _between("top_p", self.top_p, 0.0, 1.0, low_open=True)
         _at_least("top_k", self.top_k, 0, note=" (0 or -1 disables it)")
         _between("min_p", self.min_p, 0.0, 1.0)
+        _between("typical_p", self.typical_p, 0.0, 1.0)
         _between("presence_penalty", self.presence_penalty, -2.0, 2.0)
         _between("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
         _greater("repetition_penalty", self.repetition_penalty, 0.0)

@@ -25,6 +25,7 @@ from llmp.engine.sampler import (
     argmax_rows,
     draw_from,
     keep_top_p,
+    keep_typical,
 )
 from llmp.sampling_params import SamplingParams
 
@@ -404,6 +405,34 @@ def test_min_p_removes_tokens_below_min_p_times_max():
     counts = draw_counts(logits, n=6000, min_p=0.6)
     assert set(counts.nonzero().flatten().tolist()) == {0, 1}
     assert_matches(counts, [4 / 7, 3 / 7, 0.0, 0.0])
+
+
+@pytest.mark.parametrize("mass", [0.0, 0.05, 0.3, 0.9, 0.999])
+def test_typical_keeps_what_transformers_typical_warper_keeps(mass):
+    from transformers.generation.logits_process import TypicalLogitsWarper
+
+    generator = torch.Generator().manual_seed(7)
+    for trial in range(40):
+        logits = torch.randn(4, 2000, generator=generator) * (1 + trial % 5)
+        if trial % 3 == 0:  # tokens an earlier mask took out
+            logits[:, torch.randperm(2000, generator=generator)[:300]] = -INF
+        if trial % 7 == 0:  # ties
+            logits = logits.round()
+        kept = keep_typical(logits.clone(), torch.full((4,), mass))
+        # transformers takes a mass in (0, 1): 0 is its smallest, the one most typical token and its ties
+        warper = TypicalLogitsWarper(mass=max(mass, 1e-9))
+        reference = torch.cat([warper(None, logits[i : i + 1].clone()) for i in range(4)])
+        assert torch.equal(kept.isinf(), reference.isinf()), (trial, mass)
+        assert torch.equal(kept[~kept.isinf()], logits[~kept.isinf()])  # the kept logits are untouched
+
+
+def test_typical_draws_come_from_the_typical_set_in_proportion():
+    # probabilities 0.5, 0.25, 0.125, 0.0625 x2: entropy 1.875 bits, surprisals 1, 2, 3, 4, 4 bits; nearest
+    # first: token 1 (0.125 away, mass 0.25), token 0 (0.875, mass 0.75 >= 0.6): the set {0, 1}, as 2/3, 1/3
+    logits = torch.tensor([0.5, 0.25, 0.125, 0.0625, 0.0625]).log().tolist()
+    counts = draw_counts(logits, n=6000, typical_p=0.6)
+    assert_matches(counts, [2 / 3, 1 / 3, 0.0, 0.0, 0.0])
+    assert_matches(draw_counts(logits, n=6000, typical_p=1.0), [0.5, 0.25, 0.125, 0.0625, 0.0625])
 
 
 # ---------------------------------------------------------------- masks, bias, min_tokens

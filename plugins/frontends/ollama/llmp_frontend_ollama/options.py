@@ -1,7 +1,7 @@
 """Ollama's ``options`` (its Modelfile parameters) as llmp's sampling fields, read as Ollama's
 ``Options.FromMap`` reads them: a value of the wrong type is a 400, an option Ollama's API does not
 have (``mirostat``, ``tfs_z``, ``penalize_newline`` ...: Ollama dropped them) is accepted with a
-warning in the server log, as Ollama does, and so is ``typical_p``, which llmp has no sampler for.
+warning in the server log, as Ollama does.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ SAMPLING = {
     "top_k": "top_k",
     "top_p": "top_p",
     "min_p": "min_p",
+    "typical_p": "typical_p",
     "seed": "seed",
     "stop": "stop",
     "repeat_penalty": "repetition_penalty",
@@ -31,12 +32,11 @@ SAMPLING = {
 CONTEXT = ("num_ctx", "num_predict", "num_keep", "repeat_last_n")
 # Ollama's runner settings (memory, threads, GPUs, batching, draft tokens): the output does not depend on them
 RUNNER_ONLY = ("num_batch", "num_gpu", "main_gpu", "use_mmap", "num_thread", "draft_num_predict")
-NOT_APPLIED = ("typical_p",)  # an Ollama option that would change the output, with no sampler in llmp
 INTEGERS = ("top_k", "seed", "num_ctx", "num_predict", "num_keep", "repeat_last_n")
 INTEGERS += ("num_batch", "num_gpu", "main_gpu", "num_thread", "draft_num_predict")
 FLOATS = ("temperature", "top_p", "min_p", "typical_p", "repeat_penalty", "presence_penalty", "frequency_penalty")
 BOOLEANS = ("use_mmap",)
-KNOWN = (*SAMPLING, *CONTEXT, *RUNNER_ONLY, *NOT_APPLIED)
+KNOWN = (*SAMPLING, *CONTEXT, *RUNNER_ONLY)
 # Ollama's default num_keep: the first tokens kept when a prompt is cut to fit the window
 DEFAULT_NUM_KEEP = 4
 
@@ -66,10 +66,9 @@ def read_options(options: dict[str, Any] | None) -> Options:
         value = _typed(name, value)
         if name in RUNNER_ONLY:
             continue
-        if name in NOT_APPLIED:
-            if value != 1.0:  # 1.0 is typical sampling turned off
-                out.ignored.append(f"{name}={value:g} (llmp has no typical sampling)")
-        elif name in SAMPLING:
+        if name == "typical_p":
+            value = min(value, 1.0)  # llama.cpp's: 1 or more turns typical sampling off
+        if name in SAMPLING:
             out.sampling[SAMPLING[name]] = (value or None) if name == "stop" else value
             out.names[SAMPLING[name]] = f"options.{name}"
         elif name == "num_ctx":

@@ -329,7 +329,7 @@ def test_ollamas_documented_options_example_works_with_one_warning(server, http)
     assert response.json()["done"] and response.json()["eval_count"] > 0
     warnings = [line for line in server.log().splitlines() if "options accepted but not applied" in line]
     (warning,) = [line for line in warnings if "penalize_newline" in line]
-    assert "numa" in warning and "typical_p=0.7" in warning and "draft_num_predict" not in warning
+    assert "numa" in warning and "typical_p" not in warning and "draft_num_predict" not in warning
     # options Ollama dropped, and unknown ones, are accepted; the reply is what the honoured ones give
     dropped = {**GREEDY, "mirostat": 2, "mirostat_eta": 0.1, "tfs_z": 0.9, "no_such_option": 1, "num_gpu": 99}
     reference = client_chat(http, GREEDY)
@@ -441,3 +441,17 @@ def test_unsupported_fields_are_400s(client, http):
     assert "suffix" in error_of(excinfo, 400)
     response = http.post("/api/generate", json={"model": "tiny", "prompt": "x", "template": "{{ .Prompt }}"})
     assert response.status_code == 400 and "template" in response.json()["error"]
+
+
+def test_typical_p_is_locally_typical_sampling(client, http):
+    """typical_p 0 keeps only the most typical token (and its ties) a step: the seed no longer matters;
+    1 or more is off, as in llama.cpp; below 0 is a 400."""
+    sampled = {"temperature": 1.0, "num_predict": 12}
+    typical = [client_chat(http, {**sampled, "seed": seed, "typical_p": 0.0}) for seed in (1, 2, 3)]
+    assert typical[0] == typical[1] == typical[2]
+    free = [client_chat(http, {**sampled, "seed": seed}) for seed in (1, 2, 3)]
+    assert len(set(free)) > 1
+    assert client_chat(http, {**sampled, "seed": 1, "typical_p": 1.5}) == free[0]
+    with pytest.raises(ollama.ResponseError) as excinfo:
+        client.chat(model="tiny", messages=FOX, options={"typical_p": -0.5})
+    assert "typical_p" in error_of(excinfo, 400)
