@@ -56,6 +56,7 @@ class SamplingFields(OpenAIModel):
     # vLLM's sampling extras
     top_k: StrictInt | None = None
     min_p: float | None = None
+    typical_p: float | None = None  # llama.cpp server's: locally typical sampling
     repetition_penalty: float | None = None
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False

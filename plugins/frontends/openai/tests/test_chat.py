@@ -259,6 +259,31 @@ def test_seed_reproduces_sampling(client, tiny):
     assert len(set(texts.values())) > 1, texts
 
 
+def test_typical_p_zero_leaves_the_seed_nothing_to_choose(client, http, tiny):
+    """llama.cpp's typical_p: 0 keeps only each step's most typical token (and its ties), so different
+    seeds give one text; 1 is off; outside [0, 1] a 400 naming it."""
+
+    def sample(seed: int, **extra: float) -> str:
+        return (
+            client.chat.completions.create(
+                model=tiny.name,
+                messages=MESSAGES,
+                max_tokens=12,
+                temperature=1,
+                seed=seed,
+                extra_body={"ignore_eos": True, **extra},
+            )
+            .choices[0]
+            .message.content
+        )
+
+    assert len({sample(seed, typical_p=0.0) for seed in (11, 22, 33)}) == 1
+    assert len({sample(seed) for seed in (11, 22, 33)}) > 1
+    assert sample(11, typical_p=1.0) == sample(11)
+    response = http.post("/v1/chat/completions", json={"messages": MESSAGES, "typical_p": 1.5})
+    assert_error(response, 400, param="typical_p")
+
+
 def test_n_above_one_needs_sampling(http, tiny):
     response = http.post("/v1/chat/completions", json={"messages": MESSAGES, "n": 2, "temperature": 0})
     assert_error(response, 400, param="n")
