@@ -314,11 +314,14 @@ def test_thinking_without_a_reasoning_parser_is_answered_and_logged(tools_server
             thinking={"type": "enabled", "budget_tokens": 1024},
             extra_body={"service_tier_of_tomorrow": "x"},
         )
-        disabled = client.messages.create(model=MODEL, messages=ASK, max_tokens=8, thinking={"type": "disabled"})
+        disabled = client.messages.create(
+            model=MODEL, messages=ASK, max_tokens=8, thinking={"type": "disabled", "display_of_tomorrow": 1}
+        )
     assert reply.content[0].type == "text" and disabled.content[0].type == "text"
     log = tools_server.log()
     assert "thinking.budget_tokens=1024 not applied: the server has no --reasoning-parser" in log
     assert "The following fields were present in the request but ignored: service_tier_of_tomorrow" in log
+    assert "The following fields were present in the request but ignored: thinking.display_of_tomorrow" in log
 
 
 # renders one marker per thinking mode, so the prompt's length says what the template was given

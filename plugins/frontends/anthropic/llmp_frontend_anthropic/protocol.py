@@ -52,9 +52,10 @@ class Tool(BaseModel):
 
 class Thinking(BaseModel):
     """Extended thinking: ``enabled`` (with ``budget_tokens``, at least 1024 and below ``max_tokens``),
-    ``disabled`` or ``adaptive`` (the model decides)."""
+    ``disabled`` or ``adaptive`` (the model decides). Other keys (the API grows: ``display`` ...) are
+    accepted and named in the warning of ignored fields."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")
 
     type: Literal["enabled", "disabled", "adaptive"]
     budget_tokens: StrictInt | None = None
@@ -74,10 +75,10 @@ class MessagesBase(BaseModel):
 
     @model_validator(mode="after")
     def _warn_of_ignored_fields(self) -> MessagesBase:
-        if self.model_extra:
-            log.warning(
-                "The following fields were present in the request but ignored: %s", ", ".join(sorted(self.model_extra))
-            )
+        ignored = sorted(self.model_extra or ())
+        ignored += [f"thinking.{name}" for name in sorted((self.thinking and self.thinking.model_extra) or ())]
+        if ignored:
+            log.warning("The following fields were present in the request but ignored: %s", ", ".join(ignored))
         return self
 
 
