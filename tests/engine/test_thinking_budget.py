@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from llmp import LLM, AsyncLLM, ReasoningMarkers, SamplingParams
+from llmp import LLM, AsyncLLM, ReasoningMarkers, SamplingParams, StructuredOutputsParams
 from llmp.sampling_params import SamplingParamsError
 from llmp.testing import save_tiny_llama
 
@@ -114,6 +114,37 @@ def test_sampled_rows_beside_free_rows(llm):
     for output, params in zip(outputs[1::2], free, strict=True):  # the free rows are untouched
         alone = llm.generate(PROMPT, params, use_tqdm=False)[0].outputs[0].token_ids
         assert list(output.outputs[0].token_ids) == list(alone)
+
+
+def test_a_grammar_active_from_the_first_token_is_never_broken_by_the_marker(llm):
+    """A constraint without ``after_token_ids`` (a completion's) holds from the first token: there is no
+    reasoning to cut, and the marker is not forced into the constrained text; one after the reasoning starts
+    when the forced marker ends it."""
+    markers = ReasoningMarkers(end_token_ids=END, start_token_ids=START, starts_inside=True)
+    choices = ["yes", "no", "maybe so"]
+    for seed in range(6):
+        whole = StructuredOutputsParams(choice=choices)
+        params = SamplingParams(
+            temperature=1.0,
+            seed=seed,
+            max_tokens=30,
+            structured_outputs=whole,
+            thinking_token_budget=1,
+            reasoning_markers=markers,
+        )
+        completion = llm.generate(PROMPT, params, use_tqdm=False)[0].outputs[0]
+        assert completion.text in choices and completion.finish_reason == "stop", completion
+        after = StructuredOutputsParams(choice=choices, after_token_ids=END)
+        params = SamplingParams(
+            temperature=1.0,
+            seed=seed,
+            max_tokens=30,
+            structured_outputs=after,
+            thinking_token_budget=2,
+            reasoning_markers=markers,
+        )
+        completion = llm.generate(PROMPT, params, use_tqdm=False)[0].outputs[0]
+        assert list(completion.token_ids[2:4]) == END and completion.finish_reason == "stop", completion
 
 
 def test_bad_budgets_and_markers_are_refused(llm):

@@ -901,3 +901,34 @@ def test_thinking_token_budget_needs_a_reasoning_parser_and_a_count(servers, thi
         timeout=30,
     )
     assert_openai_error(response, 400, contains="thinking_token_budget")
+
+
+def test_responses_stream_ends_the_reasoning_item_before_the_answer_starts(think_client, model):
+    """Responses with deepseek_r1 and a budget: a reasoning item, done before the message item is added (as
+    OpenAI's stream orders them), then the message; cut by max_output_tokens, the message is incomplete."""
+    request = {
+        "model": model.name,
+        "input": "The quick brown fox",
+        "max_output_tokens": 10,
+        "temperature": 1.0,
+        "extra_body": {"thinking_token_budget": 4, "ignore_eos": True, "seed": 3},
+    }
+    whole = think_client.responses.create(**request)
+    assert whole.status == "incomplete" and [item.type for item in whole.output] == ["reasoning", "message"]
+    assert [item.status for item in whole.output] == ["completed", "incomplete"]
+    events = list(think_client.responses.create(**request, stream=True))
+    order = [
+        (event.type, getattr(event, "output_index", None))
+        for event in events
+        if event.type in ("response.output_item.added", "response.output_item.done")
+    ]
+    assert order == [
+        ("response.output_item.added", 0),
+        ("response.output_item.done", 0),
+        ("response.output_item.added", 1),
+        ("response.output_item.done", 1),
+    ]
+    done = [event.item for event in events if event.type == "response.output_item.done"]
+    assert [item.status for item in done] == ["completed", "incomplete"]
+    assert done[0].content[0].text == whole.output[0].content[0].text
+    assert done[1].content[0].text == whole.output[1].content[0].text == whole.output_text

@@ -85,8 +85,17 @@ class SamplingRow:
             request.bad_words_token_ids,
             request.output_token_ids if penalties or request.bad_words_token_ids else None,
             request.prompt_token_ids if params.repetition_penalty != 1.0 else None,
-            request.thinking.forced_token() if request.thinking is not None else None,
+            _forced_token(request),
         )
+
+
+def _forced_token(request: Request) -> int | None:
+    """The thinking budget's next end-marker token; none while a grammar is active: a grammar starts after
+    the reasoning (``after_token_ids``), so one active from the first token (a completion's constraint)
+    leaves no reasoning to cut, and its output is never broken by a forced marker."""
+    if request.thinking is None or (request.grammar is not None and request.grammar.active):
+        return None
+    return request.thinking.forced_token()
 
 
 @dataclass(slots=True)

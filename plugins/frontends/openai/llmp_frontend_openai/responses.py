@@ -224,7 +224,7 @@ class ResponseRun:
             "incomplete_details": {"reason": "max_output_tokens"} if self.status == "incomplete" else None,
             "instructions": body.instructions,
             "max_output_tokens": body.max_output_tokens,
-            "output": self.items.output() if done else [],
+            "output": self.items.output(self.status == "incomplete") if done else [],
             "parallel_tool_calls": body.parallel_tool_calls,
             "previous_response_id": body.previous_response_id,
             "temperature": body.temperature,
@@ -269,7 +269,7 @@ class ResponseRun:
             error = error_body(str(exc), "invalid_request_error" if status == 400 else "server_error", code=status)
             yield event("error", **error["error"])
             return
-        for kind, data in self.items.close():
+        for kind, data in self.items.close(self.status == "incomplete"):
             yield event(kind, **data)
         final = "response.incomplete" if self.status == "incomplete" else "response.completed"
         yield event(final, response=self.snapshot())
@@ -281,8 +281,10 @@ Event = tuple[str, dict[str, Any]]
 class OutputItems:
     """The output items of a response (reasoning, message, function calls) from the generated text.
 
-    The text is split by the request's parsers; each item is added with its first piece and all are
-    done at the end. Without parsers there is one message item, added at once.
+    The text is split by the request's parsers; each item is added with its first piece. The reasoning
+    item is done when an item after it is added (no reasoning follows the answer's start), the others at
+    the end, where a response cut by ``max_output_tokens`` leaves its last item ``incomplete``, as
+    OpenAI's does. Without parsers there is one message item, added at once.
     """
 
     def __init__(self, plan: OutputPlan, message_id: str) -> None:
@@ -291,6 +293,7 @@ class OutputItems:
         self.message_id = message_id
         self.items: list[dict[str, Any]] = []  # in output order
         self.index: dict[str, int] = {}  # "reasoning", "message", "call:N" -> output index
+        self.done: set[int] = set()  # the output indexes whose done events were sent
 
     def start(self) -> Iterator[Event]:
         if not self.parsed:
@@ -337,27 +340,39 @@ class OutputItems:
                     {"item_id": self.items[index]["id"], "output_index": index, "delta": call.arguments},
                 )
 
-    def close(self) -> Iterator[Event]:
+    def close(self, incomplete: bool = False) -> Iterator[Event]:
+        """The done events of the items not yet done; ``incomplete``: the response was cut short."""
         if not self.items:
             yield from self._add("message")
-        for index, item in enumerate(self.items):
-            item["status"] = "completed"
-            where = {"item_id": item["id"], "output_index": index}
-            if item["type"] == "reasoning":
-                yield "response.reasoning_text.done", {**where, "content_index": 0, "text": item["content"][0]["text"]}
-            elif item["type"] == "message":
-                part = item["content"][0]
-                yield "response.output_text.done", {**where, "content_index": 0, "text": part["text"], "logprobs": []}
-                yield "response.content_part.done", {**where, "content_index": 0, "part": part}
-            else:
-                yield "response.function_call_arguments.done", {**where, "arguments": item["arguments"]}
-            yield "response.output_item.done", {"output_index": index, "item": item}
+        for index in range(len(self.items)):
+            last = index == len(self.items) - 1
+            yield from self._done(index, "incomplete" if incomplete and last else "completed")
 
-    def output(self) -> list[dict[str, Any]]:
+    def output(self, incomplete: bool = False) -> list[dict[str, Any]]:
         """The finished items (a response without output has one empty message)."""
         if not self.items:
             list(self._add("message"))
-        return [{**item, "status": "completed"} for item in self.items]
+        statuses = ["completed"] * len(self.items)
+        if incomplete:
+            statuses[-1] = "incomplete"
+        return [{**item, "status": status} for item, status in zip(self.items, statuses, strict=True)]
+
+    def _done(self, index: int, status: str) -> Iterator[Event]:
+        if index in self.done:
+            return
+        self.done.add(index)
+        item = self.items[index]
+        item["status"] = status
+        where = {"item_id": item["id"], "output_index": index}
+        if item["type"] == "reasoning":
+            yield "response.reasoning_text.done", {**where, "content_index": 0, "text": item["content"][0]["text"]}
+        elif item["type"] == "message":
+            part = item["content"][0]
+            yield "response.output_text.done", {**where, "content_index": 0, "text": part["text"], "logprobs": []}
+            yield "response.content_part.done", {**where, "content_index": 0, "part": part}
+        else:
+            yield "response.function_call_arguments.done", {**where, "arguments": item["arguments"]}
+        yield "response.output_item.done", {"output_index": index, "item": item}
 
     def history_message(self) -> dict[str, Any]:
         """The assistant turn for ``previous_response_id``: content and tool calls, not the reasoning."""
@@ -377,6 +392,8 @@ class OutputItems:
     def _add(self, key: str, name: str | None = None, call_id: str | None = None) -> Iterator[Event]:
         if key in self.index:
             return
+        if "reasoning" in self.index:  # the answer has started: the reasoning is whole
+            yield from self._done(self.index["reasoning"], "completed")
         if key == "reasoning":
             item = {
                 "type": "reasoning",
