@@ -87,6 +87,20 @@ def test_stop_string_spanning_tokens_is_cut_from_the_text(llm):
     assert llm.generate("The quick", included, use_tqdm=False)[0].outputs[0].text == text[:9]
 
 
+def test_a_stop_string_ending_on_the_last_allowed_token_is_the_finish_reason(llm):
+    ids = llm.generate("The quick", GREEDY, use_tqdm=False)[0].outputs[0].token_ids
+    tokenizer = llm.get_tokenizer()
+    texts = [tokenizer.decode(ids[:n]) for n in range(len(ids) + 1)]
+    # the most tokens whose text is whole characters and grew with its last token
+    n = next(n for n in range(len(ids), 0, -1) if "\ufffd" not in texts[n] and len(texts[n]) > len(texts[n - 1]))
+    text = texts[n]
+    stop = next(text[i:] for i in range(len(text) - 1, -1, -1) if text.find(text[i:]) == i and text[i:].strip())
+    params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, stop=[stop])
+    completion = llm.generate("The quick", params, use_tqdm=False)[0].outputs[0]
+    assert list(completion.token_ids) == list(ids[:n]) and completion.text == text[: len(text) - len(stop)]
+    assert completion.finish_reason == "stop" and completion.stop_reason == stop  # not "length"
+
+
 def test_stop_token_ids_and_min_tokens(llm):
     tokens = llm.generate("The quick", GREEDY, use_tqdm=False)[0].outputs[0].token_ids
     stop_id = tokens[4]

@@ -789,6 +789,9 @@ class LLMEngine:
             stop = self.outputs.append(seq, token, logprobs, detokenize=not ended_by_token)
             if stop is not None and not request.is_finished:
                 self.scheduler.finish(request, RequestStatus.FINISHED_STOPPED, stop_reason=stop[0])
+            elif stop is not None and request.status == RequestStatus.FINISHED_LENGTH:
+                # the stop string ended on the last token allowed: it is what ended the text (vLLM says stop too)
+                request.status, request.stop_reason = RequestStatus.FINISHED_STOPPED, stop[0]
             if request.thinking is not None:
                 request.thinking.accept(request.output_token_ids)
             if request.grammar is not None and request.grammar.accept(token, request.output_token_ids):
