@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from llmp import Prompt, SamplingParams, StructuredOutputsParams
 from llmp.frontend import (
+    APIError,
     FrontendKit,
     SamplingRequest,
     bad_request,
@@ -59,6 +60,9 @@ class OpenAIFrontend(FrontendKit):
 
         router = APIRouter()
         router.add_api_route("/v1/models", self.list_models, methods=["GET"], summary="Served models")
+        router.add_api_route(
+            "/v1/models/{model_id:path}", self.retrieve_model, methods=["GET"], summary="One served model or adapter"
+        )
         router.add_api_route("/tokenize", self.tokenize, methods=["POST"], summary="Prompt or chat to token ids")
         router.add_api_route("/detokenize", self.detokenize, methods=["POST"], summary="Token ids to text")
         # each route only where the model can do its task (vLLM's rule): the others are 404s
@@ -99,6 +103,13 @@ class OpenAIFrontend(FrontendKit):
     async def list_models(self) -> dict[str, Any]:
         """The served names, then the LoRA adapters (``parent``: their base model), as vLLM lists them."""
         return {"object": "list", "data": self.model_cards()}
+
+    async def retrieve_model(self, model_id: str) -> dict[str, Any]:
+        """OpenAI's ``GET /v1/models/{model}`` (the SDKs' ``models.retrieve``): its card from the list, else a 404."""
+        card = next((card for card in self.model_cards() if card["id"] == model_id), None)
+        if card is None:
+            raise APIError(404, f"The model `{model_id}` does not exist.", param="model", type="NotFoundError")
+        return card
 
     async def tokenize(self, body: p.TokenizeRequest) -> dict[str, Any]:
         self.check_model(body.model)

@@ -1,8 +1,9 @@
 """The Responses API: ``POST /v1/responses`` (whole or streamed as typed events) on the chat machinery.
 
 With ``--enable-store`` results are kept in memory (the most recent
-``STORE_SIZE``), which enables ``GET /v1/responses/{id}``,
-``previous_response_id``, ``background`` and ``POST /v1/responses/{id}/cancel``.
+``STORE_SIZE``), which enables ``GET`` and ``DELETE /v1/responses/{id}``,
+``GET /v1/responses/{id}/input_items``, ``previous_response_id``, ``background``
+and ``POST /v1/responses/{id}/cancel``.
 """
 
 from __future__ import annotations
@@ -50,8 +51,42 @@ def add_routes(router: APIRouter, fe: OpenAIFrontend) -> None:
             return run.snapshot()
         return await until_disconnected(request, run.finish())
 
-    async def retrieve_response(response_id: str) -> Any:
+    async def retrieve_response(response_id: str, stream: bool = False) -> Any:
+        if stream:  # the SDK's retrieve(stream=True) would read no events from a JSON body: said, not ignored
+            raise bad_request("streaming a stored response is not supported: GET it without stream", "stream")
         return _stored(store, response_id).snapshot()
+
+    async def delete_response(response_id: str) -> Any:
+        run = _stored(store, response_id)
+        if run.task is not None and not run.task.done():
+            run.task.cancel()  # a background response still running goes with it
+        store.forget(response_id)
+        return {"id": response_id, "object": "response", "deleted": True}
+
+    async def list_input_items(
+        response_id: str, limit: int = 20, order: str = "desc", after: str | None = None
+    ) -> dict[str, Any]:
+        """OpenAI's input items of a stored response (its ``input``, each with an id), ``order`` ``desc``
+        (newest first, the default) or ``asc``, ``limit`` 1 to 100, after the item ``after``."""
+        if order not in ("asc", "desc"):
+            raise bad_request(f"order must be asc or desc, got {order!r}", "order")
+        if not 1 <= limit <= 100:
+            raise bad_request(f"limit must be between 1 and 100, got {limit}", "limit")
+        items = _stored(store, response_id).input_items
+        items = items if order == "asc" else items[::-1]
+        if after is not None:
+            position = next((i for i, item in enumerate(items) if item["id"] == after), None)
+            if position is None:
+                raise bad_request(f"no input item {after!r} in response {response_id!r}", "after")
+            items = items[position + 1 :]
+        page = items[:limit]
+        return {
+            "object": "list",
+            "data": page,
+            "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None,
+            "has_more": len(items) > limit,
+        }
 
     async def cancel_response(response_id: str) -> Any:
         run = _stored(store, response_id)
@@ -71,6 +106,18 @@ def add_routes(router: APIRouter, fe: OpenAIFrontend) -> None:
         retrieve_response,
         methods=["GET"],
         summary="Retrieve a stored response (--enable-store)",
+    )
+    router.add_api_route(
+        "/v1/responses/{response_id}",
+        delete_response,
+        methods=["DELETE"],
+        summary="Delete a stored response (--enable-store)",
+    )
+    router.add_api_route(
+        "/v1/responses/{response_id}/input_items",
+        list_input_items,
+        methods=["GET"],
+        summary="The input items of a stored response (--enable-store)",
     )
     router.add_api_route(
         "/v1/responses/{response_id}/cancel",
@@ -96,6 +143,9 @@ class ResponseStore:
     def get(self, response_id: str) -> ResponseRun | None:
         return self.runs.get(response_id)
 
+    def forget(self, response_id: str) -> None:
+        self.runs.pop(response_id, None)
+
 
 def _stored(store: ResponseStore | None, response_id: str) -> ResponseRun:
     run = store.get(response_id) if store is not None else None
@@ -119,6 +169,7 @@ class ResponseRun:
         self.finish_reason: str | None = None
         self.task: asyncio.Task | None = None
         self.messages: list[dict[str, Any]] = []
+        self.input_items: list[dict[str, Any]] = []  # the request's input as items with ids (input_items)
         self.model = fe.model_name  # the adapter's name when it runs on one (prepare)
 
     @classmethod
@@ -143,6 +194,7 @@ class ResponseRun:
         run = cls(fe, body, store)
         run.model = fe.response_model(lora)
         run.messages = _history(store, body.previous_response_id) + _input_messages(body)
+        run.input_items = _input_items(body)
         prompt = await _conversation_prompt(fe, body, run.messages, tools)
         run.prompt_ids = prompt.token_ids
         run.plan, constraint = fe.output_plan(
@@ -540,6 +592,23 @@ def _input_messages(body: p.ResponsesRequest) -> list[dict[str, Any]]:
     if not messages:
         raise bad_request("input must hold at least one message", "input")
     return messages
+
+
+def _input_items(body: p.ResponsesRequest) -> list[dict[str, Any]]:
+    """The request's ``input`` as OpenAI lists it back: items with ids, a text as one user message."""
+    given = [{"type": "message", "role": "user", "content": body.input}] if isinstance(body.input, str) else body.input
+    items = []
+    for item in given:
+        item = {"type": "message", **item}
+        if item["type"] == "message":
+            content = item.get("content", "")
+            if isinstance(content, str):
+                content = [{"type": "input_text", "text": content}]
+            item = {"id": f"msg_{uuid.uuid4().hex}", "status": "completed", **item, "content": content}
+        else:
+            item = {"id": f"{item['type'][:2]}_{uuid.uuid4().hex}", **item}
+        items.append(item)
+    return items
 
 
 def _content_text(content: Any) -> str:

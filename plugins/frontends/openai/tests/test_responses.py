@@ -162,6 +162,29 @@ def test_stored_responses_are_retrieved_and_continued(store, tiny):
     assert other.output_text == chat_text(store, tiny, history, 6)
 
 
+def test_input_items_are_listed_and_a_response_deleted(store, store_server, tiny):
+    items = [
+        {"role": "developer", "content": "Be brief."},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "The quick"}]},
+        {"role": "user", "content": "brown fox"},
+    ]
+    response = store.responses.create(model=tiny.name, input=items, max_output_tokens=3, **GREEDY)
+    listed = store.responses.input_items.list(response.id)  # newest first, OpenAI's default
+    texts = [item.content[0].text for item in listed.data]
+    assert texts == ["brown fox", "The quick", "Be brief."] and [i.role for i in listed.data][-1] == "developer"
+    assert all(item.type == "message" and item.id for item in listed.data) and not listed.has_more
+    page = store.responses.input_items.list(response.id, order="asc", limit=2)
+    assert [item.content[0].text for item in page.data] == ["Be brief.", "The quick"] and page.has_more
+    rest = store.responses.input_items.list(response.id, order="asc", after=page.data[-1].id)
+    assert [item.content[0].text for item in rest.data] == ["brown fox"]
+    # the SDK's retrieve(stream=True) would read no events from a JSON body: a 400, not a silent nothing
+    assert_error(httpx.get(f"{store_server.url}/v1/responses/{response.id}?stream=true"), 400)
+    deleted = store.responses.delete(response.id)
+    assert deleted is None or getattr(deleted, "deleted", True)
+    assert_error(httpx.get(f"{store_server.url}/v1/responses/{response.id}"), 404)
+    assert_error(httpx.delete(f"{store_server.url}/v1/responses/{response.id}"), 404)
+
+
 def test_store_false_is_not_kept(store, store_server, tiny):
     response = store.responses.create(model=tiny.name, input="hi", max_output_tokens=2, store=False)
     assert_error(httpx.get(f"{store_server.url}/v1/responses/{response.id}"), 404)

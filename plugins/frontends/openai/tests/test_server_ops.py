@@ -43,6 +43,11 @@ def test_models(client, tiny):
     data = models[0].model_dump()
     assert data["root"] == str(tiny.path) and data["object"] == "model" and data["owned_by"] == "llmp"
     assert data["max_model_len"] == 512
+    # the SDKs' models.retrieve: the same card (a name with slashes included), else OpenAI's 404
+    assert client.models.retrieve(tiny.name).model_dump() == data
+    with pytest.raises(openai.NotFoundError) as info:
+        client.models.retrieve("no-such-model")
+    assert info.value.body["param"] == "model" and "no-such-model" in info.value.body["message"]
 
 
 def test_docs_and_openapi(http):
