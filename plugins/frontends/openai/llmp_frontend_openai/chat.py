@@ -64,7 +64,7 @@ class ChatCompletion:
         if not body.messages:
             raise bad_request("messages must hold at least one message", "messages")
         fe.check_tools(body.tools, body.tool_choice)
-        constraint = fe.structured_outputs(body.response_format, body.structured_outputs)
+        constraint = fe.structured_outputs_of(body)
         if body.top_logprobs is not None and not body.logprobs:
             raise bad_request("top_logprobs needs logprobs to be true", "top_logprobs")
         hide_tools = body.tool_choice == "none" and fe.options.exclude_tools_when_tool_choice_none

@@ -67,7 +67,7 @@ class Completion:
         self.prompts = fe.engine_prompts(prompts, body, body.truncate_prompt_tokens)
         # with echo and logprobs, the prompt's own logprobs are part of the answer
         echo_logprobs = body.echo and body.logprobs is not None
-        constraint = fe.structured_outputs(body.response_format, body.structured_outputs)
+        constraint = fe.structured_outputs_of(body)
         await fe.check_constraint(constraint, "structured_outputs" if body.structured_outputs else "response_format")
         self.params = []
         for prompt in self.prompts:

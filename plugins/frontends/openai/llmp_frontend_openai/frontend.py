@@ -23,8 +23,12 @@ from llmp.options import FrontendOptions
 from llmp_frontend_openai import protocol as p
 from llmp_frontend_openai.logprobs import TokenBytes
 
-# vLLM's request fields for what llmp does not do: each at its idle value, or a 400 (never ignored)
+# vLLM's and OpenAI's request fields for what llmp does not do: each at its idle value, or a 400 (never ignored)
 NOT_DONE: dict[str, tuple[Any, str]] = {
+    "functions": (None, "give them as tools (the legacy functions field is not supported)"),
+    "function_call": (None, "give it as tool_choice (the legacy function_call field is not supported)"),
+    "audio": (None, "llmp answers in text only"),
+    "conversation": (None, "llmp keeps no conversations; continue a stored response with previous_response_id"),
     "use_beam_search": (False, "llmp samples; use n for several answers"),
     "length_penalty": (1.0, "it applies to beam search, which llmp does not run"),
     "repetition_detection": (None, "llmp does not stop on detected repetition"),
@@ -32,6 +36,9 @@ NOT_DONE: dict[str, tuple[Any, str]] = {
     "vllm_xargs": (None, "llmp has no per-request logits-processor arguments"),
     "prompt_embeds": (None, "this model takes token ids"),
 }
+
+
+GUIDED = ("json", "regex", "choice", "grammar")  # guided_<name>: older vLLM's structured_outputs.<name>
 
 
 class OpenAIFrontend(FrontendKit):
@@ -139,6 +146,22 @@ class OpenAIFrontend(FrontendKit):
             value = getattr(body, name, idle)
             if value != idle and value != {}:
                 raise bad_request(f"{name} is not supported: {why}", name)
+        modalities = getattr(body, "modalities", None)
+        if modalities is not None and set(modalities) - {"text"}:
+            raise bad_request(f"modalities {modalities!r}: llmp answers in text only", "modalities")
+
+    def structured_outputs_of(
+        self, body: p.SamplingFields, response_format: Mapping[str, Any] | None = None
+    ) -> StructuredOutputsParams | None:
+        """The request's constraint: ``response_format`` (the body's, or the one given: the Responses API's
+        ``text.format``) or ``structured_outputs``, whose json, regex, choice and grammar older vLLM clients
+        send as ``guided_json`` ... (taken as those)."""
+        given_guided = {name: getattr(body, f"guided_{name}") for name in GUIDED}
+        guided = {name: value for name, value in given_guided.items() if value is not None}
+        if guided and body.structured_outputs:
+            raise bad_request("give structured_outputs or the older guided_* fields, not both", "structured_outputs")
+        given = response_format if response_format is not None else body.response_format
+        return self.structured_outputs(given, guided or body.structured_outputs)
 
     def engine_prompts(
         self, prompts: list[Prompt], body: p.SamplingFields, truncate_prompt_tokens: int | None = None

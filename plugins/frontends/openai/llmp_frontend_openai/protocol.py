@@ -74,6 +74,11 @@ class SamplingFields(OpenAIModel):
     response_format: dict[str, Any] | None = None
     structured_outputs: dict[str, Any] | None = None
     cache_salt: str | None = None  # keys the prompt's prefix-cache blocks (Prompt.cache_salt)
+    # older vLLM's names of structured_outputs' json, regex, choice and grammar (taken as those)
+    guided_json: Any = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
     # vLLM's fields for what llmp does not do: accepted at their defaults, refused with a 400 when set
     use_beam_search: bool = False
     length_penalty: float = 1.0  # beam search's
@@ -101,6 +106,11 @@ class ChatCompletionRequest(SamplingFields):
     parallel_tool_calls: bool | None = True
     reasoning_effort: ReasoningEffort | None = None  # a chat-template variable (gpt-oss, Qwen, Granite read it)
     include_reasoning: bool = True
+    modalities: list[str] | None = None  # ["text"] only: no audio out
+    # OpenAI's fields for what llmp does not do: refused with a 400 when set (frontend.NOT_DONE)
+    functions: list[dict[str, Any]] | None = None
+    function_call: Any = None
+    audio: dict[str, Any] | None = None
     # vLLM's prompt-building extras
     add_generation_prompt: bool = True
     continue_final_message: bool = False
@@ -161,6 +171,7 @@ class Reasoning(OpenAIModel):
 class ResponsesRequest(SamplingFields):
     input: str | list[dict[str, Any]]
     instructions: str | None = None
+    conversation: Any = None  # OpenAI's Conversations API: refused (frontend.NOT_DONE)
     max_output_tokens: StrictInt | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None

@@ -183,7 +183,7 @@ class ResponseRun:
         if fmt.get("type") == "json_schema":
             fmt = {"type": "json_schema", "json_schema": {"schema": fmt.get("schema")}}
         try:
-            constraint = fe.structured_outputs(fmt, body.structured_outputs)
+            constraint = fe.structured_outputs_of(body, fmt)
         except APIError as exc:
             exc.param = "text" if exc.param == "response_format" else exc.param
             raise

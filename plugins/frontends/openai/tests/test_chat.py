@@ -481,6 +481,43 @@ def test_vllm_fields_for_what_llmp_does_not_do_are_refused_in_chat(http):
         assert_error(http.post("/v1/chat/completions", json={**body, field: value}), 400, param=field)
 
 
+def test_openai_fields_for_what_llmp_does_not_do_are_refused_in_chat(http):
+    """Legacy functions, audio out: a 400 naming the field, never a plain-text answer that dropped them."""
+    body = {"messages": MESSAGES, "max_tokens": 1}
+    functions = [{"name": "f", "parameters": {"type": "object", "properties": {}}}]
+    for field, value, says in [
+        ("functions", functions, "tools"),
+        ("function_call", {"name": "f"}, "tool_choice"),
+        ("audio", {"voice": "alloy", "format": "wav"}, "text only"),
+        ("modalities", ["text", "audio"], "text only"),
+    ]:
+        response = http.post("/v1/chat/completions", json={**body, field: value})
+        assert_error(response, 400, param=field, contains=says)
+    assert http.post("/v1/chat/completions", json={**body, "modalities": ["text"]}).status_code == 200
+
+
+def test_older_vllm_guided_fields_constrain_as_structured_outputs(client, tiny, http):
+    choices = ["yes", "no", "perhaps"]
+    for seed in range(3):
+        response = client.chat.completions.create(
+            model=tiny.name,
+            messages=MESSAGES,
+            max_tokens=10,
+            temperature=1,
+            seed=seed,
+            extra_body={"guided_choice": choices},
+        )
+        assert response.choices[0].message.content in choices
+    text = (
+        client.completions.create(model=tiny.name, prompt="The", max_tokens=12, extra_body={"guided_regex": "[0-9]{3}"})
+        .choices[0]
+        .text
+    )
+    assert len(text) == 3 and text.isdigit()
+    both = {"messages": MESSAGES, "guided_choice": choices, "structured_outputs": {"choice": choices}}
+    assert_error(http.post("/v1/chat/completions", json=both), 400, param="structured_outputs")
+
+
 def test_cache_salt_keeps_prefix_cache_hits_within_a_salt(client, tiny, http):
     """The same chat hits the prefix cache under its own salt only (the server's hit counter), and
     answers the same under any salt; an empty salt is a 400."""

@@ -185,6 +185,11 @@ def test_input_items_are_listed_and_a_response_deleted(store, store_server, tiny
     assert_error(httpx.delete(f"{store_server.url}/v1/responses/{response.id}"), 404)
 
 
+def test_a_conversation_is_refused_not_ignored(http, tiny):
+    body = {"model": tiny.name, "input": "hi", "max_output_tokens": 2, "conversation": "conv_123"}
+    assert_error(http.post("/v1/responses", json=body), 400, param="conversation", contains="previous_response_id")
+
+
 def test_store_false_is_not_kept(store, store_server, tiny):
     response = store.responses.create(model=tiny.name, input="hi", max_output_tokens=2, store=False)
     assert_error(httpx.get(f"{store_server.url}/v1/responses/{response.id}"), 404)

@@ -109,12 +109,18 @@ UNSUPPORTED = (
     "stream_options",
     "return_token_ids",
     "return_tokens_as_token_ids",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "modalities",
     *NOT_DONE,  # vLLM's fields for what llmp does not do on any route
 )
 _DEFAULTS = {
     "n": (None, 1),
     "parallel_tool_calls": (None, True),
     "include_reasoning": (None, True),
+    "modalities": (None, ["text"]),
     **{name: (None, idle, {}) for name, (idle, _) in NOT_DONE.items()},
 }
 
