@@ -94,6 +94,11 @@ def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
     """One line from pydantic's errors, and the first offending field as ``param``."""
     parts, param = [], None
     for err in errors:
+        if err.get("type") == "json_invalid":  # its loc holds the byte offset, not a field
+            offset = [p for p in err.get("loc", ()) if p != "body"]
+            at = f" at byte {offset[0]}" if offset else ""
+            parts.append(f"the body is not valid JSON{at}: {err.get('ctx', {}).get('error', err.get('msg', ''))}")
+            continue
         loc = [str(p) for p in err.get("loc", ()) if p != "body"]
         where = ".".join(loc) or "body"
         param = param or (where if loc else None)
