@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import time
 import uuid
@@ -63,6 +64,8 @@ def json_text(payload: Any) -> str:
 
 
 # OpenAI's reasoning_effort values, and those vLLM adds; a chat template reads the one it is given
+log = logging.getLogger("llmp.frontend")
+
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
 REASONING_EFFORTS = get_args(ReasoningEffort)
 
@@ -599,7 +602,7 @@ class FrontendKit:
     async def _render(
         self, conversation: list[dict[str, Any]], body: Any, tools: Any, derived: Mapping[str, Any] | None = None
     ) -> str:
-        from llmp.chat_template import render_chat
+        from llmp.chat_template import read_variables, render_chat
 
         template = getattr(body, "chat_template", None)
         if template is not None and not self.options.trust_request_chat_template:
@@ -621,6 +624,12 @@ class FrontendKit:
                 "continue_final_message and add_generation_prompt cannot both be true; "
                 "set add_generation_prompt to false",
                 "continue_final_message",
+            )
+        if tools and "tools" not in read_variables(self.tokenizer, template or self.options.chat_template):
+            log.warning(
+                "tools were given, but the chat template does not show the model any tools (it reads no `tools`): "
+                "the model cannot know them (a forced tool_choice still gives valid calls); serve with a "
+                "--chat-template that renders them"
             )
         try:
             return await asyncio.to_thread(

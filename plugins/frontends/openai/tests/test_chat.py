@@ -496,6 +496,14 @@ def test_openai_fields_for_what_llmp_does_not_do_are_refused_in_chat(http):
     assert http.post("/v1/chat/completions", json={**body, "modalities": ["text"]}).status_code == 200
 
 
+def test_tools_a_template_does_not_show_are_named_in_the_log(http, server):
+    """The tiny model's template reads no `tools`: they cannot reach the model, and the log says so."""
+    tool = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
+    body = {"messages": MESSAGES, "max_tokens": 1, "tools": [tool], "tool_choice": "none"}
+    assert http.post("/v1/chat/completions", json=body).status_code == 200
+    assert "tools were given, but the chat template does not show the model any tools" in server.log()
+
+
 def test_older_vllm_guided_fields_constrain_as_structured_outputs(client, tiny, http):
     choices = ["yes", "no", "perhaps"]
     for seed in range(3):
