@@ -40,21 +40,22 @@ def add_routes(router: APIRouter, fe: OpenAIFrontend) -> None:
 
     async def create_response(body: p.ResponsesRequest, request: Request) -> Any:
         run = await ResponseRun.prepare(fe, body, store)
+        if body.background:  # runs on whatever becomes of this request; a stream follows its events
+            run.task = asyncio.create_task(run.produce())
+            return _event_stream(run.follow(-1)) if body.stream else run.snapshot()
         if body.stream:
-            return StreamingResponse(
-                run.events(),
-                media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-            )
-        if body.background:
-            run.task = asyncio.create_task(run.finish())
-            return run.snapshot()
+            return _event_stream(run.events())
         return await until_disconnected(request, run.finish())
 
-    async def retrieve_response(response_id: str, stream: bool = False) -> Any:
-        if stream:  # the SDK's retrieve(stream=True) would read no events from a JSON body: said, not ignored
-            raise bad_request("streaming a stored response is not supported: GET it without stream", "stream")
-        return _stored(store, response_id).snapshot()
+    async def retrieve_response(response_id: str, stream: bool = False, starting_after: int = -1) -> Any:
+        """The stored response; ``stream=true``: its events after the one numbered ``starting_after``
+        (all by default), then those still to come while it runs (a streamed or background response)."""
+        run = _stored(store, response_id)
+        if not stream:
+            return run.snapshot()
+        if not run.streamed:
+            raise bad_request("this response was not created with stream or background: it has no events", "stream")
+        return _event_stream(run.follow(starting_after))
 
     async def delete_response(response_id: str) -> Any:
         run = _stored(store, response_id)
@@ -127,6 +128,12 @@ def add_routes(router: APIRouter, fe: OpenAIFrontend) -> None:
     )
 
 
+def _event_stream(events: AsyncIterator[str]) -> StreamingResponse:
+    return StreamingResponse(
+        events, media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )
+
+
 class ResponseStore:
     """The most recent responses, in memory; the oldest are forgotten first."""
 
@@ -170,6 +177,11 @@ class ResponseRun:
         self.task: asyncio.Task | None = None
         self.messages: list[dict[str, Any]] = []
         self.input_items: list[dict[str, Any]] = []  # the request's input as items with ids (input_items)
+        # a streamed or background response's events as sent (index = sequence_number), for GET ?stream=true
+        self.streamed = False
+        self.log: list[str] = []
+        self.ended = False
+        self._waiters: list[asyncio.Future] = []
         self.model = fe.model_name  # the adapter's name when it runs on one (prepare)
 
     @classmethod
@@ -189,8 +201,6 @@ class ResponseRun:
             raise
         if body.background and store is None:
             raise bad_request("background responses need the response store (start with --enable-store)", "background")
-        if body.background and body.stream:
-            raise bad_request("background and stream cannot both be true", "background")
         run = cls(fe, body, store)
         run.model = fe.response_model(lora)
         run.messages = _history(store, body.previous_response_id) + _input_messages(body)
@@ -301,7 +311,44 @@ class ResponseRun:
 
     # -- streamed events ---------------------------------------------------------------
 
+    async def produce(self) -> None:
+        """Run a background response to its end, its events kept for those who follow it."""
+        async for _ in self.events():
+            pass
+
+    async def follow(self, after: int) -> AsyncIterator[str]:
+        """The events numbered after ``after``, then each new one as it comes, until the response ends."""
+        position = max(after + 1, 0)
+        while True:
+            if position < len(self.log):
+                position += 1
+                yield self.log[position - 1]
+            elif self.ended:
+                return
+            else:
+                waiter = asyncio.get_running_loop().create_future()
+                self._waiters.append(waiter)
+                await waiter
+
     async def events(self) -> AsyncIterator[str]:
+        """The response's stream events, each kept in ``log`` as it is sent."""
+        self.streamed = True
+        try:
+            async for text in self._events():
+                self.log.append(text)
+                self._wake()
+                yield text
+        finally:
+            self.ended = True
+            self._wake()
+
+    def _wake(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def _events(self) -> AsyncIterator[str]:
         sequence = iter(range(1 << 62))
 
         def event(kind: str, **data: Any) -> str:

@@ -177,12 +177,38 @@ def test_input_items_are_listed_and_a_response_deleted(store, store_server, tiny
     assert [item.content[0].text for item in page.data] == ["Be brief.", "The quick"] and page.has_more
     rest = store.responses.input_items.list(response.id, order="asc", after=page.data[-1].id)
     assert [item.content[0].text for item in rest.data] == ["brown fox"]
-    # the SDK's retrieve(stream=True) would read no events from a JSON body: a 400, not a silent nothing
-    assert_error(httpx.get(f"{store_server.url}/v1/responses/{response.id}?stream=true"), 400)
     deleted = store.responses.delete(response.id)
     assert deleted is None or getattr(deleted, "deleted", True)
     assert_error(httpx.get(f"{store_server.url}/v1/responses/{response.id}"), 404)
     assert_error(httpx.delete(f"{store_server.url}/v1/responses/{response.id}"), 404)
+
+
+def test_a_background_stream_is_followed_and_resumed(store, store_server, slow, tiny):
+    """background and stream: the events of a response that runs on whatever becomes of the request;
+    GET ?stream=true&starting_after=N gives those after N (the SDK's resume), then the rest as they come."""
+    events = list(
+        store.responses.create(
+            model=tiny.name, input="The quick", max_output_tokens=6, background=True, stream=True, **GREEDY
+        )
+    )
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[0].type == "response.created" and events[-1].type == "response.incomplete"
+    response_id = events[0].response.id
+    resumed = list(store.responses.retrieve(response_id, stream=True, starting_after=3))
+    assert [e.model_dump() for e in resumed] == [e.model_dump() for e in events[4:]]
+    # following one that is still running: the client leaves, the response runs on, a resume gets the rest
+    with slow.slowed():
+        stream = store.responses.create(
+            model=tiny.name, input="The quick", max_output_tokens=40, background=True, stream=True, **GREEDY
+        )
+        first = [next(iter(stream)) for _ in range(3)]
+        stream.close()
+        rest = list(store.responses.retrieve(first[0].response.id, stream=True, starting_after=2))
+    assert rest[0].sequence_number == 3 and rest[-1].type == "response.incomplete"
+    text = "".join(e.delta for e in rest if e.type == "response.output_text.delta")
+    assert text == store.responses.retrieve(first[0].response.id).output_text
+    plain = store.responses.create(model=tiny.name, input="hi", max_output_tokens=2, **GREEDY)
+    assert_error(httpx.get(f"{store_server.url}/v1/responses/{plain.id}?stream=true"), 400, param="stream")
 
 
 def test_a_conversation_is_refused_not_ignored(http, tiny):
