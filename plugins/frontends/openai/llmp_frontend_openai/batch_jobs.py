@@ -36,6 +36,14 @@ STATS_S = 0.25  # how often a running job reads the engine's figures (other API 
 WATCH_S = 0.25  # how often a process using the batch API looks for jobs to run (new, cancelled, orphaned)
 FAILURE_BACKOFF_S = 5.0
 RUNNER_KEY = "_server_model"  # a job's private field: the served model it was created for
+CREATED_NS_KEY = "_created_ns"  # private too: the creation time to the nanosecond, orders jobs of one second
+
+
+def creation_order(job: dict[str, Any]) -> tuple[int, int, str]:
+    """Jobs oldest first: by creation time (to the nanosecond for jobs that record it), then id."""
+    return (job["created_at"], job.get(CREATED_NS_KEY, 0), job["id"])
+
+
 ANSWER_FILES = {"output": "output_file_id", "errors": "error_file_id"}
 
 
@@ -163,7 +171,7 @@ class BatchService:
                 or self.store.cancel_requested(job["id"]) is not None
             )
         ]
-        return sorted(jobs, key=lambda job: (job["created_at"], job["id"]))
+        return sorted(jobs, key=creation_order)
 
     def _log_others_jobs(self) -> None:
         """Say once which unfinished jobs of the directory wait for a server of another model."""
@@ -203,7 +211,8 @@ class BatchService:
         """A new job (in a worker thread: it waits for other processes' changes), or an APIError
         for an input file that is not there (deleted meanwhile, by any process) or not a batch's."""
         store = self.store
-        now = int(time.time())
+        created_ns = time.time_ns()
+        now = created_ns // 1_000_000_000
         job = {
             "id": new_id("batch_"),
             "object": "batch",
@@ -228,6 +237,7 @@ class BatchService:
             "usage": None,
             "metadata": metadata,
             RUNNER_KEY: self.server_model,
+            CREATED_NS_KEY: created_ns,
         }
         with store.exclusive():  # the file is not deleted between this check and the job's creation
             meta = store.file(input_file_id)

@@ -15,7 +15,7 @@ from fastapi.responses import FileResponse
 
 from llmp.frontend import APIError, bad_request, cache_dir
 from llmp.options import FrontendOptions
-from llmp_frontend_openai.batch_jobs import BatchService, file_object, priority_offset
+from llmp_frontend_openai.batch_jobs import BatchService, creation_order, file_object, priority_offset
 from llmp_frontend_openai.batch_lines import count_lines
 from llmp_frontend_openai.batch_runner import LineRunner
 from llmp_frontend_openai.batch_store import new_id
@@ -164,7 +164,7 @@ def add_routes(router: APIRouter, fe: OpenAIFrontend) -> BatchService:
 
     async def list_batches(after: str | None = None, limit: int = Query(20, ge=1, le=100)) -> dict[str, Any]:
         jobs = await asyncio.to_thread(service.open().jobs)
-        jobs.sort(key=lambda job: (job["created_at"], job["id"]), reverse=True)
+        jobs.sort(key=creation_order, reverse=True)
         page = _page(jobs, after, limit, "after")
         page["data"] = await asyncio.to_thread(lambda: [service.view(job) for job in page["data"]])
         return page

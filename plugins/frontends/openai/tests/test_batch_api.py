@@ -145,6 +145,18 @@ def test_batch_end_to_end(sdk, tiny):
     assert all(f.purpose == "batch_output" for f in sdk.files.list(purpose="batch_output"))
 
 
+def test_batches_are_listed_newest_first_within_a_second_too(sdk, tiny):
+    file_id = upload(sdk, [line("one", chat_body(tiny.name, "x", max_tokens=1))])
+    created = [
+        sdk.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h")
+        for _ in range(4)
+    ]
+    listed = [b.id for b in sdk.batches.list(limit=100).data]
+    assert [i for i in listed if i in {b.id for b in created}] == [b.id for b in reversed(created)]
+    for batch in created:
+        wait_for(sdk, batch.id, ("completed",))
+
+
 def test_file_validation_fails_the_batch(sdk, tiny):
     body = chat_body(tiny.name, "x")
     lines = [
