@@ -335,14 +335,16 @@ class OllamaFrontend(FrontendKit):
         turns = conversation(body.messages)
         tools, tool_choice = self.tools(body)
         fields = self.template_fields(body.model, body.think)
-        prompt = await self.fitting_prompt(turns, fields, tools, run.window, body.truncate is not False)
+        # messages dropped until the prompt leaves the run its room (one token, or num_predict's)
+        fits = run.window - run.room + 1
+        prompt = await self.fitting_prompt(turns, fields, tools, fits, body.truncate is not False)
         return await run.start(prompt.token_ids, tools, tool_choice)
 
     async def fitting_prompt(
         self, turns: list[dict[str, Any]], fields: TemplateFields, tools: Any, window: int, truncate: bool
     ) -> Prompt:
-        """The conversation's prompt, its oldest messages dropped until it fits the window (one token
-        left to generate), as Ollama's ``chatPrompt`` does: system messages and the last user message
+        """The conversation's prompt, its oldest messages dropped until it is shorter than ``window``, as
+        Ollama's ``chatPrompt`` does: system messages and the last user message
         (with what follows it) always stay; if those alone do not fit, the prompt is cut later, token-wise."""
         prompt = await self.conversation_prompt(turns, fields, tools)
         if not truncate or len(prompt.token_ids) < window:

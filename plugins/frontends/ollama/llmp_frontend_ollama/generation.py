@@ -58,6 +58,10 @@ class Generation:
         self.first: int | None = None  # perf_counter_ns of the first output
         # this request's context window: num_ctx, at most the server's --max-model-len
         self.window = min(self.options.num_ctx or fe.max_model_len, fe.max_model_len)
+        # the room a cut prompt leaves to generate: num_predict, up to half the window (Ollama shifts its
+        # context to go on generating, dropping the prompt's oldest tokens), else one token
+        wanted = self.options.num_predict
+        self.room = max(1, min(wanted, self.window // 2)) if wanted is not None and wanted > 0 else 1
 
     async def start(
         self, prompt_ids: list[int], tools: list[dict[str, Any]] | None = None, tool_choice: Any = None
@@ -102,14 +106,13 @@ class Generation:
     def fit(self, ids: list[int]) -> tuple[list[int], int]:
         """The prompt cut to this request's window (``num_ctx``, at most the server's
         ``--max-model-len``) as Ollama's runner cuts one: its first ``num_keep`` tokens (4 unless
-        set) and its end are kept, and one token of room is left to generate. Returns the ids and
-        the room left."""
-        window = self.window
+        set) and its end are kept, with ``room`` left to generate. Returns the ids and the room left."""
+        window, room = self.window, self.room
         if window < 2:
             raise bad_request(f"options.num_ctx={window} leaves no room to generate", "options.num_ctx")
-        if len(ids) >= window:
-            keep = min(self.options.num_keep, window - 2)
-            ids = ids[:keep] + ids[len(ids) - (window - 1 - keep) :]
+        if len(ids) + room > window:
+            keep = min(self.options.num_keep, window - room - 1)
+            ids = ids[:keep] + ids[len(ids) - (window - room - keep) :]
         return ids, window - len(ids)
 
     def _max_tokens(self, room: int) -> int:

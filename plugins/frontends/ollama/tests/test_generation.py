@@ -408,7 +408,8 @@ def test_chat_drops_whole_old_messages_to_fit_as_ollama_does(client):
     options = {"temperature": 0, "num_predict": 4}
     alone = client.chat(model="tiny", messages=[system, last], options=options, stream=False)
     with_one = client.chat(model="tiny", messages=[system, old[1], last], options=options, stream=False)
-    window = with_one.prompt_eval_count  # too small for [system, *old, last]: old[0] goes, then old[1]
+    # with num_predict's room (4 tokens) too small for [system, *old, last]: old[0] goes, then old[1]
+    window = with_one.prompt_eval_count + 3
     kept = client.chat(
         model="tiny", messages=[system, *old, last], options={**options, "num_ctx": window}, stream=False
     )
@@ -427,12 +428,16 @@ def test_a_prompt_too_long_alone_keeps_num_keep_tokens_and_its_end(client, http)
     cut = client.generate(
         model="tiny", prompt=text, raw=True, logprobs=True, options={**GREEDY, "num_ctx": 24}, stream=False
     )
-    kept = ids[:4] + ids[-19:]  # Ollama's default num_keep (4) and the end, one token left to generate
+    # Ollama's default num_keep (4) and the end, num_predict's 12 tokens (half the window) left to generate
+    kept = ids[:4] + ids[-8:]
     reference = http.post(
-        "/v1/completions", json={"model": "tiny", "prompt": kept, "max_tokens": 1, "temperature": 0, "logprobs": 1}
+        "/v1/completions", json={"model": "tiny", "prompt": kept, "max_tokens": 12, "temperature": 0, "logprobs": 1}
     ).json()["choices"][0]
-    assert cut.prompt_eval_count == 23 and cut.eval_count == 1 and cut.response == reference["text"]
-    assert cut.logprobs[0].logprob == pytest.approx(reference["logprobs"]["token_logprobs"][0], abs=1e-4)
+    assert cut.prompt_eval_count == 12 and cut.eval_count == 12 and cut.response == reference["text"]
+    assert [e.logprob for e in cut.logprobs] == pytest.approx(reference["logprobs"]["token_logprobs"], abs=1e-4)
+    # num_predict unset: one token of room, as the runner leaves
+    one = client.generate(model="tiny", prompt=text, raw=True, options={"temperature": 0, "num_ctx": 24}, stream=False)
+    assert one.prompt_eval_count == 23 and one.eval_count == 1
 
 
 def test_unsupported_fields_are_400s(client, http):
