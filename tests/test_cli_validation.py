@@ -6,6 +6,7 @@ Each case runs the real CLI in a subprocess (``python -m llmp``).
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 
@@ -64,6 +65,10 @@ COMMAND_LINE = [
     (["bench", "latency", "--batch-size", "many"], "--batch-size must be an integer, got 'many'"),
     (["bench", "serve", "--request-rate", "0"], "--request-rate must be > 0, got 0"),
     (["complete", "--max-tokens", "0"], "--max-tokens must be >= 1, got 0"),
+    # infinity is no number a request, a timer or JSON can carry (where it is not the option's own default)
+    (["complete", "--temperature", "inf"], "--temperature must be a finite number, got 'inf'"),
+    (["chat", "--temperature", "1e400"], "--temperature must be a finite number, got '1e400'"),
+    (["serve", "--request-timeout", "inf"], "--request-timeout must be a finite number, got 'inf'"),
     (["plugins", "list", "--kind", "gizmo"], "--kind must be model, kernels, executor"),
     (["plugins", "list", "--kind", "kernel"], "--kind must be model, kernels, executor"),
     (
@@ -180,6 +185,10 @@ def test_good_values_pass_the_same_checks() -> None:
     assert (server.api_key, server.max_request_body_bytes, server.root_path) == (("key",), 1, "/llm")
     assert load_records({"server": ServerOptions}, {}, environ={"LLMP_PORT": " 8000 "})["server"].port == 8000
     assert (request.tool_call_parser, request.grpc_port) == ("hermes", 65535)
+    # an option whose default is infinity takes it (--request-rate inf: every request at once)
+    from llmp.cli.bench_cmd import BenchServeSettings
+
+    assert load_records({"bench": BenchServeSettings}, {"request_rate": "inf"})["bench"].request_rate == math.inf
 
 
 @pytest.mark.parametrize(

@@ -284,11 +284,18 @@ def convert(spec: OptionSpec, raw: Any) -> Any:
             raise ValueError(f"must be a list, got {raw!r}")
         return tuple(_checked(spec, _scalar(spec, item)) for item in items)
     value = _checked(spec, _scalar(spec, raw))
+    if isinstance(value, float) and math.isinf(value) and not _infinite_default(spec):
+        raise ValueError(f"must be a finite number, got {_shown(raw)}")  # JSON, timers and sampling have no inf
     if spec.choices is None:
         problem = bounds_problem(value, spec.bounds)
         if problem:
             raise ValueError(f"{problem}, got {value:g}" if isinstance(value, float) else f"{problem}, got {value}")
     return int(value * spec.scale) if spec.scale is not None else value
+
+
+def _infinite_default(spec: OptionSpec) -> bool:
+    """An option whose default is infinity (``--request-rate``: all at once) takes ``inf``."""
+    return isinstance(spec.default, float) and math.isinf(spec.default)
 
 
 def _checked(spec: OptionSpec, value: Any) -> Any:
