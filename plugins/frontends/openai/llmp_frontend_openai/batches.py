@@ -19,6 +19,7 @@ from llmp_frontend_openai.batch_jobs import BatchService, creation_order, file_o
 from llmp_frontend_openai.batch_lines import count_lines
 from llmp_frontend_openai.batch_runner import LineRunner
 from llmp_frontend_openai.batch_store import new_id
+from llmp_frontend_openai.pages import cursor_page
 from llmp_frontend_openai.protocol import OpenAIModel
 
 if TYPE_CHECKING:
@@ -122,7 +123,7 @@ def add_routes(router: APIRouter, fe: OpenAIFrontend) -> BatchService:
         files = await asyncio.to_thread(service.open().files)
         files = [meta for meta in files if purpose is None or meta["purpose"] == purpose]
         files.sort(key=lambda meta: (meta["created_at"], meta["id"]), reverse=order == "desc")
-        return _page(files, after, limit, "after")
+        return cursor_page(files, after, limit, "after")
 
     async def retrieve_file(file_id: str) -> dict[str, Any]:
         return find_file(file_id)
@@ -165,7 +166,7 @@ def add_routes(router: APIRouter, fe: OpenAIFrontend) -> BatchService:
     async def list_batches(after: str | None = None, limit: int = Query(20, ge=1, le=100)) -> dict[str, Any]:
         jobs = await asyncio.to_thread(service.open().jobs)
         jobs.sort(key=creation_order, reverse=True)
-        page = _page(jobs, after, limit, "after")
+        page = cursor_page(jobs, after, limit, "after")
         page["data"] = await asyncio.to_thread(lambda: [service.view(job) for job in page["data"]])
         return page
 
@@ -184,23 +185,6 @@ def add_routes(router: APIRouter, fe: OpenAIFrontend) -> BatchService:
     router.add_api_route("/v1/batches/{batch_id}", retrieve_batch, methods=["GET"], summary="Retrieve a batch")
     router.add_api_route("/v1/batches/{batch_id}/cancel", cancel_batch, methods=["POST"], summary="Cancel a batch")
     return service
-
-
-def _page(items: list[dict[str, Any]], after: str | None, limit: int, param: str) -> dict[str, Any]:
-    """A cursor page, as OpenAI's lists: the items after the one with id ``after``."""
-    if after is not None:
-        ids = [item["id"] for item in items]
-        if after not in ids:
-            raise bad_request(f"after {after!r} is not an id in this list", param)
-        items = items[ids.index(after) + 1 :]
-    page = items[:limit]
-    return {
-        "object": "list",
-        "data": page,
-        "first_id": page[0]["id"] if page else None,
-        "last_id": page[-1]["id"] if page else None,
-        "has_more": len(items) > limit,
-    }
 
 
 def _check_metadata(metadata: dict[str, str] | None) -> None:

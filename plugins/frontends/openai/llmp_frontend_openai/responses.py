@@ -28,6 +28,7 @@ from llmp.frontend import (
     until_disconnected,
 )
 from llmp_frontend_openai import protocol as p
+from llmp_frontend_openai.pages import cursor_page
 
 if TYPE_CHECKING:
     from llmp_frontend_openai.frontend import OpenAIFrontend
@@ -74,20 +75,7 @@ def add_routes(router: APIRouter, fe: OpenAIFrontend) -> None:
         if not 1 <= limit <= 100:
             raise bad_request(f"limit must be between 1 and 100, got {limit}", "limit")
         items = _stored(store, response_id).input_items
-        items = items if order == "asc" else items[::-1]
-        if after is not None:
-            position = next((i for i, item in enumerate(items) if item["id"] == after), None)
-            if position is None:
-                raise bad_request(f"no input item {after!r} in response {response_id!r}", "after")
-            items = items[position + 1 :]
-        page = items[:limit]
-        return {
-            "object": "list",
-            "data": page,
-            "first_id": page[0]["id"] if page else None,
-            "last_id": page[-1]["id"] if page else None,
-            "has_more": len(items) > limit,
-        }
+        return cursor_page(items if order == "asc" else items[::-1], after, limit, "after")
 
     async def cancel_response(response_id: str) -> Any:
         run = _stored(store, response_id)

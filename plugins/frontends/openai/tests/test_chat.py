@@ -239,20 +239,22 @@ def test_streamed_n_choices(client, tiny):
     assert all(len(v) == 1 and v[0] == last_chunk_of[i] for i, v in finishes.items()), finishes
 
 
+def sampled_text(client, tiny, seed: int, **extra: float) -> str:
+    """12 tokens drawn at temperature 1 with ``seed`` (and ``extra`` fields)."""
+    response = client.chat.completions.create(
+        model=tiny.name,
+        messages=MESSAGES,
+        max_tokens=12,
+        temperature=1,
+        seed=seed,
+        extra_body={"ignore_eos": True, **extra},
+    )
+    return response.choices[0].message.content
+
+
 def test_seed_reproduces_sampling(client, tiny):
     def sample(seed: int) -> str:
-        return (
-            client.chat.completions.create(
-                model=tiny.name,
-                messages=MESSAGES,
-                max_tokens=12,
-                temperature=1,
-                seed=seed,
-                extra_body={"ignore_eos": True},
-            )
-            .choices[0]
-            .message.content
-        )
+        return sampled_text(client, tiny, seed)
 
     texts = {seed: sample(seed) for seed in (11, 22, 33, 44, 55)}
     assert all(sample(seed) == text for seed, text in list(texts.items())[:3])
@@ -264,18 +266,7 @@ def test_typical_p_zero_leaves_the_seed_nothing_to_choose(client, http, tiny):
     seeds give one text; 1 is off; outside [0, 1] a 400 naming it."""
 
     def sample(seed: int, **extra: float) -> str:
-        return (
-            client.chat.completions.create(
-                model=tiny.name,
-                messages=MESSAGES,
-                max_tokens=12,
-                temperature=1,
-                seed=seed,
-                extra_body={"ignore_eos": True, **extra},
-            )
-            .choices[0]
-            .message.content
-        )
+        return sampled_text(client, tiny, seed, **extra)
 
     assert len({sample(seed, typical_p=0.0) for seed in (11, 22, 33)}) == 1
     assert len({sample(seed) for seed in (11, 22, 33)}) > 1
