@@ -223,6 +223,11 @@ class SamplingParams:
                         "a server sets them from its --reasoning-parser"
                     ),
                 )
+        elif self.reasoning_markers is not None:  # nothing else reads them: refused, not ignored
+            raise SamplingParamsError(
+                "reasoning_markers",
+                lambda name: f"{name} are read only with thinking_token_budget, which is not set",
+            )
         if self.bad_words is not None and (
             not isinstance(self.bad_words, list) or not all(isinstance(w, str) and w for w in self.bad_words)
         ):

@@ -151,6 +151,8 @@ def test_bad_budgets_and_markers_are_refused(llm):
     markers = ReasoningMarkers(end_token_ids=END, start_token_ids=START)
     with pytest.raises(SamplingParamsError, match="thinking_token_budget needs reasoning_markers"):
         SamplingParams(thinking_token_budget=4)
+    with pytest.raises(SamplingParamsError, match="reasoning_markers are read only with thinking_token_budget"):
+        SamplingParams(reasoning_markers=markers)
     with pytest.raises(SamplingParamsError, match="thinking_token_budget must be >= 0"):
         SamplingParams(thinking_token_budget=-1, reasoning_markers=markers)
     with pytest.raises(SamplingParamsError, match="end_token_ids must not be empty"):

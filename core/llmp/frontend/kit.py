@@ -533,9 +533,6 @@ class FrontendKit:
             if name in values and values[name] is None:
                 values[name] = self.defaults.get(name)
         values["logit_bias"] = logit_bias
-        if request.thinking_token_budget is not None and request.reasoning_markers is None:
-            param = names.get("thinking_token_budget", "thinking_token_budget")
-            raise bad_request(f"{param} needs a reasoning model served with --reasoning-parser", param)
         try:
             max_tokens = resolve_max_tokens(request.max_tokens, prompt_len, self.max_model_len)
             if request.max_tokens is None and self.defaults.get("max_new_tokens") is not None:

@@ -177,8 +177,8 @@ def test_input_items_are_listed_and_a_response_deleted(store, store_server, tiny
     assert [item.content[0].text for item in page.data] == ["Be brief.", "The quick"] and page.has_more
     rest = store.responses.input_items.list(response.id, order="asc", after=page.data[-1].id)
     assert [item.content[0].text for item in rest.data] == ["brown fox"]
-    deleted = store.responses.delete(response.id)
-    assert deleted is None or getattr(deleted, "deleted", True)
+    deleted = httpx.delete(f"{store_server.url}/v1/responses/{response.id}")
+    assert deleted.json() == {"id": response.id, "object": "response", "deleted": True}
     assert_error(httpx.get(f"{store_server.url}/v1/responses/{response.id}"), 404)
     assert_error(httpx.delete(f"{store_server.url}/v1/responses/{response.id}"), 404)
 
