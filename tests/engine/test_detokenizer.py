@@ -158,6 +158,25 @@ def test_whole_text_as_output_after_bos(tokenizer):
     assert not any("\ufffd" in d for d in deltas)
 
 
+def test_a_prompt_ending_in_byte_tokens_leaves_no_character_unshown():
+    """The context window starts inside a character: its stray bytes must not spoil the output's text.
+
+    Byte fallback decodes a run of byte tokens with one invalid byte as U+FFFD for every byte, so
+    a window that began mid-character once hid the output's "!" (a byte token) for good."""
+    tokenizer = _sentencepiece_bpe()
+
+    def byte_ids(text: str) -> list[int]:
+        return tokenizer.convert_tokens_to_ids([f"<0x{b:02X}>" for b in text.encode()])
+
+    for tail in ["😀🐍", "👍🏽", "Ω😀✓"]:
+        for lead in ["a", "a b", "Hello world, a"]:
+            prompt = tokenizer.encode(lead, add_special_tokens=False) + byte_ids(tail)
+            for output in [byte_ids("!") + [tokenizer.eos_token_id], byte_ids("🐍 x"), tokenizer.encode(" ok")]:
+                expected = _expected(tokenizer, prompt, output, skip=True)
+                assert expected is not None and "\ufffd" not in expected
+                assert "".join(_run(tokenizer, prompt, output, skip=True)) == expected, (lead, tail, output)
+
+
 def test_special_tokens_dropped_when_skipping(tokenizer):
     bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
     prompt = [bos] + tokenizer.encode("Hi", add_special_tokens=False) + [eos, bos]

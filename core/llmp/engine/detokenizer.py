@@ -23,8 +23,8 @@ class IncrementalDetokenizer:
         context = [t for t in prompt_token_ids[-(CONTEXT_TOKENS + 2) :] if t not in self.special_ids]
         # ids past the tokenizer's vocabulary (padded embedding rows) have no token: skip them
         self.tokens: list[str] = [t for t in tokenizer.convert_ids_to_tokens(context) if t is not None]
-        self.prefix_offset = max(len(self.tokens) - CONTEXT_TOKENS, 0)
         self.read_offset = len(self.tokens)
+        self.prefix_offset = self._clean_start(max(len(self.tokens) - CONTEXT_TOKENS, 0))
         self.text = ""
 
     def add_token(self, token_id: int) -> str:
@@ -53,6 +53,17 @@ class IncrementalDetokenizer:
         self.prefix_offset = self.read_offset = len(self.tokens)
         self.text += delta
         return delta
+
+    def _clean_start(self, start: int) -> int:
+        """The first context token, from ``start`` on, where the prompt's tail decodes without U+FFFD.
+
+        A window that begins inside a multi-byte character decodes those bytes as U+FFFD, and a
+        byte-fallback decoder then spoils the whole run of byte tokens after them, so the character
+        the output completes would never show."""
+        for index in range(start, self.read_offset):
+            if "\ufffd" not in self._to_string(self.tokens[index : self.read_offset]):
+                return index
+        return start
 
     def _to_string(self, tokens: list[str]) -> str:
         return self.tokenizer.convert_tokens_to_string(tokens)
