@@ -56,6 +56,7 @@ class OpenAIFrontend(FrontendKit):
             batches,
             chat,
             classify,
+            cohere_embed,
             completions,
             embeddings,
             lora,
@@ -81,6 +82,7 @@ class OpenAIFrontend(FrontendKit):
             responses.add_routes(router, self)
         if "embed" in tasks:
             embeddings.add_routes(router, self)
+            cohere_embed.add_routes(router, self)
         if "score" in tasks:
             scoring.add_routes(router, self)
         if "classify" in tasks:

