@@ -19,6 +19,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from llmp import Prompt, SamplingParams
 from llmp.api import LLMPError
@@ -74,7 +75,7 @@ class GrpcFrontend(FrontendKit):
         """Serve until cancelled; then stop, giving in-flight RPCs :data:`STOP_GRACE_S`."""
         # without so_reuseport 0, a second server on the same port would bind too, silently
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-        pb_grpc.add_LlmpServicer_to_server(LlmpServicer(self), server)
+        add_servicer(LlmpServicer(self), server)
         try:
             server.add_insecure_port(self.address)
         except RuntimeError as exc:
@@ -188,15 +189,56 @@ async def _fail(context: grpc.aio.ServicerContext, exc: Exception) -> None:
     await context.abort(status_code(error.status), error.message)
 
 
+class Undecodable:
+    """A request whose bytes are not the method's message: the handler answers INVALID_ARGUMENT
+    (grpcio's own deserialisation failure is UNKNOWN, a server error to the client)."""
+
+    def __init__(self, message: str, error: Exception) -> None:
+        self.detail = f"the request is not a valid {message} message: {error}"
+
+
+def _parser(message_class: Any) -> Callable[[bytes], Any]:
+    def parse(data: bytes) -> Any:
+        try:
+            return message_class.FromString(data)
+        except DecodeError as exc:
+            return Undecodable(message_class.DESCRIPTOR.full_name, exc)
+
+    return parse
+
+
+def add_servicer(servicer: LlmpServicer, server: grpc.aio.Server) -> None:
+    """``add_LlmpServicer_to_server`` of the generated code, with requests that do not decode
+    passed to the handler as :class:`Undecodable`."""
+    handlers = {}
+    for method in pb.DESCRIPTOR.services_by_name["Llmp"].methods:
+        request_class = getattr(pb, method.input_type.name)
+        response_class = getattr(pb, method.output_type.name)
+        make = grpc.unary_stream_rpc_method_handler if method.server_streaming else grpc.unary_unary_rpc_method_handler
+        handlers[method.name] = make(
+            getattr(servicer, method.name),
+            request_deserializer=_parser(request_class),
+            response_serializer=response_class.SerializeToString,
+        )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("llmp.v1.Llmp", handlers),))
+    server.add_registered_method_handlers("llmp.v1.Llmp", handlers)
+
+
+async def _check_call(fe: GrpcFrontend, request: Any, context: grpc.aio.ServicerContext, public: bool) -> None:
+    """Abort a call without a valid API key (unless the RPC is public), then one whose request did not decode."""
+    if not public and not fe.authorized(context.invocation_metadata()):
+        await context.abort(
+            grpc.StatusCode.UNAUTHENTICATED, "invalid or missing API key (metadata 'authorization: Bearer <key>')"
+        )
+    if isinstance(request, Undecodable):
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.detail)
+
+
 def _unary(public: bool = False) -> Callable:
     def wrap(method: Callable) -> Callable:
         @functools.wraps(method)
         async def handler(self: LlmpServicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
-            if not public and not self.fe.authorized(context.invocation_metadata()):
-                await context.abort(
-                    grpc.StatusCode.UNAUTHENTICATED,
-                    "invalid or missing API key (metadata 'authorization: Bearer <key>')",
-                )
+            await _check_call(self.fe, request, context, public)
             try:
                 return await method(self, request, context)
             except grpc.aio.AbortError:
@@ -228,10 +270,7 @@ class LlmpServicer(pb_grpc.LlmpServicer):
         return self.fe.response(seq, model, prompt_tokens, len(seq.token_ids))
 
     async def GenerateStream(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-        if not self.fe.authorized(context.invocation_metadata()):
-            await context.abort(
-                grpc.StatusCode.UNAUTHENTICATED, "invalid or missing API key (metadata 'authorization: Bearer <key>')"
-            )
+        await _check_call(self.fe, request, context, public=False)
         try:
             outputs, prompt_tokens, model = await self.fe.start(request, delta=True)
             generated = 0

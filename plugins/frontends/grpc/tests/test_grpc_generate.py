@@ -171,6 +171,18 @@ def test_bad_requests(server: GrpcServer, rpc: str, fields: dict, code: grpc.Sta
     assert contains in error.details()
 
 
+@pytest.mark.parametrize("rpc", ["Generate", "GenerateStream", "Tokenize", "Health"])
+def test_bytes_that_are_not_the_message_are_invalid_argument(server: GrpcServer, rpc: str) -> None:
+    """grpcio's own answer to a request that does not decode is UNKNOWN, a server error to clients."""
+    streaming = rpc == "GenerateStream"
+    method = (server.channel.unary_stream if streaming else server.channel.unary_unary)(f"/llmp.v1.Llmp/{rpc}")
+    garbage = b"\x0a\xff\xff\xff\xff\x0f"  # field 1, length-delimited, a length past the end
+    error = rpc_error(lambda: list(method(garbage, timeout=30)) if streaming else method(garbage, timeout=30))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
+    assert "is not a valid llmp.v1." in error.details()
+    assert server.stub.Health(pb.HealthRequest(), timeout=30).status == pb.HealthResponse.SERVING
+
+
 def test_cancelled_stream_aborts_the_request(server: GrpcServer) -> None:
     before = metrics(server.http)
     stream = server.stub.GenerateStream(greedy(max_tokens=CONTEXT - 20), timeout=120)
