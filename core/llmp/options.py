@@ -545,6 +545,9 @@ class FrontendOptions:
     )
     return_tokens_as_token_ids: bool = option(False, "Logprob tokens as 'token_id:N'.", panel="Front-ends")
     enable_force_include_usage: bool = option(False, "Usage on every streamed chunk.", panel="Front-ends")
+    enable_prompt_tokens_details: bool = option(
+        False, "Usage's prompt_tokens_details: the prompt tokens read from the prefix cache.", panel="Front-ends"
+    )
     enable_store: bool = option(
         False, "Keep /v1/responses results in memory (GET, previous_response_id).", panel="Front-ends"
     )

@@ -230,6 +230,7 @@ class Streamed:
     reasoning: str | None = None
     calls: list[dict[str, str]] = field(default_factory=list)
     finish_reasons: list[str] = field(default_factory=list)
+    usage: Any = None  # the last chunk's, with stream_options include_usage
 
     @property
     def call_pairs(self) -> list[tuple[str, str]]:
@@ -240,6 +241,7 @@ def collect(stream: Any) -> Streamed:
     """Concatenate the deltas of a one-choice stream, checking the shape of each tool-call piece."""
     out = Streamed()
     for chunk in stream:
+        out.usage = chunk.usage or out.usage
         for choice in chunk.choices:
             assert choice.index == 0
             delta = choice.delta
@@ -652,11 +654,19 @@ def test_reasoning_is_split_as_the_parser_splits(think_client, plain_client, mod
     assert choice.message.content == expected.content
     assert THINK_END not in expected.reasoning  # the split is at the first marker
     assert choice.finish_reason == "length" and not choice.message.tool_calls
+    # deepseek_r1 reads reasoning from the first token: the tokens before the first </think> (vLLM's count)
+    ids = extra(choice, "token_ids")
+    reasoning_tokens = ids.index(model.id(THINK_END)) if model.id(THINK_END) in ids else len(ids)
+    assert response.usage.completion_tokens_details.reasoning_tokens == reasoning_tokens
 
-    streamed = collect(chat(think_client, model, seed=seed, stream=True, **_mix(model)))
+    options = {"stream_options": {"include_usage": True}}
+    streamed = collect(chat(think_client, model, seed=seed, stream=True, **_mix(model), **options))
     # a stream sends no empty reasoning delta: an answer opening with the end marker streams none
     assert (streamed.reasoning or "", streamed.content) == (expected.reasoning, expected.content)
     assert streamed.finish_reasons == ["length"]
+    assert streamed.usage.completion_tokens_details.reasoning_tokens == reasoning_tokens
+    # no reasoning parser, no count (vLLM leaves completion_tokens_details out)
+    assert chat(plain_client, model, seed=seed, **_mix(model)).usage.completion_tokens_details is None
 
 
 def test_include_reasoning_false_drops_the_reasoning(think_client, plain_client, model, reasoning_parser):
@@ -875,7 +885,9 @@ def test_thinking_token_budget_cuts_the_reasoning(think_client, model, budget):
     """deepseek_r1 reads a completion as reasoning from its first token: after ``budget`` of them the
     engine writes </think> (against a -100 bias), and the rest is the answer."""
     request = _letters(model, thinking_token_budget=budget, return_token_ids=True)
-    choice = chat(think_client, model, **request).choices[0]
+    response = chat(think_client, model, **request)
+    choice = response.choices[0]
+    assert response.usage.completion_tokens_details.reasoning_tokens == budget  # the count the budget spends
     ids = extra(choice, "token_ids")
     assert len(ids) == 14 and ids[budget] == model.id(THINK_END), ids
     assert extra(choice.message, "reasoning") == model.tokenizer.decode(ids[:budget])
@@ -915,6 +927,7 @@ def test_responses_stream_ends_the_reasoning_item_before_the_answer_starts(think
     }
     whole = think_client.responses.create(**request)
     assert whole.status == "incomplete" and [item.type for item in whole.output] == ["reasoning", "message"]
+    assert whole.usage.output_tokens_details.reasoning_tokens == 4
     assert [item.status for item in whole.output] == ["completed", "incomplete"]
     events = list(think_client.responses.create(**request, stream=True))
     order = [

@@ -52,3 +52,22 @@ class ThinkingBudget:
 def _ends_with(tokens: list[int], marker: tuple[int, ...]) -> bool:
     """Whether ``tokens`` end with ``marker`` (an empty marker: always)."""
     return len(tokens) >= len(marker) and tuple(tokens[len(tokens) - len(marker) :]) == marker
+
+
+def count_reasoning_tokens(
+    output_token_ids: list[int], start_token_ids: list[int], end_token_ids: list[int], starts_inside: bool
+) -> int:
+    """The tokens of an output inside its reasoning, the markers not counted: what a
+    ``thinking_token_budget`` spends (vLLM's ``reasoning_tokens`` of the usage). Without a start
+    marker, only an output that starts inside the reasoning has any."""
+    if not end_token_ids or not (start_token_ids or starts_inside):
+        return 0
+    markers = ReasoningMarkers(
+        end_token_ids=list(end_token_ids), start_token_ids=list(start_token_ids), starts_inside=starts_inside
+    )
+    counter = ThinkingBudget(len(output_token_ids) + 1, markers)  # a budget never reached: it only counts
+    seen: list[int] = []
+    for token in output_token_ids:
+        seen.append(token)
+        counter.accept(seen)
+    return counter.spent

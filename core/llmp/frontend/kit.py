@@ -30,6 +30,7 @@ from llmp.api import (
     LoRAAdapterNotFoundError,
     RequestValidationError,
 )
+from llmp.engine.thinking_budget import count_reasoning_tokens
 from llmp.frontend.errors import APIError, bad_request
 from llmp.inputs import Prompt
 from llmp.lora import LoRARequest
@@ -485,10 +486,7 @@ class FrontendKit:
         parser = self.reasoning_parser
         if parser is None:
             raise bad_request(f"{param} needs a reasoning model served with --reasoning-parser", param)
-        # the completion starts inside the reasoning when the parser reads reasoning from its very start: the
-        # prompt opened it, or the parser assumes it open (deepseek_r1's), as its parse of an empty prefix says
-        state = parser.prompt_state(list(prompt_ids))
-        inside = parser.parse("", final=False, in_reasoning=state).reasoning is not None
+        inside = starts_inside(parser, parser.prompt_state(list(prompt_ids)))
         try:
             return ReasoningMarkers(
                 end_token_ids=list(parser.end_token_ids),
@@ -742,6 +740,23 @@ class OutputPlan:
 
     def finish_reason(self, reason: str | None, called: bool) -> str | None:
         return "tool_calls" if reason == "stop" and called and not self.named else reason
+
+    def reasoning_tokens(self, output_token_ids: Sequence[int]) -> int | None:
+        """How many of an output's tokens are reasoning (between the parser's markers, which are not
+        counted; from the first token when the prompt opened the reasoning): None without a reasoning
+        parser. The same count a ``thinking_token_budget`` spends."""
+        parser = self.reasoning_parser
+        if parser is None:
+            return None
+        start = list(getattr(parser, "start_token_ids", ()))
+        inside = starts_inside(parser, self.in_reasoning)
+        return count_reasoning_tokens(list(output_token_ids), start, list(parser.end_token_ids), inside)
+
+
+def starts_inside(parser: Any, prompt_state: bool | None) -> bool:
+    """Whether a completion starts inside the reasoning: the prompt opened it, or the parser assumes
+    it open (deepseek_r1's), as its parse of an empty prefix says."""
+    return parser.parse("", final=False, in_reasoning=prompt_state).reasoning is not None
 
 
 def tool_name(tool: Mapping[str, Any]) -> str | None:

@@ -495,9 +495,9 @@ class BatchService:
         usage = output.usage
         job["usage"] = {
             "input_tokens": usage["input_tokens"],
-            "input_tokens_details": {"cached_tokens": 0},
+            "input_tokens_details": {"cached_tokens": usage["cached_tokens"]},
             "output_tokens": usage["output_tokens"],
-            "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": usage["reasoning_tokens"]},
             "total_tokens": usage["input_tokens"] + usage["output_tokens"],
         }
         job.update(status=final, **{f"{final}_at": now})

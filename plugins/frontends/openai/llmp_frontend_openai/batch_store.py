@@ -212,7 +212,7 @@ class AnswerLog:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.custom_ids: list[str] = []
-        self.usage = {"input_tokens": 0, "output_tokens": 0}
+        self.usage = {"input_tokens": 0, "output_tokens": 0, "cached_tokens": 0, "reasoning_tokens": 0}
         for record in self._recover():
             self._count(record)
         self._file = open(path, "ab")  # noqa: SIM115  (open for the job's life; closed by close())
@@ -235,6 +235,10 @@ class AnswerLog:
         if isinstance(usage, dict):
             self.usage["input_tokens"] += int(usage.get("prompt_tokens") or 0)
             self.usage["output_tokens"] += int(usage.get("completion_tokens") or 0)
+            self.usage["cached_tokens"] += int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+            self.usage["reasoning_tokens"] += int(
+                (usage.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0
+            )
 
     def append(self, record: dict[str, Any]) -> None:
         """Write ``record`` as one line and sync it: once this returns, the answer survives a crash."""

@@ -109,7 +109,7 @@ class ChatCompletion:
             "created": self.created,
             "model": self.model,
             "choices": choices,
-            "usage": usage(len(self.prompt_ids), completion_tokens),
+            "usage": self._usage(completion_tokens, [seq.token_ids for seq in final.outputs], final.num_cached_tokens),
             "system_fingerprint": None,
         }
         if self.params.prompt_logprobs is not None:
@@ -158,6 +158,8 @@ class ChatCompletion:
         include_usage = force or bool(options and options.include_usage)
         continuous = force or bool(options and options.continuous_usage_stats)
         prompt_len, generated = len(self.prompt_ids), [0] * self.params.n
+        output_ids: list[list[int]] = [[] for _ in range(self.params.n)]
+        cached = 0
         done: set[int] = set()
         texts = [""] * self.params.n
         streams = [self.plan.message_stream() for _ in range(self.params.n)] if self.parsed else []
@@ -175,10 +177,12 @@ class ChatCompletion:
                     echoed = {"index": index, "delta": {"content": self.echo}, "logprobs": None, "finish_reason": None}
                     yield sse(self._chunk([echoed], usage(prompt_len, 0) if continuous else None))
             async for output in self.outputs:
+                cached = output.num_cached_tokens
                 for seq in output.outputs:
                     if seq.index in done:
                         continue
                     generated[seq.index] += len(seq.token_ids)
+                    output_ids[seq.index] += seq.token_ids
                     # tokens that end in the middle of a character add no text yet: no chunk, unless
                     # their logprobs must be sent
                     if not (seq.text or seq.finish_reason or (self.top is not None and seq.token_ids)):
@@ -205,11 +209,21 @@ class ChatCompletion:
                         choice["token_ids"] = seq.token_ids
                     yield sse(self._chunk([choice], usage(prompt_len, generated[seq.index]) if continuous else None))
             if include_usage:
-                yield sse(self._chunk([], usage(prompt_len, sum(generated))))
+                yield sse(self._chunk([], self._usage(sum(generated), output_ids, cached)))
         except Exception as exc:  # after the headers: report in-band and end; [DONE] marks success only
             yield sse_error(exc)
             return
         yield DONE
+
+    def _usage(self, completion_tokens: int, output_ids: list[list[int]], cached_tokens: int) -> dict[str, Any]:
+        """The whole answer's usage; with a reasoning parser, vLLM's ``completion_tokens_details``
+        with the tokens the choices spent reasoning."""
+        cached = cached_tokens if self.fe.options.enable_prompt_tokens_details else None
+        counted: dict[str, Any] = usage(len(self.prompt_ids), completion_tokens, cached)
+        if self.plan.reasoning_parser is not None:
+            reasoning = sum(self.plan.reasoning_tokens(ids) or 0 for ids in output_ids)
+            counted["completion_tokens_details"] = {"reasoning_tokens": reasoning}
+        return counted
 
     def _delta(self, piece: Any) -> dict[str, Any]:
         """A chat delta from a ``llmp.parsing.MessageDelta``."""

@@ -101,10 +101,14 @@ class Completion:
             "created": self.created,
             "model": self.model,
             "choices": choices,
-            "usage": usage(prompt_tokens, completion_tokens),
+            "usage": usage(prompt_tokens, completion_tokens, self._cached(finals)),
             "system_fingerprint": None,
         }
         return response
+
+    def _cached(self, outputs: Any) -> int | None:
+        """The prompts' tokens read from the prefix cache, with ``--enable-prompt-tokens-details``."""
+        return sum(o.num_cached_tokens for o in outputs) if self.fe.options.enable_prompt_tokens_details else None
 
     def _choice(
         self,
@@ -154,10 +158,12 @@ class Completion:
         continuous = force or bool(options and options.continuous_usage_stats)
         prompt_tokens = sum(len(prompt.token_ids) for prompt in self.prompts)
         generated = 0
+        latest: dict[int, Any] = {}  # each prompt's latest output, for its cached tokens
         echoed: set[tuple[int, int]] = set()
         done: set[tuple[int, int]] = set()
         try:
             async for prompt_index, output in _merge(self.streams):
+                latest[prompt_index] = output
                 for seq in output.outputs:
                     key = (prompt_index, seq.index)
                     if key in done:
@@ -175,7 +181,7 @@ class Completion:
                         choice.pop("stop_reason")
                     yield sse(self._chunk([choice], usage(prompt_tokens, generated) if continuous else None))
             if include_usage:
-                yield sse(self._chunk([], usage(prompt_tokens, generated)))
+                yield sse(self._chunk([], usage(prompt_tokens, generated, self._cached(latest.values()))))
         except Exception as exc:  # after the headers: report in-band and end; [DONE] marks success only
             yield sse_error(exc)
             return

@@ -161,6 +161,8 @@ class ResponseRun:
         self.text = ""
         self.items: OutputItems
         self.output_tokens = 0
+        self.output_ids: list[int] = []
+        self.cached_tokens = 0
         self.finish_reason: str | None = None
         self.task: asyncio.Task | None = None
         self.messages: list[dict[str, Any]] = []
@@ -244,7 +246,9 @@ class ResponseRun:
         try:
             async for output in self.outputs:
                 seq = output.outputs[0]
+                self.cached_tokens = output.num_cached_tokens
                 self.output_tokens += len(seq.token_ids)
+                self.output_ids += seq.token_ids
                 self.text += seq.text
                 if seq.finish_reason:
                     self.finish_reason = seq.finish_reason
@@ -288,9 +292,9 @@ class ResponseRun:
             "background": body.background,
             "usage": {
                 "input_tokens": len(self.prompt_ids),
-                "input_tokens_details": {"cached_tokens": 0},
+                "input_tokens_details": {"cached_tokens": self.cached_tokens},
                 "output_tokens": self.output_tokens,
-                "output_tokens_details": {"reasoning_tokens": self.items.reasoning_tokens(self.fe.tokenizer)},
+                "output_tokens_details": {"reasoning_tokens": self.plan.reasoning_tokens(self.output_ids) or 0},
                 "total_tokens": len(self.prompt_ids) + self.output_tokens,
             }
             if done
@@ -471,10 +475,6 @@ class OutputItems:
                 for c in sent.tool_calls
             ]
         return message
-
-    def reasoning_tokens(self, tokenizer: Any) -> int:
-        reasoning = self.stream.sent.reasoning
-        return len(tokenizer.encode(reasoning, add_special_tokens=False)) if reasoning else 0
 
     def _add(self, key: str, name: str | None = None, call_id: str | None = None) -> Iterator[Event]:
         if key in self.index:

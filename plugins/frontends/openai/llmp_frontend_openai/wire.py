@@ -19,9 +19,14 @@ def sse_error(exc: BaseException) -> str:
     return sse(as_api_error(exc).body())
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
+    """OpenAI's usage object; with ``cached_tokens`` (``--enable-prompt-tokens-details``) its
+    ``prompt_tokens_details``: the prompt tokens read from the prefix cache."""
+    counted: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+    if cached_tokens is not None:
+        counted["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return counted

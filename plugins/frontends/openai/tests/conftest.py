@@ -59,7 +59,13 @@ def server(tiny: TinyLlama) -> Iterator[LiveServer]:
 @pytest.fixture(scope="session")
 def ops_server(tiny: TinyLlama) -> Iterator[LiveServer]:
     yield from _serve(
-        tiny.path, "--allowed-origins", OK_ORIGIN, "--root-path", ROOT_PATH, "--return-tokens-as-token-ids"
+        tiny.path,
+        "--allowed-origins",
+        OK_ORIGIN,
+        "--root-path",
+        ROOT_PATH,
+        "--return-tokens-as-token-ids",
+        "--enable-prompt-tokens-details",
     )
 
 

@@ -356,3 +356,43 @@ def test_metrics_count_n_choices(ops_http):
     after = metrics(ops_http)
     assert metric(after, "llmp_generation_tokens_total") - metric(before, "llmp_generation_tokens_total") == 12
     assert metric(after, "llmp_request_success_total") - metric(before, "llmp_request_success_total") == 1
+
+
+# -- usage: the prompt tokens read from the prefix cache -------------------------------------
+
+
+def _unique_prompt(tag: str) -> str:
+    return f"{tag} " + " ".join(f"word{i} {tag}" for i in range(6))  # several KV blocks, in no other test
+
+
+def test_prompt_tokens_details_count_the_prefix_cache(ops_http, http):
+    """--enable-prompt-tokens-details: the second run of a prompt reads its whole blocks from the cache."""
+    messages = [{"role": "user", "content": _unique_prompt("chat-cache")}]
+    body = {"messages": messages, "max_tokens": 2}
+    first = ops_http.post("/v1/chat/completions", json=body).json()["usage"]
+    second = ops_http.post("/v1/chat/completions", json=body).json()["usage"]
+    assert first["prompt_tokens_details"] == {"cached_tokens": 0}, first
+    cached = second["prompt_tokens_details"]["cached_tokens"]
+    assert 0 < cached < second["prompt_tokens"], second
+    streamed = ops_http.post(
+        "/v1/chat/completions", json={**body, "stream": True, "stream_options": {"include_usage": True}}
+    )
+    last = [line for line in streamed.text.splitlines() if line.startswith("data: {")][-1]
+    assert '"prompt_tokens_details":{"cached_tokens":%d}' % cached in last, last
+
+    prompts = [_unique_prompt("completion-cache-a"), _unique_prompt("completion-cache-b")]
+    body = {"prompt": prompts, "max_tokens": 2}
+    assert ops_http.post("/v1/completions", json=body).json()["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    usage = ops_http.post("/v1/completions", json=body).json()["usage"]
+    assert 0 < usage["prompt_tokens_details"]["cached_tokens"] < usage["prompt_tokens"], usage
+
+    # off by default (vLLM's flag); the Responses API always reports its input_tokens_details
+    assert (
+        "prompt_tokens_details"
+        not in http.post("/v1/chat/completions", json=body | {"messages": messages}).json()["usage"]
+    )
+    request = {"input": _unique_prompt("responses-cache"), "max_output_tokens": 2}
+    first = http.post("/v1/responses", json=request).json()["usage"]
+    second = http.post("/v1/responses", json=request).json()["usage"]
+    assert first["input_tokens_details"] == {"cached_tokens": 0}, first
+    assert 0 < second["input_tokens_details"]["cached_tokens"] < second["input_tokens"], second
