@@ -149,9 +149,10 @@ def test_disconnects_abort_requests(ops_http, tiny):
             readers.append(lines)  # held, so the connection stays open until the stack closes it
         during = metrics(ops_http)
         assert metric(during, "llmp_num_requests_running") + metric(during, "llmp_num_requests_waiting") >= 1
-    # a non-streamed one, given up on by its client
+    # a non-streamed one, given up on by its client (logprobs slow it: alone, 400 tokens of the tiny
+    # model can take as little as 0.3 s on a fast machine, 0.7 s with them)
     with pytest.raises(httpx.ReadTimeout):
-        ops_http.post("/v1/completions", json={"prompt": "The quick brown", **long}, timeout=0.3)
+        ops_http.post("/v1/completions", json={"prompt": "The quick brown", "logprobs": 5, **long}, timeout=0.3)
     wait_idle(ops_http, timeout=10)
     after = metrics(ops_http)
 
