@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from llmp.beam_search import BeamSearchOutput, BeamSearchParams
 from llmp.inputs import Prompt, PromptType, as_prompt
 from llmp.lora import LoRARequest
 from llmp.options import EngineConfig
@@ -304,6 +305,41 @@ class LLM:
             )
         if task == "score":
             self._check_score_support(self.engine.info.options)
+
+    def beam_search(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        params: BeamSearchParams,
+        *,
+        lora_request: LoRARequests = None,
+        use_tqdm: bool = False,
+    ) -> list[BeamSearchOutput]:
+        """vLLM's beam search (:mod:`llmp.beam_search`): each prompt's best ``params.beam_width``
+        beams, best first; ``sequences[i].tokens`` holds the prompt and the generated tokens,
+        ``text`` the generated text. ``lora_request``: as in :meth:`generate`."""
+        from llmp.beam_search import BeamSearch, step_logprobs
+
+        if not isinstance(params, BeamSearchParams):
+            raise TypeError(f"params must be a BeamSearchParams, got {type(params).__name__}")
+        prompts = _prompt_list(prompts)
+        loras = _loras_per_prompt(lora_request, len(prompts))
+        engine = self.engine
+        search = BeamSearch(
+            [engine.tokenize_prompt(prompt) for prompt in prompts],
+            params,
+            eos_token_ids=engine.eos_token_ids,
+            max_model_len=engine.max_model_len,
+            loras=loras,
+        )
+        while beams := search.live():
+            outputs = self.generate(
+                [Prompt(token_ids=beam.tokens) for beam in beams],
+                search.step_params,
+                use_tqdm=use_tqdm,
+                lora_request=[beam.lora_request for beam in beams],
+            )
+            search.advance([step_logprobs(output) for output in outputs])
+        return search.outputs(engine.tokenizer)
 
     def chat(
         self,

@@ -664,6 +664,30 @@ def sentence_transformers_reference(model_dir: Path, texts: list[str]) -> Any:
     return torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1), dim=-1)
 
 
+def hf_beam_search(model: Any, prompt_token_ids: list[int], width: int, max_new_tokens: int) -> list[list[int]]:
+    """Transformers' beam search with no end token (every beam runs ``max_new_tokens``): each beam's
+    generated tokens, best first."""
+    import copy
+
+    import torch
+
+    config = copy.deepcopy(model.generation_config)
+    config.eos_token_id = None
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([prompt_token_ids]),
+            attention_mask=torch.ones(1, len(prompt_token_ids), dtype=torch.long),
+            generation_config=config,
+            num_beams=width,
+            num_return_sequences=width,
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=0,
+        )
+    return [row[len(prompt_token_ids) :].tolist() for row in out]
+
+
 def hf_greedy(model: Any, prompt_token_ids: list[int], max_new_tokens: int) -> list[int]:
     """Transformers' greedy continuation of one prompt, ignoring EOS.
 

@@ -255,6 +255,8 @@ def test_priority_under_fcfs_is_400(servers, route, stream):
         ({"prompt_logprobs": 1}, "prompt_logprobs"),
         ({"return_token_ids": True}, "return_token_ids"),
         ({"include": ["message.output_text.logprobs"]}, "include"),
+        ({"use_beam_search": True}, "use_beam_search"),
+        ({"length_penalty": 0.5}, "length_penalty"),
     ],
 )
 def test_responses_refuses_fields_it_cannot_honour(servers, fields, param):

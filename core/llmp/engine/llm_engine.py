@@ -152,6 +152,7 @@ class LLMEngine:
                 "tensor_parallel_size": config.tensor_parallel_size,
                 "task": self.task,
                 "vocab_size": self.vocab_size,
+                "eos_token_ids": sorted(self.eos_token_ids),
                 **self._pooling_options(),
             },
         )

@@ -14,12 +14,13 @@ and its protocol's shapes: a handler maps its protocol's field names into a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, get_args
 
@@ -30,11 +31,13 @@ from llmp.api import (
     LoRAAdapterNotFoundError,
     RequestValidationError,
 )
+from llmp.beam_search import BeamSearch, BeamSearchParams, BeamSearchSequence, run_beam_search, step_logprobs
 from llmp.engine.thinking_budget import count_reasoning_tokens
 from llmp.frontend.errors import APIError, bad_request
 from llmp.inputs import Prompt
 from llmp.lora import LoRARequest
 from llmp.options import FrontendOptions
+from llmp.outputs import CompletionOutput, RequestOutput
 from llmp.sampling_params import (
     ReasoningMarkers,
     SamplingParams,
@@ -504,6 +507,67 @@ class FrontendKit:
         """Parsers whose markers are special tokens read the text with them."""
         parsers = (plan.tool_parser, plan.reasoning_parser)
         return requested and not any(getattr(p, "keep_special_tokens", False) for p in parsers if p is not None)
+
+    # -- beam search ---------------------------------------------------------------------
+
+    async def beam_search(
+        self,
+        prompt_ids: Sequence[int],
+        params: BeamSearchParams,
+        *,
+        lora: LoRARequest | None = None,
+        priority: int = 0,
+        skip_special_tokens: bool = True,
+    ) -> AsyncIterator[RequestOutput]:
+        """vLLM's ``use_beam_search``: the best ``params.beam_width`` beams of a prompt as one
+        finished :class:`RequestOutput` (a completion per beam, best first), for a handler to answer
+        as it answers a generation. Each step runs every live beam as a one-token engine request."""
+        search = BeamSearch(
+            [list(prompt_ids)],
+            params,
+            eos_token_ids=self.engine.info.get("eos_token_ids") or (),
+            max_model_len=self.max_model_len,
+            loras=[lora],
+        )
+
+        async def one(beam: BeamSearchSequence, step: SamplingParams) -> Any:
+            outputs = self.engine.generate(
+                Prompt(token_ids=beam.tokens), step, engine_request_id("beam"), lora_request=lora, priority=priority
+            )
+            final = None
+            async with contextlib.aclosing(outputs):
+                async for final in outputs:
+                    pass
+            return step_logprobs(final)
+
+        async def step(beams: list[BeamSearchSequence], params: SamplingParams) -> list[Any]:
+            tasks = [asyncio.ensure_future(one(beam, params)) for beam in beams]
+            try:
+                return list(await asyncio.gather(*tasks))
+            finally:
+                for task in tasks:
+                    task.cancel()
+
+        await run_beam_search(search, step)
+        [result] = search.outputs(self.tokenizer, skip_special_tokens)
+        prompt_len = len(prompt_ids)
+        yield RequestOutput(
+            request_id=engine_request_id("beam"),
+            prompt=None,
+            prompt_token_ids=list(prompt_ids),
+            outputs=[
+                CompletionOutput(
+                    index=i,
+                    text=beam.text or "",
+                    token_ids=beam.tokens[prompt_len:],
+                    cumulative_logprob=beam.cum_logprob,
+                    finish_reason=beam.finish_reason,
+                    stop_reason=beam.stop_reason,
+                )
+                for i, beam in enumerate(result.sequences)
+            ],
+            finished=True,
+        )
 
     # -- sampling ------------------------------------------------------------------------
 

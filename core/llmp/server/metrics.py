@@ -383,9 +383,10 @@ class MeteredEngine:
         self.capacity, self.overload_status = capacity, overload_status
         self.in_flight = 0
 
-    def check_capacity(self, count: int, param: str | None = None) -> None:
+    def check_capacity(self, count: int, param: str | None = None, what: str = "prompts") -> None:
         """Refuse, before any of them starts, a request that needs ``count`` engine requests
-        (a list of prompts): 400 if it can never fit, the overload status if it cannot fit now."""
+        (a list of prompts, or ``what`` else runs at once): 400 if it can never fit, the overload
+        status if it cannot fit now."""
         from llmp.frontend.errors import APIError
 
         if self.capacity is None:
@@ -393,7 +394,7 @@ class MeteredEngine:
         if count > self.capacity:
             raise APIError(
                 400,
-                f"{count} prompts in one request exceed the {self.capacity} requests the server "
+                f"{count} {what} in one request exceed the {self.capacity} requests the server "
                 "takes at once (--max-num-seqs plus --max-queue-len); send fewer",
                 param=param,
             )

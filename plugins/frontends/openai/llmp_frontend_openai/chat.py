@@ -44,14 +44,22 @@ class ChatCompletion:
         fe, body = self.fe, self.body
         prompt = await self.prepare()
         self.echo = _echo_text(body, self.role)
-        self.outputs = fe.engine.generate(
-            prompt,
-            self.params,
-            engine_request_id("chatcmpl"),
-            lora_request=self.lora,
-            priority=body.priority,
-            delta=bool(body.stream),
-        )
+        if self.beam is not None:
+            if hasattr(fe.engine, "check_capacity"):  # every beam of a step runs at once
+                fe.engine.check_capacity(self.n, "n", "beams")
+            skip = self.params.skip_special_tokens
+            self.outputs = fe.beam_search(
+                self.prompt_ids, self.beam, lora=self.lora, priority=body.priority, skip_special_tokens=skip
+            )
+        else:
+            self.outputs = fe.engine.generate(
+                prompt,
+                self.params,
+                engine_request_id("chatcmpl"),
+                lora_request=self.lora,
+                priority=body.priority,
+                delta=bool(body.stream),
+            )
         return await fe.respond(self.request, bool(body.stream), self.stream if body.stream else self.whole)
 
     async def prepare(self) -> Prompt:
@@ -84,8 +92,9 @@ class ChatCompletion:
         field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
         requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         self.top = (body.top_logprobs or 0) if body.logprobs else None
+        width = fe.beam_search_width(body)
         self.params = fe.sampling_params(
-            body,
+            body if width is None else body.model_copy(update={"n": 1}),
             self.prompt_ids,
             max_tokens=requested,
             logprobs=self.top,
@@ -93,6 +102,8 @@ class ChatCompletion:
             skip_special_tokens=fe.skip_special_tokens(self.plan, body.skip_special_tokens),
             names={"max_tokens": field, "logprobs": "top_logprobs"},
         )
+        self.beam = None if width is None else fe.beam_search_params(width, body, self.params, constraint)
+        self.n = self.params.n if width is None else width
         return prompt
 
     # -- whole -------------------------------------------------------------------
@@ -157,14 +168,14 @@ class ChatCompletion:
         force = self.fe.options.enable_force_include_usage
         include_usage = force or bool(options and options.include_usage)
         continuous = force or bool(options and options.continuous_usage_stats)
-        prompt_len, generated = len(self.prompt_ids), [0] * self.params.n
-        output_ids: list[list[int]] = [[] for _ in range(self.params.n)]
+        prompt_len, generated = len(self.prompt_ids), [0] * self.n
+        output_ids: list[list[int]] = [[] for _ in range(self.n)]
         cached = 0
         done: set[int] = set()
-        texts = [""] * self.params.n
-        streams = [self.plan.message_stream() for _ in range(self.params.n)] if self.parsed else []
+        texts = [""] * self.n
+        streams = [self.plan.message_stream() for _ in range(self.n)] if self.parsed else []
         try:
-            for index in range(self.params.n):
+            for index in range(self.n):
                 first: dict[str, Any] = {
                     "index": index,
                     "delta": {"role": self.role, "content": ""},

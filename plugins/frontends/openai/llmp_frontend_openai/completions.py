@@ -38,7 +38,18 @@ class Completion:
         fe, body = self.fe, self.body
         await self.prepare()
         if hasattr(fe.engine, "check_capacity"):  # all prompts run, or none: refuse now, not halfway
-            fe.engine.check_capacity(len(self.prompts), "prompt")
+            beams = len(self.prompts) * self.n if self.beam is not None else 0
+            if beams:
+                fe.engine.check_capacity(beams, "n", "beams (n for each prompt)")
+            else:
+                fe.engine.check_capacity(len(self.prompts), "prompt")
+        if self.beam is not None:
+            skip = self.params[0].skip_special_tokens
+            self.streams = [
+                fe.beam_search(p.token_ids, self.beam, lora=self.lora, priority=body.priority, skip_special_tokens=skip)
+                for p in self.prompts
+            ]
+            return await fe.respond(self.request, bool(body.stream), self.stream if body.stream else self.whole)
         self.streams = [
             fe.engine.generate(
                 prompt,
@@ -69,10 +80,11 @@ class Completion:
         echo_logprobs = body.echo and body.logprobs is not None
         constraint = fe.structured_outputs_of(body)
         await fe.check_constraint(constraint, "structured_outputs" if body.structured_outputs else "response_format")
+        width = fe.beam_search_width(body)
         self.params = []
         for prompt in self.prompts:
             params = fe.sampling_params(
-                body,
+                body if width is None else body.model_copy(update={"n": 1}),
                 prompt.token_ids,
                 max_tokens=body.max_tokens,
                 logprobs=body.logprobs,
@@ -81,7 +93,8 @@ class Completion:
             if echo_logprobs and params.prompt_logprobs is None:
                 params.prompt_logprobs = body.logprobs
             self.params.append(params)
-        self.n = self.params[0].n
+        self.n = self.params[0].n if width is None else width
+        self.beam = None if width is None else fe.beam_search_params(width, body, self.params[0], constraint)
 
     # -- whole -------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from llmp import Prompt, SamplingParams, StructuredOutputsParams
+from llmp import BeamSearchParams, Prompt, SamplingParams, StructuredOutputsParams
 from llmp.frontend import (
     APIError,
     FrontendKit,
@@ -29,14 +29,34 @@ NOT_DONE: dict[str, tuple[Any, str]] = {
     "function_call": (None, "give it as tool_choice (the legacy function_call field is not supported)"),
     "audio": (None, "llmp answers in text only"),
     "conversation": (None, "llmp keeps no conversations; continue a stored response with previous_response_id"),
-    "use_beam_search": (False, "llmp samples; use n for several answers"),
-    "length_penalty": (1.0, "it applies to beam search, which llmp does not run"),
     "repetition_detection": (None, "llmp does not stop on detected repetition"),
     "kv_transfer_params": (None, "llmp has no disaggregated prefill"),
     "vllm_xargs": (None, "llmp has no per-request logits-processor arguments"),
     "prompt_embeds": (None, "this model takes token ids"),
 }
 
+
+# sampling fields beam search has no place for: at their defaults, or a 400 (never ignored)
+BEAM_SEARCH_IDLE = (
+    "top_p",
+    "top_k",
+    "min_p",
+    "typical_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "logit_bias",
+    "seed",
+    "stop",
+    "stop_token_ids",
+    "bad_words",
+    "allowed_token_ids",
+    "min_tokens",
+    "logprobs",
+    "top_logprobs",
+    "prompt_logprobs",
+    "thinking_token_budget",
+)
 
 GUIDED = ("json", "regex", "choice", "grammar")  # guided_<name>: older vLLM's structured_outputs.<name>
 
@@ -151,6 +171,40 @@ class OpenAIFrontend(FrontendKit):
         modalities = getattr(body, "modalities", None)
         if modalities is not None and set(modalities) - {"text"}:
             raise bad_request(f"modalities {modalities!r}: llmp answers in text only", "modalities")
+
+    def beam_search_width(self, body: p.SamplingFields) -> int | None:
+        """With ``use_beam_search`` (vLLM's), the beam width (``n``), once the fields beam search has
+        no place for are checked; None without it (then ``length_penalty`` must stay 1)."""
+        if not body.use_beam_search:
+            if body.length_penalty != 1.0:
+                raise bad_request("length_penalty applies to beam search: set use_beam_search", "length_penalty")
+            return None
+        for name in BEAM_SEARCH_IDLE:
+            value, default = getattr(body, name, None), type(body).model_fields.get(name)
+            if value is not None and value not in ({}, []) and (default is None or value != default.default):
+                raise bad_request(f"{name} does not apply to beam search (use_beam_search)", name)
+        width = 1 if body.n is None else body.n
+        if not 1 <= width <= self.options.max_n:
+            raise bad_request(f"n (the beam width) must be between 1 and {self.options.max_n}, got {width}", "n")
+        return width
+
+    def beam_search_params(
+        self, width: int, body: p.SamplingFields, params: SamplingParams, constraint: Any
+    ) -> BeamSearchParams:
+        """The beam search of a request whose sampling parameters (``n`` 1) are ``params``."""
+        if constraint is not None:
+            raise bad_request(
+                "beam search cannot follow a constraint (response_format, structured_outputs, a required tool call)",
+                "use_beam_search",
+            )
+        return BeamSearchParams(
+            beam_width=width,
+            max_tokens=params.max_tokens,
+            ignore_eos=params.ignore_eos,
+            temperature=params.temperature,
+            length_penalty=body.length_penalty,
+            include_stop_str_in_output=params.include_stop_str_in_output,
+        )
 
     def structured_outputs_of(
         self, body: p.SamplingFields, response_format: Mapping[str, Any] | None = None

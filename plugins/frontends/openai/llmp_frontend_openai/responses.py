@@ -553,6 +553,8 @@ def _check_responses_fields(body: p.ResponsesRequest) -> None:
         ("echo", body.echo),
         ("prompt_logprobs", body.prompt_logprobs is not None),
         ("return_token_ids", body.return_token_ids),
+        ("use_beam_search", body.use_beam_search),  # one response, n beams: use chat or completions
+        ("length_penalty", body.length_penalty != 1.0),
     ):
         if given:
             hint = "; give text.format" if name == "response_format" else ""

@@ -468,7 +468,7 @@ def test_return_tokens_as_token_ids_per_chat_request(client, tiny):
 
 def test_vllm_fields_for_what_llmp_does_not_do_are_refused_in_chat(http):
     body = {"messages": MESSAGES, "max_tokens": 1}
-    for field, value in [("use_beam_search", True), ("kv_transfer_params", {"a": 1}), ("thinking_token_budget", 8)]:
+    for field, value in [("length_penalty", 0.5), ("kv_transfer_params", {"a": 1}), ("thinking_token_budget", 8)]:
         assert_error(http.post("/v1/chat/completions", json={**body, field: value}), 400, param=field)
 
 
@@ -534,3 +534,28 @@ def test_cache_salt_keeps_prefix_cache_hits_within_a_salt(client, tiny, http):
     assert hits_of("tenant-b") == (0, answer)
     body = {"messages": messages, "max_tokens": 1}
     assert_error(http.post("/v1/chat/completions", json={**body, "cache_salt": ""}), 400, param="cache_salt")
+
+
+def test_chat_beam_search_returns_the_beams_best_first(client, tiny):
+    from llmp.beam_search import beam_score
+
+    body = {"use_beam_search": True, "ignore_eos": True, "return_token_ids": True, "length_penalty": 0.0}
+    messages = [{"role": "user", "content": "The quick brown fox"}]
+    response = client.chat.completions.create(
+        model=tiny.name, messages=messages, max_tokens=4, n=4, temperature=0, extra_body=body
+    )
+    assert len(response.choices) == 4 and response.usage.completion_tokens == 16
+    prompt_ids = extra(response, "prompt_token_ids")
+    # length_penalty 0: ranked by the sum of the tokens' logprobs, from transformers' own logits
+    import torch
+
+    scores = []
+    for choice in response.choices:
+        ids = extra(choice, "token_ids")
+        with torch.no_grad():
+            logprobs = tiny.model(torch.tensor([prompt_ids + ids])).logits[0].float().log_softmax(-1)
+        total = sum(logprobs[len(prompt_ids) - 1 + i, t].item() for i, t in enumerate(ids))
+        scores.append(beam_score(prompt_ids + ids, total, (), 0.0))
+        assert choice.message.content == tiny.tokenizer.decode(ids, skip_special_tokens=True)
+    assert scores == sorted(scores, reverse=True)
+    assert len({tuple(extra(c, "token_ids")) for c in response.choices}) == 4  # four different beams

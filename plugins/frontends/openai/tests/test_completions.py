@@ -393,8 +393,7 @@ def test_return_tokens_as_token_ids_per_request(client, tiny):
 @pytest.mark.parametrize(
     ("field", "value"),
     [
-        ("use_beam_search", True),
-        ("length_penalty", 0.5),
+        ("length_penalty", 0.5),  # without use_beam_search
         ("thinking_token_budget", 16),
         ("repetition_detection", {"max_pattern_size": 4}),
         ("kv_transfer_params", {"do_remote_decode": True}),
@@ -408,7 +407,7 @@ def test_vllm_fields_for_what_llmp_does_not_do_are_refused_when_set(http, field,
     response = http.post("/v1/completions", json={**body, field: value})
     assert_error(response, 400, param=field)
     assert field in response.json()["error"]["message"]
-    idle = {"use_beam_search": False, "length_penalty": 1.0, "vllm_xargs": {}}.get(field)
+    idle = {"length_penalty": 1.0, "vllm_xargs": {}}.get(field)
     assert http.post("/v1/completions", json={**body, field: idle}).status_code == 200
 
 
@@ -416,3 +415,47 @@ def test_unknown_fields_are_accepted_and_named_in_the_log(http, server):
     body = {"prompt": PROMPT, "max_tokens": 1, "no_such_field_xq": 1}
     assert http.post("/v1/completions", json=body).status_code == 200
     assert "present in the request but ignored: no_such_field_xq" in server.log()
+
+
+# -- beam search (vLLM's use_beam_search) ------------------------------------------------
+
+
+def test_beam_search_equals_transformers_beam_search(client, tiny):
+    from llmp.testing import hf_beam_search
+
+    body = {"use_beam_search": True, "ignore_eos": True, "return_token_ids": True}
+    response = client.completions.create(
+        model=tiny.name, prompt=PROMPT, max_tokens=5, n=3, temperature=0, extra_body=body
+    )
+    prompt_ids = tiny.tokenizer.encode(PROMPT)
+    beams = hf_beam_search(tiny.model, prompt_ids, 3, 5)
+    assert [extra(choice, "token_ids") for choice in response.choices] == beams
+    assert [choice.index for choice in response.choices] == [0, 1, 2]
+    assert {choice.finish_reason for choice in response.choices} == {"length"}
+    assert response.usage.completion_tokens == 15
+    streamed = client.completions.create(
+        model=tiny.name, prompt=PROMPT, max_tokens=5, n=3, temperature=0, extra_body=body, stream=True
+    )
+    texts = {}
+    for chunk in streamed:
+        for choice in chunk.choices:
+            texts[choice.index] = texts.get(choice.index, "") + choice.text
+    assert [texts[i] for i in range(3)] == [choice.text for choice in response.choices]
+
+
+@pytest.mark.parametrize(
+    "fields, param",
+    [
+        ({"top_p": 0.5}, "top_p"),
+        ({"seed": 3}, "seed"),
+        ({"logprobs": 2}, "logprobs"),
+        ({"stop": ["x"]}, "stop"),
+        ({"structured_outputs": {"regex": "[a-z]+"}}, "use_beam_search"),
+        ({"n": 1000}, "n"),
+    ],
+)
+def test_beam_search_refuses_what_it_cannot_honour(http, tiny, fields, param):
+    body = {"model": tiny.name, "prompt": PROMPT, "max_tokens": 3, "use_beam_search": True, **fields}
+    assert_error(http.post("/v1/completions", json=body), 400, param=param)
+    body = {"model": tiny.name, "prompt": PROMPT, "max_tokens": 3, "length_penalty": 0.5}  # without beam search
+    assert_error(http.post("/v1/completions", json=body), 400, param="length_penalty", contains="use_beam_search")

@@ -245,5 +245,5 @@ def test_render_echoes_the_cache_salt_and_refuses_what_the_route_refuses(api):
     assert rendered(api, "/v1/chat/completions/render", {**body, "cache_salt": "tenant-a"})["cache_salt"] == "tenant-a"
     [out] = rendered(api, "/v1/completions/render", {"prompt": "hi", "cache_salt": "t"})
     assert out["cache_salt"] == "t"
-    refused = api.post("/v1/chat/completions/render", json={**body, "use_beam_search": True})
-    assert refused.status_code == 400 and refused.json()["error"]["param"] == "use_beam_search"
+    refused = api.post("/v1/chat/completions/render", json={**body, "kv_transfer_params": {"a": 1}})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "kv_transfer_params"

@@ -114,6 +114,8 @@ UNSUPPORTED = (
     "guided_choice",
     "guided_grammar",
     "modalities",
+    "use_beam_search",  # n beams: /invocations answers one text
+    "length_penalty",
     *NOT_DONE,  # vLLM's fields for what llmp does not do on any route
 )
 _DEFAULTS = {
@@ -121,6 +123,8 @@ _DEFAULTS = {
     "parallel_tool_calls": (None, True),
     "include_reasoning": (None, True),
     "modalities": (None, ["text"]),
+    "use_beam_search": (None, False),
+    "length_penalty": (None, 1.0),
     **{name: (None, idle, {}) for name, (idle, _) in NOT_DONE.items()},
 }
 
