@@ -43,7 +43,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("plugins", ("llmp.plugins", "llmp.registry", "llmp.builtins")),
     ("models", ("llmp.model_files", "llmp.modeling", "llmp.chat_template", "llmp.scoring")),
     ("engine", ("llmp.engine", "llmp.executor", "llmp.scheduling")),
-    ("entry points", ("llmp.llm", "llmp.async_llm")),
+    ("entry points", ("llmp.llm", "llmp.async_llm", "llmp.beam_search")),
     ("front-ends", ("llmp.parsing", "llmp.frontend")),
     ("server", ("llmp.server",)),
     ("commands", ("llmp.cli", "llmp.testing", "llmp.conformance", "llmp.scaffold", "llmp.__main__")),

@@ -45,7 +45,7 @@ from llmp.options import EngineConfig
 from llmp.outputs import PoolingRequestOutput, RequestOutput
 from llmp.pooling_params import PoolingParams
 from llmp.progress import configure_logging
-from llmp.sampling_params import SamplingParams, SamplingParamsError
+from llmp.sampling_params import RequestOutputKind, SamplingParams, SamplingParamsError
 
 log = logging.getLogger("llmp.engine")
 
@@ -397,7 +397,8 @@ class AsyncLLM:
         delta: bool = False,
     ) -> AsyncIterator[RequestOutput]:
         """Outputs of one request as they come: each the whole text so far, or with
-        ``delta=True`` only what is new. Ends after the finished output. Leaving the
+        ``delta=True`` (or ``params.output_kind`` ``RequestOutputKind.DELTA``, as vLLM) only what is
+        new; with ``RequestOutputKind.FINAL_ONLY`` only the finished output. Ends after the finished output. Leaving the
         loop early (break, cancellation) aborts the request in the engine.
 
         ``lora_request`` runs it with that LoRA adapter (the engine started with ``enable_lora=True``);
@@ -422,15 +423,19 @@ class AsyncLLM:
     ) -> AsyncIterator[RequestOutput]:
         stream = self._open_stream(request_id, pooling=False)
         finished = False
+        params = params or SamplingParams()
+        kind = params.output_kind
         try:
-            self._send(msg.AddRequest(request_id, record, params or SamplingParams(), priority, delta, lora=lora))
+            delta = delta or kind == RequestOutputKind.DELTA
+            self._send(msg.AddRequest(request_id, record, params, priority, delta, lora=lora))
             while True:
                 item = await stream.queue.get()
                 if isinstance(item, BaseException):
                     finished = True
                     raise item
                 finished = item.finished
-                yield item
+                if finished or kind != RequestOutputKind.FINAL_ONLY:
+                    yield item
                 if finished:
                     return
         finally:

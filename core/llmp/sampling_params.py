@@ -7,6 +7,7 @@ work is queued.
 
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,6 +15,16 @@ from typing import Any
 from llmp.api import RequestValidationError
 
 CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+
+
+class RequestOutputKind(enum.IntEnum):
+    """vLLM's: what :meth:`llmp.AsyncLLM.generate` yields for a request. ``CUMULATIVE`` (the
+    default): every output holds everything so far; ``DELTA``: only what is new since the last
+    (as ``delta=True``); ``FINAL_ONLY``: only the finished output."""
+
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
 
 
 class SamplingParamsError(RequestValidationError):
@@ -152,6 +163,7 @@ class SamplingParams:
     thinking_token_budget: int | None = None
     reasoning_markers: ReasoningMarkers | None = None
     typical_p: float = 1.0  # llama.cpp's (Ollama's option) locally typical sampling; 1 = off
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE  # what AsyncLLM.generate yields (vLLM's)
     stop_strings: list[str] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
@@ -166,6 +178,12 @@ class SamplingParams:
         return self.temperature == 0.0
 
     def _validate(self) -> None:
+        try:
+            self.output_kind = RequestOutputKind(self.output_kind)
+        except ValueError:
+            raise SamplingParamsError(
+                "output_kind", f"output_kind must be a RequestOutputKind (0, 1 or 2), got {self.output_kind!r}"
+            ) from None
         _at_least("n", self.n, 1)
         _at_least("temperature", self.temperature, 0.0)
         _between("top_p", self.top_p, 0.0, 1.0, low_open=True)

@@ -75,6 +75,27 @@ def test_cumulative_outputs_grow_and_end_with_the_whole_text(engine):
     assert all(a == b[: len(a)] for a, b in zip(seen, seen[1:]))
 
 
+def test_output_kind_delta_and_final_only_as_vllm(engine):
+    """vLLM's SamplingParams.output_kind: DELTA is delta=True; FINAL_ONLY yields the finished output alone."""
+    from dataclasses import replace
+
+    from llmp import RequestOutputKind
+
+    async def run(kind: RequestOutputKind) -> list:
+        return [o async for o in engine.generate(PROMPTS[1], replace(GREEDY, output_kind=kind))]
+
+    cumulative = asyncio.run(run(RequestOutputKind.CUMULATIVE))
+    deltas = asyncio.run(run(RequestOutputKind.DELTA))
+    final = asyncio.run(run(RequestOutputKind.FINAL_ONLY))
+    whole = cumulative[-1].outputs[0]
+    assert len(cumulative) > 1 and len(whole.token_ids) == 24
+    assert [t for o in deltas for t in o.outputs[0].token_ids] == whole.token_ids
+    assert "".join(o.outputs[0].text for o in deltas) == whole.text and len(deltas) > 1
+    assert len(final) == 1 and final[0].finished and final[0].outputs[0].token_ids == whole.token_ids
+    with pytest.raises(ValueError, match="output_kind"):
+        SamplingParams(output_kind=7)
+
+
 def test_bad_requests_raise_into_the_caller_and_the_engine_keeps_going(engine):
     async def run():
         with pytest.raises(ValueError, match="empty"):

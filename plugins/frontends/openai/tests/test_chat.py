@@ -537,8 +537,6 @@ def test_cache_salt_keeps_prefix_cache_hits_within_a_salt(client, tiny, http):
 
 
 def test_chat_beam_search_returns_the_beams_best_first(client, tiny):
-    from llmp.beam_search import beam_score
-
     body = {"use_beam_search": True, "ignore_eos": True, "return_token_ids": True, "length_penalty": 0.0}
     messages = [{"role": "user", "content": "The quick brown fox"}]
     response = client.chat.completions.create(
@@ -555,7 +553,7 @@ def test_chat_beam_search_returns_the_beams_best_first(client, tiny):
         with torch.no_grad():
             logprobs = tiny.model(torch.tensor([prompt_ids + ids])).logits[0].float().log_softmax(-1)
         total = sum(logprobs[len(prompt_ids) - 1 + i, t].item() for i, t in enumerate(ids))
-        scores.append(beam_score(prompt_ids + ids, total, (), 0.0))
+        scores.append(total)  # length_penalty 0: the score is the cumulative logprob
         assert choice.message.content == tiny.tokenizer.decode(ids, skip_special_tokens=True)
     assert scores == sorted(scores, reverse=True)
     assert len({tuple(extra(c, "token_ids")) for c in response.choices}) == 4  # four different beams
