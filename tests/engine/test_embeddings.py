@@ -24,6 +24,28 @@ def test_minilm_embeddings_equal_the_sentence_transformers_recipe():
     assert similar > 0.7 and abs(unrelated) < 0.1
 
 
+def test_the_context_is_sentence_transformers_max_seq_length():
+    """sentence_bert_config.json's max_seq_length (256) bounds the context, as sentence-transformers
+    truncates and vLLM derives max_model_len: a long text cut to it embeds as sentence-transformers'."""
+    from transformers import AutoModel, AutoTokenizer
+
+    llm = LLM(str(MINILM), dtype="float32")
+    assert llm.engine.max_model_len == 256
+    long = " ".join(TEXTS * 40)  # over 400 tokens
+    [output] = llm.embed([long], PoolingParams(truncate_prompt_tokens=-1), use_tqdm=False)
+    tokenizer, model = AutoTokenizer.from_pretrained(MINILM), AutoModel.from_pretrained(MINILM).eval()
+    batch = tokenizer([long], truncation=True, max_length=256, truncation_side="left", return_tensors="pt")
+    assert batch["input_ids"].shape[1] == 256
+    with torch.no_grad():
+        hidden = model(**batch).last_hidden_state
+    expected = torch.nn.functional.normalize(hidden.mean(1), dim=-1)[0]
+    got = torch.tensor(output.outputs.embedding)
+    # truncate_prompt_tokens keeps the last 256 ids (vLLM's cut): the same tokens but for [CLS]
+    assert float(got @ expected) > 0.99
+    with pytest.raises(ValueError, match=r"max_model_len 512 exceeds the model's context \(max_seq_length = 256"):
+        LLM(str(MINILM), dtype="float32", max_model_len=512)
+
+
 def test_async_encode_in_the_engine_process():
     engine = AsyncLLM(str(MINILM), dtype="float32")
 

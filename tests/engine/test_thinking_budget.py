@@ -177,3 +177,20 @@ def test_through_the_engine_process(model_dir):
         assert asyncio.run(run()) == STARTING_OVER_IDS
     finally:
         engine.shutdown()
+
+
+def test_reasoning_token_count_leaves_out_multi_token_markers():
+    """``</think>`` as three tokens (SmolLM2's ``</``, ``think``, ``>``): the reasoning is what lies
+    between the markers, none of the marker's tokens."""
+    from llmp.engine.thinking_budget import count_reasoning_tokens
+
+    end, start = [7, 8, 9], [5, 6]
+    reasoning = [11, 12, 13, 14]
+    assert count_reasoning_tokens(reasoning + end + [20, 21], start, end, starts_inside=True) == 4
+    assert count_reasoning_tokens(start + reasoning + end + [20], start, end, starts_inside=False) == 4
+    assert count_reasoning_tokens([20] + start + reasoning, start, end, starts_inside=False) == 4  # cut inside
+    assert count_reasoning_tokens(reasoning + [7, 8], start, end, starts_inside=True) == 6  # a marker begun, not ended
+    two_sections = start + [1, 2] + end + [3] + start + [4] + end
+    assert count_reasoning_tokens(two_sections, start, end, starts_inside=False) == 3
+    assert count_reasoning_tokens(reasoning, [], end, starts_inside=False) == 0  # no start marker to count from
+    assert count_reasoning_tokens(end + reasoning, start, end, starts_inside=True) == 0

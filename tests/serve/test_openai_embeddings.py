@@ -109,6 +109,9 @@ def test_dimensions_truncate_then_normalize(embed_http):
     assert torch.allclose(short, torch.nn.functional.normalize(full[:64], dim=0), atol=1e-5)
     assert_error(embed_http.post("/v1/embeddings", json={"input": "x", "dimensions": 0}), 400, param="dimensions")
     assert_error(embed_http.post("/v1/embeddings", json={"input": "x", "dimensions": 385}), 400, contains="384")
+    # refused before the engine: a value past int64 once failed to serialise, with no param
+    huge = embed_http.post("/v1/embeddings", json={"input": "x", "dimensions": 2**70})
+    assert_error(huge, 400, param="dimensions", contains="embedding size 384")
 
 
 def test_normalize_false(embed_http):
@@ -120,7 +123,8 @@ def test_normalize_false(embed_http):
 
 def test_long_input(embed_http):
     long = "hello " * 600
-    assert_error(embed_http.post("/v1/embeddings", json={"input": long}), 400, param="input", contains="512")
+    # sentence-transformers truncates at max_seq_length (256 in sentence_bert_config.json): the context here too
+    assert_error(embed_http.post("/v1/embeddings", json={"input": long}), 400, param="input", contains="256")
     assert embed(embed_http, long, truncate_prompt_tokens=100)["usage"]["prompt_tokens"] == 100
 
 

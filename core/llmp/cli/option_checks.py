@@ -102,11 +102,14 @@ def task_problems(settings: Mapping[str, Setting]) -> list[str]:
 def context_problems(model: Setting, max_model_len: Setting) -> list[str]:
     """A context length beyond the model's (its config.json), as the engine would refuse it once
     started. A model that cannot be found is left to the command, which says why."""
-    from llmp.model_files.resolve import context_problem, model_context_len
+    from llmp.model_files.config import load_plain_config
+    from llmp.model_files.lookup import find_model_dir
+    from llmp.model_files.resolve import context_limit, context_problem
 
     try:
-        context = model_context_len(model.value)
+        model_dir = find_model_dir(model.value, download=False)
+        context, source = context_limit(load_plain_config(model_dir), model_dir)
     except Exception:  # noqa: BLE001 - no such model, an unreadable config: the command reports it
         return []
-    problem = context_problem(max_model_len.value, context)
+    problem = context_problem(max_model_len.value, context, source)
     return [f"{max_model_len.source} {problem}"] if problem else []

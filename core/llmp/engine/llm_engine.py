@@ -279,6 +279,7 @@ class LLMEngine:
             "num_labels": self.num_labels,
             "id2label": labels,
             "use_sep_token": bool(use_sep),
+            "embedding_size": getattr(config, "hidden_size", None),  # the most an embedding's dimensions may keep
         }
 
     def _pooler_of(self, task: str, params: PoolingParams) -> str:

@@ -57,17 +57,31 @@ def _ends_with(tokens: list[int], marker: tuple[int, ...]) -> bool:
 def count_reasoning_tokens(
     output_token_ids: list[int], start_token_ids: list[int], end_token_ids: list[int], starts_inside: bool
 ) -> int:
-    """The tokens of an output inside its reasoning, the markers not counted: what a
-    ``thinking_token_budget`` spends (vLLM's ``reasoning_tokens`` of the usage). Without a start
-    marker, only an output that starts inside the reasoning has any."""
-    if not end_token_ids or not (start_token_ids or starts_inside):
+    """The tokens of an output inside its reasoning sections, the markers not counted (vLLM's
+    ``reasoning_tokens`` of the usage): from each start marker (or the first token when the output
+    starts inside) to the next end marker, or to the end. Without a start marker, only an output
+    that starts inside the reasoning has any."""
+    if not end_token_ids:
         return 0
-    markers = ReasoningMarkers(
-        end_token_ids=list(end_token_ids), start_token_ids=list(start_token_ids), starts_inside=starts_inside
-    )
-    counter = ThinkingBudget(len(output_token_ids) + 1, markers)  # a budget never reached: it only counts
-    seen: list[int] = []
-    for token in output_token_ids:
-        seen.append(token)
-        counter.accept(seen)
-    return counter.spent
+    count, at, inside = 0, 0, starts_inside
+    while at < len(output_token_ids):
+        if inside:
+            end = _find(output_token_ids, end_token_ids, at)
+            if end < 0:
+                return count + len(output_token_ids) - at
+            count, at, inside = count + end - at, end + len(end_token_ids), False
+        else:
+            start = _find(output_token_ids, start_token_ids, at) if start_token_ids else -1
+            if start < 0:
+                return count
+            at, inside = start + len(start_token_ids), True
+    return count
+
+
+def _find(tokens: list[int], marker: list[int], at: int) -> int:
+    """The index of ``marker``'s first occurrence in ``tokens`` from ``at`` on, or -1."""
+    size = len(marker)
+    for index in range(at, len(tokens) - size + 1):
+        if tokens[index : index + size] == marker:
+            return index
+    return -1

@@ -38,6 +38,7 @@ from llmp.inputs import Prompt
 from llmp.lora import LoRARequest
 from llmp.options import FrontendOptions
 from llmp.outputs import CompletionOutput, RequestOutput
+from llmp.pooling_params import PoolingParams
 from llmp.sampling_params import (
     ReasoningMarkers,
     SamplingParams,
@@ -507,6 +508,20 @@ class FrontendKit:
         """Parsers whose markers are special tokens read the text with them."""
         parsers = (plan.tool_parser, plan.reasoning_parser)
         return requested and not any(getattr(p, "keep_special_tokens", False) for p in parsers if p is not None)
+
+    # -- pooling ---------------------------------------------------------------------------
+
+    def pooling_params(self, param: str = "dimensions", **fields: Any) -> PoolingParams:
+        """A request's ``PoolingParams`` (task ``embed`` unless ``fields`` name one); a 400 naming
+        ``param`` (the protocol's name of ``dimensions``) when they are not 1 to the model's embedding
+        size, before the engine sees them, and for any other value ``PoolingParams`` refuses."""
+        dimensions, size = fields.get("dimensions"), self.engine.info.get("embedding_size")
+        if isinstance(dimensions, int) and size and dimensions > size:
+            raise bad_request(f"{param} {dimensions} exceeds the model's embedding size {size}", param)
+        try:
+            return PoolingParams(**{"task": "embed", **fields})
+        except ValueError as exc:
+            raise bad_request(str(exc).replace("dimensions", param, 1), param) from None
 
     # -- beam search ---------------------------------------------------------------------
 

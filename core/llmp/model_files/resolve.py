@@ -8,6 +8,7 @@ once per engine, not once per process.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -70,7 +71,8 @@ def resolve_model(config: EngineConfig) -> ResolvedModel:
             f"{served_name(spec, names)} cannot score: it has {_num_labels(hf_config)} labels, and scoring "
             "takes a classifier of one (task='classify' serves it)"
         )
-    check_context(config, context_len(hf_config))
+    context, source = context_limit(hf_config, model_dir)
+    check_context(config, context, source)
     return ResolvedModel(
         name=str(config.model or DEFAULT_MODEL),
         model_dir=model_dir,
@@ -80,7 +82,7 @@ def resolve_model(config: EngineConfig) -> ResolvedModel:
         spec=spec,
         task=task,
         dtype=resolve_dtype(config.dtype, hf_config),
-        context_len=context_len(hf_config),
+        context_len=context,
         supported_tasks=supported,
         pooling=pooling,
         score_mode=score_mode,
@@ -88,14 +90,32 @@ def resolve_model(config: EngineConfig) -> ResolvedModel:
     )
 
 
-def context_len(hf_config: Any) -> int:
-    """The longest sequence the model takes: its ``max_position_embeddings`` (4096 when it names none),
-    less the positions RoBERTa-style encoders reserve below ``pad_token_id + 1``."""
+def context_len(hf_config: Any, model_dir: Path | None = None) -> int:
+    """The longest sequence the model takes (:func:`context_limit`)."""
+    return context_limit(hf_config, model_dir)[0]
+
+
+def context_limit(hf_config: Any, model_dir: Path | None = None) -> tuple[int, str]:
+    """The longest sequence the model takes, and what sets it: its ``max_position_embeddings`` (4096
+    when it names none), less the positions RoBERTa-style encoders reserve below ``pad_token_id + 1``;
+    for a sentence-transformers directory at most its ``max_seq_length`` (sentence_bert_config.json),
+    as sentence-transformers truncates and vLLM derives max_model_len."""
     positions = getattr(hf_config, "max_position_embeddings", None) or 4096
     if getattr(hf_config, "model_type", None) in OFFSET_POSITION_MODELS:
         positions -= getattr(hf_config, "pad_token_id", None) or 0
         positions -= 1
-    return positions
+    seq_len = _max_seq_length(model_dir) if model_dir is not None else None
+    if seq_len is not None and seq_len < positions:
+        return seq_len, f"max_seq_length = {seq_len} in sentence_bert_config.json"
+    return positions, f"max_position_embeddings = {positions}"
+
+
+def _max_seq_length(model_dir: Path) -> int | None:
+    try:
+        value = json.loads((model_dir / "sentence_bert_config.json").read_text()).get("max_seq_length")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 # encoders whose position ids start at pad_token_id + 1 (transformers' create_position_ids_from_input_ids)
@@ -105,20 +125,22 @@ OFFSET_POSITION_MODELS = ("roberta", "xlm-roberta", "camembert")
 def model_context_len(model: str | None) -> int:
     """:func:`context_len` of a model as it is named (``None``: the default model), from its config.json;
     a Hub model only when it is in the cache (this check downloads nothing)."""
-    return context_len(load_plain_config(find_model_dir(model, download=False)))
+    model_dir = find_model_dir(model, download=False)
+    return context_len(load_plain_config(model_dir), model_dir)
 
 
-def context_problem(max_model_len: int | None, context: int) -> str | None:
-    """What is wrong with ``max_model_len`` for a model of ``context`` tokens, or ``None``: the one
-    rule, checked by resolution (naming the field) and by the commands (naming the flag)."""
+def context_problem(max_model_len: int | None, context: int, source: str | None = None) -> str | None:
+    """What is wrong with ``max_model_len`` for a model of ``context`` tokens (``source``: what sets
+    it, :func:`context_limit`), or ``None``: the one rule, checked by resolution (naming the field)
+    and by the commands (naming the flag)."""
     if max_model_len is not None and max_model_len > context:
-        return f"{max_model_len} exceeds the model's context (max_position_embeddings = {context})"
+        return f"{max_model_len} exceeds the model's context ({source or f'max_position_embeddings = {context}'})"
     return None
 
 
-def check_context(config: EngineConfig, context: int) -> None:
+def check_context(config: EngineConfig, context: int, source: str | None = None) -> None:
     """``ValueError`` naming ``max_model_len`` when ``config`` asks for more than the model's context."""
-    problem = context_problem(config.max_model_len, context)
+    problem = context_problem(config.max_model_len, context, source)
     if problem:
         raise ValueError(f"max_model_len {problem}")
 

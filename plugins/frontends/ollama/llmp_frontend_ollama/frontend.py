@@ -401,10 +401,7 @@ class OllamaFrontend(FrontendKit):
             return {"model": body.model, "embeddings": []}
         prompts = await self.prompt_inputs(texts, "input", True)
         prompts = self.fit_inputs(prompts, options.num_ctx, body.truncate)
-        try:
-            params = PoolingParams(task="embed", normalize=True, dimensions=body.dimensions)
-        except ValueError as exc:
-            raise bad_request(str(exc), "dimensions") from None
+        params = self.pooling_params(normalize=True, dimensions=body.dimensions)
         outputs = await until_disconnected(request, self.encode_all(prompts, params))
         return {
             "model": body.model,

@@ -3,9 +3,10 @@
 
 ``input_type`` selects the model's own prompt (sentence-transformers' ``prompts`` in
 ``config_sentence_transformers.json``: the key itself, or ``query`` for ``search_query`` and
-``document``/``passage`` for ``search_document``). A model with no prompts embeds the texts as
-given and says so in ``meta.warnings`` (the SDK requires ``input_type``, so a 400 would refuse
-every SDK call); a model with prompts but none for the type is a 400 naming those it has.
+``document``/``passage`` for ``search_document``; without one, its ``default_prompt_name``, as
+sentence-transformers). A model with no prompts embeds the texts as given and says so in
+``meta.warnings`` (the SDK requires ``input_type``, so a 400 would refuse every SDK call); a model
+with prompts but none for the type is a 400 naming those it has, as is a type Cohere does not have.
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ from __future__ import annotations
 import base64
 import json
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
 
-from llmp import PoolingParams, Prompt
+from llmp import Prompt
 from llmp.frontend import bad_request, until_disconnected
 from llmp_frontend_openai import protocol as p
 from llmp_frontend_openai.pooling import encode_all, prompt_tokens
@@ -29,24 +31,23 @@ if TYPE_CHECKING:
 # Cohere's embedding types llmp computes from the float vector; int8/uint8 are Cohere's own
 # calibrated quantisations of its models, which a local model has no calibration for
 EMBEDDING_TYPES = ("float", "binary", "ubinary", "base64")
-PROMPT_ALIASES = {"search_query": ("query",), "search_document": ("document", "passage", "corpus")}
+INPUT_TYPES = ("search_document", "search_query", "classification", "clustering", "image")  # Cohere's
+PROMPT_ALIASES = {"search_query": ("query",), "search_document": ("document", "passage", "corpus")}  # ST names
 
 
 def add_routes(router: APIRouter, fe: OpenAIFrontend) -> None:
-    prompts = model_prompts(fe.options.model_root)
+    prompts = ModelPrompts.read(fe.options.model_root)
 
     async def embed(body: p.CohereEmbedRequest, request: Request, version: int) -> dict[str, Any]:
         lora = await fe.lora_for(body.model)
         types = _embedding_types(body.embedding_types, version)
-        texts = _texts(body)
-        prefix, warnings = _prompt_prefix(prompts, body.input_type)
+        texts, param = _texts(body)
+        prefix, warnings = prompts.prefix(body.input_type)
         limit = _token_limit(fe, body)
-        given = await fe.prompt_inputs([prefix + text for text in texts], "texts", True)
-        inputs = [await _fit(fe, prompt, limit, body.truncate) for prompt in given]
-        try:
-            params = PoolingParams(task="embed", dimensions=body.output_dimension)
-        except ValueError as exc:
-            raise bad_request(str(exc), "output_dimension") from None
+        given = await fe.prompt_inputs([prefix + text for text in texts], param, True)
+        prefix_ids = await fe.encode(prefix, False) if prefix else []
+        inputs = [await _fit(fe, prompt, limit, body.truncate, prefix_ids, param) for prompt in given]
+        params = fe.pooling_params("output_dimension", dimensions=body.output_dimension)
         outputs = await until_disconnected(request, encode_all(fe, inputs, params, body.priority, "embd", lora))
         vectors = [list(o.outputs.embedding) for o in outputs]
         tokens = prompt_tokens(inputs)
@@ -73,31 +74,48 @@ def add_routes(router: APIRouter, fe: OpenAIFrontend) -> None:
     router.add_api_route("/v1/embed", embed_v1, methods=["POST"], summary="Embed texts (Cohere v1)")
 
 
-def model_prompts(model_root: str) -> dict[str, str]:
-    """The model's sentence-transformers prompts by name ({} when it has none)."""
-    path = Path(model_root) / "config_sentence_transformers.json" if model_root else None
-    if path is None or not path.is_file():
-        return {}
-    try:
-        prompts = json.loads(path.read_text()).get("prompts") or {}
-    except (OSError, ValueError, AttributeError):
-        return {}
-    return {name: text for name, text in prompts.items() if isinstance(text, str)}
+@dataclass(frozen=True)
+class ModelPrompts:
+    """The model's sentence-transformers prompts (``config_sentence_transformers.json``) by name, and
+    the one it applies when none is named (``default_prompt_name``)."""
 
+    prompts: dict[str, str]
+    default: str | None = None
 
-def _prompt_prefix(prompts: dict[str, str], input_type: str | None) -> tuple[str, list[str]]:
-    """The text put before each input for ``input_type``, and the warnings the response carries."""
-    if input_type is None:
-        return "", []
-    if input_type == "image":
-        raise bad_request("input_type 'image' needs a model that embeds images; this one embeds text", "input_type")
-    if not prompts:
-        return "", [f"input_type {input_type!r} not applied: the model defines no prompts; texts embedded as given"]
-    for name in (input_type, *PROMPT_ALIASES.get(input_type, ())):
-        if name in prompts:
-            return prompts[name], []
-    names = ", ".join(sorted(prompts))
-    raise bad_request(f"input_type {input_type!r} has no prompt in this model; its prompts are: {names}", "input_type")
+    @classmethod
+    def read(cls, model_root: str) -> ModelPrompts:
+        path = Path(model_root) / "config_sentence_transformers.json" if model_root else None
+        try:
+            config = json.loads(path.read_text()) if path is not None and path.is_file() else {}
+            prompts = config.get("prompts") or {}
+            prompts = {name: text for name, text in prompts.items() if isinstance(text, str)}
+        except (OSError, ValueError, AttributeError):
+            return cls({})
+        default = config.get("default_prompt_name")
+        return cls(prompts, default if default in prompts else None)
+
+    def prefix(self, input_type: str | None) -> tuple[str, list[str]]:
+        """The text put before each input for ``input_type``, and the warnings the response carries."""
+        if input_type is None:
+            return (self.prompts[self.default] if self.default else ""), []
+        if input_type in self.prompts:  # the model's own name for it
+            return self.prompts[input_type], []
+        if input_type == "image":
+            raise bad_request("input_type 'image' needs a model that embeds images; this one embeds text", "input_type")
+        if input_type not in INPUT_TYPES:
+            own = f" or one of the model's prompts ({', '.join(sorted(self.prompts))})" if self.prompts else ""
+            raise bad_request(
+                f"input_type must be one of {', '.join(INPUT_TYPES)}{own}, got {input_type!r}", "input_type"
+            )
+        if not self.prompts:
+            return "", [f"input_type {input_type!r} not applied: the model defines no prompts; texts embedded as given"]
+        for name in PROMPT_ALIASES.get(input_type, ()):
+            if name in self.prompts:
+                return self.prompts[name], []
+        names = ", ".join(sorted(self.prompts))
+        raise bad_request(
+            f"input_type {input_type!r} has no prompt in this model; its prompts are: {names}", "input_type"
+        )
 
 
 def _embedding_types(types: list[str] | None, version: int) -> list[str] | None:
@@ -114,21 +132,21 @@ def _embedding_types(types: list[str] | None, version: int) -> list[str] | None:
     return list(dict.fromkeys(types))
 
 
-def _texts(body: p.CohereEmbedRequest) -> list[str]:
-    """The texts to embed: ``texts``, or each of ``inputs`` with its text parts joined by newlines."""
+def _texts(body: p.CohereEmbedRequest) -> tuple[list[str], str]:
+    """The texts to embed and the field they came in: ``texts``, or each of ``inputs`` with its
+    text parts joined by newlines."""
     if body.images is not None:
         raise bad_request("this model embeds text; images are not supported", "images")
     if (body.texts is None) == (body.inputs is None):
         raise bad_request("give either 'texts' or 'inputs'", "texts")
     if body.texts is not None:
-        texts = body.texts
-    else:
-        texts = []
-        for item in body.inputs or []:
-            if any(part.type != "text" or part.text is None for part in item.content):
-                raise bad_request("this model embeds text; every content part must be {'type': 'text'}", "inputs")
-            texts.append("\n".join(part.text or "" for part in item.content))
-    return texts
+        return body.texts, "texts"
+    texts = []
+    for item in body.inputs or []:
+        if any(part.type != "text" or part.text is None for part in item.content):
+            raise bad_request("this model embeds text; every content part must be {'type': 'text'}", "inputs")
+        texts.append("\n".join(part.text or "" for part in item.content))
+    return texts, "inputs"
 
 
 def _token_limit(fe: OpenAIFrontend, body: p.CohereEmbedRequest) -> int:
@@ -139,10 +157,12 @@ def _token_limit(fe: OpenAIFrontend, body: p.CohereEmbedRequest) -> int:
     return body.max_tokens or fe.max_model_len
 
 
-async def _fit(fe: OpenAIFrontend, prompt: Prompt, limit: int, truncate: str) -> Prompt:
-    """A text's engine prompt cut to ``limit`` tokens: ``END`` cuts the text's end, ``START``
-    its start, keeping the tokenizer's special tokens (as its own truncation does); ``NONE``
-    refuses a longer one."""
+async def _fit(
+    fe: OpenAIFrontend, prompt: Prompt, limit: int, truncate: str, prefix_ids: list[int], param: str
+) -> Prompt:
+    """A text's engine prompt cut to ``limit`` tokens: ``END`` cuts the text's end, ``START`` its
+    start, keeping the tokenizer's special tokens (as its own truncation does) and the model's prompt
+    (``prefix_ids``, before the text); ``NONE`` refuses a longer one."""
     ids = list(prompt.token_ids)
     if len(ids) <= limit:
         return Prompt(token_ids=ids)
@@ -150,13 +170,21 @@ async def _fit(fe: OpenAIFrontend, prompt: Prompt, limit: int, truncate: str) ->
         raise bad_request(
             f"an input is {len(ids)} tokens long, over the limit of {limit} (truncate NONE); "
             "set truncate to END or START to cut it",
-            "texts",
+            param,
         )
     plain = await fe.encode(prompt.text or "", False)
     head, tail = _special_tokens_around(ids, plain)
-    room = max(limit - len(head) - len(tail), 0)
-    kept = plain[:room] if truncate == "END" else plain[len(plain) - room :]
-    return Prompt(token_ids=head + kept + tail)
+    kept_prefix = prefix_ids if plain[: len(prefix_ids)] == prefix_ids else []
+    room = limit - len(head) - len(tail) - len(kept_prefix)
+    if room < 1:
+        raise bad_request(
+            f"max_tokens {limit} leaves no room for the text after the {len(head) + len(tail)} special tokens"
+            + (f" and the {len(kept_prefix)} tokens of the model's prompt" if kept_prefix else ""),
+            "max_tokens",
+        )
+    text = plain[len(kept_prefix) :]
+    kept = text[:room] if truncate == "END" else text[len(text) - room :]
+    return Prompt(token_ids=head + kept_prefix + kept + tail)
 
 
 def _special_tokens_around(ids: list[int], plain: list[int]) -> tuple[list[int], list[int]]:

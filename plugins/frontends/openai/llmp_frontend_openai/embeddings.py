@@ -6,8 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
 
-from llmp import PoolingParams
-from llmp.frontend import bad_request, until_disconnected
+from llmp.frontend import until_disconnected
 from llmp_frontend_openai import protocol as p
 from llmp_frontend_openai.pooling import encode_all, encode_floats, fit_prompts, prompt_tokens
 
@@ -20,10 +19,7 @@ def add_routes(router: APIRouter, fe: OpenAIFrontend) -> None:
         lora = await fe.lora_for(body.model)
         inputs = await fe.prompt_inputs(body.input, "input", True)
         inputs = fit_prompts(fe, inputs, body.truncate_prompt_tokens, "input")
-        try:
-            params = PoolingParams(task="embed", normalize=body.normalize, dimensions=body.dimensions)
-        except ValueError as exc:
-            raise bad_request(str(exc), "dimensions") from None
+        params = fe.pooling_params(normalize=body.normalize, dimensions=body.dimensions)
         outputs = await until_disconnected(request, encode_all(fe, inputs, params, body.priority, "embd", lora))
         data = [
             {"object": "embedding", "index": i, "embedding": encode_floats(o.outputs.embedding, body.encoding_format)}

@@ -33,15 +33,12 @@ def add_routes(router: APIRouter, fe: OpenAIFrontend) -> None:
         if body.task is not None and body.task not in supported:
             raise bad_request(f"the model cannot do task {body.task!r}; it supports {', '.join(supported)}", "task")
         prompts = await request_prompts(fe, body)
-        try:
-            params = PoolingParams(
-                task=body.task,
-                normalize=body.normalize,
-                dimensions=body.dimensions,
-                use_activation=body.activation_setting(),
-            )
-        except ValueError as exc:
-            raise bad_request(str(exc), "dimensions") from None
+        params = fe.pooling_params(
+            task=body.task,
+            normalize=body.normalize,
+            dimensions=body.dimensions,
+            use_activation=body.activation_setting(),
+        )
         outputs = await until_disconnected(request, encode_all(fe, prompts, params, body.priority, "pool", lora))
         data = [
             {"index": i, "object": "pooling", "data": encode_floats(plain_values(o.outputs), body.encoding_format)}

@@ -639,7 +639,8 @@ def prompted_encoder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve
 
     path = tmp_path_factory.mktemp("prompted-minilm") / "model"
     shutil.copytree(minilm_dir(), path)
-    (path / "config_sentence_transformers.json").write_text(json.dumps({"prompts": PROMPTS}))
+    config = {"prompts": PROMPTS, "default_prompt_name": "query"}  # applied when no input_type names one
+    (path / "config_sentence_transformers.json").write_text(json.dumps(config))
     yield from _serve(path, None, *LIMITS)
 
 
@@ -658,6 +659,20 @@ def minilm_reference(served: Served, texts: list[str], max_length: int | None = 
         hidden = model(**batch).last_hidden_state
     mask = batch["attention_mask"].unsqueeze(-1).float()
     return torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1), dim=-1)
+
+
+def ids_reference(served: Served, rows: list[list[int]]) -> Any:
+    """The mean-pooled, normalised embedding of each row of token ids, by transformers."""
+    import torch
+    from transformers import AutoModel
+
+    model = AutoModel.from_pretrained(served.path).eval()
+    out = []
+    with torch.no_grad():
+        for ids in rows:
+            hidden = model(input_ids=torch.tensor([ids])).last_hidden_state[0]
+            out.append(torch.nn.functional.normalize(hidden.mean(0), dim=-1))
+    return torch.stack(out)
 
 
 def test_cohere_sdk_embed_applies_the_models_prompt_for_input_type(prompted_encoder):
@@ -686,6 +701,27 @@ def test_cohere_sdk_embed_applies_the_models_prompt_for_input_type(prompted_enco
     assert "clustering, passage, query" in str(caught.value.body)
     with pytest.raises(cohere.BadRequestError):
         v2.embed(model=served.name, texts=DOCS, input_type="image", embedding_types=["float"])
+
+    # no input_type: the model's default_prompt_name, as sentence-transformers' encode; a prompt's own name
+    for body, prompt in (({}, "query: "), ({"input_type": "passage"}, "passage: ")):
+        response = served.post("/v2/embed", {"texts": DOCS[:2], **body})
+        assert response.status_code == 200, response.text
+        expected = minilm_reference(served, [prompt + d for d in DOCS[:2]])
+        np.testing.assert_allclose(response.json()["embeddings"]["float"], expected, atol=ATOL)
+    assert_error(served.post("/v2/embed", {"texts": ["a"], "input_type": "bogus"}), 400, param="input_type")
+
+    # START cuts the text's start, never the model's prompt: [CLS] "query: " <the text's last tokens> [SEP]
+    tokenizer = served.tokenizer
+    text = " ".join(DOCS)
+    prompt_ids = tokenizer("query: ", add_special_tokens=False)["input_ids"]
+    text_ids = tokenizer("query: " + text, add_special_tokens=False)["input_ids"][len(prompt_ids) :]
+    kept = [tokenizer.cls_token_id, *prompt_ids, *text_ids[-(12 - 2 - len(prompt_ids)) :], tokenizer.sep_token_id]
+    body = {"texts": [text], "input_type": "search_query", "truncate": "START", "max_tokens": 12}
+    response = served.post("/v2/embed", body).json()
+    assert response["meta"]["billed_units"]["input_tokens"] == 12 == len(kept)
+    np.testing.assert_allclose(response["embeddings"]["float"], ids_reference(served, [kept]), atol=ATOL)
+    # too few tokens for the special tokens, the prompt and any text
+    assert_error(served.post("/v2/embed", {**body, "max_tokens": 2 + len(prompt_ids)}), 400, param="max_tokens")
 
 
 def test_cohere_sdk_embed_types_truncation_and_v1(bi_encoder):
@@ -730,9 +766,9 @@ def test_cohere_sdk_embed_types_truncation_and_v1(bi_encoder):
     with pytest.raises(cohere.BadRequestError) as caught:
         v2.embed(model=served.name, texts=DOCS, input_type="search_query", max_tokens=5, truncate="NONE")
     assert "truncate" in str(caught.value.body)
-    long_text = "fox " * 2000  # past the model's 512 tokens: END (the default) cuts it
+    long_text = "fox " * 2000  # past the 256 tokens of max_seq_length: END (the default) cuts it
     response = v2.embed(model=served.name, texts=[long_text], input_type="search_query", embedding_types=["float"])
-    np.testing.assert_allclose(response.embeddings.float_, minilm_reference(served, [long_text], 512), atol=ATOL)
+    np.testing.assert_allclose(response.embeddings.float_, minilm_reference(served, [long_text], 256), atol=ATOL)
 
     # the v1 SDK: floats as plain lists without embedding_types, by type with them
     v1 = cohere.Client(api_key="x", base_url=served.live.url)
@@ -767,6 +803,12 @@ def test_cohere_embed_errors(bi_encoder):
         ({"texts": ["a"], "max_tokens": 100000}, "max_tokens", "context length"),
         ({"texts": ["a"], "truncate": "MIDDLE"}, "truncate", ""),
         ({"texts": ["a"], "input_type": "image"}, "input_type", "images"),
+        ({"texts": ["a"], "input_type": "bogus"}, "input_type", "search_document"),
+        ({"texts": ["a"], "output_dimension": 385}, "output_dimension", "384"),
+        ({"texts": ["a"], "output_dimension": 2**70}, "output_dimension", "embedding size"),
+        ({"texts": ["a"], "output_dimension": 0}, "output_dimension", ">= 1"),
+        ({"texts": ["a b c d e f"], "max_tokens": 2}, "max_tokens", "no room"),
+        ({"inputs": [{"content": []}]}, "inputs", "empty"),
     ]
     for body, param, contains in cases:
         for route in ("/v2/embed", "/v1/embed"):
