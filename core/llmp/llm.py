@@ -105,6 +105,7 @@ class LLM:
         use_tqdm: bool = True,
         lora_request: LoRARequests = None,
         pooling_task: PoolingTask | None = None,
+        truncate_prompt_tokens: int | None = None,
     ) -> list[PoolingRequestOutput]:
         """The raw pooled output of every prompt, in input order (vLLM's general pooling call).
 
@@ -112,9 +113,10 @@ class LLM:
         the task of every request; None leaves each ``pooling_params.task``, and None there means
         the model's primary pooling task. ``outputs`` is a :class:`~llmp.outputs.PoolingOutput`:
         ``outputs.data`` is a vector, or one row per token for the token tasks. ``lora_request``:
-        as in :meth:`generate`.
+        as in :meth:`generate`. ``truncate_prompt_tokens`` (vLLM's; -1: the context length) keeps each
+        prompt's last N tokens, over what ``pooling_params`` say.
         """
-        outputs = self._pool(prompts, pooling_params, pooling_task, use_tqdm, lora_request)
+        outputs = self._pool(prompts, pooling_params, pooling_task, use_tqdm, lora_request, truncate_prompt_tokens)
         return [o if isinstance(o.outputs, PoolingOutput) else replace(o, outputs=_raw(o.outputs)) for o in outputs]
 
     def embed(
@@ -124,10 +126,12 @@ class LLM:
         *,
         use_tqdm: bool = True,
         lora_request: LoRARequests = None,
+        truncate_prompt_tokens: int | None = None,
     ) -> list[EmbeddingRequestOutput]:
         """One embedding per prompt (embedding models only), in input order:
-        ``outputs.embedding`` is a list of floats. ``lora_request``: as in :meth:`generate`."""
-        return self._pool(prompts, pooling_params, "embed", use_tqdm, lora_request)
+        ``outputs.embedding`` is a list of floats. ``lora_request`` and ``truncate_prompt_tokens``:
+        as in :meth:`generate` and :meth:`encode`."""
+        return self._pool(prompts, pooling_params, "embed", use_tqdm, lora_request, truncate_prompt_tokens)
 
     def classify(
         self,
@@ -136,11 +140,13 @@ class LLM:
         pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
         use_tqdm: bool = True,
         lora_request: LoRARequests = None,
+        truncate_prompt_tokens: int | None = None,
     ) -> list[ClassificationRequestOutput]:
         """The class probabilities of every prompt (sequence classifiers), in input order:
         ``outputs.probs`` in label order (``config.id2label``); raw logits with
-        ``PoolingParams(use_activation=False)``. ``lora_request``: as in :meth:`generate`."""
-        return self._pool(prompts, pooling_params, "classify", use_tqdm, lora_request)
+        ``PoolingParams(use_activation=False)``. ``lora_request`` and ``truncate_prompt_tokens``: as in
+        :meth:`generate` and :meth:`encode`."""
+        return self._pool(prompts, pooling_params, "classify", use_tqdm, lora_request, truncate_prompt_tokens)
 
     def reward(
         self,
@@ -150,11 +156,17 @@ class LLM:
         pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
         use_tqdm: bool = True,
         lora_request: LoRARequests = None,
+        truncate_prompt_tokens: int | None = None,
     ) -> list[PoolingRequestOutput]:
         """The per-token rewards of every prompt (task ``token_classify``): ``outputs.data`` holds
         one row of class scores per token, or per step token with ``PoolingParams(step_tag_id=...)``."""
         return self.encode(
-            prompts, pooling_params, use_tqdm=use_tqdm, lora_request=lora_request, pooling_task="token_classify"
+            prompts,
+            pooling_params,
+            use_tqdm=use_tqdm,
+            lora_request=lora_request,
+            pooling_task="token_classify",
+            truncate_prompt_tokens=truncate_prompt_tokens,
         )
 
     def score(
@@ -270,10 +282,13 @@ class LLM:
         task: PoolingTask | None,
         use_tqdm: bool,
         lora_request: LoRARequests = None,
+        truncate_prompt_tokens: int | None = None,
     ) -> list[PoolingRequestOutput]:
         """Queue one pooling request per prompt (every prompt and parameter checked first), then run them."""
         prompts = _prompt_list(prompts)
         params = [self._task_params(p, task) for p in _params_per_prompt(pooling_params, len(prompts))]
+        if truncate_prompt_tokens is not None:  # PoolingParams checks the value
+            params = [replace(p, truncate_prompt_tokens=truncate_prompt_tokens) for p in params]
         loras = _loras_per_prompt(lora_request, len(prompts))
         for p in {p.task for p in params} - {None}:
             self._check_pooling_task(p)

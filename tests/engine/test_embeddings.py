@@ -32,7 +32,7 @@ def test_the_context_is_sentence_transformers_max_seq_length():
     llm = LLM(str(MINILM), dtype="float32")
     assert llm.engine.max_model_len == 256
     long = " ".join(TEXTS * 40)  # over 400 tokens
-    [output] = llm.embed([long], PoolingParams(truncate_prompt_tokens=-1), use_tqdm=False)
+    [output] = llm.embed([long], truncate_prompt_tokens=-1, use_tqdm=False)  # vLLM's keyword
     tokenizer, model = AutoTokenizer.from_pretrained(MINILM), AutoModel.from_pretrained(MINILM).eval()
     batch = tokenizer([long], truncation=True, max_length=256, truncation_side="left", return_tensors="pt")
     assert batch["input_ids"].shape[1] == 256
