@@ -822,8 +822,8 @@ class OutputPlan:
 
     def reasoning_tokens(self, output_token_ids: Sequence[int]) -> int | None:
         """How many of an output's tokens are reasoning (between the parser's markers, which are not
-        counted; from the first token when the prompt opened the reasoning): None without a reasoning
-        parser. The same count a ``thinking_token_budget`` spends."""
+        counted; from the first token when the prompt opened the reasoning), as vLLM counts them: None
+        without a reasoning parser."""
         parser = self.reasoning_parser
         if parser is None:
             return None
