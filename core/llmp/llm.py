@@ -78,6 +78,8 @@ class LLM:
         :class:`~llmp.inputs.Prompt`); outputs in input order. ``lora_request``: the
         :class:`~llmp.LoRARequest` every prompt runs with, or one (or None) per prompt."""
         prompts = _prompt_list(prompts)
+        if sampling_params is None:  # vLLM's: the model's generation_config.json defaults
+            sampling_params = self.get_default_sampling_params()
         params = _params_per_prompt(sampling_params, len(prompts), SamplingParams)
         loras = _loras_per_prompt(lora_request, len(prompts))
         if isinstance(priority, str | bytes) or (priority is not None and not isinstance(priority, Sequence)):
@@ -96,6 +98,17 @@ class LLM:
             self.engine.abort_request(ids)
             raise
         return self._run(ids, use_tqdm)
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """vLLM's: ``SamplingParams`` with the model's ``generation_config.json`` values (temperature,
+        top_p, top_k, min_p, repetition_penalty; max_new_tokens as max_tokens), what :meth:`generate`
+        and :meth:`chat` use when given none; ``SamplingParams()`` for a model without them."""
+        from llmp.model_files.config import generation_defaults
+
+        defaults = generation_defaults(str(self.engine.model.model_dir), "auto")
+        if "max_new_tokens" in defaults:
+            defaults["max_tokens"] = defaults.pop("max_new_tokens")
+        return SamplingParams(**defaults)
 
     def encode(
         self,

@@ -153,6 +153,24 @@ def test_max_tokens_none_runs_to_the_context_limit(tiny):
     assert len(output.outputs[0].token_ids) == 35 and output.outputs[0].finish_reason == "length"
 
 
+def test_no_sampling_params_means_the_generation_config_defaults(tiny, tmp_path):
+    """vLLM's LLM.generate(prompts) and get_default_sampling_params: generation_config.json's values."""
+    import json
+
+    model_dir = tmp_path / "with-generation-config"
+    shutil.copytree(tiny[0], model_dir)
+    config = json.loads((model_dir / "generation_config.json").read_text())
+    config.update(temperature=0.0, top_k=7, max_new_tokens=5, repetition_penalty=1.0)
+    (model_dir / "generation_config.json").write_text(json.dumps(config))
+    llm = LLM(str(model_dir), dtype="float32", max_model_len=64)
+    defaults = llm.get_default_sampling_params()
+    assert (defaults.temperature, defaults.top_k, defaults.max_tokens) == (0.0, 7, 5)
+    [output] = llm.generate({"prompt_token_ids": [1, 42, 7]})
+    assert output.outputs[0].token_ids == hf_greedy(tiny[1], [1, 42, 7], 5)
+    plain = LLM(str(tiny[0]), dtype="float32", max_model_len=64).get_default_sampling_params()
+    assert plain == SamplingParams()
+
+
 def test_prompt_records_keep_text_ids_and_the_special_tokens_choice(tiny, tmp_path):
     from tokenizers import processors
 

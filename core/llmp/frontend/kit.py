@@ -36,6 +36,7 @@ from llmp.engine.thinking_budget import count_reasoning_tokens
 from llmp.frontend.errors import APIError, bad_request
 from llmp.inputs import Prompt
 from llmp.lora import LoRARequest
+from llmp.model_files.config import GENERATION_DEFAULTS, generation_defaults
 from llmp.options import FrontendOptions
 from llmp.outputs import CompletionOutput, RequestOutput
 from llmp.pooling_params import PoolingParams
@@ -885,21 +886,6 @@ def control_texts(tokenizer: Any) -> list[str]:
     texts = {t.content for t in added.values() if getattr(t, "special", False)}
     texts.update(getattr(tokenizer, "all_special_tokens", []) or [])
     return sorted(t for t in texts if t)
-
-
-GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_new_tokens")
-
-
-def generation_defaults(model_dir: str | None, source: str) -> dict[str, Any]:
-    """Sampling defaults from the model's ``generation_config.json`` (``--generation-config auto``)."""
-    if source != "auto" or not model_dir:
-        return {}
-    try:
-        with open(f"{model_dir}/generation_config.json") as f:
-            config = json.load(f)
-    except (OSError, ValueError):
-        return {}
-    return {k: config[k] for k in GENERATION_DEFAULTS if isinstance(config.get(k), int | float)}
 
 
 def field_error(exc: RequestValidationError, names: Mapping[str, str]) -> APIError:

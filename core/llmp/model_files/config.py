@@ -174,3 +174,20 @@ def _write_atomically(path: Path, text: str) -> None:
         os.replace(partial, path)
     except OSError:
         pass  # a read-only cache only costs the next start its two seconds
+
+
+# the sampling fields a generation_config.json may set, as vLLM reads them (max_new_tokens: max_tokens)
+GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_new_tokens")
+
+
+def generation_defaults(model_dir: str | None, source: str) -> dict[str, Any]:
+    """Sampling defaults from the model's ``generation_config.json`` (``--generation-config auto``;
+    ``LLM.get_default_sampling_params``)."""
+    if source != "auto" or not model_dir:
+        return {}
+    try:
+        with open(f"{model_dir}/generation_config.json") as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return {k: config[k] for k in GENERATION_DEFAULTS if isinstance(config.get(k), int | float)}
