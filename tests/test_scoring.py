@@ -189,6 +189,14 @@ def test_text_prompt_truncates_from_the_left_and_checks_the_length():
     assert text_prompt(tokenizer, text, truncate_prompt_tokens=3, max_model_len=512).token_ids == ids[-3:]
     with pytest.raises(ScoreInputError, match=f"the text is {len(ids)} tokens long; this model takes at most 3"):
         text_prompt(tokenizer, text, max_model_len=3)
+    # a tokenizer that puts [CLS] and [SEP] around a text keeps them: its text loses its start (vLLM's cut)
+    bert = tiny_pair_tokenizer()
+    ids, plain = bert.encode(text), bert.encode(text, add_special_tokens=False)
+    assert ids == [bert.cls_token_id, *plain, bert.sep_token_id]
+    cut = text_prompt(bert, text, truncate_prompt_tokens=4, max_model_len=512).token_ids
+    assert cut == [bert.cls_token_id, *plain[-2:], bert.sep_token_id]
+    bert.truncation_side = "left"
+    assert cut == bert(text, truncation=True, max_length=4)["input_ids"]  # what transformers' own truncation gives
 
 
 def test_cosine_scores():

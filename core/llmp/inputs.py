@@ -3,7 +3,7 @@ engine-process messages, ``LLMEngine``): what the caller gave, in one shape."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,3 +65,29 @@ def as_prompt(prompt: PromptType) -> Prompt:
     if isinstance(prompt, Mapping) and isinstance(prompt.get("prompt"), str):
         return Prompt(text=prompt["prompt"], cache_salt=prompt.get("cache_salt"))
     raise TypeError(f"a prompt is a string or a dict with 'prompt' or 'prompt_token_ids', got {type(prompt).__name__}")
+
+
+def last_tokens(token_ids: Sequence[int], keep: int, text_ids: Sequence[int] | None = None) -> list[int]:
+    """A prompt's ids cut to ``keep`` as vLLM cuts them: its tokenizer truncates text from the left
+    and keeps the special tokens it put around the text (``[CLS] ... [SEP]``, a BOS), so the cut
+    falls in the text's own ids (``text_ids``: the text tokenized without special tokens). Ids given
+    as ids (``text_ids`` None), and a ``keep`` with no room beside the special tokens, keep the last
+    ``keep`` ids as they are."""
+    if len(token_ids) <= keep:
+        return list(token_ids)
+    if text_ids:
+        head, tail = special_tokens_around(token_ids, text_ids)
+        room = keep - len(head) - len(tail)
+        if (head or tail) and room >= 1:
+            return [*head, *text_ids[len(text_ids) - room :], *tail]
+    return list(token_ids[len(token_ids) - keep :])
+
+
+def special_tokens_around(token_ids: Sequence[int], text_ids: Sequence[int]) -> tuple[list[int], list[int]]:
+    """The special tokens a tokenizer put before and after a text's own ids (both empty when the
+    text's ids are not found whole in ``token_ids``)."""
+    size = len(text_ids)
+    for start in range(len(token_ids) - size + 1):
+        if list(token_ids[start : start + size]) == list(text_ids):
+            return list(token_ids[:start]), list(token_ids[start + size :])
+    return [], []

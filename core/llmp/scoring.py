@@ -22,7 +22,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from llmp.inputs import Prompt
+from llmp.inputs import Prompt, last_tokens
 
 
 class ScoreInputError(ValueError):
@@ -197,11 +197,11 @@ def text_prompt(
     param: str | None = None,
 ) -> Prompt:
     """The engine prompt of one text to embed (a bi-encoder's side of a pair): its tokens with
-    the tokenizer's special tokens, truncation keeping the last ones."""
+    the tokenizer's special tokens, truncation cutting the text's start and keeping those (as vLLM)."""
     limit = truncation_length(truncate_prompt_tokens, max_model_len)
     ids = list(tokenizer.encode(text))
-    if limit is not None:
-        ids = ids[-limit:]
+    if limit is not None and len(ids) > limit:
+        ids = last_tokens(ids, limit, tokenizer.encode(text, add_special_tokens=False))
     check_length(ids, max_model_len, what=what, param=param)
     return Prompt(token_ids=ids)
 

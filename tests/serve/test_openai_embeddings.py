@@ -128,6 +128,25 @@ def test_long_input(embed_http):
     assert embed(embed_http, long, truncate_prompt_tokens=100)["usage"]["prompt_tokens"] == 100
 
 
+def test_truncate_prompt_tokens_cuts_the_text_and_keeps_cls_and_sep(embed_http):
+    """As vLLM truncates text (its tokenizer, truncation side left): [CLS] <the text's last ids> [SEP]."""
+    from transformers import AutoModel, AutoTokenizer
+
+    text = " ".join(TEXTS)
+    got = torch.tensor(embed(embed_http, text, truncate_prompt_tokens=8)["data"][0]["embedding"])
+    tokenizer = AutoTokenizer.from_pretrained(MINILM)
+    tokenizer.truncation_side = "left"  # vLLM loads its tokenizers so
+    batch = tokenizer([text], truncation=True, max_length=8, return_tensors="pt")
+    assert batch["input_ids"][0, 0] == tokenizer.cls_token_id and batch["input_ids"][0, -1] == tokenizer.sep_token_id
+    with torch.no_grad():
+        hidden = AutoModel.from_pretrained(MINILM).eval()(**batch).last_hidden_state
+    expected = torch.nn.functional.normalize(hidden.mean(1), dim=-1)[0]
+    assert torch.allclose(got, expected, atol=1e-4)
+    ids = embed_http.post("/tokenize", json={"prompt": text}).json()["tokens"]
+    as_ids = torch.tensor(embed(embed_http, ids, truncate_prompt_tokens=8)["data"][0]["embedding"])
+    assert not torch.allclose(as_ids, expected, atol=1e-3)  # ids given as ids are cut as they are (vLLM's)
+
+
 def test_bad_inputs(embed_http):
     assert_error(embed_http.post("/v1/embeddings", json={"input": []}), 400, param="input")
     assert_error(embed_http.post("/v1/embeddings", json={"input": [""]}), 400)

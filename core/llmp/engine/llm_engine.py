@@ -29,7 +29,7 @@ from llmp.engine.stat_loggers import StatLoggers
 from llmp.engine.step_stats import IterationTokens, step_prompt_tokens
 from llmp.engine.thinking_budget import ThinkingBudget
 from llmp.engine.worker import WorkerCallError
-from llmp.inputs import Prompt, PromptType, as_prompt
+from llmp.inputs import Prompt, PromptType, as_prompt, last_tokens
 from llmp.lora import LORA_DISABLED, LoRARequest
 from llmp.model_files.gguf import weights_quantization
 from llmp.model_files.resolve import resolve_kv_cache_dtype
@@ -423,7 +423,10 @@ class LLMEngine:
             if keep > self.max_model_len:
                 raise ValueError(f"truncate_prompt_tokens ({keep}) must be <= max_model_len ({self.max_model_len})")
             keep = self.max_model_len if keep == -1 else keep
-            token_ids = token_ids[-keep:]  # the last tokens, as vLLM truncates
+            text_ids = None  # a text's own ids: its special tokens stay when it is cut, as vLLM's tokenizer keeps them
+            if prompt.token_ids is None and prompt.add_special_tokens and len(token_ids) > keep:
+                text_ids = self.tokenizer.encode(prompt.text, add_special_tokens=False)
+            token_ids = last_tokens(token_ids, keep, text_ids)
             token_type_ids = token_type_ids[-keep:] if token_type_ids is not None else None
         self._validate_prompt(token_ids, SamplingParams())
         pooler = self._pooler_of(task, pooling_params)

@@ -28,6 +28,8 @@
 - Model names: :func:`packaged_model` (the packaged model a name or alias such as
   ``smollm2:135m`` selects) and :func:`installed_packaged_models`, for front-ends that accept
   the names people type (Ollama's tags).
+- Truncation: :func:`special_tokens_around` (the special tokens a tokenizer put around a text's
+  own ids; ``FrontendKit.last_tokens`` cuts a prompt as vLLM does).
 - Scoring (:mod:`llmp.scoring`, shared with ``LLM.score``): :func:`validate_score_input`,
   :class:`ScoreInputError`, :func:`cross_encoder_prompts`, :func:`text_prompt`,
   :func:`truncation_length`, :func:`cosine_scores`, :func:`rerank_order`.
@@ -51,6 +53,7 @@ from llmp.frontend.kit import (
 )
 from llmp.frontend.lora import FilesystemResolver, load_lora_modules, load_resolvers
 from llmp.frontend.startup import frontend_options, read_chat_template, served_model_names
+from llmp.inputs import special_tokens_around
 from llmp.model_files import cache_dir
 from llmp.model_files.gguf import gguf_file_type, gguf_parameter_count, gguf_source
 from llmp.model_files.packaged import PackagedModel, installed_packaged_models, packaged_model
@@ -98,6 +101,7 @@ __all__ = [
     "request_id_of",
     "rerank_order",
     "served_model_names",
+    "special_tokens_around",
     "template_variables",
     "text_prompt",
     "truncation_length",

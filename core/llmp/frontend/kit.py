@@ -34,7 +34,7 @@ from llmp.api import (
 from llmp.beam_search import BeamSearch, BeamSearchParams, BeamSearchSequence, run_beam_search, step_logprobs
 from llmp.engine.thinking_budget import count_reasoning_tokens
 from llmp.frontend.errors import APIError, bad_request
-from llmp.inputs import Prompt
+from llmp.inputs import Prompt, last_tokens
 from llmp.lora import LoRARequest
 from llmp.model_files.config import GENERATION_DEFAULTS, generation_defaults
 from llmp.options import FrontendOptions
@@ -754,14 +754,24 @@ class FrontendKit:
         self, prompt: Prompt, *, truncate_prompt_tokens: int | None = None, cache_salt: str | None = None
     ) -> Prompt:
         """A generation prompt as the engine runs it: cut to its last ``truncate_prompt_tokens`` tokens
-        (as vLLM cuts it; it then runs as token ids, its text no longer matching) and salted with
+        (:meth:`last_tokens`; it then runs as token ids, its text no longer matching) and salted with
         ``cache_salt`` (``Prompt.cache_salt``; an empty salt is a 400)."""
         if cache_salt == "":
             raise bad_request("cache_salt must be a non-empty string if provided", "cache_salt")
         keep = self.truncation_limit(truncate_prompt_tokens)
         if keep is not None and len(prompt.token_ids) > keep:
-            prompt = Prompt(token_ids=prompt.token_ids[-keep:])
+            prompt = Prompt(token_ids=self.last_tokens(prompt, keep))
         return replace(prompt, cache_salt=cache_salt)
+
+    def last_tokens(self, prompt: Prompt, keep: int) -> list[int]:
+        """A prompt's token ids cut to ``keep`` as vLLM cuts them: a text's start is cut and the special
+        tokens its tokenizer put around it (``[CLS] ... [SEP]``, a BOS) stay; ids given as ids keep
+        their last ``keep`` (:func:`llmp.inputs.last_tokens`)."""
+        ids = prompt.token_ids or []
+        cut_text = prompt.text is not None and len(ids) > keep
+        return last_tokens(
+            ids, keep, self.tokenizer.encode(prompt.text, add_special_tokens=False) if cut_text else None
+        )
 
     async def prompt_inputs(self, value: Any, param: str, add_special_tokens: bool) -> list[Prompt]:
         """The engine's prompt of each item of a ``str | list[str] | list[int] | list[list[int]]``

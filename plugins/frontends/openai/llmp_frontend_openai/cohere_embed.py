@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, Request
 
 from llmp import Prompt
-from llmp.frontend import bad_request, until_disconnected
+from llmp.frontend import bad_request, special_tokens_around, until_disconnected
 from llmp_frontend_openai import protocol as p
 from llmp_frontend_openai.pooling import encode_all, prompt_tokens
 
@@ -173,7 +173,7 @@ async def _fit(
             param,
         )
     plain = await fe.encode(prompt.text or "", False)
-    head, tail = _special_tokens_around(ids, plain)
+    head, tail = special_tokens_around(ids, plain)
     kept_prefix = prefix_ids if plain[: len(prefix_ids)] == prefix_ids else []
     room = limit - len(head) - len(tail) - len(kept_prefix)
     if room < 1:
@@ -185,14 +185,6 @@ async def _fit(
     text = plain[len(kept_prefix) :]
     kept = text[:room] if truncate == "END" else text[len(text) - room :]
     return Prompt(token_ids=head + kept_prefix + kept + tail)
-
-
-def _special_tokens_around(ids: list[int], plain: list[int]) -> tuple[list[int], list[int]]:
-    """The special tokens the tokenizer put before and after a text's own tokens."""
-    for start in range(len(ids) - len(plain) + 1):
-        if ids[start : start + len(plain)] == plain:
-            return ids[:start], ids[start + len(plain) :]
-    return [], []
 
 
 def typed_embeddings(vectors: list[list[float]], name: str) -> list[Any]:

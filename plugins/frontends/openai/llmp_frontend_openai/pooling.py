@@ -121,12 +121,12 @@ async def request_prompts(fe: OpenAIFrontend, body: p.ClassificationRequest) -> 
 
 
 def fit_prompts(fe: OpenAIFrontend, prompts: list[Prompt], truncate: int | None, param: str) -> list[Prompt]:
-    """Each prompt's token ids, cut to the last ``truncate`` (-1: the context length) and checked
-    against the context length."""
+    """Each prompt's token ids, cut to the last ``truncate`` (-1: the context length; a text's
+    special tokens kept, ``FrontendKit.last_tokens``) and checked against the context length."""
     limit = fe.truncation_limit(truncate)
     out = []
     for prompt in prompts:
-        ids = prompt.token_ids if limit is None else prompt.token_ids[-limit:]
+        ids = prompt.token_ids if limit is None else fe.last_tokens(prompt, limit)
         if len(ids) > fe.max_model_len:
             raise bad_request(f"an input is {len(ids)} tokens long; this model takes at most {fe.max_model_len}", param)
         out.append(Prompt(token_ids=ids))  # the ids alone: truncation may have cut the text
