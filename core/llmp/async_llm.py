@@ -426,7 +426,8 @@ class AsyncLLM:
         params = params or SamplingParams()
         kind = params.output_kind
         try:
-            delta = delta or kind == RequestOutputKind.DELTA
+            # FINAL_ONLY's one output is the whole answer, whatever delta says
+            delta = (delta or kind == RequestOutputKind.DELTA) and kind != RequestOutputKind.FINAL_ONLY
             self._send(msg.AddRequest(request_id, record, params, priority, delta, lora=lora))
             while True:
                 item = await stream.queue.get()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from llmp.beam_search import BeamSearchOutput, BeamSearchParams
@@ -45,7 +46,13 @@ class LLM:
     passing ``disable_log_stats`` as false.
     """
 
-    def __init__(self, model: str | None = None, **engine_options: Any) -> None:
+    def __init__(self, model: str | None = None, *, generation_config: str = "auto", **engine_options: Any) -> None:
+        if generation_config not in ("auto", "vllm", "none") and not Path(generation_config).is_dir():
+            raise ValueError(
+                f"generation_config must be 'auto' (the model's generation_config.json), 'vllm' or 'none' "
+                f"(no defaults), or a directory holding a generation_config.json; got {generation_config!r}"
+            )
+        self.generation_config = generation_config
         engine_options.setdefault("disable_log_stats", True)  # offline, the generate bar tells the progress
         config = EngineConfig(model=model, **engine_options)
         configure_logging()
@@ -102,10 +109,15 @@ class LLM:
     def get_default_sampling_params(self) -> SamplingParams:
         """vLLM's: ``SamplingParams`` with the model's ``generation_config.json`` values (temperature,
         top_p, top_k, min_p, repetition_penalty; max_new_tokens as max_tokens), what :meth:`generate`
-        and :meth:`chat` use when given none; ``SamplingParams()`` for a model without them."""
+        and :meth:`chat` use when given none; ``SamplingParams()`` for a model without them, or when
+        the ``LLM`` was made with ``generation_config="vllm"`` (or ``"none"``); with a directory, its
+        ``generation_config.json``."""
         from llmp.model_files.config import generation_defaults
 
-        defaults = generation_defaults(str(self.engine.model.model_dir), "auto")
+        source = self.generation_config
+        if source in ("vllm", "none"):
+            return SamplingParams()
+        defaults = generation_defaults(str(self.engine.model.model_dir if source == "auto" else source), "auto")
         if "max_new_tokens" in defaults:
             defaults["max_tokens"] = defaults.pop("max_new_tokens")
         return SamplingParams(**defaults)

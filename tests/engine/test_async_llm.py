@@ -92,6 +92,13 @@ def test_output_kind_delta_and_final_only_as_vllm(engine):
     assert [t for o in deltas for t in o.outputs[0].token_ids] == whole.token_ids
     assert "".join(o.outputs[0].text for o in deltas) == whole.text and len(deltas) > 1
     assert len(final) == 1 and final[0].finished and final[0].outputs[0].token_ids == whole.token_ids
+
+    async def final_with_delta() -> list:  # FINAL_ONLY wins over delta=True: the whole answer
+        kind = RequestOutputKind.FINAL_ONLY
+        return [o async for o in engine.generate(PROMPTS[1], replace(GREEDY, output_kind=kind), delta=True)]
+
+    [only] = asyncio.run(final_with_delta())
+    assert only.outputs[0].token_ids == whole.token_ids and only.outputs[0].text == whole.text
     with pytest.raises(ValueError, match="output_kind"):
         SamplingParams(output_kind=7)
 

@@ -169,6 +169,13 @@ def test_no_sampling_params_means_the_generation_config_defaults(tiny, tmp_path)
     assert output.outputs[0].token_ids == hf_greedy(tiny[1], [1, 42, 7], 5)
     plain = LLM(str(tiny[0]), dtype="float32", max_model_len=64).get_default_sampling_params()
     assert plain == SamplingParams()
+    # vLLM's generation_config argument: "vllm" (or "none") ignores the file; a directory gives its own
+    ignored = LLM(str(model_dir), dtype="float32", max_model_len=64, generation_config="vllm")
+    assert ignored.get_default_sampling_params() == SamplingParams()
+    elsewhere = LLM(str(tiny[0]), dtype="float32", max_model_len=64, generation_config=str(model_dir))
+    assert elsewhere.get_default_sampling_params().max_tokens == 5
+    with pytest.raises(ValueError, match="generation_config must be"):
+        LLM(str(tiny[0]), generation_config="sometimes")
 
 
 def test_prompt_records_keep_text_ids_and_the_special_tokens_choice(tiny, tmp_path):

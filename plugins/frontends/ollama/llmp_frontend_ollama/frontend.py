@@ -28,6 +28,7 @@ from llmp.frontend import (
     bad_request,
     engine_request_id,
     read_variables,
+    special_tokens_around,
     template_variables,
     until_disconnected,
 )
@@ -426,8 +427,9 @@ class OllamaFrontend(FrontendKit):
         return {"embedding": outputs[0].outputs.embedding}
 
     def fit_inputs(self, prompts: list[Prompt], num_ctx: int | None, truncate: bool) -> list[Prompt]:
-        """Each input within the context (``num_ctx``, at most ``--max-model-len``): its end cut off
-        (``truncate``, Ollama's default), else a 400."""
+        """Each input within the context (``num_ctx``, at most ``--max-model-len``): its text's end cut
+        off, the special tokens around it kept (``truncate``, Ollama's default, which leaves room for
+        them), else a 400."""
         window = min(num_ctx or self.max_model_len, self.max_model_len)
         out = []
         for prompt in prompts:
@@ -437,9 +439,18 @@ class OllamaFrontend(FrontendKit):
                     raise bad_request(
                         f"the input length ({len(ids)} tokens) exceeds the context length ({window})", "input"
                     )
-                ids = ids[:window]
+                ids = self._first_tokens(prompt, window)
             out.append(Prompt(token_ids=ids))
         return out
+
+    def _first_tokens(self, prompt: Prompt, window: int) -> list[int]:
+        ids = prompt.token_ids or []
+        text_ids = self.tokenizer.encode(prompt.text, add_special_tokens=False) if prompt.text else []
+        head, tail = special_tokens_around(ids, text_ids) if text_ids else ([], [])
+        room = window - len(head) - len(tail)
+        if (head or tail) and room >= 1:
+            return [*head, *text_ids[:room], *tail]
+        return list(ids[:window])
 
     async def encode_all(self, prompts: list[Prompt], params: PoolingParams) -> list[PoolingRequestOutput]:
         """One engine request per input, all refused together when the server cannot take them now."""

@@ -114,6 +114,16 @@ def test_embed_matches_sentence_transformers(embed_server):
         client.embed(model="all-minilm", input="word " * 600, truncate=False)
     assert excinfo.value.status_code == 400 and "context length" in excinfo.value.error
     assert len(client.embed(model="all-minilm", input="word " * 600).embeddings[0]) == 384
+    # truncated to num_ctx, the end of the text goes and [CLS] ... [SEP] stay (Ollama leaves room for them)
+    long = " ".join(texts * 20)
+    cut = client.embed(model="all-minilm", input=long, options={"num_ctx": 12})
+    assert cut.prompt_eval_count == 12
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(minilm_dir())  # right truncation keeps the specials too
+    kept = tokenizer.decode(tokenizer(long, truncation=True, max_length=12)["input_ids"], skip_special_tokens=True)
+    want = sentence_transformers_reference(minilm_dir(), [kept])[0].tolist()
+    assert max(abs(a - b) for a, b in zip(cut.embeddings[0], want, strict=True)) < 1e-4
 
 
 def test_api_key_guards_all_but_the_banner_and_version(guarded_server):

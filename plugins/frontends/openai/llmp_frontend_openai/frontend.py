@@ -58,6 +58,19 @@ BEAM_SEARCH_IDLE = (
     "thinking_token_budget",
 )
 
+# values of those fields that change nothing (clients send them always): beam search takes them
+NEUTRAL = {
+    "top_p": (1.0,),
+    "top_k": (0, -1),
+    "min_p": (0.0,),
+    "typical_p": (1.0,),
+    "frequency_penalty": (0.0,),
+    "presence_penalty": (0.0,),
+    "repetition_penalty": (1.0,),
+    "min_tokens": (0,),
+    "logprobs": (False,),
+}
+
 GUIDED = ("json", "regex", "choice", "grammar")  # guided_<name>: older vLLM's structured_outputs.<name>
 
 
@@ -181,7 +194,8 @@ class OpenAIFrontend(FrontendKit):
             return None
         for name in BEAM_SEARCH_IDLE:
             value, default = getattr(body, name, None), type(body).model_fields.get(name)
-            if value is not None and value not in ({}, []) and (default is None or value != default.default):
+            idle = [None, {}, [], *NEUTRAL.get(name, ()), *([default.default] if default is not None else [])]
+            if value not in idle:
                 raise bad_request(f"{name} does not apply to beam search (use_beam_search)", name)
         width = 1 if body.n is None else body.n
         if not 1 <= width <= self.options.max_n:

@@ -459,3 +459,7 @@ def test_beam_search_refuses_what_it_cannot_honour(http, tiny, fields, param):
     assert_error(http.post("/v1/completions", json=body), 400, param=param)
     body = {"model": tiny.name, "prompt": PROMPT, "max_tokens": 3, "length_penalty": 0.5}  # without beam search
     assert_error(http.post("/v1/completions", json=body), 400, param="length_penalty", contains="use_beam_search")
+    # values that change nothing, which many clients send always, are taken
+    neutral = {"top_p": 1.0, "top_k": -1, "frequency_penalty": 0.0, "presence_penalty": 0, "min_p": 0}
+    body = {"model": tiny.name, "prompt": PROMPT, "max_tokens": 2, "use_beam_search": True, "n": 2, **neutral}
+    assert http.post("/v1/completions", json=body).status_code == 200
