@@ -56,6 +56,7 @@ class BeamSearchSequence:
     text: str | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    cache_salt: str | None = None  # the prompt's (Prompt.cache_salt): every step's request keeps it
 
 
 @dataclass
@@ -85,11 +86,16 @@ class BeamSearch:
         eos_token_ids: Collection[int],
         max_model_len: int,
         loras: Sequence[LoRARequest | None] | None = None,
+        cache_salts: Sequence[str | None] | None = None,
     ) -> None:
         self.params, self.eos, self.max_model_len = params, frozenset(eos_token_ids), max_model_len
         loras = loras or [None] * len(prompts)
+        salts = cache_salts or [None] * len(prompts)
         self.prompt_lens = [len(p) for p in prompts]
-        self.beams = [[BeamSearchSequence(list(p), lora_request=lora)] for p, lora in zip(prompts, loras, strict=True)]
+        self.beams = [
+            [BeamSearchSequence(list(p), lora_request=lora, cache_salt=salt)]
+            for p, lora, salt in zip(prompts, loras, salts, strict=True)
+        ]
         self.finished: list[list[BeamSearchSequence]] = [[] for _ in prompts]
         self.steps = 0
 
@@ -123,6 +129,7 @@ class BeamSearch:
                         beam.logprobs + [logprobs],
                         beam.lora_request,
                         beam.cum_logprob + logprob.logprob,
+                        cache_salt=beam.cache_salt,
                     )
                     if token in self.eos and not self.params.ignore_eos:
                         candidate.finish_reason, candidate.stop_reason = "stop", token

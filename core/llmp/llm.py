@@ -370,10 +370,11 @@ class LLM:
             eos_token_ids=engine.eos_token_ids,
             max_model_len=engine.max_model_len,
             loras=loras,
+            cache_salts=[prompt.cache_salt for prompt in prompts],
         )
         while beams := search.live():
             outputs = self.generate(
-                [Prompt(token_ids=beam.tokens) for beam in beams],
+                [Prompt(token_ids=beam.tokens, cache_salt=beam.cache_salt) for beam in beams],
                 search.step_params,
                 use_tqdm=use_tqdm,
                 lora_request=[beam.lora_request for beam in beams],

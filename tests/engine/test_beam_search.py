@@ -111,3 +111,16 @@ def test_bad_parameters_are_errors(llm):
     with pytest.raises(TypeError, match="BeamSearchParams"):
         llm.beam_search(PROMPTS, SamplingParams(max_tokens=4))
     assert llm.generate(PROMPTS[0], SamplingParams(max_tokens=2))[0].outputs[0].token_ids  # still serving
+
+
+def test_a_salted_prompt_keeps_its_salt_in_every_step(llm):
+    """cache_salt (vLLM's) reaches each step's request: the beams' blocks are shared with that salt only."""
+    from llmp import Prompt
+
+    ids = llm.get_tokenizer().encode("Continuous batching serves many requests at once, step by step")
+    llm.beam_search([Prompt(token_ids=ids, cache_salt="tenant-a")], BeamSearchParams(beam_width=2, max_tokens=2))
+    greedy = SamplingParams(temperature=0, max_tokens=1)
+    same, other = llm.generate(
+        [Prompt(token_ids=ids, cache_salt="tenant-a"), Prompt(token_ids=ids, cache_salt="tenant-b")], greedy
+    )
+    assert same.num_cached_tokens >= len(ids) - 4 and other.num_cached_tokens == 0

@@ -534,6 +534,7 @@ class FrontendKit:
         lora: LoRARequest | None = None,
         priority: int = 0,
         skip_special_tokens: bool = True,
+        cache_salt: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """vLLM's ``use_beam_search``: the best ``params.beam_width`` beams of a prompt as one
         finished :class:`RequestOutput` (a completion per beam, best first), for a handler to answer
@@ -544,11 +545,16 @@ class FrontendKit:
             eos_token_ids=self.engine.info.get("eos_token_ids") or (),
             max_model_len=self.max_model_len,
             loras=[lora],
+            cache_salts=[cache_salt],
         )
 
         async def one(beam: BeamSearchSequence, step: SamplingParams) -> Any:
             outputs = self.engine.generate(
-                Prompt(token_ids=beam.tokens), step, engine_request_id("beam"), lora_request=lora, priority=priority
+                Prompt(token_ids=beam.tokens, cache_salt=cache_salt),
+                step,
+                engine_request_id("beam"),
+                lora_request=lora,
+                priority=priority,
             )
             final = None
             async with contextlib.aclosing(outputs):

@@ -49,7 +49,12 @@ class ChatCompletion:
                 fe.engine.check_capacity(self.n, "n", "beams")
             skip = self.params.skip_special_tokens
             self.outputs = fe.beam_search(
-                self.prompt_ids, self.beam, lora=self.lora, priority=body.priority, skip_special_tokens=skip
+                self.prompt_ids,
+                self.beam,
+                lora=self.lora,
+                priority=body.priority,
+                skip_special_tokens=skip,
+                cache_salt=prompt.cache_salt,
             )
         else:
             self.outputs = fe.engine.generate(
@@ -169,7 +174,8 @@ class ChatCompletion:
         include_usage = force or bool(options and options.include_usage)
         continuous = force or bool(options and options.continuous_usage_stats)
         prompt_len, generated = len(self.prompt_ids), [0] * self.n
-        output_ids: list[list[int]] = [[] for _ in range(self.n)]
+        output_ids: list[list[int]] = [[] for _ in range(self.n)]  # kept only to count reasoning tokens
+        keep_ids = self.plan.reasoning_parser is not None
         cached = 0
         done: set[int] = set()
         texts = [""] * self.n
@@ -193,7 +199,8 @@ class ChatCompletion:
                     if seq.index in done:
                         continue
                     generated[seq.index] += len(seq.token_ids)
-                    output_ids[seq.index] += seq.token_ids
+                    if keep_ids:
+                        output_ids[seq.index] += seq.token_ids
                     # tokens that end in the middle of a character add no text yet: no chunk, unless
                     # their logprobs must be sent
                     if not (seq.text or seq.finish_reason or (self.top is not None and seq.token_ids)):

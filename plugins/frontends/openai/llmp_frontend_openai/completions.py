@@ -46,7 +46,14 @@ class Completion:
         if self.beam is not None:
             skip = self.params[0].skip_special_tokens
             self.streams = [
-                fe.beam_search(p.token_ids, self.beam, lora=self.lora, priority=body.priority, skip_special_tokens=skip)
+                fe.beam_search(
+                    p.token_ids,
+                    self.beam,
+                    lora=self.lora,
+                    priority=body.priority,
+                    skip_special_tokens=skip,
+                    cache_salt=p.cache_salt,
+                )
                 for p in self.prompts
             ]
             return await fe.respond(self.request, bool(body.stream), self.stream if body.stream else self.whole)

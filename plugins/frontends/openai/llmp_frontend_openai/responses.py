@@ -248,7 +248,8 @@ class ResponseRun:
                 seq = output.outputs[0]
                 self.cached_tokens = output.num_cached_tokens
                 self.output_tokens += len(seq.token_ids)
-                self.output_ids += seq.token_ids
+                if self.plan.reasoning_parser is not None:  # kept only to count reasoning tokens
+                    self.output_ids += seq.token_ids
                 self.text += seq.text
                 if seq.finish_reason:
                     self.finish_reason = seq.finish_reason

@@ -463,3 +463,17 @@ def test_beam_search_refuses_what_it_cannot_honour(http, tiny, fields, param):
     neutral = {"top_p": 1.0, "top_k": -1, "frequency_penalty": 0.0, "presence_penalty": 0, "min_p": 0}
     body = {"model": tiny.name, "prompt": PROMPT, "max_tokens": 2, "use_beam_search": True, "n": 2, **neutral}
     assert http.post("/v1/completions", json=body).status_code == 200
+
+
+def test_beam_search_keeps_the_cache_salt(ops_http):
+    """Each beam step runs under the request's cache_salt: a later request of that salt reads the prompt's
+    blocks from the prefix cache, one of another salt does not (--enable-prompt-tokens-details counts them)."""
+    prompt = "salted beams " + " ".join(f"w{i}" for i in range(24))
+    beams = {"prompt": prompt, "max_tokens": 2, "n": 2, "use_beam_search": True, "cache_salt": "tenant-a"}
+    assert ops_http.post("/v1/completions", json=beams).status_code == 200
+
+    def cached(salt: str) -> int:
+        body = {"prompt": prompt, "max_tokens": 1, "cache_salt": salt}
+        return ops_http.post("/v1/completions", json=body).json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    assert cached("tenant-b") == 0 and cached("tenant-a") > 0
