@@ -548,6 +548,9 @@ class FrontendOptions:
     enable_prompt_tokens_details: bool = option(
         False, "Usage's prompt_tokens_details: the prompt tokens read from the prefix cache.", panel="Front-ends"
     )
+    enable_tokenizer_info_endpoint: bool = option(
+        False, "Serve GET /tokenizer_info: the tokenizer's configuration and chat template.", panel="Front-ends"
+    )
     enable_store: bool = option(
         False, "Keep /v1/responses results in memory (GET, previous_response_id).", panel="Front-ends"
     )

@@ -41,8 +41,13 @@ class ChatCompletion:
         self.as_ids = fe.options.return_tokens_as_token_ids or bool(body.return_tokens_as_token_ids)
 
     async def run(self) -> Any:
+        self.start(await self.prepare())
+        stream = bool(self.body.stream)
+        return await self.fe.respond(self.request, stream, self.stream if stream else self.whole)
+
+    def start(self, prompt: Prompt) -> None:
+        """Send the prepared prompt to the engine (its outputs are read by ``whole`` or ``stream``)."""
         fe, body = self.fe, self.body
-        prompt = await self.prepare()
         self.echo = _echo_text(body, self.role)
         if self.beam is not None:
             if hasattr(fe.engine, "check_capacity"):  # every beam of a step runs at once
@@ -65,7 +70,6 @@ class ChatCompletion:
                 priority=body.priority,
                 delta=bool(body.stream),
             )
-        return await fe.respond(self.request, bool(body.stream), self.stream if body.stream else self.whole)
 
     async def prepare(self) -> Prompt:
         """Everything before the engine (shared with ``/v1/chat/completions/render``): the model and

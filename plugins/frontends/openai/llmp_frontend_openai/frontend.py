@@ -71,6 +71,7 @@ NEUTRAL = {
     "logprobs": (False,),
 }
 
+VOCABULARY_FILES = ("vocab_file", "merges_file")  # paths on the server's disk, left out of /tokenizer_info (as vLLM)
 GUIDED = ("json", "regex", "choice", "grammar")  # guided_<name>: older vLLM's structured_outputs.<name>
 
 
@@ -88,6 +89,7 @@ class OpenAIFrontend(FrontendKit):
         from llmp_frontend_openai import (
             batches,
             chat,
+            chat_batch,
             classify,
             cohere_embed,
             completions,
@@ -106,10 +108,15 @@ class OpenAIFrontend(FrontendKit):
         )
         router.add_api_route("/tokenize", self.tokenize, methods=["POST"], summary="Prompt or chat to token ids")
         router.add_api_route("/detokenize", self.detokenize, methods=["POST"], summary="Token ids to text")
+        if self.options.enable_tokenizer_info_endpoint:
+            router.add_api_route(
+                "/tokenizer_info", self.tokenizer_info, methods=["GET"], summary="The tokenizer's configuration"
+            )
         # each route only where the model can do its task (vLLM's rule): the others are 404s
         tasks = set(self.supported_tasks)
         if "generate" in tasks:
             chat.add_routes(router, self)
+            chat_batch.add_routes(router, self)
             completions.add_routes(router, self)
             render.add_routes(router, self)
             responses.add_routes(router, self)
@@ -169,6 +176,18 @@ class OpenAIFrontend(FrontendKit):
         self.check_model(body.model)
         self.check_token_ids(body.tokens, "tokens")
         return {"prompt": await asyncio.to_thread(self.tokenizer.decode, body.tokens)}
+
+    async def tokenizer_info(self) -> dict[str, Any]:
+        """vLLM's ``GET /tokenizer_info``: the arguments the tokenizer was made with (less its vocabulary
+        files' paths; added tokens as their text), its class, and the server's chat template where
+        ``--chat-template`` set one."""
+        # llmp's light tokenizer stands for transformers' one, whose class and arguments these are
+        tokenizer = getattr(self.tokenizer, "transformers_tokenizer", self.tokenizer)
+        info = {key: _plain(value) for key, value in tokenizer.init_kwargs.items() if key not in VOCABULARY_FILES}
+        info["tokenizer_class"] = type(tokenizer).__name__
+        if self.options.chat_template is not None:
+            info["chat_template"] = self.options.chat_template
+        return info
 
     # -- shared checks -----------------------------------------------------------
 
@@ -285,6 +304,17 @@ class OpenAIFrontend(FrontendKit):
                 make(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
             )
         return JSONResponse(await until_disconnected(request, make()))
+
+
+def _plain(value: Any) -> Any:
+    """A tokenizer argument as JSON: an ``AddedToken`` as its text, the rest as it is (or its text)."""
+    if hasattr(value, "content"):
+        return value.content
+    if isinstance(value, dict):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(item) for item in value]
+    return value if value is None or isinstance(value, str | int | float | bool) else str(value)
 
 
 def _message_dict(message: p.ChatMessage) -> dict[str, Any]:

@@ -122,6 +122,12 @@ class ChatCompletionRequest(SamplingFields):
     return_tokens_as_token_ids: bool | None = None  # logprob tokens as 'token_id:N' (or the server's flag)
 
 
+class BatchChatCompletionRequest(ChatCompletionRequest):
+    """``/v1/chat/completions/batch``: ``messages`` is a list of conversations."""
+
+    messages: list[list[ChatMessage]]  # type: ignore[assignment]
+
+
 class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: StrictInt | None = None

@@ -557,3 +557,46 @@ def test_chat_beam_search_returns_the_beams_best_first(client, tiny):
         assert choice.message.content == tiny.tokenizer.decode(ids, skip_special_tokens=True)
     assert scores == sorted(scores, reverse=True)
     assert len({tuple(extra(c, "token_ids")) for c in response.choices}) == 4  # four different beams
+
+
+# -- /v1/chat/completions/batch (vLLM's) ---------------------------------------------
+
+
+def test_batch_chat_answers_each_conversation_as_its_own_chat_would(client, http, tiny):
+    conversations = [MESSAGES, MULTI_TURN, [{"role": "user", "content": "Continuous batching?"}]]
+    body = {"messages": conversations, "max_tokens": 6, "temperature": 0, "ignore_eos": True, "return_token_ids": True}
+    response = http.post("/v1/chat/completions/batch", json=body)
+    assert response.status_code == 200, response.text
+    batch = response.json()
+    assert batch["object"] == "chat.completion" and batch["id"].startswith("chatcmpl-")
+    assert [choice["index"] for choice in batch["choices"]] == [0, 1, 2]
+    prompt_tokens = 0
+    for conversation, choice in zip(conversations, batch["choices"], strict=True):
+        alone = greedy_chat(client, tiny, conversation, max_tokens=6)
+        assert choice["token_ids"] == extra(alone.choices[0], "token_ids")
+        assert choice["message"]["content"] == alone.choices[0].message.content
+        assert choice["prompt_token_ids"] == tiny.chat_ids(conversation)
+        assert choice["finish_reason"] == "length"
+        prompt_tokens += len(choice["prompt_token_ids"])
+    assert batch["usage"] == {"prompt_tokens": prompt_tokens, "completion_tokens": 18, "total_tokens": prompt_tokens + 18}
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"n": 2, "temperature": 1}, "n"),
+        ({"use_beam_search": True}, "use_beam_search"),
+        ({"stream": True}, "stream"),
+        ({"messages": []}, "messages"),
+        ({"messages": [MESSAGES, []]}, "messages[1]"),
+        ({"messages": [MESSAGES, [{"role": "user", "content": [{"type": "image_url"}]}]]}, "messages[1]"),
+    ],
+)
+def test_batch_chat_refusals_name_the_field(http, fields, param):
+    body = {"messages": [MESSAGES, MULTI_TURN], "max_tokens": 2, **fields}
+    assert_error(http.post("/v1/chat/completions/batch", json=body), 400, param=param)
+
+
+def test_batch_chat_takes_a_list_of_conversations(http):
+    response = http.post("/v1/chat/completions/batch", json={"messages": MESSAGES, "max_tokens": 2})
+    assert response.status_code == 400 and "messages" in response.text

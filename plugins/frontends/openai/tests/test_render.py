@@ -33,6 +33,7 @@ TOOL = {
     },
 }
 MAX_MODEL_LEN = 512
+TOKENIZER_INFO = ("--enable-tokenizer-info-endpoint",)
 # vLLM's GenerateRequest, plus the rendered text ("prompt")
 FIELDS = {
     "request_id",
@@ -53,7 +54,7 @@ FIELDS = {
 def render_server(tiny, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     template = Path(tmp_path_factory.mktemp("render")) / "template.jinja"
     template.write_text(TEMPLATE)
-    with serving(tiny.path, "--chat-template", str(template), "--api-key", API_KEY, "--enable-admin-api") as live:
+    with serving(tiny.path, "--chat-template", str(template), "--api-key", API_KEY, "--enable-admin-api", *TOKENIZER_INFO) as live:
         yield live
         assert live.process.poll() is None, f"the server died during the tests:\n{live.log()}"
 
@@ -247,3 +248,18 @@ def test_render_echoes_the_cache_salt_and_refuses_what_the_route_refuses(api):
     assert out["cache_salt"] == "t"
     refused = api.post("/v1/chat/completions/render", json={**body, "kv_transfer_params": {"a": 1}})
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "kv_transfer_params"
+
+
+# -- GET /tokenizer_info (vLLM's, with --enable-tokenizer-info-endpoint) -------------------------------
+
+
+def test_tokenizer_info_is_the_tokenizers_arguments_and_the_servers_template(api, tiny):
+    info = api.get("/tokenizer_info").json()
+    tokenizer = tiny.tokenizer  # transformers' own, loaded from the same directory
+    assert info["tokenizer_class"] == type(tokenizer).__name__
+    assert info["chat_template"] == TEMPLATE  # --chat-template's, over the tokenizer's own
+    assert "vocab_file" not in info and "merges_file" not in info
+    for name in ("bos_token", "eos_token"):
+        assert info[name] == getattr(tokenizer, name)
+    added = {int(key): text for key, text in info["added_tokens_decoder"].items()}
+    assert added == {key: token.content for key, token in tokenizer.added_tokens_decoder.items()}

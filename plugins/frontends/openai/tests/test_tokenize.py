@@ -52,3 +52,7 @@ def test_model_name_accepted(http, tiny):
 def test_bad_detokenize(http):
     assert_error(http.post("/detokenize", json={"tokens": [-1]}), 400, param="tokens")
     assert_error(http.post("/detokenize", json={"tokens": "abc"}), 400)
+
+
+def test_tokenizer_info_is_off_without_its_flag(http):
+    assert http.get("/tokenizer_info").status_code == 404
