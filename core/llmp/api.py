@@ -331,7 +331,8 @@ class EngineDeadError(LLMPError):
 
 class EngineSleepingError(LLMPError):
     """The engine is asleep (``sleep()``, ``POST /sleep``): it takes no request until woken
-    (``wake_up()``, ``POST /wake_up``). Servers answer 503."""
+    (``wake_up()``, ``POST /wake_up``). Servers answer 503. Also how a pooling request in flight
+    ends when ``pause_generation(mode="abort")`` aborts it (it has no finish reason to say so)."""
 
 
 class ModelLoadError(LLMPError):

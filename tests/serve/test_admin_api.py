@@ -176,6 +176,81 @@ def test_sleep_aborts_a_request_in_flight(http):
     assert greedy_text(http)
 
 
+class Streamer(threading.Thread):
+    """A streamed completion read in a thread: its chunks, and an event set at the first."""
+
+    def __init__(self, http: httpx.Client, max_tokens: int = 200) -> None:
+        super().__init__()
+        self.http, self.max_tokens = http, max_tokens
+        self.chunks: list[dict] = []
+        self.started = threading.Event()
+        self.start()
+        assert self.started.wait(60)
+
+    def run(self) -> None:
+        body = {"model": "m", "prompt": PROMPT, "max_tokens": self.max_tokens, "temperature": 0, "ignore_eos": True}
+        with self.http.stream("POST", "/v1/completions", json={**body, "stream": True}, headers=USER) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: {"):
+                    self.chunks.append(json.loads(line[6:]))
+                    self.started.set()
+
+    def text(self) -> str:
+        return "".join(chunk["choices"][0]["text"] for chunk in self.chunks)
+
+
+def is_paused(http: httpx.Client) -> bool:
+    response = http.get("/is_paused", headers=ADMIN)
+    assert response.status_code == 200, response.text
+    return response.json()["is_paused"]
+
+
+def test_pause_abort_ends_the_stream_and_holds_new_requests_until_resume(http):
+    before = greedy_text(http)
+    streamer = Streamer(http)
+    response = http.post("/pause", headers=ADMIN)  # mode=abort, vLLM's default
+    assert response.status_code == 200 and response.json() == {"status": "paused"}
+    streamer.join(60)
+    assert streamer.chunks[-1]["choices"][0]["finish_reason"] == "abort"
+    assert is_paused(http)
+    held: list[httpx.Response] = []
+    waiter = threading.Thread(target=lambda: held.append(complete(http)))
+    waiter.start()
+    waiter.join(1.5)
+    assert waiter.is_alive() and not held  # taken, not refused: it waits for the resume
+    # pausing again: still paused, the held request kept (mode=abort would abort it: it is in flight)
+    assert http.post("/pause", params={"mode": "keep"}, headers=ADMIN).json() == {"status": "paused"}
+    assert http.post("/resume", headers=ADMIN).json() == {"status": "resumed"}
+    waiter.join(60)
+    assert held[0].status_code == 200 and held[0].json()["choices"][0]["text"] == before
+    assert not is_paused(http)
+    assert http.post("/resume", headers=ADMIN).status_code == 200  # idempotent
+
+
+def test_pause_keep_freezes_a_stream_that_resume_finishes_unchanged(http):
+    whole = Streamer(http, max_tokens=240)
+    whole.join(60)
+    streamer = Streamer(http, max_tokens=240)
+    assert http.post("/pause", params={"mode": "keep"}, headers=ADMIN).status_code == 200
+    frozen = len(streamer.chunks)
+    streamer.join(1.0)
+    assert streamer.is_alive() and len(streamer.chunks) == frozen  # nothing generated while paused
+    assert http.post("/resume", headers=ADMIN).status_code == 200
+    streamer.join(60)
+    assert streamer.chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert streamer.text() == whole.text()  # greedy: the same tokens, paused or not
+
+
+@pytest.mark.parametrize("params", [{"mode": "wait"}, {"wait_for_inflight_requests": "true"}])
+def test_pause_wait_returns_once_the_requests_in_flight_finish(http, params):
+    streamer = Streamer(http, max_tokens=120)
+    assert http.post("/pause", params=params, headers=ADMIN).status_code == 200
+    streamer.join(5)  # already over: the pause answered once it was
+    assert not streamer.is_alive()
+    assert streamer.chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert http.post("/resume", headers=ADMIN).status_code == 200
+
+
 def test_bad_management_input_is_a_400(http):
     for path, params in (
         ("/sleep", {"level": 3}),
@@ -183,11 +258,13 @@ def test_bad_management_input_is_a_400(http):
         ("/sleep", {"mode": "keep"}),  # vLLM's third mode (frozen requests) is not supported
         ("/wake_up", {"tags": "gpu"}),
         ("/reset_prefix_cache", {"reset_running_requests": "true"}),
+        ("/pause", {"mode": "freeze"}),
+        ("/pause", {"clear_cache": "maybe"}),
     ):
         response = http.post(path, params=params, headers=ADMIN)
         assert response.status_code == 400, (path, params, response.text)
         assert response.json()["error"]["message"]
-    assert not is_sleeping(http)
+    assert not is_sleeping(http) and not is_paused(http)
 
 
 def prefix_cache_hits(http: httpx.Client) -> float:

@@ -51,9 +51,21 @@ WARM_UP_REQUEST_ID = "llmp-warm-up"
 ATTACHED_CLIENT_BACKLOG = 10_000
 CONTROL_METHODS = frozenset({"shutdown", "attach_client", "detach_client"})  # client 0's alone
 ADMIN_METHODS = frozenset(
-    {"sleep", "wake_up", "is_sleeping", "reset_prefix_cache", "start_profile", "stop_profile", "collective_rpc"}
+    {
+        "sleep",
+        "wake_up",
+        "is_sleeping",
+        "pause_generation",
+        "resume_generation",
+        "is_paused",
+        "reset_prefix_cache",
+        "start_profile",
+        "stop_profile",
+        "collective_rpc",
+    }
 )
 SLEEP_MODES = ("abort", "wait")  # vLLM's third, "keep" (requests frozen until woken), is not supported
+PAUSE_MODES = ("abort", "wait", "keep")
 
 
 @dataclass(eq=False)
@@ -91,6 +103,7 @@ class EngineCoreLoop:
         self._connect(0, input_address, output_address)
         self.engine: Any = None
         self.running = True
+        self.paused = False  # pause_generation: no step runs; requests are taken and wait for resume_generation
         self.before_warm_up: tuple[int, int] | None = None  # prefix-cache counters before the warm-up
 
     def _connect(self, index: int, input_address: str, output_address: str) -> EngineClientSockets:
@@ -187,14 +200,14 @@ class EngineCoreLoop:
         self.send(msg.Ready(self.ready_info))
         try:
             while self.running:
-                busy = self.engine.has_unfinished_requests()
+                busy = not self.paused and self.engine.has_unfinished_requests()
                 if not busy and self.engine.stat_loggers.muted:
                     self._end_warm_up()
                 for socket, _ in self.poller.poll(0 if busy else IDLE_POLL_MS):
                     client = self.by_socket.get(socket)
                     if client is not None:  # not dropped by an earlier client's message
                         self._drain(client)
-                if self.running and self.engine.has_unfinished_requests():
+                if self.running and not self.paused and self.engine.has_unfinished_requests():
                     outputs = self.engine.step()
                     if outputs:
                         self._send_outputs(outputs)
@@ -365,6 +378,12 @@ class EngineCoreLoop:
                 result = None
                 if not engine.is_sleeping():
                     self._broadcast(msg.SleepState(0))
+            elif method == "pause_generation":
+                result = self._pause(*args)
+            elif method == "resume_generation":
+                self.paused, result = False, None
+            elif method == "is_paused":
+                result = self.paused
             elif method == "collective_rpc":
                 # plain data both ways (msgpack): a result it cannot carry is sent as its text
                 result = msgspec.to_builtins(engine.collective_rpc(*args), enc_hook=str)
@@ -384,25 +403,44 @@ class EngineCoreLoop:
         if level not in (1, 2) or engine.is_sleeping():
             engine.sleep(level)  # a ValueError, or nothing to do
             return
+        self._end_in_flight(mode, "the engine went to sleep")
+        engine.sleep(level)
+        self._broadcast(msg.SleepState(level))  # every client refuses requests at once while it sleeps
+
+    def _pause(self, mode: str = "abort", clear_cache: bool = True) -> None:
+        """vLLM's ``pause_generation``: no step runs until ``resume_generation``, and the requests that
+        arrive meanwhile are taken and wait. Those in flight are aborted (``abort``: a stream ends with
+        finish reason ``abort``), finished first (``wait``), or frozen where they are (``keep``: they
+        go on after the resume). ``clear_cache`` then forgets the prefix cache (not with ``keep``)."""
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"pause mode must be one of {', '.join(PAUSE_MODES)}, got {mode!r}")
+        if mode != "keep":
+            self._end_in_flight(mode, "generation was paused (mode abort)")
+            if clear_cache:
+                self.engine.reset_prefix_cache()
+        self.paused = True
+
+    def _end_in_flight(self, mode: str, why: str) -> None:
+        """Abort the requests in flight (``abort``: each stream ends with finish reason ``abort``, a
+        pooling request fails with ``EngineSleepingError`` saying ``why``), or ``wait`` for them to
+        finish (their outputs keep flowing; new messages wait until they have)."""
+        engine = self.engine
         if mode == "wait":
             while engine.has_unfinished_requests():
                 outputs = engine.step()
                 if outputs:
                     self._send_outputs(outputs)
-        else:
-            engine_ids = engine.unfinished_request_ids()
-            pooling = [engine_id for engine_id in engine_ids if engine_id in engine.pooling]
-            finals = engine.abort_request(engine_ids)
-            if finals:
-                self._send_outputs(finals)
-            for engine_id in pooling:  # no final output to end its stream: it fails
-                client, request_id = self.owners.get(engine_id, (self.clients[0], engine_id))
-                failed = msg.RequestFailed(request_id, "EngineSleepingError", "the engine went to sleep")
-                self._send_to(client, failed)
-            for engine_id in engine_ids:
-                self._forget(engine_id)
-        engine.sleep(level)
-        self._broadcast(msg.SleepState(level))  # every client refuses requests at once while it sleeps
+            return
+        engine_ids = engine.unfinished_request_ids()
+        pooling = [engine_id for engine_id in engine_ids if engine_id in engine.pooling]
+        finals = engine.abort_request(engine_ids)
+        if finals:
+            self._send_outputs(finals)
+        for engine_id in pooling:  # no final output to end its stream: it fails
+            client, request_id = self.owners.get(engine_id, (self.clients[0], engine_id))
+            self._send_to(client, msg.RequestFailed(request_id, "EngineSleepingError", why))
+        for engine_id in engine_ids:
+            self._forget(engine_id)
 
     def close(self) -> None:
         for client in self.clients.values():

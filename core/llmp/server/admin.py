@@ -23,7 +23,18 @@ from llmp.options import ServerOptions
 log = logging.getLogger("llmp.server")
 
 ADMIN_PATHS = frozenset(
-    {"/sleep", "/wake_up", "/is_sleeping", "/reset_prefix_cache", "/start_profile", "/stop_profile", "/collective_rpc"}
+    {
+        "/sleep",
+        "/wake_up",
+        "/is_sleeping",
+        "/pause",
+        "/resume",
+        "/is_paused",
+        "/reset_prefix_cache",
+        "/start_profile",
+        "/stop_profile",
+        "/collective_rpc",
+    }
 )
 
 
@@ -85,6 +96,29 @@ def admin_router(state: Any) -> APIRouter:
     @router.get("/is_sleeping", summary="Whether the engine is asleep")
     async def is_sleeping() -> dict[str, bool]:
         return {"is_sleeping": await _run(engine().is_sleeping())}
+
+    @router.post("/pause", summary="Stop generating until /resume; new requests wait (vLLM's)")
+    async def pause(
+        mode: Literal["abort", "wait", "keep"] = Query(
+            "abort", description="requests in flight: abort them, wait for them, or keep them frozen until /resume"
+        ),
+        wait_for_inflight_requests: bool = Query(False, description="older vLLM's mode=wait"),
+        clear_cache: bool = Query(True, description="forget the prefix cache once nothing runs (not with keep)"),
+    ) -> dict[str, str]:
+        mode = "wait" if wait_for_inflight_requests else mode
+        log.info("generation paused: requests in flight: %s", mode)
+        await _run(engine().pause_generation(mode, clear_cache))
+        return {"status": "paused"}
+
+    @router.post("/resume", summary="Generate again after /pause: the requests held go on")
+    async def resume() -> dict[str, str]:
+        await _run(engine().resume_generation())
+        log.info("generation resumed")
+        return {"status": "resumed"}
+
+    @router.get("/is_paused", summary="Whether generation is paused")
+    async def is_paused() -> dict[str, bool]:
+        return {"is_paused": await _run(engine().is_paused())}
 
     @router.post("/reset_prefix_cache", summary="Forget the cached prompt blocks (409 while requests hold some)")
     async def reset_prefix_cache(

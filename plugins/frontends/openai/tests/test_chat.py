@@ -578,7 +578,11 @@ def test_batch_chat_answers_each_conversation_as_its_own_chat_would(client, http
         assert choice["prompt_token_ids"] == tiny.chat_ids(conversation)
         assert choice["finish_reason"] == "length"
         prompt_tokens += len(choice["prompt_token_ids"])
-    assert batch["usage"] == {"prompt_tokens": prompt_tokens, "completion_tokens": 18, "total_tokens": prompt_tokens + 18}
+    assert batch["usage"] == {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": 18,
+        "total_tokens": prompt_tokens + 18,
+    }
 
 
 @pytest.mark.parametrize(

@@ -54,7 +54,9 @@ FIELDS = {
 def render_server(tiny, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     template = Path(tmp_path_factory.mktemp("render")) / "template.jinja"
     template.write_text(TEMPLATE)
-    with serving(tiny.path, "--chat-template", str(template), "--api-key", API_KEY, "--enable-admin-api", *TOKENIZER_INFO) as live:
+    with serving(
+        tiny.path, "--chat-template", str(template), "--api-key", API_KEY, "--enable-admin-api", *TOKENIZER_INFO
+    ) as live:
         yield live
         assert live.process.poll() is None, f"the server died during the tests:\n{live.log()}"
 
