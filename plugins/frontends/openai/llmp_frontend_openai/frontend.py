@@ -94,6 +94,7 @@ class OpenAIFrontend(FrontendKit):
             cohere_embed,
             completions,
             embeddings,
+            generate_tokens,
             lora,
             pooling,
             render,
@@ -119,6 +120,7 @@ class OpenAIFrontend(FrontendKit):
             chat_batch.add_routes(router, self)
             completions.add_routes(router, self)
             render.add_routes(router, self)
+            generate_tokens.add_routes(router, self)
             responses.add_routes(router, self)
         if "embed" in tasks:
             embeddings.add_routes(router, self)

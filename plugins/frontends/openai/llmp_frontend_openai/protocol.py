@@ -128,6 +128,22 @@ class BatchChatCompletionRequest(ChatCompletionRequest):
     messages: list[list[ChatMessage]]  # type: ignore[assignment]
 
 
+class GenerateRequest(OpenAIModel):
+    """vLLM's ``GenerateRequest`` (``/inference/v1/generate``): what the render routes answer."""
+
+    request_id: str | None = None
+    token_ids: list[StrictInt]
+    sampling_params: dict[str, Any] = {}
+    model: str | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    cache_salt: str | None = None
+    priority: int = Field(0, ge=-INT64, le=INT64 - 1)
+    prompt: str | None = None  # the render routes' text of token_ids: a description, token_ids run
+    features: Any = None  # multimodal inputs: refused when set
+    kv_transfer_params: dict[str, Any] | None = None  # refused when set: llmp has no KV transfer
+
+
 class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: StrictInt | None = None

@@ -8,6 +8,7 @@ One server for the module, with a chat template that renders the tools and reads
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import httpx
 import pytest
 from openai_frontend_support import API_KEY, assert_error, metric, metrics
 
-from llmp.testing import LiveServer, serving
+from llmp.testing import LiveServer, hf_greedy, serving
 
 TEMPLATE = (
     "{% if tools %}<s>tools: {% for t in tools %}{{ t['function']['name'] }};{% endfor %}</s>{% endif %}"
@@ -265,3 +266,73 @@ def test_tokenizer_info_is_the_tokenizers_arguments_and_the_servers_template(api
         assert info[name] == getattr(tokenizer, name)
     added = {int(key): text for key, text in info["added_tokens_decoder"].items()}
     assert added == {key: token.content for key, token in tokenizer.added_tokens_decoder.items()}
+
+
+# -- POST /inference/v1/generate: a rendered request run as it is --------------------------------------
+
+
+def sse_payloads(response) -> list:
+    lines = [line for line in response.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]"
+    return [json.loads(line[6:]) for line in lines[:-1]]
+
+
+def test_a_rendered_chat_generates_what_the_chat_does(api, tiny):
+    body = {"messages": MESSAGES, "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+    out = rendered(api, "/v1/chat/completions/render", body)
+    response = api.post("/inference/v1/generate", json=out)
+    assert response.status_code == 200, response.text
+    generated = response.json()
+    chat = api.post("/v1/chat/completions", json={**body, "return_token_ids": True}).json()
+    [choice] = generated["choices"]
+    assert choice["token_ids"] == chat["choices"][0]["token_ids"]
+    assert choice["token_ids"] == hf_greedy(tiny.model, out["token_ids"], 6)
+    assert (choice["index"], choice["finish_reason"], choice["logprobs"]) == (0, "length", None)
+    assert generated["request_id"] == out["request_id"]
+    assert generated["usage"] == {
+        "prompt_tokens": len(out["token_ids"]),
+        "completion_tokens": 6,
+        "total_tokens": len(out["token_ids"]) + 6,
+    }
+    assert (generated["prompt_logprobs"], generated["kv_transfer_params"]) == (None, None)
+
+
+def test_generate_streams_token_ids_and_logprobs(api, tiny):
+    ids = tiny.tokenizer.encode("The quick brown fox", add_special_tokens=False)
+    params = {"max_tokens": 5, "temperature": 0, "ignore_eos": True, "logprobs": 2, "detokenize": False}
+    whole = api.post("/inference/v1/generate", json={"token_ids": ids, "sampling_params": params}).json()
+    [choice] = whole["choices"]
+    assert choice["token_ids"] == hf_greedy(tiny.model, ids, 5)
+    content = choice["logprobs"]["content"]
+    assert [entry["token"] for entry in content] == [f"token_id:{t}" for t in choice["token_ids"]]
+    assert all(len(entry["top_logprobs"]) == 2 for entry in content)
+    body = {"token_ids": ids, "sampling_params": params, "stream": True, "stream_options": {"include_usage": True}}
+    with api.stream("POST", "/inference/v1/generate", json=body) as response:
+        assert response.status_code == 200
+        chunks = sse_payloads(response)
+    *steps, last = chunks
+    assert [t for chunk in steps for t in chunk["choices"][0]["token_ids"]] == choice["token_ids"]
+    assert steps[-1]["choices"][0]["finish_reason"] == "length"
+    assert last["choices"] == [] and last["usage"]["completion_tokens"] == 5
+
+
+@pytest.mark.parametrize(
+    ("change", "param"),
+    [
+        ({"sampling_params": {"temprature": 0}}, "sampling_params.temprature"),
+        ({"sampling_params": {"max_tokens": 10_000}}, "sampling_params.max_tokens"),
+        ({"sampling_params": {"temperature": -1}}, "sampling_params.temperature"),
+        ({"sampling_params": {"logprobs": 100}}, "sampling_params.logprobs"),
+        ({"sampling_params": {"output_kind": 2}}, "sampling_params.output_kind"),
+        ({"sampling_params": {"structured_outputs": {"regex": "("}}}, "sampling_params.structured_outputs"),
+        ({"token_ids": []}, "token_ids"),
+        ({"token_ids": [1, 10**6]}, "token_ids"),
+        ({"features": {"image": [1]}}, "features"),
+        ({"kv_transfer_params": {"do_remote_prefill": True}}, "kv_transfer_params"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),
+        ({"cache_salt": ""}, "cache_salt"),
+    ],
+)
+def test_bad_generate_requests_name_the_field(api, change, param):
+    body = {"token_ids": [5, 6, 7], "sampling_params": {"max_tokens": 2}, **change}
+    assert_error(api.post("/inference/v1/generate", json=body), 400, param=param)
