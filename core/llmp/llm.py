@@ -12,7 +12,7 @@ from typing import Any
 from llmp.beam_search import BeamSearchOutput, BeamSearchParams
 from llmp.inputs import Prompt, PromptType, as_prompt
 from llmp.lora import LoRARequest
-from llmp.options import EngineConfig
+from llmp.options import EngineConfig, sampling_defaults
 from llmp.outputs import (
     ClassificationRequestOutput,
     EmbeddingRequestOutput,
@@ -46,13 +46,24 @@ class LLM:
     passing ``disable_log_stats`` as false.
     """
 
-    def __init__(self, model: str | None = None, *, generation_config: str = "auto", **engine_options: Any) -> None:
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        generation_config: str = "auto",
+        override_generation_config: Mapping[str, Any] | None = None,
+        **engine_options: Any,
+    ) -> None:
         if generation_config not in ("auto", "vllm", "none") and not Path(generation_config).is_dir():
             raise ValueError(
                 f"generation_config must be 'auto' (the model's generation_config.json), 'vllm' or 'none' "
                 f"(no defaults), or a directory holding a generation_config.json; got {generation_config!r}"
             )
+        error = None if override_generation_config is None else sampling_defaults(override_generation_config)
+        if error is not None:
+            raise ValueError(f"override_generation_config {error}")
         self.generation_config = generation_config
+        self.override_generation_config = dict(override_generation_config or {})
         engine_options.setdefault("disable_log_stats", True)  # offline, the generate bar tells the progress
         config = EngineConfig(model=model, **engine_options)
         configure_logging()
@@ -111,13 +122,14 @@ class LLM:
         top_p, top_k, min_p, repetition_penalty; max_new_tokens as max_tokens), what :meth:`generate`
         and :meth:`chat` use when given none; ``SamplingParams()`` for a model without them, or when
         the ``LLM`` was made with ``generation_config="vllm"`` (or ``"none"``); with a directory, its
-        ``generation_config.json``."""
+        ``generation_config.json``; ``override_generation_config``'s values over any of these (vLLM's)."""
         from llmp.model_files.config import generation_defaults
 
         source = self.generation_config
-        if source in ("vllm", "none"):
-            return SamplingParams()
-        defaults = generation_defaults(str(self.engine.model.model_dir if source == "auto" else source), "auto")
+        model_dir = (
+            None if source in ("vllm", "none") else str(self.engine.model.model_dir if source == "auto" else source)
+        )
+        defaults = generation_defaults(model_dir, "auto", self.override_generation_config)
         if "max_new_tokens" in defaults:
             defaults["max_tokens"] = defaults.pop("max_new_tokens")
         return SamplingParams(**defaults)

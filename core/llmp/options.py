@@ -145,6 +145,23 @@ def json_object(value: Any) -> str | None:
     return None if isinstance(parsed, dict) else f"must be a JSON object, got {value!r}"
 
 
+# generation_config.json's sampling defaults that requests without their own value take (vLLM's set)
+GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_new_tokens")
+
+
+def sampling_defaults(value: Any) -> str | None:
+    """An option's ``check``: a JSON object (or dict) of :data:`GENERATION_DEFAULTS` keys with numbers."""
+    error = json_object(value)
+    if error is not None:
+        return error
+    given = json.loads(value) if isinstance(value, str) else value
+    unknown = sorted(set(given) - set(GENERATION_DEFAULTS))
+    if unknown:
+        return f"may set {', '.join(GENERATION_DEFAULTS)}; not {', '.join(unknown)}"
+    bad = next((k for k, v in given.items() if isinstance(v, bool) or not isinstance(v, int | float)), None)
+    return None if bad is None else f"{bad} must be a number, got {given[bad]!r}"
+
+
 def url_path(value: Any) -> str | None:
     """An option's ``check``: a URL path prefix starts with ``/`` (or is empty: none)."""
     return None if not value or str(value).startswith("/") else f"must start with /, got {value!r}"
@@ -504,6 +521,20 @@ class FrontendOptions:
     generation_config: Literal["auto", "none"] = option(
         "auto", "auto: sampling defaults from the model's generation_config.json; none: llmp's defaults.", panel="Model"
     )
+    override_generation_config: dict[str, Any] | None = option(
+        None,
+        'Sampling defaults over generation_config.json\'s: a JSON object ({"temperature": 0.6, "max_new_tokens": 99}).',
+        check=sampling_defaults,
+        metavar="JSON",
+        panel="Model",
+    )
+    default_chat_template_kwargs: dict[str, Any] | None = option(
+        None,
+        'Chat-template variables for every request, under its own chat_template_kwargs ({"enable_thinking": false}).',
+        check=json_object,
+        metavar="JSON",
+        panel="Model",
+    )
     max_logprobs: int = option(
         20, "Cap on logprobs, top_logprobs and prompt_logprobs.", ge=0, panel="Security and limits"
     )
@@ -568,6 +599,10 @@ class FrontendOptions:
 
     def __post_init__(self) -> None:
         check_fields(self)
+        for name in ("override_generation_config", "default_chat_template_kwargs"):
+            value = getattr(self, name)
+            if isinstance(value, str):  # JSON text from the command line, an LLMP_* variable or YAML
+                object.__setattr__(self, name, json.loads(value))
 
 
 def check_fields(record: Any) -> None:

@@ -170,12 +170,21 @@ def test_no_sampling_params_means_the_generation_config_defaults(tiny, tmp_path)
     plain = LLM(str(tiny[0]), dtype="float32", max_model_len=64).get_default_sampling_params()
     assert plain == SamplingParams()
     # vLLM's generation_config argument: "vllm" (or "none") ignores the file; a directory gives its own
+    # vLLM's override_generation_config: its values over the file's, or alone when the file is ignored
+    overrides = {"top_k": 3, "max_new_tokens": 9}
     ignored = LLM(str(model_dir), dtype="float32", max_model_len=64, generation_config="vllm")
     assert ignored.get_default_sampling_params() == SamplingParams()
-    elsewhere = LLM(str(tiny[0]), dtype="float32", max_model_len=64, generation_config=str(model_dir))
-    assert elsewhere.get_default_sampling_params().max_tokens == 5
+    ignored = LLM(str(model_dir), max_model_len=64, generation_config="vllm", override_generation_config=overrides)
+    assert ignored.get_default_sampling_params() == SamplingParams(top_k=3, max_tokens=9)
+    elsewhere = LLM(
+        str(tiny[0]), max_model_len=64, generation_config=str(model_dir), override_generation_config={"top_k": 3}
+    )
+    defaults = elsewhere.get_default_sampling_params()
+    assert (defaults.temperature, defaults.top_k, defaults.max_tokens) == (0.0, 3, 5)
     with pytest.raises(ValueError, match="generation_config must be"):
         LLM(str(tiny[0]), generation_config="sometimes")
+    with pytest.raises(ValueError, match="override_generation_config may set temperature.*not seed"):
+        LLM(str(tiny[0]), override_generation_config={"seed": 1})
 
 
 def test_prompt_records_keep_text_ids_and_the_special_tokens_choice(tiny, tmp_path):

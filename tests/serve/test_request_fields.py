@@ -27,10 +27,13 @@ GENERATION_CONFIG = {
     "temperature": 1.0,
     "top_p": 0.9,
     "top_k": 50,
-    "min_p": 1.0,
+    "min_p": 0.5,
     "repetition_penalty": 5.0,
-    "max_new_tokens": MAX_NEW_TOKENS,
+    "max_new_tokens": 3 * MAX_NEW_TOKENS,
 }
+# --override-generation-config: its values over the file's (the file's min_p and length would answer otherwise)
+OVERRIDES = {"min_p": 1.0, "max_new_tokens": MAX_NEW_TOKENS}
+TEMPLATE_DEFAULTS = {"enable_thinking": "server"}  # --default-chat-template-kwargs
 TEMPLATE = (
     "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}"
     "[effort={{ reasoning_effort | default('unset') }} thinking={{ enable_thinking | default('unset') }}]"
@@ -59,7 +62,17 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
     port = free_port()
     frontends = [arg for name in ("openai", "anthropic", "sagemaker", "mcp", "grpc") for arg in ("--frontend", name)]
     with serving(
-        path, "--dtype", "float32", "--chat-template", str(template), *frontends, env={"LLMP_GRPC_PORT": str(port)}
+        path,
+        "--dtype",
+        "float32",
+        "--chat-template",
+        str(template),
+        "--override-generation-config",
+        json.dumps(OVERRIDES),
+        "--default-chat-template-kwargs",
+        json.dumps(TEMPLATE_DEFAULTS),
+        *frontends,
+        env={"LLMP_GRPC_PORT": str(port)},
     ) as live:
         servers = Servers(live, port)
         try:
@@ -159,7 +172,9 @@ def rendered_prompt(servers: Servers, **fields: Any) -> str:
 
 
 def test_reasoning_effort_is_a_chat_template_variable(servers):
-    assert "[effort=unset thinking=unset]" in rendered_prompt(servers)
+    assert "[effort=unset thinking=server]" in rendered_prompt(servers)  # --default-chat-template-kwargs
+    kwargs = {"enable_thinking": "request"}
+    assert "[effort=unset thinking=request]" in rendered_prompt(servers, chat_template_kwargs=kwargs)
     assert "[effort=high thinking=True]" in rendered_prompt(servers, reasoning_effort="high")
     assert "[effort=none thinking=False]" in rendered_prompt(servers, reasoning_effort="none")
     # the top-level field wins over chat_template_kwargs' value; an explicit enable_thinking is kept

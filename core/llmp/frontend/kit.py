@@ -36,8 +36,8 @@ from llmp.engine.thinking_budget import count_reasoning_tokens
 from llmp.frontend.errors import APIError, bad_request
 from llmp.inputs import Prompt, last_tokens
 from llmp.lora import LoRARequest
-from llmp.model_files.config import GENERATION_DEFAULTS, generation_defaults
-from llmp.options import FrontendOptions
+from llmp.model_files.config import generation_defaults
+from llmp.options import GENERATION_DEFAULTS, FrontendOptions
 from llmp.outputs import CompletionOutput, RequestOutput
 from llmp.pooling_params import PoolingParams
 from llmp.sampling_params import (
@@ -155,7 +155,9 @@ class FrontendKit:
         self.max_score_pairs = options.max_score_pairs
         self.tokenizer = engine.get_tokenizer()
         self.control_texts = control_texts(self.tokenizer)
-        self.defaults = generation_defaults(options.model_root, options.generation_config)
+        self.defaults = generation_defaults(
+            options.model_root, options.generation_config, options.override_generation_config
+        )
         self.created = int(time.time())
         self.tool_parser = _load_parser("tool_parser", options.tool_call_parser, self.tokenizer)
         self.reasoning_parser = _load_parser("reasoning_parser", options.reasoning_parser, self.tokenizer)
@@ -696,6 +698,7 @@ class FrontendKit:
         if kwargs and not self.options.trust_request_chat_template:
             self._check_template_kwargs(kwargs, template)
         variables = {
+            **(self.options.default_chat_template_kwargs or {}),  # the server's, under the request's own
             **(derived or {}),
             **(kwargs or {}),
             **reasoning_variables(getattr(body, "reasoning_effort", None), kwargs),

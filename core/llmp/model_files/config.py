@@ -22,6 +22,7 @@ from typing import Any
 
 from llmp.api import PoolingConfig
 from llmp.model_files import cache_dir
+from llmp.options import GENERATION_DEFAULTS
 
 
 class PlainConfig:
@@ -177,17 +178,18 @@ def _write_atomically(path: Path, text: str) -> None:
 
 
 # the sampling fields a generation_config.json may set, as vLLM reads them (max_new_tokens: max_tokens)
-GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_new_tokens")
-
-
-def generation_defaults(model_dir: str | None, source: str) -> dict[str, Any]:
+def generation_defaults(
+    model_dir: str | None, source: str, overrides: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """Sampling defaults from the model's ``generation_config.json`` (``--generation-config auto``;
-    ``LLM.get_default_sampling_params``)."""
-    if source != "auto" or not model_dir:
-        return {}
-    try:
-        with open(f"{model_dir}/generation_config.json") as f:
-            config = json.load(f)
-    except (OSError, ValueError):
-        return {}
-    return {k: config[k] for k in GENERATION_DEFAULTS if isinstance(config.get(k), int | float)}
+    ``LLM.get_default_sampling_params``), then ``overrides`` over them (vLLM's
+    ``override_generation_config``, which applies with ``source`` ``"none"`` too)."""
+    config: dict[str, Any] = {}
+    if source == "auto" and model_dir:
+        try:
+            with open(f"{model_dir}/generation_config.json") as f:
+                config = json.load(f)
+        except (OSError, ValueError):
+            config = {}
+    found = {k: config[k] for k in GENERATION_DEFAULTS if isinstance(config.get(k), int | float)}
+    return {**found, **(overrides or {})}
