@@ -390,6 +390,14 @@ class ServerOptions:
         panel="Security and limits",
     )
     allow_credentials: bool = option(False, "CORS: allow credentials.", panel="Security and limits")
+    middleware: tuple[str, ...] = option(
+        (),
+        "ASGI middleware to wrap the app in, as module.attribute: a class (add_middleware) or an async "
+        "function (request, call_next) (repeatable).",
+        metavar="IMPORT",
+        check=nonempty,
+        panel="Server",
+    )
     root_path: str = option(
         "", "Path prefix when behind a path-routing proxy (/llm).", metavar="PATH", check=url_path, panel="Server"
     )

@@ -94,6 +94,8 @@ def test_probes_answer_503_while_loading_then_200_and_one_ready_line(model_dir: 
         (["/nonexistent/model"], "not found"),
         (["--frontend", "no-such-frontend"], "no-such-frontend"),
         (["--chat-template", "/nonexistent/template.jinja"], "--chat-template"),
+        (["--middleware", "no_such_module.Middleware"], "--middleware no_such_module.Middleware: cannot import"),
+        (["--middleware", "json.dumps"], "--middleware json.dumps: must be a middleware class or an async function"),
     ],
 )
 def test_bad_start_up_input_exits_2_with_one_clear_line(args: list[str], message: str, model_dir: Path) -> None:

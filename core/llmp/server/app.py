@@ -11,7 +11,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -453,6 +453,37 @@ def build_app(
         )
     app.add_middleware(RequestIdMiddleware)
     return app
+
+
+def load_middleware(path: str) -> Any:
+    """The object ``--middleware`` names (``module.attribute``, or ``module:attribute``): a class, or an
+    async function; a ``ValueError`` saying what is wrong otherwise."""
+    import importlib
+    import inspect
+
+    module_name, _, attribute = path.replace(":", ".").rpartition(".")
+    if not module_name or not attribute:
+        raise ValueError(f"--middleware {path}: give it as module.attribute")
+    try:
+        found = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"--middleware {path}: cannot import it: {type(exc).__name__}: {exc}") from None
+    if not (inspect.isclass(found) or inspect.iscoroutinefunction(found)):
+        raise ValueError(f"--middleware {path}: must be a middleware class or an async function, got {found!r}")
+    return found
+
+
+def add_user_middleware(app: FastAPI, paths: Sequence[str]) -> None:
+    """vLLM's ``--middleware``: each object wraps the app, the last given outermost; a class is added with
+    ``add_middleware``, an async function ``(request, call_next)`` as an HTTP middleware."""
+    import inspect
+
+    for path in paths:
+        found = load_middleware(path)
+        if inspect.isclass(found):
+            app.add_middleware(found)
+        else:
+            app.middleware("http")(found)
 
 
 def _add_exception_handlers(app: FastAPI, state: ServerState) -> None:

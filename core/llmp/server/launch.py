@@ -22,7 +22,15 @@ from llmp.frontend.lora import load_lora_modules
 from llmp.frontend.startup import frontend_options, read_chat_template, served_model_names
 from llmp.lora import LoRAModulePath, parse_lora_module
 from llmp.options import FrontendOptions, ServerOptions
-from llmp.server.app import LOOPBACK_HOSTS, Limits, ServerState, build_app, with_light_json
+from llmp.server.app import (
+    LOOPBACK_HOSTS,
+    Limits,
+    ServerState,
+    add_user_middleware,
+    build_app,
+    load_middleware,
+    with_light_json,
+)
 from llmp.server.metrics import MeteredEngine, ServerMetrics
 from llmp.server.observers import check_request_observers, close_request_observers, request_observers
 from llmp.server.settings import ServeSettings
@@ -59,6 +67,8 @@ def _start_and_serve(settings: ServeSettings, started: float, engine_process: En
         _check_ports(settings)
         _check_tls(settings)
         check_request_observers(settings.server)
+        for path in settings.server.middleware:  # importable, and a middleware: before the model loads
+            load_middleware(path)
         frontends = _frontend_specs(settings.server.frontend)
         chat_template = read_chat_template(settings.frontend.chat_template)
         lora_modules = [parse_lora_module(value) for value in settings.server.lora_modules]
@@ -337,6 +347,7 @@ async def _serve(
         health_timeout=http.health_check_timeout,
     )
     observers = request_observers(app, http, served_names[0])  # request logs, traces
+    add_user_middleware(app, http.middleware)
     if http.enable_admin_api:  # /sleep, /wake_up, /collective_rpc ...: 404 without the flag
         from llmp.server.admin import mount_admin
 
