@@ -359,6 +359,9 @@ class ServerOptions:
         "127.0.0.1", "Address to bind; 0.0.0.0 for every interface.", metavar="ADDRESS", check=nonempty, panel="Server"
     )
     port: int = option(8000, "Port to bind (0: any free port).", ge=0, le=65535, panel="Server")
+    uds: str | None = option(
+        None, "Serve on this Unix domain socket instead of --host and --port.", metavar="PATH", panel="Server"
+    )
     api_key: tuple[str, ...] = option(
         (),
         "Require 'Authorization: Bearer KEY' on every inference route (repeatable).",

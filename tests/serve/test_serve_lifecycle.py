@@ -266,3 +266,47 @@ def test_sigterm_drains_in_flight_streams_and_refuses_new_connections(model_dir:
     finals = [json.loads(line[6:]) for line in lines[:-1]]
     assert finals[-1]["choices"][0]["finish_reason"] == "length"
     assert sum(1 for c in finals if c["choices"]) >= 50  # the stream ran on after the signal
+
+
+def test_uds_serves_on_a_unix_socket_alone_and_removes_it(model_dir: Path, tmp_path: Path) -> None:
+    import httpx
+
+    path = tmp_path / "llmp.sock"
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(str(path))  # a socket file nobody listens on, as a killed server leaves: replaced
+    stale.close()
+    port = free_port()
+    args = ["--uds", str(path), "--port", str(port), "--served-model-name", "m", "--api-server-count", "2"]
+    process = _serve(str(model_dir), *args)
+    try:
+        with httpx.Client(
+            transport=httpx.HTTPTransport(uds=str(path)), base_url="http://localhost", timeout=60
+        ) as http:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                try:
+                    if http.get("/health").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert process.poll() is None, process.communicate()[0]
+                time.sleep(0.2)
+            assert http.get("/version").json()["version"]
+            completion = http.post("/v1/completions", json={"model": "m", "prompt": "hi", "max_tokens": 2})
+            assert completion.status_code == 200 and completion.json()["usage"]["completion_tokens"] == 2
+        with socket.socket() as tcp:
+            assert tcp.connect_ex(("127.0.0.1", port)) != 0  # --uds replaces --host and --port
+        taken = subprocess.run(
+            [sys.executable, "-m", "llmp", "serve", str(model_dir), "--uds", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=child_environment(),
+        )
+        assert taken.returncode == 2 and "a server is listening there" in taken.stderr, taken.stderr
+    finally:
+        process.send_signal(signal.SIGTERM)
+        output = process.communicate(timeout=60)[0]
+    assert process.returncode == 0, output
+    assert f"at unix:{path} (http://localhost)" in output
+    assert not path.exists()  # removed at exit

@@ -79,7 +79,8 @@ def _start_and_serve(settings: ServeSettings, started: float, engine_process: En
             from llmp.server.api_servers import check_api_servers
 
             check_api_servers(settings)
-        sock = _bind(settings.server.host, settings.server.port)
+        http = settings.server
+        sock = _bind_unix(http.uds) if http.uds else _bind(http.host, http.port)
     except (ValueError, TypeError, LLMPError) as exc:
         _error(exc)
         return 2
@@ -109,7 +110,7 @@ def _serve_api_servers(
     name = served_model_names(http.served_model_name, settings.engine.model)[0]
     steps = LaunchSteps(
         warm_up=_warm_up,
-        print_ready=lambda seconds: _print_ready(http, sock.getsockname()[1], name, seconds, frontends),
+        print_ready=lambda seconds: _print_ready(http, sock.getsockname(), name, seconds, frontends),
         error=_error,
         drain_s=http.shutdown_timeout + SHUTDOWN_GRACE_S,
     )
@@ -317,6 +318,31 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _bind_unix(path: str) -> socket.socket:
+    """A Unix domain socket at ``path`` (vLLM's ``--uds``): a stale socket file (nobody listening)
+    is replaced; a live one, or a path that is not a socket, is refused. The file goes at exit."""
+    import atexit
+    import stat
+
+    if os.path.lexists(path):
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            raise LLMPError(f"cannot listen on --uds {path}: it exists and is not a socket")
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            if probe.connect_ex(path) == 0:
+                raise LLMPError(f"cannot listen on --uds {path}: a server is listening there")
+        os.unlink(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(path)
+    except OSError as exc:
+        sock.close()
+        raise LLMPError(f"cannot listen on --uds {path}: {exc.strerror}") from None
+    owner = os.getpid()  # API-server processes inherit the socket: the launcher alone removes the file
+    atexit.register(lambda: os.getpid() == owner and os.path.exists(path) and os.unlink(path))
+    sock.set_inheritable(True)
+    return sock
+
+
 async def _serve(
     settings: ServeSettings,
     frontends: list[tuple[str, type]],
@@ -364,7 +390,7 @@ async def _serve(
     )
     _redact_access_log()
     server = _server_class()(config, state, http.shutdown_timeout)
-    port = sock.getsockname()[1]  # the bound one (--port 0 takes any free port), read before uvicorn owns it
+    bound = sock.getsockname()  # the bound port (--port 0 takes any free one), read before uvicorn owns it
     # (a restarted API server of several accepts connections only once ready: the others take them meanwhile)
     serving = replica.start_serving(server, sock) if replica else asyncio.create_task(server.serve(sockets=[sock]))
     log.debug("HTTP server starting after %.2f s", time.monotonic() - started)
@@ -423,7 +449,7 @@ async def _serve(
         failed = any(task.done() and not task.cancelled() and task.exception() for task in tasks)
         if state.phase == "warming_up" and not failed and not _stopping(server, serving) and replica is None:
             state.phase = "ready"
-            _print_ready(http, port, served_names[0], time.monotonic() - state.started, frontends)
+            _print_ready(http, bound, served_names[0], time.monotonic() - state.started, frontends)
         elif state.phase == "warming_up" and not failed and replica is not None:
             # one of several API servers: ready when its launcher says all are (the launcher prints it)
             if not await _unless_stopped(replica.ready(), server, serving):
@@ -691,16 +717,21 @@ async def _watch_engine(state: ServerState, server: Any) -> None:
 
 
 def _print_ready(
-    http: ServerOptions, port: int, model_name: str, seconds: float, frontends: list[tuple[str, type]]
+    http: ServerOptions, bound: Any, model_name: str, seconds: float, frontends: list[tuple[str, type]]
 ) -> None:
-    host = http.host if http.host not in ("0.0.0.0", "::") else "127.0.0.1"
+    """The ready line, with the address bound (``bound``: the socket's name, a path for ``--uds``)."""
     scheme = "https" if http.ssl_certfile else "http"
-    url = f"{scheme}://{host}:{port}{http.root_path}"  # the bound port: --port 0 takes any free one
+    if http.uds:  # a client names the socket and any host: curl --unix-socket PATH http://localhost/...
+        url = f"{scheme}://localhost{http.root_path}"
+        where = f"unix:{bound} ({url})"
+    else:
+        host = http.host if http.host not in ("0.0.0.0", "::") else "127.0.0.1"
+        url = where = f"{scheme}://{host}:{bound[1]}{http.root_path}"  # the bound port: --port 0 takes any free one
     names = ", ".join(name for name, _ in frontends)
     if http.api_server_count > 1:
         names += f"; {http.api_server_count} API servers"
     print(
-        f"llmp: ready in {seconds:.1f} s: serving {model_name} at {url} ({names}; docs at {url}/docs)",
+        f"llmp: ready in {seconds:.1f} s: serving {model_name} at {where} ({names}; docs at {url}/docs)",
         file=sys.stderr,
         flush=True,
     )
