@@ -88,6 +88,22 @@ def test_poisson_arrivals_and_the_table(server: LiveServer) -> None:
         assert label in table
 
 
+def test_vllms_percentiles_metrics_and_goodput(server: LiveServer) -> None:
+    args = ("--url", server.url, "--num-prompts", "6", *SMALL, "--percentile-metrics", "ttft,e2el")
+    report, _ = bench(*args, "--metric-percentiles", "50,99.9", "--goodput", "ttft:60000", "--goodput", "e2el:0.001")
+    for name in ("ttft", "e2el"):
+        assert report[f"mean_{name}_ms"] > 0 and report[f"std_{name}_ms"] >= 0
+        assert report[f"p50_{name}_ms"] == report[f"median_{name}_ms"]  # vLLM's keys: p50, p99.9
+        assert report[f"p50_{name}_ms"] <= report[f"p99.9_{name}_ms"]
+    assert not any(key.endswith(("_tpot_ms", "_itl_ms")) for key in report)  # only the metrics asked for
+    assert "p99_ttft_ms" not in report
+    assert report["request_goodput"] == 0  # no request ends within a microsecond: none meets both objectives
+    generous, _ = bench("--url", server.url, "--num-prompts", "4", *SMALL, "--goodput", "tpot:60000")
+    assert generous["request_goodput"] == pytest.approx(generous["request_throughput"])
+    table = run_llmp("bench", "serve", "--url", server.url, "--num-prompts", "2", *SMALL, "--goodput", "e2el:60000")
+    assert "Request goodput (req/s; e2el:60000 ms)" in table.stdout and "Inter-token latency, std (ms)" in table.stdout
+
+
 def on_a_terminal(*args: str) -> tuple[str, str, int]:
     """``llmp ARGS`` with stderr on a pseudo-terminal: what the terminal showed, stdout, the exit status."""
     import os
@@ -140,7 +156,16 @@ def test_a_dead_server_is_found_before_the_run() -> None:
 
 
 def test_bad_options_are_usage_errors() -> None:
-    for bad in (("--dataset", "sharegpt"), ("--input-len", "0"), ("--output-len", "0")):
+    for bad in (
+        ("--dataset", "sharegpt"),
+        ("--input-len", "0"),
+        ("--output-len", "0"),
+        ("--percentile-metrics", "ttft,latency"),
+        ("--metric-percentiles", "0"),
+        ("--metric-percentiles", "fifty"),
+        ("--goodput", "itl:5"),
+        ("--goodput", "ttft:-1"),
+    ):
         result = run_llmp("bench", "serve", *bad, check=False)
         assert result.returncode == 2 and bad[0].lstrip("-") in result.stderr and "Traceback" not in result.stderr
 

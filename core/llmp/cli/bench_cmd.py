@@ -44,6 +44,39 @@ WORDS = tuple(
 )
 
 
+METRICS = {
+    "ttft": "Time to first token",
+    "tpot": "Time per output token (excl. 1st)",
+    "itl": "Inter-token latency",
+    "e2el": "End-to-end latency",
+}
+SLO_METRICS = ("ttft", "tpot", "e2el")  # per request (an inter-token gap is not a request's)
+
+
+def _metrics(value: str) -> str | None:
+    unknown = [name for name in (n.strip() for n in value.split(",")) if name not in METRICS]
+    return f"takes {', '.join(METRICS)}; not {', '.join(map(repr, unknown))}" if unknown else None
+
+
+def _percentiles(value: str) -> str | None:
+    try:
+        values = [float(item) for item in value.split(",")]
+    except ValueError:
+        return f"must be numbers separated by commas, got {value!r}"
+    return None if all(0 < q <= 100 for q in values) else f"must be above 0 and at most 100, got {value!r}"
+
+
+def _slo(value: str) -> str | None:
+    name, _, ms = value.partition(":")
+    try:
+        bound = float(ms)
+    except ValueError:
+        bound = -1
+    if name not in SLO_METRICS or not bound > 0:
+        return f"must be METRIC:MS with METRIC one of {', '.join(SLO_METRICS)} and MS above 0, got {value!r}"
+    return None
+
+
 @dataclass(frozen=True, kw_only=True)
 class BenchServeSettings:
     # --base-url: vLLM's name for it, accepted too
@@ -65,6 +98,33 @@ class BenchServeSettings:
     request_rate: float = option(math.inf, "Requests per second, Poisson arrivals; inf sends all at once.", gt=0)
     max_concurrency: int | None = option(None, "Most requests in flight at once.", ge=1)
     seed: int = option(0, "Seed of the prompts and the arrival times.")
+    # vLLM's names and defaults, but for e2el, which llmp has always reported
+    percentile_metrics: str = option(
+        ",".join(METRICS), "Metrics reported: ttft, tpot, itl, e2el, comma-separated.", metavar="LIST", check=_metrics
+    )
+    metric_percentiles: str = option(
+        "99", "Percentiles of each metric, comma-separated (25,50,99.9).", metavar="LIST", check=_percentiles
+    )
+    goodput: tuple[str, ...] = option(
+        (),
+        "A service-level objective METRIC:MS (ttft, tpot or e2el; repeatable): request_goodput counts the "
+        "requests that meet every one.",
+        metavar="SLO",
+        check=_slo,
+    )
+
+    @property
+    def metrics(self) -> list[str]:
+        return [name.strip() for name in self.percentile_metrics.split(",")]
+
+    @property
+    def percentiles(self) -> list[float]:
+        return [float(value) for value in self.metric_percentiles.split(",")]
+
+    @property
+    def slos(self) -> dict[str, float]:
+        """The goodput objectives in seconds, by metric."""
+        return {name: float(ms) / 1000 for name, ms in (slo.split(":") for slo in self.goodput)}
 
 
 @app.command("serve")
@@ -360,17 +420,35 @@ class LoadProgress:
 # -- the report -------------------------------------------------------------------
 
 
-def latency_stats(name: str, seconds: list[float]) -> dict[str, float | None]:
-    """Mean, median and p99 in ms; null when no request measured this."""
+def latency_stats(name: str, seconds: list[float], percentiles: list[float]) -> dict[str, float | None]:
+    """Mean, median, standard deviation and each percentile in ms, under vLLM's keys (``p99_ttft_ms``,
+    ``p99.9_ttft_ms``); null when no request measured this."""
     import statistics
 
+    keys = [f"{stat}_{name}_ms" for stat in ("mean", "median", "std", *map(percentile_word, percentiles))]
     if not seconds:
-        return {f"mean_{name}_ms": None, f"median_{name}_ms": None, f"p99_{name}_ms": None}
-    return {
-        f"mean_{name}_ms": statistics.fmean(seconds) * 1000,
-        f"median_{name}_ms": statistics.median(seconds) * 1000,
-        f"p99_{name}_ms": percentile(seconds, 99) * 1000,
-    }
+        return dict.fromkeys(keys)
+    values = [
+        statistics.fmean(seconds),
+        statistics.median(seconds),
+        statistics.pstdev(seconds),
+        *(percentile(seconds, q) for q in percentiles),
+    ]
+    return {key: value * 1000 for key, value in zip(keys, values, strict=True)}
+
+
+def percentile_word(q: float) -> str:
+    return f"p{int(q) if q == int(q) else q}"
+
+
+def request_tpot(result: RequestResult) -> float | None:
+    return (result.latency - result.ttft) / (result.output_tokens - 1) if result.output_tokens > 1 else None
+
+
+def meets(result: RequestResult, slos: dict[str, float]) -> bool:
+    """Whether a request met every objective (vLLM's goodput); one token's TPOT meets any."""
+    measured = {"ttft": result.ttft, "tpot": request_tpot(result) or 0.0, "e2el": result.latency}
+    return all(measured[name] <= bound for name, bound in slos.items())
 
 
 def summarize(
@@ -397,12 +475,18 @@ def summarize(
         "request_throughput": len(ok) / duration,
         "output_throughput": output_tokens / duration,
         "total_token_throughput": (input_tokens + output_tokens) / duration,
+        "request_goodput": sum(meets(r, settings.slos) for r in ok) / duration if settings.goodput else None,
+        "goodput": list(settings.goodput),
+        "metric_percentiles": settings.percentiles,
     }
-    report.update(latency_stats("ttft", [r.ttft for r in ok]))
-    per_token = [(r.latency - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]
-    report.update(latency_stats("tpot", per_token))
-    report.update(latency_stats("itl", [gap for r in ok for gap in r.itl]))
-    report.update(latency_stats("e2el", [r.latency for r in ok]))
+    measured = {
+        "ttft": [r.ttft for r in ok],
+        "tpot": [t for t in map(request_tpot, ok) if t is not None],
+        "itl": [gap for r in ok for gap in r.itl],
+        "e2el": [r.latency for r in ok],
+    }
+    for name in settings.metrics:
+        report.update(latency_stats(name, measured[name], settings.percentiles))
     return report
 
 
@@ -416,12 +500,6 @@ LABELS = {
     "output_throughput": "Output token throughput (tok/s)",
     "total_token_throughput": "Total token throughput (tok/s)",
 }
-METRICS = {
-    "ttft": "Time to first token",
-    "tpot": "Time per output token (excl. 1st)",
-    "itl": "Inter-token latency",
-    "e2el": "End-to-end latency",
-}
 
 
 def print_table(report: dict[str, Any]) -> None:
@@ -433,9 +511,14 @@ def print_table(report: dict[str, Any]) -> None:
     table.add_column("value", justify="right")
     for key, label in LABELS.items():
         table.add_row(label, _format(report[key]))
+    if report["request_goodput"] is not None:
+        table.add_row(f"Request goodput (req/s; {', '.join(report['goodput'])} ms)", _format(report["request_goodput"]))
+    stats = ("mean", "median", "std", *map(percentile_word, report["metric_percentiles"]))
     for name, label in METRICS.items():
+        if f"mean_{name}_ms" not in report:
+            continue
         table.add_section()
-        for stat in ("mean", "median", "p99"):
+        for stat in stats:
             table.add_row(f"{label}, {stat} (ms)", _format(report[f"{stat}_{name}_ms"]))
     console = Console()
     console.print(table)
