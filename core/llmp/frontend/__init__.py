@@ -53,6 +53,7 @@ from llmp.frontend.kit import (
 )
 from llmp.frontend.lora import FilesystemResolver, load_lora_modules, load_resolvers
 from llmp.frontend.startup import frontend_options, read_chat_template, served_model_names
+from llmp.frontend.token_bytes import TokenBytes
 from llmp.inputs import special_tokens_around
 from llmp.model_files import cache_dir
 from llmp.model_files.gguf import gguf_file_type, gguf_parameter_count, gguf_source
@@ -78,6 +79,7 @@ __all__ = [
     "ReasoningEffort",
     "SamplingRequest",
     "ScoreInputError",
+    "TokenBytes",
     "as_api_error",
     "bad_request",
     "cache_dir",

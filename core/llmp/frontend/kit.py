@@ -34,6 +34,7 @@ from llmp.api import (
 from llmp.beam_search import BeamSearch, BeamSearchParams, BeamSearchSequence, run_beam_search, step_logprobs
 from llmp.engine.thinking_budget import count_reasoning_tokens
 from llmp.frontend.errors import APIError, bad_request
+from llmp.frontend.token_bytes import TokenBytes
 from llmp.inputs import Prompt, last_tokens
 from llmp.lora import LoRARequest
 from llmp.model_files.config import generation_defaults
@@ -154,6 +155,7 @@ class FrontendKit:
         self.supported_tasks = options.supported_tasks  # every task the engine takes: the routes to mount
         self.max_score_pairs = options.max_score_pairs
         self.tokenizer = engine.get_tokenizer()
+        self.token_bytes = TokenBytes(self.tokenizer)  # a token's raw bytes, for logprobs' "bytes"
         self.control_texts = control_texts(self.tokenizer)
         self.defaults = generation_defaults(
             options.model_root, options.generation_config, options.override_generation_config

@@ -36,8 +36,10 @@ class ModelFacts:
     digest: str = ""
     config: dict[str, Any] = field(default_factory=dict)
 
-    def details(self) -> dict[str, Any]:
-        return {
+    def details(self, context_length: int | None = None) -> dict[str, Any]:
+        """Ollama's ``ModelDetails``; its newer ``context_length`` (the window a request can use here)
+        and ``embedding_length`` (the model's hidden size) where known."""
+        details: dict[str, Any] = {
             "parent_model": "",
             "format": self.format,
             "family": self.family,
@@ -45,6 +47,11 @@ class ModelFacts:
             "parameter_size": parameter_size(self.parameter_count),
             "quantization_level": self.quantization_level,
         }
+        if context_length:
+            details["context_length"] = context_length
+        if self.config.get("hidden_size"):
+            details["embedding_length"] = self.config["hidden_size"]
+        return details
 
 
 def read_facts(model_root: str, dtype: str | None) -> ModelFacts:

@@ -68,6 +68,9 @@ class TemplateFields:
 
     chat_template_kwargs: dict[str, Any] | None = None
     reasoning_effort: str | None = None
+    # a chat that ends with an assistant message is Ollama's prefill: the reply continues that message
+    continue_final_message: bool = False
+    add_generation_prompt: bool = True
 
 
 class OllamaFrontend(FrontendKit):
@@ -182,7 +185,8 @@ class OllamaFrontend(FrontendKit):
             "modified_at": facts.modified_at or now_rfc3339(),
             "size": facts.size,
             "digest": facts.digest,
-            "details": facts.details(),
+            "details": facts.details(self.max_model_len),
+            "capabilities": self.capabilities(),
         }
 
     async def banner(self) -> PlainTextResponse:
@@ -226,7 +230,7 @@ class OllamaFrontend(FrontendKit):
             "modelfile": modelfile,
             "parameters": parameters,
             "template": template,
-            "details": self.facts.details(),
+            "details": self.facts.details(self.max_model_len),
             "model_info": model_info(self.facts, name, self.max_model_len),
             "capabilities": self.capabilities(),
             "modified_at": self.facts.modified_at or now_rfc3339(),
@@ -336,9 +340,13 @@ class OllamaFrontend(FrontendKit):
         turns = conversation(body.messages)
         tools, tool_choice = self.tools(body)
         fields = self.template_fields(body.model, body.think)
+        if turns[-1]["role"] == "assistant" and not turns[-1].get("tool_calls"):
+            fields.continue_final_message, fields.add_generation_prompt = True, False
         # messages dropped until the prompt leaves the run its room (one token, or num_predict's)
         fits = run.window - run.room + 1
         prompt = await self.fitting_prompt(turns, fields, tools, fits, body.truncate is not False)
+        if body.debug_render_only:
+            return debug_reply(body, prompt.text or self.tokenizer.decode(prompt.token_ids), chat=True)
         return await run.start(prompt.token_ids, tools, tool_choice)
 
     async def fitting_prompt(
@@ -381,12 +389,15 @@ class OllamaFrontend(FrontendKit):
         context = list(body.context or [])
         self.check_token_ids(context, "context")
         if body.raw:  # the prompt as written: no template
-            ids = await self.encode(body.prompt, add_special_tokens=True)
+            text, ids = body.prompt, await self.encode(body.prompt, add_special_tokens=True)
         else:
             turns = [{"role": "system", "content": body.system}] if body.system else []
             turns.append({"role": "user", "content": body.prompt})
             fields = self.template_fields(body.model, body.think)
-            ids = (await self.conversation_prompt(turns, fields)).token_ids
+            prompt = await self.conversation_prompt(turns, fields)
+            text, ids = prompt.text or "", prompt.token_ids
+        if body.debug_render_only:  # as Ollama: the context's text, then the prompt's
+            return debug_reply(body, self.tokenizer.decode(context) + text, chat=False)
         return await run.start(context + ids)
 
     # -- embeddings ---------------------------------------------------------------------
@@ -402,7 +413,10 @@ class OllamaFrontend(FrontendKit):
             return {"model": body.model, "embeddings": []}
         prompts = await self.prompt_inputs(texts, "input", True)
         prompts = self.fit_inputs(prompts, options.num_ctx, body.truncate)
-        params = self.pooling_params(normalize=True, dimensions=body.dimensions)
+        # as Ollama: a dimensions of 0 or less, or of the whole vector or more, leaves the vector whole
+        size, dimensions = self.engine.info.get("embedding_size"), body.dimensions
+        wanted = dimensions if dimensions is not None and 0 < dimensions < (size or dimensions + 1) else None
+        params = self.pooling_params(normalize=True, dimensions=wanted)
         outputs = await until_disconnected(request, self.encode_all(prompts, params))
         return {
             "model": body.model,
@@ -478,6 +492,13 @@ class OllamaFrontend(FrontendKit):
 def tagged(name: str) -> str:
     """A model name as Ollama lists it: with ``:latest`` when its last path part has no tag."""
     return name if ":" in name.rsplit("/", 1)[-1] else f"{name}:latest"
+
+
+def debug_reply(body: p.GenerationBase, rendered: str, chat: bool) -> dict[str, Any]:
+    """Ollama's answer to ``_debug_render_only``: the prompt the model would be given, nothing generated."""
+    reply: dict[str, Any] = {"model": body.model, "created_at": now_rfc3339()}
+    reply.update({"message": {"role": "", "content": ""}} if chat else {"response": ""})
+    return {**reply, "done": False, "_debug_info": {"rendered_template": rendered}}
 
 
 def refuse_images(images: list[Any] | None, param: str) -> None:

@@ -110,6 +110,12 @@ class Generation:
         window, room = self.window, self.room
         if window < 2:
             raise bad_request(f"options.num_ctx={window} leaves no room to generate", "options.num_ctx")
+        if self.body.truncate is False and len(ids) >= window:  # Ollama's error instead of a cut
+            raise bad_request(
+                f"the input length ({len(ids)} tokens) exceeds the context length ({window}); "
+                "leave out truncate: false to have it cut",
+                "truncate",
+            )
         if len(ids) + room > window:
             keep = min(self.options.num_keep, window - room - 1)
             ids = ids[:keep] + ids[len(ids) - (window - room - keep) :]
@@ -223,12 +229,15 @@ class Generation:
             ranked = sorted(
                 (e for e in entry.items() if e[1].rank is not None and e[1].rank <= self.top), key=lambda e: e[1].rank
             )
+            token_bytes = self.fe.token_bytes
             out.append(
                 {
                     "token": chosen.decoded_token or "",
                     "logprob": max(chosen.logprob, FLOOR),
+                    "bytes": token_bytes(token_id),
                     "top_logprobs": [
-                        {"token": lp.decoded_token or "", "logprob": max(lp.logprob, FLOOR)} for _, lp in ranked
+                        {"token": lp.decoded_token or "", "logprob": max(lp.logprob, FLOOR), "bytes": token_bytes(i)}
+                        for i, lp in ranked
                     ],
                 }
             )

@@ -13,7 +13,7 @@ import re
 from typing import Annotated, Any, TypeVar
 
 from fastapi import Request
-from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from llmp.frontend import bad_request
 
@@ -109,6 +109,10 @@ class GenerationBase(OllamaBody):
     logprobs: bool | None = None
     top_logprobs: int | None = None
     template: str | None = None
+    truncate: bool | None = None  # false: a prompt longer than the window is a 400, not cut (nor messages dropped)
+    # Ollama shifts the context to generate past the window; llmp never does: a reply ends there (length)
+    shift: bool | None = None
+    debug_render_only: bool = Field(False, alias="_debug_render_only")  # the rendered prompt, nothing generated
 
     @field_validator("stream", mode="before")
     @classmethod
@@ -121,7 +125,6 @@ class ChatRequest(GenerationBase):
     tools: list[dict[str, Any]] | None = None
     # llmp's extension (OpenAI's shape): Ollama has no tool_choice, its tools are always "auto"
     tool_choice: Any = None
-    truncate: bool | None = None  # false: never drop old messages to fit the window
 
 
 class GenerateRequest(GenerationBase):

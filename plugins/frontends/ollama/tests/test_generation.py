@@ -460,3 +460,53 @@ def test_typical_p_is_locally_typical_sampling(client, http):
     with pytest.raises(ollama.ResponseError) as excinfo:
         client.chat(model="tiny", messages=FOX, options={"typical_p": -0.5})
     assert "typical_p" in error_of(excinfo, 400)
+
+
+# -- prefill, truncate, _debug_render_only, logprob bytes (Ollama's newer behaviours) ---------------------
+
+
+def test_a_chat_ending_with_an_assistant_message_continues_it(client, http):
+    prefill = [*FOX, {"role": "assistant", "content": "jumps over"}]
+    reply = client.chat(model="tiny", messages=prefill, options=GREEDY, stream=False)
+    # OpenAI's continue_final_message on the same server: the message left open, its continuation answered
+    body = {"continue_final_message": True, "add_generation_prompt": False}
+    reference = openai_chat(http, prefill, 12, **body)
+    assert reply.message.content == reference["choices"][0]["message"]["content"]
+    assert reply.prompt_eval_count == reference["usage"]["prompt_tokens"]
+    closed = openai_chat(http, [*prefill, {"role": "user", "content": "again"}], 12)
+    assert reply.prompt_eval_count < closed["usage"]["prompt_tokens"]
+
+
+def test_debug_render_only_answers_the_prompt_and_generates_nothing(client, http):
+    body = {"model": "tiny", "messages": FOX, "_debug_render_only": True, "stream": False}
+    rendered = http.post("/api/chat", json=body).json()
+    ids = http.post("/tokenize", json={"model": "tiny", "messages": FOX}).json()["tokens"]
+    assert (
+        rendered["_debug_info"]["rendered_template"] == http.post("/detokenize", json={"tokens": ids}).json()["prompt"]
+    )
+    assert rendered["done"] is False and rendered["message"]["content"] == ""
+    raw = {"model": "tiny", "prompt": "The quick", "raw": True, "_debug_render_only": True}
+    assert http.post("/api/generate", json=raw).json()["_debug_info"] == {"rendered_template": "The quick"}
+
+
+def test_truncate_false_refuses_a_prompt_longer_than_the_window(http):
+    text = "paged attention keeps the cache " * 8
+    for path, body in (
+        ("/api/generate", {"prompt": text, "raw": True}),
+        ("/api/chat", {"messages": [{"role": "user", "content": text}]}),
+    ):
+        body = {"model": "tiny", "stream": False, "options": {"num_ctx": 16, "num_predict": 2}, **body}
+        refused = http.post(path, json={**body, "truncate": False})
+        assert refused.status_code == 400 and "exceeds the context length (16)" in refused.json()["error"], path
+        assert http.post(path, json=body).json()["prompt_eval_count"] < 16  # truncate's default: cut to fit
+
+
+def test_logprobs_carry_each_tokens_bytes(http):
+    body = {"model": "tiny", "messages": FOX, "options": GREEDY, "logprobs": True, "top_logprobs": 2, "stream": False}
+    entries = http.post("/api/chat", json=body).json()["logprobs"]
+    # the OpenAI route's bytes on the same server (checked against the tokenizer's own in its tests)
+    reference = openai_chat(http, FOX, 12, logprobs=True, top_logprobs=2)["choices"][0]["logprobs"]["content"]
+    assert [e["bytes"] for e in entries] == [r["bytes"] for r in reference]
+    assert [[t["bytes"] for t in e["top_logprobs"]] for e in entries] == [
+        [t["bytes"] for t in r["top_logprobs"]] for r in reference
+    ]

@@ -40,6 +40,11 @@ def test_list_show_ps(client, server):
     assert ["stop", '"</s>"'] in lines and ["num_ctx", "256"] in lines
     (running,) = client.ps().models
     assert running.model == "tiny:latest" and running.context_length == 256 and running.size_vram == 0
+    # newer Ollama's tag list: capabilities, and the details' window and hidden size
+    (tag,) = httpx.get(f"{server.url}/api/tags").json()["models"]
+    assert tag["capabilities"] == ["completion"]
+    hidden = shown.modelinfo["llama.embedding_length"]
+    assert (tag["details"]["context_length"], tag["details"]["embedding_length"]) == (256, hidden)
 
 
 def test_errors_are_ollamas(http):
@@ -107,6 +112,8 @@ def test_embed_matches_sentence_transformers(embed_server):
     assert reply.prompt_eval_count > 0 and reply.total_duration > 0
     short = client.embed(model="all-minilm", input="Why is the sky blue?", dimensions=8)
     assert len(short.embeddings[0]) == 8 and math.isclose(math.hypot(*short.embeddings[0]), 1, rel_tol=1e-4)
+    for whole in (0, -1, 384, 4096):  # as Ollama: dimensions of 0 or less, or not below the size, change nothing
+        assert len(client.embed(model="all-minilm", input="Why", dimensions=whole).embeddings[0]) == 384
     assert client.embed(model="all-minilm", input=[]).embeddings == []
     old = client.embeddings(model="all-minilm", prompt="Why is the sky blue?")
     assert len(old.embedding) == 384

@@ -21,7 +21,6 @@ from llmp.frontend import (
 )
 from llmp.options import FrontendOptions
 from llmp_frontend_openai import protocol as p
-from llmp_frontend_openai.logprobs import TokenBytes
 
 # vLLM's and OpenAI's request fields for what llmp does not do: each at its idle value, or a 400 (never ignored)
 NOT_DONE: dict[str, tuple[Any, str]] = {
@@ -80,7 +79,6 @@ class OpenAIFrontend(FrontendKit):
 
     def __init__(self, engine: Any, options: FrontendOptions) -> None:
         super().__init__(engine, options)
-        self.token_bytes = TokenBytes(self.tokenizer)
         self.batches: Any = None  # the Files and Batch APIs' jobs (batches.BatchService), once routed
 
     # -- routes ----------------------------------------------------------------
