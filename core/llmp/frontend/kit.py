@@ -34,8 +34,9 @@ from llmp.api import (
 from llmp.beam_search import BeamSearch, BeamSearchParams, BeamSearchSequence, run_beam_search, step_logprobs
 from llmp.engine.thinking_budget import count_reasoning_tokens
 from llmp.frontend.errors import APIError, bad_request
+from llmp.frontend.fim import fim_style, fim_token_ids
 from llmp.frontend.token_bytes import TokenBytes
-from llmp.inputs import Prompt, last_tokens
+from llmp.inputs import Prompt, last_tokens, special_tokens_around
 from llmp.lora import LoRARequest
 from llmp.model_files.config import generation_defaults
 from llmp.options import GENERATION_DEFAULTS, FrontendOptions
@@ -157,6 +158,7 @@ class FrontendKit:
         self.tokenizer = engine.get_tokenizer()
         self.token_bytes = TokenBytes(self.tokenizer)  # a token's raw bytes, for logprobs' "bytes"
         self.control_texts = control_texts(self.tokenizer)
+        self.fim = fim_style(self.tokenizer)  # the model's fill-in-the-middle tokens, if it has them
         self.defaults = generation_defaults(
             options.model_root, options.generation_config, options.override_generation_config
         )
@@ -664,6 +666,28 @@ class FrontendKit:
         marked = [{**m, "content": marker(i)} if i in literal else m for i, m in enumerate(conversation)]
         rendered = await self._render(marked, body, tools, variables)
         return Prompt(text, await asyncio.to_thread(self._encode_literal, rendered, literal, add_special))
+
+    async def fim_prompt(self, prefix: str, suffix: str, param: str = "suffix") -> Prompt:
+        """Fill in the middle: the prompt asking for the text between ``prefix`` and ``suffix``, in the
+        model's own tokens (:mod:`llmp.frontend.fim`), after what its tokenizer puts first (a BOS).
+        Text that spells a special token stays text. A 400 naming ``param`` when the model has none."""
+        style = self.fim
+        if style is None:
+            raise bad_request(
+                f"{param}: this model has no fill-in-the-middle tokens (<|fim_prefix|>, <fim_prefix>, "
+                "<｜fim▁begin｜> or [PREFIX] ...): serve a code model made for insertion",  # noqa: RUF001
+                param,
+            )
+        tokenizer = self.tokenizer
+
+        def build() -> list[int]:
+            def text_ids(text: str) -> list[int]:
+                return tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+
+            head, _ = special_tokens_around(tokenizer.encode("a", add_special_tokens=True), text_ids("a"))
+            return [*head, *fim_token_ids(tokenizer, style, text_ids(prefix), text_ids(suffix))]
+
+        return Prompt(token_ids=await asyncio.to_thread(build))
 
     def _spells_control(self, content: str) -> bool:
         return any(token in content for token in self.control_texts)

@@ -159,6 +159,8 @@ class OllamaFrontend(FrontendKit):
                 out.append("tools")
             if self.reasoning_parser is not None:
                 out.append("thinking")
+            if self.fim is not None:  # suffix: fill in the middle
+                out.append("insert")
         if "embed" in tasks:
             out.append("embedding")
         return out
@@ -378,17 +380,19 @@ class OllamaFrontend(FrontendKit):
             raise bad_request("raw mode does not support template, system, or context", "raw")
         self.check_request(body)
         refuse_images(body.images, "images")
-        if body.suffix:
-            raise bad_request(
-                f'"{body.model}" does not support insert (suffix): llmp has no fill-in-the-middle template',
-                "suffix",
-            )
+        if body.suffix and (body.raw or body.system or body.context):
+            raise bad_request("suffix (insert) does not take raw, system or context", "suffix")
         run = Generation(self, body, request, model=body.model, chat=False, started=started)
         if not body.prompt:
             return self.load_reply(body, chat=False)
         context = list(body.context or [])
         self.check_token_ids(context, "context")
-        if body.raw:  # the prompt as written: no template
+        if body.suffix:  # fill in the middle, in the model's own tokens (Ollama's template .Suffix)
+            if self.fim is None:
+                raise bad_request(f'"{body.model}" does not support insert', "suffix")
+            ids = (await self.fim_prompt(body.prompt, body.suffix)).token_ids
+            text = self.tokenizer.decode(ids)
+        elif body.raw:  # the prompt as written: no template
             text, ids = body.prompt, await self.encode(body.prompt, add_special_tokens=True)
         else:
             turns = [{"role": "system", "content": body.system}] if body.system else []

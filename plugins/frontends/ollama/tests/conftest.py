@@ -24,11 +24,19 @@ import pytest
 
 from llmp.testing import LiveServer, minilm_dir, save_tiny_llama, serving
 
+FIM_TOKENS = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"]  # Qwen2.5-Coder's: ids 400 to 402
+
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Llama, its vocabulary given fill-in-the-middle tokens (for ``suffix``)."""
+    from transformers import AutoTokenizer
+
     path = tmp_path_factory.mktemp("tiny-llama")
     save_tiny_llama(path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.add_special_tokens({"additional_special_tokens": FIM_TOKENS})
+    tokenizer.save_pretrained(path)
     return path
 
 

@@ -440,10 +440,39 @@ def test_a_prompt_too_long_alone_keeps_num_keep_tokens_and_its_end(client, http)
     assert one.prompt_eval_count == 23 and one.eval_count == 1
 
 
-def test_unsupported_fields_are_400s(client, http):
+def test_suffix_fills_in_the_middle_in_the_models_tokens(client, http, model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from llmp.testing import hf_greedy
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    prefix, suffix = "the quick brown ", " over the lazy dog"
+    ids = tokenizer.convert_tokens_to_ids(["<|fim_prefix|>"]) + tokenizer.encode(prefix, add_special_tokens=False)
+    ids += tokenizer.convert_tokens_to_ids(["<|fim_suffix|>"]) + tokenizer.encode(suffix, add_special_tokens=False)
+    ids += tokenizer.convert_tokens_to_ids(["<|fim_middle|>"])
+    expected = hf_greedy(AutoModelForCausalLM.from_pretrained(model_dir), ids, 12)
+    reply = client.generate(model="tiny", prompt=prefix, suffix=suffix, options=GREEDY, stream=False)
+    assert reply.prompt_eval_count == len(ids)
+    assert reply.response == tokenizer.decode(expected, skip_special_tokens=True)
+    body = {
+        "model": "tiny",
+        "prompt": prefix,
+        "suffix": suffix,
+        "max_tokens": 12,
+        "temperature": 0,
+        "return_token_ids": True,
+    }
+    completion = http.post("/v1/completions", json=body).json()
+    assert completion["choices"][0]["token_ids"] == expected  # OpenAI's completions suffix: the same prompt
+    assert completion["choices"][0]["prompt_token_ids"] == ids
+    for extra in ({"echo": True}, {"prompt": [5, 6]}, {"truncate_prompt_tokens": 4}):
+        assert http.post("/v1/completions", json={**body, **extra}).status_code == 400, extra
     with pytest.raises(ollama.ResponseError) as excinfo:
-        client.generate(model="tiny", prompt="def f(", suffix="return x")
+        client.generate(model="tiny", prompt=prefix, suffix=suffix, raw=True)
     assert "suffix" in error_of(excinfo, 400)
+
+
+def test_unsupported_fields_are_400s(client, http):
     response = http.post("/api/generate", json={"model": "tiny", "prompt": "x", "template": "{{ .Prompt }}"})
     assert response.status_code == 400 and "template" in response.json()["error"]
 

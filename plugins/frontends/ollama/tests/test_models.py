@@ -30,7 +30,8 @@ def test_list_show_ps(client, server):
     count = client.show("tiny").modelinfo["general.parameter_count"]
     assert listed.details.parameter_size == f"{count / 1000:.0f}K"  # Ollama's HumanNumber
     shown = client.show("Tiny:latest")
-    assert shown.capabilities == ["completion"]  # no tool or reasoning parser on this server
+    # no tool or reasoning parser on this server; its vocabulary has fill-in-the-middle tokens (conftest)
+    assert shown.capabilities == ["completion", "insert"]
     assert shown.modelinfo["general.architecture"] == "llama" and shown.modelinfo["llama.block_count"] == 2
     assert count > 0 and "{%" in shown.template
     # what Copilot shows (the name asked for, as Ollama echoes it) and the window requests get here
@@ -42,7 +43,7 @@ def test_list_show_ps(client, server):
     assert running.model == "tiny:latest" and running.context_length == 256 and running.size_vram == 0
     # newer Ollama's tag list: capabilities, and the details' window and hidden size
     (tag,) = httpx.get(f"{server.url}/api/tags").json()["models"]
-    assert tag["capabilities"] == ["completion"]
+    assert tag["capabilities"] == ["completion", "insert"]
     hidden = shown.modelinfo["llama.embedding_length"]
     assert (tag["details"]["context_length"], tag["details"]["embedding_length"]) == (256, hidden)
 

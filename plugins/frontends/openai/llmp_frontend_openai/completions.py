@@ -77,11 +77,19 @@ class Completion:
         self.lora = await fe.lora_for(body.model)
         self.model = fe.response_model(self.lora)
         fe.check_unsupported(body)
-        if body.suffix is not None:
-            raise bad_request("suffix is not supported", "suffix")
         if body.best_of not in (None, 1):
             raise bad_request("best_of is not supported; use n", "best_of")
         prompts = await fe.prompt_inputs(body.prompt, "prompt", body.add_special_tokens)
+        if body.suffix:  # fill in the middle: each prompt is the text before the insertion
+            if body.echo:
+                raise bad_request("echo does not apply to an insertion (suffix)", "echo")
+            if body.truncate_prompt_tokens is not None:  # a cut start would lose the insertion's first token
+                raise bad_request(
+                    "truncate_prompt_tokens does not apply to an insertion (suffix)", "truncate_prompt_tokens"
+                )
+            if any(prompt.text is None for prompt in prompts):
+                raise bad_request("suffix needs the prompt as text, not token ids", "suffix")
+            prompts = [await fe.fim_prompt(prompt.text, body.suffix) for prompt in prompts]
         self.prompts = fe.engine_prompts(prompts, body, body.truncate_prompt_tokens)
         # with echo and logprobs, the prompt's own logprobs are part of the answer
         echo_logprobs = body.echo and body.logprobs is not None
