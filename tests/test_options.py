@@ -395,3 +395,19 @@ def test_an_empty_model_name_is_refused_by_name_not_as_a_directory() -> None:
 
     with pytest.raises(ValueError, match="^model must not be empty$"):
         LLM("")
+
+
+@pytest.mark.parametrize("key", ["temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_new_tokens"])
+def test_generation_overrides_take_what_sampling_params_take(key: str) -> None:
+    """--override-generation-config is checked at start-up with SamplingParams's own bounds, so a
+    request that sets nothing never fails for a value it did not send."""
+    from llmp import SamplingParams
+    from llmp.options import sampling_defaults
+
+    for value in (-2, -1, -0.5, 0, 0.5, 1, 1.5, 2, 7, float("nan"), float("inf")):
+        try:
+            SamplingParams(**{"max_tokens" if key == "max_new_tokens" else key: value})
+            accepted = True
+        except ValueError:
+            accepted = False
+        assert (sampling_defaults({key: value}) is None) == accepted, (key, value)

@@ -18,6 +18,7 @@ This module is the ground floor: it imports nothing from llmp and no CLI library
 from __future__ import annotations
 
 import json
+import math
 import typing
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields
@@ -149,8 +150,20 @@ def json_object(value: Any) -> str | None:
 GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_new_tokens")
 
 
+# the values SamplingParams takes for each (checked when a server starts, not at each request)
+_SAMPLING_DEFAULT_RULES = {
+    "temperature": (lambda v: v >= 0, "at least 0"),
+    "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "top_k": (lambda v: v == int(v) and v >= -1, "a whole number, at least -1 (0 or -1: off)"),
+    "min_p": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+    "repetition_penalty": (lambda v: v > 0, "above 0"),
+    "max_new_tokens": (lambda v: v == int(v) and v >= 1, "a whole number, at least 1"),
+}
+
+
 def sampling_defaults(value: Any) -> str | None:
-    """An option's ``check``: a JSON object (or dict) of :data:`GENERATION_DEFAULTS` keys with numbers."""
+    """An option's ``check``: a JSON object (or dict) of :data:`GENERATION_DEFAULTS` keys, each a
+    finite number in the range ``SamplingParams`` takes for it."""
     error = json_object(value)
     if error is not None:
         return error
@@ -158,8 +171,13 @@ def sampling_defaults(value: Any) -> str | None:
     unknown = sorted(set(given) - set(GENERATION_DEFAULTS))
     if unknown:
         return f"may set {', '.join(GENERATION_DEFAULTS)}; not {', '.join(unknown)}"
-    bad = next((k for k, v in given.items() if isinstance(v, bool) or not isinstance(v, int | float)), None)
-    return None if bad is None else f"{bad} must be a number, got {given[bad]!r}"
+    for key, number in given.items():
+        if isinstance(number, bool) or not isinstance(number, int | float) or not math.isfinite(number):
+            return f"{key} must be a finite number, got {number!r}"
+        rule, bounds = _SAMPLING_DEFAULT_RULES[key]
+        if not rule(number):
+            return f"{key} must be {bounds}, got {number!r}"
+    return None
 
 
 def url_path(value: Any) -> str | None:

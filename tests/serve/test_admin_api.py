@@ -260,6 +260,7 @@ def test_bad_management_input_is_a_400(http):
         ("/reset_prefix_cache", {"reset_running_requests": "true"}),
         ("/pause", {"mode": "freeze"}),
         ("/pause", {"clear_cache": "maybe"}),
+        ("/pause", {"mode": "keep", "clear_cache": "true"}),  # the frozen requests hold their blocks
     ):
         response = http.post(path, params=params, headers=ADMIN)
         assert response.status_code == 400, (path, params, response.text)

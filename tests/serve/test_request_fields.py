@@ -137,6 +137,16 @@ def test_grpc_applies_every_default(servers, expected):
     assert servers.grpc.Generate(pb.GenerateRequest(chat=chat)).text == expected
 
 
+def test_the_overridden_max_new_tokens_caps_every_request(servers):
+    """vLLM's rule: --override-generation-config's max_new_tokens is a ceiling, not only a default."""
+    body = {"messages": MESSAGES, "max_tokens": 3 * MAX_NEW_TOKENS, "ignore_eos": True}
+    assert post(servers, "/v1/chat/completions", body)["usage"]["completion_tokens"] == MAX_NEW_TOKENS
+    completion = {"prompt": "Paged attention", "max_tokens": 3 * MAX_NEW_TOKENS, "ignore_eos": True}
+    assert post(servers, "/v1/completions", completion)["usage"]["completion_tokens"] == MAX_NEW_TOKENS
+    fewer = post(servers, "/v1/completions", {**completion, "max_tokens": 2})
+    assert fewer["usage"]["completion_tokens"] == 2
+
+
 def test_explicit_values_override_the_defaults(servers):
     fields = {"min_p": 0.0, "top_p": 1.0, "top_k": 0, "seed": 1, "max_tokens": MAX_NEW_TOKENS, "ignore_eos": True}
     sampled = chat_text(servers, **fields)

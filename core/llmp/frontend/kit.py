@@ -627,6 +627,10 @@ class FrontendKit:
             max_tokens = resolve_max_tokens(request.max_tokens, prompt_len, self.max_model_len)
             if request.max_tokens is None and self.defaults.get("max_new_tokens") is not None:
                 max_tokens = min(self.defaults["max_new_tokens"], max_tokens)
+            # vLLM's rule: --override-generation-config's max_new_tokens caps every request, set or not
+            ceiling = (self.options.override_generation_config or {}).get("max_new_tokens")
+            if ceiling is not None:
+                max_tokens = min(int(ceiling), max_tokens)
             values["max_tokens"] = max_tokens
             params = SamplingParams(**{name: value for name, value in values.items() if value is not None})
         except RequestValidationError as exc:

@@ -103,9 +103,18 @@ def admin_router(state: Any) -> APIRouter:
             "abort", description="requests in flight: abort them, wait for them, or keep them frozen until /resume"
         ),
         wait_for_inflight_requests: bool = Query(False, description="older vLLM's mode=wait"),
-        clear_cache: bool = Query(True, description="forget the prefix cache once nothing runs (not with keep)"),
+        clear_cache: bool | None = Query(
+            None, description="forget the prefix cache once nothing runs (default true; not with keep)"
+        ),
     ) -> dict[str, str]:
         mode = "wait" if wait_for_inflight_requests else mode
+        if mode == "keep" and clear_cache:  # the frozen requests hold their blocks: nothing could be cleared
+            raise APIError(
+                400,
+                "clear_cache=true does not apply with mode=keep: requests in flight keep their blocks",
+                param="clear_cache",
+            )
+        clear_cache = mode != "keep" if clear_cache is None else clear_cache
         log.info("generation paused: requests in flight: %s", mode)
         await _run(engine().pause_generation(mode, clear_cache))
         return {"status": "paused"}

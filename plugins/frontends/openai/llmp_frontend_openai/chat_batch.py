@@ -42,7 +42,7 @@ async def prepare(fe: OpenAIFrontend, body: p.BatchChatCompletionRequest, reques
     """One prepared ``ChatCompletion`` per conversation, all sent to the engine once every one is valid."""
     if not body.messages:
         raise bad_request("messages must hold at least one conversation (a list of messages)", "messages")
-    if body.n is not None and body.n != 1:
+    if body.n is not None and body.n > 1:  # n < 1 is the chat route's own 400
         raise bad_request("Batch chat completions do not support `n > 1`. Please set `n` to 1.", "n")
     if body.use_beam_search:
         raise bad_request(
@@ -75,7 +75,8 @@ async def answer(batch_id: str, chats: list[ChatCompletion]) -> dict[str, Any]:
     for index, response in enumerate(responses):
         [choice] = response["choices"]
         choices.append({**choice, "index": index, **{key: response[key] for key in PER_CHOICE if key in response}})
-    return {**responses[0], "id": batch_id, "choices": choices, "usage": summed([r["usage"] for r in responses])}
+    batch = {key: value for key, value in responses[0].items() if key not in PER_CHOICE}
+    return {**batch, "id": batch_id, "choices": choices, "usage": summed([r["usage"] for r in responses])}
 
 
 def summed(usages: list[dict[str, Any]]) -> dict[str, Any]:

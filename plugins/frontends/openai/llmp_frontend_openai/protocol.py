@@ -133,7 +133,7 @@ class GenerateRequest(OpenAIModel):
 
     request_id: str | None = None
     token_ids: list[StrictInt]
-    sampling_params: dict[str, Any] = {}
+    sampling_params: dict[str, Any]  # required, as in vLLM ({} takes every default)
     model: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None

@@ -570,6 +570,7 @@ def test_batch_chat_answers_each_conversation_as_its_own_chat_would(client, http
     batch = response.json()
     assert batch["object"] == "chat.completion" and batch["id"].startswith("chatcmpl-")
     assert [choice["index"] for choice in batch["choices"]] == [0, 1, 2]
+    assert "prompt_token_ids" not in batch  # each choice has its own
     prompt_tokens = 0
     for conversation, choice in zip(conversations, batch["choices"], strict=True):
         alone = greedy_chat(client, tiny, conversation, max_tokens=6)
@@ -589,6 +590,7 @@ def test_batch_chat_answers_each_conversation_as_its_own_chat_would(client, http
     ("fields", "param"),
     [
         ({"n": 2, "temperature": 1}, "n"),
+        ({"n": 0}, "n"),
         ({"use_beam_search": True}, "use_beam_search"),
         ({"stream": True}, "stream"),
         ({"messages": []}, "messages"),

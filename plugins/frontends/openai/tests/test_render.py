@@ -336,3 +336,8 @@ def test_generate_streams_token_ids_and_logprobs(api, tiny):
 def test_bad_generate_requests_name_the_field(api, change, param):
     body = {"token_ids": [5, 6, 7], "sampling_params": {"max_tokens": 2}, **change}
     assert_error(api.post("/inference/v1/generate", json=body), 400, param=param)
+
+
+def test_generate_needs_sampling_params_as_vllm_does(api):
+    response = api.post("/inference/v1/generate", json={"token_ids": [5, 6, 7]})
+    assert response.status_code == 400 and "sampling_params" in response.json()["error"]["message"]
