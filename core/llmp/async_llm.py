@@ -620,13 +620,14 @@ class AsyncLLM:
     async def is_sleeping(self) -> bool:
         return bool(await self._admin("is_sleeping"))
 
-    async def pause_generation(self, mode: str = "abort", clear_cache: bool = True) -> None:
+    async def pause_generation(self, mode: str = "abort", clear_cache: bool | None = None) -> None:
         """vLLM's: stop generating until :meth:`resume_generation`. Requests in flight are aborted
         (``mode="abort"``: a stream ends with finish reason ``abort``), finished first (``"wait"``:
         this returns once they have), or frozen where they are (``"keep"``: they go on after the
-        resume). New requests are taken meanwhile and wait. ``clear_cache`` forgets the prefix
-        cache once nothing runs (not with ``"keep"``). Pausing a paused engine changes nothing but
-        what ``mode`` asks of the requests it holds."""
+        resume). New requests are taken meanwhile and wait. ``clear_cache`` (None: unless
+        ``"keep"``) forgets the prefix cache once nothing runs; true with ``"keep"`` is a
+        ``ValueError`` (the frozen requests hold their blocks). Pausing a paused engine changes
+        nothing but what ``mode`` asks of the requests it holds."""
         await self._admin("pause_generation", mode, clear_cache, timeout=ADMIN_TIMEOUT_S)
 
     async def resume_generation(self) -> None:

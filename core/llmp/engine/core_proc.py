@@ -407,16 +407,19 @@ class EngineCoreLoop:
         engine.sleep(level)
         self._broadcast(msg.SleepState(level))  # every client refuses requests at once while it sleeps
 
-    def _pause(self, mode: str = "abort", clear_cache: bool = True) -> None:
+    def _pause(self, mode: str = "abort", clear_cache: bool | None = None) -> None:
         """vLLM's ``pause_generation``: no step runs until ``resume_generation``, and the requests that
         arrive meanwhile are taken and wait. Those in flight are aborted (``abort``: a stream ends with
         finish reason ``abort``), finished first (``wait``), or frozen where they are (``keep``: they
-        go on after the resume). ``clear_cache`` then forgets the prefix cache (not with ``keep``)."""
+        go on after the resume). ``clear_cache`` (None: unless ``keep``) then forgets the prefix cache;
+        with ``keep`` it cannot (the frozen requests hold their blocks), so true is a ``ValueError``."""
         if mode not in PAUSE_MODES:
             raise ValueError(f"pause mode must be one of {', '.join(PAUSE_MODES)}, got {mode!r}")
+        if mode == "keep" and clear_cache:
+            raise ValueError("clear_cache does not apply with mode keep: the requests in flight keep their blocks")
         if mode != "keep":
             self._end_in_flight(mode, "generation was paused (mode abort)")
-            if clear_cache:
+            if clear_cache is not False:
                 self.engine.reset_prefix_cache()
         self.paused = True
 

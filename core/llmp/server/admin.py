@@ -108,15 +108,8 @@ def admin_router(state: Any) -> APIRouter:
         ),
     ) -> dict[str, str]:
         mode = "wait" if wait_for_inflight_requests else mode
-        if mode == "keep" and clear_cache:  # the frozen requests hold their blocks: nothing could be cleared
-            raise APIError(
-                400,
-                "clear_cache=true does not apply with mode=keep: requests in flight keep their blocks",
-                param="clear_cache",
-            )
-        clear_cache = mode != "keep" if clear_cache is None else clear_cache
-        log.info("generation paused: requests in flight: %s", mode)
         await _run(engine().pause_generation(mode, clear_cache))
+        log.info("generation paused: requests in flight: %s", mode)
         return {"status": "paused"}
 
     @router.post("/resume", summary="Generate again after /pause: the requests held go on")
