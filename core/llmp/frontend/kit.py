@@ -682,6 +682,8 @@ class FrontendKit:
                 "<｜fim▁begin｜> or [PREFIX] ...): serve a code model made for insertion",  # noqa: RUF001
                 param,
             )
+        if not (is_unicode(prefix) and is_unicode(suffix)):  # JSON may carry a lone surrogate
+            raise bad_request("the prompt or the suffix holds text that is not valid Unicode", param)
         tokenizer = self.tokenizer
 
         def build() -> list[int]:

@@ -348,6 +348,7 @@ class OllamaFrontend(FrontendKit):
         fits = run.window - run.room + 1
         prompt = await self.fitting_prompt(turns, fields, tools, fits, body.truncate is not False)
         if body.debug_render_only:
+            run.fit(prompt.token_ids)  # what the window refuses (truncate: false) is refused here too
             return debug_reply(body, prompt.text or self.tokenizer.decode(prompt.token_ids), chat=True)
         return await run.start(prompt.token_ids, tools, tool_choice)
 
@@ -390,6 +391,8 @@ class OllamaFrontend(FrontendKit):
         if body.suffix:  # fill in the middle, in the model's own tokens (Ollama's template .Suffix)
             if self.fim is None:
                 raise bad_request(f'"{body.model}" does not support insert', "suffix")
+            if body.think:
+                raise bad_request("think does not apply to an insertion (suffix)", "think")
             ids = (await self.fim_prompt(body.prompt, body.suffix)).token_ids
             text = self.tokenizer.decode(ids)
         elif body.raw:  # the prompt as written: no template
@@ -401,6 +404,7 @@ class OllamaFrontend(FrontendKit):
             prompt = await self.conversation_prompt(turns, fields)
             text, ids = prompt.text or "", prompt.token_ids
         if body.debug_render_only:  # as Ollama: the context's text, then the prompt's
+            run.fit(context + ids)  # what the window refuses (truncate: false) is refused here too
             return debug_reply(body, self.tokenizer.decode(context) + text, chat=False)
         return await run.start(context + ids)
 

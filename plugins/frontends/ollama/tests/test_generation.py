@@ -465,8 +465,18 @@ def test_suffix_fills_in_the_middle_in_the_models_tokens(client, http, model_dir
     completion = http.post("/v1/completions", json=body).json()
     assert completion["choices"][0]["token_ids"] == expected  # OpenAI's completions suffix: the same prompt
     assert completion["choices"][0]["prompt_token_ids"] == ids
-    for extra in ({"echo": True}, {"prompt": [5, 6]}, {"truncate_prompt_tokens": 4}):
+    for extra in ({"echo": True}, {"prompt": [5, 6]}, {"truncate_prompt_tokens": 4}, {"prompt": []}):
         assert http.post("/v1/completions", json={**body, **extra}).status_code == 400, extra
+    # the cursor at the start of a file: an empty prefix still asks for the middle
+    start = http.post("/v1/completions", json={**body, "prompt": ""}).json()["choices"][0]
+    assert start["prompt_token_ids"] == [
+        ids[0],
+        *ids[-1 - len(tokenizer.encode(suffix, add_special_tokens=False)) - 1 :],
+    ]
+    assert (
+        http.post("/api/generate", json={"model": "tiny", "prompt": "x", "suffix": "y", "think": True}).status_code
+        == 400
+    )
     with pytest.raises(ollama.ResponseError) as excinfo:
         client.generate(model="tiny", prompt=prefix, suffix=suffix, raw=True)
     assert "suffix" in error_of(excinfo, 400)
@@ -516,6 +526,8 @@ def test_debug_render_only_answers_the_prompt_and_generates_nothing(client, http
     assert rendered["done"] is False and rendered["message"]["content"] == ""
     raw = {"model": "tiny", "prompt": "The quick", "raw": True, "_debug_render_only": True}
     assert http.post("/api/generate", json=raw).json()["_debug_info"] == {"rendered_template": "The quick"}
+    too_long = {**raw, "prompt": "paged attention keeps the cache " * 8, "truncate": False, "options": {"num_ctx": 16}}
+    assert http.post("/api/generate", json=too_long).status_code == 400  # checked as a real request would be
 
 
 def test_truncate_false_refuses_a_prompt_longer_than_the_window(http):

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
 
+from llmp import Prompt
 from llmp.frontend import bad_request, engine_request_id
 from llmp_frontend_openai import protocol as p
 from llmp_frontend_openai.logprobs import completion_logprobs, prompt_logprobs
@@ -79,17 +80,10 @@ class Completion:
         fe.check_unsupported(body)
         if body.best_of not in (None, 1):
             raise bad_request("best_of is not supported; use n", "best_of")
-        prompts = await fe.prompt_inputs(body.prompt, "prompt", body.add_special_tokens)
-        if body.suffix:  # fill in the middle: each prompt is the text before the insertion
-            if body.echo:
-                raise bad_request("echo does not apply to an insertion (suffix)", "echo")
-            if body.truncate_prompt_tokens is not None:  # a cut start would lose the insertion's first token
-                raise bad_request(
-                    "truncate_prompt_tokens does not apply to an insertion (suffix)", "truncate_prompt_tokens"
-                )
-            if any(prompt.text is None for prompt in prompts):
-                raise bad_request("suffix needs the prompt as text, not token ids", "suffix")
-            prompts = [await fe.fim_prompt(prompt.text, body.suffix) for prompt in prompts]
+        if body.suffix:
+            prompts = await self._insertions()
+        else:
+            prompts = await fe.prompt_inputs(body.prompt, "prompt", body.add_special_tokens)
         self.prompts = fe.engine_prompts(prompts, body, body.truncate_prompt_tokens)
         # with echo and logprobs, the prompt's own logprobs are part of the answer
         echo_logprobs = body.echo and body.logprobs is not None
@@ -110,6 +104,23 @@ class Completion:
             self.params.append(params)
         self.n = self.params[0].n if width is None else width
         self.beam = None if width is None else fe.beam_search_params(width, body, self.params[0], constraint)
+
+    async def _insertions(self) -> list[Prompt]:
+        """Fill in the middle: each prompt is the text before the insertion (an empty one too: the
+        cursor at the start of a file), ``suffix`` the text after it."""
+        body = self.body
+        if body.echo:
+            raise bad_request("echo does not apply to an insertion (suffix)", "echo")
+        if body.truncate_prompt_tokens is not None:  # a cut start would lose the insertion's first token
+            raise bad_request(
+                "truncate_prompt_tokens does not apply to an insertion (suffix)", "truncate_prompt_tokens"
+            )
+        texts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
+        if not texts:
+            raise bad_request("prompt must not be empty", "prompt")
+        if not all(isinstance(text, str) for text in texts):
+            raise bad_request("suffix needs the prompt as text (or a list of texts), not token ids", "suffix")
+        return [await self.fe.fim_prompt(text, body.suffix) for text in texts]
 
     # -- whole -------------------------------------------------------------------
 
