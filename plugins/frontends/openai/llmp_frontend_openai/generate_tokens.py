@@ -89,7 +89,9 @@ class TokenGeneration:
         if kind not in (RequestOutputKind.CUMULATIVE, RequestOutputKind.CUMULATIVE.name):
             raise bad_request("output_kind is the route's to set (stream or not)", "sampling_params.output_kind")
         if "stop_strings" in given:  # SamplingParams's own list, as asdict writes it: the same as stop
-            given.setdefault("stop", given.pop("stop_strings"))
+            strings = given.pop("stop_strings")
+            if given.setdefault("stop", strings) != strings:
+                raise bad_request("give stop or stop_strings, not both", "sampling_params.stop_strings")
         constraint = given.pop("structured_outputs", None)
         markers = given.pop("reasoning_markers", None)
         try:
