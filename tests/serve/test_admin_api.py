@@ -251,6 +251,30 @@ def test_pause_wait_returns_once_the_requests_in_flight_finish(http, params):
     assert http.post("/resume", headers=ADMIN).status_code == 200
 
 
+def test_shutting_down_while_paused_aborts_what_the_pause_holds(model_dir):
+    """SIGTERM drains requests for --shutdown-timeout; a paused engine would finish none of them."""
+    import signal
+    import time
+
+    with serving(model_dir, "--enable-admin-api", "--shutdown-timeout", "60", "--max-model-len", "256") as live:
+        with httpx.Client(base_url=live.url, timeout=60) as client:
+            assert client.post("/pause").status_code == 200
+            held: list[httpx.Response] = []
+            body = {"prompt": PROMPT, "max_tokens": 4}
+            waiter = threading.Thread(target=lambda: held.append(client.post("/v1/completions", json=body)))
+            waiter.start()
+            waiter.join(1.0)
+            assert waiter.is_alive()  # held by the pause
+            started = time.monotonic()
+            live.process.send_signal(signal.SIGTERM)
+            waiter.join(30)
+            live.process.wait(30)
+            assert time.monotonic() - started < 20  # not the 60 s of --shutdown-timeout
+            assert held and held[0].json()["choices"][0]["finish_reason"] == "abort"
+            assert live.process.returncode == 0
+            assert "the requests it holds are aborted" in live.log()
+
+
 def test_bad_management_input_is_a_400(http):
     for path, params in (
         ("/sleep", {"level": 3}),

@@ -651,7 +651,18 @@ def _server_class() -> type:
             elif state.phase in ("ready", "warming_up"):
                 state.phase = "draining"  # probes and new requests get 503 at once
                 self.abort_timer = asyncio.get_running_loop().call_later(self.shutdown_timeout, self._abort_in_flight)
+                asyncio.ensure_future(self._abort_if_paused())
             super().handle_exit(sig, frame)
+
+        async def _abort_if_paused(self) -> None:
+            """A paused engine (``/pause``) finishes nothing it holds: no use waiting for it."""
+            engine = self.llmp_state.engine
+            try:
+                if engine is not None and engine.is_running and await engine.is_paused():
+                    log.info("shutting down while generation is paused: the requests it holds are aborted")
+                    self._abort_in_flight()
+            except Exception as exc:  # the drain goes on as it would have
+                log.debug("could not ask the engine whether it is paused: %s", exc)
 
         def _abort_in_flight(self) -> None:
             if self.abort_timer is not None:
