@@ -7,6 +7,7 @@ merely land on the same argmax (a random model's wide margins would hide a diffe
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import subprocess
@@ -98,14 +99,18 @@ def test_same_tokens_cold_warm_alone_mixed_and_chunked(tiny_dir: Path, kernels: 
     assert chunked[1] == cold["target"], "chunked prefill computed different numbers"
 
 
+# the tile path in scalar code (a CPU without AMX) is slow: a narrower model there, the same scenario
+EMULATED = dict(
+    hidden_size=128, intermediate_size=384, num_attention_heads=2, num_key_value_heads=1, num_hidden_layers=2
+)
 AMX_TILES_RUN = """
-import sys
+import json, sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
-from test_determinism import TINY, test_same_tokens_cold_warm_alone_mixed_and_chunked
+from test_determinism import test_same_tokens_cold_warm_alone_mixed_and_chunked
 from llmp.testing import save_tiny_llama
 from llmp_kernels_cpu_native.library import dense_path
-save_tiny_llama(Path(sys.argv[2]), logit_scale=1.0, **TINY)
+save_tiny_llama(Path(sys.argv[2]), logit_scale=1.0, **json.loads(sys.argv[3]))
 test_same_tokens_cold_warm_alone_mixed_and_chunked(Path(sys.argv[2]), "cpu-native")
 print(dense_path())
 """
@@ -120,8 +125,10 @@ def test_same_tokens_cold_warm_alone_mixed_and_chunked_on_amx_tiles(tmp_path: Pa
         pytest.skip("no AVX-512 BF16: no AMX tile path here, emulated or not")
     import torch
 
-    env = {**os.environ, "LLMP_NATIVE_AMX": "1" if torch.ops.llmp_native.has_amx() else "emulate"}
-    run = [sys.executable, "-c", AMX_TILES_RUN, str(Path(__file__).parent), str(tmp_path)]
+    amx = torch.ops.llmp_native.has_amx()
+    env = {**os.environ, "LLMP_NATIVE_AMX": "1" if amx else "emulate"}
+    config = json.dumps(TINY if amx else EMULATED)
+    run = [sys.executable, "-c", AMX_TILES_RUN, str(Path(__file__).parent), str(tmp_path), config]
     result = subprocess.run(run, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split("\n")[-2] in ("amx tiles", "emulated amx tiles"), result.stdout
