@@ -163,6 +163,9 @@ class FrontendKit:
         self.defaults = generation_defaults(
             options.model_root, options.generation_config, options.override_generation_config
         )
+        # vLLM's rule: --override-generation-config's max_new_tokens caps every request, set or not
+        ceiling = (options.override_generation_config or {}).get("max_new_tokens")
+        self.max_tokens_ceiling = None if ceiling is None else int(ceiling)
         self.created = int(time.time())
         self.tool_parser = _load_parser("tool_parser", options.tool_call_parser, self.tokenizer)
         self.reasoning_parser = _load_parser("reasoning_parser", options.reasoning_parser, self.tokenizer)
@@ -628,10 +631,8 @@ class FrontendKit:
             max_tokens = resolve_max_tokens(request.max_tokens, prompt_len, self.max_model_len)
             if request.max_tokens is None and self.defaults.get("max_new_tokens") is not None:
                 max_tokens = min(self.defaults["max_new_tokens"], max_tokens)
-            # vLLM's rule: --override-generation-config's max_new_tokens caps every request, set or not
-            ceiling = (self.options.override_generation_config or {}).get("max_new_tokens")
-            if ceiling is not None:
-                max_tokens = min(int(ceiling), max_tokens)
+            if self.max_tokens_ceiling is not None:
+                max_tokens = min(self.max_tokens_ceiling, max_tokens)
             values["max_tokens"] = max_tokens
             params = SamplingParams(**{name: value for name, value in values.items() if value is not None})
         except RequestValidationError as exc:

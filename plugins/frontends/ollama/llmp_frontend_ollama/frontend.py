@@ -122,13 +122,12 @@ class OllamaFrontend(FrontendKit):
 
     def _listed_names(self) -> list[tuple[str, str]]:
         """``(name, served name)`` of every name ``/api/tags`` lists: each served name and, for a
-        packaged model, its Hub id and Ollama tags (``smollm2:135m``), which requests may use too."""
-        from llmp.frontend import packaged_model
-
+        packaged model, its Hub id and Ollama tags (``smollm2:135m``: the kit's ``model_aliases``),
+        which requests may use too."""
         listed: dict[str, tuple[str, str]] = {}
         for served in self.model_names:
-            packaged = packaged_model(served)
-            for name in (served, *((packaged.hub_id, *packaged.aliases) if packaged else ())):
+            others = [alias for alias, owner in self.model_aliases.items() if owner == served]
+            for name in (served, *others):
                 listed.setdefault(tagged(name).casefold(), (name, served))
         return list(listed.values())
 
