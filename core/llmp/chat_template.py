@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
-from typing import Any
+from typing import Any, Literal
 
 Conversation = Sequence[Mapping[str, Any]]
+# how a message's content reaches the template (vLLM's --chat-template-content-format): "string" is its
+# text, "openai" a list of {"type": "text", "text": ...} parts, "auto" whichever the template iterates
+ContentFormat = Literal["auto", "string", "openai"]
+TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text"})  # Responses' input/output parts are text too
 
 # keys transformers' apply_chat_template takes itself: a request's template kwargs must not override them
 RESERVED_TEMPLATE_KWARGS = frozenset(
@@ -40,10 +44,14 @@ def render_chat(
     tools: list[dict[str, Any]] | None = None,
     documents: list[dict[str, Any]] | None = None,
     chat_template_kwargs: Mapping[str, Any] | None = None,
+    content_format: ContentFormat = "auto",
     model_name: str = "the model",
 ) -> str:
     """The prompt text of a conversation.
 
+    A message's ``content`` is text or a list of text parts (OpenAI's ``{"type": "text", "text": ...}``);
+    the template gets it in ``content_format`` (:func:`content_format_of` resolves ``"auto"``): text,
+    the parts joined with newlines, or a list of text parts. Other parts are a ``ValueError``.
     ``documents`` (retrieval-augmented templates' sources) reach the template as transformers
     passes them. Transformers renders the template in a sandboxed Jinja environment; the
     keyword arguments it reserves for itself cannot be overridden through
@@ -52,8 +60,10 @@ def render_chat(
     if chat_template is None and not getattr(tokenizer, "chat_template", None):
         raise ValueError(f"{model_name} has no chat template; pass a chat template")
     extra = {k: v for k, v in (chat_template_kwargs or {}).items() if k not in RESERVED_TEMPLATE_KWARGS}
+    if content_format == "auto":
+        content_format = content_format_of(tokenizer, chat_template)
     return tokenizer.apply_chat_template(
-        [dict(m) for m in conversation],
+        [_with_content(m, content_format) for m in conversation],
         chat_template=chat_template,
         tools=tools,
         documents=documents,
@@ -62,6 +72,44 @@ def render_chat(
         continue_final_message=continue_final_message,
         **extra,
     )
+
+
+def content_format_of(tokenizer: Any, chat_template: str | None = None) -> Literal["string", "openai"]:
+    """vLLM's detection of a template's content format: ``"openai"`` when it loops over a message's
+    ``content`` (``{% for part in message['content'] %}``, directly or through a variable set from
+    it, filters allowed), else ``"string"``."""
+    template = chat_template if chat_template is not None else getattr(tokenizer, "chat_template", None)
+    sources = list(template.values()) if isinstance(template, Mapping) else [template] if template else []
+    return "openai" if any(_loops_over_content(source) for source in sources) else "string"
+
+
+def content_text(content: Any) -> str:
+    """A message's content as the "string" format gives it: its text, or its text parts joined with
+    newlines (as vLLM joins them); a part that is not text is a ``ValueError``."""
+    if isinstance(content, list):
+        return "\n".join(_part_text(part) for part in content)
+    return "" if content is None else str(content)
+
+
+def _with_content(message: Mapping[str, Any], content_format: str) -> dict[str, Any]:
+    out = dict(message)
+    content = message.get("content")
+    if not isinstance(content, str | list):
+        return out
+    if content_format == "string":
+        out["content"] = content_text(content)
+    elif isinstance(content, list):
+        out["content"] = [{"type": "text", "text": _part_text(part)} for part in content]
+    else:  # no text, no part: a template looping over the parts renders nothing
+        out["content"] = [{"type": "text", "text": content}] if content else []
+    return out
+
+
+def _part_text(part: Any) -> str:
+    kind = part.get("type") if isinstance(part, Mapping) else None
+    if kind not in TEXT_PART_TYPES:
+        raise ValueError(f"content parts of type {kind!r} are not supported: this model takes text")
+    return str(part.get("text", ""))
 
 
 def template_variables(tokenizer: Any, chat_template: str | None = None) -> frozenset[str]:
@@ -88,3 +136,31 @@ def _variables(source: str) -> frozenset[str]:
         return frozenset(meta.find_undeclared_variables(ImmutableSandboxedEnvironment().parse(source)))
     except Exception:  # a template jinja cannot parse fails when rendered, with its own message
         return frozenset()
+
+
+@lru_cache(maxsize=32)
+def _loops_over_content(source: str) -> bool:
+    from jinja2 import nodes
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    try:
+        tree = ImmutableSandboxedEnvironment().parse(source)
+    except Exception:  # a template jinja cannot parse fails when rendered, with its own message
+        return False
+
+    def reads_content(node: Any) -> bool:
+        while isinstance(node, nodes.Filter | nodes.Test):  # message.content | selectattr(...)
+            node = node.node
+        if isinstance(node, nodes.Getitem):
+            return isinstance(node.arg, nodes.Const) and node.arg.value == "content"
+        return isinstance(node, nodes.Getattr) and node.attr == "content"
+
+    holders = {
+        assign.target.name
+        for assign in tree.find_all(nodes.Assign)
+        if isinstance(assign.target, nodes.Name) and reads_content(assign.node)
+    }
+    return any(
+        reads_content(loop.iter) or (isinstance(loop.iter, nodes.Name) and loop.iter.name in holders)
+        for loop in tree.find_all(nodes.For)
+    )

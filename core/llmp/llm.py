@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from llmp.beam_search import BeamSearchOutput, BeamSearchParams
+from llmp.chat_template import ContentFormat, Conversation
 from llmp.inputs import Prompt, PromptType, as_prompt
 from llmp.lora import LoRARequest
 from llmp.options import EngineConfig, sampling_defaults
@@ -26,7 +27,6 @@ from llmp.pooling_params import PoolingParams, PoolingTask
 from llmp.progress import bars_enabled, configure_logging
 from llmp.sampling_params import SamplingParams
 
-Conversation = Sequence[Mapping[str, Any]]
 # one adapter for every prompt, or one (or None: the base model) per prompt, as vLLM
 LoRARequests = LoRARequest | Sequence[LoRARequest | None] | None
 
@@ -402,19 +402,27 @@ class LLM:
         use_tqdm: bool = True,
         lora_request: LoRARequests = None,
         chat_template: str | None = None,
+        chat_template_content_format: ContentFormat = "auto",
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         tools: list[dict[str, Any]] | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
     ) -> list[RequestOutput]:
         """Render each conversation with the model's chat template, then generate (``lora_request``:
-        one adapter for every conversation, or one per conversation)."""
+        one adapter for every conversation, or one per conversation). A message's content is text or
+        OpenAI's list of text parts; ``chat_template_content_format`` is as in :func:`render_chat`."""
         conversations = [messages] if messages and isinstance(messages[0], Mapping) else list(messages)
         prompts = [
             Prompt(text=text, add_special_tokens=False)  # the template already holds the special tokens
             for text in (
                 self.render_chat(
-                    c, chat_template, add_generation_prompt, continue_final_message, tools, chat_template_kwargs
+                    c,
+                    chat_template,
+                    add_generation_prompt,
+                    continue_final_message,
+                    tools,
+                    chat_template_kwargs,
+                    content_format=chat_template_content_format,
                 )
                 for c in conversations
             )
@@ -429,8 +437,11 @@ class LLM:
         continue_final_message: bool = False,
         tools: list[dict[str, Any]] | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        *,
+        content_format: ContentFormat = "auto",
     ) -> str:
-        """The prompt text of a conversation (transformers' renderer: a sandboxed Jinja environment)."""
+        """The prompt text of a conversation (transformers' renderer: a sandboxed Jinja environment;
+        ``content_format``: how message content reaches the template, :func:`llmp.chat_template.render_chat`)."""
         from llmp.chat_template import render_chat
 
         return render_chat(
@@ -441,6 +452,7 @@ class LLM:
             continue_final_message=continue_final_message,
             tools=tools,
             chat_template_kwargs=chat_template_kwargs,
+            content_format=content_format,
             model_name=f"the model {self.engine.info.model}",
         )
 

@@ -564,6 +564,12 @@ class FrontendOptions:
         metavar="JSON",
         panel="Model",
     )
+    chat_template_content_format: Literal["auto", "string", "openai"] = option(
+        "auto",
+        "How message content reaches the chat template: string (text), openai (a list of text parts), "
+        "auto (openai when the template loops over content).",
+        panel="Model",
+    )
     max_logprobs: int = option(
         20, "Cap on logprobs, top_logprobs and prompt_logprobs.", ge=0, panel="Security and limits"
     )

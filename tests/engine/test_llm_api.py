@@ -248,6 +248,51 @@ def test_chat_renders_the_template(llm):
     assert output.prompt_token_ids == llm.get_tokenizer().encode(output.prompt, add_special_tokens=False)
 
 
+PARTS_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}:{% for part in m['content'] %}[{{ part['text'] }}]{% endfor %};{% endfor %}"
+)
+
+
+def test_chat_content_reaches_the_template_in_the_format_it_reads(llm):
+    parts = [{"role": "user", "content": [{"type": "text", "text": "hel"}, {"type": "input_text", "text": "lo"}]}]
+    # a template reading text gets OpenAI's text parts joined with newlines, as vLLM's "string" format
+    assert llm.render_chat(parts) == "<s>user: hel\nlo</s><s>assistant: "
+    [output] = llm.chat(parts, GREEDY, use_tqdm=False)
+    assert output.prompt == "<s>user: hel\nlo</s><s>assistant: "
+    # one that loops over a message's content gets text parts ("auto" detects it), text or parts given
+    text = [{"role": "user", "content": "hi"}]
+    assert llm.render_chat(text, PARTS_TEMPLATE) == "user:[hi];"
+    assert llm.render_chat(parts, PARTS_TEMPLATE) == "user:[hel][lo];"
+    assert llm.chat(text, GREEDY, chat_template=PARTS_TEMPLATE, use_tqdm=False)[0].prompt == "user:[hi];"
+    # forced formats, as --chat-template-content-format
+    assert llm.render_chat(text, PARTS_TEMPLATE, content_format="string") == "user:[][];"  # iterates characters
+    assert llm.render_chat(text, content_format="openai").startswith("<s>user: [{'type': 'text'")
+    with pytest.raises(ValueError, match="'image_url' are not supported"):
+        llm.render_chat([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])
+
+
+def test_content_format_detection_follows_the_loops_over_content():
+    from llmp.chat_template import content_format_of
+
+    class NoTemplate:
+        chat_template = None
+
+    openai = [
+        PARTS_TEMPLATE,
+        "{% for m in messages %}{% for p in m.content %}{{ p.text }}{% endfor %}{% endfor %}",
+        "{% for m in messages %}{% set c = m['content'] %}{% for p in c %}{{ p.text }}{% endfor %}{% endfor %}",
+        "{% for m in messages %}{% for p in m.content | selectattr('type', 'eq', 'text') %}{% endfor %}{% endfor %}",
+        {"default": "{{ messages }}", "tool_use": PARTS_TEMPLATE},  # any of a tokenizer's named templates
+    ]
+    string = [
+        "{% for m in messages %}{{ m['content'] }}{% endfor %}",
+        "{% for m in messages %}{% for line in m.content.split('\\n') %}{{ line }}{% endfor %}{% endfor %}",
+        "{% if %}",  # a template jinja cannot parse fails when rendered
+    ]
+    assert [content_format_of(NoTemplate(), t) for t in openai] == ["openai"] * len(openai)
+    assert [content_format_of(NoTemplate(), t) for t in string] == ["string"] * len(string)
+
+
 def test_engine_life_cycle_hooks_see_the_chosen_components(tiny):
     seen = []
 

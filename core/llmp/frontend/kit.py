@@ -32,6 +32,7 @@ from llmp.api import (
     RequestValidationError,
 )
 from llmp.beam_search import BeamSearch, BeamSearchParams, BeamSearchSequence, run_beam_search, step_logprobs
+from llmp.chat_template import content_text
 from llmp.engine.thinking_budget import count_reasoning_tokens
 from llmp.frontend.errors import APIError, bad_request
 from llmp.frontend.fim import fim_style, fim_token_ids
@@ -650,8 +651,8 @@ class FrontendKit:
         tools: Any = None,
         variables: Mapping[str, Any] | None = None,
     ) -> Prompt:
-        """The engine's prompt of a conversation (messages as dicts with text ``content``): the
-        rendered text and its token ids.
+        """The engine's prompt of a conversation (messages as dicts whose ``content`` is text or a list
+        of OpenAI text parts): the rendered text and its token ids.
 
         ``body`` supplies the optional request fields ``chat_template``, ``chat_template_kwargs``,
         ``reasoning_effort`` (a template variable, as in vLLM), ``documents``, ``add_generation_prompt``,
@@ -666,7 +667,11 @@ class FrontendKit:
                 raise bad_request("a message role spells a special token of the model", "messages")
         text = await self._render(conversation, body, tools, variables)
         add_special = bool(getattr(body, "add_special_tokens", False))
-        literal = {i: m["content"] for i, m in enumerate(conversation) if self._spells_control(m["content"])}
+        try:
+            texts = [content_text(m.get("content")) for m in conversation]
+        except ValueError as exc:
+            raise bad_request(str(exc), "messages") from None
+        literal = {i: text for i, text in enumerate(texts) if self._spells_control(text)}
         if not literal:
             return Prompt(text, await self.encode(text, add_special))
         marked = [{**m, "content": marker(i)} if i in literal else m for i, m in enumerate(conversation)]
@@ -760,6 +765,7 @@ class FrontendKit:
                 tools=tools,
                 documents=getattr(body, "documents", None),
                 chat_template_kwargs=variables,
+                content_format=self.options.chat_template_content_format,
                 model_name=f"the model {self.model_name}",
             )
         except APIError:

@@ -314,6 +314,27 @@ def test_trusted_template_kwargs_cannot_override_the_renderers_own_arguments(loc
         assert chat.json()["prompt_token_ids"] == plain
 
 
+def test_a_template_that_loops_over_content_gets_text_parts(locked_server):
+    """vLLM's --chat-template-content-format auto: a template iterating a message's content gets
+    OpenAI's text parts (a text message becomes one), a template reading it as text gets the text."""
+    loops = "{% for m in messages %}{{ m.role }}:{% for p in m['content'] %}[{{ p['text'] }}]{% endfor %};{% endfor %}"
+    parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+    with httpx.Client(base_url=locked_server.url, timeout=60, headers=AUTH) as client:
+
+        def tokens(body: dict) -> list[int]:
+            response = client.post("/tokenize", json=body)
+            assert response.status_code == 200, response.text
+            return response.json()["tokens"]
+
+        def rendered(content: Any, template: str) -> list[int]:
+            return tokens({"messages": [{"role": "user", "content": content}], "chat_template": template})
+
+        assert rendered("hi", loops) == tokens({"prompt": "user:[hi];", "add_special_tokens": False})
+        assert rendered(parts, loops) == tokens({"prompt": "user:[a][b];", "add_special_tokens": False})
+        joined = tokens({"prompt": "a\nb", "add_special_tokens": False})
+        assert rendered(parts, "{{ messages[0]['content'] }}") == joined
+
+
 # -- case 4 with --overload-status 429 ----------------------------------------------------------------------
 
 

@@ -461,7 +461,8 @@ def conversation(body: p.MessagesBase) -> list[dict[str, Any]]:
                 )
         turns.extend(results)  # tool results answer the previous assistant turn: they come first
         if texts or calls or not results:
-            turn: dict[str, Any] = {"role": message.role, "content": "\n".join(texts)}
+            # text blocks as text parts: the template gets them as --chat-template-content-format says
+            turn: dict[str, Any] = {"role": message.role, "content": [{"type": "text", "text": t} for t in texts]}
             if calls:
                 turn["tool_calls"] = calls
             turns.append(turn)

@@ -320,8 +320,8 @@ def _plain(value: Any) -> Any:
 def _message_dict(message: p.ChatMessage) -> dict[str, Any]:
     data = message.model_dump(exclude_none=True)
     content = data.get("content")
-    if isinstance(content, list):
-        data["content"] = "\n".join(_text_part(part) for part in content)
+    if isinstance(content, list):  # text parts, as the chat template takes them (--chat-template-content-format)
+        data["content"] = [{"type": "text", "text": _text_part(part)} for part in content]
     elif content is None:
         data["content"] = ""
     if isinstance(data.get("tool_calls"), list):  # chat templates read the arguments as a mapping

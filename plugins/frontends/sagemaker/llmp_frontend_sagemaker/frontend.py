@@ -396,8 +396,8 @@ def _message(message: Any, index: int) -> dict[str, Any]:
         for part in content:
             if not isinstance(part, dict) or part.get("type") != "text":
                 raise bad_request(f"messages.{index}.content: only text parts are supported", "messages")
-            parts.append(str(part.get("text", "")))
-        content = "\n".join(parts)
+            parts.append({"type": "text", "text": str(part.get("text", ""))})
+        content = parts  # the template gets them as --chat-template-content-format says
     elif content is None:
         content = ""
     elif not isinstance(content, str):
