@@ -41,10 +41,11 @@ def configure_logging() -> None:
     logger.addHandler(handler)
 
 
-def bars_enabled() -> bool:
-    """Whether to draw progress bars: INFO is on, and stderr is a terminal or ``LLMP_PROGRESS=1``."""
+def bars_enabled(follow_log_level: bool = True) -> bool:
+    """Whether to draw progress bars: INFO is on (unless not ``follow_log_level``: a command's own
+    bar), and stderr is a terminal or ``LLMP_PROGRESS=1``."""
     asked = os.environ.get("LLMP_PROGRESS", "").strip().lower()
-    if asked in ("0", "false", "no", "off") or not log.isEnabledFor(logging.INFO):
+    if asked in ("0", "false", "no", "off") or (follow_log_level and not log.isEnabledFor(logging.INFO)):
         return False
     return asked in ("1", "true", "yes", "on") or sys.stderr.isatty()
 
@@ -67,10 +68,11 @@ class Bar:
 
 
 @contextmanager
-def progress_bar(description: str, total: float, unit: str = "") -> Iterator[Bar]:
-    """A bar on stderr while the block runs, when :func:`bars_enabled`. Log nothing inside the block:
-    a line written under a drawn bar garbles it."""
-    if not bars_enabled():
+def progress_bar(description: str, total: float, unit: str = "", *, follow_log_level: bool = True) -> Iterator[Bar]:
+    """A bar on stderr while the block runs, when :func:`bars_enabled` (``follow_log_level=False``: a
+    command's own progress, drawn at any log level). Log nothing inside the block: a line written
+    under a drawn bar garbles it."""
+    if not bars_enabled(follow_log_level):
         yield Bar()
         return
     from rich.console import Console

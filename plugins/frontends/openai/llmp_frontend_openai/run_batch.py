@@ -245,7 +245,7 @@ async def _run(
     tasks = [asyncio.ensure_future(answer(line)) for line in lines]
     failed = 0
     try:
-        with progress_bar("Running batch", total=len(tasks), unit="requests") as bar:
+        with progress_bar("Running batch", total=len(tasks), unit="requests", follow_log_level=False) as bar:
             for task in tasks:  # written in input order, each as soon as it and those before it are done
                 result = await task
                 failed += not result.ok

@@ -33,9 +33,13 @@ def _check(outputs: list[dict]) -> None:
 def test_run_batch_files(tiny, tmp_path):
     source, target = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     source.write_text("".join(json.dumps(line) + "\n" for line in _lines(tiny.name)))
-    result = run_llmp("run-batch", "-i", str(source), "-o", str(target), str(tiny.path), timeout=300)
+    command = ("run-batch", "-i", str(source), "-o", str(target), str(tiny.path))
+    result = run_llmp(*command, env={"LLMP_PROGRESS": "1"}, timeout=300)
     _check([json.loads(text) for text in target.read_text().splitlines()])
     assert "4 requests, 2 answered, 2 failed" in result.stderr
+    # the command's own bar, at the default log level (warning: no start-up lines)
+    assert "Running batch" in result.stderr and "4/4" in result.stderr, result.stderr
+    assert "INFO" not in result.stderr, result.stderr
 
 
 def test_run_batch_stdin_stdout_with_model_flag(tiny):
