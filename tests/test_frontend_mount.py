@@ -127,6 +127,26 @@ def test_the_highest_root_priority_keeps_every_method_of_root(order):
     assert tags.status_code == 200  # the banner's other routes stay
 
 
+class NoLicence(Banner):
+    def __init__(self, engine: object, options: FrontendOptions) -> None:
+        raise RuntimeError("no licence key")
+
+
+class NoRoutes(Banner):
+    def http_router(self) -> APIRouter:
+        raise KeyError("route table")
+
+
+def test_a_front_end_that_raises_as_it_is_mounted_is_one_error_naming_it_and_its_plugin(registered):
+    with pytest.raises(LLMPError) as raised:
+        serve([("t-banner", NoLicence)], [])
+    assert str(raised.value) == (
+        "front-end 't-banner' (plugin t-frontends) failed while starting: RuntimeError: no licence key"
+    )
+    with pytest.raises(LLMPError, match=r"^front-end 'unlisted' failed while building its routes: KeyError"):
+        serve([("unlisted", NoRoutes)], [])
+
+
 def test_alone_the_banner_keeps_root():
     (get,) = requests([("banner", Banner)], [], [("GET", "/")])
     assert get.text == "banner"

@@ -218,6 +218,32 @@ def test_a_name_two_plugins_register_fails_registered_once(monkeypatch):
     assert "is registered by both" in report.failed[0].detail
 
 
+def test_a_registration_hook_that_fails_is_the_reason_verify_gives(monkeypatch):
+    monkeypatch.delenv("LLMP_STRICT_PLUGINS", raising=False)  # strict loading raises at the hook instead
+
+    class Raising:
+        @hookimpl
+        def llmp_register_commands(self):
+            raise RuntimeError("registry down")
+
+    with registered(Raising(), "raising-registration"):
+        report = verify("raising-registration")
+    assert report.error == "the plugin is broken: running llmp_register_commands: RuntimeError: registry down"
+
+
+def test_the_printed_report_keeps_a_long_details_last_lines(capsys):
+    from llmp.conformance import Report
+    from llmp.conformance.report import print_report
+
+    detail = "\n".join([*(f"  log line {i}" for i in range(40)), "RuntimeError: front-end cannot start"])
+    report = Report("p", "dist", "1", "0.5")
+    report.results.append(CheckResult("frontend", "f", "starts and answers /health", "failed", detail, 1.0))
+    print_report(report)
+    printed = capsys.readouterr().out
+    assert "RuntimeError: front-end cannot start" in printed and "log line 0" in printed
+    assert "(21 lines left out: --json has them all)" in printed and "log line 20" not in printed
+
+
 # -- LoRA resolvers -------------------------------------------------------------------------------------
 
 

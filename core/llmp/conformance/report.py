@@ -77,6 +77,13 @@ def print_report(report: Report) -> None:
         line = Text("  ") + Text(mark, style=style) + Text(f"  {result.check}  ({result.seconds:.1f} s)")
         console.print(line)
         if result.detail and result.status != "passed":
-            for detail_line in result.detail.splitlines()[:20]:
+            for detail_line in _shortened(result.detail.splitlines()):
                 console.print(Text("        " + detail_line))
     console.print(Text(report.summary(), style="green" if report.passed else "red"))
+
+
+def _shortened(lines: list[str], head: int = 8, tail: int = 12) -> list[str]:
+    """A long detail's first and last lines: a traceback's exception and a log's last words are at its end."""
+    if len(lines) <= head + tail + 1:
+        return lines
+    return [*lines[:head], f"... ({len(lines) - head - tail} lines left out: --json has them all)", *lines[-tail:]]

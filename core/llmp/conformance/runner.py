@@ -91,13 +91,14 @@ def verify(plugin: str, *, kinds: Iterable[str] | None = None, **options: Any) -
         installed = ", ".join(sorted(r.name for r in plugins.plugin_records())) or "none"
         report.error = f"no plugin named {plugin!r} is installed (installed: {installed})"
         return report
+    components = registry.all_components()  # first: a registration hook that fails breaks the plugin
     if record.status != "ok":
         report.error = f"the plugin is {record.status}: {'; '.join(record.errors)}"
         return report
     wanted = set(kinds) if kinds is not None else None
     specs = [
         spec
-        for kind, by_name in registry.all_components().items()
+        for kind, by_name in components.items()
         for spec in by_name.values()
         if spec.plugin == plugin and (wanted is None or kind in wanted)
     ]

@@ -680,7 +680,7 @@ def _mount(
     """Build and mount the front-ends: the tasks of their ``serve()``, and those of the front-ends with a server
     of their own (no HTTP router)."""
     tasks, own_servers = [], []
-    built = [(name, cls(engine, options)) for name, cls in frontends]
+    built = [(name, _build_frontend(name, cls, engine, options)) for name, cls in frontends]
     # "/" belongs to one front-end: the highest root_priority (a web page over a banner), then the first listed
     root_owner = max(built, key=lambda item: getattr(item[1], "root_priority", 0), default=(None, None))[1]
     for name, frontend in built:
@@ -692,7 +692,10 @@ def _mount(
         admin_paths = frozenset(getattr(frontend, "admin_paths", ()))
         if state.admin_paths:  # --enable-admin-api: a front-end's management routes take the admin key too
             state.admin_paths = state.admin_paths | admin_paths
-        router = frontend.http_router()
+        try:
+            router = frontend.http_router()
+        except Exception as exc:
+            raise _frontend_failed(name, "building its routes", exc) from exc
         if router is not None:
             dropped = admin_paths if not state.admin_paths else frozenset()
             if frontend is not root_owner:
@@ -705,6 +708,24 @@ def _mount(
             own_servers.append(tasks[-1])
     app.openapi_schema = None  # the docs must list the routes mounted just now
     return tasks, own_servers
+
+
+def _build_frontend(name: str, cls: type, engine: MeteredEngine, options: FrontendOptions) -> Any:
+    try:
+        return cls(engine, options)
+    except Exception as exc:
+        raise _frontend_failed(name, "starting", exc) from exc
+
+
+def _frontend_failed(name: str, during: str, exc: Exception) -> LLMPError:
+    """A front-end plugin that raises as the server mounts it: one line naming it and its plugin."""
+    from llmp import registry
+
+    try:
+        owner = f" (plugin {registry.get_component('frontend', name).plugin})"
+    except LLMPError:
+        owner = ""
+    return LLMPError(f"front-end {name!r}{owner} failed while {during}: {type(exc).__name__}: {exc}")
 
 
 def _frontend_stopped(task: asyncio.Task, state: ServerState, server: Any) -> None:
