@@ -28,6 +28,21 @@ LONGEST_NAME = "abcdefghij-abcdefghij-ab"  # 24 characters: the longest lines
 VERIFIED_BY_COMMAND = ("lora_resolver", "tool_parser")  # cheap suites: the command's exit status and report
 
 
+ENGINE = ["llmp-kernels-torch", "llmp-models-llama"]  # a tiny Llama engine run on the CPU
+REFERENCE_PLUGINS = {  # what each kind's suite needs installed (a model a kernel set, a front-end the openai one)
+    "model": ["llmp-kernels-torch"],
+    "kernels": ["llmp-models-llama"],
+    "frontend": [*ENGINE, "llmp-frontend-openai"],
+    **dict.fromkeys(["executor", "scheduler", "kv_manager", "stat_logger"], ENGINE),
+}
+
+
+def test_the_reference_plugins_are_this_repositorys_distributions():
+    repository = Path(__file__).parents[1]
+    names = {tomllib.loads(p.read_text())["project"]["name"] for p in repository.glob("plugins/*/*/pyproject.toml")}
+    assert {name for needed in REFERENCE_PLUGINS.values() for name in needed} <= names
+
+
 def plugin_name(kind: str) -> str:
     return "made-" + kind.replace("_", "-")
 
@@ -144,7 +159,11 @@ def test_generated_distribution_is_complete(generated):
         assert project["requires-python"] == ">=3.11" and project["license"] == "Apache-2.0"
         assert project["description"] and project["readme"] == "README.md" and project["urls"]
         assert set(project["classifiers"]) <= trove_classifiers.classifiers, project["classifiers"]
-        assert "pytest>=8" in project["optional-dependencies"]["test"]
+        # the test extra: pytest and the reference plugins the kind's conformance suite runs against
+        test_extra = project["optional-dependencies"]["test"]
+        assert test_extra[0] == "pytest>=8", test_extra
+        llmp_range = version_range(llmp.__version__)
+        assert [name.removesuffix(llmp_range) for name in test_extra[1:]] == REFERENCE_PLUGINS.get(kind, []), kind
         entry_module = (path / package / "__init__.py").read_text()
         assert f'require_api("{version_range(API_VERSION)}")' in entry_module, kind
         workflow = (path / ".github" / "workflows" / "ci.yml").read_text()

@@ -2,7 +2,8 @@
 
 The templates are package data: ``templates/<kind>/`` holds what is particular to a kind (the
 package with its registration hook, kind-specific tests, ``README.kind.md``, optionally
-``dependencies``: requirements beside llmp's, one a line) and ``common/``
+``dependencies``: requirements beside llmp's, one a line, and ``test_dependencies``: the ``test``
+extra's, the reference plugins its conformance suite runs against) and ``common/``
 what every plugin gets (``pyproject.toml``, ``README.md``, ``LICENSE``, the conformance test, a
 CI workflow, ``.gitignore``); a kind's file wins over a common one of the same path. Every
 template file ends in ``.tmpl``, so no linter or test runner reads it, and the suffix is dropped
@@ -25,6 +26,9 @@ COMMON = Path(__file__).with_name("common")
 SUFFIX = ".tmpl"
 KIND_README = "README.kind.md"  # (.tmpl) embedded in README.md, not written on its own
 KIND_DEPENDENCIES = "dependencies"  # (.tmpl) requirements beside llmp's, one a line, in pyproject.toml
+# (.tmpl) the test extra's requirements beside pytest, one a line: the reference plugins the kind's
+# conformance suite runs against (a model needs a kernel set; a front-end a model and the openai one)
+KIND_TEST_DEPENDENCIES = "test_dependencies"
 MAX_NAME_LENGTH = 24  # the generated code stays within 120 columns
 NAME_RULE = (
     f"a plugin name is lowercase letters, digits and single hyphens, starts with a letter, "
@@ -142,9 +146,10 @@ def tokens(kind: str, name: str) -> dict[str, str]:
 
     The tokens every template may use (the template format): ``name``, ``distribution``,
     ``package``, ``class_name``, ``component``, ``api_range``, ``llmp_range``. The common files
-    also use ``kind``, ``kind_noun``, ``hook``, and two that a kind's template directory fills:
-    ``kind_readme`` (its ``README.kind.md``) and ``extra_dependencies`` (its ``dependencies``
-    file: requirements beside llmp's, one a line, such as another plugin it builds on)."""
+    also use ``kind``, ``kind_noun``, ``hook``, and three that a kind's template directory fills:
+    ``kind_readme`` (its ``README.kind.md``), ``extra_dependencies`` (its ``dependencies``
+    file: requirements beside llmp's, one a line, such as another plugin it builds on) and
+    ``test_dependencies`` (its ``test_dependencies`` file: the ``test`` extra's)."""
     import llmp
     from llmp.api import API_VERSION
     from llmp.registry import HOOK_FOR_KIND
@@ -170,11 +175,16 @@ def _render(kind: str, values: dict[str, str]) -> dict[str, str]:
         raise ScaffoldError(f"this llmp has no template for kind {kind!r} (looked in {kind_dir})")
     templates = _templates(COMMON) | _templates(kind_dir)  # a kind's file replaces a common one
     readme = templates.pop(Path(KIND_README), None)
-    requirements = templates.pop(Path(KIND_DEPENDENCIES), None)
-    extra = _substitute(requirements.read_text(encoding="utf-8"), values).split() if requirements else []
+
+    def requirements(name: str) -> str:
+        listed = templates.pop(Path(name), None)
+        found = _substitute(listed.read_text(encoding="utf-8"), values).split() if listed else []
+        return "".join(f', "{requirement}"' for requirement in found)
+
     values = values | {
         "kind_readme": _substitute(readme.read_text(encoding="utf-8"), values).strip() if readme else "",
-        "extra_dependencies": "".join(f', "{requirement}"' for requirement in extra),
+        "extra_dependencies": requirements(KIND_DEPENDENCIES),
+        "test_dependencies": requirements(KIND_TEST_DEPENDENCIES),
     }
     return {
         Path(_substitute(str(relative), values)): _substitute(path.read_text(encoding="utf-8"), values)
