@@ -105,6 +105,34 @@ def test_the_parser_guides_example_streams_as_it_parses():
     ]
 
 
+def test_the_parser_guides_example_passes_verify(tmp_path, monkeypatch):
+    from llmp import hookimpl
+    from llmp.api import ToolParserSpec
+    from llmp.conformance import verify
+    from llmp.testing import registered
+
+    guide = GUIDE.read_text().split("## Writing a tool-call or reasoning parser")[1]
+    (tmp_path / "guide_calltag.py").write_text(guide.split("```python\n")[1].split("```")[0])
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    class Plugin:
+        @hookimpl
+        def llmp_register_tool_parsers(self):
+            yield ToolParserSpec(name="guide-calltag", impl="guide_calltag:CallTagParser")
+
+    with registered(Plugin(), "guide-calltag"):
+        report = verify("guide-calltag")
+    assert report.passed and not report.error, [(r.check, r.detail) for r in report.failed] or report.error
+
+
+def test_every_testing_helper_is_in_the_guides_table():
+    import llmp.testing
+
+    section = guide_section("Testing plugins")
+    missing = [name for name in llmp.testing.__all__ if f"`{name}" not in section and f"{name}`" not in section]
+    assert not missing, f"llmp.testing exports these, docs/plugins.md's 'Testing plugins' does not say them: {missing}"
+
+
 def guide_section(title: str) -> str:
     return GUIDE.read_text().split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
 
