@@ -93,6 +93,27 @@ def test_a_completion_logs_its_route_params_cut_prompt_and_outcome(server):
     assert 0 < float(ttft) <= float(duration)
 
 
+def test_a_batch_lines_log_lines_name_its_batch_line_and_the_request_id_of_its_answer(server):
+    import io
+    import json
+
+    client = openai.OpenAI(base_url=server.api_url, api_key=KEY)
+    line = {"custom_id": "line-7", "method": "POST", "url": "/v1/completions"}
+    line["body"] = {"model": client.models.list().data[0].id, "prompt": "batch line", "max_tokens": 2}
+    upload = client.files.create(file=io.BytesIO(json.dumps(line).encode() + b"\n"), purpose="batch")
+    batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/completions", completion_window="24h")
+    deadline = time.monotonic() + 60
+    while (batch := client.batches.retrieve(batch.id)).status != "completed" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert batch.status == "completed", batch
+    [answer] = [json.loads(text) for text in client.files.content(batch.output_file_id).text.splitlines()]
+    request_id = answer["response"]["request_id"]
+    route = f"POST /v1/completions (X-Request-Id {request_id}) of batch {batch.id}, line line-7"
+    [received] = _lines(server, re.compile(r"Received request (\S+): route: (.*?), prompt: 'batch line'"), request_id)
+    assert received.group(2) == route
+    assert _lines(server, FINISHED, received.group(1))  # and its outcome, by the engine request's id
+
+
 def test_a_streamed_chat_logs_its_outcome_when_the_stream_ends(server):
     client = openai.OpenAI(base_url=server.api_url, api_key=KEY)
     stream = client.chat.completions.create(

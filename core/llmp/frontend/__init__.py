@@ -15,7 +15,8 @@
   other failure into one (a :class:`llmp.api.RequestValidationError` into a 400 naming its field).
   :func:`error_body` is the OpenAI error object; :func:`validation_message` sums up pydantic's errors.
 - HTTP handlers: :func:`until_disconnected` (cancel work when the client leaves),
-  :func:`request_id_of` (the response's ``X-Request-Id``), :func:`engine_request_id`,
+  :func:`request_id_of` (the response's ``X-Request-Id``), :func:`handling` (engine requests
+  logged and traced as made for a request the front-end handles itself), :func:`engine_request_id`,
   :func:`json_text` (a stream event's JSON).
 - A front-end run by its own command (``llmp mcp``): :func:`read_chat_template`,
   :func:`served_model_names` and :func:`frontend_options` build its
@@ -41,7 +42,7 @@ from __future__ import annotations
 
 from llmp.chat_template import read_variables, render_chat, template_variables
 from llmp.frontend.errors import APIError, as_api_error, bad_request, error_body, validation_message
-from llmp.frontend.http import request_id_of, until_disconnected
+from llmp.frontend.http import handling, request_id_of, until_disconnected
 from llmp.frontend.kit import (
     REASONING_EFFORTS,
     FrontendKit,
@@ -91,6 +92,7 @@ __all__ = [
     "gguf_file_type",
     "gguf_parameter_count",
     "gguf_source",
+    "handling",
     "installed_packaged_models",
     "json_text",
     "load_lora_modules",

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Awaitable
-from typing import TYPE_CHECKING, TypeVar
+from collections.abc import Awaitable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from llmp.frontend.errors import APIError
 
@@ -13,6 +15,22 @@ if TYPE_CHECKING:
     from starlette.requests import Request
 
 T = TypeVar("T")
+# what the HTTP request being handled carried (the server's middleware sets it): the engine requests a
+# handler makes are logged and traced with it
+current_http: ContextVar[Mapping[str, Any] | None] = ContextVar("llmp_current_http", default=None)
+
+
+@contextmanager
+def handling(method: str, path: str, request_id: str, **details: Any) -> Iterator[None]:
+    """Within the block, engine requests are logged and traced as made for this request, as the
+    server's middleware does for requests from clients: for a front-end that calls its own
+    handlers (a batch job's lines). ``details`` name where it came from (``batch``, ``line``), and
+    the request log shows them beside the route."""
+    token = current_http.set({"method": method, "path": path, "request_id": request_id, **details})
+    try:
+        yield
+    finally:
+        current_http.reset(token)
 
 
 def request_id_of(request: Request) -> str:

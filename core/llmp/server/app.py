@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from llmp import __version__
 from llmp.api import EngineDeadError, EngineSleepingError
 from llmp.frontend.errors import APIError, as_api_error, error_body, validation_message
-from llmp.server.metrics import current_http
+from llmp.frontend.http import current_http
 
 log = logging.getLogger("llmp.server")
 

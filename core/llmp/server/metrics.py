@@ -15,7 +15,6 @@ import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -24,11 +23,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.utils import floatToGoString
 
 from llmp.engine.step_stats import ITERATION_TOKEN_BUCKETS
+from llmp.frontend.http import current_http
 
 log = logging.getLogger("llmp.server")
 STATS_TIMEOUT_S = 2.0
-# what the HTTP request being handled carried (set by the server's middleware): request records read it
-current_http: ContextVar[Mapping[str, Any] | None] = ContextVar("llmp_current_http", default=None)
 # vLLM's buckets (vllm/v1/metrics/loggers.py)
 TTFT_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,

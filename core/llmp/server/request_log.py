@@ -164,7 +164,10 @@ def _route(http: Any) -> str:
     """``POST /v1/completions (X-Request-Id ID)``: the id ties the line to the response and the refusal lines."""
     if not http:
         return "-"
-    return f"{http.get('method', '')} {http.get('path', '')} (X-Request-Id {http.get('request_id', '-')})"
+    where = f"{http.get('method', '')} {http.get('path', '')} (X-Request-Id {http.get('request_id', '-')})"
+    if http.get("batch"):  # a batch job's line: the output file's request_id is the id above
+        where += f" of batch {http['batch']}, line {http.get('line', '-')}"
+    return where
 
 
 def _prompt_parts(prompt: Any) -> tuple[str | None, list[int] | None]:

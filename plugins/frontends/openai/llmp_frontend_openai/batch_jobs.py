@@ -426,7 +426,7 @@ class BatchService:
                 if time.monotonic() >= paused_until:
                     while queue and len(running) < pace.slots(len(running)):
                         line = queue.pop()
-                        task = asyncio.ensure_future(self.runner.answer(line))
+                        task = asyncio.ensure_future(self.runner.answer(line, job["id"]))
                         running[task] = (line, attempts.get(line.custom_id, 0))
                 if not running:
                     await asyncio.sleep(PACE_POLL_S)

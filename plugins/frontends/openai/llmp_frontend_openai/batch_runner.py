@@ -18,7 +18,7 @@ from fastapi import APIRouter, Request
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 
-from llmp.frontend import APIError, as_api_error, bad_request, validation_message
+from llmp.frontend import APIError, as_api_error, bad_request, handling, validation_message
 from llmp_frontend_openai.batch_lines import BATCH_URLS, BatchLine
 
 log = logging.getLogger("llmp.frontend.openai.batch")
@@ -73,10 +73,13 @@ class LineRunner:
     def urls(self) -> tuple[str, ...]:
         return tuple(url for url in BATCH_URLS if url in self.handlers)
 
-    async def answer(self, line: BatchLine) -> LineResult:
+    async def answer(self, line: BatchLine, batch_id: str | None = None) -> LineResult:
+        """The line's output record; with ``batch_id`` (a job of the server's), its engine requests are
+        logged and traced as the line of that batch (``--enable-log-requests``), under its ``request_id``."""
         request_id = uuid.uuid4().hex
         try:
-            status, body = 200, await self._call(line, request_id)
+            with handling("POST", line.url, request_id, batch=batch_id, line=line.custom_id):
+                status, body = 200, await self._call(line, request_id)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
