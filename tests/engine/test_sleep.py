@@ -138,8 +138,11 @@ def test_collective_rpc(llm):
     (described,) = llm.collective_rpc("describe")
     assert described["rank"] == 0 and described["bytes_per_block"] > 0
     assert llm.collective_rpc(rank_and_double, args=(4,), kwargs={"offset": 1}) == [(0, 9)]
-    with pytest.raises(ValueError, match="no method 'nope'; it has .*describe"):
+    with pytest.raises(ValueError, match="no method 'nope'; it has .*describe") as unknown:
         llm.collective_rpc("nope")
+    assert "sampler" not in str(unknown.value)  # a callable attribute is no method
+    with pytest.raises(ValueError, match="no method 'sampler'"):
+        llm.collective_rpc("sampler")
     with pytest.raises(ValueError, match="public worker method"):
         llm.collective_rpc("__init__")
     with pytest.raises(ValueError, match="drives the workers' 'sleep' itself"):

@@ -4,6 +4,7 @@ the ``uniproc`` executor in the engine's own process."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -135,8 +136,8 @@ def call_worker_method(
     if not isinstance(method, str) or not method.isidentifier() or method.startswith("_"):
         raise ValueError(f"collective_rpc calls a public worker method by name, not {method!r}")
     function = getattr(worker, method, None)
-    if not callable(function):
-        public = sorted(n for n in dir(worker) if not n.startswith("_") and callable(getattr(worker, n, None)))
+    if not inspect.isroutine(function):  # a method, not a callable attribute (the sampler)
+        public = sorted(n for n in dir(worker) if not n.startswith("_") and inspect.isroutine(getattr(worker, n, None)))
         raise ValueError(f"the worker has no method {method!r}; it has {', '.join(public)}")
     return function(*args, **(kwargs or {}))
 

@@ -11,6 +11,7 @@ _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 ERROR_TYPES = {
     400: "invalid_request_error",
     408: "timeout_error",
+    409: "invalid_request_error",  # a conflict with the current state (OpenAI: cancelling a finished batch)
     401: "authentication_error",
     403: "permission_error",
     404: "not_found_error",
