@@ -98,7 +98,7 @@ def _parse_line(
         return batch_error("url_mismatch", message, number, "url"), None
     if url not in served:
         served_text = ", ".join(served) or "none"
-        message = f"The URL {url!r} is not served for this model in a batch; served: {served_text}."
+        message = f"The URL {url!r} cannot run in a batch here; these can: {served_text}."
         return batch_error("invalid_url", message, number, "url"), None
     if not isinstance(body, dict):
         return batch_error("invalid_request", "body must be a JSON object.", number, "body"), None
