@@ -643,3 +643,21 @@ def test_a_layer_missing_a_packed_tensor_is_one_line_naming_it():
     stream = iter([("l.qweight", tensors["qweight"]), ("l.qzeros", tensors["qzeros"])])
     with pytest.raises(ModelLoadError, match=r"^gptq checkpoint: layer l has no scales \(1 incomplete\)$"):
         list(iter_hf_quantized(stream, gptq_config(group_size=32)))
+
+
+@pytest.mark.parametrize(
+    "config, tensors",
+    [
+        (awq_config(128), awq_tensors(torch.randn(64, 256), 64)),
+        (gptq_config(group_size=128), gptq_tensors(torch.randn(64, 256), group_size=64)),  # its g_idx says 64 too
+        (gptq_config(group_size=-1), gptq_tensors(torch.randn(64, 256), group_size=64)),
+    ],
+    ids=["awq", "gptq", "gptq-one-group"],
+)
+def test_a_group_size_the_tensors_were_not_packed_with_is_refused(config, tensors):
+    """A config whose group size is larger than the tensors' took every group's scales from the first
+    ones (silently wrong weights): the scales' rows must be the groups the config implies."""
+    needs = 1 if config["group_size"] == -1 else 2
+    stream = iter([(f"l.{suffix}", tensor) for suffix, tensor in tensors.items()])
+    with pytest.raises(ModelLoadError, match=f"4 groups of scales for 256 input rows: group_size .* needs {needs}"):
+        list(iter_hf_quantized(stream, config))

@@ -285,6 +285,12 @@ def _packed_integers(quant: HFQuantization, parts: dict[str, torch.Tensor]) -> _
         zeros = _unpack_columns(parts["qzeros"], quant.bits) + quant.zero_offset
     q, zeros = q[:, : scales.shape[1]], zeros[:, : scales.shape[1]]
     rows = q.shape[0]
+    groups = 1 if quant.group_size == -1 else -(-rows // quant.group_size)
+    if scales.shape[0] != groups:  # the config's group size is not the one the tensors were packed with
+        raise ValueError(
+            f"{scales.shape[0]} groups of scales for {rows} input rows: group_size {quant.group_size} "
+            f"of the quantization config needs {groups}"
+        )
     if "g_idx" in parts:
         g = parts["g_idx"].long()
     elif quant.group_size == -1:
