@@ -53,7 +53,9 @@ PANELS = (
 )
 
 Dtype = Literal["auto", "bfloat16", "float16", "float32"]
-Quantization = Literal["awq", "gptq", "compressed-tensors", "gguf"]  # vLLM's --quantization, the methods llmp loads
+# vLLM's --quantization, the methods llmp loads (vLLM's GPU kernel names for AWQ and GPTQ checkpoints too)
+Quantization = Literal["awq", "gptq", "compressed-tensors", "gguf", "awq_marlin", "gptq_marlin"]
+QUANTIZATION_ALIASES = {"awq_marlin": "awq", "gptq_marlin": "gptq"}  # the checkpoint format each one reads
 SchedulingPolicy = Literal["fcfs", "priority"]
 ModelImpl = Literal["auto", "native", "transformers"]
 Task = Literal["auto", "generate", "embed", "classify", "score", "reward"]
@@ -241,7 +243,7 @@ class EngineConfig:
     )
     quantization: Quantization | None = option(
         None,
-        "Quantisation: awq, gptq, compressed-tensors or gguf (default: detected).",
+        "Quantisation: awq, gptq, compressed-tensors or gguf (default: detected; awq_marlin, gptq_marlin: awq, gptq).",
         short="-q",
         metavar="METHOD",
         panel="Model",

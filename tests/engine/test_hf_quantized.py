@@ -636,6 +636,9 @@ def test_quantization_must_match_the_checkpoints_method(tmp_path):
         LLM(str(gguf), quantization="compressed-tensors")
     LLM(str(gguf), quantization="gguf", max_model_len=64)
     LLM(str(awq), quantization="awq", dtype="float32", max_model_len=64)
+    LLM(str(awq), quantization="awq_marlin", dtype="float32", max_model_len=64)  # vLLM's GPU kernel's name
+    with pytest.raises(ValueError, match=r"model config \(awq\) does not match .* argument \(gptq\)\."):
+        LLM(str(awq), quantization="gptq_marlin")
 
 
 def test_a_layer_missing_a_packed_tensor_is_one_line_naming_it():

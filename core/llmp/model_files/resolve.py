@@ -23,7 +23,7 @@ from llmp.model_files.config import (
     with_overrides,
 )
 from llmp.model_files.lookup import find_model_dir
-from llmp.options import DEFAULT_MODEL
+from llmp.options import DEFAULT_MODEL, QUANTIZATION_ALIASES
 
 if TYPE_CHECKING:
     from llmp.options import EngineConfig
@@ -401,6 +401,7 @@ def check_quantization(hf_config: Any, model_dir: Path, requested: str | None = 
         detected: str | None = parse_quantization_config(quantization).method
     else:
         detected = "gguf" if gguf_source(model_dir) is not None else None
+    requested = QUANTIZATION_ALIASES.get(requested, requested) if requested is not None else None
     if requested is None or requested == detected:
         return
     if detected is None:
