@@ -159,6 +159,15 @@ def test_without_a_tag_the_gguf_file_is_the_first_of_llama_cpps_preference_float
     assert choose_files("o/m", files, None, None).gguf == "m-Q5_K_S.gguf"
     assert choose_files("o/m", ["m-F32.gguf", "m-BF16.gguf", "m-F16.gguf"], None, None).gguf == "m-F16.gguf"
     assert choose_files("o/m", ["m.Q8_0.gguf", "m.Q4_0.gguf"], None, None).gguf == "m.Q4_0.gguf"  # TheBloke's dots
+    # quantisations llmp does not load come last, and a file of one is refused before any download
+    iq = ["m-IQ4_XS.gguf", "m-IQ3_M.gguf", "m-Q4_1.gguf", "m-TQ1_0.gguf"]
+    assert choose_files("o/m", iq, None, None).gguf == "m-Q4_1.gguf"
+    assert choose_files("o/m", ["m-IQ4_XS.gguf", "m-F16.gguf"], None, None).gguf == "m-F16.gguf"
+    for files, tag, gguf_file in ((["m-IQ4_XS.gguf", "m-IQ2_M.gguf"], None, None), (iq, "iq4_xs", None)):
+        with pytest.raises(ModelLoadError, match=r"m-IQ\w+.gguf is quantised as IQ\w+, which llmp does not load"):
+            choose_files("o/m", files, tag, gguf_file)
+    with pytest.raises(ModelLoadError, match="nothing was downloaded"):
+        choose_files("o/m", iq, None, "m-TQ1_0.gguf")
 
 
 def test_hf_token_is_sent_as_authorization_and_a_gated_repo_without_it_says_how_to_get_access(hub, hub_env):

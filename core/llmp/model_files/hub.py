@@ -46,11 +46,13 @@ INDEX = "model.safetensors.index.json"
 # without a tag, the GGUF file served is the first of these the repository has (llama.cpp's and the
 # Hub's default Q4_K_M, then the quantisations people pick next), then any other, the float ones last
 GGUF_PREFERENCE = (
-    "Q4_K_M", "Q4_K_S", "Q5_K_M", "Q5_K_S", "Q4_0", "Q6_K", "Q8_0", "IQ4_XS", "IQ4_NL", "Q4_1", "Q5_0", "Q5_1",
-    "Q4_K_L", "Q5_K_L", "Q3_K_L", "Q3_K_M", "IQ3_M", "Q3_K_S", "IQ3_XS", "IQ3_XXS", "Q2_K_L", "Q2_K", "IQ2_M",
-    "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ1_M", "IQ1_S",
+    "Q4_K_M", "Q4_K_S", "Q5_K_M", "Q5_K_S", "Q4_0", "Q6_K", "Q8_0", "Q4_1", "Q5_0", "Q5_1",
+    "Q4_K_L", "Q5_K_L", "Q3_K_L", "Q3_K_M", "Q3_K_S", "Q2_K_L", "Q2_K",
 )  # fmt: skip
 GGUF_FLOATS = ("F16", "BF16", "F32")
+# quantisations whose tensor types llmp does not load (llama.cpp's i-quants, ternary and FP4 types): never
+# picked without a tag, and a file of one is refused before it is downloaded
+UNLOADABLE_GGUF_TAGS = ("IQ", "TQ", "MXFP4", "NVFP4")
 HEADER_BYTES = 1 << 18  # the first bytes of a remote GGUF file read for its architecture (it is the first key)
 # the files serving reads beside the weights: config, generation defaults, tokenizers, chat templates,
 # sentence-transformers' module list (its module folders, 1_Pooling/ ..., are taken whole)
@@ -298,7 +300,7 @@ def pick_gguf(ggufs: list[str], tag: str | None) -> tuple[str, str | None] | Non
 def gguf_tag(filename: str) -> str | None:
     """The quantisation a GGUF file's name carries (``...-Q4_K_M.gguf``: Q4_K_M), as a tag selects it."""
     stem = SPLIT_GGUF.sub(".gguf", filename.rpartition("/")[2]).removesuffix(".gguf")
-    found = re.search(r"(?:^|[-._])((?:I?Q\d\w*?)|(?:B?F\d+)|(?:MXFP4\w*))$", stem, re.IGNORECASE)
+    found = re.search(r"(?:^|[-._])((?:[IT]?Q\d\w*?)|(?:B?F\d+)|(?:(?:MX|NV)FP4\w*))$", stem, re.IGNORECASE)
     return found.group(1).upper() if found else None
 
 
@@ -322,7 +324,15 @@ def _preference(filename: str) -> int:
         return GGUF_PREFERENCE.index(tag)
     if tag in GGUF_FLOATS:
         return len(GGUF_PREFERENCE) + 1 + GGUF_FLOATS.index(tag)
+    if unloadable_gguf(filename):
+        return len(GGUF_PREFERENCE) + 1 + len(GGUF_FLOATS)
     return len(GGUF_PREFERENCE)
+
+
+def unloadable_gguf(filename: str) -> bool:
+    """Whether a GGUF file's name says a quantisation llmp does not load (``-IQ4_XS.gguf``)."""
+    tag = gguf_tag(filename)
+    return tag is not None and tag.startswith(UNLOADABLE_GGUF_TAGS)
 
 
 def _shortest(filename: str) -> tuple[int, int, str]:
@@ -330,6 +340,12 @@ def _shortest(filename: str) -> tuple[int, int, str]:
 
 
 def _gguf_choice(repo_id: str, gguf: str, note: str | None = None) -> Choice:
+    if unloadable_gguf(gguf):
+        raise ModelLoadError(
+            f"{repo_id}: {gguf} is quantised as {gguf_tag(gguf)}, which llmp does not load (it loads "
+            f"{', '.join(GGUF_PREFERENCE[:10])}, ..., F16, BF16, F32); nothing was downloaded. Choose another "
+            f"file with {repo_id}:TAG or --gguf-file FILE"
+        )
     if SPLIT_GGUF.search(gguf):
         raise ModelLoadError(
             f"{repo_id}: {gguf} is one part of a split GGUF file, which llmp does not read; merge the parts "
