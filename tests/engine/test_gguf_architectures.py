@@ -207,6 +207,19 @@ def test_quantised_matrices_come_in_their_blocks_and_are_the_numbers_transformer
     assert v - down == offsets["blk.0.attn_v.weight"] - offsets["blk.0.ffn_down.weight"]
 
 
+def test_a_mixture_of_experts_file_keeps_its_other_matrices_in_blocks_and_dequantises_its_experts(tmp_path):
+    path = tmp_path / "qwen3moe.gguf"
+    save_tiny_gguf(path, architecture="qwen3moe", tensor_type=Q.Q8_0, **WHOLE_K_BLOCKS)
+    expected = transformers_model(path).state_dict()
+    loaded = dict(iter_weights(find_model_dir(str(path)), quantized=True))
+    experts = [name for name in loaded if ".experts." in name]
+    assert experts and not any(isinstance(loaded[name], QuantizedWeight) for name in experts)
+    blocks = {name for name, weight in loaded.items() if isinstance(weight, QuantizedWeight)}
+    assert {"model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.o_proj.weight"} <= blocks
+    for name in blocks:
+        assert torch.equal(loaded[name].dequantize(), expected[name]), name
+
+
 def test_without_quantized_every_tensor_comes_dequantised(tmp_path):
     path = tmp_path / "q8.gguf"
     save_tiny_gguf(path, tensor_type=Q.Q8_0)

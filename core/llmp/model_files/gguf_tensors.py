@@ -160,18 +160,17 @@ class _TopLevelNames:
 
 
 def _checkpoint_names(model: torch.nn.Module) -> set[str] | None:
-    """The parameter names transformers' checkpoints use for ``model`` when they are its names in memory
-    (None when its weight conversions rename some: those tensors are then processed)."""
+    """The parameter names of ``model`` in memory that transformers' checkpoints use too: those its weight
+    conversions leave alone (a MoE model's fused experts are renamed: those tensors are processed). None
+    when the conversions cannot be reverted (every tensor is then processed)."""
     from transformers.core_model_loading import revert_weight_conversion
 
-    names = set(model.state_dict())
+    state = model.state_dict()  # meta tensors of the real shapes: conversions that split them can run
     try:
-        import torch
-
-        reverted = revert_weight_conversion(model, {name: torch.empty(0) for name in names})
-    except Exception:  # a conversion that needs real tensors
+        reverted = revert_weight_conversion(model, dict(state))
+    except Exception:  # a conversion that needs real values
         return None
-    return names if set(reverted) == names else None
+    return set(state) & set(reverted)
 
 
 def _entry(name: str, index: Any, moved: Any, checkpoint_names: set[str] | None) -> Any:
