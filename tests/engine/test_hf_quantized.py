@@ -439,7 +439,10 @@ def test_act_order_stores_shuffled_groups_sorted_and_plain_ones_as_they_are():
     plain = gptq_tensors(weight, group_size=32, g_idx=torch.arange(128) // 32)
     shuffled_groups = shuffled_g_idx(128, 32, seed=1)
     shuffled = gptq_tensors(weight, group_size=32, g_idx=shuffled_groups)
-    straddling = gptq_tensors(torch.randn(64, 96), group_size=48, g_idx=shuffled_g_idx(96, 48, seed=2))
+    uneven = torch.tensor([0] * 48 + [1] * 16 + [2] * 32 + [3] * 32)[
+        torch.randperm(128, generator=torch.Generator().manual_seed(2))
+    ]
+    straddling = gptq_tensors(torch.randn(64, 128), group_size=32, g_idx=uneven)  # 4 groups, not of 32 rows each
     config = gptq_config(group_size=32, desc_act=True)
     layers = (("a", plain), ("b", shuffled), ("c", straddling))
     stream = [(f"{name}.{s}", t) for name, tensors in layers for s, t in tensors.items()]
@@ -455,7 +458,7 @@ def test_act_order_stores_shuffled_groups_sorted_and_plain_ones_as_they_are():
     stored = b.in_stored_order()
     expected = x @ gptq_reference(shuffled, 4).T
     torch.testing.assert_close(matmul_reference(x[:, b.input_order], stored.blocks, stored.format), expected)
-    # groups of 48 rows sorted still straddle 32-row blocks: dequantised
+    # groups of 48 and 16 rows sorted straddle 32-row blocks: dequantised
     assert isinstance(got["c.weight"], torch.Tensor)
     assert torch.equal(got["c.weight"], gptq_reference(straddling, 4))
 
@@ -664,3 +667,23 @@ def test_a_group_size_the_tensors_were_not_packed_with_is_refused(config, tensor
     stream = iter([(f"l.{suffix}", tensor) for suffix, tensor in tensors.items()])
     with pytest.raises(ModelLoadError, match=f"4 groups of scales for 256 input rows: group_size .* needs {needs}"):
         list(iter_hf_quantized(stream, config))
+
+
+@pytest.mark.parametrize("layout", ["awq-g64", "gptq-8bit-v2", "ct-w8a16-packed"])
+def test_a_small_quantised_checkpoint_computes_in_float32_unless_a_dtype_is_asked(tmp_path, layout, monkeypatch):
+    """As a GGUF file: answers match the checkpoint's float32 reference, whatever float16 its config names."""
+    from llmp.model_files import gguf
+    from llmp.model_files.hf_quantized import dequantized_parameter_count, parse_quantization_config
+    from llmp.model_files.resolve import resolve_model
+    from llmp.options import EngineConfig
+
+    config, pack = LAYOUTS[layout]
+    model, _ = save_quantized(tmp_path, config, pack)
+    hf_config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**hf_config, "dtype": "float16", "torch_dtype": "float16"}))
+    weights = dequantized_parameter_count(tmp_path, parse_quantization_config(config))
+    assert weights == sum(t.numel() for t in model.state_dict().values())  # the dense checkpoint's
+    assert resolve_model(EngineConfig(model=str(tmp_path))).dtype == "float32"
+    assert resolve_model(EngineConfig(model=str(tmp_path), dtype="bfloat16")).dtype == "bfloat16"
+    monkeypatch.setattr(gguf, "FLOAT32_COMPUTE_BYTES", 4 * weights - 1)  # a larger model: its config's dtype
+    assert resolve_model(EngineConfig(model=str(tmp_path))).dtype == "float16"

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -90,6 +91,30 @@ class HFQuantization:
         group = "one group" if self.group_size == -1 else f"group size {self.group_size}"
         extra = f", sym {str(self.sym).lower()}, desc_act {str(self.desc_act).lower()}" if self.method == "gptq" else ""
         return f"{self.method} {self.bits}-bit, {group}{extra}"
+
+
+# a quantised layer's tensors that hold no weights of their own (scales, zero points, group indices)
+_AUXILIARY = ("qzeros", "scales", "g_idx", "weight_scale", "weight_zero_point", "weight_shape", "input_scale")
+
+
+def dequantized_parameter_count(model_dir: Path, quant: HFQuantization) -> int:
+    """How many weights the checkpoint's safetensors files hold once dequantised, read from their headers:
+    a packed int32 tensor (``qweight``, ``weight_packed``) holds ``32 / bits`` weights an element; scales,
+    zero points and group indices none."""
+    import struct
+
+    count = 0
+    for path in sorted(model_dir.glob("*.safetensors")):
+        with open(path, "rb") as f:
+            (size,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(size))
+        for name, info in header.items():
+            if name == "__metadata__" or name.rpartition(".")[2] in _AUXILIARY:
+                continue
+            numel = math.prod(info["shape"])
+            packed = name.rpartition(".")[2] in ("qweight", "weight_packed") and info["dtype"] == "I32"
+            count += numel * (32 // quant.bits) if packed else numel
+    return count
 
 
 def _refuse(method: str, parameter: str, value: Any, supported: str) -> ModelLoadError:

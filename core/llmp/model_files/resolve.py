@@ -81,7 +81,7 @@ def resolve_model(config: EngineConfig) -> ResolvedModel:
         architectures=tuple(names),
         spec=spec,
         task=task,
-        dtype=resolve_dtype(config.dtype, hf_config),
+        dtype=resolve_dtype(config.dtype, hf_config, model_dir),
         context_len=context,
         supported_tasks=supported,
         pooling=pooling,
@@ -420,10 +420,21 @@ def resolve_kv_cache_dtype(requested: str, dtype: str) -> str:
     return dtype if requested == "auto" else requested
 
 
-def resolve_dtype(requested: str, hf_config: Any) -> str:
-    """The dtype of the weights: the one requested, else the config's (bfloat16 when it names none)."""
+def resolve_dtype(requested: str, hf_config: Any, model_dir: Path | None = None) -> str:
+    """The dtype of the weights: the one requested, else the config's (bfloat16 when it names none). A
+    quantised checkpoint (``quantization_config``) computes in float32, as a GGUF file does, while its
+    weights dequantised take at most ``FLOAT32_COMPUTE_BYTES`` in float32: answers then match the float32
+    reference of the checkpoint (its config's float16 rounds activations, and flips near-ties)."""
     if requested != "auto":
         return requested
+    quantization = getattr(hf_config, "quantization_config", None)
+    if quantization and model_dir is not None:
+        from llmp.model_files.gguf import FLOAT32_COMPUTE_BYTES
+        from llmp.model_files.hf_quantized import dequantized_parameter_count, parse_quantization_config
+
+        weights = dequantized_parameter_count(model_dir, parse_quantization_config(quantization))
+        if 0 < 4 * weights <= FLOAT32_COMPUTE_BYTES:
+            return "float32"
     configured = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
     configured = str(configured).removeprefix("torch.") if configured is not None else None
     return configured if configured in DTYPES else "bfloat16"
