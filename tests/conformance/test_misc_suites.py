@@ -231,6 +231,11 @@ def test_a_registration_hook_that_fails_is_the_reason_verify_gives(monkeypatch):
     assert report.error == "the plugin is broken: running llmp_register_commands: RuntimeError: registry down"
 
 
+def test_a_distribution_of_the_name_without_an_llmp_entry_point_is_named():
+    assert "the distribution pytest is installed but declares no entry point" in verify("pytest").error
+    assert verify("no-such-plugin").error.endswith(")")  # nothing of that name: the plugins installed
+
+
 def test_the_printed_report_keeps_a_long_details_last_lines(capsys):
     from llmp.conformance import Report
     from llmp.conformance.report import print_report

@@ -89,7 +89,7 @@ def verify(plugin: str, *, kinds: Iterable[str] | None = None, **options: Any) -
     report = Report(plugin, record.distribution if record else "?", record.version if record else "", API_VERSION)
     if record is None:
         installed = ", ".join(sorted(r.name for r in plugins.plugin_records())) or "none"
-        report.error = f"no plugin named {plugin!r} is installed (installed: {installed})"
+        report.error = f"no plugin named {plugin!r} is installed (installed: {installed})" + _no_entry_point(plugin)
         return report
     components = registry.all_components()  # first: a registration hook that fails breaks the plugin
     if record.status != "ok":
@@ -127,6 +127,24 @@ def verify(plugin: str, *, kinds: Iterable[str] | None = None, **options: Any) -
                     except Exception:
                         pass
     return report
+
+
+def _no_entry_point(plugin: str) -> str:
+    """A hint when a distribution of the plugin's name (``NAME`` or ``llmp-NAME``) is installed without
+    an ``llmp`` entry point: what a plugin whose pyproject.toml lost it looks like."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    for name in (f"llmp-{plugin}", plugin):
+        try:
+            found = distribution(name)
+        except PackageNotFoundError:
+            continue
+        if not any(entry.group == "llmp" for entry in found.entry_points):
+            return (
+                f"; the distribution {found.metadata['Name']} is installed but declares no entry point in the "
+                '"llmp" group ([project.entry-points.llmp] in its pyproject.toml)'
+            )
+    return ""
 
 
 def assert_conforms(plugin: str, *, kinds: Iterable[str] | None = None, **options: Any) -> Report:
