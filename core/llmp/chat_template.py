@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
 from typing import Any, Literal
 
@@ -60,6 +60,8 @@ def render_chat(
     if chat_template is None and not getattr(tokenizer, "chat_template", None):
         raise ValueError(f"{model_name} has no chat template; pass a chat template")
     extra = {k: v for k, v in (chat_template_kwargs or {}).items() if k not in RESERVED_TEMPLATE_KWARGS}
+    if content_format not in ("auto", "string", "openai"):
+        raise ValueError(f"the chat template's content format must be auto, string or openai, not {content_format!r}")
     if content_format == "auto":
         content_format = content_format_of(tokenizer, chat_template)
     return tokenizer.apply_chat_template(
@@ -92,16 +94,17 @@ def content_text(content: Any) -> str:
 
 
 def _with_content(message: Mapping[str, Any], content_format: str) -> dict[str, Any]:
+    """The message as the template gets it (as vLLM shapes it): no content (None) is ``""`` or no part."""
     out = dict(message)
     content = message.get("content")
-    if not isinstance(content, str | list):
+    if content is not None and not isinstance(content, str | list):
         return out
-    if content_format == "string":
+    if content_format == "string" or message.get("role") == "tool":  # vLLM: tool results are text for templates
         out["content"] = content_text(content)
     elif isinstance(content, list):
         out["content"] = [{"type": "text", "text": _part_text(part)} for part in content]
-    else:  # no text, no part: a template looping over the parts renders nothing
-        out["content"] = [{"type": "text", "text": content}] if content else []
+    else:
+        out["content"] = [] if content is None else [{"type": "text", "text": content}]
     return out
 
 
@@ -155,12 +158,42 @@ def _loops_over_content(source: str) -> bool:
             return isinstance(node.arg, nodes.Const) and node.arg.value == "content"
         return isinstance(node, nodes.Getattr) and node.attr == "content"
 
-    holders = {
-        assign.target.name
-        for assign in tree.find_all(nodes.Assign)
-        if isinstance(assign.target, nodes.Name) and reads_content(assign.node)
+    def loops_over(scope: Any, holds: Callable[[Any], bool]) -> bool:
+        """Whether ``scope`` loops over a value ``holds`` says is content, or over a variable set from one."""
+        names = {
+            assign.target.name
+            for assign in scope.find_all(nodes.Assign)
+            if isinstance(assign.target, nodes.Name) and holds(assign.node)
+        }
+        return any(
+            holds(loop.iter) or (isinstance(loop.iter, nodes.Name) and loop.iter.name in names)
+            for loop in scope.find_all(nodes.For)
+        )
+
+    if loops_over(tree, reads_content):
+        return True
+    # a macro looping over a parameter, called with a message's content (Qwen3-VL's render_content(content))
+    looping = {
+        (macro.name, position, parameter.name)
+        for macro in tree.find_all(nodes.Macro)
+        for position, parameter in enumerate(macro.args)
+        if loops_over(macro, lambda node, name=parameter.name: isinstance(node, nodes.Name) and node.name == name)
     }
-    return any(
-        reads_content(loop.iter) or (isinstance(loop.iter, nodes.Name) and loop.iter.name in holders)
-        for loop in tree.find_all(nodes.For)
+    for call in tree.find_all(nodes.Call):
+        for name, position, parameter in looping:
+            if not (isinstance(call.node, nodes.Name) and call.node.name == name):
+                continue
+            given = [*call.args[position : position + 1], *(k.value for k in call.kwargs if k.key == parameter)]
+            if any(reads_content(value) or _set_from_content(tree, value, reads_content) for value in given):
+                return True
+    return False
+
+
+def _set_from_content(tree: Any, node: Any, reads_content: Callable[[Any], bool]) -> bool:
+    """Whether ``node`` is a variable the template sets from a message's content."""
+    from jinja2 import nodes
+
+    return isinstance(node, nodes.Name) and any(
+        isinstance(assign.target, nodes.Name) and assign.target.name == node.name and reads_content(assign.node)
+        for assign in tree.find_all(nodes.Assign)
     )

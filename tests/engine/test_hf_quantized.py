@@ -640,7 +640,7 @@ def test_quantization_must_match_the_checkpoints_method(tmp_path):
     LLM(str(gguf), quantization="gguf", max_model_len=64)
     LLM(str(awq), quantization="awq", dtype="float32", max_model_len=64)
     LLM(str(awq), quantization="awq_marlin", dtype="float32", max_model_len=64)  # vLLM's GPU kernel's name
-    with pytest.raises(ValueError, match=r"model config \(awq\) does not match .* argument \(gptq\)\."):
+    with pytest.raises(ValueError, match=r"model config \(awq\) does not match .* argument \(gptq_marlin\)\."):
         LLM(str(awq), quantization="gptq_marlin")
 
 

@@ -269,6 +269,15 @@ def test_chat_content_reaches_the_template_in_the_format_it_reads(llm):
     assert llm.render_chat(text, content_format="openai").startswith("<s>user: [{'type': 'text'")
     with pytest.raises(ValueError, match="'image_url' are not supported"):
         llm.render_chat([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])
+    with pytest.raises(ValueError, match="must be auto, string or openai, not 'OpenAI'"):
+        llm.chat(text, GREEDY, chat_template_content_format="OpenAI", use_tqdm=False)
+    # as vLLM shapes them: empty text is one empty part, no content no part, a tool result stays text
+    shapes = [
+        {"role": "user", "content": ""},
+        {"role": "assistant", "content": None},
+        {"role": "tool", "content": [{"type": "text", "text": "4"}, {"type": "text", "text": "2"}]},
+    ]
+    assert llm.render_chat(shapes, PARTS_TEMPLATE) == "user:[];assistant:;tool:[][][];"  # "4\n2": 3 characters
 
 
 def test_content_format_detection_follows_the_loops_over_content():
@@ -283,11 +292,17 @@ def test_content_format_detection_follows_the_loops_over_content():
         "{% for m in messages %}{% set c = m['content'] %}{% for p in c %}{{ p.text }}{% endfor %}{% endfor %}",
         "{% for m in messages %}{% for p in m.content | selectattr('type', 'eq', 'text') %}{% endfor %}{% endfor %}",
         {"default": "{{ messages }}", "tool_use": PARTS_TEMPLATE},  # any of a tokenizer's named templates
+        # a macro looping over its parameter, given a message's content (Qwen3-VL's render_content)
+        "{% macro r(c) %}{% for p in c %}{{ p.text }}{% endfor %}{% endmacro %}"
+        "{% for m in messages %}{{ r(m['content']) }}{% endfor %}",
+        "{% macro r(x, c) %}{% for p in c %}{{ p.text }}{% endfor %}{% endmacro %}"
+        "{% for m in messages %}{% set body = m.content %}{{ r(1, c=body) }}{% endfor %}",
     ]
     string = [
         "{% for m in messages %}{{ m['content'] }}{% endfor %}",
         "{% for m in messages %}{% for line in m.content.split('\\n') %}{{ line }}{% endfor %}{% endfor %}",
         "{% if %}",  # a template jinja cannot parse fails when rendered
+        "{% macro r(c) %}{% for p in c %}{{ p }}{% endfor %}{% endmacro %}{{ r(messages) }}",
     ]
     assert [content_format_of(NoTemplate(), t) for t in openai] == ["openai"] * len(openai)
     assert [content_format_of(NoTemplate(), t) for t in string] == ["string"] * len(string)

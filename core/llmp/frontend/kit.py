@@ -20,7 +20,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, get_args
 
@@ -665,16 +665,24 @@ class FrontendKit:
         for message in conversation:
             if self._spells_control(str(message.get("role", ""))):
                 raise bad_request("a message role spells a special token of the model", "messages")
-        text = await self._render(conversation, body, tools, variables)
-        add_special = bool(getattr(body, "add_special_tokens", False))
         try:
-            texts = [content_text(m.get("content")) for m in conversation]
+            for message in conversation:
+                content_text(message.get("content"))  # parts other than text: refused before rendering
         except ValueError as exc:
             raise bad_request(str(exc), "messages") from None
-        literal = {i: text for i, text in enumerate(texts) if self._spells_control(text)}
+        text = await self._render(conversation, body, tools, variables)
+        add_special = bool(getattr(body, "add_special_tokens", False))
+        literal: dict[int, str] = {}
+
+        def kept(value: Any) -> Any:  # a text spelling a special token: a marker, where its tokens go back
+            if not isinstance(value, str) or not self._spells_control(value):
+                return value
+            literal[len(literal)] = value
+            return marker(len(literal) - 1)
+
+        marked = [_with_texts(message, kept) for message in conversation]
         if not literal:
             return Prompt(text, await self.encode(text, add_special))
-        marked = [{**m, "content": marker(i)} if i in literal else m for i, m in enumerate(conversation)]
         rendered = await self._render(marked, body, tools, variables)
         return Prompt(text, await asyncio.to_thread(self._encode_literal, rendered, literal, add_special))
 
@@ -951,6 +959,14 @@ def _load_parser(kind: str, name: str | None, tokenizer: Any) -> Any:
 
 
 _MARKER = re.compile("\ue000llmp(\\d+)\ue001")
+
+
+def _with_texts(message: dict[str, Any], change: Callable[[Any], Any]) -> dict[str, Any]:
+    """The message with ``change`` applied to its content's text, or to each text part's."""
+    content = message.get("content")
+    if isinstance(content, list):
+        return {**message, "content": [{**part, "text": change(part.get("text", ""))} for part in content]}
+    return {**message, "content": change(content)}
 
 
 def marker(index: int) -> str:

@@ -401,8 +401,7 @@ def check_quantization(hf_config: Any, model_dir: Path, requested: str | None = 
         detected: str | None = parse_quantization_config(quantization).method
     else:
         detected = "gguf" if gguf_source(model_dir) is not None else None
-    requested = QUANTIZATION_ALIASES.get(requested, requested) if requested is not None else None
-    if requested is None or requested == detected:
+    if requested is None or QUANTIZATION_ALIASES.get(requested, requested) == detected:
         return
     if detected is None:
         raise ValueError(

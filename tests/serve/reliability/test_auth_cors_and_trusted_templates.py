@@ -333,6 +333,11 @@ def test_a_template_that_loops_over_content_gets_text_parts(locked_server):
         assert rendered(parts, loops) == tokens({"prompt": "user:[a][b];", "add_special_tokens": False})
         joined = tokens({"prompt": "a\nb", "add_special_tokens": False})
         assert rendered(parts, "{{ messages[0]['content'] }}") == joined
+        # a part spelling a special token stays that text, and a part of its own
+        [eos] = tokens({"prompt": "</s>", "add_special_tokens": False})
+        spelled = rendered([{"type": "text", "text": "a</s>"}, {"type": "text", "text": "b"}], loops)
+        text = client.post("/detokenize", json={"tokens": spelled}).json()["prompt"]
+        assert eos not in spelled and text == "user:[a</s>][b];", (spelled, text)
 
 
 # -- case 4 with --overload-status 429 ----------------------------------------------------------------------

@@ -322,8 +322,6 @@ def _message_dict(message: p.ChatMessage) -> dict[str, Any]:
     content = data.get("content")
     if isinstance(content, list):  # text parts, as the chat template takes them (--chat-template-content-format)
         data["content"] = [{"type": "text", "text": _text_part(part)} for part in content]
-    elif content is None:
-        data["content"] = ""
     if isinstance(data.get("tool_calls"), list):  # chat templates read the arguments as a mapping
         data["tool_calls"] = [_template_tool_call(call) for call in data["tool_calls"]]
     if "reasoning" not in data and isinstance(data.get("reasoning_content"), str):

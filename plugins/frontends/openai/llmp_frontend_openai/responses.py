@@ -605,7 +605,7 @@ def _input_messages(body: p.ResponsesRequest) -> list[dict[str, Any]]:
         if kind == "message":
             role = item.get("role", "user")
             messages.append(
-                {"role": "system" if role == "developer" else role, "content": _content_text(item.get("content", ""))}
+                {"role": "system" if role == "developer" else role, "content": _content(item.get("content", ""))}
             )
         elif kind == "function_call_output":
             messages.append(
@@ -649,14 +649,15 @@ def _input_items(body: p.ResponsesRequest) -> list[dict[str, Any]]:
     return items
 
 
-def _content_text(content: Any) -> str:
+def _content(content: Any) -> str | list[dict[str, str]]:
+    """A message's content: its text, or its text parts (each a part for the chat template, as in chat)."""
     if isinstance(content, str):
         return content
-    texts = []
+    parts = []
     for part in content or []:
         if part.get("type") not in ("input_text", "output_text", "text"):
             raise bad_request(
                 f"content parts of type {part.get('type')!r} are not supported: this model takes text", "input"
             )
-        texts.append(str(part.get("text", "")))
-    return "\n".join(texts)
+        parts.append({"type": "text", "text": str(part.get("text", ""))})
+    return parts
