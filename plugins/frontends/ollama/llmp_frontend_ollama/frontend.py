@@ -349,7 +349,7 @@ class OllamaFrontend(FrontendKit):
         if body.debug_render_only:
             run.fit(prompt.token_ids)  # what the window refuses (truncate: false) is refused here too
             return debug_reply(body, prompt.text or self.tokenizer.decode(prompt.token_ids), chat=True)
-        return await run.start(prompt.token_ids, tools, tool_choice)
+        return await run.start(prompt.token_ids, tools, tool_choice, text=prompt.text)
 
     async def fitting_prompt(
         self, turns: list[dict[str, Any]], fields: TemplateFields, tools: Any, window: int, truncate: bool
@@ -405,7 +405,7 @@ class OllamaFrontend(FrontendKit):
         if body.debug_render_only:  # as Ollama: the context's text, then the prompt's
             run.fit(context + ids)  # what the window refuses (truncate: false) is refused here too
             return debug_reply(body, self.tokenizer.decode(context) + text, chat=False)
-        return await run.start(context + ids)
+        return await run.start(context + ids, text=None if context else text)
 
     # -- embeddings ---------------------------------------------------------------------
 

@@ -64,10 +64,17 @@ class Generation:
         self.room = max(1, min(wanted, self.window // 2)) if wanted is not None and wanted > 0 else 1
 
     async def start(
-        self, prompt_ids: list[int], tools: list[dict[str, Any]] | None = None, tool_choice: Any = None
+        self,
+        prompt_ids: list[int],
+        tools: list[dict[str, Any]] | None = None,
+        tool_choice: Any = None,
+        text: str | None = None,
     ) -> Any:
+        """Generate from ``prompt_ids`` (``text``: what they render, for the request log while no cut
+        changes them)."""
         fe, body = self.fe, self.body
         ids, room = self.fit(prompt_ids)
+        prompt = Prompt(text=text if ids == prompt_ids else None, token_ids=ids)
         self.prompt_ids = ids
         self.plan, constraint = fe.output_plan(
             ids,
@@ -91,7 +98,7 @@ class Generation:
         if hasattr(fe.engine, "check_capacity"):  # refuse an overload before a stream's headers are sent
             fe.engine.check_capacity(1)
         self.submitted = time.perf_counter_ns()
-        self.outputs = fe.engine.generate(Prompt(token_ids=ids), params, engine_request_id("ollama"), delta=body.stream)
+        self.outputs = fe.engine.generate(prompt, params, engine_request_id("ollama"), delta=body.stream)
         if body.stream:
             # the first output is awaited before the headers, so that a refusal (the engine's, an
             # overload) is a real HTTP status with Ollama's error body, as Ollama's streams do
