@@ -484,7 +484,8 @@ class BatchService:
         self._save(job)
         for kind, log_ in logs.items():
             file_id = job[ANSWER_FILES[kind]]
-            if file_id is None:
+            if file_id is None:  # no line of this kind: no file, and no empty log left behind
+                log_.path.unlink(missing_ok=True)
                 continue
             name = f"{job['id']}_{'output' if kind == 'output' else 'error'}.jsonl"
             meta = file_object(file_id, name, log_.path.stat().st_size, "batch_output", now)

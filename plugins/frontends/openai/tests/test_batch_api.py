@@ -289,6 +289,8 @@ def test_batch_across_api_servers(sdk, batch_server, tiny):
     # the progress note keeps the final counts, for a view that read the job's state just before it ended
     progress = json.loads((Path(batch_server.batch_dir) / "batches" / f"{batch.id}.progress").read_text())
     assert progress == {"total": 12, "completed": 12, "failed": 0}
+    assert first.error_file_id is None  # and no empty log of failed lines is left behind
+    assert not (Path(batch_server.batch_dir) / "batches" / f"{batch.id}.errors").exists()
 
 
 def test_jobs_are_run_by_one_process_holding_the_directory(batch_server, sdk, tiny):
