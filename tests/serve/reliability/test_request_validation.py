@@ -343,7 +343,9 @@ def test_live_stays_fast_while_bodies_full_of_small_arrays_are_checked(main_serv
         f"\n[figure] /live during three {len(payload) / 2**20:.2f} MiB bodies of small arrays: "
         f"p99={stats['p99'] * 1000:.0f} ms max={stats['max'] * 1000:.0f} ms"
     )
-    assert stats["max"] < 0.5, stats
+    # the parse holds the GIL: about 0.2 s here alone, 0.6 s on a host busy with other tests; with the
+    # garbage collector running during it (LightJSONRequest pauses it), 1.8 s
+    assert stats["max"] < 1.0, stats
 
 
 # -- case 18: unknown fields ------------------------------------------------------------------------------
