@@ -466,18 +466,24 @@ def conversation(body: p.MessagesBase) -> list[dict[str, Any]]:
             if calls:
                 turn["tool_calls"] = calls
             turns.append(turn)
+    system = [text for text in system if text]
     if system:
         turns.insert(0, {"role": "system", "content": "\n".join(system)})
     return turns
 
 
+# Claude Code's first system block: a hash that changes with every request would defeat the prefix cache
+# for the whole prompt after it, and tells the model nothing (vLLM drops it too)
+BILLING_HEADER = "x-anthropic-billing-header"
+
+
 def _system_text(system: str | list[p.ContentBlock]) -> str:
     if isinstance(system, str):
-        return system
+        return "" if system.startswith(BILLING_HEADER) else system
     for block in system:
         if block.type != "text":
             raise bad_request(f"system: blocks of type {block.type!r} are not supported; use text blocks", "system")
-    return "\n".join(block.text or "" for block in system)
+    return "\n".join(block.text or "" for block in system if not (block.text or "").startswith(BILLING_HEADER))
 
 
 def _result_text(block: p.ContentBlock, index: int) -> str:

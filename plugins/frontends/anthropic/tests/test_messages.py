@@ -97,6 +97,15 @@ def test_system_prompt_string_and_blocks(client, http, name, tokenizer):
     expected = chat_ids(tokenizer, [{"role": "system", "content": system}, *FOX])
     assert as_string.usage.input_tokens == as_blocks.usage.input_tokens == len(expected)
     assert len(expected) > len(chat_ids(tokenizer, FOX))
+    # Claude Code's billing header (a hash a request) is dropped: it would defeat the prefix cache
+    billed = [
+        {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.0; cch=9f2c;"},
+        {"type": "text", "text": system},
+    ]
+    counted = client.messages.count_tokens(model=name, system=billed, messages=FOX).input_tokens
+    assert counted == len(expected)
+    only_header = client.messages.count_tokens(model=name, system=billed[:1], messages=FOX).input_tokens
+    assert only_header == len(chat_ids(tokenizer, FOX))  # no empty system message either
 
 
 def test_multi_turn_with_text_blocks(client, http, name, tokenizer):
