@@ -16,9 +16,10 @@ from fastapi.responses import PlainTextResponse
 
 from llmp import hookimpl, plugins
 from llmp.api import FrontendSpec, LLMPError
+from llmp.frontend import APIError
 from llmp.options import FrontendOptions
 from llmp.server.app import Limits, ServerState, build_app
-from llmp.server.launch import _frontend_specs, _mount
+from llmp.server.launch import _frontend_specs, _mount, early_error_renderers
 from llmp.server.metrics import ServerMetrics
 
 pytestmark = pytest.mark.usefixtures("clean_plugin_env")
@@ -145,6 +146,38 @@ def test_a_front_end_that_raises_as_it_is_mounted_is_one_error_naming_it_and_its
     )
     with pytest.raises(LLMPError, match=r"^front-end 'unlisted' failed while building its routes: KeyError"):
         serve([("unlisted", NoRoutes)], [])
+
+
+class ShapedBanner(Banner):
+    error_paths = ("/api/",)
+
+    @staticmethod
+    def render_error(error: APIError) -> tuple[int, dict]:
+        return error.status, {"error": error.message}
+
+
+class StatefulShape(ShapedBanner):
+    error_paths = ("/stateful/",)
+
+    def render_error(self, error: APIError) -> tuple[int, dict]:  # needs the built front-end
+        return error.status, {"error": error.message}
+
+
+def test_a_static_render_error_shapes_the_refusals_while_the_model_loads():
+    state = ServerState()
+    state.error_renderers = early_error_renderers([("shaped", ShapedBanner), ("stateful", StatefulShape)])
+    loading = APIError(503, "the model is still loading")
+    assert state.render_error("/api/tags", loading) == (503, {"error": "the model is still loading"})
+    assert state.render_error("/stateful/x", loading) == (503, loading.body())  # not built yet: the default
+    assert state.render_error("/v1/models", loading) == (503, loading.body())
+
+
+@pytest.mark.parametrize("name", ["ollama", "anthropic"])
+def test_the_protocols_with_their_own_errors_shape_them_while_loading(name):
+    from llmp import registry
+
+    cls = registry.get_component("frontend", name).load()
+    assert cls.error_paths and [prefix for prefix, _ in early_error_renderers([(name, cls)])] == list(cls.error_paths)
 
 
 def test_alone_the_banner_keeps_root():

@@ -1161,7 +1161,9 @@ class Frontend(Protocol):
     ``{"type": "error", "error": {...}}``, with 529 for overload) lists its path
     prefixes in ``error_paths`` and implements ``render_error(error: APIError)
     -> (status, body)``: the server then renders every error on those paths
-    with it, the gate's refusals (401, 413, 503 and overload) included.
+    with it, the gate's refusals (401, 413, 503 and overload) included. Make it
+    a ``staticmethod`` (it needs no state) and it also shapes the refusals
+    while the model loads, before the front-end is built.
 
     Optional class attributes shape what an HTTP front-end's router may claim:
 

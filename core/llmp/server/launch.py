@@ -6,6 +6,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
+import inspect
 import logging
 import os
 import signal
@@ -358,6 +359,7 @@ async def _serve(
 
     state = ServerState()
     state.started = started
+    state.error_renderers = early_error_renderers(frontends)  # the gate's refusals while the model loads
     http = settings.server
     served_names = served_model_names(http.served_model_name, settings.engine.model)
     metrics = ServerMetrics(served_names[0], http.metrics_names)
@@ -681,6 +683,7 @@ def _mount(
     of their own (no HTTP router)."""
     tasks, own_servers = [], []
     built = [(name, _build_frontend(name, cls, engine, options)) for name, cls in frontends]
+    state.error_renderers = []  # the built front-ends' own, in place of their classes' (early_error_renderers)
     # "/" belongs to one front-end: the highest root_priority (a web page over a banner), then the first listed
     root_owner = max(built, key=lambda item: getattr(item[1], "root_priority", 0), default=(None, None))[1]
     for name, frontend in built:
@@ -708,6 +711,17 @@ def _mount(
             own_servers.append(tasks[-1])
     app.openapi_schema = None  # the docs must list the routes mounted just now
     return tasks, own_servers
+
+
+def early_error_renderers(frontends: list[tuple[str, type]]) -> list[tuple[str, Any]]:
+    """The error renderers of front-ends not built yet (the server refuses requests while the model
+    loads, before any front-end exists): a class's ``render_error`` where it is a static method."""
+    return [
+        (prefix, cls.render_error)
+        for _, cls in frontends
+        if isinstance(inspect.getattr_static(cls, "render_error", None), staticmethod)
+        for prefix in getattr(cls, "error_paths", ())
+    ]
 
 
 def _build_frontend(name: str, cls: type, engine: MeteredEngine, options: FrontendOptions) -> Any:

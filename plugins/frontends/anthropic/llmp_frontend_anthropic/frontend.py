@@ -103,8 +103,9 @@ class AnthropicFrontend(FrontendKit):
 
     error_paths = ERROR_PATHS
 
-    def render_error(self, error: APIError) -> tuple[int, dict[str, Any]]:
-        return anthropic_error(error)
+    @staticmethod
+    def render_error(error: APIError) -> tuple[int, dict[str, Any]]:
+        return anthropic_error(error)  # static: it shapes the server's refusals while the model loads too
 
     def http_router(self) -> APIRouter:
         router = APIRouter()

@@ -87,8 +87,9 @@ class OllamaFrontend(FrontendKit):
         self.names = self._accepted_names()
         self.template_renders_tools = "tools" in read_variables(self.tokenizer, options.chat_template)
 
-    def render_error(self, error: APIError) -> tuple[int, dict[str, Any]]:
-        return ollama_error(error)
+    @staticmethod
+    def render_error(error: APIError) -> tuple[int, dict[str, Any]]:
+        return ollama_error(error)  # static: it shapes the server's refusals while the model loads too
 
     async def serve(self) -> None:  # HTTP only: the shared server runs the routes
         return None
