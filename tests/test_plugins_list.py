@@ -67,6 +67,12 @@ def test_a_kind_filter_shows_that_kind_only(components):
     assert names == sorted(n for k, n, _ in components if k == "kernels")
 
 
+def test_a_kind_filter_in_json_keeps_only_that_kinds_components():
+    plugins = json.loads(run_llmp("plugins", "list", "--kind", "command", "--json").stdout)
+    assert plugins and all(p["kinds"] == ["command"] for p in plugins)
+    assert {c["kind"] for p in plugins for c in p["components"]} == {"command"}  # openai's frontend left out
+
+
 def test_a_filter_that_matches_nothing_says_so():
     # only models-llama loaded: no plugin provides kernels
     result = run_llmp("plugins", "list", "--kind", "kernels", env={"LLMP_LOAD_PLUGINS": "llmp-models-llama"})

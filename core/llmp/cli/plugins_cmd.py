@@ -100,8 +100,12 @@ def list_plugins(settings: PluginsListOptions) -> None:
     `llmp plugins show NAME` gives one plugin's distribution, version, hooks and errors; --json gives
     every plugin with all of it."""
     rows = describe_plugins()
-    if settings.kind:
-        rows = [r for r in rows if settings.kind in r["kinds"]]
+    if settings.kind:  # the plugins providing that kind, with only their components of it
+        rows = [
+            {**r, "components": [c for c in r["components"] if c["kind"] == settings.kind], "kinds": [settings.kind]}
+            for r in rows
+            if settings.kind in r["kinds"]
+        ]
     if settings.json_output:
         typer.echo(json.dumps([{k: v for k, v in r.items() if k != "tracebacks"} for r in rows], indent=2))
         return
