@@ -33,6 +33,8 @@ COMMAND_LINE = [
         ["serve", "--executor", "uniprc"],
         "--executor must be mp, ray or uniproc (the installed executor plugins), got 'uniprc' (did you mean uniproc?)",
     ),
+    (["models"], "No such command 'models': `llmp ls` lists the models on this machine (see 'llmp --help')"),
+    (["run", "smollm2"], "No such command 'run': `llmp chat MODEL` runs a model here"),
     (["serve", "--kernels", "nosuch"], "--kernels must be "),
     (["serve", "--frontend", "nosuch"], "--frontend must be "),
     (["serve", "--frontend", "openai", "--frontend", "antropic"], "--frontend must be "),

@@ -9,6 +9,7 @@ declares its options as a record and builds its command with
 
 from __future__ import annotations
 
+import re
 import sys
 from typing import Any
 
@@ -103,6 +104,17 @@ VLLM_EQUIVALENTS = {
 }
 
 
+# commands of Ollama (and words for them) that llmp names otherwise: the unknown-command line says which
+OTHER_TOOLS_COMMANDS = {
+    "list": "`llmp ls` lists the models on this machine",
+    "models": "`llmp ls` lists the models on this machine",
+    "run": "`llmp chat MODEL` runs a model here and chats with it",
+    "remove": "`llmp rm` removes a model",
+    "delete": "`llmp rm` removes a model",
+    "download": "`llmp pull` downloads a model",
+}
+
+
 @app.callback()
 def _root(
     version: bool = typer.Option(
@@ -145,6 +157,9 @@ def _usage_message(exc: Any) -> str:
         taken = {name for p in ctx.command.get_params(ctx) for name in (*p.opts, p.metavar)}
         if equivalent is not None and equivalent[0] in taken:
             return f"No such option: {exc.option_name} ({equivalent[1].format(command=ctx.command_path)})"
+    unknown = re.fullmatch(r"No such command '(.+)'\.", exc.format_message())
+    if unknown and unknown.group(1) in OTHER_TOOLS_COMMANDS:
+        return f"No such command '{unknown.group(1)}': {OTHER_TOOLS_COMMANDS[unknown.group(1)]}"
     if isinstance(exc, typer.BadParameter) and kind == "BadParameter" and exc.param is not None:
         name = exc.param.opts[0] if exc.param.opts else exc.param.metavar or exc.param.name
         return f"{name} {exc.message.rstrip('.')}"
