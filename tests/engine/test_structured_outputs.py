@@ -462,6 +462,15 @@ def test_the_bitmask_applied_in_torch_equals_xgrammars_kernel(vocab):
         ({"json": "[1, 2]"}, r"invalid structured_outputs\.json: the schema must be a JSON object"),
         ({"json": {"type": "integer", "minimum": 5, "maximum": 1}}, r"invalid structured_outputs\.json: .*minimum"),
         (
+            {"json": {"type": "object", "properties": {"l": {"type": "array", "uniqueItems": True}}}},
+            r"invalid structured_outputs\.json: the schema uses 'uniqueItems' at properties/l, which structured "
+            "outputs cannot enforce",
+        ),
+        (
+            {"json": {"allOf": [{"type": "object"}, {"required": ["a"]}]}},
+            r"invalid structured_outputs\.json: the schema's allOf has several subschemas",
+        ),
+        (
             {"grammar": 'root ::= "a" undefined_rule'},
             r"invalid structured_outputs\.grammar: .*\"undefined_rule\" is not defined",
         ),
@@ -544,3 +553,55 @@ def test_async_llm_constrains_and_reports_invalid_constraints(model_dir):
         PROMPT, sampled(StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True), 1), use_tqdm=False
     )
     assert in_process[0].outputs[0].text == schema_out[0]
+
+
+AB = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}}
+UNENFORCED = {  # a schema using the keyword, and a JSON value that breaks it which xgrammar would let through
+    "uniqueItems": ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "[1, 1]"),
+    "contains": ({"type": "array", "items": {"type": "integer"}, "contains": {"const": 42}}, "[1]"),
+    "not": ({"not": {"type": "string"}}, '"a"'),
+    "if": ({**AB, "if": {"required": ["a"]}, "then": {"required": ["b"]}}, '{"a": 1}'),
+    "dependentRequired": ({**AB, "dependentRequired": {"a": ["b"]}}, '{"a": 1}'),
+    "dependentSchemas": ({**AB, "dependentSchemas": {"a": {"required": ["b"]}}}, '{"a": 1}'),
+    "allOf": ({"allOf": [{**AB, "required": ["a"]}, {**AB, "required": ["b"]}]}, '{"a": 1}'),
+}
+
+
+@pytest.mark.parametrize("keyword", UNENFORCED)
+def test_keywords_xgrammar_would_not_enforce_are_refused(keyword):
+    """Each keyword is one xgrammar accepts and does not enforce (its violation is accepted by the grammar):
+    a schema using it is refused rather than constrained in part."""
+    import xgrammar
+
+    from llmp.engine.structured_output import checked_schema
+    from llmp.testing import tiny_tokenizer
+
+    schema, breaking = UNENFORCED[keyword]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(json.loads(breaking), schema)
+    compiler = xgrammar.GrammarCompiler(xgrammar.TokenizerInfo.from_huggingface(tiny_tokenizer()))
+    grammar = compiler.compile_json_schema(json.dumps(schema))
+    matcher = xgrammar.GrammarMatcher(grammar, terminate_without_stop_token=True)
+    assert matcher.accept_string(breaking) and matcher.is_terminated()  # why it is refused
+    with pytest.raises(ValueError, match=keyword):
+        checked_schema(schema)
+
+
+def test_a_forced_tool_call_is_held_to_what_can_be_enforced_and_the_rest_is_named(caplog):
+    from llmp.frontend.kit import forced_parameters
+
+    parameters = {
+        "type": "object",
+        "properties": {"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}},
+        "required": ["tags"],
+        "not": {"required": ["x"]},
+    }
+    tool = {"type": "function", "function": {"name": "tag", "parameters": parameters}}
+    with caplog.at_level("WARNING", logger="llmp.frontend"):
+        held = forced_parameters(tool)
+    tags = {"type": "array", "items": {"type": "string"}}
+    assert held == {"type": "object", "properties": {"tags": tags}, "required": ["tags"]}
+    expected = (
+        "tool 'tag': a forced call's arguments are not held to not (at the top), uniqueItems (at properties/tags)"
+    )
+    assert expected in caplog.text

@@ -116,7 +116,80 @@ def checked_schema(schema: str | dict[str, Any]) -> str:
         raise ValueError(
             f"the schema is not a valid JSON schema{f' at {path}' if path else ''}: {error.message}"
         ) from None
+    _refuse_unenforced(schema, "")
     return json.dumps(bounded_strings_as_patterns(schema))
+
+
+# JSON-schema keywords xgrammar (0.2.x) accepts and does not enforce: output would break them while the
+# request looked constrained, so a schema using one is refused (as vLLM refuses them for xgrammar)
+UNENFORCED_KEYWORDS = (
+    "uniqueItems", "contains", "minContains", "maxContains", "not", "if", "then", "else",
+    "dependentRequired", "dependentSchemas", "dependencies",
+)  # fmt: skip
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")  # name -> subschema
+_SCHEMA_VALUES = ("items", "additionalProperties", "propertyNames", "unevaluatedProperties", "unevaluatedItems")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
+
+
+def _refuse_unenforced(schema: Any, at: str) -> None:
+    found = unenforced_keywords(schema)
+    if found:
+        where, keyword = found[0]
+        place = f" at {where}" if where else ""
+        if keyword == "allOf":
+            raise ValueError(
+                f"the schema's allOf{place} has several subschemas, which structured outputs cannot enforce "
+                "together: merge them into one"
+            )
+        raise ValueError(
+            f"the schema uses {keyword!r}{place}, which structured outputs cannot enforce: leave it out "
+            "(and check the output yourself)"
+        )
+
+
+def unenforced_keywords(schema: Any, at: str = "") -> list[tuple[str, str]]:
+    """``(path, keyword)`` of each :data:`UNENFORCED_KEYWORDS` use in ``schema`` (and each ``allOf`` of
+    several subschemas), in document order."""
+    if not isinstance(schema, dict):
+        return []
+    found = [
+        (at, keyword)
+        for keyword in UNENFORCED_KEYWORDS
+        if keyword in schema and not (keyword == "uniqueItems" and schema[keyword] is False)
+    ]
+    if isinstance(schema.get("allOf"), list) and len(schema["allOf"]) > 1:
+        found.append((at, "allOf"))
+    for key in _SCHEMA_MAPS:
+        if isinstance(schema.get(key), dict):
+            for name, sub in schema[key].items():
+                found += unenforced_keywords(sub, f"{at}/{key}/{name}".lstrip("/"))
+    for key in _SCHEMA_VALUES:
+        found += unenforced_keywords(schema.get(key), f"{at}/{key}".lstrip("/"))
+    for key in _SCHEMA_LISTS:
+        if isinstance(schema.get(key), list):
+            for index, sub in enumerate(schema[key]):
+                found += unenforced_keywords(sub, f"{at}/{key}/{index}".lstrip("/"))
+    return found
+
+
+def without_unenforced(schema: Any) -> Any:
+    """``schema`` less what :func:`unenforced_keywords` finds (an ``allOf`` of several subschemas whole):
+    the part of a tool's parameters a forced call can be held to."""
+    if isinstance(schema, list):
+        return [without_unenforced(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for key, value in schema.items():
+        if key in UNENFORCED_KEYWORDS or (key == "allOf" and isinstance(value, list) and len(value) > 1):
+            continue
+        if key in _SCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {name: without_unenforced(sub) for name, sub in value.items()}
+        elif key in _SCHEMA_VALUES or key in _SCHEMA_LISTS:
+            out[key] = without_unenforced(value)
+        else:
+            out[key] = value
+    return out
 
 
 def bounded_strings_as_patterns(schema: Any) -> Any:

@@ -427,7 +427,7 @@ class FrontendKit:
 
             plan.tool_parser, plan.named = NamedToolCallParser(named), True
             tool = next(t for t in tools if tool_name(t) == named)
-            forced = StructuredOutputsParams(json=tool_parameters(tool), disable_any_whitespace=True)
+            forced = StructuredOutputsParams(json=forced_parameters(tool), disable_any_whitespace=True)
         elif tool_choice == "required":
             from llmp.parsing import RequiredToolCallsParser
 
@@ -917,12 +917,27 @@ def tool_parameters(tool: Mapping[str, Any]) -> dict[str, Any]:
     return schema if isinstance(schema, dict) and schema else {"type": "object", "properties": {}}
 
 
+def forced_parameters(tool: Mapping[str, Any]) -> dict[str, Any]:
+    """The schema a forced call's arguments are held to: the tool's parameters less what structured
+    outputs cannot enforce (``uniqueItems``, ``not`` ...), left out with a warning naming it."""
+    from llmp.engine.structured_output import unenforced_keywords, without_unenforced
+
+    parameters = tool_parameters(tool)
+    unenforced = unenforced_keywords(parameters)
+    if not unenforced:
+        return parameters
+    shown = ", ".join(f"{keyword} (at {where or 'the top'})" for where, keyword in unenforced)
+    log.warning("tool %r: a forced call's arguments are not held to %s", tool_name(tool), shown)
+    return without_unenforced(parameters)
+
+
 def required_calls_schema(tools: Sequence[Mapping[str, Any]], parallel: bool) -> dict[str, Any]:
-    """A JSON array of calls, each one of the tools with arguments fitting its schema (as vLLM forces it)."""
+    """A JSON array of calls, each one of the tools with arguments fitting its schema (as vLLM forces it;
+    :func:`forced_parameters`)."""
     calls = [
         {
             "type": "object",
-            "properties": {"name": {"type": "string", "enum": [tool_name(t)]}, "parameters": tool_parameters(t)},
+            "properties": {"name": {"type": "string", "enum": [tool_name(t)]}, "parameters": forced_parameters(t)},
             "required": ["name", "parameters"],
         }
         for t in tools
