@@ -558,6 +558,8 @@ def test_tool_call_arguments_must_be_json_text(tools_client, model):
 
 # -- errors ----------------------------------------------------------------------------------------
 
+BOGUS_TOOL = {"type": "function", "function": {"name": "bogus", "parameters": {"type": "bogus"}}}
+UNIQUE = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}}}
 ERRORS = [
     # server, request fields, param, text the message holds
     ("plain", {"tools": []}, "tools", "at least one tool"),
@@ -594,6 +596,18 @@ ERRORS = [
         "not both",
     ),
     ("plain", {"extra_body": {"structured_outputs": {"regexp": "a+"}}}, "structured_outputs", "regexp"),
+    (
+        "tools",
+        {"tools": [*TOOLS, BOGUS_TOOL], "tool_choice": "required"},
+        f"tools[{len(TOOLS)}].function.parameters",
+        "not a valid JSON schema at type",
+    ),
+    (
+        "plain",
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "u", "schema": UNIQUE}}},
+        "response_format",
+        "'uniqueItems' at properties/tags, which structured outputs cannot enforce",
+    ),
 ]
 
 

@@ -422,6 +422,8 @@ class FrontendKit:
             if state is not False:
                 plan.reasoning_parser, plan.in_reasoning = self.reasoning_parser, state
         forced = None
+        if named is not None or tool_choice == "required":  # each forced tool's schema, as the request names it
+            _check_parameters(tools, named)
         if named is not None:
             from llmp.parsing import NamedToolCallParser
 
@@ -915,6 +917,20 @@ def tool_name(tool: Mapping[str, Any]) -> str | None:
 def tool_parameters(tool: Mapping[str, Any]) -> dict[str, Any]:
     schema = (tool.get("function") or {}).get("parameters")
     return schema if isinstance(schema, dict) and schema else {"type": "object", "properties": {}}
+
+
+def _check_parameters(tools: Sequence[Mapping[str, Any]], named: str | None) -> None:
+    """A forced tool's parameters must be a valid JSON schema: a 400 naming ``tools[i].function.parameters``."""
+    from llmp.engine.structured_output import checked_schema, without_unenforced
+
+    for index, tool in enumerate(tools):
+        if named is not None and tool_name(tool) != named:
+            continue
+        try:  # what cannot be enforced is left out of the constraint (forced_parameters), not refused
+            checked_schema(without_unenforced(tool_parameters(tool)))
+        except ValueError as exc:
+            param = f"tools[{index}].function.parameters"
+            raise bad_request(f"{param}: {exc}", param) from None
 
 
 def forced_parameters(tool: Mapping[str, Any]) -> dict[str, Any]:
