@@ -959,3 +959,16 @@ def test_responses_stream_ends_the_reasoning_item_before_the_answer_starts(think
     assert [item.status for item in done] == ["completed", "incomplete"]
     assert done[0].content[0].text == whole.output[0].content[0].text
     assert done[1].content[0].text == whole.output[1].content[0].text == whole.output_text
+
+
+def test_a_streamed_responses_function_call_names_its_function_when_its_arguments_are_done(servers, model):
+    tools = [{"type": "function", "name": "lookup", "parameters": SCHEMAS["lookup"]}]
+    request = {"model": model.name, "input": "Look it up", "tools": tools, "max_output_tokens": 32}
+    with _client(servers["tools"]) as client:
+        events = list(
+            client.responses.create(**request, tool_choice={"type": "function", "name": "lookup"}, stream=True)
+        )
+    [done] = [event for event in events if event.type == "response.function_call_arguments.done"]
+    [item] = [event.item for event in events if event.type == "response.output_item.done"]
+    assert done.name == item.name == "lookup" and done.arguments == item.arguments
+    assert json.loads(done.arguments)["q"] in ("a", "b")
