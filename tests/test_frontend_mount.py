@@ -180,6 +180,26 @@ def test_the_protocols_with_their_own_errors_shape_them_while_loading(name):
     assert cls.error_paths and [prefix for prefix, _ in early_error_renderers([(name, cls)])] == list(cls.error_paths)
 
 
+class GoneAdapter(Banner):
+    def http_router(self) -> APIRouter:
+        router = APIRouter()
+
+        async def generate() -> dict:
+            from llmp.api import LoRAAdapterNotFoundError
+
+            raise LoRAAdapterNotFoundError("Loading lora gone failed: No adapter found for /adapters/gone")
+
+        router.add_api_route("/api/generate", generate, methods=["POST"])
+        return router
+
+
+def test_an_llmp_error_a_handler_raises_is_answered_and_not_raised_on():
+    """Starlette re-raises what only the catch-all handler answers: uvicorn then logs a traceback and
+    closes the connection (a LoRA adapter gone from disk did that, after its 404)."""
+    (response,) = requests([("gone", GoneAdapter)], [], [("POST", "/api/generate")])
+    assert response.status_code == 404 and "No adapter found" in response.json()["error"]["message"]
+
+
 def test_alone_the_banner_keeps_root():
     (get,) = requests([("banner", Banner)], [], [("GET", "/")])
     assert get.text == "banner"

@@ -22,7 +22,7 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from llmp import __version__
-from llmp.api import EngineDeadError, EngineSleepingError
+from llmp.api import EngineDeadError, EngineSleepingError, LLMPError
 from llmp.frontend.errors import APIError, as_api_error, error_body, validation_message
 from llmp.frontend.http import current_http
 
@@ -512,6 +512,7 @@ def _add_exception_handlers(app: FastAPI, state: ServerState) -> None:
     @app.exception_handler(TypeError)
     @app.exception_handler(EngineDeadError)
     @app.exception_handler(EngineSleepingError)  # its own handler: Starlette re-raises what only Exception's catches
+    @app.exception_handler(LLMPError)  # llmp's typed errors (an adapter gone from disk: a 404), likewise
     @app.exception_handler(Exception)
     async def request_failed(request: Request, exc: Exception) -> JSONResponse:
         error = as_api_error(exc)

@@ -463,7 +463,8 @@ class OutputItems:
             yield "response.output_text.done", {**where, "content_index": 0, "text": part["text"], "logprobs": []}
             yield "response.content_part.done", {**where, "content_index": 0, "part": part}
         else:
-            yield "response.function_call_arguments.done", {**where, "name": item["name"], "arguments": item["arguments"]}
+            done = {**where, "name": item["name"], "arguments": item["arguments"]}
+            yield "response.function_call_arguments.done", done
         yield "response.output_item.done", {"output_index": index, "item": item}
 
     def history_message(self) -> dict[str, Any]:
