@@ -33,6 +33,8 @@ COMMAND_LINE = [
         ["serve", "--executor", "uniprc"],
         "--executor must be mp, ray or uniproc (the installed executor plugins), got 'uniprc' (did you mean uniproc?)",
     ),
+    (["serve", "m", "--enable-lora", "--lora-modules", "a=/x", "a=/y"], "--lora-modules a: the name is given twice"),
+    (["serve", "m", "--enable-lora", "--lora-modules", "m=/x"], "--lora-modules m: the name is the served model's"),
     (["models"], "No such command 'models': `llmp ls` lists the models on this machine (see 'llmp --help')"),
     (["run", "smollm2"], "No such command 'run': `llmp chat MODEL` runs a model here"),
     (["serve", "--kernels", "nosuch"], "--kernels must be "),

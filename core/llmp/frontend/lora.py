@@ -144,18 +144,27 @@ def check_base_model(name: str, base_model_name: str | None, accepted: Collectio
         )
 
 
+def check_module_names(modules: Sequence[LoRAModulePath], served_names: Sequence[str]) -> None:
+    """``--lora-modules`` names must be unique and not a served model's: ``LLMPError`` naming the first
+    that is not (checked before anything starts, and again by :func:`load_lora_modules`)."""
+    seen: set[str] = set()
+    for module in modules:
+        if module.name in seen:
+            raise LLMPError(f"--lora-modules {module.name}: the name is given twice")
+        if module.name in served_names:
+            raise LLMPError(
+                f"--lora-modules {module.name}: the name is the served model's: give the adapter another name"
+            )
+        seen.add(module.name)
+
+
 async def load_lora_modules(engine: Any, modules: Sequence[LoRAModulePath], served_names: Sequence[str]) -> None:
     """Load the ``--lora-modules`` of a server that has just started, each served by its name.
     The first that fails stops start-up: ``LLMPError`` naming it (``--lora-modules NAME: why``)."""
     accepted = {*served_names, engine.info.get("model") or served_names[0]}
-    seen: set[str] = set()
+    check_module_names(modules, served_names)
     for module in modules:
         try:
-            if module.name in seen:
-                raise ValueError("the name is given twice")
-            if module.name in served_names:
-                raise ValueError("the name is the served model's: give the adapter another name")
-            seen.add(module.name)
             check_base_model(module.name, module.base_model_name, accepted)
             lora = LoRARequest(module.name, engine.next_lora_id(), module.path, module.base_model_name)
             await engine.add_lora(lora)

@@ -19,7 +19,7 @@ from typing import Any
 from llmp.api import LLMPError
 from llmp.engine.core_proc import WARM_UP_REQUEST_ID
 from llmp.engine.engine_process import EngineProcess
-from llmp.frontend.lora import load_lora_modules
+from llmp.frontend.lora import check_module_names, load_lora_modules
 from llmp.frontend.startup import frontend_options, read_chat_template, served_model_names
 from llmp.lora import LoRAModulePath, parse_lora_module
 from llmp.options import FrontendOptions, ServerOptions
@@ -73,6 +73,7 @@ def _start_and_serve(settings: ServeSettings, started: float, engine_process: En
         frontends = _frontend_specs(settings.server.frontend)
         chat_template = read_chat_template(settings.frontend.chat_template)
         lora_modules = [parse_lora_module(value) for value in settings.server.lora_modules]
+        check_module_names(lora_modules, served_model_names(settings.server.served_model_name, settings.engine.model))
         settings = with_vllm_lora_variables(settings, os.environ)
         # the model, resolved once (a GGUF file converted) before the port is bound; the engine takes the record
         model = resolve_model(settings.engine)
