@@ -54,7 +54,7 @@ class FilesystemResolver:
     def _find(self, base_model_name: str, lora_name: str) -> LoRARequest | None:
         if not lora_name or Path(lora_name).is_absolute() or "\\" in lora_name:
             return None
-        if posixpath.normpath(lora_name) != lora_name:  # one name per directory
+        if posixpath.normpath(lora_name) != lora_name or ".." in lora_name.split("/"):  # one name per directory
             return None
         path = (self.directory / lora_name).resolve()
         if path == self.directory or not path.is_relative_to(self.directory):
