@@ -116,7 +116,7 @@ def checked_schema(schema: str | dict[str, Any]) -> str:
         raise ValueError(
             f"the schema is not a valid JSON schema{f' at {path}' if path else ''}: {error.message}"
         ) from None
-    _refuse_unenforced(schema, "")
+    _refuse_unenforced(schema)
     return json.dumps(bounded_strings_as_patterns(schema))
 
 
@@ -131,7 +131,7 @@ _SCHEMA_VALUES = ("items", "additionalProperties", "propertyNames", "unevaluated
 _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
 
 
-def _refuse_unenforced(schema: Any, at: str) -> None:
+def _refuse_unenforced(schema: Any) -> None:
     found = unenforced_keywords(schema)
     if found:
         where, keyword = found[0]
