@@ -614,7 +614,9 @@ class FrontendOptions:
     return_tokens_as_token_ids: bool = option(False, "Logprob tokens as 'token_id:N'.", panel="Front-ends")
     enable_force_include_usage: bool = option(False, "Usage on every streamed chunk.", panel="Front-ends")
     enable_prompt_tokens_details: bool = option(
-        False, "Usage's prompt_tokens_details: the prompt tokens read from the prefix cache.", panel="Front-ends"
+        False,
+        "Usage reports the prompt tokens read from the prefix cache (prompt_tokens_details, cache_read_input_tokens).",
+        panel="Front-ends",
     )
     enable_tokenizer_info_endpoint: bool = option(
         False, "Serve GET /tokenizer_info: the tokenizer's configuration and chat template.", panel="Front-ends"

@@ -259,29 +259,46 @@ class MessageRun:
             "content": blocks.content(),
             "stop_reason": stop_reason,
             "stop_sequence": stop_sequence,
-            "usage": {"input_tokens": len(self.prompt_ids), "output_tokens": len(seq.token_ids)},
+            "usage": self.usage(len(seq.token_ids), final.num_cached_tokens),
+        }
+
+    def usage(self, output_tokens: int, cached_tokens: int | None) -> dict[str, int]:
+        """Anthropic's usage. With ``--enable-prompt-tokens-details`` (vLLM's flag) the prompt tokens read
+        from the prefix cache are ``cache_read_input_tokens`` and, as Anthropic counts them, not part of
+        ``input_tokens``."""
+        if cached_tokens is None or not self.fe.options.enable_prompt_tokens_details:
+            return {"input_tokens": len(self.prompt_ids), "output_tokens": output_tokens}
+        return {
+            "input_tokens": len(self.prompt_ids) - cached_tokens,
+            "cache_read_input_tokens": cached_tokens,
+            "output_tokens": output_tokens,
         }
 
     async def stream(self) -> AsyncIterator[str]:
-        start = {
-            "id": self.id,
-            "type": "message",
-            "role": "assistant",
-            "model": self.model,
-            "content": [],
-            "stop_reason": None,
-            "stop_sequence": None,
-            "usage": {"input_tokens": len(self.prompt_ids), "output_tokens": 0},
-        }
-        generated, text = 0, ""
+        generated, text, cached = 0, "", None
         blocks = BlockStream(self.plan)
         try:
+            outputs = aiter(self.outputs)
+            first = None
+            if self.fe.options.enable_prompt_tokens_details:  # the cache's share is known once the prompt ran
+                first = await anext(outputs, None)
+                cached = first.num_cached_tokens if first is not None else None
+            start = {
+                "id": self.id,
+                "type": "message",
+                "role": "assistant",
+                "model": self.model,
+                "content": [],
+                "stop_reason": None,
+                "stop_sequence": None,
+                "usage": self.usage(0, cached),
+            }
             yield sse("message_start", {"type": "message_start", "message": start})
             for event in blocks.start():
                 yield event
             yield sse("ping", {"type": "ping"})
             seq = None
-            async for output in self.outputs:
+            async for output in _after(first, outputs):
                 seq = output.outputs[0]
                 generated += len(seq.token_ids)
                 text += seq.text
@@ -295,12 +312,20 @@ class MessageRun:
                 {
                     "type": "message_delta",
                     "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
-                    "usage": {"output_tokens": generated},
+                    "usage": self.usage(generated, cached) if cached is not None else {"output_tokens": generated},
                 },
             )
             yield sse("message_stop", {"type": "message_stop"})
         except Exception as exc:  # noqa: BLE001  (after the headers, the error travels in the stream)
             yield sse("error", anthropic_error(as_api_error(exc))[1])
+
+
+async def _after(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """``first`` (when there is one), then the rest of the outputs."""
+    if first is not None:
+        yield first
+    async for output in rest:
+        yield output
 
 
 class BlockStream:

@@ -3,7 +3,8 @@
 * ``server``: a tiny random Llama with both the Anthropic and the OpenAI front-ends mounted,
   so the same greedy conversation can be compared across the two.
 * ``strict_server``: the same model behind ``--api-key`` with room for one request at a time
-  (``--max-num-seqs 1 --max-queue-len 0``): authentication and overload.
+  (``--max-num-seqs 1 --max-queue-len 0``): authentication and overload; it reports the prefix
+  cache's reads (``--enable-prompt-tokens-details``).
 """
 
 from __future__ import annotations
@@ -44,7 +45,16 @@ def server(model_dir: Path) -> Iterator[LiveServer]:
 @pytest.fixture(scope="module")
 def strict_server(model_dir: Path) -> Iterator[LiveServer]:
     yield from _serve(
-        model_dir, "--frontend", "anthropic", "--api-key", API_KEY, "--max-num-seqs", "1", "--max-queue-len", "0"
+        model_dir,
+        "--frontend",
+        "anthropic",
+        "--api-key",
+        API_KEY,
+        "--max-num-seqs",
+        "1",
+        "--max-queue-len",
+        "0",
+        "--enable-prompt-tokens-details",
     )
 
 

@@ -311,7 +311,36 @@ def test_api_key(strict_server, name):
     with anthropic.Anthropic(base_url=strict_server.url, api_key=API_KEY, max_retries=0, timeout=60) as sdk:
         message = sdk.messages.create(model=name, messages=FOX, max_tokens=2, **GREEDY)
         assert message.usage.output_tokens == 2
-        assert sdk.messages.count_tokens(model=name, messages=FOX).input_tokens == message.usage.input_tokens
+        prompt_tokens = message.usage.input_tokens + message.usage.cache_read_input_tokens
+        assert sdk.messages.count_tokens(model=name, messages=FOX).input_tokens == prompt_tokens
+
+
+def test_prefix_cache_reads_are_cache_read_input_tokens(strict_server, name):
+    """With ``--enable-prompt-tokens-details`` (vLLM's flag) usage splits the prompt as Anthropic does:
+    ``input_tokens`` + ``cache_read_input_tokens``, whole and streamed."""
+    system = "You answer questions about foxes. " * 12  # several KV blocks, cached by the first request
+    ask = {"model": name, "system": system, "messages": FOX, "max_tokens": 3, **GREEDY}
+    with anthropic.Anthropic(base_url=strict_server.url, api_key=API_KEY, max_retries=0, timeout=60) as sdk:
+        prompt_tokens = sdk.messages.count_tokens(model=name, system=system, messages=FOX).input_tokens
+        sdk.messages.create(**ask)
+        again = sdk.messages.create(**ask).usage
+        assert again.cache_read_input_tokens > prompt_tokens // 2
+        assert again.input_tokens + again.cache_read_input_tokens == prompt_tokens
+
+        events = list(sdk.messages.create(**ask, stream=True))
+        start, delta = events[0].message.usage, events[-2].usage
+        assert (start.input_tokens, start.cache_read_input_tokens, start.output_tokens) == (
+            again.input_tokens,
+            again.cache_read_input_tokens,
+            0,
+        )
+        assert (delta.input_tokens, delta.cache_read_input_tokens, delta.output_tokens) == (
+            again.input_tokens,
+            again.cache_read_input_tokens,
+            3,
+        )
+        with sdk.messages.stream(**ask) as stream:
+            assert stream.get_final_message().usage == again
 
 
 def test_overload_is_529(strict_server, name):
