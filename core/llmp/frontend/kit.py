@@ -407,6 +407,7 @@ class FrontendKit:
         *,
         parallel_tool_calls: bool = True,
         include_reasoning: bool = True,
+        parse_reasoning: bool = True,
         constraint: StructuredOutputsParams | None = None,
     ) -> tuple[OutputPlan, StructuredOutputsParams | None]:
         """How the completions of a chat request become messages, and the constraint its sampling takes.
@@ -414,10 +415,12 @@ class FrontendKit:
         ``tool_choice`` required or named is enforced by constrained decoding (the arguments always
         parse and fit the function's schema); ``constraint`` is the request's own structured output.
         Both apply to the answer after the reasoning, when a reasoning parser is set.
+        ``include_reasoning=False`` splits the reasoning off and drops it; ``parse_reasoning=False``
+        uses no reasoning parser: the whole text is the answer (Ollama's ``think: false``).
         """
         named = self.check_tools(tools, tool_choice)
         plan = OutputPlan(include_reasoning=include_reasoning, tools=list(tools or ()))
-        if self.reasoning_parser is not None:
+        if self.reasoning_parser is not None and parse_reasoning:
             state = self.reasoning_parser.prompt_state(list(prompt_ids))
             if state is not False:
                 plan.reasoning_parser, plan.in_reasoning = self.reasoning_parser, state

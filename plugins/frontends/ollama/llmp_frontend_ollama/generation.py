@@ -16,7 +16,7 @@ from llmp import Prompt, StructuredOutputsParams
 from llmp.frontend import SamplingRequest, as_api_error, bad_request, engine_request_id, json_text, until_disconnected
 from llmp_frontend_ollama import protocol as p
 from llmp_frontend_ollama.facts import now_rfc3339
-from llmp_frontend_ollama.options import Options, read_options
+from llmp_frontend_ollama.options import SAMPLING_DEFAULTS, Options, read_options
 
 if TYPE_CHECKING:
     from llmp_frontend_ollama.frontend import OllamaFrontend
@@ -80,14 +80,15 @@ class Generation:
             ids,
             tools,
             tool_choice,
-            include_reasoning=body.think is not False,
+            parse_reasoning=body.think is not False,  # as Ollama: thinking off, every token is the answer
             constraint=format_constraint(body.format),
         )
         self.parsed = self.plan.reasoning_parser is not None or self.plan.tool_parser is not None
         await fe.check_constraint(constraint, "format")
         self.top = self._top_logprobs()
+        unset = {k: v for k, v in SAMPLING_DEFAULTS.items() if fe.defaults.get(k) is None}
         request = SamplingRequest(
-            **self.options.sampling,
+            **{**unset, **self.options.sampling},
             max_tokens=self._max_tokens(room),
             logprobs=self.top,
             structured_outputs=constraint,

@@ -37,8 +37,14 @@ INTEGERS += ("num_batch", "num_gpu", "main_gpu", "num_thread", "draft_num_predic
 FLOATS = ("temperature", "top_p", "min_p", "typical_p", "repeat_penalty", "presence_penalty", "frequency_penalty")
 BOOLEANS = ("use_mmap",)
 KNOWN = (*SAMPLING, *CONTEXT, *RUNNER_ONLY)
+# Ollama's defaults (api.DefaultOptions) of what neither a request nor the model's generation config
+# (its Modelfile parameters, as /api/show lists them) sets. Its repeat_penalty 1.1 over the last 64
+# tokens is left out: llmp's penalty reads the whole context, which would penalise more than Ollama's.
+SAMPLING_DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.9}
 # Ollama's default num_keep: the first tokens kept when a prompt is cut to fit the window
 DEFAULT_NUM_KEEP = 4
+# a negative num_keep: as many as fit (Ollama's runner sets it to the prompt's length, then caps it)
+KEEP_ALL = 1 << 62
 
 
 @dataclass
@@ -79,7 +85,7 @@ def read_options(options: dict[str, Any] | None) -> Options:
             out.num_predict = value
             out.names["max_tokens"] = "options.num_predict"
         elif name == "num_keep":
-            out.num_keep = max(0, value)
+            out.num_keep = value if value >= 0 else KEEP_ALL
     # repeat_last_n: llmp's penalties read the whole context (Ollama's -1); 0, no window, turns the penalty off
     if (options or {}).get("repeat_last_n") == 0:
         out.sampling.pop("repetition_penalty", None)

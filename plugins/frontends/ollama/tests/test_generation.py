@@ -63,6 +63,9 @@ def test_chat_greedy_equals_openai(client, http):
 
 def test_chat_stream_adds_up_to_the_whole(client, http):
     whole = client.chat(model="tiny:latest", messages=FOX, options=GREEDY, stream=False)
+    # Ollama's default host and namespace name the same model
+    for name in ("library/tiny", "registry.ollama.ai/library/tiny:latest"):
+        assert client.chat(model=name, messages=FOX, options=GREEDY, stream=False).message == whole.message
     parts = list(client.chat(model="tiny:latest", messages=FOX, options=GREEDY, stream=True))
     assert len(parts) > 2 and all(not part.done for part in parts[:-1]) and parts[-1].done
     assert "".join(part.message.content for part in parts) == whole.message.content
@@ -253,6 +256,15 @@ def test_think(thinking_server, client):
     generated = thinker.generate(model="tiny", prompt="The quick brown fox", think="high", options=GREEDY, stream=False)
     assert generated.thinking
     assert thinker.chat(model="tiny", messages=FOX, think="max", options=GREEDY, stream=False).message.thinking
+    # think false: no thinking parser, as Ollama's; every token is the answer (and format covers it all)
+    off = thinker.chat(model="tiny", messages=FOX, think=False, options=GREEDY, stream=False).message
+    assert off.content == reply.message.thinking and not off.thinking
+    parts = list(thinker.chat(model="tiny", messages=FOX, think=False, options=GREEDY, stream=True))
+    assert "".join(p.message.content for p in parts) == off.content
+    said = thinker.generate(model="tiny", prompt="The quick brown fox", think=False, options=GREEDY, stream=False)
+    assert said.response and not said.thinking
+    shaped = thinker.chat(model="tiny", messages=FOX, think=False, format="json", options={**GREEDY, "num_predict": 24})
+    assert shaped.message.content.lstrip().startswith("{") and not shaped.message.thinking
     with pytest.raises(ollama.ResponseError) as excinfo:
         client.chat(model="tiny", messages=FOX, think=True, stream=False)
     assert "does not support thinking" in error_of(excinfo, 400) and "--reasoning-parser" in excinfo.value.error
@@ -305,6 +317,18 @@ def test_options_of_the_wrong_type_are_400s(client, options, message):
     with pytest.raises(ollama.ResponseError) as excinfo:
         client.chat(model="tiny", messages=FOX, options=options)
     assert message in error_of(excinfo, 400)
+
+
+def test_unset_sampling_options_take_ollamas_defaults(client):
+    """The tiny model's generation config sets no sampling: Ollama's temperature 0.8, top_k 40, top_p 0.9."""
+
+    def said(**options) -> str:
+        return client.generate(
+            model="tiny", prompt="The quick brown fox", options={"seed": 7, "num_predict": 24, **options}
+        ).response
+
+    assert said() == said(temperature=0.8, top_k=40, top_p=0.9)
+    assert said(top_k=1) == said(temperature=0)  # a request's own option still wins
 
 
 # Ollama's docs/api.md "Generate request (With options)", as written (its curl -d sends a form content type)

@@ -34,6 +34,7 @@ def test_list_show_ps(client, server):
     assert shown.capabilities == ["completion", "insert"]
     assert shown.modelinfo["general.architecture"] == "llama" and shown.modelinfo["llama.block_count"] == 2
     assert count > 0 and "{%" in shown.template
+    assert ".Suffix" in shown.template  # how Continue's autocomplete tells that a model fills in the middle
     # what Copilot shows (the name asked for, as Ollama echoes it) and the window requests get here
     assert shown.modelinfo["general.basename"] == "Tiny:latest"
     assert shown.modelinfo["llama.context_length"] == 256
