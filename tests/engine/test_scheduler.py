@@ -474,13 +474,28 @@ def test_eos_leaves_stop_reason_none() -> None:
     assert a.stop_reason is None
 
 
-def test_max_tokens_wins_over_eos_on_the_last_token() -> None:
+def test_eos_or_a_stop_token_on_the_last_allowed_token_is_a_stop() -> None:
+    # as vLLM 0.32's check_stop (v1/core/sched/utils.py): end and stop tokens are checked before the length cap
+    s = make_scheduler()
+    a = make("a", 5, max_tokens=2)
+    b = make("b", 5, max_tokens=1, stop_token_ids=[42])
+    c = make("c", 5, max_tokens=2, min_tokens=2)
+    s.add_request(a)
+    s.add_request(b)
+    s.add_request(c)
+    streams = {"a": iter([7, EOS]), "b": iter([42]), "c": iter([EOS, EOS])}
+    run(s, lambda r: next(streams[r.request_id]))
+    assert a.output_token_ids == [7, EOS] and (a.status, a.stop_reason) == (RequestStatus.FINISHED_STOPPED, None)
+    assert b.output_token_ids == [42] and (b.status, b.stop_reason) == (RequestStatus.FINISHED_STOPPED, 42)
+    assert c.output_token_ids == [EOS, EOS] and c.status == RequestStatus.FINISHED_STOPPED  # min_tokens reached
+
+
+def test_a_token_other_than_eos_on_the_last_allowed_token_is_the_length() -> None:
     s = make_scheduler()
     a = make("a", 5, max_tokens=2)
     s.add_request(a)
-    run(s, scripted([7, EOS]))
-    assert a.output_token_ids == [7, EOS]
-    assert a.status == RequestStatus.FINISHED_LENGTH  # as vLLM's check_stop: the length cap is checked first
+    run(s, scripted([7, 8]))
+    assert a.status == RequestStatus.FINISHED_LENGTH
 
 
 def test_stop_on_stop_token_ids_sets_stop_reason() -> None:

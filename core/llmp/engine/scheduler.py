@@ -245,13 +245,14 @@ class Scheduler:
         return updated
 
     def _check_stop(self, request: Request, token: int) -> RequestStatus | None:
+        # an end or stop token wins over the length cap it lands on, as in vLLM: the answer ended by itself
         params = request.params
+        if request.num_output_tokens >= params.min_tokens and (
+            (token in request.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids
+        ):
+            return RequestStatus.FINISHED_STOPPED
         if request.num_output_tokens >= request.max_tokens or request.num_tokens >= self.config.max_model_len:
             return RequestStatus.FINISHED_LENGTH
-        if request.num_output_tokens < params.min_tokens:
-            return None
-        if (token in request.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids:
-            return RequestStatus.FINISHED_STOPPED
         return None
 
     # -- queueing and preemption -----------------------------------------

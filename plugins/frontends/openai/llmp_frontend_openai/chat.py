@@ -12,7 +12,7 @@ from llmp import Prompt
 from llmp.frontend import bad_request, engine_request_id
 from llmp_frontend_openai import protocol as p
 from llmp_frontend_openai.logprobs import chat_logprobs, prompt_logprobs
-from llmp_frontend_openai.wire import DONE, sse, sse_error, usage
+from llmp_frontend_openai.wire import DONE, sse, sse_error, stream_usage, usage
 
 if TYPE_CHECKING:
     from llmp_frontend_openai.frontend import OpenAIFrontend
@@ -173,10 +173,7 @@ class ChatCompletion:
     # -- streamed ----------------------------------------------------------------
 
     async def stream(self) -> AsyncIterator[str]:
-        options = self.body.stream_options
-        force = self.fe.options.enable_force_include_usage
-        include_usage = force or bool(options and options.include_usage)
-        continuous = force or bool(options and options.continuous_usage_stats)
+        include_usage, continuous = stream_usage(self.body.stream_options, self.fe.options.enable_force_include_usage)
         prompt_len, generated = len(self.prompt_ids), [0] * self.n
         output_ids: list[list[int]] = [[] for _ in range(self.n)]  # kept only to count reasoning tokens
         keep_ids = self.plan.reasoning_parser is not None

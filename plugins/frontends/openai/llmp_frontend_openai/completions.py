@@ -13,7 +13,7 @@ from llmp import Prompt
 from llmp.frontend import bad_request, engine_request_id
 from llmp_frontend_openai import protocol as p
 from llmp_frontend_openai.logprobs import completion_logprobs, prompt_logprobs
-from llmp_frontend_openai.wire import DONE, sse, sse_error, usage
+from llmp_frontend_openai.wire import DONE, sse, sse_error, stream_usage, usage
 
 if TYPE_CHECKING:
     from llmp_frontend_openai.frontend import OpenAIFrontend
@@ -158,6 +158,7 @@ class Completion:
         token_ids: list[int],
         logprobs: list | None,
         echo: bool,
+        text_offset: int = 0,
     ) -> dict[str, Any]:
         prompt_text, prompt_ids = self.prompt_text(prompt_index) if echo else ("", [])
         choice: dict[str, Any] = {
@@ -170,7 +171,12 @@ class Completion:
         if self.body.logprobs is not None and logprobs is not None:
             entries = list(final.prompt_logprobs or [None] * len(prompt_ids))[: len(prompt_ids)] if echo else []
             choice["logprobs"] = completion_logprobs(
-                [*prompt_ids, *token_ids], [*entries, *logprobs], self.body.logprobs, self.as_ids, self._decode_one
+                [*prompt_ids, *token_ids],
+                [*entries, *logprobs],
+                self.body.logprobs,
+                self.as_ids,
+                self._decode_one,
+                text_offset,
             )
         if self.body.return_token_ids:
             choice["prompt_token_ids"] = self.prompts[prompt_index].token_ids
@@ -191,14 +197,12 @@ class Completion:
     # -- streamed ----------------------------------------------------------------
 
     async def stream(self) -> AsyncIterator[str]:
-        options = self.body.stream_options
-        force = self.fe.options.enable_force_include_usage
-        include_usage = force or bool(options and options.include_usage)
-        continuous = force or bool(options and options.continuous_usage_stats)
+        include_usage, continuous = stream_usage(self.body.stream_options, self.fe.options.enable_force_include_usage)
         prompt_tokens = sum(len(prompt.token_ids) for prompt in self.prompts)
         generated = 0
         latest: dict[int, Any] = {}  # each prompt's latest output, for its cached tokens
         echoed: set[tuple[int, int]] = set()
+        sent: dict[tuple[int, int], int] = {}  # where each choice's next text_offset starts
         done: set[tuple[int, int]] = set()
         try:
             async for prompt_index, output in _merge(self.streams):
@@ -213,7 +217,13 @@ class Completion:
                     if not (seq.text or seq.finish_reason or wants_logprobs or echo):
                         continue
                     echoed.add(key)
-                    choice = self._choice(prompt_index, output, seq, seq.text, seq.token_ids, seq.logprobs, echo)
+                    offset = sent.get(key, 0)
+                    choice = self._choice(
+                        prompt_index, output, seq, seq.text, seq.token_ids, seq.logprobs, echo, offset
+                    )
+                    # offsets count the tokens' texts, as the whole answer's do
+                    logprobs = choice["logprobs"]
+                    sent[key] = offset + sum(map(len, logprobs["tokens"] if logprobs else [choice["text"]]))
                     if seq.finish_reason:
                         done.add(key)
                     else:

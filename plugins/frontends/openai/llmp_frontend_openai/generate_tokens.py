@@ -21,7 +21,7 @@ from llmp import Prompt, ReasoningMarkers, RequestOutputKind, SamplingParams, St
 from llmp.frontend import FrontendKit, SamplingRequest, bad_request, engine_request_id, request_id_of
 from llmp_frontend_openai import protocol as p
 from llmp_frontend_openai.logprobs import chat_logprobs, prompt_logprobs
-from llmp_frontend_openai.wire import DONE, sse, sse_error, usage
+from llmp_frontend_openai.wire import DONE, sse, sse_error, stream_usage, usage
 
 if TYPE_CHECKING:
     from llmp_frontend_openai.frontend import OpenAIFrontend
@@ -138,10 +138,7 @@ class TokenGeneration:
         }
 
     async def stream(self) -> AsyncIterator[str]:
-        options = self.body.stream_options
-        force = self.fe.options.enable_force_include_usage
-        include_usage = force or bool(options and options.include_usage)
-        continuous = force or bool(options and options.continuous_usage_stats)
+        include_usage, continuous = stream_usage(self.body.stream_options, self.fe.options.enable_force_include_usage)
         generated = 0
         try:
             async for output in self.outputs:

@@ -30,3 +30,11 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None 
     if cached_tokens is not None:
         counted["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
     return counted
+
+
+def stream_usage(options: Any, force: bool) -> tuple[bool, bool]:
+    """``(include_usage, continuous)`` of a stream's ``stream_options``: usage at the end, and on every
+    chunk; as vLLM, ``continuous_usage_stats`` only adds to ``include_usage``, and
+    ``--enable-force-include-usage`` (``force``) turns both on."""
+    include = force or bool(options and options.include_usage)
+    return include, force or bool(include and options.continuous_usage_stats)

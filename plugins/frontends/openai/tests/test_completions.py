@@ -112,6 +112,14 @@ def test_stream_continuous_usage_stats(client, tiny):
     assert all(c.usage is not None for c in chunks)
     completion = [c.usage.completion_tokens for c in chunks]
     assert completion == sorted(completion) and completion[-1] == 7
+    # as vLLM: continuous_usage_stats only adds to include_usage
+    for options in ({"continuous_usage_stats": True}, {"include_usage": False, "continuous_usage_stats": True}):
+        chunks = list(
+            client.completions.create(
+                model=tiny.name, prompt=PROMPT, max_tokens=3, stream=True, stream_options=options, **GREEDY
+            )
+        )
+        assert all(c.usage is None for c in chunks), options
 
 
 def test_stream_options_without_stream_is_refused(http):
@@ -204,6 +212,15 @@ def test_echo_logprobs_tokens_spell_the_prompt(client, tiny):
     assert logprobs.tokens[: len(ids)] == [tiny.tokenizer.decode([i]) for i in ids]  # ['The', ' quick', ...]
     assert "".join(logprobs.tokens).startswith(PROMPT)
     assert logprobs.text_offset[:3] == [0, 3, 9]
+
+
+def test_streamed_text_offsets_go_on_from_chunk_to_chunk(client, tiny):
+    for echo in (False, True):
+        whole = greedy(client, tiny, max_tokens=5, echo=echo, logprobs=1).choices[0].logprobs.text_offset
+        chunks = client.completions.create(
+            model=tiny.name, prompt=PROMPT, max_tokens=5, echo=echo, logprobs=1, stream=True, **GREEDY
+        )
+        assert [o for c in chunks for o in (c.choices[0].logprobs.text_offset if c.choices else [])] == whole
 
 
 def test_streamed_echo(client, tiny):
