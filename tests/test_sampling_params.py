@@ -135,3 +135,10 @@ def test_a_flag_that_is_not_a_bool_is_refused_naming_it(flag):
     with pytest.raises(SamplingParamsError, match=f"{flag} must be true or false, got 'maybe'") as caught:
         SamplingParams(**{flag: "maybe"})
     assert caught.value.field == flag
+
+
+def test_vllms_normalisations_of_stop_and_seed():
+    assert SamplingParams(stop="x").stop == ["x"]  # code that iterates stop sees strings, as with vLLM's
+    assert SamplingParams(seed=-1).seed is None  # vLLM's and Ollama's "no seed": each request samples anew
+    with pytest.raises(SamplingParamsError, match="stop must be a non-empty string or a list of them, got 5"):
+        SamplingParams(stop=5)

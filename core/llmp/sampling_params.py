@@ -167,10 +167,18 @@ class SamplingParams:
     stop_strings: list[str] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
-        self.stop_strings = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if isinstance(self.stop, str):  # one stop string is a list of one, as in vLLM
+            self.stop = [self.stop]
+        if self.stop is not None and not isinstance(self.stop, list | tuple):
+            raise SamplingParamsError(
+                "stop", lambda name: f"{name} must be a non-empty string or a list of them, got {self.stop!r}"
+            )
+        self.stop_strings = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
         if self.top_k == -1:
             self.top_k = 0
+        if self.seed == -1:  # vLLM's (and Ollama's) "no seed"
+            self.seed = None
         self._validate()
 
     @property
