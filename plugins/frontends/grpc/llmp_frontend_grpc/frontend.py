@@ -3,7 +3,7 @@
 It returns no HTTP router: ``serve`` runs a ``grpc.aio`` server until the launcher cancels it,
 on the HTTP server's host at ``--grpc-port`` (``LLMP_GRPC_PORT``), behind the server's API keys
 (``--api-key``, ``LLMP_API_KEY``): with any, every RPC but ``Health`` needs the metadata
-``authorization: Bearer <key>``.
+``authorization: Bearer <key>``. A request message is bounded as an HTTP body is (``--max-request-body-bytes``).
 """
 
 from __future__ import annotations
@@ -61,6 +61,8 @@ class GrpcFrontend(FrontendKit):
         self.port = options.grpc_port
         self.host = options.host
         self.key_digests = [hashlib.sha256(k.strip().encode()).digest() for k in options.api_keys if k.strip()]
+        # --max-request-body-bytes bounds a request message as it bounds an HTTP body
+        self.max_message_bytes = options.max_request_body_bytes
         self.server: grpc.aio.Server | None = None
 
     def http_router(self) -> None:
@@ -74,7 +76,10 @@ class GrpcFrontend(FrontendKit):
     async def serve(self) -> None:
         """Serve until cancelled; then stop, giving in-flight RPCs :data:`STOP_GRACE_S`."""
         # without so_reuseport 0, a second server on the same port would bind too, silently
-        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        options = [("grpc.so_reuseport", 0)]
+        if self.max_message_bytes is not None:  # a larger request is RESOURCE_EXHAUSTED, from grpcio
+            options.append(("grpc.max_receive_message_length", min(self.max_message_bytes, 2**31 - 1)))  # an int32
+        server = grpc.aio.server(options=options)
         add_servicer(LlmpServicer(self), server)
         try:
             server.add_insecure_port(self.address)

@@ -10,11 +10,21 @@ import pytest
 from grpc_frontend_support import GrpcServer, grpc_server, pb, rpc_error
 
 KEY = "Secret-Key-42"  # mixed case: its lower- and upper-cased forms are wrong keys
+BODY_LIMIT = 64 << 10
 
 
 @pytest.fixture(scope="module")
 def server(tiny_model: Path) -> Iterator[GrpcServer]:
-    yield from grpc_server(tiny_model, "--api-key", KEY, "--served-model-name", "alias", env={"LLMP_API_KEY": KEY})
+    yield from grpc_server(
+        tiny_model,
+        "--api-key",
+        KEY,
+        "--served-model-name",
+        "alias",
+        "--max-request-body-bytes",
+        str(BODY_LIMIT),
+        env={"LLMP_API_KEY": KEY},
+    )
 
 
 @pytest.mark.parametrize(
@@ -70,3 +80,14 @@ def test_right_key_works(server: GrpcServer) -> None:
 
 def test_health_needs_no_key(server: GrpcServer) -> None:
     assert server.stub.Health(pb.HealthRequest(), timeout=30).status == pb.HealthResponse.SERVING
+
+
+def test_max_request_body_bytes_bounds_a_message(server: GrpcServer) -> None:
+    metadata = [("authorization", f"Bearer {KEY}")]
+    text = "a" * (BODY_LIMIT + 1)
+    error = rpc_error(server.stub.Tokenize, pb.TokenizeRequest(text=text), metadata=metadata, timeout=30)
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error.details()
+    http = server.http.post("/tokenize", headers={"Authorization": f"Bearer {KEY}"}, json={"prompt": text})
+    assert http.status_code == 413  # as the HTTP routes
+    fits = server.stub.Tokenize(pb.TokenizeRequest(text=text[: BODY_LIMIT // 2]), metadata=metadata, timeout=30)
+    assert fits.count > 0

@@ -18,10 +18,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from llmp import LoRARequest, Prompt
 from llmp.frontend import APIError, FrontendKit, SamplingRequest, as_api_error, engine_request_id
@@ -30,9 +31,13 @@ from llmp.options import FrontendOptions
 log = logging.getLogger("llmp.frontend.mcp")
 
 MCP_PATH = "/mcp"
+# a browser page on these may call /mcp whatever --allowed-origins says (MCP transports: validate Origin)
+LOOPBACK_ORIGIN = re.compile(r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?", re.IGNORECASE)
 
 
 class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     role: Annotated[str, Field(description="system, user or assistant")]
     content: Annotated[str, Field(description="The message text")]
 
@@ -47,6 +52,12 @@ MaxTokens = Annotated[int | None, Field(ge=1, description="Most tokens to genera
 Temperature = Annotated[
     float | None, Field(ge=0, description="Sampling temperature; 0 is greedy (default: the model's, else 1)")
 ]
+TopP = Annotated[float | None, Field(gt=0, le=1, description="Nucleus sampling mass (default: the model's, else 1)")]
+TopK = Annotated[
+    int | None, Field(description="Sample among the k likeliest tokens; -1 or 0: all (default: the model's)")
+]
+Seed = Annotated[int | None, Field(description="Random seed: the same seed and arguments give the same text")]
+Stop = Annotated[list[str] | str | None, Field(description="Stop strings, not included in the text")]
 Model = Annotated[
     str | None,
     Field(description="A served model or LoRA adapter name (see the llmp://models resource); default: the model"),
@@ -55,6 +66,12 @@ Model = Annotated[
 
 class McpFrontend(FrontendKit):
     """Tools over the engine client (see ``llmp.api.Frontend``)."""
+
+    error_paths = (MCP_PATH,)  # the gate's refusals on /mcp (401, 413, 503 ...) as JSON-RPC errors
+
+    @staticmethod
+    def render_error(error: APIError) -> tuple[int, Any]:
+        return error.status, _jsonrpc_error(error.status, error.message)
 
     def __init__(self, engine: Any, options: FrontendOptions) -> None:
         super().__init__(engine, options)
@@ -69,28 +86,34 @@ class McpFrontend(FrontendKit):
         from mcp.server.mcpserver import MCPServer
         from mcp.server.mcpserver.resources.templates import ResourceSecurity
 
+        tools = []
+        if self.task == "generate":
+            tools.append(
+                _strict_tool(
+                    self.generate,
+                    name="generate",
+                    structured_output=False,
+                    description="Continue a text prompt with the model; returns the generated text.",
+                )
+            )
+            tools.append(
+                _strict_tool(
+                    self.chat,
+                    name="chat",
+                    structured_output=False,
+                    description="Answer a conversation (messages of role and content) with the model's "
+                    "chat template; returns the assistant's reply.",
+                )
+            )
+        tools.append(_strict_tool(self.tokenize, name="tokenize", description="The model's token ids of a text."))
         server = MCPServer(
             "llmp",
             version=_version(),
             instructions=f"An LLM inference server serving {', '.join(self.model_names)}: call `generate` to "
             "complete text, `chat` to answer a conversation, `tokenize` to see token ids.",
             log_level="WARNING",  # only a default: the server has configured logging already
+            tools=tools,
         )
-        if self.task == "generate":
-            server.add_tool(
-                self.generate,
-                name="generate",
-                structured_output=False,
-                description="Continue a text prompt with the model; returns the generated text.",
-            )
-            server.add_tool(
-                self.chat,
-                name="chat",
-                structured_output=False,
-                description="Answer a conversation (messages of role and content) with the model's "
-                "chat template; returns the assistant's reply.",
-            )
-        server.add_tool(self.tokenize, name="tokenize", description="The model's token ids of a text.")
         server.resource(
             "llmp://models",
             name="models",
@@ -114,13 +137,19 @@ class McpFrontend(FrontendKit):
         prompt: Annotated[str, Field(description="The text to continue")],
         max_tokens: MaxTokens = None,
         temperature: Temperature = None,
-        stop: Annotated[list[str] | str | None, Field(description="Stop strings, not included in the text")] = None,
+        top_p: TopP = None,
+        top_k: TopK = None,
+        seed: Seed = None,
+        stop: Stop = None,
         model: Model = None,
     ) -> str:
         async def run() -> str:
             lora = await self.lora_for(model)
             [record] = await self.prompt_inputs(prompt, "prompt", True)  # as /v1/completions
-            return await self._complete(record, max_tokens, temperature, stop, "mcp-gen", lora)
+            sampling = SamplingRequest(
+                max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop
+            )
+            return await self._complete(record, sampling, "mcp-gen", lora)
 
         return await _as_tool(run)
 
@@ -129,14 +158,20 @@ class McpFrontend(FrontendKit):
         messages: Annotated[list[ChatMessage], Field(min_length=1, description="The conversation so far")],
         max_tokens: MaxTokens = None,
         temperature: Temperature = None,
-        stop: Annotated[list[str] | str | None, Field(description="Stop strings, not included in the text")] = None,
+        top_p: TopP = None,
+        top_k: TopK = None,
+        seed: Seed = None,
+        stop: Stop = None,
         model: Model = None,
     ) -> str:
         async def run() -> str:
             lora = await self.lora_for(model)
             conversation = [m.model_dump() for m in messages]
             record = await self.conversation_prompt(conversation, None)  # as /v1/chat/completions
-            return await self._complete(record, max_tokens, temperature, stop, "mcp-chat", lora)
+            sampling = SamplingRequest(
+                max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop
+            )
+            return await self._complete(record, sampling, "mcp-chat", lora)
 
         return await _as_tool(run)
 
@@ -151,18 +186,8 @@ class McpFrontend(FrontendKit):
 
         return await _as_tool(run)
 
-    async def _complete(
-        self,
-        prompt: Prompt,
-        max_tokens: int | None,
-        temperature: float | None,
-        stop: list[str] | str | None,
-        prefix: str,
-        lora: LoRARequest | None,
-    ) -> str:
-        params = self.sampling_params(
-            SamplingRequest(max_tokens=max_tokens, temperature=temperature, stop=stop), len(prompt.token_ids)
-        )
+    async def _complete(self, prompt: Prompt, sampling: SamplingRequest, prefix: str, lora: LoRARequest | None) -> str:
+        params = self.sampling_params(sampling, len(prompt.token_ids))
         final = None
         async for output in self.engine.generate(prompt, params, engine_request_id(prefix), lora_request=lora):
             final = output
@@ -206,8 +231,9 @@ class McpFrontend(FrontendKit):
         from mcp.server.transport_security import TransportSecuritySettings
 
         # stateless: every POST is a whole exchange, so no session outlives a request or a restart;
-        # JSON responses rather than SSE streams (tools answer once). Host and Origin are the
-        # gate's job (--allowed-hosts, CORS), so the SDK's own DNS-rebinding check is off.
+        # JSON responses rather than SSE streams (tools answer once). Host is the gate's job
+        # (--allowed-hosts) and Origin handle_http's (with --allowed-origins, which the SDK's own
+        # DNS-rebinding check does not know), so that check is off.
         # the gate has already bounded the body (--max-request-body-bytes): no second, smaller cap
         # (with no server in front, the SDK's own cap)
         body_cap = self.options.max_request_body_bytes
@@ -229,6 +255,11 @@ class McpFrontend(FrontendKit):
         return router
 
     async def handle_http(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if not _origin_allowed(scope):  # a page of another site (DNS rebinding): MCP transports must refuse
+            from starlette.responses import JSONResponse
+
+            message = "the Origin header is not an allowed origin (--allowed-origins) nor a loopback one"
+            return await JSONResponse(_jsonrpc_error(403, message), status_code=403)(scope, receive, send)
         await self._ensure_manager()
         await _cancelled_on_disconnect(self._manager.handle_request, scope, receive, send)
 
@@ -318,6 +349,44 @@ async def _as_tool(run: Callable[[], Awaitable[Any]]) -> Any:
         if error.status >= 500:
             log.exception("MCP tool failed")
         raise ToolError(error.message) from None
+
+
+def _strict_tool(fn: Callable, **kwargs: Any) -> Any:
+    """``fn`` as an MCP ``Tool`` whose arguments are checked as its schema says: an unknown argument
+    (a typo, an unsupported sampling field) or a value of the wrong type is a tool error, where the
+    SDK's lax model would drop or coerce it; the schema says ``additionalProperties: false``."""
+    from mcp.server.mcpserver.tools import Tool
+
+    tool = Tool.from_function(fn, **kwargs)
+    lax = tool.fn_metadata.arg_model
+    config = ConfigDict(**lax.model_config, extra="forbid", strict=True)
+    strict = type(lax.__name__, (lax,), {"model_config": config, "__module__": lax.__module__})
+    tool.fn_metadata.arg_model = strict
+    tool.parameters = strict.model_json_schema(by_alias=True)
+    return tool
+
+
+def _jsonrpc_error(status: int, message: str) -> dict[str, Any]:
+    """A JSON-RPC error of no request (id null), as the SDK answers HTTP-level failures."""
+    from mcp.types import INTERNAL_ERROR, INVALID_REQUEST
+
+    code = INTERNAL_ERROR if status >= 500 else INVALID_REQUEST
+    return {"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}}
+
+
+def _origin_allowed(scope: dict) -> bool:
+    """No ``Origin`` (not a browser), a loopback one, or one of the server's ``--allowed-origins``
+    (read from its CORS middleware: the front-end options do not carry them)."""
+    origin = next((v.decode("latin-1") for k, v in scope["headers"] if k.lower() == b"origin"), None)
+    if origin is None or LOOPBACK_ORIGIN.fullmatch(origin):
+        return True
+    from starlette.middleware.cors import CORSMiddleware
+
+    app = scope.get("app")
+    allowed = [
+        o for m in getattr(app, "user_middleware", ()) if m.cls is CORSMiddleware for o in m.kwargs["allow_origins"]
+    ]
+    return "*" in allowed or origin in allowed
 
 
 def _version() -> str:

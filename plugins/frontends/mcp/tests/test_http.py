@@ -30,8 +30,10 @@ def test_lists_the_tools(server: LiveServer) -> None:
 
     tools = {t.name: t for t in run_client(http_target(server), work).tools}
     assert sorted(tools) == ["chat", "generate", "tokenize"]
-    assert set(tools["generate"].input_schema["properties"]) == {"prompt", "max_tokens", "temperature", "stop", "model"}
-    assert set(tools["chat"].input_schema["properties"]) == {"messages", "max_tokens", "temperature", "stop", "model"}
+    sampling = {"max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "model"}
+    assert set(tools["generate"].input_schema["properties"]) == {"prompt", *sampling}
+    assert set(tools["chat"].input_schema["properties"]) == {"messages", *sampling}
+    assert all(tool.input_schema["additionalProperties"] is False for tool in tools.values())
     assert tools["generate"].input_schema["required"] == ["prompt"]
     assert tools["chat"].input_schema["required"] == ["messages"]
 
@@ -42,6 +44,25 @@ def test_generate_stop_string(server: LiveServer, expected_completion: str) -> N
     result = call(server, "generate", {"prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0, "stop": [stop]})
     assert not result.is_error, result
     assert text_of(result) == expected_completion[:cut]
+
+
+def test_sampling_arguments_are_applied(server: LiveServer, expected_completion: str) -> None:
+    # top_k 1 (or a tiny top_p) at temperature 1 is greedy; a seed gives the OpenAI route's seeded text
+    base = {"prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 1}
+    assert text_of(call(server, "generate", {**base, "top_k": 1})) == expected_completion
+    assert text_of(call(server, "generate", {**base, "top_p": 1e-6})) == expected_completion
+    response = httpx.post(
+        f"{server.url}/v1/completions",
+        headers=AUTH,
+        timeout=60,
+        json={"model": server_model(server), **base, "seed": 7},
+    )
+    assert response.status_code == 200, response.text
+    seeded = response.json()["choices"][0]["text"]
+    assert text_of(call(server, "generate", {**base, "seed": 7})) == seeded
+    assert text_of(call(server, "chat", {"messages": MESSAGES, "max_tokens": MAX_TOKENS, "top_k": 1})) == text_of(
+        call(server, "chat", {"messages": MESSAGES, "max_tokens": MAX_TOKENS, "temperature": 0})
+    )
 
 
 def test_chat_matches_openai_chat_completions(server: LiveServer) -> None:
@@ -97,6 +118,9 @@ def test_models_resource(server: LiveServer) -> None:
         ({"prompt": PROMPT, "max_tokens": 100000}, "max_tokens=100000 cannot be greater than max_model_len=512"),
         ({"prompt": ""}, "prompt must not hold an empty string"),
         ({"prompt": PROMPT, "stop": [""]}, "stop strings must not be empty"),
+        ({"prompt": PROMPT, "temprature": 0}, "temprature"),  # a typo is refused, not ignored
+        ({"prompt": PROMPT, "max_tokens": "5"}, "max_tokens"),  # a wrong type is refused, not coerced
+        ({"prompt": PROMPT, "top_p": 0}, "top_p"),
     ],
 )
 def test_bad_arguments_are_tool_errors(server: LiveServer, arguments: dict, message: str) -> None:

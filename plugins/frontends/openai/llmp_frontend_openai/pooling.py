@@ -7,11 +7,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import struct
+import sys
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from fastapi import APIRouter, Request
 
 from llmp import LoRARequest, PoolingOutput, PoolingParams, PoolingRequestOutput, Prompt
@@ -33,15 +34,24 @@ def add_routes(router: APIRouter, fe: OpenAIFrontend) -> None:
         if body.task is not None and body.task not in supported:
             raise bad_request(f"the model cannot do task {body.task!r}; it supports {', '.join(supported)}", "task")
         prompts = await request_prompts(fe, body)
-        params = fe.pooling_params(
-            task=body.task,
-            normalize=body.normalize,
-            dimensions=body.dimensions,
-            use_activation=body.activation_setting(),
-        )
+        task = body.task or (fe.task if fe.task in POOLING_ROUTE_TASKS else None)
+        if task in EMBED_TASKS:
+            params = fe.pooling_params(task=body.task, normalize=embed_normalize(body), dimensions=body.dimensions)
+        else:
+            # the engine refuses these too, but with no field named
+            unused = ("dimensions", "normalize") if task is not None else ()
+            param = next((name for name in unused if getattr(body, name) is not None), None)
+            if param is not None:
+                raise bad_request(f"{param} applies to task embed or token_embed, not {task}", param)
+            params = fe.pooling_params(
+                task=body.task,
+                normalize=body.normalize,
+                dimensions=body.dimensions,
+                use_activation=body.activation_setting(),
+            )
         outputs = await until_disconnected(request, encode_all(fe, prompts, params, body.priority, "pool", lora))
         data = [
-            {"index": i, "object": "pooling", "data": encode_floats(plain_values(o.outputs), body.encoding_format)}
+            {"index": i, "object": "pooling", "data": encode_floats(plain_values(o.outputs), *base64_format(body))}
             for i, o in enumerate(outputs)
         ]
         return list_response(fe.response_model(lora), fe.new_id(request, "pool", body), data, prompt_tokens(prompts))
@@ -50,6 +60,28 @@ def add_routes(router: APIRouter, fe: OpenAIFrontend) -> None:
 
 
 # -- shared by the pooling routes -------------------------------------------------
+
+EMBED_TASKS = ("embed", "token_embed")
+
+
+def base64_format(body: p.EmbeddingRequest) -> tuple[str, str, str]:
+    """The arguments of :func:`encode_floats` a request sets."""
+    return body.encoding_format, body.embed_dtype, body.endianness
+
+
+def embed_normalize(body: p.EmbeddingRequest) -> bool | None:
+    """Whether to normalise an embedding: ``use_activation`` (vLLM's newer name of it on an embedding
+    request), else ``normalize``; None: the model's default. The older names of ``use_activation``
+    (``activation``, ``softmax``) are a classifier's, so a 400 here."""
+    old = next((name for name in ("activation", "softmax") if getattr(body, name) is not None), None)
+    if old is not None:
+        raise bad_request(f"{old} applies to classification; an embedding takes use_activation or normalize", old)
+    if body.use_activation is None:
+        return body.normalize
+    if body.normalize is not None and body.normalize != body.use_activation:
+        raise bad_request("use_activation and normalize disagree (use_activation replaces normalize)", "use_activation")
+    return body.use_activation
+
 
 ENCODE_WINDOW = 64
 
@@ -161,10 +193,29 @@ def plain_values(output: Any) -> Any:
     return output.values if isinstance(output, PoolingOutput) else output.data
 
 
-def encode_floats(values: Any, encoding_format: str) -> Any:
-    """A vector (or rows of them) as JSON floats, or with ``base64`` as little-endian float32
-    bytes (rows one after another), as OpenAI encodes embeddings."""
+# vLLM's embed_dtype: the torch dtype of the bytes, and the integer dtype of its width they are read as
+EMBED_DTYPES = {
+    "float16": ("float16", "int16"),
+    "bfloat16": ("bfloat16", "int16"),
+    "fp8_e4m3": ("float8_e4m3fn", "uint8"),
+    "fp8_e5m2": ("float8_e5m2", "uint8"),
+}
+
+
+def encode_floats(values: Any, encoding_format: str, embed_dtype: str = "float32", endianness: str = "native") -> Any:
+    """A vector (or rows of them) as JSON floats, or with ``base64`` as the bytes of ``embed_dtype``
+    (float32, as OpenAI encodes embeddings, by default) in ``endianness`` (the server's by default),
+    rows one after another, as vLLM encodes them."""
     if encoding_format != "base64":
         return values
     flat = [x for row in values for x in row] if values and isinstance(values[0], list) else list(values)
-    return base64.b64encode(struct.pack(f"<{len(flat)}f", *flat)).decode()
+    if embed_dtype == "float32":
+        raw = np.asarray(flat, dtype=np.float32)
+    else:
+        import torch  # numpy has no bfloat16 or fp8; torch is imported only where it is needed
+
+        dtype, view = (getattr(torch, name) for name in EMBED_DTYPES[embed_dtype])
+        raw = torch.tensor(flat, dtype=torch.float32).to(dtype).view(view).numpy()
+    if endianness not in ("native", sys.byteorder):
+        raw = raw.byteswap()
+    return base64.b64encode(raw.tobytes()).decode()

@@ -156,17 +156,6 @@ class CompletionRequest(SamplingFields):
     prompt_embeds: Any = None  # refused when set: llmp's models take token ids
 
 
-class EmbeddingRequest(OpenAIModel):
-    input: str | list[str] | list[int] | list[list[int]]
-    model: str | None = None
-    encoding_format: Literal["float", "base64"] = "float"
-    dimensions: StrictInt | None = None
-    user: str | None = None
-    normalize: bool | None = None
-    truncate_prompt_tokens: StrictInt | None = None
-    priority: int = Field(0, ge=-INT64, le=INT64 - 1)
-
-
 class TokenizeRequest(OpenAIModel):
     model: str | None = None
     prompt: str | None = None
@@ -304,13 +293,22 @@ class ClassificationRequest(PoolingFields):
     chat_template_kwargs: dict[str, Any] | None = None
 
 
-class PoolingRequest(ClassificationRequest):
-    """``/pooling``: the raw pooled output of ``task`` (default: the model's primary pooling task)."""
+class EmbeddingRequest(ClassificationRequest):
+    """``/v1/embeddings``: vLLM's ``EmbeddingCompletionRequest`` (``input``) and ``EmbeddingChatRequest``
+    (``messages``). ``use_activation`` is vLLM's newer name of ``normalize`` here; ``embed_dtype`` and
+    ``endianness`` shape the bytes of ``encoding_format: base64``."""
 
-    task: Literal["embed", "classify", "token_embed", "token_classify"] | None = None
     dimensions: StrictInt | None = None
     normalize: bool | None = None
     encoding_format: Literal["float", "base64"] = "float"
+    embed_dtype: Literal["float32", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2"] = "float32"
+    endianness: Literal["native", "big", "little"] = "native"
+
+
+class PoolingRequest(EmbeddingRequest):
+    """``/pooling``: the raw pooled output of ``task`` (default: the model's primary pooling task)."""
+
+    task: Literal["embed", "classify", "token_embed", "token_classify"] | None = None
 
 
 class LoadLoRAAdapterRequest(OpenAIModel):

