@@ -1155,7 +1155,10 @@ class Frontend(Protocol):
     own server (gRPC) runs it there, binding its port first (the server says it
     is ready 0.2 s later, unless that failed), an HTTP one may keep background
     work there or return at once; if it raises, the server shuts down with
-    status 1.
+    status 1. A front-end with its own server is cancelled at the first SIGINT or
+    SIGTERM: it refuses new calls and gives those in flight ``shutdown_timeout``
+    seconds (the engine aborts any left then); the engine stops only once every
+    ``serve`` has returned.
 
     A front-end whose protocol has its own error shape (Anthropic's
     ``{"type": "error", "error": {...}}``, with 529 for overload) lists its path

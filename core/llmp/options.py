@@ -539,6 +539,9 @@ class FrontendOptions:
     host: str | None = None
     api_keys: tuple[str, ...] = ()  # the server's --api-key values: front-ends with their own port check them
     max_request_body_bytes: int | None = None  # the server's cap on a request body (None: no server in front)
+    # seconds requests in flight get once the server is told to stop (--shutdown-timeout; None: no server in
+    # front): a front-end with a server of its own is cancelled at once and drains that long
+    shutdown_timeout: float | None = None
     # request handling (llmp serve options)
     chat_template: str | None = option(
         None, "Chat template: a file path or the template text.", metavar="TEMPLATE", panel="Model"

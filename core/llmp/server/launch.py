@@ -437,8 +437,10 @@ async def _serve(
             host=http.host,
             api_keys=tuple(http.api_key),
             max_request_body_bytes=http.max_request_body_bytes,
+            shutdown_timeout=http.shutdown_timeout,
         )
         tasks, own_servers = _mount(app, state, engine, frontends, options)
+        server.own_servers = own_servers  # a signal starts their drain beside the HTTP server's
         for task in tasks:
             task.add_done_callback(lambda done: _frontend_stopped(done, state, server))
         state.engine = engine
@@ -463,7 +465,12 @@ async def _serve(
         await serving
         watcher.cancel()
         for task in tasks:
-            task.cancel()
+            if not task.cancelling():  # once: a second cancel would cut a drain the signal started
+                task.cancel()
+        # the engine goes only once the front-ends have stopped: those with a server of their own drain
+        # their requests in flight (the abort timer ends any still running at --shutdown-timeout)
+        if tasks:
+            await asyncio.wait(tasks, timeout=http.shutdown_timeout + SHUTDOWN_GRACE_S)
         return 1 if state.phase == "dead" else 0
     except LLMPError as exc:
         state.phase, state.error = "dead", str(exc)
@@ -635,6 +642,7 @@ def _server_class() -> type:
             self.llmp_state = state
             self.shutdown_timeout = shutdown_timeout
             self.abort_timer: asyncio.TimerHandle | None = None
+            self.own_servers: list[asyncio.Task] = []  # front-ends serving on a port of their own (gRPC)
 
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
@@ -655,6 +663,8 @@ def _server_class() -> type:
                 state.phase = "draining"  # probes and new requests get 503 at once
                 self.abort_timer = asyncio.get_running_loop().call_later(self.shutdown_timeout, self._abort_in_flight)
                 asyncio.ensure_future(self._abort_if_paused())
+                for task in self.own_servers:  # they refuse new requests and drain theirs (shutdown_timeout)
+                    task.cancel()
             super().handle_exit(sig, frame)
 
         async def _abort_if_paused(self) -> None:

@@ -30,7 +30,7 @@ from llmp_frontend_grpc import llmp_pb2_grpc as pb_grpc
 
 log = logging.getLogger("llmp.frontend.grpc")
 
-STOP_GRACE_S = 1.0  # in-flight RPCs get this long once the server shuts down
+STOP_GRACE_S = 1.0  # in-flight RPCs get this long once the server shuts down, with no --shutdown-timeout
 
 STATUS_CODES = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
@@ -63,6 +63,7 @@ class GrpcFrontend(FrontendKit):
         self.key_digests = [hashlib.sha256(k.strip().encode()).digest() for k in options.api_keys if k.strip()]
         # --max-request-body-bytes bounds a request message as it bounds an HTTP body
         self.max_message_bytes = options.max_request_body_bytes
+        self.grace_s = STOP_GRACE_S if options.shutdown_timeout is None else options.shutdown_timeout
         self.server: grpc.aio.Server | None = None
 
     def http_router(self) -> None:
@@ -74,7 +75,8 @@ class GrpcFrontend(FrontendKit):
         return f"{host}:{self.port}"
 
     async def serve(self) -> None:
-        """Serve until cancelled; then stop, giving in-flight RPCs :data:`STOP_GRACE_S`."""
+        """Serve until cancelled; then stop: new RPCs are refused, those in flight get the server's
+        ``--shutdown-timeout`` (:data:`STOP_GRACE_S` without a server in front)."""
         # without so_reuseport 0, a second server on the same port would bind too, silently
         options = [("grpc.so_reuseport", 0)]
         if self.max_message_bytes is not None:  # a larger request is RESOURCE_EXHAUSTED, from grpcio
@@ -94,10 +96,10 @@ class GrpcFrontend(FrontendKit):
             " (API key required)" if self.key_digests else "",
         )
         try:
-            await server.wait_for_termination()
+            await asyncio.Future()  # until cancelled: grpc's wait_for_termination, cancelled, would cut the drain
         finally:
             with contextlib.suppress(asyncio.CancelledError):
-                await server.stop(STOP_GRACE_S)
+                await server.stop(self.grace_s)
 
     # -- requests ----------------------------------------------------------------
 
