@@ -1184,6 +1184,10 @@ class Frontend(Protocol):
       ``multipart/form-data`` (file uploads: OpenAI's ``/v1/files``), read up to that limit
       instead of ``--max-request-body-bytes``, with no JSON checks. A value may also be
       ``(limit, message)``: the message of the 413 for a larger body (naming the option that sets it).
+    - ``self_admitted_paths``: path prefixes whose POSTs the server's admission does not count or
+      refuse at capacity, because the front-end admits its model requests itself (the engine client
+      refuses a request over ``--max-num-seqs`` plus ``--max-queue-len`` with the overload
+      ``APIError``): MCP's ``/mcp``, where one path carries tool calls and messages needing no model.
     - ``admin_paths``: exact paths that are management routes (OpenAI's ``/v1/chat/completions/render``):
       dropped (404) unless ``llmp serve --enable-admin-api``, and then behind ``--admin-api-key`` when set.
     """

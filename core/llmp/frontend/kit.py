@@ -145,6 +145,7 @@ class FrontendKit:
     public_paths: tuple[str, ...] = ()  # served without the API key (see llmp.api.Frontend)
     root_priority: int = 0  # who keeps "/" when several front-ends route it (see llmp.api.Frontend)
     any_body_type_paths: tuple[str, ...] = ()  # bodies read as JSON whatever their Content-Type (see llmp.api.Frontend)
+    self_admitted_paths: tuple[str, ...] = ()  # admitted by the front-end, not the server (see llmp.api.Frontend)
 
     def __init__(self, engine: Any, options: FrontendOptions) -> None:
         self.engine = engine

@@ -53,6 +53,8 @@ class ServerState:
         self.any_body_type_paths: list[str] = []  # path prefixes whose POST bodies are JSON whatever the type says
         self.upload_paths: dict[str, int | tuple[int, str]] = {}  # multipart/form-data paths: size limit[, 413 message]
         self.admin_paths: frozenset[str] = frozenset()  # the management routes (server.admin), when mounted
+        # path prefixes whose front-end admits its own model requests (MCP: one path for every message)
+        self.self_admitted_paths: list[str] = []
         self.admin_key_digests: list[bytes] = []  # --admin-api-key: then the only key the admin paths take
 
     def reads_any_body_type(self, path: str, headers: Mapping[str, str]) -> bool:
@@ -221,7 +223,8 @@ class GateMiddleware:
                     path,
                     APIError(400, f"the JSON body is nested deeper than {self.limits.max_json_depth} levels"),
                 )
-        if method == "POST" and path not in OPEN_PATHS and not admin:  # a model request: counted for /load
+        self_admitted = any(path.startswith(p) for p in self.state.self_admitted_paths)
+        if method == "POST" and path not in OPEN_PATHS and not admin and not self_admitted:  # a model request
             limit = self.limits.max_in_flight
             if limit is not None and self.state.in_flight >= limit:
                 return await self._overloaded(send, path)

@@ -702,6 +702,7 @@ def _mount(
             state.error_renderers.append((prefix, frontend.render_error))
         state.public_paths.extend(getattr(frontend, "public_paths", ()))
         state.any_body_type_paths.extend(getattr(frontend, "any_body_type_paths", ()))
+        state.self_admitted_paths.extend(getattr(frontend, "self_admitted_paths", ()))
         state.upload_paths.update(getattr(frontend, "upload_paths", {}))  # multipart uploads (/v1/files)
         admin_paths = frozenset(getattr(frontend, "admin_paths", ()))
         if state.admin_paths:  # --enable-admin-api: a front-end's management routes take the admin key too

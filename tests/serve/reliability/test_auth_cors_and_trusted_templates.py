@@ -130,6 +130,11 @@ def test_every_inference_route_refuses_a_missing_or_wrong_key(locked_server, rou
             response = client.request(method, path, json={} if method == "POST" else None, headers=headers)
             if path.startswith("/v1/messages"):  # the Anthropic front-end's own error shape
                 check_anthropic_error(response, 401, "authentication_error")
+            elif path.startswith("/mcp"):  # MCP's: a JSON-RPC error of no request
+                assert response.status_code == 401, (path, response.text)
+                body = response.json()
+                assert body["id"] is None and body["error"]["code"] == -32600, (path, body)
+                assert "API key" in body["error"]["message"], (path, body)
             else:
                 error = assert_openai_error(response, 401)
                 assert error["type"] == "authentication_error" and error["code"] == "invalid_api_key", (path, error)

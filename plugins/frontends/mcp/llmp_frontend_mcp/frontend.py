@@ -68,6 +68,8 @@ class McpFrontend(FrontendKit):
     """Tools over the engine client (see ``llmp.api.Frontend``)."""
 
     error_paths = (MCP_PATH,)  # the gate's refusals on /mcp (401, 413, 503 ...) as JSON-RPC errors
+    # one path for every message: only a tool call that runs the model is refused at capacity, as a tool error
+    self_admitted_paths = (MCP_PATH,)
 
     @staticmethod
     def render_error(error: APIError) -> tuple[int, Any]:
@@ -346,7 +348,7 @@ async def _as_tool(run: Callable[[], Awaitable[Any]]) -> Any:
         raise
     except Exception as exc:
         error = as_api_error(exc)
-        if error.status >= 500:
+        if error.status >= 500 and error.code != "overloaded":  # a refusal at capacity is no failure
             log.exception("MCP tool failed")
         raise ToolError(error.message) from None
 
