@@ -91,6 +91,17 @@ def error_body(message: str, type: str, param: str | None = None, code: str | in
     return {"error": {"message": _ADDRESS.sub("", message), "type": type, "param": param, "code": code}}
 
 
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "bytes", "list", "dict", "tuple", "set", "none"})
+
+
+def _union_tag(part: Any) -> bool:
+    """A part of pydantic's error location naming the member of a union it tried (``str``,
+    ``list[int]``, ``function-after[...]``, a model's class name), not a field of the request."""
+    if not isinstance(part, str) or not part:
+        return False
+    return part[0].isupper() or "[" in part or part.startswith("function-") or part in _TYPE_TAGS
+
+
 def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
     """One line from pydantic's errors, and the first offending field as ``param``."""
     parts, param = [], None
@@ -100,7 +111,7 @@ def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
             at = f" at byte {offset[0]}" if offset else ""
             parts.append(f"the body is not valid JSON{at}: {err.get('ctx', {}).get('error', err.get('msg', ''))}")
             continue
-        loc = [str(p) for p in err.get("loc", ()) if p != "body"]
+        loc = [str(p) for p in err.get("loc", ()) if p != "body" and not _union_tag(p)]
         where = ".".join(loc) or "body"
         param = param or (where if loc else None)
         parts.append(f"{where}: {err.get('msg', 'invalid')}" + (f" ({err['type']})" if err.get("type") else ""))

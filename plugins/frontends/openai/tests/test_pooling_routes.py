@@ -297,6 +297,8 @@ def test_score_and_rerank_errors(cross_encoder):
         "Input lengths must be either 1:1, 1:N or N:N",
     )
     error("/score", {"text_1": QUERY}, "text_2", "give the texts to score as text_2 or documents")
+    # a value no member of a union field takes: param is the field, not pydantic's member tag ("text_1.str")
+    error("/score", {"text_1": 5, "text_2": "a"}, "text_1", "text_1: Input should be a valid string")
     error("/score", {"text_1": "a", "queries": "b", "text_2": "c"}, "queries", "give one of")
     many = [f"document {i}" for i in range(CAP + 1)]
     error(
