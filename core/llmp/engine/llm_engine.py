@@ -429,6 +429,7 @@ class LLMEngine:
             token_ids = last_tokens(token_ids, keep, text_ids)
             token_type_ids = token_type_ids[-keep:] if token_type_ids is not None else None
         self._validate_prompt(token_ids, SamplingParams())
+        self._validate_token_types(token_type_ids)
         pooler = self._pooler_of(task, pooling_params)
         if pooler not in POOLERS:
             raise ValueError(f"the model {name} pools with {pooler!r}, which no plugin registered")
@@ -681,6 +682,19 @@ class LLMEngine:
         bad = next((t for t in params.returned_token_ids or () if not 0 <= t < (self.num_labels or 0)), None)
         if bad is not None:
             raise ValueError(f"returned_token_ids holds {bad}, outside the model's {self.num_labels} labels")
+
+    def _validate_token_types(self, token_type_ids: Sequence[int] | None) -> None:
+        """Token types the model has embeddings for: a tokenizer that disagrees with its config (an
+        XLM-R checkpoint with one type under a BERT tokenizer's pairs) is refused here, not in the model."""
+        types = getattr(self.model.config, "type_vocab_size", None)
+        if token_type_ids is None or not isinstance(types, int):
+            return
+        bad = next((t for t in token_type_ids if not 0 <= t < types), None)
+        if bad is not None:
+            raise ValueError(
+                f"token type id {bad} is out of range [0, {types}): the model's tokenizer gives text pairs "
+                f"token types its config (type_vocab_size {types}) has no embeddings for"
+            )
 
     def _validate_prompt(self, token_ids: list[int], params: SamplingParams) -> None:
         if not token_ids:

@@ -175,6 +175,21 @@ def test_classify_takes_a_token_pair_with_its_token_types(classifier, form):
     torch.testing.assert_close(torch.tensor(output.outputs.probs), expected, atol=1e-5, rtol=0)
 
 
+def test_token_types_the_model_has_no_embeddings_for_are_refused(classifier):
+    """A tokenizer that disagrees with its config (XLM-R's one type, a BERT tokenizer's type 1) is a
+    ValueError for that request, never an index error that stops the engine."""
+    import json
+
+    from llmp import Prompt
+
+    path, _, tokenizer, llm = classifier
+    types = json.loads((path / "config.json").read_text())["type_vocab_size"]
+    ids = tokenizer(QUERY)["input_ids"]
+    with pytest.raises(ValueError, match="token type id .* is out of range"):
+        llm.classify(Prompt(token_ids=ids, token_type_ids=[types] * len(ids)), use_tqdm=False)
+    assert llm.classify(QUERY, use_tqdm=False)[0].outputs.probs  # the engine goes on
+
+
 @pytest.mark.parametrize("architecture", ["BertModel", "XLMRobertaModel"])
 def test_encoders_embed_as_transformers_and_score_by_cosine(tmp_path: Path, architecture: str):
     from transformers import AutoTokenizer
