@@ -142,3 +142,12 @@ def test_vllms_normalisations_of_stop_and_seed():
     assert SamplingParams(seed=-1).seed is None  # vLLM's and Ollama's "no seed": each request samples anew
     with pytest.raises(SamplingParamsError, match="stop must be a non-empty string or a list of them, got 5"):
         SamplingParams(stop=5)
+
+
+def test_vllms_bounds_on_temperature_and_greedy_choices():
+    with pytest.raises(SamplingParamsError, match=r"temperature must be in \[0.0, 2.0\], got 2.5"):
+        SamplingParams(temperature=2.5)
+    with pytest.raises(SamplingParamsError, match="n must be 1 with greedy sampling") as caught:
+        SamplingParams(n=2, temperature=0.0)
+    assert caught.value.field == "n"
+    assert SamplingParams(n=2, temperature=2.0).n == 2

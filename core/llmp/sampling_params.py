@@ -194,6 +194,11 @@ class SamplingParams:
             ) from None
         _at_least("n", self.n, 1)
         _at_least("temperature", self.temperature, 0.0)
+        _between("temperature", self.temperature, 0.0, 2.0)  # OpenAI's range, and vLLM's
+        if self.n > 1 and self.is_greedy:
+            raise SamplingParamsError(
+                "n", lambda name: f"{name} must be 1 with greedy sampling (temperature 0): the choices would be alike"
+            )
         _between("top_p", self.top_p, 0.0, 1.0, low_open=True)
         _at_least("top_k", self.top_k, 0, note=" (0 or -1 disables it)")
         _between("min_p", self.min_p, 0.0, 1.0)

@@ -187,6 +187,34 @@ def test_no_sampling_params_means_the_generation_config_defaults(tiny, tmp_path)
         LLM(str(tiny[0]), override_generation_config={"seed": 1})
 
 
+def test_generation_configs_extra_end_tokens_stop_naming_themselves(tiny, tmp_path):
+    """vLLM's update_from_generation_config: end tokens beside the tokenizer's are stop tokens
+    (stop_reason is the id); the tokenizer's own EOS stays unnamed; ignore_eos ignores both."""
+    import json
+
+    model_dir = tmp_path / "two-end-tokens"
+    shutil.copytree(tiny[0], model_dir)
+    config = json.loads((model_dir / "generation_config.json").read_text())
+    eos = config["eos_token_id"]
+    config["eos_token_id"] = [eos, 300]
+    (model_dir / "generation_config.json").write_text(json.dumps(config))
+    llm = LLM(str(model_dir), dtype="float32", max_model_len=64)
+    params = SamplingParams(temperature=0.0, max_tokens=5, logit_bias={300: 100.0})
+    [output] = llm.generate({"prompt_token_ids": [1, 42, 7]}, params, use_tqdm=False)
+    seq = output.outputs[0]
+    assert (seq.token_ids, seq.finish_reason, seq.stop_reason) == ([300], "stop", 300)
+    assert params.stop_token_ids == []  # the caller's params stay as given
+    [output] = llm.generate(
+        {"prompt_token_ids": [1, 42, 7]},
+        SamplingParams(temperature=0.0, max_tokens=5, logit_bias={eos: 100.0}),
+        use_tqdm=False,
+    )
+    assert (output.outputs[0].finish_reason, output.outputs[0].stop_reason) == ("stop", None)
+    ignoring = SamplingParams(temperature=0.0, max_tokens=3, logit_bias={300: 100.0}, ignore_eos=True)
+    [output] = llm.generate({"prompt_token_ids": [1, 42, 7]}, ignoring, use_tqdm=False)
+    assert (output.outputs[0].token_ids, output.outputs[0].finish_reason) == ([300] * 3, "length")
+
+
 def test_prompt_records_keep_text_ids_and_the_special_tokens_choice(tiny, tmp_path):
     from tokenizers import processors
 

@@ -122,6 +122,10 @@ class LLMEngine:
         if self.lora is not None:
             self._check_lora_support()
         self.eos_token_ids = self._eos_token_ids()
+        # end tokens beside the tokenizer's own (generation_config.json's extra ones) stop as stop tokens do,
+        # naming themselves as stop_reason (vLLM's update_from_generation_config)
+        primary = getattr(self.tokenizer, "eos_token_id", None)
+        self.extra_eos_token_ids = self.eos_token_ids - {primary} if isinstance(primary, int) else frozenset()
         self.vocab_size = model.config.vocab_size
         self.outputs = OutputProcessor(self.tokenizer)
         self._grammars: Any = None  # structured_output.GrammarCompiler, made on the first constrained request
@@ -339,7 +343,7 @@ class LLMEngine:
         if pooling_params is not None or "generate" not in self.supported_tasks:
             self._add_pooling_request(request_id, prompt, params, priority, pooling_params, lora_request)
             return
-        params = params or SamplingParams()
+        params = self._with_extra_eos(params or SamplingParams())
         token_ids = self.tokenize_prompt(prompt)
         self._validate_prompt(token_ids, params)
         # the rest of the context (the one max_tokens=None rule; a prompt leaving no room is a SamplingParamsError).
@@ -682,6 +686,16 @@ class LLMEngine:
         bad = next((t for t in params.returned_token_ids or () if not 0 <= t < (self.num_labels or 0)), None)
         if bad is not None:
             raise ValueError(f"returned_token_ids holds {bad}, outside the model's {self.num_labels} labels")
+
+    def _with_extra_eos(self, params: SamplingParams) -> SamplingParams:
+        """``params`` with the model's extra end tokens among its stop tokens (a copy: the caller's
+        stays as given), unless ``ignore_eos``."""
+        extra = self.extra_eos_token_ids.difference(params.stop_token_ids)
+        if not extra or params.ignore_eos:
+            return params
+        params = copy.copy(params)
+        params.stop_token_ids = [*params.stop_token_ids, *sorted(extra)]
+        return params
 
     def _validate_token_types(self, token_type_ids: Sequence[int] | None) -> None:
         """Token types the model has embeddings for: a tokenizer that disagrees with its config (an

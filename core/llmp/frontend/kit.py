@@ -644,10 +644,6 @@ class FrontendKit:
             params = SamplingParams(**{name: value for name, value in values.items() if value is not None})
         except RequestValidationError as exc:
             raise field_error(exc, names) from None
-        if params.n > 1 and params.is_greedy:
-            raise bad_request(
-                "n > 1 needs sampling: with temperature 0 every choice would be the same", names.get("n", "n")
-            )
         return params
 
     async def conversation_prompt(
