@@ -151,3 +151,11 @@ def test_vllms_bounds_on_temperature_and_greedy_choices():
         SamplingParams(n=2, temperature=0.0)
     assert caught.value.field == "n"
     assert SamplingParams(n=2, temperature=2.0).n == 2
+
+
+def test_clone_is_a_deep_copy():
+    params = SamplingParams(stop=["a"], logit_bias={3: 1.0}, seed=5)
+    copied = params.clone()
+    copied.stop.append("b")
+    copied.logit_bias[4] = 2.0
+    assert (params.stop, params.logit_bias, copied.seed) == (["a"], {3: 1.0}, 5)

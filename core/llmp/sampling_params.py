@@ -7,6 +7,7 @@ work is queued.
 
 from __future__ import annotations
 
+import copy
 import enum
 import math
 from dataclasses import dataclass, field
@@ -184,6 +185,10 @@ class SamplingParams:
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0
+
+    def clone(self) -> SamplingParams:
+        """A deep copy, to change without touching this one (vLLM's ``clone``)."""
+        return copy.deepcopy(self)
 
     def _validate(self) -> None:
         try:
