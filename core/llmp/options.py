@@ -154,7 +154,7 @@ GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_pen
 
 # the values SamplingParams takes for each (checked when a server starts, not at each request)
 _SAMPLING_DEFAULT_RULES = {
-    "temperature": (lambda v: v >= 0, "at least 0"),
+    "temperature": (lambda v: 0 <= v <= 2, "in [0, 2]"),
     "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
     "top_k": (lambda v: v == int(v) and v >= -1, "a whole number, at least -1 (0 or -1: off)"),
     "min_p": (lambda v: 0 <= v <= 1, "in [0, 1]"),

@@ -50,7 +50,7 @@ class Tokens(BaseModel):
 
 MaxTokens = Annotated[int | None, Field(ge=1, description="Most tokens to generate (default: the rest of the context)")]
 Temperature = Annotated[
-    float | None, Field(ge=0, description="Sampling temperature; 0 is greedy (default: the model's, else 1)")
+    float | None, Field(ge=0, le=2, description="Sampling temperature; 0 is greedy (default: the model's, else 1)")
 ]
 TopP = Annotated[float | None, Field(gt=0, le=1, description="Nucleus sampling mass (default: the model's, else 1)")]
 TopK = Annotated[
