@@ -158,6 +158,7 @@ class SamplingParams:
     bad_words: list[str] | None = None  # banned words; the engine bans their token sequences
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
+    detokenize: bool = True  # False: outputs carry token ids only (no text; logprobs without decoded tokens)
     structured_outputs: StructuredOutputsParams | None = None
     # vLLM's: at most this many tokens of reasoning (after the start marker, or from the first token when the
     # prompt opened it); then the engine emits the end marker and the answer follows. Needs reasoning_markers.
@@ -168,6 +169,11 @@ class SamplingParams:
     stop_strings: list[str] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Normalise and check every field (``SamplingParamsError``). Construction does it, and the
+        engine again when it takes the request, so a field changed after construction counts too."""
         if isinstance(self.stop, str):  # one stop string is a list of one, as in vLLM
             self.stop = [self.stop]
         if self.stop is not None and not isinstance(self.stop, list | tuple):
@@ -243,12 +249,15 @@ class SamplingParams:
             "include_stop_str_in_output",
             "skip_special_tokens",
             "spaces_between_special_tokens",
+            "detokenize",
         ):
             value = getattr(self, flag)
             if not isinstance(value, bool):  # the engine's message would not carry it: refused here, not lost
                 raise SamplingParamsError(
                     flag, lambda name, value=value: f"{name} must be true or false, got {value!r}"
                 )
+        if self.stop_strings and not self.detokenize:  # stop strings are found in the text
+            raise SamplingParamsError("stop", lambda name: f"{name} strings need detokenize=True")
         if self.thinking_token_budget is not None:
             _at_least("thinking_token_budget", self.thinking_token_budget, 0)
             if self.reasoning_markers is None:

@@ -320,3 +320,22 @@ def test_earliest_stop_among_several_in_one_delta():
     # emitted text "say hello " would contain the stop string "hello".
     assert find_stop_string("say hello world", 15, ["world", "hello"], False) == ("hello", 4)
     assert find_stop_string("say hello world", 15, ["world", "hello"], True) == ("hello", 9)
+
+
+def test_spaces_between_special_tokens_false_joins_consecutive_special_tokens():
+    """vLLM's fast-detokenizer rule: with special tokens kept, one that follows another is its bare
+    content. A WordPiece decoder (the packaged MiniLM's) puts a space between any two tokens."""
+    from llmp.model_files.tokenizer import load_tokenizer
+    from llmp.testing import minilm_dir
+
+    tokenizer = load_tokenizer(minilm_dir())
+    prompt = tokenizer.encode("hello world", add_special_tokens=False)
+    word, sep, cls = prompt[-1], tokenizer.sep_token_id, tokenizer.cls_token_id
+
+    def text(**flags: bool) -> str:
+        detok = IncrementalDetokenizer(tokenizer, prompt, **flags)
+        return "".join(detok.add_token(t) for t in (word, sep, cls, sep, word)) + detok.flush()
+
+    assert text(skip_special_tokens=False) == " world [SEP] [CLS] [SEP] world"
+    assert text(skip_special_tokens=False, spaces_between_special_tokens=False) == " world [SEP][CLS][SEP] world"
+    assert text(skip_special_tokens=True, spaces_between_special_tokens=False) == " world world"

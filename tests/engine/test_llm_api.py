@@ -87,6 +87,33 @@ def test_stop_string_spanning_tokens_is_cut_from_the_text(llm):
     assert llm.generate("The quick", included, use_tqdm=False)[0].outputs[0].text == text[:9]
 
 
+def test_detokenize_false_gives_the_same_tokens_without_text(llm):
+    """vLLM's ``detokenize=False``: token ids and logprobs, no text and no decoded tokens."""
+    with_text = llm.generate("The quick", SamplingParams(temperature=0.0, max_tokens=8, logprobs=1), use_tqdm=False)
+    params = SamplingParams(temperature=0.0, max_tokens=8, logprobs=1, prompt_logprobs=1, detokenize=False)
+    [output] = llm.generate("The quick", params, use_tqdm=False)
+    completion, reference = output.outputs[0], with_text[0].outputs[0]
+    assert reference.text and completion.text == ""
+    assert completion.token_ids == reference.token_ids and completion.finish_reason == reference.finish_reason
+    assert all(entry.decoded_token is None for step in completion.logprobs for entry in step.values())
+    assert all(entry.decoded_token is None for step in output.prompt_logprobs[1:] for entry in step.values())
+    with pytest.raises(SamplingParamsError, match="detokenize=True") as caught:
+        SamplingParams(stop=["x"], detokenize=False)  # stop strings are found in the text
+    assert caught.value.field == "stop"
+
+
+def test_a_field_changed_after_construction_is_checked_and_used(llm):
+    text = llm.generate("The quick", GREEDY, use_tqdm=False)[0].outputs[0].text
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    params.n = 0
+    with pytest.raises(SamplingParamsError, match="n must be >= 1"):
+        llm.generate("The quick", params, use_tqdm=False)
+    params.n, params.stop = 1, text[5:9]  # one string, set late: normalised and honoured all the same
+    completion = llm.generate("The quick", params, use_tqdm=False)[0].outputs[0]
+    assert completion.text == text[:5] and completion.stop_reason == text[5:9]
+    assert llm.generate("The quick", GREEDY, use_tqdm=False)[0].outputs[0].text == text  # the engine goes on
+
+
 def test_a_stop_string_ending_on_the_last_allowed_token_is_the_finish_reason(llm):
     ids = llm.generate("The quick", GREEDY, use_tqdm=False)[0].outputs[0].token_ids
     tokenizer = llm.get_tokenizer()

@@ -16,10 +16,24 @@ CONTEXT_TOKENS = 5  # prompt tokens decoded with the first output token
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer: Any, prompt_token_ids: list[int], skip_special_tokens: bool = True) -> None:
+    """``spaces_between_special_tokens=False`` (with special tokens kept) writes an added token that
+    follows another as its bare content, as vLLM's fast detokenizer does, so no decoder-made space
+    comes between them."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        prompt_token_ids: list[int],
+        skip_special_tokens: bool = True,
+        spaces_between_special_tokens: bool = True,
+    ) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         self.special_ids = set(tokenizer.all_special_ids) if skip_special_tokens else set()
+        self.added_tokens: dict[int, str] = {}
+        if not (skip_special_tokens or spaces_between_special_tokens):
+            self.added_tokens = {i: t.content for i, t in tokenizer.added_tokens_decoder.items()}
+        self.last_added = False
         context = [t for t in prompt_token_ids[-(CONTEXT_TOKENS + 2) :] if t not in self.special_ids]
         # ids past the tokenizer's vocabulary (padded embedding rows) have no token: skip them
         self.tokens: list[str] = [t for t in tokenizer.convert_ids_to_tokens(context) if t is not None]
@@ -41,6 +55,11 @@ class IncrementalDetokenizer:
             return ""
         delta = new_text[len(prefix_text) :]
         self.prefix_offset, self.read_offset = self.read_offset, len(self.tokens)
+        if self.added_tokens:
+            added = token_id in self.added_tokens
+            if added and self.last_added:
+                delta = self.added_tokens[token_id]
+            self.last_added = added
         self.text += delta
         return delta
 

@@ -343,6 +343,8 @@ class LLMEngine:
         if pooling_params is not None or "generate" not in self.supported_tasks:
             self._add_pooling_request(request_id, prompt, params, priority, pooling_params, lora_request)
             return
+        if params is not None:
+            params.validate()  # again: the caller may have changed a field since it was built
         params = self._with_extra_eos(params or SamplingParams())
         token_ids = self.tokenize_prompt(prompt)
         self._validate_prompt(token_ids, params)

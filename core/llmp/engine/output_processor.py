@@ -68,7 +68,12 @@ class OutputProcessor:
             0 if params.include_stop_str_in_output else max((len(s) for s in params.stop_strings), default=1) - 1
         )
         for index, request in enumerate(requests):
-            detok = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, params.skip_special_tokens)
+            detok = IncrementalDetokenizer(
+                self.tokenizer,
+                request.prompt_token_ids,
+                params.skip_special_tokens,
+                params.spaces_between_special_tokens,
+            )
             logprobs = [] if params.logprobs is not None else None
             seq = SequenceState(index, state, request, detok, stop_buffer, logprobs)
             state.sequences.append(seq)
@@ -89,8 +94,8 @@ class OutputProcessor:
         params = seq.request.params
         if logprobs is not None:
             seq.cumulative_logprob += logprobs.logprobs[0]
-            seq.logprobs.append(self._logprob_dict(logprobs))
-        if not detokenize:
+            seq.logprobs.append(self._logprob_dict(logprobs, params.detokenize))
+        if not (detokenize and params.detokenize):
             return None
         delta = seq.detokenizer.add_token(token_id)
         if not delta:
@@ -114,14 +119,14 @@ class OutputProcessor:
         for entry in entries:
             if done >= wanted:
                 break
-            state.prompt_logprobs.append(self._logprob_dict(entry))
+            state.prompt_logprobs.append(self._logprob_dict(entry, state.params.detokenize))
             done += 1
 
     def finish(self, seq: SequenceState, reason: str, stop_reason: int | str | None = None) -> None:
         if seq.finish_reason is None:
             seq.finish_reason, seq.stop_reason = reason, stop_reason
             seq.request.times.setdefault("finished_time", time.time())
-            if not isinstance(stop_reason, str):  # a stop string already cut the text
+            if not isinstance(stop_reason, str) and seq.request.params.detokenize:  # a stop string cut the text
                 seq.text += seq.detokenizer.flush()
 
     def make_output(self, state: RequestState, delta: bool = False) -> RequestOutput:
@@ -163,11 +168,11 @@ class OutputProcessor:
             stop_reason=seq.stop_reason,
         )
 
-    def _logprob_dict(self, entry: TokenLogprobs) -> dict[int, Logprob]:
+    def _logprob_dict(self, entry: TokenLogprobs, decode: bool = True) -> dict[int, Logprob]:
         out: dict[int, Logprob] = {}
         for token, value, rank in zip(entry.token_ids, entry.logprobs, entry.ranks, strict=True):
             if token not in out:
-                out[token] = Logprob(value, rank, self._decode_one(token))
+                out[token] = Logprob(value, rank, self._decode_one(token) if decode else None)
         return out
 
     def _decode_one(self, token: int) -> str:
