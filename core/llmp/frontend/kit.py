@@ -499,7 +499,10 @@ class FrontendKit:
         try:
             await check(constraint)
         except ValueError as exc:
-            raise bad_request(str(exc), param) from None
+            message = str(exc)
+            if not param.endswith("structured_outputs"):  # name what the client sent (format, response_format)
+                message = message.replace(f"invalid structured_outputs.{constraint.kind}:", f"invalid {param}:", 1)
+            raise bad_request(message, param) from None
 
     def reasoning_markers(self, prompt_ids: Sequence[int], param: str = "thinking_token_budget") -> ReasoningMarkers:
         """The markers a ``thinking_token_budget`` counts with: the ``--reasoning-parser``'s start and end
