@@ -45,7 +45,7 @@ COMMAND_LINE = [
     (["serve", "--max-model-len", "1"], "--max-model-len must be >= 2, got 1"),
     (["serve", "--max-num-seqs", "0"], "--max-num-seqs must be >= 1, got 0"),
     (["serve", "--kv-cache-memory-gib", "-1"], "--kv-cache-memory-gib must be >= 0, got -1"),
-    (["serve", "--dtype", "bf16"], "--dtype must be auto, bfloat16, float16 or float32, got 'bf16' (did you mean"),
+    (["serve", "--dtype", "bf16"], "--dtype must be auto, bfloat16, float16, float32, half or float, got 'bf16' (did"),
     (["serve", "--device", "tpu"], "--device must be auto, cpu, cuda or cuda:N, got 'tpu'"),
     (["serve", "--device", "cuda:x"], "--device must be auto, cpu, cuda or cuda:N, got 'cuda:x'"),
     (["serve", "--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization must be > 0 and <= 1, got 1.5"),

@@ -123,7 +123,7 @@ def test_serve_help_groups_its_options_in_panels() -> None:
         }.items():
             for flag in flags:
                 assert flag in shown[panel], f"{flag} not in the {panel} panel at {width} columns:\n{text}"
-        assert "--dtype {auto,bfloat16,float16,float32}" in text  # a closed set's values, compactly
+        assert "--dtype {auto,bfloat16,float16,float32,half,float}" in text  # a closed set's values, compactly
         assert "[default: 8000]" in shown["Server"]
     # 117 lines before LoRA, 134 before Operations, 149 before -q, 155 before the GPU options, 164 before
     # vLLM's tokenizer-info, generation-override and middleware flags

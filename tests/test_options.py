@@ -288,7 +288,7 @@ def test_command_line_beats_environment_beats_yaml_beats_default(tmp_path: Path)
         ({"LLMP_ENABLE_PREFIX_CACHING": "maybe"}, "LLMP_ENABLE_PREFIX_CACHING must be true or false, got 'maybe'"),
         (
             {"LLMP_DTYPE": "bf16"},
-            "LLMP_DTYPE must be auto, bfloat16, float16 or float32, got 'bf16' (did you mean bfloat16?)",
+            "LLMP_DTYPE must be auto, bfloat16, float16, float32, half or float, got 'bf16' (did you mean bfloat16?)",
         ),
         (
             {"LLMP_EXECUTOR": "uniprc"},
@@ -411,3 +411,29 @@ def test_generation_overrides_take_what_sampling_params_take(key: str) -> None:
         except ValueError:
             accepted = False
         assert (sampling_defaults({key: value}) is None) == accepted, (key, value)
+
+
+@pytest.mark.parametrize(
+    ("keywords", "message"),
+    [
+        ({"enable_prefix_caching": "false"}, "enable_prefix_caching must be true or false, got 'false'"),
+        ({"seed": None}, "seed must be an integer, got None"),
+        ({"max_model_len": "64"}, "max_model_len must be an integer or None, got '64'"),
+        ({"block_size": 16.5}, "block_size must be an integer, got 16.5"),
+        ({"tensor_parallel_size": True}, "tensor_parallel_size must be an integer, got True"),
+        ({"gpu_memory_utilization": "0.5"}, "gpu_memory_utilization must be a number, got '0.5'"),
+    ],
+)
+def test_an_engine_setting_of_the_wrong_type_is_refused_naming_it(keywords, message):
+    """From Python nothing parses the values: a string "false" would otherwise be true, and "64" fail deep inside."""
+    with pytest.raises(ValueError) as caught:
+        EngineConfig(**keywords)
+    assert str(caught.value) == message
+
+
+def test_vllms_other_dtype_names_are_read_as_ours():
+    import torch
+
+    assert EngineConfig(dtype="half").dtype == "float16" and EngineConfig(dtype="float").dtype == "float32"
+    assert EngineConfig(dtype=torch.bfloat16, kv_cache_dtype=torch.float16).kv_cache_dtype == "float16"
+    assert EngineConfig(gpu_memory_utilization=1).gpu_memory_utilization == 1  # an int is a number

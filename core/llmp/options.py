@@ -52,7 +52,8 @@ PANELS = (
     "Operations",
 )
 
-Dtype = Literal["auto", "bfloat16", "float16", "float32"]
+Dtype = Literal["auto", "bfloat16", "float16", "float32", "half", "float"]  # the last two: aliases
+DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's (and torch's) other names
 # vLLM's --quantization, the methods llmp loads (vLLM's GPU kernel names for AWQ and GPTQ checkpoints too)
 Quantization = Literal["awq", "gptq", "compressed-tensors", "gguf", "awq_marlin", "gptq_marlin"]
 QUANTIZATION_ALIASES = {"awq_marlin": "awq", "gptq_marlin": "gptq"}  # the checkpoint format each one reads
@@ -359,6 +360,10 @@ class EngineConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        for name in ("dtype", "kv_cache_dtype"):  # vLLM's other spellings: "half", "float", torch.float16
+            value = getattr(self, name)
+            spelled = str(value).removeprefix("torch.") if not isinstance(value, str) else value
+            setattr(self, name, DTYPE_ALIASES.get(spelled, spelled))
         check_fields(self)
         if isinstance(self.hf_overrides, str):  # JSON text from the command line, LLMP_HF_OVERRIDES or YAML
             self.hf_overrides = json.loads(self.hf_overrides)
@@ -651,7 +656,14 @@ def check_fields(record: Any) -> None:
     """``ValueError`` naming the field when an option field of ``record`` holds a value its
     declaration refuses: outside its ``Literal`` choices or its bounds (``ge``, ``gt``, ``le``, ``lt``),
     or one its ``check`` refuses. Commands check the values they read before building a record,
-    naming the flag (``llmp.config``)."""
+    naming the flag (``llmp.config``). A field declared ``bool``, ``int`` or ``float`` (or one of them
+    or None) must hold that type: ``"false"`` is not false, nor ``"64"`` a length."""
+    for f, kind, optional in _typed(type(record)):
+        value = getattr(record, f.name)
+        if value is None and optional:
+            continue
+        if isinstance(value, bool) != (kind is bool) or not isinstance(value, float | int if kind is float else kind):
+            raise ValueError(f"{f.name} must be {_TYPE_NAMES[kind]}{' or None' if optional else ''}, got {value!r}")
     for f, choices, optional in _declared(type(record)):
         value = getattr(record, f.name)
         if value is None and optional:
@@ -706,6 +718,22 @@ def _number(value: float) -> str:
 
 
 _DECLARED: dict[type, list[tuple[Any, tuple[Any, ...] | None, bool]]] = {}
+_TYPED: dict[type, list[tuple[Any, type, bool]]] = {}
+_TYPE_NAMES = {bool: "true or false", int: "an integer", float: "a number"}
+
+
+def _typed(cls: type) -> list[tuple[Any, type, bool]]:
+    """The fields of ``cls`` declared ``bool``, ``int`` or ``float`` (or one of them or None): each
+    with its type and whether it may be None."""
+    if cls not in _TYPED:
+        hints = typing.get_type_hints(cls)
+        typed = []
+        for f in fields(cls):
+            args = [a for a in typing.get_args(hints[f.name]) if a is not type(None)] or [hints[f.name]]
+            if len(args) == 1 and args[0] in _TYPE_NAMES:
+                typed.append((f, args[0], type(None) in typing.get_args(hints[f.name])))
+        _TYPED[cls] = typed
+    return _TYPED[cls]
 
 
 def _declared(cls: type) -> list[tuple[Any, tuple[Any, ...] | None, bool]]:
