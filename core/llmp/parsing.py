@@ -9,6 +9,7 @@ non-streamed message by construction.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -151,13 +152,18 @@ class MessageStream:
         in_reasoning: bool | None = None,
         tools: Sequence[Mapping[str, Any]] = (),
         make_id: Callable[[], str] = new_tool_call_id,
+        max_tool_calls: int | None = None,
     ) -> None:
         self.reasoning_parser = reasoning_parser
         self.tool_parser = tool_parser
+        self.max_tool_calls = max_tool_calls  # the calls past it are dropped (parallel_tool_calls false: 1)
         self.in_reasoning = in_reasoning
         self.tools = tools
         self.make_id = make_id
         self.sent = ParsedMessage()
+        # after the final feed: whether the calls were whole (False: the text ended inside one, so a
+        # lenient parser closed it; finish_reason is then not "tool_calls")
+        self.calls_whole = True
 
     def feed(self, text: str, final: bool = False) -> MessageDelta:
         reasoning, content = None, text
@@ -167,7 +173,12 @@ class MessageStream:
         calls: list[ParsedToolCall] = []
         if self.tool_parser is not None:
             found = self.tool_parser.parse(content, final=final, tools=self.tools)
-            content, calls = found.content, found.calls
+            if final and found.calls:
+                settled = self.tool_parser.parse(content, final=False, tools=self.tools).calls
+                self.calls_whole = settled[: len(found.calls)] == found.calls and all(
+                    _whole_json(call.arguments) for call in found.calls
+                )
+            content, calls = found.content, found.calls[: self.max_tool_calls]
         delta = MessageDelta()
         if reasoning is not None:
             delta.reasoning = self._extend("reasoning", self.sent.reasoning or "", reasoning)
@@ -194,6 +205,14 @@ class MessageStream:
         if extra or (part == "reasoning" and self.sent.reasoning is None):
             setattr(self.sent, part, now)
         return extra
+
+
+def _whole_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
 
 
 # -- tool calls forced by tool_choice (constrained decoding writes them as JSON) ------------------

@@ -320,6 +320,36 @@ def test_parallel_tool_calls_false_allows_one_call(tools_client, model):
     check_arguments(*whole_calls(single.message)[0])
 
 
+# a pydantic model's schema: its submodel under $defs, referred to from #/$defs (the root's)
+NESTED_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "save_place",
+        "parameters": {
+            "$defs": {
+                "Place": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string", "maxLength": 12}},
+                    "required": ["city"],
+                    "additionalProperties": False,
+                }
+            },
+            "type": "object",
+            "properties": {"place": {"$ref": "#/$defs/Place"}},
+            "required": ["place"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+def test_required_calls_of_a_tool_with_defs(tools_client, model):
+    """tool_choice required nests each tool's parameters in one schema: their $defs move to its root."""
+    choice = chat(tools_client, model, tools=[NESTED_TOOL], tool_choice="required", max_tokens=80, seed=0).choices[0]
+    [(name, arguments)] = whole_calls(choice.message)[:1]
+    assert name == "save_place" and set(json.loads(arguments)["place"]) == {"city"}, choice
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_named_tool_choice_calls_that_function(tools_client, model, seed):
     request = {"tools": TOOLS, "tool_choice": NAMED, "max_tokens": 80, "seed": seed}
@@ -444,6 +474,35 @@ def test_auto_tool_call_is_parsed(auto, model):
     assert streamed.finish_reasons == ["tool_calls"]
     assert streamed.content == ""
     assert _reasoning(parser, streamed.reasoning) == reasoning
+
+
+def test_parallel_tool_calls_false_keeps_the_first_auto_call(tools_client, model):
+    """tool_choice auto: the model may write several calls; parallel_tool_calls false returns the first
+    (vLLM's maybe_filter_parallel_tool_calls), whole and streamed."""
+    two = "[get_weather(city='Paris', days=2), get_weather(city='Rome', days=1)]"
+    request = dict(tools=[WEATHER], max_tokens=150, extra_body={"structured_outputs": {"choice": [two]}})
+    assert len(chat(tools_client, model, **request).choices[0].message.tool_calls) == 2  # the test can fail
+    single = chat(tools_client, model, parallel_tool_calls=False, **request).choices[0]
+    assert single.finish_reason == "tool_calls"
+    assert [json.loads(arguments) for _, arguments in whole_calls(single.message)] == [CALL_ARGUMENTS]
+    streamed = collect(chat(tools_client, model, stream=True, parallel_tool_calls=False, **request))
+    assert streamed.call_pairs == whole_calls(single.message) and streamed.finish_reasons == ["tool_calls"]
+
+
+def test_a_stop_string_inside_a_call_is_no_tool_calls_finish(tools_client, model):
+    """A stop string cut the call's arguments: finish_reason stays "stop" (a client would json.loads
+    arguments that are not JSON), whole and streamed."""
+    request = dict(
+        tools=[WEATHER],
+        max_tokens=150,
+        stop=["aris"],
+        extra_body={"structured_outputs": {"choice": [CALL_TEXT["pythonic"]]}},
+    )
+    choice = chat(tools_client, model, **request).choices[0]
+    assert choice.finish_reason == "stop" and extra(choice, "stop_reason") == "aris", choice
+    assert choice.message.tool_calls, choice  # the parser made a call of the cut text: the test can fail
+    streamed = collect(chat(tools_client, model, stream=True, **request))
+    assert streamed.finish_reasons == ["stop"]
 
 
 def test_tools_without_tool_choice_are_auto(tools_client, model):
@@ -607,6 +666,29 @@ ERRORS = [
         {"response_format": {"type": "json_schema", "json_schema": {"name": "u", "schema": UNIQUE}}},
         "response_format",
         "'uniqueItems' at properties/tags, which structured outputs cannot enforce",
+    ),
+    ("plain", {"response_format": {"type": "json_schema", "json_schema": "x"}}, "response_format", "must be an object"),
+    (
+        "tools",
+        {
+            "tools": [
+                NESTED_TOOL,
+                {
+                    **NESTED_TOOL,
+                    "function": {
+                        **NESTED_TOOL["function"],
+                        "name": "b",
+                        "parameters": {
+                            "$defs": {"Place": {"type": "integer"}},
+                            "properties": {"p": {"$ref": "#/$defs/Place"}},
+                        },
+                    },
+                },
+            ],
+            "tool_choice": "required",
+        },
+        "tools",
+        "tools define $defs/Place differently",
     ),
 ]
 
@@ -863,7 +945,8 @@ def test_invalid_constraint_is_400(plain_client, model, endpoint, kind):
             chat(plain_client, model, max_tokens=4, extra_body=body)
         else:
             _complete(plain_client, model, max_tokens=4, extra_body=body)
-    assert_openai_error(caught.value.response, 400, contains="invalid structured_outputs")
+    named = "response_format" if kind == "response_format" else "structured_outputs"  # the field sent
+    assert_openai_error(caught.value.response, 400, contains=f"invalid {named}")
 
 
 @pytest.mark.parametrize("endpoint", ["chat", "completions"])

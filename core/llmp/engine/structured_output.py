@@ -126,6 +126,11 @@ UNENFORCED_KEYWORDS = (
     "uniqueItems", "contains", "minContains", "maxContains", "not", "if", "then", "else",
     "dependentRequired", "dependentSchemas", "dependencies",
 )  # fmt: skip
+# string formats xgrammar enforces (vLLM's STRING_SUPPORTED_FORMATS); it ignores any other
+STRING_FORMATS = frozenset(
+    {"email", "date", "time", "date-time", "duration", "ipv4", "ipv6", "hostname", "uuid", "uri", "uri-reference",
+     "uri-template", "json-pointer", "relative-json-pointer"}
+)  # fmt: skip
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")  # name -> subschema
 _SCHEMA_VALUES = ("items", "additionalProperties", "propertyNames", "unevaluatedProperties", "unevaluatedItems")
 _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
@@ -141,10 +146,36 @@ def _refuse_unenforced(schema: Any) -> None:
                 f"the schema's allOf{place} has several subschemas, which structured outputs cannot enforce "
                 "together: merge them into one"
             )
+        if keyword == "format":
+            raise ValueError(
+                f"the schema's string format{place} is not one structured outputs can enforce "
+                f"({', '.join(sorted(STRING_FORMATS))}): leave it out or give a pattern"
+            )
+        if keyword in ("minLength", "maxLength"):
+            raise ValueError(
+                f"the schema's {keyword}{place} is beside a pattern or a format, which structured outputs cannot "
+                "enforce together: put the length in the pattern"
+            )
         raise ValueError(
             f"the schema uses {keyword!r}{place}, which structured outputs cannot enforce: leave it out "
             "(and check the output yourself)"
         )
+
+
+def _unenforced_here(schema: dict[str, Any]) -> list[str]:
+    """The keywords of this one (sub)schema xgrammar would ignore: :data:`UNENFORCED_KEYWORDS`, ``multipleOf``,
+    a string ``format`` it does not know, and a string's length bounds beside a pattern or a format."""
+    found = [k for k in UNENFORCED_KEYWORDS if k in schema and not (k == "uniqueItems" and schema[k] is False)]
+    kind = schema.get("type")
+    types = set(kind) if isinstance(kind, list) else {kind}
+    if "multipleOf" in schema and types & {"integer", "number"}:
+        found.append("multipleOf")
+    if "string" in types:
+        if "format" in schema and schema["format"] not in STRING_FORMATS:
+            found.append("format")
+        if "pattern" in schema or "format" in schema:
+            found += [k for k in ("minLength", "maxLength") if k in schema]
+    return found
 
 
 def unenforced_keywords(schema: Any, at: str = "") -> list[tuple[str, str]]:
@@ -152,11 +183,7 @@ def unenforced_keywords(schema: Any, at: str = "") -> list[tuple[str, str]]:
     several subschemas), in document order."""
     if not isinstance(schema, dict):
         return []
-    found = [
-        (at, keyword)
-        for keyword in UNENFORCED_KEYWORDS
-        if keyword in schema and not (keyword == "uniqueItems" and schema[keyword] is False)
-    ]
+    found = [(at, keyword) for keyword in _unenforced_here(schema)]
     if isinstance(schema.get("allOf"), list) and len(schema["allOf"]) > 1:
         found.append((at, "allOf"))
     for key in _SCHEMA_MAPS:
@@ -180,8 +207,9 @@ def without_unenforced(schema: Any) -> Any:
     if not isinstance(schema, dict):
         return schema
     out = {}
+    unenforced = _unenforced_here(schema)
     for key, value in schema.items():
-        if key in UNENFORCED_KEYWORDS or (key == "allOf" and isinstance(value, list) and len(value) > 1):
+        if key in unenforced or (key == "allOf" and isinstance(value, list) and len(value) > 1):
             continue
         if key in _SCHEMA_MAPS and isinstance(value, dict):
             out[key] = {name: without_unenforced(sub) for name, sub in value.items()}

@@ -421,6 +421,7 @@ class FrontendKit:
         """
         named = self.check_tools(tools, tool_choice)
         plan = OutputPlan(include_reasoning=include_reasoning, tools=list(tools or ()))
+        plan.max_tool_calls = None if parallel_tool_calls else 1
         if self.reasoning_parser is not None and parse_reasoning:
             state = self.reasoning_parser.prompt_state(list(prompt_ids))
             if state is not False:
@@ -477,7 +478,10 @@ class FrontendKit:
         if kind == "json_object":
             return StructuredOutputsParams(json_object=True)
         if kind == "json_schema":
-            schema = (response_format.get("json_schema") or {}).get("schema")
+            json_schema = response_format.get("json_schema")
+            if not isinstance(json_schema, Mapping):
+                raise bad_request("response_format json_schema must be an object holding the schema", "response_format")
+            schema = json_schema.get("schema")
             if schema is None:
                 raise bad_request("response_format json_schema needs json_schema.schema", "response_format")
             if not isinstance(schema, dict):
@@ -882,15 +886,26 @@ class OutputPlan:
     tool_parser: Any = None
     tools: list[Mapping[str, Any]] | None = None
     named: bool = False  # a named tool_choice: the call ends with finish_reason "stop", as in OpenAI
+    max_tool_calls: int | None = None  # the calls past it are dropped (1 when parallel_tool_calls is false)
 
     def message_stream(self) -> Any:
         from llmp.parsing import MessageStream
 
         return MessageStream(
-            self.reasoning_parser, self.tool_parser, in_reasoning=self.in_reasoning, tools=self.tools or ()
+            self.reasoning_parser,
+            self.tool_parser,
+            in_reasoning=self.in_reasoning,
+            tools=self.tools or (),
+            max_tool_calls=self.max_tool_calls,
         )
 
-    def finish_reason(self, reason: str | None, called: bool) -> str | None:
+    def finish_reason(self, reason: str | None, called: Any) -> str | None:
+        """``tool_calls`` for a completion that stopped on its own after calling tools. ``called``: whether
+        it did, or its :class:`~llmp.parsing.MessageStream` after the final feed, whose calls count only
+        when whole: a stop string (or the end) cutting a call short leaves the reason ``stop``, as vLLM
+        returns a call it cannot parse as content."""
+        if not isinstance(called, bool):
+            called = bool(called.sent.tool_calls) and called.calls_whole
         return "tool_calls" if reason == "stop" and called and not self.named else reason
 
     def reasoning_tokens(self, output_token_ids: Sequence[int]) -> int | None:
@@ -952,16 +967,23 @@ def forced_parameters(tool: Mapping[str, Any]) -> dict[str, Any]:
 
 def required_calls_schema(tools: Sequence[Mapping[str, Any]], parallel: bool) -> dict[str, Any]:
     """A JSON array of calls, each one of the tools with arguments fitting its schema (as vLLM forces it;
-    :func:`forced_parameters`)."""
-    calls = [
-        {
-            "type": "object",
-            "properties": {"name": {"type": "string", "enum": [tool_name(t)]}, "parameters": forced_parameters(t)},
-            "required": ["name", "parameters"],
-        }
-        for t in tools
-    ]
-    schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+    :func:`forced_parameters`). Each tool's ``$defs`` (``definitions``) move to the root, where its
+    ``#/$defs/...`` references point once its parameters are nested (vLLM's ``get_tool_schema_defs``)."""
+    calls, defs = [], {}
+    for tool in tools:
+        parameters = dict(forced_parameters(tool))
+        for key in ("$defs", "definitions"):
+            for name, definition in (parameters.pop(key, None) or {}).items():
+                if defs.setdefault(key, {}).setdefault(name, definition) != definition:
+                    raise bad_request(f"tools define {key}/{name} differently: give them distinct names", "tools")
+        calls.append(
+            {
+                "type": "object",
+                "properties": {"name": {"type": "string", "enum": [tool_name(tool)]}, "parameters": parameters},
+                "required": ["name", "parameters"],
+            }
+        )
+    schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}, **defs}
     if not parallel:
         schema["maxItems"] = 1
     return schema

@@ -153,7 +153,9 @@ class ChatCompletion:
             ]
             if self.plan.reasoning_parser is not None and self.plan.include_reasoning:
                 message["reasoning"] = message["reasoning_content"] = parsed.reasoning
-            finish_reason = self.plan.finish_reason(finish_reason, bool(parsed.tool_calls))
+            finish_reason = self.plan.finish_reason(finish_reason, stream)
+        if not message["tool_calls"]:  # left out when empty, as vLLM and OpenAI do
+            del message["tool_calls"]
         choice = {
             "index": seq.index,
             "message": message,
@@ -212,7 +214,7 @@ class ChatCompletion:
                         texts[seq.index] += seq.text
                         stream = streams[seq.index]
                         delta = self._delta(stream.feed(texts[seq.index], final=bool(finish_reason)))
-                        finish_reason = self.plan.finish_reason(finish_reason, bool(stream.sent.tool_calls))
+                        finish_reason = self.plan.finish_reason(finish_reason, stream)
                         if not (delta or finish_reason or (self.top is not None and seq.token_ids)):
                             continue
                     choice = {
