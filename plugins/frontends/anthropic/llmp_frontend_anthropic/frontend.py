@@ -11,11 +11,14 @@ import json
 import logging
 import re
 import uuid
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from dataclasses import replace
+from types import SimpleNamespace
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from llmp import Prompt, SamplingParams, StructuredOutputsParams
 from llmp.frontend import (
@@ -30,6 +33,8 @@ from llmp.frontend import (
     request_id_of,
     until_disconnected,
 )
+from llmp.frontend.errors import validation_message
+from llmp.server.app import LightJSONRoute
 from llmp_frontend_anthropic import protocol as p
 
 ERROR_PATHS = ("/v1/messages",)
@@ -69,6 +74,9 @@ def anthropic_error(error: APIError) -> tuple[int, dict[str, Any]]:
 
 
 MIN_THINKING_BUDGET = 1024  # the Messages API's least budget_tokens
+# between_tools: thinking off, the model's short notes between tool calls as thinking blocks; here thinking off
+THINKING_TYPES = ("enabled", "disabled", "adaptive", "between_tools")
+THINKING_DISPLAYS = ("summarized", "omitted")
 
 
 def check_thinking(body: p.MessagesBase) -> p.Thinking | None:
@@ -76,6 +84,15 @@ def check_thinking(body: p.MessagesBase) -> p.Thinking | None:
     thinking = body.thinking
     if thinking is None:
         return None
+    if thinking.type not in THINKING_TYPES:
+        raise bad_request(
+            f"thinking.type must be one of {', '.join(THINKING_TYPES)}; got {thinking.type!r}", "thinking.type"
+        )
+    if thinking.display not in (None, *THINKING_DISPLAYS):
+        raise bad_request(
+            f"thinking.display must be one of {', '.join(THINKING_DISPLAYS)}; got {thinking.display!r}",
+            "thinking.display",
+        )
     budget = thinking.budget_tokens
     if thinking.type != "enabled":
         if budget is not None:
@@ -94,8 +111,50 @@ def check_thinking(body: p.MessagesBase) -> p.Thinking | None:
     return thinking
 
 
+def output_format(body: p.MessagesBase) -> StructuredOutputsParams | None:
+    """The JSON-schema constraint of ``output_config.format`` (or the structured-outputs beta's
+    top-level ``output_format``): ``{"type": "json_schema", "schema": {...}}``."""
+    given = body.output_config.format if body.output_config is not None else None
+    if given is not None and body.output_format is not None:
+        raise bad_request("give either output_config.format or output_format, not both", "output_config.format")
+    param = "output_config.format" if given is not None else "output_format"
+    given = given if given is not None else body.output_format
+    if given is None:
+        return None
+    if given.get("type") != "json_schema":
+        raise bad_request(f"{param}.type must be json_schema, got {given.get('type')!r}", param)
+    if not isinstance(given.get("schema"), dict):
+        raise bad_request(f"{param}.schema must be a JSON schema (an object)", param)
+    if (body.tool_choice or {}).get("type") in ("any", "tool"):
+        raise bad_request(f"{param} cannot be combined with tool_choice {body.tool_choice['type']}", param)
+    return StructuredOutputsParams(json=given["schema"])
+
+
 def sse(event: str, payload: Mapping[str, Any]) -> str:
     return f"event: {event}\ndata: {json_text(payload)}\n\n"
+
+
+class WithRequestId(LightJSONRoute):
+    """A route (JSON bodies read as the server reads them) whose answers, errors included, carry the
+    server's X-Request-Id also as ``request-id``, the header Anthropic's SDKs read (``_request_id``)."""
+
+    def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
+        handler = super().get_route_handler()
+
+        async def with_request_id(request: Request) -> Response:
+            value = request_id_of(request)
+            try:
+                response = await handler(request)
+            except APIError as exc:
+                exc.headers = {**exc.headers, "request-id": value}
+                raise
+            except RequestValidationError as exc:  # the server's 400 of an invalid body, with the header
+                message, param = validation_message(list(exc.errors()))
+                raise APIError(400, message, param=param, headers={"request-id": value}) from None
+            response.headers["request-id"] = value
+            return response
+
+        return with_request_id
 
 
 class AnthropicFrontend(FrontendKit):
@@ -108,7 +167,7 @@ class AnthropicFrontend(FrontendKit):
         return anthropic_error(error)  # static: it shapes the server's refusals while the model loads too
 
     def http_router(self) -> APIRouter:
-        router = APIRouter()
+        router = APIRouter(route_class=WithRequestId)
         if self.task == "generate":
             router.add_api_route(
                 "/v1/messages",
@@ -139,13 +198,17 @@ class AnthropicFrontend(FrontendKit):
     # -- shared conversions ---------------------------------------------------------
 
     def check_model(self, name: str | None) -> None:
+        if not name:  # the Messages API requires it (vLLM's too): no silent default model
+            served = ", ".join(card["id"] for card in self.model_cards())
+            raise bad_request(f"model: Field required (this server serves: {served})", "model")
         if not self.is_served(name):  # FrontendKit's check (LoRA adapters included), Anthropic's wording
             served = ", ".join(card["id"] for card in self.model_cards())
             raise APIError(404, f"model: {name} (this server serves: {served})", param="model")
 
     async def prompt(self, body: p.MessagesBase) -> Prompt:
         """The engine's prompt: the rendered conversation and its token ids. ``thinking`` turns the chat
-        template's ``enable_thinking`` on or off (``adaptive``: the template's default)."""
+        template's ``enable_thinking`` on or off (``adaptive``: the template's default). A conversation
+        ending with an assistant turn is a prefill: the reply continues it (no new assistant turn)."""
         self.check_model(body.model)
         if not body.messages:
             raise bad_request("messages: at least one message is required", "messages")
@@ -154,7 +217,18 @@ class AnthropicFrontend(FrontendKit):
         variables = {}
         if thinking is not None and thinking.type != "adaptive":
             variables["enable_thinking"] = thinking.type == "enabled"
-        return await self.conversation_prompt(conversation(body), body, tools=tools, variables=variables)
+        turns = conversation(body)
+        try:  # JSON may carry a lone surrogate ("\ud800"), which no tokenizer takes
+            json.dumps([turns, tools], ensure_ascii=False).encode()
+        except UnicodeEncodeError:
+            raise bad_request("messages: the text is not valid Unicode (a lone surrogate)", "messages") from None
+        prefill = turns[-1]["role"] == "assistant" and not turns[-1].get("tool_calls")
+        rendering = SimpleNamespace(  # what the kit reads of the body to render: no extra field of the client's
+            chat_template_kwargs=body.chat_template_kwargs,
+            add_generation_prompt=not prefill,
+            continue_final_message=prefill,
+        )
+        return await self.conversation_prompt(turns, rendering, tools=tools, variables=variables)
 
     def thinking_budget(self, body: p.MessagesRequest, prompt_ids: list[int]) -> tuple[int | None, Any]:
         """``thinking.budget_tokens`` as the engine's ``thinking_token_budget`` and the reasoning parser's
@@ -213,8 +287,9 @@ class MessageRun:
 
     def __init__(self, fe: AnthropicFrontend, body: p.MessagesRequest, request: Request) -> None:
         self.fe, self.body, self.request = fe, body, request
-        self.id = f"msg_{request_id_of(request)}"
+        self.id = f"msg_{uuid.uuid4().hex}"  # unique and opaque, whatever the client's X-Request-Id
         self.model = body.model or fe.model_name
+        self.omit_thinking = body.thinking is not None and body.thinking.display == "omitted"
 
     async def run(self) -> Any:
         fe, body = self.fe, self.body
@@ -225,8 +300,12 @@ class MessageRun:
         self.prompt_ids = prompt.token_ids
         tools, tool_choice = fe.tools(body)
         parallel = not (body.tool_choice or {}).get("disable_parallel_tool_use", False)
-        self.plan, constraint = fe.output_plan(self.prompt_ids, tools, tool_choice, parallel_tool_calls=parallel)
-        await fe.check_constraint(constraint, "tool_choice")
+        constraint = output_format(body)
+        param = "output_format" if body.output_format else "output_config.format" if constraint else "tool_choice"
+        self.plan, constraint = fe.output_plan(
+            self.prompt_ids, tools, tool_choice, parallel_tool_calls=parallel, constraint=constraint
+        )
+        await fe.check_constraint(constraint, param)
         self.params = fe.sampling_params(body, self.prompt_ids, constraint, fe.skip_special_tokens(self.plan))
         self.outputs = fe.engine.generate(
             prompt,
@@ -248,9 +327,12 @@ class MessageRun:
         async for final in self.outputs:
             pass
         seq = final.outputs[0]
-        blocks = BlockStream(self.plan)
+        blocks = BlockStream(self.plan, self.omit_thinking)
         list(blocks.feed(seq.text, final=True))
-        stop_reason, stop_sequence = _stop_reason(seq, blocks.called)
+        stop_reason, stop_sequence = _stop_reason(seq, blocks)
+        if stop_reason == "stop_sequence" and blocks.called:  # a call cut by the stop string: its text, not a call
+            blocks = BlockStream(replace(self.plan, tool_parser=None), self.omit_thinking)
+            list(blocks.feed(seq.text, final=True))
         return {
             "id": self.id,
             "type": "message",
@@ -276,7 +358,7 @@ class MessageRun:
 
     async def stream(self) -> AsyncIterator[str]:
         generated, text, cached = 0, "", None
-        blocks = BlockStream(self.plan)
+        blocks = BlockStream(self.plan, self.omit_thinking)
         try:
             outputs = aiter(self.outputs)
             first = None
@@ -306,7 +388,7 @@ class MessageRun:
                     yield event
             for event in blocks.close():
                 yield event
-            stop_reason, stop_sequence = _stop_reason(seq, blocks.called)
+            stop_reason, stop_sequence = _stop_reason(seq, blocks)
             yield sse(
                 "message_delta",
                 {
@@ -333,12 +415,14 @@ class BlockStream:
 
     The text is split by the request's parsers (``OutputPlan.message_stream``); a block opens with
     its first piece and closes when another kind of piece comes. Without parsers there is one text
-    block, opened at once, as Anthropic's own stream does.
+    block, opened at once, as Anthropic's own stream does. ``omit_thinking`` (``thinking.display:
+    omitted``): thinking blocks keep their signature but not their text.
     """
 
-    def __init__(self, plan: OutputPlan) -> None:
+    def __init__(self, plan: OutputPlan, omit_thinking: bool = False) -> None:
         self.parsed = plan.reasoning_parser is not None or plan.tool_parser is not None
         self.stream = plan.message_stream() if self.parsed else None
+        self.omit_thinking = omit_thinking
         self.blocks: list[dict[str, Any]] = []
         self.open: int | None = None
         self.text = ""
@@ -346,6 +430,18 @@ class BlockStream:
     @property
     def called(self) -> bool:
         return any(block["type"] == "tool_use" for block in self.blocks)
+
+    @property
+    def calls_complete(self) -> bool:
+        """Whether every tool call's arguments are a whole JSON object (none was cut short)."""
+        try:
+            return all(
+                isinstance(json.loads(block.get("json") or "{}"), dict)
+                for block in self.blocks
+                if block["type"] == "tool_use"
+            )
+        except ValueError:
+            return False
 
     def start(self) -> Iterator[str]:
         if not self.parsed:
@@ -394,12 +490,14 @@ class BlockStream:
     def _delta(self, kind: str, delta: dict[str, Any], text: str) -> Iterator[str]:
         if self.open is None or self.blocks[self.open]["type"] != kind:
             yield from self._close()
-            yield from self._open(
-                {"type": "thinking", "thinking": "", "signature": ""}
-                if kind == "thinking"
-                else {"type": "text", "text": ""}
-            )
+            if kind == "thinking":
+                yield from self._open({"type": "thinking", "thinking": "", "signature": ""})
+                self.blocks[self.open]["signature"] = uuid.uuid4().hex  # sent when the block ends
+            else:
+                yield from self._open({"type": "text", "text": ""})
         block = self.blocks[self.open]
+        if kind == "thinking" and self.omit_thinking:
+            return
         field = {"thinking": "thinking", "text": "text", "tool_use": "json"}[kind]
         block[field] = block.get(field, "") + text
         yield sse("content_block_delta", {"type": "content_block_delta", "index": self.open, "delta": delta})
@@ -421,7 +519,7 @@ class BlockStream:
                 {
                     "type": "content_block_delta",
                     "index": self.open,
-                    "delta": {"type": "signature_delta", "signature": ""},
+                    "delta": {"type": "signature_delta", "signature": self.blocks[self.open]["signature"]},
                 },
             )
         yield sse("content_block_stop", {"type": "content_block_stop", "index": self.open})
@@ -473,9 +571,10 @@ def conversation(body: p.MessagesBase) -> list[dict[str, Any]]:
                     }
                 )
             elif kind == "tool_result" and message.role == "user":
-                results.append(
-                    {"role": "tool", "tool_call_id": block.tool_use_id or "", "content": _result_text(block, index)}
-                )
+                text = _result_text(block, index)
+                if block.is_error:  # the model is told the call failed (Anthropic's is_error)
+                    text = f"Tool error: {text}" if text else "Tool error"
+                results.append({"role": "tool", "tool_call_id": block.tool_use_id or "", "content": text})
             elif kind in ("thinking", "redacted_thinking") and message.role == "assistant":
                 continue  # earlier reasoning is not fed back
             else:
@@ -559,12 +658,14 @@ def _tools(body: p.MessagesBase) -> list[dict[str, Any]] | None:
     return tools
 
 
-def _stop_reason(seq: Any, called: bool = False) -> tuple[str, str | None]:
-    """Anthropic's ``stop_reason`` and ``stop_sequence`` from the engine's finish and stop reasons."""
+def _stop_reason(seq: Any, blocks: BlockStream) -> tuple[str, str | None]:
+    """Anthropic's ``stop_reason`` and ``stop_sequence`` from the engine's finish and stop reasons. A
+    matched stop string wins over tool calls unless every call is whole (as vLLM): one it cut short
+    must not run."""
     if seq is None or seq.finish_reason == "length":
         return "max_tokens", None
-    if called:
-        return "tool_use", None
-    if isinstance(seq.stop_reason, str):
+    if isinstance(seq.stop_reason, str) and not (blocks.called and blocks.calls_complete):
         return "stop_sequence", seq.stop_reason
+    if blocks.called:
+        return "tool_use", None
     return "end_turn", None

@@ -2,7 +2,8 @@
 
 Unknown top-level fields (``service_tier``, ``container``, ``context_management`` ...) are accepted,
 as clients such as Claude Code send fields a server need not act on, and named in a warning in the
-server's log, as the OpenAI front-end does; a block's ``cache_control`` needs no act (the prefix
+server's log, as the OpenAI front-end does, as are unknown keys of ``thinking``, ``output_config``
+(``effort``, a hint) and of a tool (``strict``); a ``cache_control`` needs no act (the prefix
 cache keeps every prompt's blocks).
 """
 
@@ -49,16 +50,30 @@ class Tool(BaseModel):
     input_schema: dict[str, Any] | None = None
     type: str | None = None  # "custom", or a server tool type (refused)
 
+    def ignored(self) -> list[str]:
+        return [name for name in self.model_extra or () if name != "cache_control"]
+
 
 class Thinking(BaseModel):
     """Extended thinking: ``enabled`` (with ``budget_tokens``, at least 1024 and below ``max_tokens``),
-    ``disabled`` or ``adaptive`` (the model decides). Other keys (the API grows: ``display`` ...) are
-    accepted and named in the warning of ignored fields."""
+    ``disabled``, ``between_tools`` (thinking off) or ``adaptive`` (the model decides); ``display``
+    ``summarized`` or ``omitted``. The values are checked by the front-end (a 400 naming them); other
+    keys are accepted and named in the warning of ignored fields."""
 
     model_config = ConfigDict(extra="allow")
 
-    type: Literal["enabled", "disabled", "adaptive"]
+    type: str
     budget_tokens: StrictInt | None = None
+    display: str | None = None
+
+
+class OutputConfig(BaseModel):
+    """``output_config``: ``format`` (``{"type": "json_schema", "schema": {...}}``) constrains the answer;
+    ``effort`` (a hint) and other keys are named in the warning of ignored fields."""
+
+    model_config = ConfigDict(extra="allow")
+
+    format: dict[str, Any] | None = None
 
 
 class MessagesBase(BaseModel):
@@ -70,6 +85,8 @@ class MessagesBase(BaseModel):
     tools: list[Tool] | None = None
     tool_choice: dict[str, Any] | None = None
     thinking: Thinking | None = None
+    output_config: OutputConfig | None = None
+    output_format: dict[str, Any] | None = None  # the structured-outputs beta's name of output_config.format
     # llmp's (and vLLM's) extension: variables of the chat template
     chat_template_kwargs: dict[str, Any] | None = None
 
@@ -77,6 +94,9 @@ class MessagesBase(BaseModel):
     def _warn_of_ignored_fields(self) -> MessagesBase:
         ignored = sorted(self.model_extra or ())
         ignored += [f"thinking.{name}" for name in sorted((self.thinking and self.thinking.model_extra) or ())]
+        config = self.output_config
+        ignored += [f"output_config.{name}" for name in sorted((config and config.model_extra) or ())]
+        ignored += sorted({f"tools.{name}" for tool in self.tools or () for name in tool.ignored()})
         if ignored:
             log.warning("The following fields were present in the request but ignored: %s", ", ".join(ignored))
         return self

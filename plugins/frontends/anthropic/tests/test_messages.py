@@ -361,3 +361,193 @@ def test_overload_is_529(strict_server, name):
         wait_idle(http)
         with anthropic.Anthropic(base_url=strict_server.url, api_key=API_KEY, max_retries=0) as sdk:
             assert sdk.messages.create(model=name, messages=FOX, max_tokens=2).usage.output_tokens == 2
+
+
+# -- fixes of the Messages API's finer points -------------------------------------------------
+
+
+def test_assistant_prefill_is_continued(client, http, name, tokenizer):
+    """A final assistant turn is a prefill: the reply continues it (no new assistant turn), and the
+    content is only the continuation, as OpenAI's ``continue_final_message`` gives it."""
+    turns = [*FOX, {"role": "assistant", "content": "jumps over"}]
+    message = client.messages.create(model=name, messages=turns, max_tokens=10, **GREEDY)
+    reference = openai_chat(http, name, turns, 10, continue_final_message=True, add_generation_prompt=False)
+    assert message.content[0].text == reference["choices"][0]["message"]["content"]
+    text = tokenizer.apply_chat_template(turns, continue_final_message=True, tokenize=False)
+    assert text.endswith("jumps over")
+    expected = tokenizer.encode(text, add_special_tokens=False)
+    assert message.usage.input_tokens == len(expected) < len(chat_ids(tokenizer, turns))
+    as_blocks = [*FOX, {"role": "assistant", "content": [{"type": "text", "text": "jumps over"}]}]
+    assert client.messages.count_tokens(model=name, messages=as_blocks).input_tokens == len(expected)
+
+
+def test_request_id_header(client, name):
+    raw = client.messages.with_raw_response.create(model=name, messages=FOX, max_tokens=2)
+    assert raw.headers["request-id"] == raw.headers["x-request-id"] and raw.parse()._request_id
+    assert raw.parse()._request_id == raw.headers["request-id"]
+    streamed = client.messages.with_raw_response.create(model=name, messages=FOX, max_tokens=2, stream=True)
+    assert streamed.headers["request-id"] == streamed.headers["x-request-id"]
+    list(streamed.parse())
+    with pytest.raises(anthropic.BadRequestError) as caught:  # errors too, a body the route refuses included
+        client.messages.create(model=name, messages=FOX, max_tokens=0)
+    assert caught.value.request_id and caught.value.request_id == caught.value.response.headers["x-request-id"]
+    with pytest.raises(anthropic.NotFoundError) as caught:
+        client.messages.create(model="nope", messages=FOX, max_tokens=2)
+    assert caught.value.request_id
+
+
+def test_message_ids_are_unique_and_opaque(client, name):
+    header = {"X-Request-Id": "same id <&>"}
+    first, second = (
+        client.messages.create(model=name, messages=FOX, max_tokens=1, extra_headers=header) for _ in range(2)
+    )
+    assert first.id != second.id
+    for message in (first, second):
+        assert re.fullmatch(r"msg_[0-9a-f]{32}", message.id), message.id
+
+
+def test_failed_tool_result_says_so(client, name, tokenizer):
+    tools = [{"name": "get_weather", "input_schema": {"type": "object", "properties": {}}}]
+    call = {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {}}
+    result = {"type": "tool_result", "tool_use_id": "toolu_1", "content": "city not found", "is_error": True}
+    messages = [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": [call]},
+        {"role": "user", "content": [result]},
+    ]
+    expected = chat_ids(
+        tokenizer,
+        [
+            {"role": "user", "content": "Weather?"},
+            {"role": "assistant", "content": ""},
+            {"role": "tool", "content": "Tool error: city not found"},
+        ],
+    )
+    assert client.messages.count_tokens(model=name, messages=messages, tools=tools).input_tokens == len(expected)
+
+
+def test_model_is_required(client, name):
+    for body in ({"messages": FOX, "max_tokens": 2}, {"model": "", "messages": FOX, "max_tokens": 2}):
+        for path in ("/v1/messages", "/v1/messages/count_tokens"):
+            with pytest.raises(anthropic.BadRequestError) as caught:
+                client.post(path, body=body, cast_to=httpx.Response)
+            error = error_of(caught.value)
+            assert error["type"] == "invalid_request_error" and "model" in error["message"], error
+            assert name in error["message"]  # it names what is served
+
+
+def test_ignored_tool_and_thinking_keys_are_logged(server, client, name):
+    tools = [{"name": "lookup_fox_strict", "input_schema": {"type": "object"}, "strict": True, "cache_control": {}}]
+    client.messages.count_tokens(
+        model=name,
+        messages=FOX,
+        tools=tools,
+        thinking={"type": "disabled"},
+        extra_body={"thinking": {"type": "disabled", "depth_hint": 3}, "output_config": {"effort": "low"}},
+    )
+    log = server.log()
+    line = next(line for line in log.splitlines() if "tools.strict" in line)
+    assert "thinking.depth_hint" in line and "output_config.effort" in line and "cache_control" not in line
+
+
+def test_lone_surrogate_is_not_valid_unicode(http, name):
+    import json
+
+    # the SDK cannot send one (it encodes UTF-8); JSON can, escaped
+    for content in ("fox \ud800", [{"type": "text", "text": "\ud800"}]):
+        body = {"model": name, "messages": [{"role": "user", "content": content}], "max_tokens": 2}
+        response = http.post("/v1/messages", content=json.dumps(body), headers={"content-type": "application/json"})
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["type"] == "invalid_request_error" and "not valid Unicode" in error["message"], error
+
+
+def test_thinking_types(client, name, tokenizer):
+    counts = {
+        kind: client.messages.count_tokens(model=name, messages=FOX, thinking={"type": kind}).input_tokens
+        for kind in ("disabled", "between_tools")  # between_tools: thinking off
+    }
+    assert counts["between_tools"] == counts["disabled"] == len(chat_ids(tokenizer, FOX))
+    message = client.messages.create(model=name, messages=FOX, max_tokens=2, thinking={"type": "between_tools"})
+    assert message.usage.output_tokens == 2
+    for thinking, wrong in (
+        ({"type": "sometimes"}, "thinking.type"),
+        ({"type": "adaptive", "display": "all"}, "thinking.display"),
+    ):
+        with pytest.raises(anthropic.BadRequestError) as caught:
+            client.messages.create(model=name, messages=FOX, max_tokens=2, extra_body={"thinking": thinking})
+        message = error_of(caught.value)["message"]
+        assert message.startswith(wrong) and "literal_error" not in message, message
+
+
+SMALL = {
+    "type": "object",
+    "properties": {"size": {"type": "string", "enum": ["small", "large"]}},
+    "required": ["size"],
+    "additionalProperties": False,
+}
+
+
+def test_output_format_is_a_json_schema_constraint(client, name):
+    import json
+
+    for extra in (
+        {"output_config": {"format": {"type": "json_schema", "schema": SMALL}}},
+        {"output_format": {"type": "json_schema", "schema": SMALL}},
+    ):
+        message = client.messages.create(
+            model=name, messages=FOX, max_tokens=40, extra_body={**extra, "temperature": 0}
+        )
+        assert message.stop_reason == "end_turn", message
+        assert json.loads(message.content[0].text)["size"] in ("small", "large")
+    with client.messages.stream(
+        model=name,
+        messages=FOX,
+        max_tokens=40,
+        output_config={"format": {"type": "json_schema", "schema": SMALL}},
+        **GREEDY,
+    ) as stream:
+        assert json.loads(stream.get_final_message().content[0].text)["size"] in ("small", "large")
+
+
+def test_output_format_with_the_sdk_parse(client, name):
+    from typing import Literal
+
+    from pydantic import BaseModel
+
+    class Size(BaseModel):
+        size: Literal["small", "large"]
+
+    parsed = client.messages.parse(model=name, messages=FOX, max_tokens=40, output_format=Size, **GREEDY)
+    assert parsed.parsed_output.size in ("small", "large")
+
+
+def test_output_format_errors(client, name):
+    bad = [
+        (
+            {"output_config": {"format": {"type": "json_schema", "schema": {"type": "no-such-type"}}}},
+            "output_config.format",
+        ),
+        ({"output_config": {"format": {"type": "json_schema"}}}, "output_config.format"),
+        ({"output_config": {"format": {"type": "xml", "schema": {}}}}, "output_config.format"),
+        (
+            {
+                "output_format": {"type": "json_schema", "schema": SMALL},
+                "output_config": {"format": {"type": "json_schema", "schema": SMALL}},
+            },
+            "output",
+        ),
+        (
+            {
+                "output_config": {"format": {"type": "json_schema", "schema": SMALL}},
+                "tools": [{"name": "f", "input_schema": {"type": "object"}}],
+                "tool_choice": {"type": "any"},
+            },
+            "tool_choice",
+        ),
+    ]
+    for extra, says in bad:
+        with pytest.raises(anthropic.BadRequestError) as caught:
+            client.messages.create(model=name, messages=FOX, max_tokens=4, extra_body=extra)
+        error = error_of(caught.value)
+        assert error["type"] == "invalid_request_error" and says in error["message"], (extra, error)

@@ -187,6 +187,7 @@ class ResponsesRequest(SamplingFields):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = True
+    max_tool_calls: StrictInt | None = None  # the function calls past it are dropped
     text: dict[str, Any] | None = None
     reasoning: Reasoning | None = None
     store: bool = True
@@ -195,6 +196,8 @@ class ResponsesRequest(SamplingFields):
     include: list[str] | None = None
     top_logprobs: StrictInt | None = None
     metadata: dict[str, str] | None = None
+    # llmp has one tier: any is taken, and the response says "default" (the tier it ran on), as OpenAI reports it
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = "auto"
     # "auto": the oldest items of the conversation are dropped until it fits the context
     truncation: Literal["auto", "disabled"] | None = "disabled"
 

@@ -12,7 +12,7 @@ import asyncio
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Generator, Iterator
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
@@ -28,6 +28,7 @@ from llmp.frontend import (
     until_disconnected,
 )
 from llmp_frontend_openai import protocol as p
+from llmp_frontend_openai.logprobs import chat_logprobs
 from llmp_frontend_openai.pages import cursor_page
 
 if TYPE_CHECKING:
@@ -155,7 +156,7 @@ class ResponseRun:
     def __init__(self, fe: OpenAIFrontend, body: p.ResponsesRequest, store: ResponseStore | None) -> None:
         self.fe, self.body, self.store = fe, body, store
         self.id = f"resp_{uuid.uuid4().hex}"
-        self.message_id = f"msg_{uuid.uuid4().hex}"
+        self.top: int | None = None  # top_logprobs with the include of output logprobs, else None
         self.created_at = int(time.time())
         self.status = "queued" if body.background else "in_progress"
         self.text = ""
@@ -181,14 +182,14 @@ class ResponseRun:
         _check_responses_fields(body)
         tools, tool_choice = _chat_tools(body)
         fe.check_tools(tools, tool_choice)
-        fmt = dict((body.text or {}).get("format") or {"type": "text"})
-        if fmt.get("type") == "json_schema":
-            fmt = {"type": "json_schema", "json_schema": {"schema": fmt.get("schema")}}
+        fmt = _text_format(body.text)
         try:
             constraint = fe.structured_outputs_of(body, fmt)
         except APIError as exc:
             exc.param = "text" if exc.param == "response_format" else exc.param
             raise
+        if body.background and not body.store:  # vLLM's rule: its result could never be read
+            raise bad_request("background can only be used when `store` is true", "background")
         if body.background and store is None:
             raise bad_request("background responses need the response store (start with --enable-store)", "background")
         run = cls(fe, body, store)
@@ -204,22 +205,22 @@ class ResponseRun:
             constraint=constraint,
             parallel_tool_calls=body.parallel_tool_calls is not False,
         )
-        run.items = OutputItems(run.plan, run.message_id)
+        if body.max_tool_calls is not None:  # the calls past it are dropped, as parallel_tool_calls false does
+            cap = run.plan.max_tool_calls
+            run.plan.max_tool_calls = body.max_tool_calls if cap is None else min(cap, body.max_tool_calls)
         await fe.check_constraint(constraint, "tool_choice" if tool_choice not in (None, "none", "auto") else "text")
-        top_logprobs = body.top_logprobs
-        limit = fe.options.max_logprobs
-        if top_logprobs is not None and limit >= 0 and top_logprobs > limit:  # held to the cap chat has
-            raise bad_request(
-                f"top_logprobs={top_logprobs} exceeds the server's limit of {limit} (--max-logprobs)", "top_logprobs"
-            )
+        # vLLM's is_include_output_logprobs: the sampled tokens' logprobs, each with its top_logprobs
+        run.top = (body.top_logprobs or 0) if OUTPUT_LOGPROBS in (body.include or ()) else None
+        fe.check_caps(1, run.top, None, "top_logprobs")  # held to the cap chat has
+        run.items = OutputItems(run.plan)
         run.params = fe.sampling_params(
             body,
             run.prompt_ids,
             max_tokens=body.max_output_tokens,
-            logprobs=None,
+            logprobs=run.top,
             structured_outputs=constraint,
             skip_special_tokens=fe.skip_special_tokens(run.plan, body.skip_special_tokens),
-            names={"max_tokens": "max_output_tokens"},
+            names={"max_tokens": "max_output_tokens", "logprobs": "top_logprobs"},
         )
         if run.params.n != 1:
             raise bad_request("n is not a field of the Responses API", "n")
@@ -253,7 +254,7 @@ class ResponseRun:
                 self.text += seq.text
                 if seq.finish_reason:
                     self.finish_reason = seq.finish_reason
-                for event in self.items.feed(self.text, final=seq.finish_reason is not None):
+                for event in self.items.feed(self.text, seq.finish_reason is not None, self._logprobs(seq)):
                     yield event
         except asyncio.CancelledError:
             self.status = "cancelled"
@@ -263,6 +264,13 @@ class ResponseRun:
             raise
         self.status = "incomplete" if self.finish_reason == "length" else "completed"
         self.messages.append(self.items.history_message())
+
+    def _logprobs(self, seq: Any) -> list[dict[str, Any]]:
+        """The new tokens' logprobs in the shape of an ``output_text`` part's (with the include)."""
+        if self.top is None or seq.logprobs is None:
+            return []
+        as_ids = self.fe.options.return_tokens_as_token_ids
+        return chat_logprobs(seq.token_ids, seq.logprobs, self.top, as_ids, self.fe.token_bytes)["content"]
 
     # -- the response object -------------------------------------------------------
 
@@ -280,10 +288,15 @@ class ResponseRun:
             "instructions": body.instructions,
             "max_output_tokens": body.max_output_tokens,
             "output": self.items.output(self.status == "incomplete") if done else [],
-            "parallel_tool_calls": body.parallel_tool_calls,
+            "parallel_tool_calls": body.parallel_tool_calls is not False,
+            "max_tool_calls": body.max_tool_calls,
             "previous_response_id": body.previous_response_id,
-            "temperature": body.temperature,
-            "top_p": body.top_p,
+            "reasoning": {"effort": None, "summary": None, **(body.reasoning.model_dump() if body.reasoning else {})},
+            "service_tier": "default",  # llmp has one tier, whatever the request asked (as OpenAI reports it)
+            "temperature": self.params.temperature,  # the values used (the model's defaults where unset)
+            "top_p": self.params.top_p,
+            "top_logprobs": self.top or 0,
+            "user": body.user,
             "tool_choice": body.tool_choice or "auto",
             "tools": body.tools or [],
             "text": body.text or {"format": {"type": "text"}},
@@ -373,29 +386,30 @@ Event = tuple[str, dict[str, Any]]
 class OutputItems:
     """The output items of a response (reasoning, message, function calls) from the generated text.
 
-    The text is split by the request's parsers; each item is added with its first piece. The reasoning
-    item is done when an item after it is added (no reasoning follows the answer's start), the others at
-    the end, where a response cut by ``max_output_tokens`` leaves its last item ``incomplete``, as
-    OpenAI's does. Without parsers there is one message item, added at once.
+    The text is split by the request's parsers; each item is added with its first piece and is done
+    (its done events sent) when the next is added, as OpenAI streams items one at a time: text after a
+    call is a new message item. A response cut by ``max_output_tokens`` leaves its last item
+    ``incomplete``, as OpenAI's does. Without parsers there is one message item, added at once. With
+    the logprobs ``feed`` is given (the include's), a message carries those of the tokens that wrote it.
     """
 
-    def __init__(self, plan: OutputPlan, message_id: str) -> None:
+    def __init__(self, plan: OutputPlan) -> None:
         self.parsed = plan.reasoning_parser is not None or plan.tool_parser is not None
         self.stream = plan.message_stream()
-        self.message_id = message_id
         self.items: list[dict[str, Any]] = []  # in output order
-        self.index: dict[str, int] = {}  # "reasoning", "message", "call:N" -> output index
+        self.index: dict[str, int] = {}  # "reasoning", "message", "call:N" -> the output index of the latest
         self.done: set[int] = set()  # the output indexes whose done events were sent
+        self.pending: list[dict[str, Any]] = []  # the logprobs of tokens whose text is not yet placed
 
     def start(self) -> Iterator[Event]:
         if not self.parsed:
             yield from self._add("message")
 
-    def feed(self, text: str, final: bool) -> Iterator[Event]:
+    def feed(self, text: str, final: bool, logprobs: list[dict[str, Any]] | None = None) -> Iterator[Event]:
+        self.pending += logprobs or []
         piece = self.stream.feed(text, final)
         if piece.reasoning:
-            yield from self._add("reasoning")
-            index = self.index["reasoning"]
+            index = yield from self._add("reasoning")
             self.items[index]["content"][0]["text"] += piece.reasoning
             yield (
                 "response.reasoning_text.delta",
@@ -407,19 +421,23 @@ class OutputItems:
                 },
             )
         if piece.content:
-            yield from self._add("message")
-            index = self.index["message"]
-            self.items[index]["content"][0]["text"] += piece.content
+            index = yield from self._add("message")
+            part = self.items[index]["content"][0]
+            taken, self.pending = self.pending, []
+            part["text"] += piece.content
+            part["logprobs"] += taken
             yield (
                 "response.output_text.delta",
                 {
-                    "item_id": self.message_id,
+                    "item_id": self.items[index]["id"],
                     "output_index": index,
                     "content_index": 0,
                     "delta": piece.content,
-                    "logprobs": [],
+                    "logprobs": taken,
                 },
             )
+        elif piece:  # the new tokens wrote reasoning or calls
+            self.pending = []
         for call in piece.tool_calls:
             key = f"call:{call.index}"
             if call.name is not None:
@@ -431,6 +449,9 @@ class OutputItems:
                     "response.function_call_arguments.delta",
                     {"item_id": self.items[index]["id"], "output_index": index, "delta": call.arguments},
                 )
+        last = self.items[-1] if self.items else None
+        if final and self.pending and last is not None and last["type"] == "message":  # tokens of no text
+            last["content"][0]["logprobs"] += self.pending
 
     def close(self, incomplete: bool = False) -> Iterator[Event]:
         """The done events of the items not yet done; ``incomplete``: the response was cut short."""
@@ -460,7 +481,8 @@ class OutputItems:
             yield "response.reasoning_text.done", {**where, "content_index": 0, "text": item["content"][0]["text"]}
         elif item["type"] == "message":
             part = item["content"][0]
-            yield "response.output_text.done", {**where, "content_index": 0, "text": part["text"], "logprobs": []}
+            done = {**where, "content_index": 0, "text": part["text"], "logprobs": part["logprobs"]}
+            yield "response.output_text.done", done
             yield "response.content_part.done", {**where, "content_index": 0, "part": part}
         else:
             done = {**where, "name": item["name"], "arguments": item["arguments"]}
@@ -478,11 +500,12 @@ class OutputItems:
             ]
         return message
 
-    def _add(self, key: str, name: str | None = None, call_id: str | None = None) -> Iterator[Event]:
-        if key in self.index:
-            return
-        if "reasoning" in self.index:  # the answer has started: the reasoning is whole
-            yield from self._done(self.index["reasoning"], "completed")
+    def _add(self, key: str, name: str | None = None, call_id: str | None = None) -> Generator[Event, None, int]:
+        """Add the item ``key`` unless it is being written (the items before it are done first); its index."""
+        if key in self.index and self.index[key] not in self.done:
+            return self.index[key]
+        for index in range(len(self.items)):  # one item at a time: the parser has moved past the others
+            yield from self._done(index, "completed")
         if key == "reasoning":
             item = {
                 "type": "reasoning",
@@ -494,7 +517,7 @@ class OutputItems:
         elif key == "message":
             item = {
                 "type": "message",
-                "id": self.message_id,
+                "id": f"msg_{uuid.uuid4().hex}",
                 "status": "in_progress",
                 "role": "assistant",
                 "content": [{"type": "output_text", "text": "", "annotations": [], "logprobs": []}],
@@ -508,9 +531,8 @@ class OutputItems:
                 "arguments": "",
                 "status": "in_progress",
             }
-        self.index[key] = len(self.items)
+        index = self.index[key] = len(self.items)
         self.items.append(item)
-        index = self.index[key]
         yield (
             "response.output_item.added",
             {"output_index": index, "item": {**item, "content": []} if key == "message" else dict(item)},
@@ -519,12 +541,15 @@ class OutputItems:
             part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
             yield (
                 "response.content_part.added",
-                {"item_id": self.message_id, "output_index": index, "content_index": 0, "part": part},
+                {"item_id": item["id"], "output_index": index, "content_index": 0, "part": part},
             )
+        return index
 
 
+OUTPUT_LOGPROBS = "message.output_text.logprobs"
 # what Responses clients (Codex) send routinely: reasoning items carry their text, nothing is encrypted
-INCLUDABLE = frozenset({"reasoning.encrypted_content"})
+INCLUDABLE = frozenset({"reasoning.encrypted_content", OUTPUT_LOGPROBS})
+TEXT_FORMATS = ("text", "json_object", "json_schema")
 
 
 async def _conversation_prompt(
@@ -568,6 +593,29 @@ def _check_responses_fields(body: p.ResponsesRequest) -> None:
             f"{', '.join(sorted(INCLUDABLE))})",
             "include",
         )
+    if body.top_logprobs and OUTPUT_LOGPROBS not in (body.include or ()):  # never silently ignored
+        raise bad_request(f'top_logprobs needs include ["{OUTPUT_LOGPROBS}"] (the logprobs it ranks)', "top_logprobs")
+    if body.max_tool_calls is not None and body.max_tool_calls < 1:
+        raise bad_request(
+            f"max_tool_calls must be at least 1, got {body.max_tool_calls} (tool_choice none makes no calls)",
+            "max_tool_calls",
+        )
+
+
+def _text_format(text: Any) -> dict[str, Any]:
+    """``text.format`` (``{"type": "text"}`` unless given) as chat's ``response_format``."""
+    fmt = (text or {}).get("format")
+    if fmt is None:
+        return {"type": "text"}
+    if not isinstance(fmt, dict) or fmt.get("type") not in TEXT_FORMATS:
+        raise bad_request(
+            f"text.format must be an object whose type is one of {', '.join(TEXT_FORMATS)} "
+            f'(e.g. {{"type": "json_object"}}), got {fmt!r}',
+            "text",
+        )
+    if fmt["type"] == "json_schema":
+        return {"type": "json_schema", "json_schema": {"schema": fmt.get("schema")}}
+    return dict(fmt)
 
 
 def _chat_tools(body: p.ResponsesRequest) -> tuple[list[dict[str, Any]] | None, Any]:
@@ -601,17 +649,15 @@ def _input_messages(body: p.ResponsesRequest) -> list[dict[str, Any]]:
     if isinstance(body.input, str):
         return [{"role": "user", "content": body.input}]
     messages = []
-    for item in body.input:
+    for at, item in enumerate(body.input):
         kind = item.get("type", "message")
         if kind == "message":
             role = item.get("role", "user")
-            messages.append(
-                {"role": "system" if role == "developer" else role, "content": _content(item.get("content", ""))}
-            )
-        elif kind == "function_call_output":
-            messages.append(
-                {"role": "tool", "content": str(item.get("output", "")), "tool_call_id": item.get("call_id")}
-            )
+            content = _content(item.get("content", ""), f"input[{at}].content")
+            messages.append({"role": "system" if role == "developer" else role, "content": content})
+        elif kind == "function_call_output":  # its output a text, or text parts (the template joins them)
+            output = _content(item.get("output", ""), f"input[{at}].output")
+            messages.append({"role": "tool", "content": output, "tool_call_id": item.get("call_id")})
         elif kind == "function_call":
             messages.append(
                 {
@@ -641,8 +687,9 @@ def _input_items(body: p.ResponsesRequest) -> list[dict[str, Any]]:
         item = {"type": "message", **item}
         if item["type"] == "message":
             content = item.get("content", "")
-            if isinstance(content, str):
-                content = [{"type": "input_text", "text": content}]
+            if isinstance(content, str):  # OpenAI lists an assistant's text as output_text
+                kind = "output_text" if item.get("role") == "assistant" else "input_text"
+                content = [{"type": kind, "text": content}]
             item = {"id": f"msg_{uuid.uuid4().hex}", "status": "completed", **item, "content": content}
         else:
             item = {"id": f"{item['type'][:2]}_{uuid.uuid4().hex}", **item}
@@ -650,12 +697,15 @@ def _input_items(body: p.ResponsesRequest) -> list[dict[str, Any]]:
     return items
 
 
-def _content(content: Any) -> str | list[dict[str, str]]:
-    """A message's content: its text, or its text parts (each a part for the chat template, as in chat)."""
-    if isinstance(content, str):
-        return content
+def _content(content: Any, where: str = "input") -> str | list[dict[str, str]]:
+    """A message's content (or a call's output, at ``where``): its text, or its text parts (each a part
+    for the chat template, as in chat)."""
+    if isinstance(content, str) or content is None:
+        return content or ""
+    if not isinstance(content, list) or not all(isinstance(part, dict) for part in content):
+        raise bad_request(f"{where} must be a string or a list of content parts, got {content!r}", "input")
     parts = []
-    for part in content or []:
+    for part in content:
         if part.get("type") not in ("input_text", "output_text", "text"):
             raise bad_request(
                 f"content parts of type {part.get('type')!r} are not supported: this model takes text", "input"

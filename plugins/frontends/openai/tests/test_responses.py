@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import textwrap
 import time
 from collections.abc import Iterator
 
@@ -11,7 +12,7 @@ import openai
 import pytest
 from openai_frontend_support import assert_error
 
-from llmp.testing import LiveServer, SlowSteps, serving
+from llmp.testing import LiveServer, SlowSteps, plugin_site, serving
 
 GREEDY = {"temperature": 0, "extra_body": {"ignore_eos": True}}
 
@@ -287,3 +288,195 @@ def test_load_counts_the_requests_being_answered(store_server, slow, tiny):
                     assert http.get("/load").json() == {"server_load": 2}
                 assert load_becomes(1) == 1  # the closed stream's request is aborted and no longer counted
         assert load_becomes(0) == 0
+
+
+def test_background_needs_the_store(store_server, tiny):
+    """vLLM's validate_background: a background response not stored could never be read."""
+    body = {"model": tiny.name, "input": "hi", "background": True, "store": False, "max_output_tokens": 2}
+    assert_error(httpx.post(f"{store_server.url}/v1/responses", json=body), 400, param="background", contains="store")
+
+
+LOGPROBS = ["message.output_text.logprobs"]
+
+
+def test_output_logprobs_are_chats_whole_and_streamed(client, http, tiny):
+    ask = {"model": tiny.name, "input": "The quick", "max_output_tokens": 6, **GREEDY}
+    response = client.responses.create(include=LOGPROBS, top_logprobs=3, **ask)
+    part = response.output[0].content[0]
+    chat = client.chat.completions.create(
+        model=tiny.name,
+        messages=[{"role": "user", "content": "The quick"}],
+        max_tokens=6,
+        logprobs=True,
+        top_logprobs=3,
+        **GREEDY,
+    )
+    assert [lp.model_dump() for lp in part.logprobs] == [lp.model_dump() for lp in chat.choices[0].logprobs.content]
+    assert len(part.logprobs) == 6 and all(len(lp.top_logprobs) == 3 for lp in part.logprobs)
+    assert response.top_logprobs == 3
+    events = list(client.responses.create(include=LOGPROBS, top_logprobs=3, stream=True, **ask))
+    streamed = [lp for e in events if e.type == "response.output_text.delta" for lp in e.logprobs]
+
+    def tokens(logprobs: list) -> list:
+        return [(lp.token, lp.logprob, [(t.token, t.logprob) for t in lp.top_logprobs]) for lp in logprobs]
+
+    assert tokens(streamed) == tokens(part.logprobs) == tokens(events[-4].logprobs)  # and output_text.done's
+    # the include alone: the sampled tokens' logprobs, no alternatives
+    alone = client.responses.create(include=LOGPROBS, **ask).output[0].content[0].logprobs
+    assert [lp.logprob for lp in alone] == [lp.logprob for lp in part.logprobs] and not alone[0].top_logprobs
+    # top_logprobs without the include is refused, not ignored; above --max-logprobs as in chat
+    body = {"model": tiny.name, "input": "hi", "max_output_tokens": 2}
+    assert_error(
+        http.post("/v1/responses", json={**body, "top_logprobs": 3}), 400, param="top_logprobs", contains="include"
+    )
+    over = {**body, "top_logprobs": 10_000, "include": LOGPROBS}
+    assert_error(http.post("/v1/responses", json=over), 400, param="top_logprobs", contains="--max-logprobs")
+
+
+def test_the_response_echoes_the_request_as_openai_does(client, tiny):
+    response = client.responses.create(
+        model=tiny.name, input="hi", max_output_tokens=2, reasoning={"effort": "low"}, user="u-1", service_tier="flex"
+    )
+    assert response.reasoning.effort == "low" and response.user == "u-1"
+    assert response.service_tier == "default"  # the one tier llmp has, as OpenAI reports the tier used
+    assert response.temperature == 1.0 and response.top_p == 1.0  # the values used: the defaults where unset
+    assert response.top_logprobs == 0 and response.max_tool_calls is None
+    greedy = client.responses.create(model=tiny.name, input="hi", max_output_tokens=2, temperature=0, top_p=0.5)
+    assert greedy.temperature == 0 and greedy.top_p == 0.5 and greedy.reasoning.effort is None
+
+
+def test_input_items_list_an_assistants_text_as_output_text(store, tiny):
+    items = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "go"},
+    ]
+    response = store.responses.create(model=tiny.name, input=items, max_output_tokens=2)
+    listed = store.responses.input_items.list(response.id, order="asc").data
+    assert [item.content[0].type for item in listed] == ["input_text", "output_text", "input_text"]
+
+
+def test_a_function_call_output_of_text_parts_is_their_text(client, tiny):
+    call = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
+
+    def input_tokens(output: object) -> int:
+        items = [
+            {"role": "user", "content": "hi"},
+            call,
+            {"type": "function_call_output", "call_id": "c1", "output": output},
+        ]
+        return client.responses.create(model=tiny.name, input=items, max_output_tokens=1).usage.input_tokens
+
+    parts = [{"type": "input_text", "text": "sunny"}, {"type": "input_text", "text": "warm"}]
+    joined = input_tokens("sunny\nwarm")
+    assert input_tokens(parts) == joined != input_tokens("x")  # joined as chat joins a tool message's parts
+
+
+def test_bad_input_shapes_are_named(http, tiny):
+    body = {"model": tiny.name, "max_output_tokens": 2}
+    bad = http.post("/v1/responses", json={**body, "input": [{"role": "user", "content": 5}]})
+    assert_error(bad, 400, param="input", contains="input[0].content must be a string or a list")
+    bad = http.post("/v1/responses", json={**body, "input": [{"role": "user", "content": ["hi"]}]})
+    assert_error(bad, 400, param="input", contains="input[0].content")
+    output = [{"type": "function_call_output", "call_id": "c", "output": {"text": "x"}}]
+    assert_error(
+        http.post("/v1/responses", json={**body, "input": output}), 400, param="input", contains="input[0].output"
+    )
+    bad = http.post("/v1/responses", json={**body, "input": "hi", "text": {"format": "json"}})
+    assert_error(bad, 400, param="text", contains="text.format must be an object")
+
+
+def _split_parser(site) -> dict[str, str]:
+    """A tool parser plugin whose calls are spans of the text: its first 4 characters are content, the next
+    4 the arguments of a call to f, the 4 after those of g, the rest of h (each once the text reaches it)."""
+    return plugin_site(
+        site,
+        "llmp_test_split_parser",
+        textwrap.dedent(
+            """
+            from llmp import hookimpl
+            from llmp.api import ParsedToolCall, ToolCallParse, ToolParserSpec
+
+
+            class SplitParser:
+                keep_special_tokens = False
+
+                def __init__(self, tokenizer=None):
+                    pass
+
+                def parse(self, text, *, final, tools=()):
+                    spans = [("f", text[4:8]), ("g", text[8:12]), ("h", text[12:])]
+                    reached = [span for i, span in enumerate(spans) if len(text) > 4 + 4 * i]
+                    calls = [ParsedToolCall(name, args) for name, args in reached]
+                    return ToolCallParse(text[:4], calls)
+
+
+            @hookimpl
+            def llmp_register_tool_parsers():
+                yield ToolParserSpec(name="split", impl="llmp_test_split_parser:SplitParser", description="spans")
+            """
+        ),
+        name="test-split-parser",
+    )
+
+
+@pytest.fixture(scope="module")
+def tools_client(tiny, tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
+    env = _split_parser(tmp_path_factory.mktemp("split-parser-site"))
+    with serving(tiny.path, "--tool-call-parser", "split", "--enable-auto-tool-choice", env=env) as live:
+        with openai.OpenAI(base_url=live.api_url, api_key="x", max_retries=0, timeout=60) as sdk:
+            yield sdk
+
+
+TOOLS = [{"type": "function", "name": name, "parameters": {"type": "object"}} for name in "fgh"]
+
+
+def test_streamed_items_are_done_one_at_a_time(tools_client, tiny):
+    """OpenAI streams items one at a time: each item's done events before the next item is added, the
+    text before a call done once the parser has moved past it."""
+    ask = {"model": tiny.name, "input": "hi", "tools": TOOLS, "max_output_tokens": 30, **GREEDY}
+    events = list(tools_client.responses.create(stream=True, **ask))
+    steps: list[tuple[str, int | None]] = []
+    for event in events:  # runs of deltas as one step
+        step = (event.type, getattr(event, "output_index", None))
+        if not (steps and step == steps[-1] and event.type.endswith(".delta")):
+            steps.append(step)
+    message = [
+        ("response.output_item.added", 0),
+        ("response.content_part.added", 0),
+        ("response.output_text.delta", 0),
+        ("response.output_text.done", 0),
+        ("response.content_part.done", 0),
+        ("response.output_item.done", 0),
+    ]
+    calls = [
+        step
+        for index in (1, 2, 3)
+        for step in (
+            ("response.output_item.added", index),
+            ("response.function_call_arguments.delta", index),
+            ("response.function_call_arguments.done", index),
+            ("response.output_item.done", index),
+        )
+    ]
+    ends = [("response.created", None), ("response.in_progress", None)], [("response.incomplete", None)]
+    assert steps == ends[0] + message + calls + ends[1]
+    final = events[-1].response.output
+    assert [item.type for item in final] == ["message", "function_call", "function_call", "function_call"]
+    done = [e.item for e in events if e.type == "response.output_item.done"]
+    assert [item.model_dump() for item in done[:-1]] == [item.model_dump() for item in final[:-1]]
+    whole = tools_client.responses.create(**ask).output
+    assert [(i.type, getattr(i, "arguments", None)) for i in whole] == [
+        (i.type, getattr(i, "arguments", None)) for i in final
+    ]
+
+
+def test_max_tool_calls_caps_the_calls(tools_client, tiny):
+    ask = {"model": tiny.name, "input": "hi", "tools": TOOLS, "max_output_tokens": 30, **GREEDY}
+    response = tools_client.responses.create(max_tool_calls=2, **ask)
+    assert [item.type for item in response.output] == ["message", "function_call", "function_call"]
+    assert [item.name for item in response.output[1:]] == ["f", "g"] and response.max_tool_calls == 2
+    events = list(tools_client.responses.create(max_tool_calls=1, stream=True, **ask))
+    assert [item.type for item in events[-1].response.output] == ["message", "function_call"]
+    with pytest.raises(openai.BadRequestError, match="max_tool_calls"):
+        tools_client.responses.create(max_tool_calls=0, **ask)
