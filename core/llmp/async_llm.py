@@ -20,7 +20,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -495,13 +495,16 @@ class AsyncLLM:
             if not done and self.errored is None and not self._closed:
                 self._send(msg.AbortRequests([request_id]))
 
-    async def abort(self, request_id: str) -> None:
-        """Stop a request; its stream ends with ``finish_reason="abort"`` (a pooling request's, with nothing)."""
-        stream = self._streams.get(request_id)
-        if stream is not None and stream.pooling:
-            stream.put(None)
-        if self.errored is None and not self._closed:
-            self._send(msg.AbortRequests([request_id]))
+    async def abort(self, request_id: str | Iterable[str]) -> None:
+        """Stop a request, or each of several (vLLM's ``str | Iterable[str]``); its stream ends with
+        ``finish_reason="abort"`` (a pooling request's, with nothing)."""
+        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        for one in ids:
+            stream = self._streams.get(one)
+            if stream is not None and stream.pooling:
+                stream.put(None)
+        if ids and self.errored is None and not self._closed:
+            self._send(msg.AbortRequests(ids))
 
     async def abort_all(self) -> int:
         """Stop every request in flight (a shutdown past its grace period); the number stopped."""

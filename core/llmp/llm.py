@@ -4,6 +4,7 @@ models ``.embed``, ``.classify``, ``.score``, ``.reward`` and the general ``.enc
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -88,14 +89,18 @@ class LLM:
         prompts: PromptType | Sequence[PromptType],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
-        use_tqdm: bool = True,
+        use_tqdm: bool | Callable[..., Any] = True,
         lora_request: LoRARequests = None,
-        priority: Sequence[int] | None = None,
+        priority: int | Sequence[int] | None = None,
     ) -> list[RequestOutput]:
         """Generate for every prompt (text, ``{"prompt_token_ids": [...]}`` or a
         :class:`~llmp.inputs.Prompt`); outputs in input order. ``lora_request``: the
-        :class:`~llmp.LoRARequest` every prompt runs with, or one (or None) per prompt."""
+        :class:`~llmp.LoRARequest` every prompt runs with, or one (or None) per prompt. ``priority``: one
+        for every prompt or one per prompt (``--scheduling-policy priority``). ``use_tqdm``: a bar, or a
+        ``tqdm``-like class to make it with (as vLLM)."""
         prompts = _prompt_list(prompts)
+        if isinstance(priority, int) and not isinstance(priority, bool):
+            priority = [priority] * len(prompts)
         if sampling_params is None:  # vLLM's: the model's generation_config.json defaults
             sampling_params = self.get_default_sampling_params()
         params = _params_per_prompt(sampling_params, len(prompts), SamplingParams)
@@ -399,8 +404,9 @@ class LLM:
         messages: Conversation | Sequence[Conversation],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
-        use_tqdm: bool = True,
+        use_tqdm: bool | Callable[..., Any] = True,
         lora_request: LoRARequests = None,
+        priority: int | Sequence[int] | None = None,
         chat_template: str | None = None,
         chat_template_content_format: ContentFormat = "auto",
         add_generation_prompt: bool = True,
@@ -427,7 +433,7 @@ class LLM:
                 for c in conversations
             )
         ]
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, lora_request=lora_request)
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, lora_request=lora_request, priority=priority)
 
     def render_chat(
         self,
@@ -514,9 +520,13 @@ class LLM:
         function taking the worker first); the results, one per rank."""
         return self.engine.collective_rpc(method, timeout, args, kwargs)
 
-    def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+    def _run(self, request_ids: list[str], use_tqdm: bool | Callable[..., Any]) -> list[RequestOutput]:
         finished: dict[str, RequestOutput] = {}
-        progress = _Progress(len(request_ids)) if use_tqdm and len(request_ids) > 1 and bars_enabled() else None
+        progress: _Progress | _CallersBar | None = None
+        if callable(use_tqdm):  # vLLM's: the caller's tqdm-like class makes the bar
+            progress = _CallersBar(use_tqdm, len(request_ids))
+        elif use_tqdm and len(request_ids) > 1 and bars_enabled():
+            progress = _Progress(len(request_ids))
         try:
             while len(finished) < len(request_ids) and self.engine.has_unfinished_requests():
                 for output in self.engine.step():
@@ -551,10 +561,16 @@ def _params_per_prompt(params: Any, count: int, kind: type = PoolingParams) -> l
         return [kind()] * count
     if isinstance(params, kind):
         return [params] * count
+    name = "sampling" if kind is SamplingParams else "pooling"
+    if isinstance(params, Mapping) or not isinstance(params, Sequence):
+        raise TypeError(f"{name}_params must be a {kind.__name__} or a list of them, got {type(params).__name__}")
     params = list(params)
     if len(params) != count:
-        name = "sampling" if kind is SamplingParams else "pooling"
         raise ValueError(f"got {len(params)} {name} params for {count} prompts")
+    wrong = next((p for p in params if not isinstance(p, kind)), None)
+    if wrong is not None:
+        shown = type(wrong).__name__
+        raise TypeError(f"{name}_params must be a {kind.__name__} or a list of them, got a {shown} in the list")
     return params
 
 
@@ -584,6 +600,23 @@ def _prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[Prompt]:
     if isinstance(prompts, str | Mapping | Prompt):
         prompts = [prompts]
     return [as_prompt(prompt) for prompt in prompts]
+
+
+class _CallersBar:
+    """A bar made by the caller's ``use_tqdm`` (a ``tqdm``-like class, as vLLM takes it)."""
+
+    def __init__(self, make: Callable[..., Any], total: int) -> None:
+        self.bar = make(total=total, desc="Processed prompts", dynamic_ncols=True)
+        self.tokens, self.started = 0, time.monotonic()
+
+    def advance(self, tokens: int) -> None:
+        self.tokens += tokens
+        rate = self.tokens / max(time.monotonic() - self.started, 1e-9)
+        self.bar.set_postfix_str(f"output: {rate:.1f} toks/s", refresh=False)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
 
 
 class _Progress:

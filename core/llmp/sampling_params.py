@@ -151,7 +151,7 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
-    logprobs: int | None = None
+    logprobs: int | None = None  # top tokens to return beside the chosen one; -1: the whole vocabulary
     prompt_logprobs: int | None = None
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
@@ -232,10 +232,12 @@ class SamplingParams:
             )
         for token in self.stop_token_ids:
             _at_least("stop_token_ids", token, 0, label="stop_token_ids[]")
-        if self.logprobs is not None:
-            _at_least("logprobs", self.logprobs, 0)
-        if self.prompt_logprobs is not None:
-            _at_least("prompt_logprobs", self.prompt_logprobs, 0)
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if isinstance(value, bool):  # vLLM's: True is the chosen token's alone
+                setattr(self, name, value := 1 if value else None)
+            if value is not None:
+                _at_least(name, value, -1, note=" (-1: every token of the vocabulary)")
         for token, bias in (self.logit_bias or {}).items():
             _at_least("logit_bias", token, 0, label="logit_bias key")
             _between("logit_bias", bias, -100.0, 100.0, label=f"logit_bias[{token}]")

@@ -157,6 +157,27 @@ def test_abort_mid_stream_frees_the_requests_blocks(engine):
     assert after["num_free_blocks"] == before["num_free_blocks"] and after["num_running"] == 0
 
 
+def test_abort_takes_several_request_ids(engine):
+    """vLLM's abort(str | Iterable[str]): every stream named ends with finish_reason abort."""
+
+    async def one(request_id: str, started: asyncio.Event) -> str | None:
+        long = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
+        async for output in engine.generate(PROMPTS[2], long, request_id=request_id):
+            started.set()
+            last = output
+        return last.outputs[0].finish_reason
+
+    async def run():
+        events = [asyncio.Event(), asyncio.Event()]
+        tasks = [asyncio.create_task(one(f"many-{i}", event)) for i, event in enumerate(events)]
+        for event in events:
+            await event.wait()
+        await engine.abort(iter(["many-0", "many-1"]))
+        return await asyncio.gather(*tasks)
+
+    assert asyncio.run(run()) == ["abort", "abort"]
+
+
 def test_cancelling_the_consumer_aborts_the_request(engine):
     async def run():
         long = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)

@@ -102,6 +102,41 @@ def test_detokenize_false_gives_the_same_tokens_without_text(llm):
     assert caught.value.field == "stop"
 
 
+def test_logprobs_true_and_minus_one_as_vllm(llm):
+    """True: the chosen token's alone; -1: every token of the vocabulary (400 here)."""
+    one = SamplingParams(temperature=0.0, max_tokens=2, logprobs=True, prompt_logprobs=True)
+    assert (one.logprobs, one.prompt_logprobs) == (1, 1)
+    every = SamplingParams(temperature=0.0, max_tokens=2, logprobs=-1, prompt_logprobs=-1)
+    [output] = llm.generate("The quick", every, use_tqdm=False)
+    assert all(len(step) == 400 for step in output.outputs[0].logprobs)
+    assert len(output.prompt_logprobs[1]) == 400 and every.logprobs == -1  # the caller's params stay as given
+
+
+def test_priority_may_be_one_for_all_and_use_tqdm_a_bar_class(tiny):
+    made: list[dict] = []
+
+    class Bar:  # tqdm's interface, as vLLM calls it
+        def __init__(self, **kwargs):
+            made.append(kwargs)
+            self.n = 0
+
+        def update(self, n):
+            self.n += n
+
+        def set_postfix_str(self, text, refresh=True):
+            self.postfix = text
+
+        def close(self):
+            made.append({"closed": self.n})
+
+    llm = LLM(str(tiny[0]), dtype="float32", max_model_len=64, scheduling_policy="priority")
+    outputs = llm.generate(["a", "b"], GREEDY, priority=3, use_tqdm=Bar)
+    assert len(outputs) == 2
+    assert made == [{"total": 2, "desc": "Processed prompts", "dynamic_ncols": True}, {"closed": 2}]
+    [chat] = llm.chat([{"role": "user", "content": "hi"}], GREEDY, priority=1, use_tqdm=False)
+    assert chat.outputs[0].token_ids
+
+
 def test_a_field_changed_after_construction_is_checked_and_used(llm):
     text = llm.generate("The quick", GREEDY, use_tqdm=False)[0].outputs[0].text
     params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
@@ -237,6 +272,11 @@ def test_generation_configs_extra_end_tokens_stop_naming_themselves(tiny, tmp_pa
         use_tqdm=False,
     )
     assert (output.outputs[0].finish_reason, output.outputs[0].stop_reason) == ("stop", None)
+    listed = SamplingParams(temperature=0.0, max_tokens=5, logit_bias={eos: 100.0}, stop_token_ids=[eos])
+    [output] = llm.generate({"prompt_token_ids": [1, 42, 7]}, listed, use_tqdm=False)
+    # vLLM checks the end token before the stop tokens: listed among them, it still names nothing
+    assert (output.outputs[0].finish_reason, output.outputs[0].stop_reason) == ("stop", None)
+    assert listed.stop_token_ids == [eos]
     ignoring = SamplingParams(temperature=0.0, max_tokens=3, logit_bias={300: 100.0}, ignore_eos=True)
     [output] = llm.generate({"prompt_token_ids": [1, 42, 7]}, ignoring, use_tqdm=False)
     assert (output.outputs[0].token_ids, output.outputs[0].finish_reason) == ([300] * 3, "length")
@@ -276,6 +316,10 @@ def test_bad_prompts_raise_clear_errors_and_leave_the_engine_working(llm):
         llm.generate({"prompt_token_ids": [5, 400]}, GREEDY, use_tqdm=False)
     with pytest.raises(ValueError, match="logit_bias token id 999"):
         llm.generate("x", SamplingParams(logit_bias={999: 1.0}), use_tqdm=False)
+    with pytest.raises(ValueError, match="stop_token_ids token id 999"):
+        llm.generate("x", SamplingParams(stop_token_ids=[999]), use_tqdm=False)
+    with pytest.raises(TypeError, match="sampling_params must be a SamplingParams or a list of them, got dict"):
+        llm.generate("x", {"max_tokens": 3}, use_tqdm=False)
     with pytest.raises(TypeError, match="prompt"):
         llm.generate([3.5], GREEDY, use_tqdm=False)
     # a failure part-way through a batch queues nothing

@@ -346,6 +346,10 @@ class LLMEngine:
         if params is not None:
             params.validate()  # again: the caller may have changed a field since it was built
         params = self._with_extra_eos(params or SamplingParams())
+        if -1 in (params.logprobs, params.prompt_logprobs):  # vLLM's "the whole vocabulary"
+            params = copy.copy(params)
+            params.logprobs = self.vocab_size if params.logprobs == -1 else params.logprobs
+            params.prompt_logprobs = self.vocab_size if params.prompt_logprobs == -1 else params.prompt_logprobs
         token_ids = self.tokenize_prompt(prompt)
         self._validate_prompt(token_ids, params)
         # the rest of the context (the one max_tokens=None rule; a prompt leaving no room is a SamplingParamsError).
@@ -690,13 +694,17 @@ class LLMEngine:
             raise ValueError(f"returned_token_ids holds {bad}, outside the model's {self.num_labels} labels")
 
     def _with_extra_eos(self, params: SamplingParams) -> SamplingParams:
-        """``params`` with the model's extra end tokens among its stop tokens (a copy: the caller's
-        stays as given), unless ``ignore_eos``."""
+        """``params`` with the model's extra end tokens among its stop tokens, and without its own end
+        token (vLLM checks that first: it stops with no stop_reason), unless ``ignore_eos``; a copy
+        when changed, so the caller's stays as given."""
+        if params.ignore_eos:
+            return params
         extra = self.extra_eos_token_ids.difference(params.stop_token_ids)
-        if not extra or params.ignore_eos:
+        own = (self.eos_token_ids - self.extra_eos_token_ids).intersection(params.stop_token_ids)
+        if not extra and not own:
             return params
         params = copy.copy(params)
-        params.stop_token_ids = [*params.stop_token_ids, *sorted(extra)]
+        params.stop_token_ids = [*(t for t in params.stop_token_ids if t not in own), *sorted(extra)]
         return params
 
     def _validate_token_types(self, token_type_ids: Sequence[int] | None) -> None:
@@ -722,6 +730,7 @@ class LLMEngine:
         for name, ids in (
             ("logit_bias", params.logit_bias or {}),
             ("allowed_token_ids", params.allowed_token_ids or []),
+            ("stop_token_ids", [t for t in params.stop_token_ids if t not in self.eos_token_ids]),
             ("reasoning_markers", [*markers.start_token_ids, *markers.end_token_ids] if markers else []),
         ):
             bad = next((t for t in ids if t >= self.vocab_size), None)

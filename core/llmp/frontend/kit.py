@@ -346,6 +346,8 @@ class FrontendKit:
             raise bad_request(f"n must be at most {cap} (--max-n), got {n}", "n")
         limit = self.options.max_logprobs
         for name, value in ((logprobs_param, logprobs), ("prompt_logprobs", prompt_logprobs)):
+            if value == -1:  # vLLM's "the whole vocabulary"
+                value = self.vocab_size if self.vocab_size is not None else limit + 1
             if value is not None and limit >= 0 and value > limit:
                 raise bad_request(f"{name}={value} exceeds the server's limit of {limit} (--max-logprobs)", name)
 
