@@ -77,6 +77,11 @@ class LLM:
         self.engine = LLMEngine(config, resolve_model(config))
         self._ids = itertools.count()
 
+    @property
+    def llm_engine(self) -> Any:
+        """The engine (:class:`~llmp.engine.llm_engine.LLMEngine`), under vLLM's name for it; also ``engine``."""
+        return self.engine
+
     def get_tokenizer(self) -> Any:
         """transformers' tokenizer of the model, as vLLM's (the engine's own reads tokenizer.json without
         transformers where it can: llmp.model_files.tokenizer)."""
@@ -417,6 +422,11 @@ class LLM:
         """Render each conversation with the model's chat template, then generate (``lora_request``:
         one adapter for every conversation, or one per conversation). A message's content is text or
         OpenAI's list of text parts; ``chat_template_content_format`` is as in :func:`render_chat`."""
+        if continue_final_message and add_generation_prompt:  # as transformers' apply_chat_template (and vLLM)
+            raise ValueError(
+                "continue_final_message and add_generation_prompt are not compatible: pass "
+                "add_generation_prompt=False to continue the final message"
+            )
         conversations = [messages] if messages and isinstance(messages[0], Mapping) else list(messages)
         prompts = [
             Prompt(text=text, add_special_tokens=False)  # the template already holds the special tokens

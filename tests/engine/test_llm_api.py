@@ -340,11 +340,18 @@ def test_abort_ends_a_request_with_finish_reason_abort(llm):
 
 
 def test_chat_renders_the_template(llm):
+    assert llm.llm_engine is llm.engine  # vLLM's name, and its get_tokenizer
+    assert llm.llm_engine.get_tokenizer().encode("hi") == llm.get_tokenizer().encode("hi")
     conversation = [{"role": "user", "content": "hello"}]
     assert llm.render_chat(conversation) == "<s>user: hello</s><s>assistant: "
     [output] = llm.chat(conversation, GREEDY, use_tqdm=False)
     assert output.prompt == "<s>user: hello</s><s>assistant: "
     assert output.prompt_token_ids == llm.get_tokenizer().encode(output.prompt, add_special_tokens=False)
+    prefilled = [*conversation, {"role": "assistant", "content": "Hi"}]
+    with pytest.raises(ValueError, match="continue_final_message and add_generation_prompt are not compatible"):
+        llm.chat(prefilled, GREEDY, use_tqdm=False, continue_final_message=True)  # as transformers and vLLM
+    [output] = llm.chat(prefilled, GREEDY, use_tqdm=False, continue_final_message=True, add_generation_prompt=False)
+    assert output.prompt.endswith("<s>assistant: Hi")
 
 
 PARTS_TEMPLATE = (

@@ -720,6 +720,13 @@ class LLMEngine:
                 f"token types its config (type_vocab_size {types}) has no embeddings for"
             )
 
+    def get_tokenizer(self) -> Any:
+        """transformers' tokenizer of the model, as vLLM's ``LLMEngine.get_tokenizer`` (``tokenizer`` is the
+        engine's own, which reads tokenizer.json without transformers where it can)."""
+        from llmp.model_files.tokenizer import transformers_tokenizer
+
+        return transformers_tokenizer(self.tokenizer)
+
     def _validate_prompt(self, token_ids: list[int], params: SamplingParams) -> None:
         if not token_ids:
             raise ValueError("the prompt is empty: it must hold at least one token")
