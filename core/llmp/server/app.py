@@ -378,7 +378,8 @@ def _replay(messages: list[dict], receive: Callable) -> Callable:
 
 
 class RequestIdMiddleware:
-    """Every response carries ``X-Request-Id``: the client's, or a new 32-hex id."""
+    """Every response carries ``X-Request-Id``: the client's, or a new 32-hex id; also as ``request-id``,
+    the header Anthropic's SDKs read (``_request_id``)."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
@@ -407,7 +408,8 @@ class RequestIdMiddleware:
         async def send_with_id(message: dict) -> None:
             if message["type"] == "http.response.start":
                 message.setdefault("headers", [])
-                message["headers"] = [*message["headers"], (b"x-request-id", request_id.encode("latin-1"))]
+                value = request_id.encode("latin-1")
+                message["headers"] = [*message["headers"], (b"x-request-id", value), (b"request-id", value)]
             await send(message)
 
         await self.app(scope, receive, send_with_id)
@@ -452,7 +454,7 @@ def build_app(
             allow_methods=["*"],
             allow_headers=["*"],
             allow_credentials=allow_credentials and "*" not in allowed_origins,
-            expose_headers=["X-Request-Id"],
+            expose_headers=["X-Request-Id", "request-id"],
         )
     app.add_middleware(RequestIdMiddleware)
     return app

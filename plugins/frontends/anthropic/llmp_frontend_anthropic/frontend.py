@@ -11,14 +11,13 @@ import json
 import logging
 import re
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from llmp import Prompt, SamplingParams, StructuredOutputsParams
 from llmp.frontend import (
@@ -30,11 +29,8 @@ from llmp.frontend import (
     bad_request,
     engine_request_id,
     json_text,
-    request_id_of,
     until_disconnected,
 )
-from llmp.frontend.errors import validation_message
-from llmp.server.app import LightJSONRoute
 from llmp_frontend_anthropic import protocol as p
 
 ERROR_PATHS = ("/v1/messages",)
@@ -130,31 +126,15 @@ def output_format(body: p.MessagesBase) -> StructuredOutputsParams | None:
     return StructuredOutputsParams(json=given["schema"])
 
 
+def _has_text(content: Any) -> bool:
+    """Whether a turn's content (text, or a list of text parts) holds any text."""
+    if isinstance(content, str):
+        return bool(content)
+    return any(isinstance(part, Mapping) and part.get("text") for part in content or ())
+
+
 def sse(event: str, payload: Mapping[str, Any]) -> str:
     return f"event: {event}\ndata: {json_text(payload)}\n\n"
-
-
-class WithRequestId(LightJSONRoute):
-    """A route (JSON bodies read as the server reads them) whose answers, errors included, carry the
-    server's X-Request-Id also as ``request-id``, the header Anthropic's SDKs read (``_request_id``)."""
-
-    def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
-        handler = super().get_route_handler()
-
-        async def with_request_id(request: Request) -> Response:
-            value = request_id_of(request)
-            try:
-                response = await handler(request)
-            except APIError as exc:
-                exc.headers = {**exc.headers, "request-id": value}
-                raise
-            except RequestValidationError as exc:  # the server's 400 of an invalid body, with the header
-                message, param = validation_message(list(exc.errors()))
-                raise APIError(400, message, param=param, headers={"request-id": value}) from None
-            response.headers["request-id"] = value
-            return response
-
-        return with_request_id
 
 
 class AnthropicFrontend(FrontendKit):
@@ -167,7 +147,7 @@ class AnthropicFrontend(FrontendKit):
         return anthropic_error(error)  # static: it shapes the server's refusals while the model loads too
 
     def http_router(self) -> APIRouter:
-        router = APIRouter(route_class=WithRequestId)
+        router = APIRouter()
         if self.task == "generate":
             router.add_api_route(
                 "/v1/messages",
@@ -222,7 +202,8 @@ class AnthropicFrontend(FrontendKit):
             json.dumps([turns, tools], ensure_ascii=False).encode()
         except UnicodeEncodeError:
             raise bad_request("messages: the text is not valid Unicode (a lone surrogate)", "messages") from None
-        prefill = turns[-1]["role"] == "assistant" and not turns[-1].get("tool_calls")
+        last = turns[-1]
+        prefill = last["role"] == "assistant" and not last.get("tool_calls") and _has_text(last["content"])
         rendering = SimpleNamespace(  # what the kit reads of the body to render: no extra field of the client's
             chat_template_kwargs=body.chat_template_kwargs,
             add_generation_prompt=not prefill,
