@@ -37,6 +37,8 @@ __all__ = [
     "ScoringOutput",
     "ScoringRequestOutput",
     "StructuredOutputsParams",
+    "TextPrompt",
+    "TokensPrompt",
     "__version__",
     "hookimpl",
 ]
@@ -55,6 +57,8 @@ _LAZY = {
     "CompletionOutput": "llmp.outputs",
     "PoolingParams": "llmp.pooling_params",
     "Prompt": "llmp.inputs",
+    "TextPrompt": "llmp.inputs",
+    "TokensPrompt": "llmp.inputs",
     "LoRARequest": "llmp.lora",
     "PoolingRequestOutput": "llmp.outputs",
     "PoolingOutput": "llmp.outputs",

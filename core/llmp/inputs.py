@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 
 @dataclass(slots=True)
@@ -42,6 +42,24 @@ class Prompt:
             raise TypeError("token_type_ids need token_ids, one type per token")
 
 
+class TextPrompt(TypedDict):
+    """vLLM's prompt of text, as a dict: ``{"prompt": text}``."""
+
+    prompt: str
+    cache_salt: NotRequired[str]
+
+
+class TokensPrompt(TypedDict):
+    """vLLM's prompt of token ids, as a dict: ``{"prompt_token_ids": [...]}``."""
+
+    prompt_token_ids: list[int]
+    prompt: NotRequired[str]
+    token_type_ids: NotRequired[list[int]]
+    cache_salt: NotRequired[str]
+
+
+PROMPT_KEYS = frozenset({"prompt", "prompt_token_ids", "token_type_ids", "cache_salt"})
+
 PromptType = str | Mapping[str, Any] | Prompt
 """What a caller may pass as a prompt: text, ``{"prompt_token_ids": [...]}`` (optionally with
 ``"prompt"``, its text, and ``"token_type_ids"``), ``{"prompt": text}``, or a :class:`Prompt`;
@@ -54,6 +72,12 @@ def as_prompt(prompt: PromptType) -> Prompt:
         return prompt
     if isinstance(prompt, str):
         return Prompt(text=prompt)
+    unknown = sorted(set(prompt).difference(PROMPT_KEYS)) if isinstance(prompt, Mapping) else []
+    if unknown:  # vLLM's multi_modal_data and the like: refused, not dropped
+        raise ValueError(
+            f"a prompt dict takes {', '.join(sorted(PROMPT_KEYS))}; got {', '.join(map(repr, unknown))}"
+            + (" (llmp serves text models)" if any(k.startswith(("multi_modal", "mm_")) for k in unknown) else "")
+        )
     if isinstance(prompt, Mapping) and "prompt_token_ids" in prompt:
         types = prompt.get("token_type_ids")
         return Prompt(

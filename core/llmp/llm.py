@@ -375,16 +375,32 @@ class LLM:
         *,
         lora_request: LoRARequests = None,
         use_tqdm: bool = False,
+        concurrency_limit: int | None = None,
     ) -> list[BeamSearchOutput]:
         """vLLM's beam search (:mod:`llmp.beam_search`): each prompt's best ``params.beam_width``
         beams, best first; ``sequences[i].tokens`` holds the prompt and the generated tokens,
-        ``text`` the generated text. ``lora_request``: as in :meth:`generate`."""
+        ``text`` the generated text. ``lora_request``: as in :meth:`generate`. ``concurrency_limit``
+        (vLLM's): search at most that many prompts at a time, the next ones when those are done."""
         from llmp.beam_search import BeamSearch, step_logprobs
 
         if not isinstance(params, BeamSearchParams):
             raise TypeError(f"params must be a BeamSearchParams, got {type(params).__name__}")
         prompts = _prompt_list(prompts)
         loras = _loras_per_prompt(lora_request, len(prompts))
+        if concurrency_limit is not None:
+            if isinstance(concurrency_limit, bool) or not isinstance(concurrency_limit, int) or concurrency_limit < 1:
+                raise ValueError(f"concurrency_limit must be a positive integer, got {concurrency_limit!r}")
+            if len(prompts) > concurrency_limit:
+                return [
+                    output
+                    for start in range(0, len(prompts), concurrency_limit)
+                    for output in self.beam_search(
+                        prompts[start : start + concurrency_limit],
+                        params,
+                        lora_request=loras[start : start + concurrency_limit],
+                        use_tqdm=use_tqdm,
+                    )
+                ]
         engine = self.engine
         search = BeamSearch(
             [engine.tokenize_prompt(prompt) for prompt in prompts],

@@ -54,6 +54,9 @@ def test_beams_equal_transformers_beam_search(llm, tiny, width):
             assert beam.cum_logprob == pytest.approx(sequence_logprob(model, prompt_ids, ids), abs=1e-3)
             assert beam.text == text_after(tokenizer, prompt_ids, ids)
             assert beam.finish_reason == "length" and len(beam.logprobs) == 6
+    # vLLM's concurrency_limit: the prompts searched a few at a time give the same beams
+    limited = llm.beam_search(PROMPTS, params, concurrency_limit=1)
+    assert [[b.tokens for b in o.sequences] for o in limited] == [[b.tokens for b in o.sequences] for o in outputs]
     # a width of one is greedy decoding
     if width == 1:
         greedy = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
@@ -110,6 +113,8 @@ def test_bad_parameters_are_errors(llm):
         BeamSearchParams(beam_width=2, max_tokens=0)
     with pytest.raises(TypeError, match="BeamSearchParams"):
         llm.beam_search(PROMPTS, SamplingParams(max_tokens=4))
+    with pytest.raises(ValueError, match="concurrency_limit must be a positive integer"):
+        llm.beam_search(PROMPTS, BeamSearchParams(beam_width=2, max_tokens=2), concurrency_limit=0)
     assert llm.generate(PROMPTS[0], SamplingParams(max_tokens=2))[0].outputs[0].token_ids  # still serving
 
 

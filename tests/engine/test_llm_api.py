@@ -318,6 +318,11 @@ def test_bad_prompts_raise_clear_errors_and_leave_the_engine_working(llm):
         llm.generate("x", SamplingParams(logit_bias={999: 1.0}), use_tqdm=False)
     with pytest.raises(ValueError, match="stop_token_ids token id 999"):
         llm.generate("x", SamplingParams(stop_token_ids=[999]), use_tqdm=False)
+    with pytest.raises(ValueError, match="'multi_modal_data' .llmp serves text models"):  # refused, not dropped
+        llm.generate({"prompt": "x", "multi_modal_data": {"image": None}}, GREEDY, use_tqdm=False)
+    from llmp import TextPrompt, TokensPrompt  # vLLM's dict types
+
+    assert llm.generate([TextPrompt(prompt="x"), TokensPrompt(prompt_token_ids=[5, 6])], GREEDY, use_tqdm=False)
     with pytest.raises(TypeError, match="sampling_params must be a SamplingParams or a list of them, got dict"):
         llm.generate("x", {"max_tokens": 3}, use_tqdm=False)
     with pytest.raises(TypeError, match="prompt"):
