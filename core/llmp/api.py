@@ -1190,6 +1190,9 @@ class Frontend(Protocol):
       ``APIError``): MCP's ``/mcp``, where one path carries tool calls and messages needing no model.
     - ``admin_paths``: exact paths that are management routes (OpenAI's ``/v1/chat/completions/render``):
       dropped (404) unless ``llmp serve --enable-admin-api``, and then behind ``--admin-api-key`` when set.
+    - ``fallback_paths``: exact paths the front-end routes only when no other mounted front-end routes
+      them (Anthropic's ``/v1/models``, which the OpenAI front-end answers in its shape when both are
+      mounted).
     """
 
     def __init__(self, engine: EngineClient, options: FrontendOptions) -> None: ...

@@ -144,6 +144,7 @@ class FrontendKit:
 
     public_paths: tuple[str, ...] = ()  # served without the API key (see llmp.api.Frontend)
     root_priority: int = 0  # who keeps "/" when several front-ends route it (see llmp.api.Frontend)
+    fallback_paths: tuple[str, ...] = ()  # routed only when no other front-end routes them (see llmp.api.Frontend)
     any_body_type_paths: tuple[str, ...] = ()  # bodies read as JSON whatever their Content-Type (see llmp.api.Frontend)
     self_admitted_paths: tuple[str, ...] = ()  # admitted by the front-end, not the server (see llmp.api.Frontend)
 

@@ -697,6 +697,17 @@ def _mount(
     state.error_renderers = []  # the built front-ends' own, in place of their classes' (early_error_renderers)
     # "/" belongs to one front-end: the highest root_priority (a web page over a banner), then the first listed
     root_owner = max(built, key=lambda item: getattr(item[1], "root_priority", 0), default=(None, None))[1]
+    routers: dict[str, Any] = {}
+    for name, frontend in built:
+        try:
+            routers[name] = frontend.http_router()
+        except Exception as exc:
+            raise _frontend_failed(name, "building its routes", exc) from exc
+
+    def routed_by_others(name: str) -> set[str]:
+        others = [r for other, r in routers.items() if other != name and r is not None]
+        return {path for router in others for route in router.routes if (path := getattr(route, "path", None))}
+
     for name, frontend in built:
         for prefix in getattr(frontend, "error_paths", ()):  # errors on its paths take its protocol's shape
             state.error_renderers.append((prefix, frontend.render_error))
@@ -707,14 +718,13 @@ def _mount(
         admin_paths = frozenset(getattr(frontend, "admin_paths", ()))
         if state.admin_paths:  # --enable-admin-api: a front-end's management routes take the admin key too
             state.admin_paths = state.admin_paths | admin_paths
-        try:
-            router = frontend.http_router()
-        except Exception as exc:
-            raise _frontend_failed(name, "building its routes", exc) from exc
+        router = routers[name]
         if router is not None:
             dropped = admin_paths if not state.admin_paths else frozenset()
             if frontend is not root_owner:
                 dropped |= {"/"}
+            # a fallback path another front-end routes is that one's (Anthropic's /v1/models beside OpenAI's)
+            dropped |= {path for path in getattr(frontend, "fallback_paths", ()) if path in routed_by_others(name)}
             router.routes[:] = [route for route in router.routes if getattr(route, "path", None) not in dropped]
             # tagged with the front-end's name: /docs groups its routes, and the conformance kit finds them
             app.include_router(with_light_json(router), tags=[name])

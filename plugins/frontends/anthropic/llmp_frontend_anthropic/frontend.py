@@ -13,10 +13,11 @@ import re
 import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import replace
+from datetime import datetime, timezone
 from types import SimpleNamespace
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from llmp import Prompt, SamplingParams, StructuredOutputsParams
@@ -141,6 +142,7 @@ class AnthropicFrontend(FrontendKit):
     """Thin translators between Anthropic's Messages API and the engine client."""
 
     error_paths = ERROR_PATHS
+    fallback_paths = ("/v1/models", "/v1/models/{model_id:path}")  # the OpenAI front-end's, when it is mounted
 
     @staticmethod
     def render_error(error: APIError) -> tuple[int, dict[str, Any]]:
@@ -148,6 +150,10 @@ class AnthropicFrontend(FrontendKit):
 
     def http_router(self) -> APIRouter:
         router = APIRouter()
+        router.add_api_route("/v1/models", self.list_models, methods=["GET"], summary="Served models (Anthropic)")
+        router.add_api_route(
+            "/v1/models/{model_id:path}", self.retrieve_model, methods=["GET"], summary="One served model (Anthropic)"
+        )
         if self.task == "generate":
             router.add_api_route(
                 "/v1/messages",
@@ -170,6 +176,37 @@ class AnthropicFrontend(FrontendKit):
 
     async def create_message(self, body: p.MessagesRequest, request: Request) -> Any:
         return await MessageRun(self, body, request).run()
+
+    async def list_models(
+        self, limit: int = Query(20, ge=1, le=1000), after_id: str | None = None, before_id: str | None = None
+    ) -> dict[str, Any]:
+        """Anthropic's List Models: the served names and adapters, a page of ``limit`` after ``after_id``
+        (or before ``before_id``)."""
+        models = [self._model_object(card) for card in self.model_cards()]
+        ids = [model["id"] for model in models]
+        start, end = 0, len(models)
+        if after_id is not None:
+            start = ids.index(after_id) + 1 if after_id in ids else end
+        elif before_id is not None:
+            end = ids.index(before_id) if before_id in ids else 0
+            start = max(end - limit, 0)
+        page = models[start : min(start + limit, end)]
+        return {
+            "data": page,
+            "has_more": start + len(page) < end if before_id is None else start > 0,
+            "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None,
+        }
+
+    async def retrieve_model(self, model_id: str) -> dict[str, Any]:
+        card = next((card for card in self.model_cards() if card["id"] == model_id), None)
+        if card is None:
+            raise APIError(404, f"model: {model_id}", param="model")
+        return self._model_object(card)
+
+    def _model_object(self, card: Mapping[str, Any]) -> dict[str, Any]:
+        created = datetime.fromtimestamp(card["created"], timezone.utc).isoformat().replace("+00:00", "Z")
+        return {"type": "model", "id": card["id"], "display_name": card["id"], "created_at": created}
 
     async def count_tokens(self, body: p.CountTokensRequest) -> dict[str, int]:
         prompt = await self.prompt(body)
@@ -414,15 +451,9 @@ class BlockStream:
 
     @property
     def calls_complete(self) -> bool:
-        """Whether every tool call's arguments are a whole JSON object (none was cut short)."""
-        try:
-            return all(
-                isinstance(json.loads(block.get("json") or "{}"), dict)
-                for block in self.blocks
-                if block["type"] == "tool_use"
-            )
-        except ValueError:
-            return False
+        """Whether every tool call was whole when the text ended (none was cut short: the message
+        stream's ``calls_whole``, which also catches a lenient parser closing a cut call)."""
+        return self.stream is None or self.stream.calls_whole
 
     def start(self) -> Iterator[str]:
         if not self.parsed:

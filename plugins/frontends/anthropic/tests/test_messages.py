@@ -315,6 +315,20 @@ def test_api_key(strict_server, name):
         assert sdk.messages.count_tokens(model=name, messages=FOX).input_tokens == prompt_tokens
 
 
+def test_models_are_listed_in_anthropics_shape_when_alone(strict_server, server, name):
+    """Anthropic's List Models on a server mounting only this front-end (the SDK's models.list and
+    retrieve); beside the OpenAI front-end, /v1/models is that one's."""
+    with anthropic.Anthropic(base_url=strict_server.url, api_key=API_KEY, max_retries=0, timeout=60) as sdk:
+        page = sdk.models.list()
+        assert [(m.id, m.type, m.display_name) for m in page.data] == [(name, "model", name)]
+        assert page.has_more is False and page.first_id == page.last_id == name
+        assert sdk.models.retrieve(name).created_at.year >= 2024
+        with pytest.raises(anthropic.NotFoundError):
+            sdk.models.retrieve("no-such-model")
+    listed = httpx.get(f"{server.url}/v1/models", timeout=60).json()
+    assert listed["object"] == "list" and listed["data"][0]["id"] == name  # OpenAI's, both front-ends mounted
+
+
 def test_prefix_cache_reads_are_cache_read_input_tokens(strict_server, name):
     """With ``--enable-prompt-tokens-details`` (vLLM's flag) usage splits the prompt as Anthropic does:
     ``input_tokens`` + ``cache_read_input_tokens``, whole and streamed."""
