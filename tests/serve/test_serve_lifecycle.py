@@ -58,6 +58,7 @@ def test_probes_answer_503_while_loading_then_200_and_one_ready_line(model_dir: 
     process = _serve(str(model_dir), "--port", str(port))
     url = f"http://127.0.0.1:{port}"
     seen: list[int] = []
+    pings: list[int] = []
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -76,11 +77,16 @@ def test_probes_answer_503_while_loading_then_200_and_one_ready_line(model_dir: 
                 if models_status == 503:  # the engine may have become ready in between
                     assert json.loads(models_body)["error"]["code"] == 503
                 assert _get(f"{url}/live")[0] == 200
+                pings.append(_get(f"{url}/ping")[0])  # SageMaker's readiness, as vLLM's (not liveness)
             if status == 200:
                 break
             time.sleep(0.05)
         assert seen and seen[0] == 503 and seen[-1] == 200, seen
+        assert 503 in pings, pings  # while loading (the engine may become ready between two probes)
         assert _get(f"{url}/v1/models")[0] == 200
+        ping = urllib.request.Request(f"{url}/ping", method="POST")
+        with urllib.request.urlopen(ping, timeout=30) as answer:  # SageMaker may POST it
+            assert answer.status == 200
     finally:
         process.send_signal(signal.SIGTERM)
         output = process.communicate(timeout=60)[0]

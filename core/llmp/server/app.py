@@ -529,6 +529,7 @@ def _add_exception_handlers(app: FastAPI, state: ServerState) -> None:
 def _add_probe_routes(app: FastAPI, state: ServerState, metrics: Any, health_timeout: float) -> None:
     @app.get("/ready", summary="200 once the model is loaded, warmed up and the engine answers a ping; 503 otherwise")
     @app.get("/health", summary="Same as /ready")
+    @app.api_route("/ping", methods=["GET", "POST"], include_in_schema=False)  # SageMaker's, as vLLM answers it
     async def ready() -> Response:
         if not state.ready:
             body = error_body(
@@ -548,7 +549,6 @@ def _add_probe_routes(app: FastAPI, state: ServerState, metrics: Any, health_tim
         return Response(status_code=200)
 
     @app.get("/live", summary="200 while the HTTP server runs (no engine call)")
-    @app.get("/ping", include_in_schema=False)
     async def live() -> Response:
         return Response(status_code=200)
 

@@ -87,6 +87,10 @@ class Completion:
         self.prompts = fe.engine_prompts(prompts, body, body.truncate_prompt_tokens)
         # with echo and logprobs, the prompt's own logprobs are part of the answer
         echo_logprobs = body.echo and body.logprobs is not None
+        # vLLM's echo with max_tokens 0: the prompt alone (and its logprobs), to score it; one token runs
+        self.echo_only = bool(body.echo) and body.max_tokens == 0
+        if self.echo_only and body.stream:
+            raise bad_request("max_tokens 0 (the prompt alone, with echo) needs stream false", "max_tokens")
         constraint = fe.structured_outputs_of(body)
         await fe.check_constraint(constraint, "structured_outputs" if body.structured_outputs else "response_format")
         width = fe.beam_search_width(body)
@@ -95,7 +99,7 @@ class Completion:
             params = fe.sampling_params(
                 body if width is None else body.model_copy(update={"n": 1}),
                 prompt.token_ids,
-                max_tokens=body.max_tokens,
+                max_tokens=1 if self.echo_only else body.max_tokens,
                 logprobs=body.logprobs,
                 structured_outputs=constraint,
             )
@@ -129,6 +133,9 @@ class Completion:
         choices, completion_tokens = [], 0
         for prompt_index, final in enumerate(finals):
             for seq in final.outputs:
+                if self.echo_only:  # the token generated to run the prompt is not part of the answer
+                    choices.append(self._choice(prompt_index, final, seq, "", [], [], echo=True))
+                    continue
                 completion_tokens += len(seq.token_ids)
                 choices.append(
                     self._choice(prompt_index, final, seq, seq.text, seq.token_ids, seq.logprobs, echo=self.body.echo)
@@ -165,8 +172,8 @@ class Completion:
             "index": prompt_index * self.n + seq.index,
             "text": prompt_text + text,
             "logprobs": None,
-            "finish_reason": seq.finish_reason,
-            "stop_reason": seq.stop_reason,
+            "finish_reason": "length" if self.echo_only else seq.finish_reason,
+            "stop_reason": None if self.echo_only else seq.stop_reason,
         }
         if self.body.logprobs is not None and logprobs is not None:
             entries = list(final.prompt_logprobs or [None] * len(prompt_ids))[: len(prompt_ids)] if echo else []

@@ -32,6 +32,11 @@ NOT_DONE: dict[str, tuple[Any, str]] = {
     "kv_transfer_params": (None, "llmp has no disaggregated prefill"),
     "vllm_xargs": (None, "llmp has no per-request logits-processor arguments"),
     "prompt_embeds": (None, "this model takes token ids"),
+    "ec_transfer_params": (None, "llmp has no encoder-cache transfer"),
+    "logprob_token_ids": (None, "llmp returns the top logprobs (logprobs, top_logprobs), not those of given ids"),
+    "watermarking": (False, "llmp does not watermark its output"),
+    "stream_interval": (1, "llmp streams each step's tokens as they come"),
+    "truncation_side": ("left", "truncate_prompt_tokens keeps the prompt's end (truncation_side left)"),
 }
 
 
@@ -198,7 +203,7 @@ class OpenAIFrontend(FrontendKit):
             raise bad_request("prompt_logprobs is not available when streaming", "prompt_logprobs")
         for name, (idle, why) in NOT_DONE.items():
             value = getattr(body, name, idle)
-            if value != idle and value != {}:
+            if value not in (idle, None) and value != {}:
                 raise bad_request(f"{name} is not supported: {why}", name)
         modalities = getattr(body, "modalities", None)
         if modalities is not None and set(modalities) - {"text"}:

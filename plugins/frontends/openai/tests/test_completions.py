@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import openai
 import pytest
 from openai_frontend_support import GREEDY, assert_error, extra
 
@@ -203,6 +204,19 @@ def test_echo_with_logprobs(client, tiny):
     assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
     assert all(v is not None and v <= 0 for v in logprobs.token_logprobs[1:])
     assert "".join(logprobs.tokens[1:prompt_len]) == " quick brown fox"
+
+
+def test_echo_with_max_tokens_0_scores_the_prompt(client, tiny):
+    """vLLM's prompt scoring (lm-evaluation-harness's loglikelihood): echo, logprobs and max_tokens 0
+    answer the prompt alone with its logprobs, which are those of a longer request's prompt part."""
+    prompt_len = len(tiny.tokenizer.encode(PROMPT))
+    scored = greedy(client, tiny, max_tokens=0, echo=True, logprobs=1)
+    choice, longer = scored.choices[0], greedy(client, tiny, max_tokens=2, echo=True, logprobs=1).choices[0]
+    assert (choice.text, choice.finish_reason, scored.usage.completion_tokens) == (PROMPT, "length", 0)
+    assert choice.logprobs.tokens == longer.logprobs.tokens[:prompt_len]
+    assert choice.logprobs.token_logprobs == longer.logprobs.token_logprobs[:prompt_len]
+    with pytest.raises(openai.BadRequestError, match="max_tokens must be >= 1"):
+        greedy(client, tiny, max_tokens=0)  # without echo there is nothing to answer
 
 
 def test_echo_logprobs_tokens_spell_the_prompt(client, tiny):
@@ -416,6 +430,11 @@ def test_return_tokens_as_token_ids_per_request(client, tiny):
         ("kv_transfer_params", {"do_remote_decode": True}),
         ("vllm_xargs", {"threshold": 1}),
         ("prompt_embeds", "AAAA"),
+        ("ec_transfer_params", {"a": 1}),
+        ("logprob_token_ids", [5, 6]),
+        ("watermarking", True),
+        ("stream_interval", 4),
+        ("truncation_side", "right"),
     ],
 )
 def test_vllm_fields_for_what_llmp_does_not_do_are_refused_when_set(http, field, value):
@@ -424,7 +443,8 @@ def test_vllm_fields_for_what_llmp_does_not_do_are_refused_when_set(http, field,
     response = http.post("/v1/completions", json={**body, field: value})
     assert_error(response, 400, param=field)
     assert field in response.json()["error"]["message"]
-    idle = {"length_penalty": 1.0, "vllm_xargs": {}}.get(field)
+    idle = {"length_penalty": 1.0, "vllm_xargs": {}, "watermarking": False, "stream_interval": 1}.get(field)
+    idle = {"truncation_side": "left"}.get(field, idle)
     assert http.post("/v1/completions", json={**body, field: idle}).status_code == 200
 
 
