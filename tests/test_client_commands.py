@@ -158,7 +158,7 @@ def test_a_bad_request_spoils_one_turn_not_the_session(server: LiveServer) -> No
         stdin=f"{too_long}\nThe KV cache\n",
         env=WITH_KEY,
     )
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 1, result.stderr  # piped: the next line still runs, the status tells a script
     assert result.stderr.startswith("llmp: error: HTTP 400 from ") and "Traceback" not in result.stderr
     assert result.stdout == unstreamed(server, "completions", prompt="The KV cache") + "\n"
 

@@ -276,6 +276,14 @@ def test_command_line_beats_environment_beats_yaml_beats_default(tmp_path: Path)
     assert built["engine"].max_num_seqs == 2
 
 
+def test_a_yaml_mapping_in_a_list_is_its_json_text(tmp_path: Path) -> None:
+    """docs/lora.md: --lora-modules takes NAME=PATH or a JSON object; in YAML the object is a mapping."""
+    config = tmp_path / "llmp.yaml"
+    config.write_text("lora-modules:\n  - sql=/a/sql\n  - name: chat\n    path: /a/chat\n")
+    built = load_records({"server": ServerOptions}, {}, config, environ={})
+    assert built["server"].lora_modules == ("sql=/a/sql", '{"name": "chat", "path": "/a/chat"}')
+
+
 @pytest.mark.parametrize(
     ("environ", "message"),
     [

@@ -95,10 +95,13 @@ def _run(options: ClientOptions, quick: str | None, system_prompt: str | None, c
                 conversation = _Conversation(backend, options, system_prompt, chat)
                 if quick is not None:
                     runner.run(conversation.send(quick))
+                    failed = False
                 else:
-                    _repl(runner, conversation)
+                    failed = _repl(runner, conversation)
             finally:
                 runner.run(backend.close())
+            if failed:  # piped lines went on after a refused one; the status still says so
+                raise typer.Exit(1)
         except ServerError as exc:
             print(f"llmp: error: {exc}", file=sys.stderr)
             raise typer.Exit(1) from None
@@ -372,9 +375,11 @@ class _Conversation:
 # -- the loop ------------------------------------------------------------------------
 
 
-def _repl(runner: Any, conversation: _Conversation) -> None:
-    """One turn per line of stdin until EOF, /exit or 'exit'; at a terminal, with line editing."""
+def _repl(runner: Any, conversation: _Conversation) -> bool:
+    """One turn per line of stdin until EOF, /exit or 'exit'; at a terminal, with line editing.
+    Whether a piped line was refused (the session went on: the exit status says so)."""
     interactive = sys.stdin.isatty()
+    failed = False
     if interactive:
         import readline  # noqa: F401  (importing it gives input() line editing and history)
 
@@ -385,7 +390,7 @@ def _repl(runner: Any, conversation: _Conversation) -> None:
         except EOFError:
             if interactive:
                 print()  # Ctrl-D: leave the shell's prompt on a line of its own
-            return
+            return failed
         except KeyboardInterrupt:  # at the prompt: a fresh line, as Python's REPL and Ollama do
             print(f"\n{QUIT_HINT}", file=sys.stderr)
             continue
@@ -393,10 +398,10 @@ def _repl(runner: Any, conversation: _Conversation) -> None:
         if not text:
             continue
         if text in EXIT_WORDS:
-            return
+            return failed
         if text.startswith("/") and not text.startswith("//"):
             if not conversation.command(text):
-                return
+                return failed
             continue
         try:
             with _typing_held(interactive):
@@ -407,6 +412,7 @@ def _repl(runner: Any, conversation: _Conversation) -> None:
             if exc.status != 400:  # a bad request (say, too long) spoils one turn, not the session
                 raise
             print(f"llmp: error: {exc}", file=sys.stderr)
+            failed = not interactive
 
 
 @contextmanager

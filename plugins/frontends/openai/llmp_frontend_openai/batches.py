@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse
+from pydantic import ConfigDict
 
 from llmp.frontend import APIError, bad_request, cache_dir
 from llmp.options import FrontendOptions
@@ -30,6 +31,8 @@ MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
 
 
 class BatchCreateRequest(OpenAIModel):
+    model_config = ConfigDict(extra="forbid")  # OpenAI refuses an unknown argument here (a 400 naming it)
+
     input_file_id: str
     endpoint: str
     completion_window: str

@@ -211,6 +211,7 @@ def test_upload_and_create_errors(sdk, http, tiny):
         ({"input_file_id": "file-nope"}, "input_file_id"),
         ({"metadata": {"k" * 65: "v"}}, "metadata"),
         ({"output_expires_after": {"anchor": "created_at", "seconds": 3600}}, "output_expires_after"),
+        ({"bogus": 1}, "bogus"),  # an unknown argument, as OpenAI refuses it
     ):
         request = {"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h", **fields}
         response = http.post("/v1/batches", json=request)
