@@ -64,6 +64,29 @@ def test_one_adapter_for_every_prompt_or_one_per_prompt(llm: LLM, adapters: dict
     assert generate(llm, PROMPTS[:1], [again]) == alone["a"][:1]
 
 
+def test_an_adapter_named_by_its_hub_id_is_read_from_the_hugging_face_cache(
+    llm: LLM, adapters: dict, alone: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM's get_adapter_absolute_path: a lora_path that is no directory but a Hub id (org/name) is the
+    adapter's snapshot in the cache (downloaded when not there; offline here)."""
+    import shutil
+
+    from huggingface_hub import constants
+
+    cache = tmp_path / "hub"
+    repo = cache / "models--someone--tiny-lora"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    shutil.copytree(adapters["a"].lora_path, repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    by_id = LoRARequest("from-hub", 7, "someone/tiny-lora")
+    assert generate(llm, PROMPTS, by_id) == alone["a"]
+    with pytest.raises(LoRAAdapterNotFoundError, match="No adapter found for someone/not-there"):
+        generate(llm, PROMPTS[:1], LoRARequest("missing", 8, "someone/not-there"))
+
+
 def test_chat_runs_every_conversation_on_its_adapter(llm: LLM, adapters: dict) -> None:
     messages = [{"role": "user", "content": "hello there"}]
     base = llm.chat([messages, messages], GREEDY, use_tqdm=False)

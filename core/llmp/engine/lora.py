@@ -14,6 +14,7 @@ earlier load.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -28,7 +29,7 @@ from llmp.api import InvalidLoRAAdapterError, LLMPError, LoRAAdapterNotFoundErro
 from llmp.engine.model_runner import TORCH_DTYPES, LoRAStepInputs
 from llmp.engine.scheduler import SchedulerOutput
 from llmp.lora import LoRARequest
-from llmp.model_files.lora import CONFIG_FILE, WEIGHT_FILES
+from llmp.model_files.lora import CONFIG_FILE, WEIGHT_FILES, local_adapter_path
 from llmp.modeling.lora import LoRAWeights
 from llmp.options import EngineConfig
 
@@ -140,6 +141,9 @@ class LoRAManager:
         ``replace``: then the new files serve new requests, and requests in flight finish with the
         old ones). Returns its ``lora_id``; ``LoRAAdapterNotFoundError``/``InvalidLoRAAdapterError``,
         the latter also for a known id given with another name or path (without ``replace``)."""
+        path = local_adapter_path(request.lora_path)  # a Hub id: its directory in the Hugging Face cache
+        if path != request.lora_path:
+            request = dataclasses.replace(request, lora_path=path)
         known = self._ids.get(request.lora_int_id)
         if known is not None and not replace:
             adapter = self._adapters[known]

@@ -67,6 +67,31 @@ class PeftLoRAConfig:
         return max([self.r, *self.rank_pattern.values()])
 
 
+def local_adapter_path(lora_path: str) -> str:
+    """Where an adapter's files are: ``lora_path`` when it is on disk, else, for a Hub id
+    (``org/name``), its snapshot in the Hugging Face cache, downloaded when not there and the Hub
+    may be reached (vLLM's ``get_adapter_absolute_path``); else ``lora_path`` as given, which the
+    read then reports as not found."""
+    from llmp.model_files.hub import cached_snapshot, parse_hub_name
+
+    if Path(lora_path).expanduser().exists():
+        return lora_path
+    name = parse_hub_name(lora_path)
+    if name is None or name.tag is not None:
+        return lora_path
+    cached = cached_snapshot(name.repo_id, None)
+    if cached is not None and (cached[1] / CONFIG_FILE).is_file():
+        return str(cached[1])
+    from huggingface_hub import constants, snapshot_download
+
+    if constants.is_offline_mode():
+        return lora_path
+    try:
+        return snapshot_download(name.repo_id, allow_patterns=[CONFIG_FILE, *WEIGHT_FILES])
+    except Exception:  # noqa: BLE001 - no such repository, no network: the read says it is not found
+        return lora_path
+
+
 def read_peft_config(path: Path, name: str) -> PeftLoRAConfig:
     """The adapter at directory ``path`` (served as ``name``): its config read and every feature llmp
     cannot apply refused. ``LoRAAdapterNotFoundError`` without the directory or its ``adapter_config.json``,
