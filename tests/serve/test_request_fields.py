@@ -44,8 +44,8 @@ MESSAGES = [{"role": "user", "content": "Paged attention keeps the cache"}]
 
 
 class Servers:
-    def __init__(self, live: LiveServer, grpc_port: int) -> None:
-        self.live = live
+    def __init__(self, live: LiveServer, grpc_port: int, model: str) -> None:
+        self.live, self.model = live, model  # the served name (the path), which Anthropic's API requires
         self.http = httpx.Client(base_url=live.url, timeout=60)
         self.channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
         grpc.channel_ready_future(self.channel).result(timeout=30)
@@ -74,7 +74,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
         *frontends,
         env={"LLMP_GRPC_PORT": str(port)},
     ) as live:
-        servers = Servers(live, port)
+        servers = Servers(live, port, str(path))
         try:
             yield servers
         finally:
@@ -114,7 +114,9 @@ def test_openai_chat_applies_every_default(servers, expected):
 
 
 def test_anthropic_applies_every_default(servers, expected):
-    content = post(servers, "/v1/messages", {"messages": MESSAGES, "max_tokens": MAX_NEW_TOKENS})["content"]
+    content = post(
+        servers, "/v1/messages", {"model": servers.model, "messages": MESSAGES, "max_tokens": MAX_NEW_TOKENS}
+    )["content"]
     assert content == [{"type": "text", "text": expected}]
 
 
@@ -165,7 +167,9 @@ def test_errors_name_the_request_field_in_every_front_end(servers):
     assert error["param"] == "max_output_tokens" and "max_output_tokens=1000000" in error["message"], error
     error = post(servers, "/invocations", {"messages": MESSAGES, "top_p": 0}, 400)["error"]
     assert error["param"] == "top_p", error
-    error = post(servers, "/v1/messages", {"messages": MESSAGES, "max_tokens": 2, "top_k": -5}, 400)
+    error = post(
+        servers, "/v1/messages", {"model": servers.model, "messages": MESSAGES, "max_tokens": 2, "top_k": -5}, 400
+    )
     assert error["error"]["type"] == "invalid_request_error" and "top_k" in error["error"]["message"], error
     with pytest.raises(grpc.RpcError) as info:
         servers.grpc.Generate(pb.GenerateRequest(text="hi", max_tokens=2, top_p=2.0))

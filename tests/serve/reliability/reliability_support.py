@@ -422,8 +422,9 @@ def check_anthropic_error(response: httpx.Response, status: int, error_type: str
     return body["error"]
 
 
-def anthropic_body(content: str = "hi", **fields: Any) -> dict[str, Any]:
-    return {"max_tokens": 4, "messages": [{"role": "user", "content": content}], **fields}
+def anthropic_body(model: Path, content: str = "hi", **fields: Any) -> dict[str, Any]:
+    """A Messages request to the server of ``model`` (its served name: the path; the API requires it)."""
+    return {"model": str(model), "max_tokens": 4, "messages": [{"role": "user", "content": content}], **fields}
 
 
 def check_refusal(response: httpx.Response, status: int, error_type: str) -> None:

@@ -144,13 +144,15 @@ def test_every_inference_route_refuses_a_missing_or_wrong_key(locked_server, rou
         assert response.status_code == 401
 
 
-def test_the_right_key_opens_every_route(locked_server, routes):
+def test_the_right_key_opens_every_route(locked_server, routes, tiny_model):
     with httpx.Client(base_url=locked_server.url, timeout=60) as client:
         for method, path in routes:
             response = client.request(method, path, json={} if method == "POST" else None, headers=AUTH)
             assert response.status_code not in (401, 403) and response.status_code < 500, (path, response.text)
         # Anthropic's clients send the key in x-api-key
-        response = client.post("/v1/messages", json=anthropic_body(max_tokens=1), headers={"x-api-key": KEY})
+        response = client.post(
+            "/v1/messages", json=anthropic_body(tiny_model, max_tokens=1), headers={"x-api-key": KEY}
+        )
         assert response.status_code == 200, response.text
 
 
@@ -348,7 +350,7 @@ def test_a_template_that_loops_over_content_gets_text_parts(locked_server):
 # -- case 4 with --overload-status 429 ----------------------------------------------------------------------
 
 
-def test_overload_is_429_with_retry_after_when_configured(locked_server):
+def test_overload_is_429_with_retry_after_when_configured(locked_server, tiny_model):
     url = locked_server.url
     wait_idle(url)
     before = scrape(url)
@@ -357,7 +359,7 @@ def test_overload_is_429_with_retry_after_when_configured(locked_server):
         url,
         sent,
         headers=AUTH,
-        probes=[("/v1/messages", anthropic_body()), ("/invocations", {"prompt": "x", "max_tokens": 1})],
+        probes=[("/v1/messages", anthropic_body(tiny_model)), ("/invocations", {"prompt": "x", "max_tokens": 1})],
     )
     print(
         f"\n[figure] overload 429: sent={sent} accepted={result.accepted} refused={len(result.refused)} "

@@ -112,7 +112,9 @@ def test_start_up_probes_then_the_engine_killed_mid_traffic(tiny_model, tmp_path
             ),
             # greedy: this prompt's continuation runs past 1500 tokens without an end token
             "anthropic": StreamReader(
-                url, "/v1/messages", anthropic_body("The quick", max_tokens=LONG, stream=True, temperature=0)
+                url,
+                "/v1/messages",
+                anthropic_body(tiny_model, "The quick", max_tokens=LONG, stream=True, temperature=0),
             ),
         }
         for worker in [*calls, *streams.values()]:

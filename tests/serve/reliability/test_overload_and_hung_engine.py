@@ -56,7 +56,7 @@ def capped_server(tiny_model) -> Iterator[LiveServer]:
         assert live.process.poll() is None, f"the server died during the tests:\n{live.log()[-5000:]}"
 
 
-def test_requests_beyond_capacity_are_refused_at_once_with_503_and_counted(capped_server):
+def test_requests_beyond_capacity_are_refused_at_once_with_503_and_counted(capped_server, tiny_model):
     url = capped_server.url
     wait_idle(url)
     before = scrape(url)
@@ -64,7 +64,7 @@ def test_requests_beyond_capacity_are_refused_at_once_with_503_and_counted(cappe
     result = burst(
         url,
         sent,
-        probes=[("/v1/messages", anthropic_body()), ("/invocations", {"prompt": "x", "max_tokens": 1})],
+        probes=[("/v1/messages", anthropic_body(tiny_model)), ("/invocations", {"prompt": "x", "max_tokens": 1})],
         max_running=4,
     )
     print(
