@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from llmp.frontend import ReasoningEffort
 
@@ -93,6 +93,16 @@ class ChatMessage(OpenAIModel):
     role: str
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant's calls: objects, each naming its function
+
+    @field_validator("tool_calls")
+    @classmethod
+    def _calls_name_their_function(cls, calls: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        for call in calls or ():
+            function = call.get("function")
+            if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+                raise ValueError("each call must be an object whose function holds its name")
+        return calls
 
 
 class ChatCompletionRequest(SamplingFields):

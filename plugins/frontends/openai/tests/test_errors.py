@@ -55,6 +55,8 @@ def test_malformed_json(http, route):
         {"stream": "yes please"},
         {"messages": [{"content": "no role"}]},
         {"messages": [{"role": "user", "content": 42}]},
+        {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": "zzz"}]},
+        {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [{"function": {}}]}]},
     ],
     ids=lambda f: "-".join(map(str, f)),
 )
