@@ -64,6 +64,7 @@ def render_chat(
         raise ValueError(f"the chat template's content format must be auto, string or openai, not {content_format!r}")
     if content_format == "auto":
         content_format = content_format_of(tokenizer, chat_template)
+    conversation = _developer_as_system(conversation, chat_template or tokenizer.chat_template)
     return tokenizer.apply_chat_template(
         [_with_content(m, content_format) for m in conversation],
         chat_template=chat_template,
@@ -74,6 +75,19 @@ def render_chat(
         continue_final_message=continue_final_message,
         **extra,
     )
+
+
+def _developer_as_system(conversation: Conversation, template: str | Mapping[str, str]) -> Conversation:
+    """OpenAI's ``developer`` messages as ``system`` ones, merged into one first message, for a template
+    that never names the developer role (vLLM 0.32's rule); the conversation as it is otherwise."""
+    sources = template.values() if isinstance(template, Mapping) else [template]
+    if not any(m.get("role") == "developer" for m in conversation) or any(
+        '"developer"' in source or "'developer'" in source for source in sources
+    ):
+        return conversation
+    system = [content_text(m.get("content") or "") for m in conversation if m.get("role") in ("system", "developer")]
+    rest = [m for m in conversation if m.get("role") not in ("system", "developer")]
+    return [{"role": "system", "content": "\n\n".join(text for text in system if text)}, *rest]
 
 
 def content_format_of(tokenizer: Any, chat_template: str | None = None) -> Literal["string", "openai"]:

@@ -352,6 +352,11 @@ def test_chat_renders_the_template(llm):
     [output] = llm.chat(conversation, GREEDY, use_tqdm=False)
     assert output.prompt == "<s>user: hello</s><s>assistant: "
     assert output.prompt_token_ids == llm.get_tokenizer().encode(output.prompt, add_special_tokens=False)
+    # OpenAI's developer role, for a template that never names it: a system message, first (vLLM's rule)
+    developer = [{"role": "system", "content": "a"}, *conversation, {"role": "developer", "content": "b"}]
+    assert llm.render_chat(developer) == "<s>system: a\n\nb</s><s>user: hello</s><s>assistant: "
+    naming = "{% for m in messages %}{{ m['role'] == 'developer' and 'D' or m['role'] }};{% endfor %}"
+    assert llm.render_chat(developer, naming, add_generation_prompt=False) == "system;user;D;"
     prefilled = [*conversation, {"role": "assistant", "content": "Hi"}]
     with pytest.raises(ValueError, match="continue_final_message and add_generation_prompt are not compatible"):
         llm.chat(prefilled, GREEDY, use_tqdm=False, continue_final_message=True)  # as transformers and vLLM
