@@ -420,6 +420,10 @@ class OutputItems:
                     "delta": piece.reasoning,
                 },
             )
+        # the end of a call written before this text goes first: the message item closes the call
+        for call in piece.tool_calls:
+            if call.name is None:
+                yield from self._call_delta(call)
         if piece.content:
             index = yield from self._add("message")
             part = self.items[index]["content"][0]
@@ -439,19 +443,21 @@ class OutputItems:
         elif piece:  # the new tokens wrote reasoning or calls
             self.pending = []
         for call in piece.tool_calls:
-            key = f"call:{call.index}"
             if call.name is not None:
-                yield from self._add(key, call.name, call.id)
-            index = self.index[key]
-            self.items[index]["arguments"] += call.arguments
-            if call.arguments:
-                yield (
-                    "response.function_call_arguments.delta",
-                    {"item_id": self.items[index]["id"], "output_index": index, "delta": call.arguments},
-                )
+                yield from self._add(f"call:{call.index}", call.name, call.id)
+                yield from self._call_delta(call)
         last = self.items[-1] if self.items else None
         if final and self.pending and last is not None and last["type"] == "message":  # tokens of no text
             last["content"][0]["logprobs"] += self.pending
+
+    def _call_delta(self, call: Any) -> Iterator[Event]:
+        index = self.index[f"call:{call.index}"]
+        self.items[index]["arguments"] += call.arguments
+        if call.arguments:
+            yield (
+                "response.function_call_arguments.delta",
+                {"item_id": self.items[index]["id"], "output_index": index, "delta": call.arguments},
+            )
 
     def close(self, incomplete: bool = False) -> Iterator[Event]:
         """The done events of the items not yet done; ``incomplete``: the response was cut short."""

@@ -480,3 +480,36 @@ def test_max_tool_calls_caps_the_calls(tools_client, tiny):
     assert [item.type for item in events[-1].response.output] == ["message", "function_call"]
     with pytest.raises(openai.BadRequestError, match="max_tool_calls"):
         tools_client.responses.create(max_tool_calls=0, **ask)
+
+
+def test_a_calls_last_arguments_come_before_its_done_events_when_text_follows_in_one_piece():
+    """One feed may end a call and write text after it: the call's arguments delta goes first, then
+    the call is done (with its whole arguments), then the new message item."""
+    from llmp_frontend_openai.responses import OutputItems
+
+    from llmp.api import ParsedToolCall, ToolCallParse
+    from llmp.frontend import OutputPlan
+
+    class Brackets:  # "text[arguments]text": one call of f
+        keep_special_tokens = False
+
+        def parse(self, text, *, final, tools=()):
+            start = text.find("[")
+            if start < 0:
+                return ToolCallParse(text, [])
+            end = text.find("]", start)
+            arguments = text[start + 1 : end if end >= 0 else len(text)]
+            return ToolCallParse(text[:start] + (text[end + 1 :] if end >= 0 else ""), [ParsedToolCall("f", arguments)])
+
+    items = OutputItems(OutputPlan(tool_parser=Brackets()))
+    full = 'Sure.[{"a": 1}] Done.'
+    events = [*items.feed(full[: full.index("1}")], final=False), *items.feed(full, final=True), *items.close()]
+    kinds = [(kind, body.get("output_index")) for kind, body in events]
+    done = next(body for kind, body in events if kind == "response.function_call_arguments.done")
+    assert done["arguments"] == '{"a": 1}', events
+    last_delta = max(i for i, (kind, _) in enumerate(kinds) if kind == "response.function_call_arguments.delta")
+    assert (
+        last_delta
+        < kinds.index(("response.function_call_arguments.done", 1))
+        < kinds.index(("response.output_item.added", 2))
+    ), kinds
