@@ -22,6 +22,7 @@ import uuid
 import weakref
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -428,6 +429,7 @@ class AsyncLLM:
         try:
             # FINAL_ONLY's one output is the whole answer, whatever delta says
             delta = (delta or kind == RequestOutputKind.DELTA) and kind != RequestOutputKind.FINAL_ONLY
+            lora = await _with_local_path(lora)
             self._send(msg.AddRequest(request_id, record, params, priority, delta, lora=lora))
             while True:
                 item = await stream.queue.get()
@@ -474,6 +476,7 @@ class AsyncLLM:
         stream = self._open_stream(request_id, pooling=True)
         done = False
         try:
+            lora = await _with_local_path(lora)
             self._send(
                 msg.AddRequest(
                     request_id,
@@ -555,9 +558,8 @@ class AsyncLLM:
         ``LoRAAdapterNotFoundError`` when its files are not there, ``InvalidLoRAAdapterError`` when
         llmp will not serve it (rank, targets, another base model, a corrupt file)."""
         self._check_lora(lora_request)
-        result = await self._call(
-            "add_lora", dataclasses.asdict(lora_request), pin, replace, timeout=LORA_LOAD_TIMEOUT_S
-        )
+        local = await _with_local_path(lora_request)
+        result = await self._call("add_lora", dataclasses.asdict(local), pin, replace, timeout=LORA_LOAD_TIMEOUT_S)
         if result.get("error_type"):
             raise _engine_error(result["error_type"], result.get("message", ""), result.get("field"))
         self.lora_requests[lora_request.lora_name] = lora_request
@@ -780,3 +782,14 @@ def _stop_process(process: EngineProcess | None) -> None:
     if process.is_alive():
         process.kill()
         process.join(5)
+
+
+async def _with_local_path(lora: LoRARequest | None) -> LoRARequest | None:
+    """``lora`` with its files' directory (a Hub id's snapshot, downloaded here, off the event loop and out
+    of the engine's step loop); as it is when ``lora_path`` is on disk."""
+    if lora is None or Path(lora.lora_path).expanduser().exists():
+        return lora
+    from llmp.model_files.lora import local_adapter_path
+
+    path = await asyncio.to_thread(local_adapter_path, lora.lora_path)
+    return lora if path == lora.lora_path else dataclasses.replace(lora, lora_path=path)

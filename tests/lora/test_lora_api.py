@@ -64,11 +64,9 @@ def test_one_adapter_for_every_prompt_or_one_per_prompt(llm: LLM, adapters: dict
     assert generate(llm, PROMPTS[:1], [again]) == alone["a"][:1]
 
 
-def test_an_adapter_named_by_its_hub_id_is_read_from_the_hugging_face_cache(
-    llm: LLM, adapters: dict, alone: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """vLLM's get_adapter_absolute_path: a lora_path that is no directory but a Hub id (org/name) is the
-    adapter's snapshot in the cache (downloaded when not there; offline here)."""
+def cached_on_the_hub(adapter: LoRARequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """``adapter``'s files as Hub repository someone/tiny-lora in a Hugging Face cache of this process
+    (offline); its Hub id."""
     import shutil
 
     from huggingface_hub import constants
@@ -76,12 +74,20 @@ def test_an_adapter_named_by_its_hub_id_is_read_from_the_hugging_face_cache(
     cache = tmp_path / "hub"
     repo = cache / "models--someone--tiny-lora"
     commit = "0123456789abcdef0123456789abcdef01234567"
-    shutil.copytree(adapters["a"].lora_path, repo / "snapshots" / commit)
+    shutil.copytree(adapter.lora_path, repo / "snapshots" / commit)
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(commit)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    by_id = LoRARequest("from-hub", 7, "someone/tiny-lora")
+    return "someone/tiny-lora"
+
+
+def test_an_adapter_named_by_its_hub_id_is_read_from_the_hugging_face_cache(
+    llm: LLM, adapters: dict, alone: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM's get_adapter_absolute_path: a lora_path that is no directory but a Hub id (org/name) is the
+    adapter's snapshot in the cache (downloaded when not there; offline here)."""
+    by_id = LoRARequest("from-hub", 7, cached_on_the_hub(adapters["a"], tmp_path, monkeypatch))
     assert generate(llm, PROMPTS, by_id) == alone["a"]
     with pytest.raises(LoRAAdapterNotFoundError, match="No adapter found for someone/not-there"):
         generate(llm, PROMPTS[:1], LoRARequest("missing", 8, "someone/not-there"))
@@ -165,9 +171,10 @@ async def stream_tokens(engine: AsyncLLM, prompt: list[int], lora: LoRARequest |
 
 
 def test_async_llm_serves_adapters_across_the_process_boundary(
-    tiny_llama: Path, adapters: dict, alone: dict, tmp_path: Path
+    tiny_llama: Path, adapters: dict, alone: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     big = save_random_lora(tiny_llama, tmp_path / "big", rank=32)
+    hub_id = cached_on_the_hub(adapters["a"], tmp_path, monkeypatch)  # in this process's cache only
 
     async def main() -> None:
         engine = AsyncLLM(str(tiny_llama), dtype="float32", block_size=4, enable_lora=True, max_loras=2)
@@ -176,6 +183,8 @@ def test_async_llm_serves_adapters_across_the_process_boundary(
             got = await asyncio.gather(*(stream_tokens(engine, p, adapters["a"]) for p in PROMPTS))
             assert got == alone["a"]
             assert await stream_tokens(engine, PROMPTS[0], None) == alone[None][0]
+            # a Hub id is resolved here, off the engine's loop: the engine process never sees this cache
+            assert await stream_tokens(engine, PROMPTS[0], LoRARequest("hub", 11, hub_id)) == alone["a"][0]
             # the typed errors cross the process boundary, a field error keeps its field
             with pytest.raises(LoRAAdapterNotFoundError, match="No adapter found"):
                 await stream_tokens(engine, PROMPTS[0], LoRARequest("gone", 9, str(tmp_path / "gone")))

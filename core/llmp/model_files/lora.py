@@ -67,13 +67,18 @@ class PeftLoRAConfig:
         return max([self.r, *self.rank_pattern.values()])
 
 
+_HUB_ADAPTERS: dict[str, str] = {}  # Hub id -> its snapshot, once found: one adapter keeps one directory
+
+
 def local_adapter_path(lora_path: str) -> str:
     """Where an adapter's files are: ``lora_path`` when it is on disk, else, for a Hub id
     (``org/name``), its snapshot in the Hugging Face cache, downloaded when not there and the Hub
     may be reached (vLLM's ``get_adapter_absolute_path``); else ``lora_path`` as given, which the
-    read then reports as not found."""
+    read then reports as not found. A download blocks: engine clients call this off their event loop."""
     from llmp.model_files.hub import cached_snapshot, parse_hub_name
 
+    if lora_path in _HUB_ADAPTERS:
+        return _HUB_ADAPTERS[lora_path]
     if Path(lora_path).expanduser().exists():
         return lora_path
     name = parse_hub_name(lora_path)
@@ -81,15 +86,18 @@ def local_adapter_path(lora_path: str) -> str:
         return lora_path
     cached = cached_snapshot(name.repo_id, None)
     if cached is not None and (cached[1] / CONFIG_FILE).is_file():
-        return str(cached[1])
-    from huggingface_hub import constants, snapshot_download
+        found = str(cached[1])
+    else:
+        from huggingface_hub import constants, snapshot_download
 
-    if constants.is_offline_mode():
-        return lora_path
-    try:
-        return snapshot_download(name.repo_id, allow_patterns=[CONFIG_FILE, *WEIGHT_FILES])
-    except Exception:  # noqa: BLE001 - no such repository, no network: the read says it is not found
-        return lora_path
+        if constants.is_offline_mode():
+            return lora_path
+        try:
+            found = snapshot_download(name.repo_id, allow_patterns=[CONFIG_FILE, *WEIGHT_FILES])
+        except Exception:  # noqa: BLE001 - no such repository, no network: the read says it is not found
+            return lora_path
+    _HUB_ADAPTERS[lora_path] = found
+    return found
 
 
 def read_peft_config(path: Path, name: str) -> PeftLoRAConfig:
