@@ -445,3 +445,18 @@ def test_vllms_other_dtype_names_are_read_as_ours():
     assert EngineConfig(dtype="half").dtype == "float16" and EngineConfig(dtype="float").dtype == "float32"
     assert EngineConfig(dtype=torch.bfloat16, kv_cache_dtype=torch.float16).kv_cache_dtype == "float16"
     assert EngineConfig(gpu_memory_utilization=1).gpu_memory_utilization == 1  # an int is a number
+
+
+def test_numpys_numbers_are_taken_as_pythons():
+    """A sweep script's np.int64 and np.float32 are numbers: taken, and kept as Python's."""
+    import numpy as np
+
+    config = EngineConfig(max_model_len=np.int64(2048), gpu_memory_utilization=np.float32(0.5), enforce_eager=np.True_)
+    assert (config.max_model_len, config.gpu_memory_utilization, config.enforce_eager) == (2048, 0.5, True)
+    assert [type(v) for v in (config.max_model_len, config.gpu_memory_utilization, config.enforce_eager)] == [
+        int,
+        float,
+        bool,
+    ]
+    with pytest.raises(ValueError, match=r"max_model_len must be an integer or None, got np.float64\(2048.0\)"):
+        EngineConfig(max_model_len=np.float64(2048))

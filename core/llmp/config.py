@@ -341,8 +341,8 @@ def _scalar(spec: OptionSpec, raw: Any) -> Any:
         return value
     if typing.get_origin(kind) is dict and isinstance(raw, dict):  # a YAML mapping (--hf-overrides)
         return raw
-    if kind is str and spec.repeatable and isinstance(raw, dict):  # a YAML mapping as a list item: its JSON
-        return json.dumps(raw)  # (--lora-modules takes {"name", "path", "base_model_name"})
+    if spec.name == "lora_modules" and isinstance(raw, dict):  # a YAML mapping as a list item: its JSON,
+        return json.dumps(raw)  # one of the two forms --lora-modules takes ({"name", "path", "base_model_name"})
     if isinstance(raw, dict | list | tuple):
         raise ValueError(f"must be a single value, got {_shown(raw)}")
     return Path(text) if kind is Path else text

@@ -67,7 +67,8 @@ either dict may hold ``"cache_salt"``."""
 
 
 def as_prompt(prompt: PromptType) -> Prompt:
-    """The :class:`Prompt` of any accepted form; ``TypeError`` for anything else."""
+    """The :class:`Prompt` of any accepted form; ``TypeError`` for anything else, ``ValueError`` for a
+    dict with a key no prompt has (vLLM's ``multi_modal_data``)."""
     if isinstance(prompt, Prompt):
         return prompt
     if isinstance(prompt, str):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import typing
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields
@@ -362,8 +363,9 @@ class EngineConfig:
     def __post_init__(self) -> None:
         for name in ("dtype", "kv_cache_dtype"):  # vLLM's other spellings: "half", "float", torch.float16
             value = getattr(self, name)
-            spelled = str(value).removeprefix("torch.") if not isinstance(value, str) else value
-            setattr(self, name, DTYPE_ALIASES.get(spelled, spelled))
+            if type(value).__name__ == "dtype" and str(value).startswith("torch."):
+                value = str(value).removeprefix("torch.")
+            setattr(self, name, DTYPE_ALIASES.get(value, value) if isinstance(value, str) else value)
         check_fields(self)
         if isinstance(self.hf_overrides, str):  # JSON text from the command line, LLMP_HF_OVERRIDES or YAML
             self.hf_overrides = json.loads(self.hf_overrides)
@@ -662,8 +664,11 @@ def check_fields(record: Any) -> None:
         value = getattr(record, f.name)
         if value is None and optional:
             continue
-        if isinstance(value, bool) != (kind is bool) or not isinstance(value, float | int if kind is float else kind):
+        plain = _plain_number(value, kind)
+        if plain is None:
             raise ValueError(f"{f.name} must be {_TYPE_NAMES[kind]}{' or None' if optional else ''}, got {value!r}")
+        if plain is not value:  # numpy's numbers (a sweep's np.int64) as Python's
+            object.__setattr__(record, f.name, plain)
     for f, choices, optional in _declared(type(record)):
         value = getattr(record, f.name)
         if value is None and optional:
@@ -720,6 +725,17 @@ def _number(value: float) -> str:
 _DECLARED: dict[type, list[tuple[Any, tuple[Any, ...] | None, bool]]] = {}
 _TYPED: dict[type, list[tuple[Any, type, bool]]] = {}
 _TYPE_NAMES = {bool: "true or false", int: "an integer", float: "a number"}
+
+
+def _plain_number(value: Any, kind: type) -> Any:
+    """``value`` as a Python ``kind`` (bool, int or float) when it is one, numpy's included; else None."""
+    is_bool = isinstance(value, bool) or getattr(getattr(value, "dtype", None), "kind", None) == "b"
+    if kind is bool:
+        return bool(value) if is_bool else None
+    if is_bool or not isinstance(value, numbers.Integral if kind is int else numbers.Real):
+        return None
+    plain = kind(value)
+    return value if type(value) is kind or (kind is float and type(value) is int) else plain
 
 
 def _typed(cls: type) -> list[tuple[Any, type, bool]]:

@@ -173,12 +173,11 @@ class MessageStream:
         calls: list[ParsedToolCall] = []
         if self.tool_parser is not None:
             found = self.tool_parser.parse(content, final=final, tools=self.tools)
-            if final and found.calls:
+            calls = found.calls[: self.max_tool_calls]
+            if final and calls:  # the calls kept: one dropped past max_tool_calls does not count
                 settled = self.tool_parser.parse(content, final=False, tools=self.tools).calls
-                self.calls_whole = settled[: len(found.calls)] == found.calls and all(
-                    _whole_json(call.arguments) for call in found.calls
-                )
-            content, calls = found.content, found.calls[: self.max_tool_calls]
+                self.calls_whole = settled[: len(calls)] == calls and all(_whole_json(c.arguments) for c in calls)
+            content = found.content
         delta = MessageDelta()
         if reasoning is not None:
             delta.reasoning = self._extend("reasoning", self.sent.reasoning or "", reasoning)

@@ -234,7 +234,7 @@ class SamplingParams:
             _at_least("stop_token_ids", token, 0, label="stop_token_ids[]")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
-            if isinstance(value, bool):  # vLLM's: True is the chosen token's alone
+            if isinstance(value, bool):  # vLLM's: True is 1 (the top token beside the chosen one)
                 setattr(self, name, value := 1 if value else None)
             if value is not None:
                 _at_least(name, value, -1, note=" (-1: every token of the vocabulary)")

@@ -103,7 +103,7 @@ def test_detokenize_false_gives_the_same_tokens_without_text(llm):
 
 
 def test_logprobs_true_and_minus_one_as_vllm(llm):
-    """True: the chosen token's alone; -1: every token of the vocabulary (400 here)."""
+    """True: 1 (the top token beside the chosen one); -1: every token of the vocabulary (400 here)."""
     one = SamplingParams(temperature=0.0, max_tokens=2, logprobs=True, prompt_logprobs=True)
     assert (one.logprobs, one.prompt_logprobs) == (1, 1)
     every = SamplingParams(temperature=0.0, max_tokens=2, logprobs=-1, prompt_logprobs=-1)

@@ -347,10 +347,14 @@ class FrontendKit:
             raise bad_request(f"n must be at most {cap} (--max-n), got {n}", "n")
         limit = self.options.max_logprobs
         for name, value in ((logprobs_param, logprobs), ("prompt_logprobs", prompt_logprobs)):
+            shown = value
             if value == -1:  # vLLM's "the whole vocabulary"
                 value = self.vocab_size if self.vocab_size is not None else limit + 1
+                shown = f"-1 (the whole vocabulary, {value} tokens)" if self.vocab_size is not None else "-1"
             if value is not None and limit >= 0 and value > limit:
-                raise bad_request(f"{name}={value} exceeds the server's limit of {limit} (--max-logprobs)", name)
+                raise bad_request(f"{name}={shown} exceeds the server's limit of {limit} (--max-logprobs)", name)
+            if shown != value:  # within a limit that high: the count itself, which the answer is shaped by
+                raise bad_request(f"{name}=-1 (the whole vocabulary): give the count, {value}", name)
 
     def check_stop(self, stop: str | list[str] | None, param: str = "stop") -> None:
         """Stop strings are searched in every new piece of text: their number and length are bounded."""

@@ -678,6 +678,6 @@ def _stop_reason(seq: Any, blocks: BlockStream) -> tuple[str, str | None]:
         return "max_tokens", None
     if isinstance(seq.stop_reason, str) and not (blocks.called and blocks.calls_complete):
         return "stop_sequence", seq.stop_reason
-    if blocks.called:
+    if blocks.called and blocks.calls_complete:  # a call the end of the text cut short must not run
         return "tool_use", None
     return "end_turn", None

@@ -219,6 +219,12 @@ def test_echo_with_max_tokens_0_scores_the_prompt(client, tiny):
         greedy(client, tiny, max_tokens=0)  # without echo there is nothing to answer
 
 
+def test_logprobs_minus_one_is_the_whole_vocabulary_past_the_servers_limit(http):
+    response = http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 1, "logprobs": -1})
+    assert_error(response, 400, param="logprobs")
+    assert "logprobs=-1 (the whole vocabulary" in response.json()["error"]["message"]
+
+
 def test_echo_logprobs_tokens_spell_the_prompt(client, tiny):
     response = greedy(client, tiny, max_tokens=2, echo=True, logprobs=1)
     logprobs = response.choices[0].logprobs
