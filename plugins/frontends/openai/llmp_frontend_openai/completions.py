@@ -211,6 +211,7 @@ class Completion:
         echoed: set[tuple[int, int]] = set()
         sent: dict[tuple[int, int], int] = {}  # where each choice's next text_offset starts
         done: set[tuple[int, int]] = set()
+        per_choice: dict[tuple[int, int], int] = {}  # each choice's tokens so far (continuous usage is a choice's)
         try:
             async for prompt_index, output in _merge(self.streams):
                 latest[prompt_index] = output
@@ -219,6 +220,7 @@ class Completion:
                     if key in done:
                         continue
                     generated += len(seq.token_ids)
+                    per_choice[key] = per_choice.get(key, 0) + len(seq.token_ids)
                     wants_logprobs = self.body.logprobs is not None and seq.token_ids
                     echo = self.body.echo and key not in echoed
                     if not (seq.text or seq.finish_reason or wants_logprobs or echo):
@@ -228,6 +230,8 @@ class Completion:
                     choice = self._choice(
                         prompt_index, output, seq, seq.text, seq.token_ids, seq.logprobs, echo, offset
                     )
+                    if key in sent:  # the prompt's ids come with the choice's first chunk only, as vLLM's
+                        choice.pop("prompt_token_ids", None)
                     # offsets count the tokens' texts, as the whole answer's do
                     logprobs = choice["logprobs"]
                     sent[key] = offset + sum(map(len, logprobs["tokens"] if logprobs else [choice["text"]]))
@@ -235,7 +239,8 @@ class Completion:
                         done.add(key)
                     else:
                         choice.pop("stop_reason")
-                    yield sse(self._chunk([choice], usage(prompt_tokens, generated) if continuous else None))
+                    own = usage(len(self.prompts[prompt_index].token_ids), per_choice[key]) if continuous else None
+                    yield sse(self._chunk([choice], own))
             if include_usage:
                 yield sse(self._chunk([], usage(prompt_tokens, generated, self._cached(latest.values()))))
         except Exception as exc:  # after the headers: report in-band and end; [DONE] marks success only

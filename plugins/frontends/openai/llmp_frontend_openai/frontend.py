@@ -299,7 +299,9 @@ class OpenAIFrontend(FrontendKit):
     # -- responses ----------------------------------------------------------------
 
     def new_id(self, request: Request, prefix: str, body: Any = None) -> str:
-        given = getattr(body, "request_id", None)
+        """The response's id: the ``X-Request-Id`` header's, else the body's ``request_id``, else a new one
+        (vLLM's order: the header wins)."""
+        given = None if "x-request-id" in request.headers else getattr(body, "request_id", None)
         return f"{prefix}-{given or request_id_of(request)}"
 
     async def respond(self, request: Request, stream: bool, make: Any) -> Any:

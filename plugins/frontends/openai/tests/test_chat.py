@@ -294,6 +294,9 @@ def test_n_above_max_n_is_refused(http, tiny):
 def test_request_id_field_names_the_response(http):
     response = http.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 1, "request_id": "r-42"})
     assert response.json()["id"] == "chatcmpl-r-42"
+    # vLLM's order: the X-Request-Id header wins over the field
+    both = {"json": {"messages": MESSAGES, "max_tokens": 1, "request_id": "r-42"}, "headers": {"X-Request-Id": "h-7"}}
+    assert http.post("/v1/chat/completions", **both).json()["id"] == "chatcmpl-h-7"
 
 
 def test_text_spelling_special_tokens_stays_text(client, tiny):

@@ -113,6 +113,28 @@ def test_stream_continuous_usage_stats(client, tiny):
     assert all(c.usage is not None for c in chunks)
     completion = [c.usage.completion_tokens for c in chunks]
     assert completion == sorted(completion) and completion[-1] == 7
+    # several prompts: each chunk's usage is its own choice's (its prompt, its tokens so far), as vLLM's;
+    # the prompt's ids come with a choice's first chunk only
+    prompts = [PROMPT, "A different and longer prompt than the first"]
+    chunks = list(
+        client.completions.create(
+            model=tiny.name,
+            prompt=prompts,
+            max_tokens=4,
+            stream=True,
+            stream_options={"include_usage": True, "continuous_usage_stats": True},
+            temperature=0,
+            extra_body={"ignore_eos": True, "return_token_ids": True},
+        )
+    )
+    lengths = [len(tiny.tokenizer.encode(text)) for text in prompts]
+    seen: dict[int, int] = {}
+    for chunk in chunks[:-1]:
+        index = chunk.choices[0].index
+        assert chunk.usage.prompt_tokens == lengths[index], chunk
+        assert (extra(chunk.choices[0], "prompt_token_ids") is not None) == (index not in seen), chunk
+        seen[index] = chunk.usage.completion_tokens
+    assert seen == {0: 4, 1: 4} and chunks[-1].usage.completion_tokens == 8
     # as vLLM: continuous_usage_stats only adds to include_usage
     for options in ({"continuous_usage_stats": True}, {"include_usage": False, "continuous_usage_stats": True}):
         chunks = list(
