@@ -228,6 +228,7 @@ def test_text_typed_during_a_reply_is_neither_shown_nor_sent(
     reply_start = chat.start_reply("Count")
     chat.type("typed meanwhile\r")
     chat.expect("\n> ", since=reply_start)
+    assert "what was typed during the reply was dropped" in chat.screen  # said, not silently lost
     time.sleep(0.5)  # were the typed line kept, it would be sent now
     saved = tmp_path / "conversation.json"
     mark = chat.type(f"/save {saved}\r")
@@ -239,6 +240,23 @@ def test_text_typed_during_a_reply_is_neither_shown_nor_sent(
     chat.type("/exit\r")
     assert chat.wait() == 0
     assert sum(requests_seen(server).values()) == sum(before.values()) + 1
+
+
+def test_a_fenced_message_of_several_lines_is_sent_whole(server: LiveServer, terminals: Any, tmp_path: Path) -> None:
+    # Ollama's """ block: a pasted text of several lines is one message, not one message a line
+    chat = terminals("chat", "--url", server.url, "--max-tokens", "4", "--temperature", "0")
+    started(chat)
+    chat.type('"""Translate to French:\r')
+    chat.type("The cat sleeps.\r")
+    mark = chat.type('The dog runs."""\r')
+    chat.expect("\n> ", since=mark)
+    saved = tmp_path / "fenced.json"
+    mark = chat.type(f"/save {saved}\r")
+    chat.expect("Saved 2 messages", since=mark)
+    messages = json.loads(saved.read_text())["messages"]
+    assert messages[0] == {"role": "user", "content": "Translate to French:\nThe cat sleeps.\nThe dog runs."}
+    chat.type("/exit\r")
+    assert chat.wait() == 0
 
 
 def test_slash_commands_are_never_sent_to_the_model(server: LiveServer, terminals: Any, tmp_path: Path) -> None:

@@ -121,3 +121,48 @@ def test_a_local_model_and_a_server_are_one_or_the_other(command: str) -> None:
     for server_option in (("--url", "http://127.0.0.1:8000"), ("--model", "name")):
         line = one_error_line((command, "some-model-dir", *server_option, "-q", "hi"), status=2)
         assert "MODEL runs a model in this process" in line and server_option[0] in line
+
+
+def test_a_server_still_loading_is_waited_for_then_its_models_listed() -> None:
+    # `llmp chat`/`bench serve` right after `llmp serve &`: the 503s of a server still loading are waited
+    # out (as `ollama run` waits), with one notice; any other failure, or waiting longer than asked, is not
+    import asyncio
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import httpx
+
+    from llmp.cli.sse import ServerError, served_models
+
+    statuses = [503, 503, 200]
+
+    class Loading(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            status = statuses.pop(0) if len(statuses) > 1 else statuses[0]
+            loading = {"error": {"message": "the model is warming up", "code": 503}}
+            body = json.dumps(loading if status == 503 else {"object": "list", "data": [{"id": "tiny"}]}).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Loading)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_port}/v1/models"
+
+    async def listed(wait_s: float) -> list[str]:
+        async with httpx.AsyncClient() as client:
+            return await served_models(client, url, None, wait_s=wait_s)
+
+    try:
+        assert asyncio.run(listed(30)) == ["tiny"] and statuses == [200]
+        statuses[:] = [503, 503, 503]
+        with pytest.raises(ServerError, match="HTTP 503.*warming up") as caught:
+            asyncio.run(listed(0))  # no wait asked: the first 503 is the answer
+        assert caught.value.status == 503
+    finally:
+        httpd.shutdown()

@@ -31,3 +31,26 @@ class PoolingParams:
         limit = self.truncate_prompt_tokens
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < -1 or limit == 0):
             raise ValueError(f"truncate_prompt_tokens must be -1 or an integer >= 1, got {limit!r}")
+
+
+def matryoshka_dimensions(config: object) -> list[int] | None:
+    """The sizes a model's embeddings may be cut to, from its config as vLLM reads it:
+    ``matryoshka_dimensions``; ``[]`` (any size) when it says only ``is_matryoshka``; ``None`` when
+    it was not trained for it (a cut embedding of such a model loses quality unannounced)."""
+    sizes = getattr(config, "matryoshka_dimensions", None)
+    if sizes:
+        return [int(size) for size in sizes]
+    return [] if getattr(config, "is_matryoshka", False) else None
+
+
+def check_dimensions(dimensions: int, matryoshka: list[int] | None, embedding_size: int | None) -> None:
+    """vLLM's rule for ``dimensions``: a ValueError unless the model supports Matryoshka
+    embeddings (``matryoshka_dimensions``' answer) and the size is one it supports."""
+    if matryoshka is None:
+        raise ValueError(
+            f"dimensions must be unset: the model does not support Matryoshka embeddings (received {dimensions})"
+        )
+    if embedding_size and not 1 <= dimensions <= embedding_size:
+        raise ValueError(f"dimensions must be in the model's range [1, {embedding_size}], got {dimensions}")
+    if matryoshka and dimensions not in matryoshka:
+        raise ValueError(f"dimensions must be one of the model's Matryoshka sizes {matryoshka}, got {dimensions}")

@@ -165,6 +165,9 @@ class SamplingParams:
     thinking_token_budget: int | None = None
     reasoning_markers: ReasoningMarkers | None = None
     typical_p: float = 1.0  # llama.cpp's (Ollama's option) locally typical sampling; 1 = off
+    # llama.cpp's repeat_last_n (Ollama's option): the three penalties read only the last N tokens of
+    # prompt and output together; None = vLLM's (repetition over both, frequency and presence over the output)
+    penalty_window: int | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE  # what AsyncLLM.generate yields (vLLM's)
     stop_strings: list[str] = field(init=False, default_factory=list)
 
@@ -217,6 +220,8 @@ class SamplingParams:
         _between("presence_penalty", self.presence_penalty, -2.0, 2.0)
         _between("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
         _greater("repetition_penalty", self.repetition_penalty, 0.0)
+        if self.penalty_window is not None:
+            _at_least("penalty_window", self.penalty_window, 1, note=" (None: the whole context)")
         if self.seed is not None:
             _integer("seed", self.seed)
         if self.max_tokens is not None:

@@ -19,7 +19,7 @@ import copy
 import math
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from llmp.inputs import Prompt, last_tokens
@@ -108,6 +108,7 @@ def cross_encoder_prompts(
     max_model_len: int,
     param: str | None = "data_2",
     chat_template: str | None = None,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
 ) -> list[Prompt]:
     """The engine prompts of the pairs ``(queries[i], documents[i])`` for a cross-encoder, all
     tokenized in one call of the tokenizer (batched in its Rust core, not a Python call per pair).
@@ -117,7 +118,8 @@ def cross_encoder_prompts(
     (longest first, special tokens kept), as sentence-transformers' ``CrossEncoder``. Without
     (LLM rerankers) the text ``query + document`` is tokenized, or with ``chat_template`` (a
     score template, as vLLM's ``--chat-template`` for Qwen3-Reranker) the template rendered with
-    the messages ``query`` and ``document``; truncation keeps the last tokens, as
+    the messages ``query`` and ``document`` and ``chat_template_kwargs`` as its variables (vLLM's
+    ``instruction`` is one); truncation keeps the last tokens, as
     ``/v1/embeddings`` does. A prompt longer than ``max_model_len`` is an error naming the pair
     ("the pair at index 3") and its length.
     """
@@ -143,7 +145,8 @@ def cross_encoder_prompts(
     else:
         if chat_template is not None:
             texts = [
-                score_template_text(tokenizer, q, d, chat_template) for q, d in zip(queries, documents, strict=True)
+                score_template_text(tokenizer, q, d, chat_template, chat_template_kwargs)
+                for q, d in zip(queries, documents, strict=True)
             ]
         else:
             texts = [q + d for q, d in zip(queries, documents, strict=True)]
@@ -174,15 +177,27 @@ _TRUNCATION_LOCK = threading.Lock()
 _TRUNCATING: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
-def score_template_text(tokenizer: Any, query: str, document: str, chat_template: str) -> str:
+def score_template_text(
+    tokenizer: Any,
+    query: str,
+    document: str,
+    chat_template: str,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
+) -> str:
     """The text an LLM reranker reads for one pair through a score template: ``chat_template``
     rendered with the messages ``{"role": "query"}`` and ``{"role": "document"}`` (vLLM's
-    ``get_score_prompt``), without a generation prompt."""
+    ``get_score_prompt``) and ``chat_template_kwargs`` as variables, without a generation prompt."""
     from llmp.chat_template import render_chat
 
     conversation = [{"role": "query", "content": query}, {"role": "document", "content": document}]
     try:
-        return render_chat(tokenizer, conversation, chat_template=chat_template, add_generation_prompt=False)
+        return render_chat(
+            tokenizer,
+            conversation,
+            chat_template=chat_template,
+            add_generation_prompt=False,
+            chat_template_kwargs=chat_template_kwargs,
+        )
     except Exception as exc:  # jinja's errors: the template cannot read this pair
         raise ScoreInputError(f"the score template could not be applied: {type(exc).__name__}: {exc}", None) from None
 

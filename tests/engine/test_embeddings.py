@@ -49,7 +49,7 @@ def test_the_context_is_sentence_transformers_max_seq_length():
 
 
 def test_async_encode_in_the_engine_process():
-    engine = AsyncLLM(str(MINILM), dtype="float32")
+    engine = AsyncLLM(str(MINILM), dtype="float32", hf_overrides={"is_matryoshka": True})
 
     async def run():
         async def one(text: str) -> list[float]:

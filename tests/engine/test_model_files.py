@@ -113,6 +113,20 @@ def test_corrupt_gguf_is_named(tmp_path, monkeypatch):
     assert not list((tmp_path / "cache").rglob("*.safetensors"))  # nothing half-written is kept
 
 
+def test_a_gguf_file_is_known_by_its_magic_and_another_file_is_named(tmp_path, monkeypatch):
+    # as llama.cpp: a GGUF file under any name (model.bin, MODEL.GGUF) is read as one
+    monkeypatch.setenv("LLMP_CACHE_DIR", str(tmp_path / "cache"))
+    for name in ("model.bin", "MODEL.GGUF"):
+        renamed = tmp_path / name
+        renamed.write_bytes(b"GGUF" + b"\x00" * 60)
+        with pytest.raises(ModelLoadError, match=name):  # read as GGUF: its own (truncated) error names it
+            find_model_dir(renamed)
+    text = tmp_path / "readme.txt"
+    text.write_text("not a model")
+    with pytest.raises(ModelLoadError, match="readme.txt is a file but not a GGUF file"):
+        find_model_dir(text)
+
+
 def test_unsupported_architecture_lists_the_supported_ones(tmp_path):
     from llmp.api import UnknownComponentError
 

@@ -127,7 +127,11 @@ def test_prepare_inputs_keeps_pooling_rows_apart_and_builds_token_types():
 
 @pytest.fixture(scope="module")
 def minilm() -> LLMEngine:
-    config = EngineConfig(model=str(MINILM), dtype="float32", max_num_batched_tokens=64, max_model_len=64)
+    # declared Matryoshka (any size), so `dimensions` may cut it: vLLM refuses it for a model without
+    matryoshka = {"is_matryoshka": True}
+    config = EngineConfig(
+        model=str(MINILM), dtype="float32", max_num_batched_tokens=64, max_model_len=64, hf_overrides=matryoshka
+    )
     return LLMEngine(config, resolve_model(config))
 
 
@@ -172,7 +176,7 @@ def test_bad_pooling_requests_are_refused_with_one_line(minilm):
         minilm.add_request("x", "hi", SamplingParams())
     with pytest.raises(ValueError, match="task 'embed' does not take use_activation"):
         minilm.add_request("x", "hi", pooling_params=PoolingParams(use_activation=False))
-    with pytest.raises(ValueError, match="dimensions 999 exceeds"):
+    with pytest.raises(ValueError, match=r"dimensions must be in the model's range \[1, 384\], got 999"):
         minilm.add_request("x", "hi", pooling_params=PoolingParams(dimensions=999))
     long = " ".join(["word"] * 100)
     with pytest.raises(ValueError, match="the input is 102 tokens long; this model takes at most 64"):
@@ -226,7 +230,7 @@ def test_a_registered_pooler_serves_requests():
 
 
 def test_async_encode_rebuilds_each_output_type():
-    engine = AsyncLLM(str(MINILM), dtype="float32", engine_mode="thread")
+    engine = AsyncLLM(str(MINILM), dtype="float32", engine_mode="thread", hf_overrides={"is_matryoshka": True})
 
     async def one(text: str, params: PoolingParams):
         return [o async for o in engine.encode(text, params)]
@@ -372,3 +376,25 @@ def test_generate_and_score_in_one_step_on_an_llm_reranker(tmp_path):
         logits = model(torch.tensor([documents[0]])).logits[0, -1]
     assert isinstance(outputs["raw"].outputs, ClassificationOutput)  # the default task: classify
     assert outputs["raw"].outputs.probs == [pytest.approx((logits[yes] - logits[no]).item(), abs=1e-4)]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "dimensions", "refusal"),
+    [
+        ({}, 64, r"dimensions must be unset: the model does not support Matryoshka embeddings \(received 64\)"),
+        ({"matryoshka_dimensions": [64, 128]}, 100, r"one of the model's Matryoshka sizes \[64, 128\], got 100"),
+        ({"matryoshka_dimensions": [64, 128]}, 64, None),
+    ],
+)
+def test_dimensions_follow_the_models_matryoshka_sizes(overrides, dimensions, refusal):
+    # vLLM's rule: a model not trained to be cut refuses `dimensions`; one that lists its sizes takes only those
+    config = EngineConfig(model=str(MINILM), dtype="float32", max_model_len=64, hf_overrides=overrides)
+    engine = LLMEngine(config, resolve_model(config))
+    assert engine.info.options["matryoshka"] == (overrides.get("matryoshka_dimensions") if overrides else None)
+    params = PoolingParams(dimensions=dimensions)
+    if refusal:
+        with pytest.raises(ValueError, match=refusal):
+            engine.add_request("x", "hi", pooling_params=params)
+        return
+    engine.add_request("x", "hi", pooling_params=params)
+    assert len(run(engine)["x"].outputs.embedding) == dimensions

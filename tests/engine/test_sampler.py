@@ -532,6 +532,30 @@ def test_apply_penalties_exact():
     torch.testing.assert_close(result, expected)
 
 
+def test_a_penalty_window_reads_the_last_tokens_of_prompt_and_output_alone():
+    # llama.cpp's repeat_last_n (Ollama's option): all three penalties over the window, prompt tokens counted
+    row = [2.0, -1.0, 0.5, -0.5, 3.0, 0.0]
+    penalties = {"repetition_penalty": 2.0, "frequency_penalty": 0.5, "presence_penalty": 0.25}
+    requests = [
+        make(prompt=[4, 0, 1, 1], output=[2, 3], penalty_window=4, **penalties),  # window [1, 1, 2, 3]
+        make(prompt=[4, 0, 1, 1], output=[2, 3, 3, 0, 2], penalty_window=3, **penalties),  # window [3, 0, 2]
+        make(prompt=[4, 0, 1, 1], output=[2, 3], penalty_window=100, **penalties),  # all: [4, 0, 1, 1, 2, 3]
+    ]
+    result = _apply_penalties(torch.tensor([row] * 3), [SamplingRow.of(r) for r in requests])
+
+    def penalised(tokens: list[int]) -> list[float]:
+        out = list(row)
+        for token in set(tokens):
+            value = row[token] / 2.0 if row[token] > 0 else row[token] * 2.0
+            out[token] = value - 0.5 * tokens.count(token) - 0.25
+        return out
+
+    expected = [penalised([1, 1, 2, 3]), penalised([3, 0, 2]), penalised([4, 0, 1, 1, 2, 3])]
+    torch.testing.assert_close(result, torch.tensor(expected))
+    with pytest.raises(ValueError, match="penalty_window"):
+        SamplingParams(penalty_window=0)
+
+
 def dense_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
     """The penalties written over the whole [rows, vocabulary]: counts by one-hot sums."""
     out = logits.clone()

@@ -31,6 +31,8 @@ from llmp.options import option
 EXIT_WORDS = {"exit", "quit"}  # a bare word ends the session too, as it always has
 EXIT_COMMANDS = {"/exit", "/quit", "/bye"}  # /bye: Ollama's
 QUIT_HINT = "Use Ctrl-D or /exit to quit."
+FENCE = '"""'  # opens and closes a message of several lines, as in `ollama run`
+COMPLETION_MAX_TOKENS = 16  # a local completion without --max-tokens, as the server's /v1/completions
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -194,7 +196,10 @@ class _LocalEngine:
                 prompt = await self.kit.conversation_prompt(body["messages"], None)
             else:
                 [prompt] = await self.kit.prompt_inputs(body["prompt"], "prompt", True)
-            sampling = SamplingRequest(max_tokens=body.get("max_tokens"), temperature=body.get("temperature"))
+            # unset, a completion stops at 16 tokens as the server's /v1/completions (OpenAI's and vLLM's
+            # default); a chat reply runs to its end
+            max_tokens = body.get("max_tokens", None if chat else COMPLETION_MAX_TOKENS)
+            sampling = SamplingRequest(max_tokens=max_tokens, temperature=body.get("temperature"))
             params = self.kit.sampling_params(sampling, len(prompt.token_ids))
             async for output in self.engine.generate(prompt, params, engine_request_id("chat"), delta=True):
                 if output.outputs and output.outputs[0].text:
@@ -355,6 +360,7 @@ class _Conversation:
             ]
         lines += [
             "//TEXT             send TEXT starting with one /",
+            '"""                begin a message of several lines; end it with """',
             "Ctrl-C stops a reply and returns to the prompt.",
         ]
         return "\n".join(lines)
@@ -395,17 +401,29 @@ def _repl(runner: Any, conversation: _Conversation) -> bool:
             print(f"\n{QUIT_HINT}", file=sys.stderr)
             continue
         text = line.strip()
-        if not text:
+        if text.startswith(FENCE):  # Ollama's: a message of several lines, sent whole
+            try:
+                message = _fenced_message(text, interactive)
+            except EOFError:
+                return failed
+            except KeyboardInterrupt:
+                print(f"\n{QUIT_HINT}", file=sys.stderr)
+                continue
+            if not message.strip():
+                continue
+        elif not text:
             continue
-        if text in EXIT_WORDS:
+        elif text in EXIT_WORDS:
             return failed
-        if text.startswith("/") and not text.startswith("//"):
+        elif text.startswith("/") and not text.startswith("//"):
             if not conversation.command(text):
                 return failed
             continue
+        else:
+            message = text[1:] if text.startswith("//") else line
         try:
             with _typing_held(interactive):
-                runner.run(conversation.send(text[1:] if text.startswith("//") else line))
+                runner.run(conversation.send(message))
         except KeyboardInterrupt:  # the reply is stopped and its request aborted; back to the prompt
             continue
         except ServerError as exc:
@@ -415,10 +433,21 @@ def _repl(runner: Any, conversation: _Conversation) -> bool:
             failed = not interactive
 
 
+def _fenced_message(first: str, interactive: bool) -> str:
+    """The lines from one opening \"\"\" to the line that ends with the closing one (Ollama's
+    multi-line input), joined by newlines, without the fences."""
+    lines = [first[len(FENCE) :]]
+    while not (lines[-1].rstrip().endswith(FENCE) and (len(lines) > 1 or lines[0].strip() != "")):
+        lines.append(input("... " if interactive else ""))
+    lines[-1] = lines[-1].rstrip()[: -len(FENCE)]
+    return "\n".join(lines).strip("\n")
+
+
 @contextmanager
 def _typing_held(terminal: bool) -> Iterator[None]:
     """While a reply streams, keys typed are not echoed into it, and are dropped afterwards rather
-    than sent as the next message. Ctrl-C still works (the terminal's signals stay on)."""
+    than sent as the next message (a notice says so: several lines go in a \"\"\" block). Ctrl-C
+    still works (the terminal's signals stay on)."""
     if not terminal:
         yield
         return
@@ -432,5 +461,19 @@ def _typing_held(terminal: bool) -> Iterator[None]:
     try:
         yield
     finally:
+        if _pending_input(fd):
+            notice = f"(what was typed during the reply was dropped; send several lines in a {FENCE} block)"
+            print(notice, file=sys.stderr)
         termios.tcflush(fd, termios.TCIFLUSH)
         termios.tcsetattr(fd, termios.TCSANOW, saved)
+
+
+def _pending_input(fd: int) -> bool:
+    import fcntl
+    import struct
+    import termios
+
+    try:
+        return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0] > 0
+    except OSError:
+        return False

@@ -5,12 +5,27 @@ options that do not go together. Each problem names its options as the user set 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from difflib import get_close_matches
+from pathlib import Path
+from typing import Any
 
 from llmp import registry
 from llmp.config import OptionSpec, Setting
 from llmp.options import alternatives
+
+# options that act only beside another: (option, the option it needs, whether that one's value lets it
+# act, the value to name in the problem)
+ONLY_BESIDE: tuple[tuple[str, str, Callable[[Any], bool], str], ...] = (
+    ("lora_modules", "enable_lora", bool, ""),
+    ("enable_lora_runtime_updates", "enable_lora", bool, ""),
+    ("max_loras", "enable_lora", bool, ""),
+    ("max_lora_rank", "enable_lora", bool, ""),
+    ("max_cpu_loras", "enable_lora", bool, ""),
+    ("admin_api_key", "enable_admin_api", bool, ""),
+    ("allow_credentials", "allowed_origins", bool, " ORIGIN"),
+    ("ray_address", "executor", lambda executor: executor == "ray", " ray"),
+)
 
 
 def option_problems(specs: list[OptionSpec], values: Mapping[str, Setting]) -> list[str]:
@@ -43,7 +58,8 @@ def combination_problems(specs: list[OptionSpec], values: Mapping[str, Setting])
     """What only the registry, the model or another option tells, among the options this command
     takes: more than one rank on an executor that runs one, a device no kernel set runs on, a
     context longer than the model's, a task, runner and conversion asking for different things,
-    LoRA options without LoRA, auto tool choice without a parser."""
+    an option without the one it acts beside (``ONLY_BESIDE``: LoRA options without LoRA, an admin
+    key without the admin API ...), auto tool choice without a parser."""
     taken = {s.name: s for s in specs}
 
     def setting(name: str) -> Setting:
@@ -67,11 +83,13 @@ def combination_problems(specs: list[OptionSpec], values: Mapping[str, Setting])
             problems.append(f"{device.source} must be {alternatives(tuple(devices))}, got {device.value!r}")
     if "max_model_len" in values and "model" in taken and taken["model"].record == taken["max_model_len"].record:
         problems += context_problems(setting("model"), values["max_model_len"])
+    if "model" in taken:
+        problems += local_model_problems(setting("model"), values)
     problems += task_problems({name: setting(name) for name in ("task", "runner", "convert") if name in taken})
-    if "enable_lora" in taken and not setting("enable_lora").value:  # adapters asked for, LoRA off
-        for name in ("lora_modules", "enable_lora_runtime_updates"):
-            if name in values and values[name].value:
-                problems.append(f"{values[name].source} needs {taken['enable_lora'].flag_name}")
+    for name, needed, acts, value in ONLY_BESIDE:  # set, but what it acts on is off: refused, not ignored
+        if name in values and values[name].value not in (None, False, ()) and needed in taken:
+            if not acts(setting(needed).value):
+                problems.append(f"{values[name].source} needs {taken[needed].flag_name}{value}")
     if {"max_loras", "max_cpu_loras"} <= taken.keys():
         cpu, slots = setting("max_cpu_loras"), setting("max_loras")
         if cpu.value is not None and cpu.value < slots.value:
@@ -113,3 +131,19 @@ def context_problems(model: Setting, max_model_len: Setting) -> list[str]:
         return []
     problem = context_problem(max_model_len.value, context, source)
     return [f"{max_model_len.source} {problem}"] if problem else []
+
+
+def local_model_problems(model: Setting, values: Mapping[str, Setting]) -> list[str]:
+    """``--revision`` (a Hub revision) with a local MODEL, ``--gguf-file`` (a file of a directory
+    or repository) with a local file: refused, where they would be ignored."""
+    path = Path(str(model.value)).expanduser() if model.value else None
+    if path is None or not path.exists():
+        return []
+    problems = []
+    if "revision" in values:
+        problems.append(f"{values['revision'].source} picks a revision of a Hub model; {model.value} is a local path")
+    if "gguf_file" in values and path.is_file():
+        problems.append(
+            f"{values['gguf_file'].source} picks a file of a directory or repository; {model.value} is a file"
+        )
+    return problems

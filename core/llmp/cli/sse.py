@@ -8,7 +8,10 @@ this module is imported whenever the CLI lists its commands.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import sys
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlsplit
@@ -160,10 +163,26 @@ async def get_json(client: Any, url: str, api_key: str | None) -> Any:
         raise ServerError(f"{url} did not answer with JSON") from None
 
 
-async def served_models(client: Any, models_url: str, api_key: str | None) -> list[str]:
+# a server still loading its model answers 503: a client waits this long for it, as `ollama run` does
+READY_WAIT_S = 300.0
+
+
+async def served_models(client: Any, models_url: str, api_key: str | None, wait_s: float = READY_WAIT_S) -> list[str]:
     """The model ids the server lists at ``GET /v1/models``, in its order (the first is the default
-    when none is named); :class:`ServerError` when it lists none."""
-    data = await get_json(client, models_url, api_key)
+    when none is named), once it is ready: a 503 (loading, warming up) is asked again every half
+    second for ``wait_s``, with one notice on stderr; :class:`ServerError` when it lists none."""
+    deadline, said = time.monotonic() + wait_s, False
+    while True:
+        try:
+            data = await get_json(client, models_url, api_key)
+            break
+        except ServerError as exc:
+            if exc.status != 503 or time.monotonic() >= deadline:
+                raise
+            if not said:
+                print(f"llmp: the server is not ready ({exc}); waiting for it", file=sys.stderr)
+                said = True
+            await asyncio.sleep(0.5)
     models = data.get("data") if isinstance(data, dict) else None
     ids = [str(m["id"]) for m in models or () if isinstance(m, dict) and "id" in m]
     if not ids:

@@ -52,7 +52,7 @@ from llmp.outputs import (
     RequestOutput,
     ScoringOutput,
 )
-from llmp.pooling_params import POOLING_TASKS, PoolingParams
+from llmp.pooling_params import POOLING_TASKS, PoolingParams, check_dimensions, matryoshka_dimensions
 from llmp.progress import engine_summary, human_bytes, isa_path
 from llmp.sampling_params import SamplingParams, StructuredOutputsParams, resolve_max_tokens
 
@@ -284,6 +284,7 @@ class LLMEngine:
             "id2label": labels,
             "use_sep_token": bool(use_sep),
             "embedding_size": getattr(config, "hidden_size", None),  # the most an embedding's dimensions may keep
+            "matryoshka": matryoshka_dimensions(config),  # None: dimensions refused; []: any 1..embedding_size
         }
 
     def _pooler_of(self, task: str, params: PoolingParams) -> str:
@@ -686,9 +687,9 @@ class LLMEngine:
         for field, tasks in applies.items():
             if getattr(params, field) is not None and task not in tasks:
                 raise ValueError(f"task {task!r} does not take {field} (it applies to {', '.join(tasks)})")
-        hidden = self.model.config.hidden_size
-        if params.dimensions is not None and params.dimensions > hidden:
-            raise ValueError(f"dimensions {params.dimensions} exceeds the model's embedding size {hidden}")
+        if params.dimensions is not None:
+            config = self.model.config
+            check_dimensions(params.dimensions, matryoshka_dimensions(config), config.hidden_size)
         bad = next((t for t in params.returned_token_ids or () if not 0 <= t < (self.num_labels or 0)), None)
         if bad is not None:
             raise ValueError(f"returned_token_ids holds {bad}, outside the model's {self.num_labels} labels")

@@ -72,6 +72,7 @@ class SamplingRow:
     output_token_ids: list[int] | None = None
     prompt_token_ids: list[int] | None = None
     forced_token_id: int | None = None  # the thinking budget's end marker, emitted whatever the logits say
+    penalty_token_ids: list[int] | None = None  # with penalty_window: the last tokens the penalties read
 
     @classmethod
     def of(cls, request: Request) -> SamplingRow:
@@ -86,7 +87,17 @@ class SamplingRow:
             request.output_token_ids if penalties or request.bad_words_token_ids else None,
             request.prompt_token_ids if params.repetition_penalty != 1.0 else None,
             _forced_token(request),
+            _penalty_window(request) if penalties and params.penalty_window else None,
         )
+
+
+def _penalty_window(request: Request) -> list[int]:
+    """The last ``penalty_window`` tokens of prompt and output together (llama.cpp's repeat_last_n)."""
+    size, output = request.params.penalty_window, request.output_token_ids
+    if len(output) >= size:
+        return list(output[len(output) - size :])
+    prompt = request.prompt_token_ids
+    return [*prompt[max(len(prompt) - (size - len(output)), 0) :], *output]
 
 
 def _forced_token(request: Request) -> int | None:
@@ -328,8 +339,14 @@ def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Ten
     # Penalties change only the tokens a row has seen: they are computed on those (row, token) pairs, keyed
     # row * vocab + token, not over [rows, vocabulary] (32 rows of 152k entries are 4.9M values a step, where
     # their prompts and outputs hold thousands of tokens).
-    output_keys = _pair_keys([r.output_token_ids or [] for r in chosen], vocab, device)
-    prompt_keys = _pair_keys([r.prompt_token_ids or [] for r in chosen], vocab, device)
+    # a windowed row counts every penalty over its window alone (llama.cpp's); the others as vLLM
+    windows = [r.penalty_token_ids for r in chosen]
+    output_keys = _pair_keys(
+        [w if w is not None else r.output_token_ids or [] for r, w in zip(chosen, windows)], vocab, device
+    )
+    prompt_keys = _pair_keys(
+        [r.prompt_token_ids or [] if w is None else [] for r, w in zip(chosen, windows)], vocab, device
+    )
     output_keys, output_counts = output_keys.unique(return_counts=True)  # sorted
     seen = torch.cat([output_keys, prompt_keys]).unique()
     if seen.numel() == 0:

@@ -42,7 +42,7 @@ from llmp.lora import LoRARequest
 from llmp.model_files.config import generation_defaults
 from llmp.options import GENERATION_DEFAULTS, FrontendOptions
 from llmp.outputs import CompletionOutput, RequestOutput
-from llmp.pooling_params import PoolingParams
+from llmp.pooling_params import PoolingParams, check_dimensions
 from llmp.sampling_params import (
     ReasoningMarkers,
     SamplingParams,
@@ -117,6 +117,7 @@ class SamplingRequest:
     structured_outputs: StructuredOutputsParams | None = None
     thinking_token_budget: int | None = None
     reasoning_markers: ReasoningMarkers | None = None  # FrontendKit.reasoning_markers, for thinking_token_budget
+    penalty_window: int | None = None  # the penalties read only the last N tokens (llama.cpp's repeat_last_n)
     names: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -545,13 +546,15 @@ class FrontendKit:
 
     def pooling_params(self, param: str = "dimensions", **fields: Any) -> PoolingParams:
         """A request's ``PoolingParams`` (task ``embed`` unless ``fields`` name one); a 400 naming
-        ``param`` (the protocol's name of ``dimensions``) when they are not 1 to the model's embedding
-        size, before the engine sees them, and for any other value ``PoolingParams`` refuses."""
-        dimensions, size = fields.get("dimensions"), self.engine.info.get("embedding_size")
-        if isinstance(dimensions, int) and size and dimensions > size:
-            raise bad_request(f"{param} {dimensions} exceeds the model's embedding size {size}", param)
+        ``param`` (the protocol's name of ``dimensions``) when the model does not support Matryoshka
+        embeddings of that size (vLLM's rule), before the engine sees them, and for any other value
+        ``PoolingParams`` refuses."""
         try:
-            return PoolingParams(**{"task": "embed", **fields})
+            params = PoolingParams(**{"task": "embed", **fields})
+            if params.dimensions is not None and params.task in (None, "embed", "token_embed"):
+                info = self.engine.info
+                check_dimensions(params.dimensions, info.get("matryoshka"), info.get("embedding_size"))
+            return params
         except ValueError as exc:
             raise bad_request(str(exc).replace("dimensions", param, 1), param) from None
 

@@ -29,8 +29,15 @@ def find_model_dir(
     in one line when it is nowhere."""
     name = str(model) if model is not None else DEFAULT_MODEL
     path = Path(name).expanduser()
-    if path.is_file() and path.suffix == ".gguf":
+    if path.is_file() and (
+        path.suffix.lower() == ".gguf" or _starts_as_gguf(path)
+    ):  # by name or by magic, as llama.cpp
         return convert_gguf(path)
+    if path.is_file():
+        raise ModelLoadError(
+            f"{name} is a file but not a GGUF file (no GGUF magic): llmp takes a model directory (holding "
+            "config.json), a GGUF file or a Hub id"
+        )
     if path.is_dir():  # a directory wins over a Hub id spelled the same (hf download --local-dir ORG/NAME)
         return _model_in_dir(path, gguf_file)
     hub_name = parse_hub_name(name)
@@ -47,6 +54,14 @@ def find_model_dir(
         f"model {name!r} not found: no such directory or .gguf file, and not a Hub name (org/name). llmp takes "
         f"a model directory (holding config.json), a .gguf file or a Hub id; packaged models here: {installed}"
     )
+
+
+def _starts_as_gguf(path: Path) -> bool:
+    try:
+        with path.open("rb") as file:
+            return file.read(4) == b"GGUF"
+    except OSError:
+        return False
 
 
 def _model_in_dir(path: Path, gguf_file: str | None) -> Path:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import re
 import time
 from dataclasses import dataclass
@@ -309,6 +310,7 @@ class OllamaFrontend(FrontendKit):
             if body.tool_choice not in (None, "none"):
                 raise bad_request("tool_choice needs tools", "tool_choice")
             return None, None
+        self.check_tools(body.tools, None)  # each a function with a name, before the template reads them
         if self.tool_parser is None or (body.tool_choice is None and not self.auto_tools):
             raise bad_request(
                 f'"{body.model}" does not support tools: start llmp serve with --tool-call-parser NAME '
@@ -425,14 +427,10 @@ class OllamaFrontend(FrontendKit):
             return {"model": body.model, "embeddings": []}
         prompts = await self.prompt_inputs(texts, "input", True)
         prompts = self.fit_inputs(prompts, options.num_ctx, body.truncate)
-        # as Ollama: a dimensions of 0 or less, or of the whole vector or more, leaves the vector whole
-        size, dimensions = self.engine.info.get("embedding_size"), body.dimensions
-        wanted = dimensions if dimensions is not None and 0 < dimensions < (size or dimensions + 1) else None
-        params = self.pooling_params(normalize=True, dimensions=wanted)
-        outputs = await until_disconnected(request, self.encode_all(prompts, params))
+        outputs = await until_disconnected(request, self.encode_all(prompts, self.pooling_params(normalize=True)))
         return {
             "model": body.model,
-            "embeddings": [output.outputs.embedding for output in outputs],
+            "embeddings": [cut_embedding(output.outputs.embedding, body.dimensions) for output in outputs],
             "total_duration": time.perf_counter_ns() - started,
             "load_duration": 0,
             "prompt_eval_count": sum(len(prompt.token_ids) for prompt in prompts),
@@ -563,3 +561,13 @@ def _arguments(arguments: dict[str, Any] | str | None, index: int) -> dict[str, 
     if arguments is not None and not isinstance(arguments, dict):
         raise bad_request(f"messages.{index}.tool_calls: arguments must be an object", "messages")
     return arguments or {}
+
+
+def cut_embedding(vector: list[float], dimensions: int | None) -> list[float]:
+    """Ollama's ``dimensions``, for any model (vLLM's Matryoshka rule is not Ollama's): the first N
+    values normalised again; 0 or less, or the whole vector or more, leaves it whole."""
+    if dimensions is None or not 0 < dimensions < len(vector):
+        return vector
+    kept = vector[:dimensions]
+    norm = math.sqrt(sum(value * value for value in kept)) or 1.0
+    return [value / norm for value in kept]

@@ -158,13 +158,16 @@ class Generation:
             stream = self.plan.message_stream()
             stream.feed(seq.text, final=True)
             content, reasoning, calls = stream.sent.content, stream.sent.reasoning, stream.sent.tool_calls
-        reply = self.piece(content, reasoning, calls, self._logprobs(seq))
+        logprobs = LogprobsByText()
+        logprobs.add(self._logprobs(seq), len(seq.text), cut=stopped_by_string(seq))
+        reply = self.piece(content, reasoning, calls, logprobs.release())
         return {**reply, **self.done(seq.finish_reason, len(seq.token_ids), seq.token_ids)}
 
     async def stream(self, first: Any) -> AsyncIterator[str]:
         generated: list[int] = []
         text, reason = "", None
         parser = self.plan.message_stream() if self.parsed else None
+        by_text = LogprobsByText()
         try:
             async for output in self._after(first):
                 self.first = self.first or time.perf_counter_ns()
@@ -176,7 +179,8 @@ class Generation:
                 if parser is not None:
                     delta = parser.feed(text, final=reason is not None)
                     content, reasoning = delta.content, delta.reasoning
-                logprobs = self._logprobs(seq)
+                by_text.add(self._logprobs(seq), len(text), cut=stopped_by_string(seq), final=reason is not None)
+                logprobs = by_text.release()
                 if content or reasoning or logprobs:
                     yield ndjson(self.piece(content, reasoning, [], logprobs))
             if parser is not None and parser.sent.tool_calls:  # Ollama sends a call once it is whole
@@ -250,6 +254,44 @@ class Generation:
                 }
             )
         return out
+
+
+def stopped_by_string(seq: Any) -> bool:
+    return seq.finish_reason == "stop" and isinstance(seq.stop_reason, str)
+
+
+class LogprobsByText:
+    """Each token's logprobs sent with its text, as Ollama's runner sends them: held while the
+    engine holds the text back (a possible stop string), and those of a stop string's tokens
+    dropped with it, so the logprobs always cover the text returned, no more."""
+
+    def __init__(self) -> None:
+        self.pending: list[dict[str, Any]] = []
+        self.ready: list[dict[str, Any]] = []
+        self.covered = 0  # characters of text the released tokens spell
+
+    def add(self, entries: list[dict[str, Any]] | None, text_length: int, *, cut: bool, final: bool = True) -> None:
+        """``entries`` generated; ``text_length``: the text sent so far (the whole, at the end);
+        ``cut``: the sequence ended on a stop string (cut from the text)."""
+        self.pending += entries or []
+        while self.pending and self.covered + len(self.pending[0]["token"]) <= text_length:
+            self._release()
+        if final and cut:  # a token the text starts in is kept; the stop string's own are dropped
+            while self.pending and self.covered < text_length:
+                self._release()
+            self.pending = []
+        elif final:
+            while self.pending:
+                self._release()
+
+    def release(self) -> list[dict[str, Any]] | None:
+        ready, self.ready = self.ready, []
+        return ready or None
+
+    def _release(self) -> None:
+        entry = self.pending.pop(0)
+        self.covered += len(entry["token"])
+        self.ready.append(entry)
 
 
 def tool_call(index: int, call: Any) -> dict[str, Any]:

@@ -39,7 +39,7 @@ BOOLEANS = ("use_mmap",)
 KNOWN = (*SAMPLING, *CONTEXT, *RUNNER_ONLY)
 # Ollama's defaults (api.DefaultOptions) of what neither a request nor the model's generation config
 # (its Modelfile parameters, as /api/show lists them) sets. Its repeat_penalty 1.1 over the last 64
-# tokens is left out: llmp's penalty reads the whole context, which would penalise more than Ollama's.
+# tokens is left out, so that a request gives what the same request gives on the OpenAI routes.
 SAMPLING_DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.9}
 # Ollama's default num_keep: the first tokens kept when a prompt is cut to fit the window
 DEFAULT_NUM_KEEP = 4
@@ -86,9 +86,14 @@ def read_options(options: dict[str, Any] | None) -> Options:
             out.names["max_tokens"] = "options.num_predict"
         elif name == "num_keep":
             out.num_keep = value if value >= 0 else KEEP_ALL
-    # repeat_last_n: llmp's penalties read the whole context (Ollama's -1); 0, no window, turns the penalty off
-    if (options or {}).get("repeat_last_n") == 0:
-        out.sampling.pop("repetition_penalty", None)
+    # repeat_last_n (llama.cpp's): the penalties read the last N tokens; -1, the whole context; 0 turns them off
+    window = (options or {}).get("repeat_last_n")
+    if window is not None and int(window) == 0:
+        for penalty in ("repetition_penalty", "presence_penalty", "frequency_penalty"):
+            out.sampling.pop(penalty, None)
+    elif window is not None and int(window) > 0:
+        out.sampling["penalty_window"] = int(window)
+        out.names["penalty_window"] = "options.repeat_last_n"
     if out.ignored:
         log.warning("Ollama options accepted but not applied: %s", ", ".join(out.ignored))
     return out

@@ -96,6 +96,8 @@ class Message(OllamaBody):
     @field_validator("role")
     @classmethod
     def _lowercase(cls, role: str) -> str:  # as Ollama's Message.UnmarshalJSON
+        if not role.strip():  # as a missing role: no template has a turn for it
+            raise ValueError("role must not be empty")
         return role.lower()
 
 

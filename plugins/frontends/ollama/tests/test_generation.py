@@ -149,6 +149,24 @@ def test_logprobs(client):
     assert first.logprob <= 0 and len(first.top_logprobs) == 2 and first.top_logprobs[0].logprob == first.logprob
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_logprobs_cover_the_text_a_stop_string_leaves(client, stream):
+    # as Ollama's runner: the tokens of the stop string go with it, so the logprobs spell the text returned
+    free = client.generate(model="tiny", prompt="The quick brown fox", options=GREEDY, logprobs=True, stream=False)
+    tokens = [entry.token for entry in free.logprobs]
+    whole = "".join(tokens)
+    cut = next(
+        k for k in range(2, len(tokens)) if tokens[k].strip() and whole.find(tokens[k]) == len("".join(tokens[:k]))
+    )
+    options = {**GREEDY, "stop": [tokens[k] for k in (cut,)]}
+    chunks = client.generate(model="tiny", prompt="The quick brown fox", options=options, logprobs=True, stream=stream)
+    chunks = list(chunks) if stream else [chunks]
+    text = "".join(chunk.response for chunk in chunks)
+    kept = [entry.token for chunk in chunks for entry in chunk.logprobs or ()]
+    assert chunks[-1].done_reason == "stop" and text == "".join(tokens[:cut])
+    assert kept == tokens[:cut]
+
+
 # -- generate ---------------------------------------------------------------------
 
 
@@ -392,6 +410,8 @@ def test_form_typed_bodies_are_json_unless_a_browser_sends_them(http):
         ({"keep_alive": "soon"}, 'keep_alive: invalid duration "soon"'),
         ({"keep_alive": [5]}, "keep_alive must be a duration"),
         ({"messages": [{"content": "hi"}]}, "messages.0.role is required"),
+        ({"messages": [{"role": " ", "content": "hi"}]}, "role must not be empty"),
+        ({"tools": [{"type": "function"}]}, "every tool must be a function with a name"),
         ({"model": None}, "model: must be a valid string, got null"),
         ({"top_logprobs": 21, "logprobs": True}, "top_logprobs must be between 0 and 20"),
     ],

@@ -233,6 +233,14 @@ class PoolingFields(OpenAIModel):
     use_activation: bool | None = None  # False: raw logits
     activation: bool | None = None  # vLLM 0.10's name of use_activation
     softmax: bool | None = None  # vLLM 0.10's name of use_activation (classification)
+    truncation_side: str | None = None  # vLLM's; truncate_prompt_tokens keeps a prompt's end, so "left" only
+
+    @field_validator("truncation_side")
+    @classmethod
+    def _left_only(cls, side: str | None) -> str | None:
+        if side not in (None, "left"):
+            raise ValueError(f"{side!r} is not supported: truncate_prompt_tokens keeps the prompt's end (left)")
+        return side
 
     def activation_param(self) -> str | None:
         """The name the request set ``use_activation`` by (vLLM's, or an older one), if any."""
@@ -244,7 +252,25 @@ class PoolingFields(OpenAIModel):
         return None if param is None else getattr(self, param)
 
 
-class ScoreRequest(PoolingFields):
+class ScoringFields(PoolingFields):
+    """What ``/score`` and ``/rerank`` share (vLLM's): each query and each document cut to its first
+    N tokens before they are paired; 0 or null, not cut."""
+
+    max_tokens_per_query: StrictInt | None = Field(None, ge=0)
+    max_tokens_per_doc: StrictInt | None = Field(None, ge=0)
+    # an LLM reranker's score template variables; instruction is one (vLLM's), under the mapping's own
+    instruction: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    def template_variables(self) -> tuple[dict[str, Any], str | None]:
+        """The score template's variables, and the field that set them (for a 400), if any."""
+        variables = {**({"instruction": self.instruction} if self.instruction is not None else {})}
+        variables.update(self.chat_template_kwargs or {})
+        field = "chat_template_kwargs" if self.chat_template_kwargs else "instruction" if variables else None
+        return variables, field
+
+
+class ScoreRequest(ScoringFields):
     """``/score``: the pairs as ``text_1``/``text_2``, ``queries``/``documents`` (or ``items``), or
     ``data_1``/``data_2``; each a text or a list of texts (1:1, 1:N or N:N)."""
 
@@ -257,16 +283,16 @@ class ScoreRequest(PoolingFields):
     data_2: ScoreTexts | None = None
 
 
-class RerankRequest(PoolingFields):
+class RerankRequest(ScoringFields):
     """``/rerank``, ``/v1/rerank`` (Jina, Cohere v1) and ``/v2/rerank`` (Cohere v2)."""
 
     query: str
-    documents: list[str | dict[str, Any]]
+    documents: str | list[str | dict[str, Any]]  # one document may come bare (vLLM's)
     top_n: StrictInt | None = 0  # 0 or less (or null): every document
     return_documents: bool | None = True
     rank_fields: list[str] | None = None  # the fields of object documents to rank on, joined by newlines
-    max_tokens_per_doc: StrictInt | None = Field(None, ge=1)  # Cohere v2: each document cut to its first N tokens
     max_chunks_per_doc: Any = None  # Cohere v1's chunking of long documents: refused unless null
+    relevant_spans: bool | None = None  # Cohere's spans of each document: refused when true
 
 
 class CohereContent(OpenAIModel):

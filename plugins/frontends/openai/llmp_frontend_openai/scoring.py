@@ -54,14 +54,19 @@ def add_routes(router: APIRouter, fe: OpenAIFrontend) -> None:
                 "(max_tokens_per_doc or truncate_prompt_tokens cut long ones)",
                 "max_chunks_per_doc",
             )
-        texts = [_document_text(document, body.rank_fields, i) for i, document in enumerate(body.documents)]
-        pairs = score_pairs(fe, body.query, texts, ("query", "documents"), body, body.max_tokens_per_doc, lora=lora)
+        if body.relevant_spans:
+            raise bad_request(
+                "relevant_spans is not supported: each document gets one relevance score", "relevant_spans"
+            )
+        documents = [body.documents] if isinstance(body.documents, str) else body.documents
+        texts = [_document_text(document, body.rank_fields, i) for i, document in enumerate(documents)]
+        pairs = score_pairs(fe, body.query, texts, ("query", "documents"), body, lora=lora)
         scores, tokens = await until_disconnected(request, pairs)
         results = []
         for i in rerank_order(scores, body.top_n):
             result: dict[str, Any] = {"index": i}
             if body.return_documents is not False:  # as the client gave it; a string as Cohere's {"text"}
-                document = body.documents[i]
+                document = documents[i]
                 result["document"] = {"text": document} if isinstance(document, str) else document
             result["relevance_score"] = scores[i]
             results.append(result)
@@ -85,13 +90,13 @@ async def score_pairs(
     data_1: str | Sequence[str],
     data_2: str | Sequence[str],
     names: tuple[str, str],
-    body: p.PoolingFields,
-    max_tokens_per_doc: int | None = None,
+    body: p.ScoringFields,
     *,
     lora: LoRARequest | None = None,
 ) -> tuple[list[float], int]:
     """The score of each pair (in pair order) and the prompt tokens counted for usage; with
-    ``max_tokens_per_doc`` each second text is first cut to its first tokens (Cohere's field)."""
+    ``max_tokens_per_query`` / ``max_tokens_per_doc`` each first / second text is first cut to its
+    first tokens (vLLM's fields; Cohere's ``max_tokens_per_doc``)."""
     try:
         queries, documents = validate_score_input(data_1, data_2, names=names)
     except ScoreInputError as exc:
@@ -100,8 +105,16 @@ async def score_pairs(
     if len(documents) > cap:
         raise bad_request(f"{names[1]} holds {len(documents)} items; this server takes at most {cap}", names[1])
     try:
-        if max_tokens_per_doc is not None:
-            documents = await asyncio.to_thread(_cut_to_tokens, fe.tokenizer, documents, max_tokens_per_doc)
+        for name, side in (("max_tokens_per_query", "queries"), ("max_tokens_per_doc", "documents")):
+            limit = getattr(body, name)
+            if not limit:
+                continue
+            if limit >= fe.max_model_len:
+                raise bad_request(f"{name} ({limit}) must be less than max_model_len ({fe.max_model_len})", name)
+            if side == "queries":
+                queries = await asyncio.to_thread(_cut_to_tokens, fe.tokenizer, queries, limit, name)
+            else:
+                documents = await asyncio.to_thread(_cut_to_tokens, fe.tokenizer, documents, limit, name)
         if fe.engine.info.get("score_mode") == "bi-encoder":
             return await _bi_encoder_scores(fe, queries, documents, names, body, lora)
         return await _cross_encoder_scores(fe, queries, documents, names, body, lora)
@@ -114,7 +127,7 @@ async def _cross_encoder_scores(
     queries: list[str],
     documents: list[str],
     names: tuple[str, str],
-    body: p.PoolingFields,
+    body: p.ScoringFields,
     lora: LoRARequest | None,
 ) -> tuple[list[float], int]:
     use_sep_token = bool(fe.engine.info.get("use_sep_token", True))
@@ -122,6 +135,11 @@ async def _cross_encoder_scores(
     # given (vLLM's score template: messages "query" and "document"); a model that also chats keeps
     # its chat template for chat
     template = None if use_sep_token or "generate" in fe.supported_tasks else fe.options.chat_template
+    variables, field = body.template_variables()
+    if field is not None and template is None:
+        raise bad_request(
+            f"{field} applies only to an LLM reranker served with a score template (--chat-template)", field
+        )
 
     def build() -> list[Prompt]:  # tokenized off the event loop, all pairs in one call
         return cross_encoder_prompts(
@@ -133,6 +151,7 @@ async def _cross_encoder_scores(
             max_model_len=fe.max_model_len,
             param=names[1],
             chat_template=template,
+            chat_template_kwargs=variables or None,
         )
 
     prompts = await asyncio.to_thread(build)
@@ -146,9 +165,14 @@ async def _bi_encoder_scores(
     queries: list[str],
     documents: list[str],
     names: tuple[str, str],
-    body: p.PoolingFields,
+    body: p.ScoringFields,
     lora: LoRARequest | None,
 ) -> tuple[list[float], int]:
+    _, field = body.template_variables()
+    if field is not None:
+        raise bad_request(
+            f"{field} applies only to an LLM reranker served with a score template (--chat-template)", field
+        )
     activation = body.activation_param()
     if activation is not None:  # vLLM's rule: the embed task takes no activation
         raise bad_request(
@@ -193,14 +217,13 @@ def _side(body: p.ScoreRequest, names: tuple[str, ...]) -> tuple[str, Any]:
     return given[0], getattr(body, given[0])
 
 
-def _cut_to_tokens(tokenizer: Any, texts: list[str], max_tokens: int) -> list[str]:
-    """Each text cut to its first ``max_tokens`` tokens (special tokens aside), as Cohere's
-    ``max_tokens_per_doc``: up to the end of its last kept token, by the fast tokenizer's offsets,
-    so the kept text is exactly the client's (no decoding round trip); one tokenizer call."""
+def _cut_to_tokens(tokenizer: Any, texts: list[str], max_tokens: int, param: str) -> list[str]:
+    """Each text cut to its first ``max_tokens`` tokens (special tokens aside), as ``param``
+    (``max_tokens_per_doc``, ``max_tokens_per_query``) asks: up to the end of its last kept token, by
+    the fast tokenizer's offsets, so the kept text is exactly the client's (no decoding round trip);
+    one tokenizer call."""
     if not getattr(tokenizer, "is_fast", False):
-        raise bad_request(
-            "max_tokens_per_doc needs a fast tokenizer (its offsets), which this model lacks", "max_tokens_per_doc"
-        )
+        raise bad_request(f"{param} needs a fast tokenizer (its offsets), which this model lacks", param)
     spans = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
     return [
         text if len(offsets) <= max_tokens else text[: offsets[max_tokens - 1][1]]

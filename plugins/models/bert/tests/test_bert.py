@@ -63,7 +63,7 @@ def test_sentence_transformers_config_selects_mean_pooling_and_normalisation(tin
             ]
         )
     )
-    llm = LLM(str(st), dtype="float32")
+    llm = LLM(str(st), dtype="float32", hf_overrides={"is_matryoshka": True})  # so `dimensions` may cut it
     ids = prompts(1)[0]
     [output] = llm.embed({"prompt_token_ids": ids}, use_tqdm=False)
     expected = torch.nn.functional.normalize(reference(model, ids, "mean"), dim=-1)
@@ -78,6 +78,6 @@ def test_embedding_models_refuse_generation_and_bad_inputs(tiny_bert):
         llm.generate("hello", SamplingParams(), use_tqdm=False)
     with pytest.raises(ValueError, match="at most 128"):
         llm.embed({"prompt_token_ids": [5] * 129}, use_tqdm=False)
-    with pytest.raises(ValueError, match="exceeds the model's embedding size 64"):
-        llm.embed("hello", PoolingParams(dimensions=65), use_tqdm=False)
+    with pytest.raises(ValueError, match="does not support Matryoshka embeddings"):
+        llm.embed("hello", PoolingParams(dimensions=16), use_tqdm=False)
     assert len(llm.embed("hello", use_tqdm=False)[0].outputs.embedding) == 64
