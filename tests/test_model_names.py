@@ -88,6 +88,19 @@ def test_a_hub_id_not_on_this_machine_offline_says_how_to_get_it(tmp_path, monke
     assert "HF_HOME" in message and "llmp serve ./No-Such-Model" in message
 
 
+def test_a_packaged_alias_with_a_revision_asks_for_its_hub_repository(tmp_path, monkeypatch):
+    # --revision / --gguf-file ask for the Hub's files (docs/models.md): the alias names its repository,
+    # never the packaged copy, and never "not found"
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    hub_id = packaged_model("smollm2:135m").hub_id
+    for asked in ({"revision": "v9"}, {"gguf_file": "x.gguf"}):
+        with pytest.raises(ModelLoadError, match=f"'{hub_id}' is not on this machine"):
+            find_model_dir("smollm2:135m", **asked)
+
+
 def test_a_missing_path_is_not_called_a_hub_id(tmp_path):
     with pytest.raises(ModelLoadError, match="no such directory or .gguf file") as caught:
         find_model_dir(str(tmp_path / "nope"))

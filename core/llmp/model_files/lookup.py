@@ -47,6 +47,8 @@ def find_model_dir(
             found = convert_gguf(packaged) if packaged.suffix == ".gguf" else _model_in_dir(packaged, None)
             record_use(packaged_use_key(packaged_model(name).hub_id))  # type: ignore[union-attr]
             return found
+    if hub_name is None and (revision is not None or gguf_file is not None) and packaged_model(name) is not None:
+        hub_name = parse_hub_name(packaged_model(name).hub_id)  # an alias asked for the Hub's files: its repository
     if hub_name is not None:
         return hub_model_dir(hub_name, revision, gguf_file, download=download)
     installed = ", ".join(m.hub_id for m in installed_packaged_models()) or "none"
