@@ -249,3 +249,11 @@ def test_an_engine_that_fails_to_start_says_so_in_one_line_without_a_stray_trace
     assert result.returncode == 1, result.stderr
     assert len(errors) == 1 and "cannot start the engine" in errors[0] and "--kv-cache-memory-gib" in errors[0]
     assert "Traceback" not in result.stderr and "Exception ignored" not in result.stderr, result.stderr
+
+
+def test_an_option_only_beside_another_from_a_variable_is_a_warning_not_a_refusal(tmp_path: Path) -> None:
+    # a standing LLMP_ADMIN_API_KEY (a deployment's secret) must not stop a host without the admin API;
+    # the same on the command line is refused above
+    result = run_llmp("serve", str(tmp_path / "no-model"), env={"LLMP_ADMIN_API_KEY": "k"}, check=False, timeout=60)
+    assert "LLMP_ADMIN_API_KEY needs --enable-admin-api: ignored" in result.stderr
+    assert "needs --enable-admin-api" not in result.stderr.split("llmp: error:")[-1]  # the refusal is the model's

@@ -135,11 +135,12 @@ def test_a_server_still_loading_is_waited_for_then_its_models_listed() -> None:
     from llmp.cli.sse import ServerError, served_models
 
     statuses = [503, 503, 200]
+    message = ["the model is warming up"]
 
     class Loading(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
             status = statuses.pop(0) if len(statuses) > 1 else statuses[0]
-            loading = {"error": {"message": "the model is warming up", "code": 503}}
+            loading = {"error": {"message": message[0], "code": 503}}
             body = json.dumps(loading if status == 503 else {"object": "list", "data": [{"id": "tiny"}]}).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
@@ -164,5 +165,10 @@ def test_a_server_still_loading_is_waited_for_then_its_models_listed() -> None:
         with pytest.raises(ServerError, match="HTTP 503.*warming up") as caught:
             asyncio.run(listed(0))  # no wait asked: the first 503 is the answer
         assert caught.value.status == 503
+        message[0] = "the server is shutting down"  # not starting: no wait, however long one is allowed
+        started = time.monotonic()
+        with pytest.raises(ServerError, match="shutting down"):
+            asyncio.run(listed(30))
+        assert time.monotonic() - started < 5
     finally:
         httpd.shutdown()

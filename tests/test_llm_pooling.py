@@ -127,6 +127,9 @@ def test_an_over_long_pair_is_refused_before_any_request_is_queued(cross_encoder
         ([QUERY, QUERY], DOCS, r"Input lengths must be either 1:1, 1:N or N:N"),
         ("", DOCS, "must not hold an empty string"),
         (QUERY, [DOCS[0], ""], "must not hold an empty string"),
+        # a mapping (content parts, prompt ids) was once scored as its key names
+        ({"content": [{"type": "text", "text": QUERY}]}, DOCS, "not a mapping"),
+        (QUERY, {"prompt_token_ids": [101, 102]}, "not a mapping"),
     ],
 )
 def test_score_input_is_checked(cross_encoder, data_1, data_2, message):
@@ -142,7 +145,19 @@ def test_score_refuses_what_does_not_apply(cross_encoder):
         llm.score(QUERY, DOCS, chat_template="{{ messages[0]['content'] }}", use_tqdm=False)
     with pytest.raises(ValueError, match="You cannot overwrite"):
         llm.score(QUERY, DOCS, pooling_params=PoolingParams(task="embed"), use_tqdm=False)
+    with pytest.raises(ValueError, match="add_special_tokens"):
+        llm.score(QUERY, DOCS, tokenization_kwargs={"add_special_tokens": False}, use_tqdm=False)
     assert not llm.engine.has_unfinished_requests()
+    # vLLM 0.32 names a cross-encoder's scoring task classify; tokenization_kwargs cut as truncate_prompt_tokens
+    plain = scores(llm.score(QUERY, DOCS, truncate_prompt_tokens=12, use_tqdm=False))
+    as_vllm = llm.score(
+        QUERY,
+        DOCS,
+        pooling_params=PoolingParams(task="classify"),
+        tokenization_kwargs={"truncation": True, "max_length": 12},
+        use_tqdm=False,
+    )
+    torch.testing.assert_close(scores(as_vllm), plain)
 
 
 # -- classify and encode ---------------------------------------------------------------------------
@@ -234,6 +249,31 @@ def test_embed_and_encode_on_an_embedding_model(minilm):
     rows = minilm.encode(DOCS[0], pooling_task="token_embed", use_tqdm=False)[0].outputs.data
     expected = torch.nn.functional.normalize(hidden.last_hidden_state[0], dim=-1)
     torch.testing.assert_close(rows, expected, atol=1e-5, rtol=0)
+
+
+def test_vllm_tokenization_kwargs_cut_and_leave_out_special_tokens(minilm):
+    from transformers import AutoTokenizer
+
+    def vectors(outputs) -> torch.Tensor:
+        return torch.tensor([o.outputs.embedding for o in outputs])
+
+    cut = vectors(minilm.embed(DOCS, truncate_prompt_tokens=4, use_tqdm=False))
+    for kwargs in ({"truncate_prompt_tokens": 4}, {"truncation": True, "max_length": 4, "truncation_side": "left"}):
+        got = vectors(minilm.embed(DOCS, tokenization_kwargs=kwargs, use_tqdm=False))
+        torch.testing.assert_close(got, cut)
+    bare = AutoTokenizer.from_pretrained(minilm_dir())(DOCS[0], add_special_tokens=False)["input_ids"]
+    [without] = minilm.embed(DOCS[0], tokenization_kwargs={"add_special_tokens": False}, use_tqdm=False)
+    assert without.prompt_token_ids == bare
+    [by_ids] = minilm.embed({"prompt_token_ids": bare}, use_tqdm=False)
+    assert without.outputs.embedding == by_ids.outputs.embedding
+    for kwargs, message in (
+        ({"padding": "max_length"}, "padding: not taken"),
+        ({"truncation_side": "right"}, "truncation_side must be 'left'"),
+        ({"max_length": 4}, "max_length applies with truncation=True"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            minilm.embed(DOCS, tokenization_kwargs=kwargs, use_tqdm=False)
+    assert not minilm.engine.has_unfinished_requests()
 
 
 def test_an_embedding_model_refuses_classification(minilm):

@@ -153,6 +153,7 @@ class LLM:
         lora_request: LoRARequests = None,
         pooling_task: PoolingTask | None = None,
         truncate_prompt_tokens: int | None = None,
+        tokenization_kwargs: Mapping[str, Any] | None = None,
     ) -> list[PoolingRequestOutput]:
         """The raw pooled output of every prompt, in input order (vLLM's general pooling call).
 
@@ -161,9 +162,13 @@ class LLM:
         the model's primary pooling task. ``outputs`` is a :class:`~llmp.outputs.PoolingOutput`:
         ``outputs.data`` is a vector, or one row per token for the token tasks. ``lora_request``:
         as in :meth:`generate`. ``truncate_prompt_tokens`` (vLLM's; -1: the context length) keeps each
-        prompt's last N tokens, over what ``pooling_params`` say.
+        prompt's last N tokens, over what ``pooling_params`` say. ``tokenization_kwargs`` (vLLM 0.32's):
+        ``truncate_prompt_tokens``, ``truncation`` (True: cut to ``max_length``, else the context),
+        ``truncation_side`` ``"left"`` and ``add_special_tokens``; another key is a ValueError.
         """
-        outputs = self._pool(prompts, pooling_params, pooling_task, use_tqdm, lora_request, truncate_prompt_tokens)
+        outputs = self._pool(
+            prompts, pooling_params, pooling_task, use_tqdm, lora_request, truncate_prompt_tokens, tokenization_kwargs
+        )
         return [o if isinstance(o.outputs, PoolingOutput) else replace(o, outputs=_raw(o.outputs)) for o in outputs]
 
     def embed(
@@ -174,11 +179,14 @@ class LLM:
         use_tqdm: bool = True,
         lora_request: LoRARequests = None,
         truncate_prompt_tokens: int | None = None,
+        tokenization_kwargs: Mapping[str, Any] | None = None,
     ) -> list[EmbeddingRequestOutput]:
         """One embedding per prompt (embedding models only), in input order:
-        ``outputs.embedding`` is a list of floats. ``lora_request`` and ``truncate_prompt_tokens``:
-        as in :meth:`generate` and :meth:`encode`."""
-        return self._pool(prompts, pooling_params, "embed", use_tqdm, lora_request, truncate_prompt_tokens)
+        ``outputs.embedding`` is a list of floats. ``lora_request``, ``truncate_prompt_tokens`` and
+        ``tokenization_kwargs``: as in :meth:`generate` and :meth:`encode`."""
+        return self._pool(
+            prompts, pooling_params, "embed", use_tqdm, lora_request, truncate_prompt_tokens, tokenization_kwargs
+        )
 
     def classify(
         self,
@@ -188,12 +196,15 @@ class LLM:
         use_tqdm: bool = True,
         lora_request: LoRARequests = None,
         truncate_prompt_tokens: int | None = None,
+        tokenization_kwargs: Mapping[str, Any] | None = None,
     ) -> list[ClassificationRequestOutput]:
         """The class probabilities of every prompt (sequence classifiers), in input order:
         ``outputs.probs`` in label order (``config.id2label``); raw logits with
-        ``PoolingParams(use_activation=False)``. ``lora_request`` and ``truncate_prompt_tokens``: as in
-        :meth:`generate` and :meth:`encode`."""
-        return self._pool(prompts, pooling_params, "classify", use_tqdm, lora_request, truncate_prompt_tokens)
+        ``PoolingParams(use_activation=False)``. ``lora_request``, ``truncate_prompt_tokens`` and
+        ``tokenization_kwargs``: as in :meth:`generate` and :meth:`encode`."""
+        return self._pool(
+            prompts, pooling_params, "classify", use_tqdm, lora_request, truncate_prompt_tokens, tokenization_kwargs
+        )
 
     def reward(
         self,
@@ -204,6 +215,7 @@ class LLM:
         use_tqdm: bool = True,
         lora_request: LoRARequests = None,
         truncate_prompt_tokens: int | None = None,
+        tokenization_kwargs: Mapping[str, Any] | None = None,
     ) -> list[PoolingRequestOutput]:
         """The per-token rewards of every prompt (task ``token_classify``): ``outputs.data`` holds
         one row of class scores per token, or per step token with ``PoolingParams(step_tag_id=...)``."""
@@ -214,6 +226,7 @@ class LLM:
             lora_request=lora_request,
             pooling_task="token_classify",
             truncate_prompt_tokens=truncate_prompt_tokens,
+            tokenization_kwargs=tokenization_kwargs,
         )
 
     def score(
@@ -227,6 +240,7 @@ class LLM:
         pooling_params: PoolingParams | None = None,
         chat_template: str | None = None,
         lora_request: LoRARequest | None = None,
+        tokenization_kwargs: Mapping[str, Any] | None = None,
     ) -> list[ScoringRequestOutput]:
         """The relevance score of every text pair, in pair order: ``outputs.score``.
 
@@ -247,6 +261,8 @@ class LLM:
         params = pooling_params or PoolingParams()
         bi_encoder = options["score_mode"] == "bi-encoder"
         task = "embed" if bi_encoder else "score"
+        if not bi_encoder and params.task == "classify":  # vLLM 0.32's name of a cross-encoder's scoring task
+            params = replace(params, task=None)
         if params.task not in (None, task):
             raise ValueError(f"You cannot overwrite pooling_params.task={params.task!r} with {task!r}")
         if chat_template is not None and (bi_encoder or options["use_sep_token"]):
@@ -256,6 +272,9 @@ class LLM:
             )
         if truncate_prompt_tokens is None:
             truncate_prompt_tokens = params.truncate_prompt_tokens
+        truncate_prompt_tokens, add_special_tokens = _tokenization(tokenization_kwargs, truncate_prompt_tokens)
+        if add_special_tokens is not None:
+            raise ValueError("tokenization_kwargs add_special_tokens: a pair is read with its tokenizer's own tokens")
         replace(params, truncate_prompt_tokens=truncate_prompt_tokens)  # PoolingParams checks the value
         # each prompt is cut to length and checked here, before any request is queued: the engine cuts nothing
         params = replace(params, task=task, truncate_prompt_tokens=None)
@@ -330,9 +349,15 @@ class LLM:
         use_tqdm: bool,
         lora_request: LoRARequests = None,
         truncate_prompt_tokens: int | None = None,
+        tokenization_kwargs: Mapping[str, Any] | None = None,
     ) -> list[PoolingRequestOutput]:
         """Queue one pooling request per prompt (every prompt and parameter checked first), then run them."""
         prompts = _prompt_list(prompts)
+        truncate_prompt_tokens, add_special_tokens = _tokenization(tokenization_kwargs, truncate_prompt_tokens)
+        if add_special_tokens is not None:  # texts only: token ids are taken as given
+            prompts = [
+                p if p.token_ids is not None else replace(p, add_special_tokens=add_special_tokens) for p in prompts
+            ]
         params = [self._task_params(p, task) for p in _params_per_prompt(pooling_params, len(prompts))]
         if truncate_prompt_tokens is not None:  # PoolingParams checks the value
             params = [replace(p, truncate_prompt_tokens=truncate_prompt_tokens) for p in params]
@@ -619,6 +644,41 @@ def _raw(outputs: Any) -> PoolingOutput:
     """A typed output as vLLM's raw pooled output (a tensor in ``data``): a score is a vector of one."""
     data = outputs.data
     return PoolingOutput([data] if isinstance(data, float) else data)
+
+
+def _tokenization(
+    kwargs: Mapping[str, Any] | None, truncate_prompt_tokens: int | None
+) -> tuple[int | None, bool | None]:
+    """vLLM 0.32's ``tokenization_kwargs`` of the pooling calls, as llmp applies them: the prompts'
+    ``truncate_prompt_tokens`` and ``add_special_tokens`` (None: unchanged). ``truncation`` True or
+    ``"longest_first"`` cuts to ``max_length`` (else the context), False or ``"do_not_truncate"`` not
+    at all; ``truncation_side`` may be ``"left"`` (llmp keeps a prompt's last tokens); any other key
+    is a ValueError, where vLLM warns and ignores it."""
+    if not kwargs:
+        return truncate_prompt_tokens, None
+    left = dict(kwargs)
+    truncate = left.pop("truncate_prompt_tokens", truncate_prompt_tokens)
+    max_length, truncation = left.pop("max_length", None), left.pop("truncation", None)
+    if truncation in (True, "longest_first"):
+        truncate = -1 if max_length is None else max_length
+    elif truncation in (False, "do_not_truncate"):
+        truncate = None
+    elif truncation is not None:
+        raise ValueError(f"tokenization_kwargs truncation must be True, 'longest_first' or False, got {truncation!r}")
+    elif max_length is not None:
+        raise ValueError("tokenization_kwargs max_length applies with truncation=True")
+    side = left.pop("truncation_side", None)
+    if side not in (None, "left"):
+        raise ValueError(
+            f"tokenization_kwargs truncation_side must be 'left' (llmp keeps the last tokens), got {side!r}"
+        )
+    add_special_tokens = left.pop("add_special_tokens", None)
+    if left:
+        raise ValueError(
+            f"tokenization_kwargs {', '.join(sorted(left))}: not taken (llmp takes truncate_prompt_tokens, "
+            "truncation, max_length, truncation_side and add_special_tokens)"
+        )
+    return truncate, add_special_tokens
 
 
 def _prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[Prompt]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Literal
 
@@ -31,6 +32,10 @@ class PoolingParams:
         limit = self.truncate_prompt_tokens
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < -1 or limit == 0):
             raise ValueError(f"truncate_prompt_tokens must be -1 or an integer >= 1, got {limit!r}")
+
+    def clone(self) -> PoolingParams:
+        """A deep copy, to change without touching this one (vLLM's ``clone``)."""
+        return copy.deepcopy(self)
 
 
 def matryoshka_dimensions(config: object) -> list[int] | None:

@@ -19,7 +19,7 @@ import copy
 import math
 import threading
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from llmp.inputs import Prompt, last_tokens
@@ -72,6 +72,9 @@ def is_unicode(text: str) -> bool:
 
 
 def _texts(data: str | Sequence[str], name: str) -> list[str]:
+    if isinstance(data, Mapping) or not isinstance(data, str | Iterable):  # a dict's keys are no texts
+        kind = "a mapping (content parts or prompt ids)" if isinstance(data, Mapping) else type(data).__name__
+        raise ScoreInputError(f"{name} must be a string or a list of strings, not {kind}: this model scores text", name)
     texts = [data] if isinstance(data, str) else list(data)
     if not all(isinstance(text, str) for text in texts):
         raise ScoreInputError(f"{name} must be a string or a list of strings", name)

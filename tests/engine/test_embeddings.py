@@ -34,14 +34,14 @@ def test_the_context_is_sentence_transformers_max_seq_length():
     long = " ".join(TEXTS * 40)  # over 400 tokens
     [output] = llm.embed([long], truncate_prompt_tokens=-1, use_tqdm=False)  # vLLM's keyword
     tokenizer, model = AutoTokenizer.from_pretrained(MINILM), AutoModel.from_pretrained(MINILM).eval()
-    tokenizer.truncation_side = "left"  # vLLM loads its tokenizers so
+    tokenizer.truncation_side = "left"  # llmp keeps the end (vLLM 0.32 pooling: the start unless asked for left)
     batch = tokenizer([long], truncation=True, max_length=256, return_tensors="pt")
     assert batch["input_ids"].shape[1] == 256
     with torch.no_grad():
         hidden = model(**batch).last_hidden_state
     expected = torch.nn.functional.normalize(hidden.mean(1), dim=-1)[0]
     got = torch.tensor(output.outputs.embedding)
-    # truncate_prompt_tokens cuts the text's start and keeps [CLS] and [SEP], as vLLM's tokenizer does
+    # truncate_prompt_tokens cuts the text's start and keeps [CLS] and [SEP], as a left-truncating tokenizer does
     assert output.prompt_token_ids == batch["input_ids"][0].tolist()
     assert torch.allclose(got, expected, atol=1e-4)
     with pytest.raises(ValueError, match=r"max_model_len 512 exceeds the model's context \(max_seq_length = 256"):

@@ -151,6 +151,8 @@ def test_one_encoder_engine_embeds_and_token_embeds(minilm):
         minilm.add_request(f"e{i}", text, pooling_params=PoolingParams())
         minilm.add_request(f"t{i}", text, pooling_params=PoolingParams(task="token_embed", dimensions=16))
     minilm.add_request("again", TEXTS[0], pooling_params=PoolingParams(task="embed", normalize=False))
+    # vLLM 0.32's spelling of the same: use_activation is an embedding's normalisation
+    minilm.add_request("raw", TEXTS[0], pooling_params=PoolingParams(task="embed", use_activation=False))
     outputs = run(minilm)
     states = hf_token_states(TEXTS)
     for i, rows in enumerate(states):
@@ -161,6 +163,7 @@ def test_one_encoder_engine_embeds_and_token_embeds(minilm):
         want = torch.nn.functional.normalize(rows[:, :16], dim=-1)  # cut, then normalised, row by row
         torch.testing.assert_close(tokens.data, want, atol=1e-5, rtol=0)
     torch.testing.assert_close(torch.tensor(outputs["again"].outputs.embedding), states[0].mean(0), atol=1e-5, rtol=0)
+    assert outputs["raw"].outputs.embedding == outputs["again"].outputs.embedding
     # mean pooling never reuses cached blocks: the repeated text was computed again
     assert minilm.kv_manager.prefix_cache_hits == 0
     assert all(o.num_cached_tokens == 0 for o in outputs.values())
@@ -174,8 +177,10 @@ def test_bad_pooling_requests_are_refused_with_one_line(minilm):
         minilm.add_request("x", "hi", pooling_params=PoolingParams(task="score"))
     with pytest.raises(ValueError, match="cannot generate text; it supports embed"):
         minilm.add_request("x", "hi", SamplingParams())
-    with pytest.raises(ValueError, match="task 'embed' does not take use_activation"):
-        minilm.add_request("x", "hi", pooling_params=PoolingParams(use_activation=False))
+    with pytest.raises(ValueError, match="task 'embed' does not take returned_token_ids"):
+        minilm.add_request("x", "hi", pooling_params=PoolingParams(returned_token_ids=[0]))
+    with pytest.raises(ValueError, match="use_activation and normalize disagree"):
+        minilm.add_request("x", "hi", pooling_params=PoolingParams(use_activation=False, normalize=True))
     with pytest.raises(ValueError, match=r"dimensions must be in the model's range \[1, 384\], got 999"):
         minilm.add_request("x", "hi", pooling_params=PoolingParams(dimensions=999))
     long = " ".join(["word"] * 100)

@@ -404,8 +404,6 @@ def _repl(runner: Any, conversation: _Conversation) -> bool:
         if text.startswith(FENCE):  # Ollama's: a message of several lines, sent whole
             try:
                 message = _fenced_message(text, interactive)
-            except EOFError:
-                return failed
             except KeyboardInterrupt:
                 print(f"\n{QUIT_HINT}", file=sys.stderr)
                 continue
@@ -435,10 +433,14 @@ def _repl(runner: Any, conversation: _Conversation) -> bool:
 
 def _fenced_message(first: str, interactive: bool) -> str:
     """The lines from one opening \"\"\" to the line that ends with the closing one (Ollama's
-    multi-line input), joined by newlines, without the fences."""
+    multi-line input), joined by newlines, without the fences; at the end of input, the lines so
+    far (a block left open is sent, not dropped)."""
     lines = [first[len(FENCE) :]]
     while not (lines[-1].rstrip().endswith(FENCE) and (len(lines) > 1 or lines[0].strip() != "")):
-        lines.append(input("... " if interactive else ""))
+        try:
+            lines.append(input("... " if interactive else ""))
+        except EOFError:
+            return "\n".join(lines).strip("\n")
     lines[-1] = lines[-1].rstrip()[: -len(FENCE)]
     return "\n".join(lines).strip("\n")
 
@@ -456,7 +458,7 @@ def _typing_held(terminal: bool) -> Iterator[None]:
     fd = sys.stdin.fileno()
     saved = termios.tcgetattr(fd)
     quiet = list(saved)
-    quiet[3] &= ~termios.ECHO  # the local-mode flags
+    quiet[3] &= ~(termios.ECHO | termios.ICANON)  # the local-mode flags: no echo; every key counted
     termios.tcsetattr(fd, termios.TCSANOW, quiet)
     try:
         yield

@@ -5,6 +5,7 @@ options that do not go together. Each problem names its options as the user set 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from difflib import get_close_matches
 from pathlib import Path
@@ -13,6 +14,8 @@ from typing import Any
 from llmp import registry
 from llmp.config import OptionSpec, Setting
 from llmp.options import alternatives
+
+log = logging.getLogger(__name__)
 
 # options that act only beside another: (option, the option it needs, whether that one's value lets it
 # act, the value to name in the problem)
@@ -26,6 +29,9 @@ ONLY_BESIDE: tuple[tuple[str, str, Callable[[Any], bool], str], ...] = (
     ("allow_credentials", "allowed_origins", bool, " ORIGIN"),
     ("ray_address", "executor", lambda executor: executor == "ray", " ray"),
 )
+# of those, the ones that ask for something to be served (adapters): refused from any source, where a
+# tuning knob set by a variable or a shared file is only warned about
+ASKS_FOR_WORK = frozenset({"lora_modules", "enable_lora_runtime_updates"})
 
 
 def option_problems(specs: list[OptionSpec], values: Mapping[str, Setting]) -> list[str]:
@@ -86,10 +92,16 @@ def combination_problems(specs: list[OptionSpec], values: Mapping[str, Setting])
     if "model" in taken:
         problems += local_model_problems(setting("model"), values)
     problems += task_problems({name: setting(name) for name in ("task", "runner", "convert") if name in taken})
-    for name, needed, acts, value in ONLY_BESIDE:  # set, but what it acts on is off: refused, not ignored
-        if name in values and values[name].value not in (None, False, ()) and needed in taken:
-            if not acts(setting(needed).value):
-                problems.append(f"{values[name].source} needs {taken[needed].flag_name}{value}")
+    for name, needed, acts, value in ONLY_BESIDE:  # set, but what it acts on is off: said, not ignored
+        given = values.get(name)
+        if given is None or given.value in (None, False, (), taken[name].default) or needed not in taken:
+            continue
+        if not acts(setting(needed).value):
+            problem = f"{given.source} needs {taken[needed].flag_name}{value}"
+            if given.source == taken[name].flag_name or name in ASKS_FOR_WORK:  # refused
+                problems.append(problem)
+            else:  # a standing variable or a shared config file: a deployment may set it for other hosts
+                log.warning("%s: ignored", problem)
     if {"max_loras", "max_cpu_loras"} <= taken.keys():
         cpu, slots = setting("max_cpu_loras"), setting("max_loras")
         if cpu.value is not None and cpu.value < slots.value:

@@ -165,19 +165,23 @@ async def get_json(client: Any, url: str, api_key: str | None) -> Any:
 
 # a server still loading its model answers 503: a client waits this long for it, as `ollama run` does
 READY_WAIT_S = 300.0
+# the words of llmp serve's 503 while it starts (not while it shuts down, nor a proxy's without a backend)
+STARTING = ("still loading", "is starting", "warming up")
 
 
 async def served_models(client: Any, models_url: str, api_key: str | None, wait_s: float = READY_WAIT_S) -> list[str]:
     """The model ids the server lists at ``GET /v1/models``, in its order (the first is the default
-    when none is named), once it is ready: a 503 (loading, warming up) is asked again every half
-    second for ``wait_s``, with one notice on stderr; :class:`ServerError` when it lists none."""
+    when none is named), once it is ready: a 503 saying the server is starting (loading, warming
+    up) is asked again every half second for ``wait_s``, with one notice on stderr; any other
+    failure at once; :class:`ServerError` when it lists none."""
     deadline, said = time.monotonic() + wait_s, False
     while True:
         try:
             data = await get_json(client, models_url, api_key)
             break
         except ServerError as exc:
-            if exc.status != 503 or time.monotonic() >= deadline:
+            starting = exc.status == 503 and any(words in str(exc) for words in STARTING)
+            if not starting or time.monotonic() >= deadline:
                 raise
             if not said:
                 print(f"llmp: the server is not ready ({exc}); waiting for it", file=sys.stderr)

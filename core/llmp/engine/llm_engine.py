@@ -425,6 +425,7 @@ class LLMEngine:
                 f"the model {name} scores text pairs by the cosine of their embeddings: "
                 "embed both texts (task 'embed') to score them"
             )
+        pooling_params = _embed_activation(task, pooling_params)
         self._check_pooling_params(task, pooling_params)
         pooling_params = self._with_model_defaults(task, pooling_params)
         token_ids = self.tokenize_prompt(prompt)
@@ -976,3 +977,13 @@ def _checked_kv_cache_dtype(requested: str, dtype: str) -> str:
             "inf; bfloat16 (the default, auto) keeps the range in the same memory"
         )
     return kv_dtype
+
+
+def _embed_activation(task: str, params: PoolingParams) -> PoolingParams:
+    """vLLM 0.32's ``use_activation`` of an embedding task is its normalisation (its PoolingParams has no
+    ``normalize``): read as ``normalize``; both given and disagreeing is an error."""
+    if task not in ("embed", "token_embed") or params.use_activation is None:
+        return params
+    if params.normalize is not None and params.normalize != params.use_activation:
+        raise ValueError("use_activation and normalize disagree: for an embedding both mean normalising the vector")
+    return dataclasses.replace(params, normalize=params.use_activation, use_activation=None)

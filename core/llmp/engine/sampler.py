@@ -85,7 +85,7 @@ class SamplingRow:
             request.grammar is not None,
             request.bad_words_token_ids,
             request.output_token_ids if penalties or request.bad_words_token_ids else None,
-            request.prompt_token_ids if params.repetition_penalty != 1.0 else None,
+            request.prompt_token_ids if params.repetition_penalty != 1.0 and not params.penalty_window else None,
             _forced_token(request),
             _penalty_window(request) if penalties and params.penalty_window else None,
         )

@@ -219,11 +219,11 @@ class McpFrontend(FrontendKit):
         return json.dumps({"models": list(self._models().values())})
 
     def model_resource(self, name: str) -> str:
-        from mcp.server.mcpserver.exceptions import ResourceError
+        from mcp.server.mcpserver.exceptions import ResourceNotFoundError
 
         models = self._models()
         if name not in models:
-            raise ResourceError(f"the model {name!r} is not served here; served: {', '.join(models)}")
+            raise ResourceNotFoundError(f"the model {name!r} is not served here; served: {', '.join(models)}")
         return json.dumps(models[name])
 
     # -- streamable HTTP on the shared server -----------------------------------------

@@ -100,9 +100,15 @@ def test_models_resource(server: LiveServer) -> None:
         listed = await client.list_resources()
         models = await client.read_resource("llmp://models")
         one = await client.read_resource(f"llmp://models/{name}")
-        return listed, models, one
+        try:
+            await client.read_resource("llmp://models/nope")
+        except Exception as exc:  # the SDK's McpError, carrying the JSON-RPC error
+            missing = exc
+        return listed, models, one, missing
 
-    listed, models, one = run_client(http_target(server), work)
+    listed, models, one, missing = run_client(http_target(server), work)
+    # an unknown model is the SDK's resource-not-found (invalid params), not an internal error
+    assert missing.error.code == -32602 and "'nope' is not served here" in missing.error.message
     assert [str(r.uri) for r in listed.resources] == ["llmp://models"]
     data = json.loads(models.contents[0].text)
     assert data["models"] == [

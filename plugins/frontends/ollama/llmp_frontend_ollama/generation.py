@@ -159,7 +159,7 @@ class Generation:
             stream.feed(seq.text, final=True)
             content, reasoning, calls = stream.sent.content, stream.sent.reasoning, stream.sent.tool_calls
         logprobs = LogprobsByText()
-        logprobs.add(self._logprobs(seq), len(seq.text), cut=stopped_by_string(seq))
+        logprobs.add(self._logprobs(seq), utf8_length(seq.text), cut=stopped_by_string(seq))
         reply = self.piece(content, reasoning, calls, logprobs.release())
         return {**reply, **self.done(seq.finish_reason, len(seq.token_ids), seq.token_ids)}
 
@@ -167,19 +167,20 @@ class Generation:
         generated: list[int] = []
         text, reason = "", None
         parser = self.plan.message_stream() if self.parsed else None
-        by_text = LogprobsByText()
+        by_text, sent_bytes = LogprobsByText(), 0
         try:
             async for output in self._after(first):
                 self.first = self.first or time.perf_counter_ns()
                 seq = output.outputs[0]
                 generated += seq.token_ids
                 text += seq.text
+                sent_bytes += utf8_length(seq.text)
                 reason = seq.finish_reason
                 content, reasoning = seq.text, None
                 if parser is not None:
                     delta = parser.feed(text, final=reason is not None)
                     content, reasoning = delta.content, delta.reasoning
-                by_text.add(self._logprobs(seq), len(text), cut=stopped_by_string(seq), final=reason is not None)
+                by_text.add(self._logprobs(seq), sent_bytes, cut=stopped_by_string(seq), final=reason is not None)
                 logprobs = by_text.release()
                 if content or reasoning or logprobs:
                     yield ndjson(self.piece(content, reasoning, [], logprobs))
@@ -256,6 +257,10 @@ class Generation:
         return out
 
 
+def utf8_length(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
 def stopped_by_string(seq: Any) -> bool:
     return seq.finish_reason == "stop" and isinstance(seq.stop_reason, str)
 
@@ -263,21 +268,22 @@ def stopped_by_string(seq: Any) -> bool:
 class LogprobsByText:
     """Each token's logprobs sent with its text, as Ollama's runner sends them: held while the
     engine holds the text back (a possible stop string), and those of a stop string's tokens
-    dropped with it, so the logprobs always cover the text returned, no more."""
+    dropped with it, so the logprobs always cover the text returned, no more. Counted in UTF-8
+    bytes (each entry's raw ``bytes``), which a token holding part of a character has too."""
 
     def __init__(self) -> None:
         self.pending: list[dict[str, Any]] = []
         self.ready: list[dict[str, Any]] = []
-        self.covered = 0  # characters of text the released tokens spell
+        self.covered = 0  # bytes of text the released tokens spell
 
-    def add(self, entries: list[dict[str, Any]] | None, text_length: int, *, cut: bool, final: bool = True) -> None:
-        """``entries`` generated; ``text_length``: the text sent so far (the whole, at the end);
-        ``cut``: the sequence ended on a stop string (cut from the text)."""
+    def add(self, entries: list[dict[str, Any]] | None, text_bytes: int, *, cut: bool, final: bool = True) -> None:
+        """``entries`` generated; ``text_bytes``: the UTF-8 length of the text sent so far (the
+        whole, at the end); ``cut``: the sequence ended on a stop string (cut from the text)."""
         self.pending += entries or []
-        while self.pending and self.covered + len(self.pending[0]["token"]) <= text_length:
+        while self.pending and self.covered + _size(self.pending[0]) <= text_bytes:
             self._release()
         if final and cut:  # a token the text starts in is kept; the stop string's own are dropped
-            while self.pending and self.covered < text_length:
+            while self.pending and self.covered < text_bytes:
                 self._release()
             self.pending = []
         elif final:
@@ -290,8 +296,13 @@ class LogprobsByText:
 
     def _release(self) -> None:
         entry = self.pending.pop(0)
-        self.covered += len(entry["token"])
+        self.covered += _size(entry)
         self.ready.append(entry)
+
+
+def _size(entry: dict[str, Any]) -> int:
+    raw = entry.get("bytes")
+    return len(raw) if raw is not None else len(entry["token"].encode("utf-8", "surrogatepass"))
 
 
 def tool_call(index: int, call: Any) -> dict[str, Any]:

@@ -87,12 +87,12 @@ def read_options(options: dict[str, Any] | None) -> Options:
         elif name == "num_keep":
             out.num_keep = value if value >= 0 else KEEP_ALL
     # repeat_last_n (llama.cpp's): the penalties read the last N tokens; -1, the whole context; 0 turns them off
+    # (neutral values, not left unset: unset takes the model's generation config, which may set a penalty)
     window = (options or {}).get("repeat_last_n")
-    if window is not None and int(window) == 0:
-        for penalty in ("repetition_penalty", "presence_penalty", "frequency_penalty"):
-            out.sampling.pop(penalty, None)
-    elif window is not None and int(window) > 0:
-        out.sampling["penalty_window"] = int(window)
+    if window is not None and _typed("repeat_last_n", window) == 0:
+        out.sampling.update(repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0)
+    elif window is not None and _typed("repeat_last_n", window) > 0:
+        out.sampling["penalty_window"] = _typed("repeat_last_n", window)
         out.names["penalty_window"] = "options.repeat_last_n"
     if out.ignored:
         log.warning("Ollama options accepted but not applied: %s", ", ".join(out.ignored))

@@ -67,7 +67,7 @@ class SamplingFields(OpenAIModel):
     prompt_logprobs: StrictInt | None = None
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None  # banned from the output (as token sequences)
-    echo: bool = False
+    echo: bool | None = False  # null is false, as vLLM's
     return_token_ids: bool = False
     priority: int = Field(0, ge=-INT64, le=INT64 - 1)
     request_id: str | None = None

@@ -209,6 +209,8 @@ def test_echo(client, tiny):
     response = greedy(client, tiny, max_tokens=4, echo=True)
     alone = greedy(client, tiny, max_tokens=4)
     assert response.choices[0].text == PROMPT + alone.choices[0].text
+    # null is false, as vLLM's `echo: bool | None`
+    assert greedy(client, tiny, max_tokens=4, extra_body={"echo": None}).choices[0].text == alone.choices[0].text
 
 
 def test_echo_token_ids(client, tiny):

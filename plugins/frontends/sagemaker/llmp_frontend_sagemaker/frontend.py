@@ -83,7 +83,7 @@ class _Sampling(BaseModel):
     spaces_between_special_tokens: bool = True
     priority: int = 0  # needs --scheduling-policy priority unless 0
     request_id: str | None = None  # the response's id
-    stream: bool = False
+    stream: bool | None = False  # null is false, as vLLM's
     user: str | None = None  # OpenAI's end-user tag: no effect on the answer, on any route
     truncate_prompt_tokens: int | None = None  # keep the prompt's last N tokens; -1 = max_model_len
     cache_salt: str | None = None  # keys the prompt's prefix-cache blocks (Prompt.cache_salt)
@@ -265,7 +265,7 @@ class SageMakerFrontend(FrontendKit):
                 return "classify"
             if self.pooling_task in ("token_embed", "token_classify"):
                 return "pooling"
-            if "messages" in body:  # neither generates nor classifies a chat (embeddings take input only)
+            if "messages" in body and self.pooling_task != "embed":  # /v1/embeddings takes a chat too (vLLM's)
                 return "chat"
             return "embed" if self.pooling_task == "embed" else "input"
         if "query" in body:

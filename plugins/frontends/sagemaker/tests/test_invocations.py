@@ -70,6 +70,7 @@ def test_bad_bodies(http):
     assert error["message"] == "cannot tell the request type: give messages (chat completion) or prompt (completion)"
     assert "JSON object" in post(http, "/invocations", [1, 2], 400)["error"]["message"]
     assert "streaming" in post(http, "/invocations", {"prompt": "x", "stream": True}, 400)["error"]["message"]
+    post(http, "/invocations", {"prompt": "x", "max_tokens": 2, "stream": None}, 200)  # null is false (vLLM's)
     assert post(http, "/invocations", {"prompt": "x", "max_tokens": "many"}, 400)["error"]["param"] == "max_tokens"
     assert "embed" in post(http, "/invocations", {"input": "x"}, 400)["error"]["message"]  # not an embedding model
     assert post(http, "/invocations", {"messages": [], "max_tokens": 2}, 400)["error"]["param"] == "messages"
