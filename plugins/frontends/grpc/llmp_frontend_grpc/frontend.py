@@ -31,6 +31,9 @@ from llmp_frontend_grpc import llmp_pb2_grpc as pb_grpc
 log = logging.getLogger("llmp.frontend.grpc")
 
 STOP_GRACE_S = 1.0  # in-flight RPCs get this long once the server shuts down, with no --shutdown-timeout
+# past the drain, the time a call the engine aborted at its end takes to send its last message
+# (finish_reason abort, the text so far), before grpcio cancels what is left
+ABORT_FLUSH_S = 2.0
 
 STATUS_CODES = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
@@ -76,7 +79,8 @@ class GrpcFrontend(FrontendKit):
 
     async def serve(self) -> None:
         """Serve until cancelled; then stop: new RPCs are refused, those in flight get the server's
-        ``--shutdown-timeout`` (:data:`STOP_GRACE_S` without a server in front)."""
+        ``--shutdown-timeout`` (:data:`STOP_GRACE_S` without a server in front), after which the
+        engine aborts them and they end with ``finish_reason`` abort, as HTTP requests do."""
         # without so_reuseport 0, a second server on the same port would bind too, silently
         options = [("grpc.so_reuseport", 0)]
         if self.max_message_bytes is not None:  # a larger request is RESOURCE_EXHAUSTED, from grpcio
@@ -99,7 +103,7 @@ class GrpcFrontend(FrontendKit):
             await asyncio.Future()  # until cancelled: grpc's wait_for_termination, cancelled, would cut the drain
         finally:
             with contextlib.suppress(asyncio.CancelledError):
-                await server.stop(self.grace_s)
+                await server.stop(self.grace_s + ABORT_FLUSH_S)
 
     # -- requests ----------------------------------------------------------------
 

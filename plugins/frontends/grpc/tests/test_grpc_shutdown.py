@@ -42,3 +42,28 @@ def _healthy(url: str) -> bool:
         return httpx.get(f"{url}/health").status_code == 200
     except httpx.TransportError:
         return False
+
+
+def test_a_call_still_running_when_the_drain_ends_gets_its_text_and_abort(tiny_model: Path, tmp_path: Path) -> None:
+    # as an HTTP request: the engine aborts it at --shutdown-timeout and the call ends with what it has
+    # (grpcio used to cancel it at that same moment: UNAVAILABLE, the text lost)
+    from llmp.testing import SlowSteps
+
+    (tmp_path / "slow-site").mkdir()
+    slow = SlowSteps(tmp_path / "slow-site")
+    port = free_port()
+    args = ("--frontend", "grpc", "--dtype", "float32", "--shutdown-timeout", "1", "--executor", "slow-steps")
+    with serving(tiny_model, *args, env={**slow.env, "LLMP_GRPC_PORT": str(port)}) as live, slow.slowed():
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            grpc.channel_ready_future(channel).result(timeout=30)
+            stub = pb_grpc.LlmpStub(channel)
+            ask = pb.GenerateRequest(text="1, 2, 3,", max_tokens=400, temperature=0, ignore_eos=True)
+            unary = stub.Generate.future(ask, timeout=120)  # 20 s at least, slowed
+            stream = stub.GenerateStream(ask, timeout=120)
+            next(stream)
+            live.process.send_signal(signal.SIGTERM)
+            last = list(stream)[-1]
+            assert last.finish_reason == "abort" and 0 < last.usage.completion_tokens < 400
+            whole = unary.result(timeout=60)
+            assert whole.finish_reason == "abort" and len(whole.token_ids) == whole.usage.completion_tokens > 0
+        assert live.process.wait(timeout=60) == 0, live.log()
